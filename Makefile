@@ -1,0 +1,123 @@
+# moongrad — build, test, demo.
+#
+#   make demo    build and run the seed example (installs missing Debian packages)
+#   make test    build and run every test        (installs missing Debian packages)
+#   make asan    the specs again under AddressSanitizer + UBSan
+#   make bench   benchmarks side by side with PyTorch
+#
+# Override any of these on the command line: make CC=clang MARCH=
+
+CC       ?= cc
+LUA      ?= lua5.4
+LUA_INC  ?= /usr/include/lua5.4
+LUA_LIB  ?= -llua5.4
+MARCH    ?= -march=native
+OPT      ?= -O2
+MYCFLAGS ?=
+PREFIX   ?= /usr/local
+BUILD    ?= build
+
+WARN = -Wall -Wextra \
+       -Wshadow \
+       -Wmissing-prototypes \
+       -Wstrict-prototypes \
+       -Wwrite-strings \
+       -Wundef
+#      -Wconversion          (noisy: every size_t <-> int64_t)
+#      -Wcast-qual
+
+CFLAGS  = -std=c11 -D_POSIX_C_SOURCE=200809L $(OPT) $(MARCH) -fPIC -fopenmp \
+          -Iinclude -Isrc -I$(LUA_INC) $(WARN) $(MYCFLAGS)
+# CFLAGS += -DMG_ASSERT_ON      (internal invariants)
+LIBS    = -ldnnl -lm -fopenmp
+
+# Debian packages the build and the tests need
+DEPS = lua5.4 liblua5.4-dev lua-busted libreadline-dev libdnnl-dev
+
+LIB_SRC = $(wildcard src/*.c src/ops/*.c src/autodiff/*.c src/lua/*.c)
+LIB_SRC := $(filter-out src/main.c,$(LIB_SRC))
+LUA_MODS = $(wildcard lua/moongrad/*.lua)
+LIB_OBJ = $(patsubst src/%.c,$(BUILD)/obj/%.o,$(LIB_SRC)) $(BUILD)/obj/embedded.o
+HEADERS = $(wildcard include/*.h src/*.h src/*/*.h)
+
+.PHONY: all deps test demo asan bench install clean check sz
+
+all: $(BUILD)/moongrad $(BUILD)/moongrad.so $(BUILD)/libmoongrad.a
+
+$(BUILD)/obj/%.o: src/%.c $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c $< -o $@
+
+$(BUILD)/embedded.c: src/lua/embed.lua $(LUA_MODS)
+	@mkdir -p $(BUILD)
+	$(LUA) src/lua/embed.lua $@ $(LUA_MODS)
+
+$(BUILD)/obj/embedded.o: $(BUILD)/embedded.c $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Isrc/lua -c $< -o $@
+
+$(BUILD)/libmoongrad.a: $(LIB_OBJ)
+	rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/moongrad.so: $(LIB_OBJ)
+	$(CC) -shared -o $@ $^ $(LIBS)
+
+$(BUILD)/moongrad: $(BUILD)/obj/main.o $(BUILD)/libmoongrad.a
+	$(CC) -o $@ $^ $(LUA_LIB) -lreadline $(LIBS) -Wl,-E
+
+$(BUILD)/obj/main.o: src/main.c $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -DMG_USE_READLINE -c $< -o $@
+
+# a C host embedding Lua and the library (examples/embed_host.c)
+$(BUILD)/embed_host: examples/embed_host.c $(BUILD)/libmoongrad.a
+	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libmoongrad.a $(LUA_LIB) $(LIBS)
+
+# installs what is missing, and nothing when all is there
+deps:
+	@missing=""; for p in $(DEPS); do \
+	  dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages:$$missing"; \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+	  $$SUDO apt-get update -qq && $$SUDO DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	fi
+
+check: $(BUILD)/embed_host
+	$(BUILD)/embed_host
+
+test: deps
+	$(MAKE) all $(BUILD)/embed_host
+	$(BUILD)/embed_host
+	$(LUA) /usr/bin/busted
+
+demo: deps
+	$(MAKE) all
+	$(BUILD)/moongrad examples/seed_recompute.lua
+
+# AddressSanitizer + UBSan: the interpreter is built instrumented and runs busted itself
+asan: deps
+	$(MAKE) BUILD=build-asan OPT="-O1 -g -fno-omit-frame-pointer" \
+	  MYCFLAGS="-fsanitize=address,undefined -fno-sanitize-recover=undefined" \
+	  LIBS="-ldnnl -lm -fopenmp -fsanitize=address,undefined" build-asan/moongrad
+	ASAN_OPTIONS=detect_leaks=0 MOONGRAD_BIN=build-asan/moongrad \
+	  build-asan/moongrad /usr/bin/busted
+
+bench: deps
+	$(MAKE) all
+	bash bench/run.sh
+
+install: all
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/lua/5.4 $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/lib
+	install -m 755 $(BUILD)/moongrad $(DESTDIR)$(PREFIX)/bin/moongrad
+	install -m 644 $(BUILD)/moongrad.so $(DESTDIR)$(PREFIX)/lib/lua/5.4/moongrad.so
+	install -m 644 $(BUILD)/libmoongrad.a $(DESTDIR)$(PREFIX)/lib/libmoongrad.a
+	install -m 644 include/moongrad.h $(DESTDIR)$(PREFIX)/include/moongrad.h
+
+# lines per file, as tinygrad's sz.py
+sz:
+	@wc -l include/*.h src/*.c src/*.h src/*/*.c src/*/*.h lua/moongrad/*.lua | sort -n
+
+clean:
+	rm -rf build build-asan

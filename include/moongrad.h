@@ -1,0 +1,345 @@
+/*
+** moongrad.h — the one public header of moongrad.
+**
+** moongrad is an eager tensor library with tape-based automatic
+** differentiation. Every op runs when called; a tape that is recording
+** remembers what each op needs for its backward rule, and tape_gradient walks
+** the record in reverse. Its point is memory-aware training: recompute_grad
+** (gradient checkpointing) keeps only a function's arguments on the tape and
+** re-runs the function during the backward pass, and every byte of tensor
+** memory goes through one counting allocator so the saving is measured.
+**
+** The C core never raises and never aborts: a function that fails returns
+** NULL (or MG_ERR) and leaves a message in mg_errmsg(). Tensors are
+** immutable and reference counted: a function returning mg_tensor* hands the
+** caller one reference, to be dropped with mg_tensor_release. Inputs are
+** borrowed.
+**
+** A C host that embeds Lua and wants autodiff from both sides:
+**
+**   lua_State *L = luaL_newstate();
+**   luaL_openlibs(L);
+**   luaL_requiref(L, "moongrad", luaopen_moongrad, 0);     -- module table
+**   lua_pop(L, 1);
+**   int64_t shape[2] = {2, 2};
+**   mg_tensor *x = mg_full(shape, 2, MG_FLOAT64, 3.0);
+**   mg_tape *t = mg_tape_new(0, 1);                         -- starts recording
+**   mg_tape_watch(t, x);
+**   mg_tensor *y = mg_mul(x, x);                            -- y = x^2
+**   mg_tape_stop(t);
+**   mg_tensor *dx;
+**   mg_tape_gradient(t, 1, &y, 1, &x, NULL, 0, &dx);        -- dx = 2x = 6
+**   mgL_pushtensor(L, dx);                                  -- hand it to Lua
+**
+** This file is in sections: types, tensors, creation, ops (elementwise,
+** reduce, matmul, shape, nn, random), variables, tapes and gradients, memory,
+** and the Lua binding (mgL_*), which is the only part that speaks of Lua.
+*/
+#ifndef MOONGRAD_H
+#define MOONGRAD_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define MG_VERSION      "moongrad 0.1.0"
+#define MG_VERSION_NUM  100
+#define MG_MAX_DIMS     8          /* most dimensions a tensor may have */
+
+#ifndef MG_API
+#define MG_API extern
+#endif
+
+
+/* {=========================== types =========================== */
+
+typedef enum mg_dtype {
+  MG_FLOAT32,                      /* the default */
+  MG_FLOAT64,                      /* for gradient checks and precision */
+  MG_INT64,                        /* indices and counts; never differentiated */
+  MG_BOOL,                         /* results of comparisons; 1 byte */
+  MG_DTYPE__COUNT
+} mg_dtype;
+
+typedef enum mg_status { MG_OK = 0, MG_ERR = -1 } mg_status;
+
+typedef struct mg_tensor   mg_tensor;     /* an immutable view of a storage */
+typedef struct mg_variable mg_variable;   /* mutable, trainable state */
+typedef struct mg_tape     mg_tape;       /* a gradient tape */
+
+/* }============================================================== */
+
+
+/* {======================= errors, threads ====================== */
+
+MG_API const char *mg_errmsg       (void);   /* text of the last failure */
+MG_API mg_status   mg_seterror     (const char *fmt, ...);   /* always MG_ERR */
+MG_API void        mg_set_num_threads (int n);
+MG_API int         mg_get_num_threads (void);
+
+/* }============================================================== */
+
+
+/* {========================== tensors =========================== */
+
+MG_API mg_tensor   *mg_tensor_retain   (mg_tensor *t);   /* +1 reference */
+MG_API void         mg_tensor_release  (mg_tensor *t);   /* -1; NULL is fine */
+MG_API mg_dtype     mg_tensor_dtype    (const mg_tensor *t);
+MG_API int          mg_tensor_ndim     (const mg_tensor *t);
+MG_API const int64_t *mg_tensor_shape  (const mg_tensor *t);
+MG_API int64_t      mg_tensor_numel    (const mg_tensor *t);
+MG_API uint64_t     mg_tensor_id       (const mg_tensor *t);  /* unique per tensor */
+MG_API int          mg_tensor_is_contiguous (const mg_tensor *t);
+/* a contiguous tensor with the same values (t itself, retained, if it is one) */
+MG_API mg_tensor   *mg_contiguous      (mg_tensor *t);
+/* first element of a contiguous tensor: float*, double*, int64_t* or uint8_t* */
+MG_API void        *mg_tensor_data     (const mg_tensor *t);
+MG_API double       mg_tensor_get      (const mg_tensor *t, const int64_t *index);
+MG_API const char  *mg_dtype_name      (mg_dtype dt);    /* "float32" ... */
+MG_API int          mg_dtype_from_name (const char *name);  /* -1 if unknown */
+MG_API size_t       mg_dtype_size      (mg_dtype dt);
+/* "(2,3)" into buf; returns buf */
+MG_API char        *mg_shape_str       (char *buf, size_t n, const int64_t *shape, int ndim);
+/* readable values with a footer "moongrad.Tensor(2,3) float32"; free() it */
+MG_API char        *mg_tensor_format   (const mg_tensor *t);
+
+/* }============================================================== */
+
+
+/* {========================== creation ========================== */
+
+MG_API mg_tensor *mg_empty     (const int64_t *shape, int ndim, mg_dtype dt);
+MG_API mg_tensor *mg_full      (const int64_t *shape, int ndim, mg_dtype dt, double value);
+MG_API mg_tensor *mg_scalar    (double value, mg_dtype dt);   /* 0-d */
+/* copies n = prod(shape) values, converting from double */
+MG_API mg_tensor *mg_from_doubles (const double *values, const int64_t *shape, int ndim, mg_dtype dt);
+MG_API mg_tensor *mg_arange    (double start, double stop, double step, mg_dtype dt);
+MG_API mg_tensor *mg_eye       (int64_t n, int64_t m, mg_dtype dt);
+MG_API mg_tensor *mg_cast      (mg_tensor *x, mg_dtype dt);    /* differentiable float->float */
+
+/* }============================================================== */
+
+
+/* {==================== ops: elementwise ======================== */
+/* Binary ops broadcast by NumPy's rules and need equal dtypes. */
+
+MG_API mg_tensor *mg_add      (mg_tensor *a, mg_tensor *b);
+MG_API mg_tensor *mg_sub      (mg_tensor *a, mg_tensor *b);
+MG_API mg_tensor *mg_mul      (mg_tensor *a, mg_tensor *b);   /* elementwise */
+MG_API mg_tensor *mg_div      (mg_tensor *a, mg_tensor *b);   /* int64 / int64 -> float64 */
+MG_API mg_tensor *mg_pow      (mg_tensor *a, mg_tensor *b);
+MG_API mg_tensor *mg_maximum  (mg_tensor *a, mg_tensor *b);
+MG_API mg_tensor *mg_minimum  (mg_tensor *a, mg_tensor *b);
+MG_API mg_tensor *mg_floordiv (mg_tensor *a, mg_tensor *b);   /* floor(a / b); no gradient */
+MG_API mg_tensor *mg_mod      (mg_tensor *a, mg_tensor *b);   /* a - floor(a/b)*b; no gradient */
+/* comparisons give MG_BOOL and no gradient */
+MG_API mg_tensor *mg_equal         (mg_tensor *a, mg_tensor *b);
+MG_API mg_tensor *mg_not_equal     (mg_tensor *a, mg_tensor *b);
+MG_API mg_tensor *mg_less          (mg_tensor *a, mg_tensor *b);
+MG_API mg_tensor *mg_less_equal    (mg_tensor *a, mg_tensor *b);
+MG_API mg_tensor *mg_greater       (mg_tensor *a, mg_tensor *b);
+MG_API mg_tensor *mg_greater_equal (mg_tensor *a, mg_tensor *b);
+MG_API mg_tensor *mg_logical_and  (mg_tensor *a, mg_tensor *b);
+MG_API mg_tensor *mg_logical_or   (mg_tensor *a, mg_tensor *b);
+MG_API mg_tensor *mg_logical_not  (mg_tensor *a);
+/* out = cond ? a : b, all three broadcast; cond is MG_BOOL */
+MG_API mg_tensor *mg_where    (mg_tensor *cond, mg_tensor *a, mg_tensor *b);
+
+MG_API mg_tensor *mg_neg      (mg_tensor *x);
+MG_API mg_tensor *mg_exp      (mg_tensor *x);
+MG_API mg_tensor *mg_log      (mg_tensor *x);
+MG_API mg_tensor *mg_sqrt     (mg_tensor *x);
+MG_API mg_tensor *mg_abs      (mg_tensor *x);
+MG_API mg_tensor *mg_sign     (mg_tensor *x);                 /* no gradient */
+MG_API mg_tensor *mg_tanh     (mg_tensor *x);
+MG_API mg_tensor *mg_sigmoid  (mg_tensor *x);                 /* 1 / (1 + exp(-x)) */
+MG_API mg_tensor *mg_relu     (mg_tensor *x);                 /* max(x, 0) */
+
+/* }============================================================== */
+
+
+/* {====================== ops: reductions ======================= */
+/* axis is 0-based here (the Lua binding is 1-based); MG_ALL_AXES reduces all. */
+
+#define MG_ALL_AXES  (-100)
+
+MG_API mg_tensor *mg_sum     (mg_tensor *x, int axis, int keepdims);
+MG_API mg_tensor *mg_mean    (mg_tensor *x, int axis, int keepdims);
+MG_API mg_tensor *mg_max     (mg_tensor *x, int axis, int keepdims);
+MG_API mg_tensor *mg_min     (mg_tensor *x, int axis, int keepdims);
+MG_API mg_tensor *mg_argmax  (mg_tensor *x, int axis, int keepdims);  /* int64, 0-based */
+MG_API mg_tensor *mg_argmin  (mg_tensor *x, int axis, int keepdims);
+/* sum x over its broadcast dimensions so that it has the given shape */
+MG_API mg_tensor *mg_sum_to_shape (mg_tensor *x, const int64_t *shape, int ndim);
+
+/* }============================================================== */
+
+
+/* {======================== ops: matmul ========================= */
+
+/* out = a @ b;  a: (...,M,K), b: (...,K,N) -> (...,M,N); batch dims
+** broadcast; a 1-D operand is a vector as in NumPy. float32 goes to oneDNN's
+** sgemm; other dtypes use a blocked C kernel. */
+MG_API mg_tensor *mg_matmul  (mg_tensor *a, mg_tensor *b);
+
+/* }============================================================== */
+
+
+/* {======================== ops: shape ========================== */
+/* Views share storage where the strides allow; otherwise a copy is made. */
+
+MG_API mg_tensor *mg_reshape     (mg_tensor *x, const int64_t *shape, int ndim); /* one -1 allowed */
+MG_API mg_tensor *mg_permute     (mg_tensor *x, const int *perm);   /* out dim i = x dim perm[i] */
+MG_API mg_tensor *mg_transpose   (mg_tensor *x, int axis1, int axis2);
+MG_API mg_tensor *mg_expand_dims (mg_tensor *x, int axis);
+MG_API mg_tensor *mg_squeeze     (mg_tensor *x, int axis);          /* MG_ALL_AXES: every 1 */
+MG_API mg_tensor *mg_broadcast_to(mg_tensor *x, const int64_t *shape, int ndim);
+/* out = x[start:stop:step] along each axis; start/stop/step hold ndim entries,
+** 0-based, stop exclusive, already clamped by the caller */
+MG_API mg_tensor *mg_slice       (mg_tensor *x, const int64_t *start, const int64_t *stop,
+                                  const int64_t *step);
+/* the adjoint of mg_slice: zeros of `shape` with x placed at start:stop:step */
+MG_API mg_tensor *mg_unslice     (mg_tensor *x, const int64_t *shape, const int64_t *start,
+                                  const int64_t *step);
+MG_API mg_tensor *mg_select      (mg_tensor *x, int axis, int64_t index);  /* drops axis */
+MG_API mg_tensor *mg_concat      (mg_tensor *const *xs, int n, int axis);
+MG_API mg_tensor *mg_stack       (mg_tensor *const *xs, int n, int axis);
+/* out = x gathered along axis at int64 indices (any shape, 0-based) */
+MG_API mg_tensor *mg_gather      (mg_tensor *x, mg_tensor *indices, int axis);
+/* the adjoint of mg_gather: zeros of x-like `shape`, src rows added at indices */
+MG_API mg_tensor *mg_scatter_add (mg_tensor *src, mg_tensor *indices, int axis,
+                                  const int64_t *shape, int ndim);
+
+/* }============================================================== */
+
+
+/* {========================== ops: nn =========================== */
+
+MG_API mg_tensor *mg_softmax     (mg_tensor *x, int axis);
+MG_API mg_tensor *mg_log_softmax (mg_tensor *x, int axis);
+
+/* }============================================================== */
+
+
+/* {======================== ops: random ========================= */
+/* A counter-based generator (Philox4x32-10): the state is (seed, offset),
+** and each draw advances the offset by the number of values drawn. Saving
+** and restoring the state replays a stream exactly. */
+
+typedef struct mg_rng_state { uint64_t seed, offset; } mg_rng_state;
+
+MG_API void          mg_random_seed      (uint64_t seed);
+MG_API mg_rng_state  mg_random_get_state (void);
+MG_API void          mg_random_set_state (mg_rng_state s);
+MG_API mg_tensor    *mg_random_uniform   (const int64_t *shape, int ndim, mg_dtype dt,
+                                          double lo, double hi);
+MG_API mg_tensor    *mg_random_normal    (const int64_t *shape, int ndim, mg_dtype dt,
+                                          double mean, double stddev);
+
+/* }============================================================== */
+
+
+/* {========================= variables ========================== */
+/* A variable owns a value that ops read; reading it is what tapes watch. */
+
+MG_API mg_variable *mg_variable_new     (mg_tensor *init, const char *name, int trainable);
+MG_API mg_variable *mg_variable_retain  (mg_variable *v);
+MG_API void         mg_variable_release (mg_variable *v);
+MG_API mg_tensor   *mg_variable_read    (mg_variable *v);   /* borrowed; tapes notice */
+MG_API mg_tensor   *mg_variable_peek    (mg_variable *v);   /* borrowed; nobody notices */
+MG_API mg_status    mg_variable_assign  (mg_variable *v, mg_tensor *value);  /* shape/dtype fixed */
+MG_API const char  *mg_variable_name    (const mg_variable *v);
+MG_API int          mg_variable_trainable (const mg_variable *v);
+
+/* }============================================================== */
+
+
+/* {=================== tapes and gradients ====================== */
+
+MG_API mg_tape  *mg_tape_new     (int persistent, int watch_accessed_variables);  /* recording */
+MG_API mg_tape  *mg_tape_retain  (mg_tape *t);
+MG_API void      mg_tape_release (mg_tape *t);
+MG_API void      mg_tape_stop    (mg_tape *t);          /* stop recording for good */
+MG_API void      mg_tape_pause   (mg_tape *t);          /* nested pause ... */
+MG_API void      mg_tape_resume  (mg_tape *t);          /* ... and its end */
+MG_API mg_status mg_tape_start   (mg_tape *t);          /* record again after stop */
+MG_API int       mg_tape_is_recording (const mg_tape *t);
+MG_API void      mg_tape_watch   (mg_tape *t, mg_tensor *x);
+MG_API void      mg_tape_watch_variable (mg_tape *t, mg_variable *v);
+MG_API int       mg_tape_nvariables (const mg_tape *t);
+MG_API mg_variable *mg_tape_variable (const mg_tape *t, int i);  /* borrowed */
+MG_API void      mg_tape_reset   (mg_tape *t);          /* forget everything recorded */
+MG_API size_t    mg_tape_saved_bytes (const mg_tape *t);   /* held for backward */
+MG_API size_t    mg_tape_nnodes  (const mg_tape *t);
+/* grads[i] = d(sum of targets)/d sources[i], or NULL when unconnected and
+** !unconnected_zero. out_grads may be NULL (ones) or hold one per target.
+** A non-persistent tape frees what it held and refuses a second call. */
+MG_API mg_status mg_tape_gradient (mg_tape *t, int ntargets, mg_tensor *const *targets,
+                                   int nsources, mg_tensor *const *sources,
+                                   mg_tensor *const *out_grads, int unconnected_zero,
+                                   mg_tensor **grads);
+/* *out: target.shape ++ source.shape, or NULL when unconnected and
+** !unconnected_zero */
+MG_API mg_status mg_tape_jacobian (mg_tape *t, mg_tensor *target, mg_tensor *source,
+                                   int unconnected_zero, mg_tensor **out);
+/* target (B,...), source (B,...) -> (B, target rest..., source rest...) */
+MG_API mg_status mg_tape_batch_jacobian (mg_tape *t, mg_tensor *target, mg_tensor *source,
+                                         int unconnected_zero, mg_tensor **out);
+/* nonzero while recompute_grad re-runs a function for a gradient */
+MG_API int       mg_is_recomputing (void);
+
+/* }============================================================== */
+
+
+/* {=========================== memory =========================== */
+/* Live bytes are split by role: a storage held by a variable counts as
+** variable bytes, one saved by a tape node as saved bytes, any other as
+** tensor bytes. Freed storages kept for reuse count as cached bytes. */
+
+typedef struct mg_memory_stats {
+  size_t current_bytes, peak_bytes;          /* tensor + saved + variable */
+  size_t tensor_bytes, saved_bytes, variable_bytes;
+  size_t peak_saved_bytes;
+  size_t cached_bytes;                       /* freed, kept for reuse */
+  int64_t live_tensors, live_storages;
+  int64_t allocations;                       /* storages created, ever */
+} mg_memory_stats;
+
+MG_API mg_memory_stats mg_memory_stats_get (void);
+MG_API void            mg_memory_reset_peak (void);
+MG_API void            mg_memory_release_cache (void);
+/* called on every change of the live byte counts (for traces); NULL: none */
+MG_API void            mg_memory_set_hook (void (*hook)(void *ud), void *ud);
+
+/* }============================================================== */
+
+
+/* {================== Lua binding (mgL_*) ======================= */
+/* Only this section speaks of Lua; include lua.h before using it. */
+
+struct lua_State;
+
+#define MG_TENSOR_MT    "moongrad.Tensor"
+#define MG_VARIABLE_MT  "moongrad.Variable"
+#define MG_TAPE_MT      "moongrad.Tape"
+
+/* a tensor or a variable's value (borrowed), or a Lua error naming arg */
+MG_API mg_tensor *mgL_checktensor (struct lua_State *L, int arg);
+MG_API mg_tensor *mgL_testtensor  (struct lua_State *L, int arg);   /* NULL if not one */
+/* push a new userdata taking over the caller's reference; NULL raises mg_errmsg() */
+MG_API void       mgL_pushtensor  (struct lua_State *L, mg_tensor *t);
+/* raise mg_errmsg() as a Lua error */
+MG_API int        mgL_error       (struct lua_State *L);
+
+MG_API int luaopen_moongrad (struct lua_State *L);
+
+/* }============================================================== */
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

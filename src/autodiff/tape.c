@@ -1,0 +1,788 @@
+/*
+** tape.c — gradient tapes: recording, nesting, and the reverse walk.
+**
+** A tape follows tensor ids. Watching a tensor (or reading a trainable
+** variable, whose values all carry the variable's id) puts its id in the
+** tape's `tracked` set; an op that reads a tracked id is recorded as a node,
+** and its outputs become tracked. Nodes keep only what their backward rule
+** says it needs (mg_opdef.saves), so the bytes a tape holds are exactly the
+** saved tensors, and recompute_grad can drop them.
+**
+** The walk visits nodes newest first, which is a valid reverse topological
+** order because nodes are appended as ops run. Backward rules are written
+** with the public ops, so a tape recording while another computes its
+** gradient records that backward pass: nested tapes give higher orders.
+*/
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "moongrad_impl.h"
+
+/* {===================== id maps and sets ==================== */
+/* Open addressing, linear probing; id 0 never occurs, so it marks empty.
+** Nothing is ever deleted: a map entry is cleared by setting its value. */
+
+typedef struct idmap {
+  uint64_t *keys;
+  void **vals;
+  size_t cap, n;
+} idmap;
+
+static size_t slot_of (const idmap *m, uint64_t id) {
+  size_t i = (size_t)(id * 0x9E3779B97F4A7C15ULL) & (m->cap - 1);
+  while (m->keys[i] != 0 && m->keys[i] != id) i = (i + 1) & (m->cap - 1);
+  return i;
+}
+
+static mg_status idmap_grow (idmap *m) {
+  idmap g = {NULL, NULL, m->cap ? m->cap * 2 : 64, 0};
+  g.keys = (uint64_t *)calloc(g.cap, sizeof(uint64_t));
+  g.vals = (void **)calloc(g.cap, sizeof(void *));
+  if (g.keys == NULL || g.vals == NULL) {
+    free(g.keys);
+    free(g.vals);
+    return mg_seterror("out of memory growing a tape");
+  }
+  for (size_t i = 0; i < m->cap; i++)
+    if (m->keys[i]) {
+      size_t s = slot_of(&g, m->keys[i]);
+      g.keys[s] = m->keys[i];
+      g.vals[s] = m->vals[i];
+      g.n++;
+    }
+  free(m->keys);
+  free(m->vals);
+  *m = g;
+  return MG_OK;
+}
+
+/* the value slot for id, created (NULL) if absent; NULL when out of memory */
+static void **idmap_slot (idmap *m, uint64_t id) {
+  if ((m->n + 1) * 4 > m->cap * 3 && idmap_grow(m) != MG_OK) return NULL;
+  size_t s = slot_of(m, id);
+  if (m->keys[s] == 0) {
+    m->keys[s] = id;
+    m->vals[s] = NULL;
+    m->n++;
+  }
+  return &m->vals[s];
+}
+
+static bool idmap_has (const idmap *m, uint64_t id) {
+  return m->cap > 0 && m->keys[slot_of(m, id)] == id;
+}
+
+static void *idmap_get (const idmap *m, uint64_t id) {
+  if (m->cap == 0) return NULL;
+  size_t s = slot_of(m, id);
+  return m->keys[s] == id ? m->vals[s] : NULL;
+}
+
+static void idmap_free (idmap *m) {
+  free(m->keys);
+  free(m->vals);
+  memset(m, 0, sizeof *m);
+}
+
+/* }========================================================== */
+
+
+/* {========================= tapes ========================== */
+
+struct mg_tape {
+  int refcount;
+  bool persistent, watch_accessed;
+  bool active;                /* in the active list: recording unless paused */
+  int paused;                 /* nested pauses */
+  bool used;                  /* a non-persistent tape gave its gradient */
+  idmap tracked;              /* ids this tape follows (values unused) */
+  mg_node **nodes;
+  size_t nnodes, capnodes;
+  mg_variable **vars;         /* watched variables, retained */
+  int nvars, capvars;
+};
+
+static mg_tape **active;      /* tapes not stopped, oldest first */
+static int nactive, capactive;
+int mg_recording_tapes = 0;
+int mg_variable_watchers = 0;
+static int recompute_depth = 0;
+
+static void count_recording (void) {
+  int n = 0;
+  for (int i = 0; i < nactive; i++) n += active[i]->paused == 0;
+  mg_recording_tapes = n;
+}
+
+static mg_status activate (mg_tape *t) {
+  if (t->active) return MG_OK;
+  if (nactive == capactive) {
+    int cap = capactive ? capactive * 2 : 8;
+    mg_tape **a = (mg_tape **)realloc(active, sizeof(mg_tape *) * (size_t)cap);
+    if (a == NULL) return mg_seterror("out of memory starting a tape");
+    active = a;
+    capactive = cap;
+  }
+  active[nactive++] = t;
+  t->active = true;
+  count_recording();
+  return MG_OK;
+}
+
+static void deactivate (mg_tape *t) {
+  if (!t->active) return;
+  for (int i = 0; i < nactive; i++)
+    if (active[i] == t) {
+      memmove(active + i, active + i + 1, sizeof(mg_tape *) * (size_t)(nactive - i - 1));
+      nactive--;
+      break;
+    }
+  t->active = false;
+  count_recording();
+}
+
+mg_tape *mg_tape_new (int persistent, int watch_accessed_variables) {
+  mg_tape *t = (mg_tape *)calloc(1, sizeof(mg_tape));
+  if (t == NULL) return mg_seterror("out of memory creating a tape"), NULL;
+  t->refcount = 1;
+  t->persistent = persistent != 0;
+  t->watch_accessed = watch_accessed_variables != 0;
+  if (activate(t) != MG_OK) {
+    free(t);
+    return NULL;
+  }
+  return t;
+}
+
+mg_tape *mg_tape_retain (mg_tape *t) {
+  t->refcount++;
+  return t;
+}
+
+static void node_release (mg_node *n);
+
+static void drop_record (mg_tape *t) {
+  for (size_t i = 0; i < t->nnodes; i++) node_release(t->nodes[i]);
+  t->nnodes = 0;
+  idmap_free(&t->tracked);
+  for (int i = 0; i < t->nvars; i++) mg_variable_release(t->vars[i]);
+  t->nvars = 0;
+}
+
+void mg_tape_reset (mg_tape *t) {
+  drop_record(t);
+  t->used = false;
+}
+
+void mg_tape_release (mg_tape *t) {
+  if (t == NULL || --t->refcount > 0) return;
+  deactivate(t);
+  drop_record(t);
+  free(t->nodes);
+  free(t->vars);
+  free(t);
+}
+
+void mg_tape_stop (mg_tape *t) { deactivate(t); }
+
+mg_status mg_tape_start (mg_tape *t) {
+  if (!t->persistent && t->used)
+    return mg_seterror("tape: a non-persistent tape cannot record after its gradient was taken");
+  return activate(t);
+}
+
+void mg_tape_pause (mg_tape *t) {
+  t->paused++;
+  count_recording();
+}
+
+void mg_tape_resume (mg_tape *t) {
+  if (t->paused > 0) t->paused--;
+  count_recording();
+}
+
+int mg_tape_is_recording (const mg_tape *t) { return t->active && t->paused == 0; }
+size_t mg_tape_nnodes (const mg_tape *t) { return t->nnodes; }
+int mg_tape_nvariables (const mg_tape *t) { return t->nvars; }
+mg_variable *mg_tape_variable (const mg_tape *t, int i) { return t->vars[i]; }
+
+static mg_status track (mg_tape *t, uint64_t id) {
+  return idmap_slot(&t->tracked, id) ? MG_OK : MG_ERR;
+}
+
+void mg_tape_watch (mg_tape *t, mg_tensor *x) {
+  if (x->var) {
+    mg_tape_watch_variable(t, x->var);
+    return;
+  }
+  if (mg_is_float(x->dtype)) track(t, x->id);
+}
+
+void mg_tape_watch_variable (mg_tape *t, mg_variable *v) {
+  if (!mg_is_float(v->value->dtype)) return;
+  for (int i = 0; i < t->nvars; i++) if (t->vars[i] == v) return;
+  if (t->nvars == t->capvars) {
+    int cap = t->capvars ? t->capvars * 2 : 8;
+    mg_variable **a = (mg_variable **)realloc(t->vars, sizeof(mg_variable *) * (size_t)cap);
+    if (a == NULL) return;
+    t->vars = a;
+    t->capvars = cap;
+  }
+  t->vars[t->nvars++] = mg_variable_retain(v);
+  track(t, v->id);
+}
+
+bool mg_any_tape_tracks (uint64_t id) {
+  for (int i = 0; i < nactive; i++)
+    if (idmap_has(&active[i]->tracked, id)) return true;
+  return false;
+}
+
+/* Tapes paused by mg_pause_all, resumed by the matching mg_resume_all. */
+#define MAX_PAUSE_DEPTH 200
+static struct { mg_tape **t; int n; } pauses[MAX_PAUSE_DEPTH];
+static int npauses;
+
+mg_status mg_pause_all (void) {
+  if (npauses == MAX_PAUSE_DEPTH)
+    return mg_seterror("recompute_grad: nested more than %d deep", MAX_PAUSE_DEPTH);
+  mg_tape **ts = NULL;
+  if (nactive > 0 && (ts = (mg_tape **)malloc(sizeof(mg_tape *) * (size_t)nactive)) == NULL)
+    return mg_seterror("out of memory pausing tapes");
+  for (int i = 0; i < nactive; i++) {
+    ts[i] = mg_tape_retain(active[i]);
+    active[i]->paused++;
+  }
+  pauses[npauses].t = ts;
+  pauses[npauses].n = nactive;
+  npauses++;
+  count_recording();
+  return MG_OK;
+}
+
+void mg_resume_all (void) {
+  if (npauses == 0) return;
+  npauses--;
+  for (int i = 0; i < pauses[npauses].n; i++) {
+    mg_tape_resume(pauses[npauses].t[i]);
+    mg_tape_release(pauses[npauses].t[i]);
+  }
+  free(pauses[npauses].t);
+  count_recording();
+}
+
+void mg_recompute_enter (void) { recompute_depth++; }
+void mg_recompute_leave (void) { recompute_depth--; }
+int mg_is_recomputing (void) { return recompute_depth > 0; }
+
+/* }========================================================== */
+
+
+/* {================ variable-read watchers =================== */
+
+static mg_var_watcher *watchers;
+
+void mg_watcher_push (mg_var_watcher *w) {
+  w->vars = NULL;
+  w->n = w->cap = 0;
+  w->prev = watchers;
+  watchers = w;
+  mg_variable_watchers++;
+}
+
+void mg_watcher_pop (mg_var_watcher *w) {
+  mg_assert(watchers == w);
+  watchers = w->prev;
+  mg_variable_watchers--;
+}
+
+void mg_watcher_free (mg_var_watcher *w) {
+  for (int i = 0; i < w->n; i++) mg_variable_release(w->vars[i]);
+  free(w->vars);
+  w->vars = NULL;
+  w->n = w->cap = 0;
+}
+
+static void watcher_add (mg_var_watcher *w, mg_variable *v) {
+  for (int i = 0; i < w->n; i++) if (w->vars[i] == v) return;
+  if (w->n == w->cap) {
+    int cap = w->cap ? w->cap * 2 : 8;
+    mg_variable **a = (mg_variable **)realloc(w->vars, sizeof(mg_variable *) * (size_t)cap);
+    if (a == NULL) return;
+    w->vars = a;
+    w->cap = cap;
+  }
+  w->vars[w->n++] = mg_variable_retain(v);
+}
+
+/* a read of v: every watcher sees it; tapes that watch accessed variables watch it */
+void mg_note_variable_read (mg_variable *v) {
+  for (mg_var_watcher *w = watchers; w; w = w->prev) watcher_add(w, v);
+  if (!v->trainable) return;
+  for (int i = 0; i < nactive; i++)
+    if (active[i]->paused == 0 && active[i]->watch_accessed) mg_tape_watch_variable(active[i], v);
+}
+
+/* }========================================================== */
+
+
+/* {======================== recording ======================= */
+
+static bool saves_input (const mg_opdef *def, int j) {
+  return (def->saves & MG_SAVE_INPUTS) == MG_SAVE_INPUTS || (j < 16 && (def->saves & MG_SAVE_IN(j)));
+}
+
+static void keep (mg_tensor **slot, mg_tensor *t) {
+  *slot = mg_tensor_retain(t);
+  mg_storage_add_refs(t->storage, 1, 0);
+}
+
+static void unkeep (mg_tensor *t) {
+  if (t == NULL) return;
+  mg_storage_add_refs(t->storage, -1, 0);
+  mg_tensor_release(t);
+}
+
+static mg_node *node_new (const mg_opdef *def, int nin, mg_tensor *const *in, int nout,
+                          mg_tensor *const *out, const mg_attr *attr, void *ext) {
+  size_t size = sizeof(mg_node) + (size_t)(nin + nout) * (sizeof(mg_meta) + sizeof(mg_tensor *))
+                + (size_t)nin * sizeof(bool);
+  mg_node *n = (mg_node *)calloc(1, size);
+  if (n == NULL) return mg_seterror("out of memory recording '%s'", def->name), NULL;
+  n->refcount = 0;
+  n->def = def;
+  n->nin = nin;
+  n->nout = nout;
+  n->in_meta = (mg_meta *)(n + 1);
+  n->out_meta = n->in_meta + nin;
+  n->in = (mg_tensor **)(n->out_meta + nout);
+  n->out = n->in + nin;
+  n->needs = (bool *)(n->out + nout);
+  if (attr) n->attr = *attr;
+  n->ext = ext;
+  for (int j = 0; j < nin; j++) {
+    mg_meta_of(&n->in_meta[j], in[j]);
+    if (saves_input(def, j)) keep(&n->in[j], in[j]);
+  }
+  for (int i = 0; i < nout; i++) {
+    mg_meta_of(&n->out_meta[i], out[i]);
+    if (i < 16 && (def->saves & MG_SAVE_OUT(i))) keep(&n->out[i], out[i]);
+  }
+  return n;
+}
+
+static void node_release (mg_node *n) {
+  if (n == NULL || --n->refcount > 0) return;
+  for (int j = 0; j < n->nin; j++) unkeep(n->in[j]);
+  for (int i = 0; i < n->nout; i++) unkeep(n->out[i]);
+  if (n->def->free_ext) n->def->free_ext(n);
+  free(n);
+}
+
+static mg_status append (mg_tape *t, mg_node *n) {
+  if (t->nnodes == t->capnodes) {
+    size_t cap = t->capnodes ? t->capnodes * 2 : 64;
+    mg_node **a = (mg_node **)realloc(t->nodes, sizeof(mg_node *) * cap);
+    if (a == NULL) return mg_seterror("out of memory recording '%s'", n->def->name);
+    t->nodes = a;
+    t->capnodes = cap;
+  }
+  t->nodes[t->nnodes++] = n;
+  n->refcount++;
+  return MG_OK;
+}
+
+/* does tape t follow one of these inputs? (reading a variable may make it) */
+static bool tape_wants (mg_tape *t, int nin, mg_tensor *const *in) {
+  bool hit = false;
+  for (int j = 0; j < nin; j++) {
+    const mg_tensor *x = in[j];
+    if (!mg_is_float(x->dtype)) continue;
+    if (x->var && t->watch_accessed && x->var->trainable) {
+      mg_tape_watch_variable(t, x->var);
+      hit = true;
+    } else if (!hit && idmap_has(&t->tracked, x->id)) {
+      hit = true;
+    }
+  }
+  return hit;
+}
+
+/* takes ownership of ext: the node owns it, or it is freed here when no
+** tape recorded the op */
+mg_status mg_record_ex (const mg_opdef *def, int nin, mg_tensor *const *in, int nout,
+                        mg_tensor *const *out, const mg_attr *attr, void *ext, mg_node **node) {
+  mg_node *n = NULL;
+  mg_status st = MG_OK;
+  if (node) *node = NULL;
+  if (mg_variable_watchers > 0)
+    for (int j = 0; j < nin; j++)
+      if (in[j]->var)
+        for (mg_var_watcher *w = watchers; w; w = w->prev) watcher_add(w, in[j]->var);
+  for (int i = 0; i < nactive && st == MG_OK; i++) {
+    mg_tape *t = active[i];
+    if (t->paused || !tape_wants(t, nin, in)) continue;
+    if (n == NULL && (n = node_new(def, nin, in, nout, out, attr, ext)) == NULL) {
+      st = MG_ERR;
+      break;
+    }
+    st = append(t, n);
+    for (int k = 0; k < nout && st == MG_OK; k++)
+      if (mg_is_float(out[k]->dtype)) st = track(t, out[k]->id);
+  }
+  if (n != NULL && n->refcount == 0) {     /* recorded nowhere after all */
+    n->refcount = 1;
+    node_release(n);
+    n = NULL;
+  } else if (n == NULL && ext != NULL && def->free_ext) {
+    mg_node tmp;
+    memset(&tmp, 0, sizeof tmp);
+    tmp.def = def;
+    tmp.ext = ext;
+    def->free_ext(&tmp);
+  }
+  if (node && st == MG_OK) *node = n;
+  return st;
+}
+
+mg_status mg_record (const mg_opdef *def, int nin, mg_tensor *const *in, int nout,
+                     mg_tensor *const *out, const mg_attr *attr) {
+  return mg_record_ex(def, nin, in, nout, out, attr, NULL, NULL);
+}
+
+mg_tensor *mg_finish (const mg_opdef *def, int nin, mg_tensor *const *in, mg_tensor *out,
+                      const mg_attr *attr) {
+  if (out == NULL) return NULL;
+  if (!mg_anyone_listening()) return out;
+  if (mg_record(def, nin, in, 1, &out, attr) != MG_OK) {
+    mg_tensor_release(out);
+    return NULL;
+  }
+  return out;
+}
+
+size_t mg_tape_saved_bytes (const mg_tape *t) {
+  idmap seen = {0};       /* storages counted once, keyed by address */
+  size_t total = 0;
+  for (size_t i = 0; i < t->nnodes; i++) {
+    mg_node *n = t->nodes[i];
+    for (int k = 0; k < n->nin + n->nout; k++) {
+      mg_tensor *x = k < n->nin ? n->in[k] : n->out[k - n->nin];
+      if (x == NULL) continue;
+      void **slot = idmap_slot(&seen, (uint64_t)(uintptr_t)x->storage);
+      if (slot == NULL || *slot != NULL) continue;
+      *slot = x->storage;
+      total += x->storage->nbytes;
+    }
+  }
+  idmap_free(&seen);
+  return total;
+}
+
+/* }========================================================== */
+
+
+/* {===================== the reverse walk ==================== */
+
+mg_status mg_accumulate (mg_tensor **acc, mg_tensor *g) {
+  if (g == NULL) return MG_ERR;
+  if (*acc == NULL) {
+    *acc = g;
+    return MG_OK;
+  }
+  mg_tensor *sum = mg_add(*acc, g);
+  mg_tensor_release(g);
+  if (sum == NULL) return MG_ERR;
+  mg_tensor_release(*acc);
+  *acc = sum;
+  return MG_OK;
+}
+
+static void release_grads (idmap *g) {
+  for (size_t i = 0; i < g->cap; i++) mg_tensor_release((mg_tensor *)g->vals[i]);
+  idmap_free(g);
+}
+
+static mg_status check_seed (const mg_tensor *target, const mg_tensor *seed, int k) {
+  char a[160], b[160];
+  if (!mg_same_shape(seed->shape, seed->ndim, target->shape, target->ndim))
+    return mg_seterror("tape:gradient: output_gradients[%d] has shape %s, its target has %s", k + 1,
+                       mg_shape_str(a, sizeof a, seed->shape, seed->ndim),
+                       mg_shape_str(b, sizeof b, target->shape, target->ndim));
+  if (seed->dtype != target->dtype)
+    return mg_seterror("tape:gradient: output_gradients[%d] is %s, its target is %s", k + 1,
+                       mg_dtype_name(seed->dtype), mg_dtype_name(target->dtype));
+  return MG_OK;
+}
+
+/* runs node n's backward rule and adds what it gives to the map */
+static mg_status step_back (mg_node *n, idmap *grads, const idmap *dep) {
+  mg_tensor *dout_small[4], *din_small[8];
+  mg_tensor **dout = n->nout <= 4 ? dout_small : (mg_tensor **)malloc(sizeof(mg_tensor *) * (size_t)n->nout);
+  mg_tensor **din = n->nin <= 8 ? din_small : (mg_tensor **)calloc((size_t)n->nin, sizeof(mg_tensor *));
+  mg_status st = MG_OK;
+  if (dout == NULL || din == NULL) {
+    st = mg_seterror("out of memory in the backward of '%s'", n->def->name);
+    goto done;
+  }
+  for (int i = 0; i < n->nout; i++) dout[i] = (mg_tensor *)idmap_get(grads, n->out_meta[i].id);
+  for (int j = 0; j < n->nin; j++) {
+    din[j] = NULL;
+    n->needs[j] = mg_is_float(n->in_meta[j].dtype) && idmap_has(dep, n->in_meta[j].id);
+  }
+  st = n->def->backward(n, dout, din);
+  for (int j = 0; j < n->nin && st == MG_OK; j++) {
+    if (!n->needs[j]) continue;
+    if (din[j] == NULL) {
+      char msg[512];
+      snprintf(msg, sizeof msg, "%s", mg_errmsg());
+      st = mg_seterror("tape:gradient: in the backward of '%s': %s", n->def->name, msg);
+      break;
+    }
+    const mg_meta *m = &n->in_meta[j];
+    if (!mg_same_shape(din[j]->shape, din[j]->ndim, m->shape, m->ndim) || din[j]->dtype != m->dtype) {
+      char a[160], b[160];
+      st = mg_seterror("tape:gradient: the backward of '%s' gave input %d a gradient %s %s for %s %s",
+                       n->def->name, j + 1, mg_shape_str(a, sizeof a, din[j]->shape, din[j]->ndim),
+                       mg_dtype_name(din[j]->dtype), mg_shape_str(b, sizeof b, m->shape, m->ndim),
+                       mg_dtype_name(m->dtype));
+      break;
+    }
+    void **slot = idmap_slot(grads, m->id);
+    if (slot == NULL) { st = MG_ERR; break; }
+    mg_tensor *acc = (mg_tensor *)*slot;
+    st = mg_accumulate(&acc, din[j]);
+    *slot = acc;
+    din[j] = NULL;
+  }
+  for (int j = 0; j < n->nin; j++) mg_tensor_release(din[j]);
+done:
+  if (dout != dout_small) free(dout);
+  if (din != din_small) free(din);
+  return st;
+}
+
+/*
+** The walk: grads gets, for each source id, d(sum of targets · seeds)/d
+** source. Only nodes downstream of a source are visited, and a node's
+** output gradients are dropped once it has passed them on.
+*/
+static mg_status walk (mg_tape *t, int ntargets, mg_tensor *const *targets,
+                       mg_tensor *const *seeds, int nsources, mg_tensor *const *sources,
+                       idmap *grads) {
+  idmap dep = {0}, keep_ids = {0};
+  bool *relevant = NULL;
+  mg_status st = MG_OK;
+  for (int s = 0; s < nsources && st == MG_OK; s++)
+    if (mg_is_float(sources[s]->dtype))
+      st = idmap_slot(&dep, sources[s]->id) && idmap_slot(&keep_ids, sources[s]->id) ? MG_OK : MG_ERR;
+  if (st != MG_OK) goto done;
+  relevant = (bool *)calloc(t->nnodes + 1, sizeof(bool));
+  if (relevant == NULL) { st = mg_seterror("out of memory in tape:gradient"); goto done; }
+  for (size_t i = 0; i < t->nnodes; i++) {     /* which nodes a source reaches */
+    mg_node *n = t->nodes[i];
+    for (int j = 0; j < n->nin && !relevant[i]; j++)
+      relevant[i] = mg_is_float(n->in_meta[j].dtype) && idmap_has(&dep, n->in_meta[j].id);
+    for (int k = 0; relevant[i] && k < n->nout; k++)
+      if (idmap_slot(&dep, n->out_meta[k].id) == NULL) { st = MG_ERR; goto done; }
+  }
+  for (int k = 0; k < ntargets; k++) {         /* seeds */
+    const mg_tensor *y = targets[k];
+    if (!mg_is_float(y->dtype)) continue;
+    mg_tensor *seed = seeds && seeds[k] ? mg_tensor_retain(seeds[k])
+                                        : mg_full(y->shape, y->ndim, y->dtype, 1.0);
+    if (seed == NULL) { st = MG_ERR; goto done; }
+    void **slot = idmap_slot(grads, y->id);
+    mg_tensor *acc = slot ? (mg_tensor *)*slot : NULL;
+    if (slot == NULL) mg_tensor_release(seed);
+    if (slot == NULL || mg_accumulate(&acc, seed) != MG_OK) { st = MG_ERR; goto done; }
+    *slot = acc;
+  }
+  for (size_t i = t->nnodes; i-- > 0;) {
+    mg_node *n = t->nodes[i];
+    if (!relevant[i]) continue;
+    bool any = false;
+    for (int k = 0; k < n->nout && !any; k++) any = idmap_get(grads, n->out_meta[k].id) != NULL;
+    if (!any) continue;
+    if ((st = step_back(n, grads, &dep)) != MG_OK) goto done;
+    for (int k = 0; k < n->nout; k++) {        /* passed on: drop unless asked for */
+      uint64_t id = n->out_meta[k].id;
+      if (idmap_has(&keep_ids, id)) continue;
+      void **slot = idmap_slot(grads, id);
+      if (slot) { mg_tensor_release((mg_tensor *)*slot); *slot = NULL; }
+    }
+  }
+done:
+  free(relevant);
+  idmap_free(&dep);
+  idmap_free(&keep_ids);
+  return st;
+}
+
+static mg_status check_usable (const mg_tape *t, const char *fn) {
+  if (!t->persistent && t->used)
+    return mg_seterror("tape:%s: a non-persistent tape can only compute one gradient; "
+                       "create it with mg.tape{persistent=true} to call it again", fn);
+  return MG_OK;
+}
+
+static mg_status check_target (const mg_tape *t, const mg_tensor *y, const char *fn) {
+  if (mg_is_float(y->dtype) && !idmap_has(&t->tracked, y->id))
+    return mg_seterror("tape:%s: the target was not recorded by this tape (computed before the "
+                       "tape started, after tape:stop(), or from nothing it watches?)", fn);
+  return MG_OK;
+}
+
+/* after a gradient, a non-persistent tape lets go of everything */
+static void consume (mg_tape *t) {
+  if (t->persistent) return;
+  t->used = true;
+  deactivate(t);
+  drop_record(t);
+}
+
+/* sets grads[s] from the map, as zeros or NULL when unconnected */
+static mg_status collect (idmap *map, int nsources, mg_tensor *const *sources, int zero, mg_tensor **grads) {
+  for (int s = 0; s < nsources; s++) {
+    mg_tensor *g = mg_is_float(sources[s]->dtype) ? (mg_tensor *)idmap_get(map, sources[s]->id) : NULL;
+    if (g != NULL) grads[s] = mg_tensor_retain(g);
+    else grads[s] = zero ? mg_full(sources[s]->shape, sources[s]->ndim, sources[s]->dtype, 0.0) : NULL;
+    if (zero && grads[s] == NULL) {
+      for (int k = 0; k < s; k++) { mg_tensor_release(grads[k]); grads[k] = NULL; }
+      return MG_ERR;
+    }
+  }
+  return MG_OK;
+}
+
+mg_status mg_tape_gradient (mg_tape *t, int ntargets, mg_tensor *const *targets, int nsources,
+                            mg_tensor *const *sources, mg_tensor *const *out_grads,
+                            int unconnected_zero, mg_tensor **grads) {
+  for (int s = 0; s < nsources; s++) grads[s] = NULL;
+  if (check_usable(t, "gradient") != MG_OK) return MG_ERR;
+  for (int k = 0; k < ntargets; k++) {
+    if (check_target(t, targets[k], "gradient") != MG_OK) return MG_ERR;
+    if (out_grads && out_grads[k] && check_seed(targets[k], out_grads[k], k) != MG_OK) return MG_ERR;
+  }
+  idmap map = {0};
+  mg_tape_pause(t);                  /* its own backward pass is not its business */
+  mg_status st = walk(t, ntargets, targets, out_grads, nsources, sources, &map);
+  mg_tape_resume(t);
+  if (st == MG_OK) st = collect(&map, nsources, sources, unconnected_zero, grads);
+  release_grads(&map);
+  if (st == MG_OK) consume(t);
+  return st;
+}
+
+/* a fresh seed: one-hot at element j of every batch row (batch >= 1) */
+static mg_tensor *one_hot (const mg_tensor *target, int64_t j, int64_t batch) {
+  mg_tensor *seed = mg_full(target->shape, target->ndim, target->dtype, 0.0);
+  if (seed == NULL) return NULL;
+  int64_t per = seed->numel / batch;
+  for (int64_t b = 0; b < batch; b++) {
+    int64_t i = b * per + j;
+    if (seed->dtype == MG_FLOAT32) ((float *)mg_ptr(seed))[i] = 1;
+    else ((double *)mg_ptr(seed))[i] = 1;
+  }
+  return seed;
+}
+
+/*
+** Rows of a jacobian: for j in [0, rows), the gradient of target seeded with
+** one-hot j (in each of `batch` rows), stacked along a new first axis.
+** *out stays NULL when source is unconnected and !zero. The tape is
+** consumed once, at the end.
+*/
+static mg_status jacobian_rows (mg_tape *t, mg_tensor *target, mg_tensor *source, int zero,
+                                int64_t rows, int64_t batch, const char *fn, mg_tensor **out) {
+  *out = NULL;
+  if (check_usable(t, fn) != MG_OK || check_target(t, target, fn) != MG_OK) return MG_ERR;
+  if (rows > (1 << 20))
+    return mg_seterror("tape:%s: target is too large (%lld elements)", fn, (long long)rows);
+  bool differentiable = mg_is_float(target->dtype) && mg_is_float(source->dtype);
+  mg_tensor **parts = (mg_tensor **)calloc((size_t)(rows > 0 ? rows : 1), sizeof(mg_tensor *));
+  mg_status st = parts ? MG_OK : mg_seterror("out of memory in tape:%s", fn);
+  bool connected = false;
+  mg_tape_pause(t);
+  for (int64_t j = 0; j < rows && st == MG_OK; j++) {
+    idmap map = {0};
+    mg_tensor *seed = differentiable ? one_hot(target, j, batch) : NULL;
+    if (differentiable)
+      st = seed ? walk(t, 1, &target, &seed, 1, &source, &map) : MG_ERR;
+    mg_tensor_release(seed);
+    mg_tensor *g = st == MG_OK ? (mg_tensor *)idmap_get(&map, source->id) : NULL;
+    connected |= g != NULL;
+    if (st == MG_OK)
+      parts[j] = g ? mg_tensor_retain(g) : mg_full(source->shape, source->ndim, source->dtype, 0.0);
+    if (st == MG_OK && parts[j] == NULL) st = MG_ERR;
+    release_grads(&map);
+  }
+  mg_tape_resume(t);
+  if (st == MG_OK && (connected || zero)) {
+    if (rows > 0) {
+      *out = mg_stack(parts, (int)rows, 0);
+    } else {
+      int64_t sh[MG_MAX_DIMS + 1] = {0};
+      memcpy(sh + 1, source->shape, sizeof(int64_t) * (size_t)source->ndim);
+      *out = mg_full(sh, source->ndim + 1, source->dtype, 0.0);
+    }
+    if (*out == NULL) st = MG_ERR;
+  }
+  for (int64_t j = 0; parts && j < rows; j++) mg_tensor_release(parts[j]);
+  free(parts);
+  if (st == MG_OK) consume(t);
+  return st;
+}
+
+/* rows (n, ...) reshaped to shape; takes over rows */
+static mg_status reshape_rows (mg_tensor **r, const int64_t *shape, int nd, const char *fn) {
+  if (*r == NULL) return MG_OK;
+  mg_tensor *x = nd > MG_MAX_DIMS ? NULL : mg_reshape(*r, shape, nd);
+  if (nd > MG_MAX_DIMS)
+    mg_seterror("tape:%s: the result would have %d dimensions (at most %d)", fn, nd, MG_MAX_DIMS);
+  mg_tensor_release(*r);
+  *r = x;
+  return x ? MG_OK : MG_ERR;
+}
+
+mg_status mg_tape_jacobian (mg_tape *t, mg_tensor *target, mg_tensor *source, int zero,
+                            mg_tensor **out) {
+  if (jacobian_rows(t, target, source, zero, target->numel, 1, "jacobian", out) != MG_OK)
+    return MG_ERR;
+  int64_t shape[2 * MG_MAX_DIMS];
+  int nd = 0;
+  for (int i = 0; i < target->ndim; i++) shape[nd++] = target->shape[i];
+  for (int i = 0; i < source->ndim; i++) shape[nd++] = source->shape[i];
+  return reshape_rows(out, shape, nd, "jacobian");
+}
+
+mg_status mg_tape_batch_jacobian (mg_tape *t, mg_tensor *target, mg_tensor *source, int zero,
+                                  mg_tensor **out) {
+  char a[160], b[160];
+  *out = NULL;
+  if (target->ndim < 1 || source->ndim < 1 || target->shape[0] != source->shape[0])
+    return mg_seterror("tape:batch_jacobian: target %s and source %s need the same first (batch) "
+                       "dimension", mg_shape_str(a, sizeof a, target->shape, target->ndim),
+                       mg_shape_str(b, sizeof b, source->shape, source->ndim));
+  int64_t batch = target->shape[0], per = batch ? target->numel / batch : 0;
+  if (jacobian_rows(t, target, source, zero, per, batch ? batch : 1, "batch_jacobian", out) != MG_OK)
+    return MG_ERR;
+  if (*out == NULL) return MG_OK;
+  /* rows: (T, B, S...) -> (B, T, S...) -> (B, target rest..., source rest...) */
+  int perm[MG_MAX_DIMS];
+  for (int i = 0; i < (*out)->ndim; i++) perm[i] = i;
+  perm[0] = 1;
+  perm[1] = 0;
+  mg_tensor *p = mg_permute(*out, perm);
+  mg_tensor_release(*out);
+  *out = p;
+  int64_t shape[2 * MG_MAX_DIMS];
+  int nd = 0;
+  shape[nd++] = batch;
+  for (int i = 1; i < target->ndim; i++) shape[nd++] = target->shape[i];
+  for (int i = 1; i < source->ndim; i++) shape[nd++] = source->shape[i];
+  return p ? reshape_rows(out, shape, nd, "batch_jacobian") : MG_ERR;
+}
+
+/* }========================================================== */

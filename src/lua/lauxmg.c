@@ -1,0 +1,398 @@
+/*
+** lauxmg.c — the "lauxlib" of moongrad: checking and pushing tensors,
+** shapes, axes and dtypes, and turning Lua values into tensors.
+**
+** Binding functions follow one order so nothing leaks when Lua raises:
+** check the arguments (may raise), push an empty box (may raise), then do
+** the C work, which never raises, and fill the box or raise its error.
+*/
+#include <math.h>
+#include <string.h>
+
+#include "lbinding.h"
+
+lua_State *mgL_running = NULL;
+
+ltensor *mgL_newbox (lua_State *L) {
+  ltensor *b = (ltensor *)lua_newuserdatauv(L, sizeof(ltensor), 0);
+  b->t = NULL;
+  luaL_setmetatable(L, MG_TENSOR_MT);
+  return b;
+}
+
+int mgL_fill (lua_State *L, ltensor *box, mg_tensor *t) {
+  if (t == NULL) return mgL_error(L);
+  box->t = t;
+  mgL_gc_pressure(L);
+  return 1;
+}
+
+int mgL_error (lua_State *L) {
+  return luaL_error(L, "%s", mg_errmsg());
+}
+
+void mgL_pushtensor (lua_State *L, mg_tensor *t) {
+  if (t == NULL) {
+    mgL_error(L);
+    return;
+  }
+  ltensor *b = (ltensor *)lua_newuserdatauv(L, sizeof(ltensor), 0);
+  b->t = t;
+  luaL_setmetatable(L, MG_TENSOR_MT);
+}
+
+mg_variable *mgL_testvariable (lua_State *L, int arg) {
+  lvariable *b = (lvariable *)luaL_testudata(L, arg, MG_VARIABLE_MT);
+  return b ? b->v : NULL;
+}
+
+mg_variable *mgL_checkvariable (lua_State *L, int arg) {
+  lvariable *b = (lvariable *)luaL_checkudata(L, arg, MG_VARIABLE_MT);
+  return b->v;
+}
+
+mg_tensor *mgL_testtensor (lua_State *L, int arg) {
+  ltensor *b = (ltensor *)luaL_testudata(L, arg, MG_TENSOR_MT);
+  if (b) return b->t;
+  mg_variable *v = mgL_testvariable(L, arg);
+  return v ? mg_variable_peek(v) : NULL;
+}
+
+mg_tensor *mgL_checktensor (lua_State *L, int arg) {
+  mg_tensor *t = mgL_testtensor(L, arg);
+  if (t == NULL) {
+    const char *msg = lua_pushfstring(L, "moongrad.Tensor expected, got %s", luaL_typename(L, arg));
+    luaL_argerror(L, arg, msg);
+  }
+  return t;
+}
+
+mgL_kind mgL_operandkind (lua_State *L, int arg) {
+  switch (lua_type(L, arg)) {
+    case LUA_TNUMBER: return MGL_NUMBER;
+    case LUA_TBOOLEAN: return MGL_BOOLEAN;
+    case LUA_TUSERDATA: return mgL_testtensor(L, arg) ? MGL_TENSOR : MGL_OTHER;
+    default: return MGL_OTHER;
+  }
+}
+
+void mgL_checkoperandkind (lua_State *L, int arg) {
+  if (mgL_operandkind(L, arg) == MGL_OTHER)
+    luaL_argerror(L, arg, lua_pushfstring(L, "moongrad.Tensor or number expected, got %s",
+                                          luaL_typename(L, arg)));
+}
+
+mg_tensor *mgL_operand (lua_State *L, int arg, mg_dtype like, bool *owned) {
+  *owned = false;
+  switch (mgL_operandkind(L, arg)) {
+    case MGL_TENSOR: return mgL_testtensor(L, arg);
+    case MGL_BOOLEAN:
+      *owned = true;
+      return mg_scalar(lua_toboolean(L, arg), MG_BOOL);
+    case MGL_NUMBER: {
+      *owned = true;
+      if (lua_isinteger(L, arg) && like == MG_INT64) {   /* exact, whatever its size */
+        mg_tensor *t = mg_empty(NULL, 0, MG_INT64);
+        if (t) *(int64_t *)mg_ptr(t) = lua_tointeger(L, arg);
+        return t;
+      }
+      return mg_scalar(lua_tonumber(L, arg), like);
+    }
+    default:
+      return mg_seterror("moongrad.Tensor or number expected, got %s", luaL_typename(L, arg)), NULL;
+  }
+}
+
+mg_dtype mgL_likedtype (lua_State *L, int a, int b, mg_dtype fallback) {
+  mg_tensor *t = mgL_testtensor(L, a);
+  if (t == NULL) t = mgL_testtensor(L, b);
+  if (t) return mg_tensor_dtype(t);
+  if (lua_isboolean(L, a) && lua_isboolean(L, b)) return MG_BOOL;
+  return fallback;
+}
+
+mg_dtype mgL_optdtype (lua_State *L, int arg, mg_dtype def) {
+  if (lua_isnoneornil(L, arg)) return def;
+  const char *name = luaL_checkstring(L, arg);
+  int dt = mg_dtype_from_name(name);
+  if (dt < 0)
+    luaL_argerror(L, arg, lua_pushfstring(L, "unknown dtype '%s' (use float32, float64, int64 or bool)", name));
+  return (mg_dtype)dt;
+}
+
+static int64_t checkdim (lua_State *L, int arg, int i) {
+  int isint;
+  lua_Integer d = lua_tointegerx(L, -1, &isint);
+  if (!isint) {
+    if (lua_type(L, -1) == LUA_TNUMBER)
+      luaL_argerror(L, arg, lua_pushfstring(L, "dimension %d is %s, not an integer", i,
+                                            lua_tostring(L, -1)));
+    luaL_argerror(L, arg, lua_pushfstring(L, "dimension %d is a %s, not an integer", i,
+                                          luaL_typename(L, -1)));
+  }
+  if (d < 0) luaL_argerror(L, arg, lua_pushfstring(L, "dimension %d is negative (%d)", i, (int)d));
+  return (int64_t)d;
+}
+
+int mgL_checkshape (lua_State *L, int arg, int64_t *shape, bool varargs) {
+  int nd = 0;
+  if (lua_istable(L, arg)) {
+    lua_Integer n = luaL_len(L, arg);
+    if (n > MG_MAX_DIMS)
+      luaL_argerror(L, arg, lua_pushfstring(L, "%d dimensions given, at most %d allowed", (int)n, MG_MAX_DIMS));
+    for (nd = 0; nd < (int)n; nd++) {
+      lua_geti(L, arg, nd + 1);
+      shape[nd] = checkdim(L, arg, nd + 1);
+      lua_pop(L, 1);
+    }
+    return nd;
+  }
+  if (!varargs || lua_type(L, arg) != LUA_TNUMBER)
+    luaL_argerror(L, arg, lua_pushfstring(L, "shape expected (a table of sizes), got %s", luaL_typename(L, arg)));
+  int top = lua_gettop(L);
+  for (int a = arg; a <= top && lua_type(L, a) == LUA_TNUMBER; a++) {
+    if (nd == MG_MAX_DIMS)
+      luaL_argerror(L, a, lua_pushfstring(L, "at most %d dimensions allowed", MG_MAX_DIMS));
+    lua_pushvalue(L, a);
+    shape[nd] = checkdim(L, a, nd + 1);
+    lua_pop(L, 1);
+    nd++;
+  }
+  return nd;
+}
+
+int mgL_optaxis (lua_State *L, int arg, int ndim) {
+  if (lua_isnoneornil(L, arg)) return MG_ALL_AXES;
+  int isint;
+  lua_Integer a = lua_tointegerx(L, arg, &isint);
+  if (!isint) {
+    if (lua_type(L, arg) == LUA_TNUMBER)
+      luaL_argerror(L, arg, lua_pushfstring(L, "axis %s is not an integer", lua_tostring(L, arg)));
+    luaL_argerror(L, arg, lua_pushfstring(L, "axis expected (an integer), got %s", luaL_typename(L, arg)));
+  }
+  if (a == 0 || a > ndim || a < -ndim) {
+    if (ndim == 0)
+      luaL_argerror(L, arg, lua_pushfstring(L, "axis %d is out of range for a 0-d tensor", (int)a));
+    luaL_argerror(L, arg, lua_pushfstring(L, "axis %d is out of range for %d dimensions (use 1..%d or -%d..-1)",
+                                          (int)a, ndim, ndim, ndim));
+  }
+  return a > 0 ? (int)a - 1 : (int)a + ndim;
+}
+
+void mgL_pushshape (lua_State *L, const int64_t *shape, int ndim) {
+  lua_createtable(L, ndim, 0);
+  for (int i = 0; i < ndim; i++) {
+    lua_pushinteger(L, (lua_Integer)shape[i]);
+    lua_rawseti(L, -2, i + 1);
+  }
+}
+
+/* {================== Lua values to tensors ================= */
+
+/* the shape of a nested table, read along first elements */
+static int nested_shape (lua_State *L, int idx, int64_t *shape, const char *fn) {
+  int nd = 0;
+  lua_pushvalue(L, idx);
+  while (lua_istable(L, -1)) {
+    if (nd == MG_MAX_DIMS) luaL_error(L, "%s: nested table is more than %d levels deep", fn, MG_MAX_DIMS);
+    shape[nd++] = (int64_t)luaL_len(L, -1);
+    if (shape[nd - 1] == 0) break;
+    lua_geti(L, -1, 1);
+    lua_remove(L, -2);
+  }
+  lua_pop(L, 1);
+  return nd;
+}
+
+typedef struct fillstate {
+  char *p;                  /* next element */
+  mg_dtype dt;
+  const int64_t *shape;
+  int nd;
+  const char *fn;
+  char path[128];           /* "[2][1]" for messages */
+} fillstate;
+
+static void store (lua_State *L, fillstate *f) {
+  int t = lua_type(L, -1);
+  if (t != LUA_TNUMBER && t != LUA_TBOOLEAN)
+    luaL_error(L, "%s: expected a number at %s, got %s", f->fn, f->path[0] ? f->path : "the top",
+               luaL_typename(L, -1));
+  double num = t == LUA_TBOOLEAN ? (double)lua_toboolean(L, -1) : lua_tonumber(L, -1);
+  switch (f->dt) {
+    case MG_FLOAT32: *(float *)f->p = (float)num; break;
+    case MG_FLOAT64: *(double *)f->p = num; break;
+    case MG_INT64: {
+      int isint = 1;
+      lua_Integer v = t == LUA_TBOOLEAN ? (lua_Integer)num : lua_tointegerx(L, -1, &isint);
+      if (!isint)
+        luaL_error(L, "%s: cannot convert %s at %s to int64", f->fn, lua_tostring(L, -1),
+                   f->path[0] ? f->path : "the top");
+      *(int64_t *)f->p = (int64_t)v;
+      break;
+    }
+    default: *(uint8_t *)f->p = num != 0; break;
+  }
+  f->p += mg_dtype_size(f->dt);
+}
+
+/* fills elements from the table at the top, checking it is not ragged */
+static void fill_nested (lua_State *L, fillstate *f, int d) {
+  if (d == f->nd) {
+    store(L, f);
+    return;
+  }
+  if (!lua_istable(L, -1))
+    luaL_error(L, "%s: ragged nested table: expected a table at %s, got %s", f->fn, f->path,
+               luaL_typename(L, -1));
+  lua_Integer n = luaL_len(L, -1);
+  if (n != f->shape[d])
+    luaL_error(L, "%s: ragged nested table: %s has %d entries, expected %d", f->fn,
+               f->path[0] ? f->path : "the top table", (int)n, (int)f->shape[d]);
+  size_t plen = strlen(f->path);
+  for (lua_Integer i = 1; i <= n; i++) {
+    snprintf(f->path + plen, sizeof f->path - plen, "[%d]", (int)i);
+    lua_geti(L, -1, i);
+    fill_nested(L, f, d + 1);
+    lua_pop(L, 1);
+  }
+  f->path[plen] = '\0';
+}
+
+mg_tensor *mgL_pushconstant (lua_State *L, int arg, mg_dtype dt, bool dtype_given, const char *fn) {
+  arg = lua_absindex(L, arg);
+  mg_tensor *src = mgL_testtensor(L, arg);
+  if (src) {
+    ltensor *box = mgL_newbox(L);
+    mgL_fill(L, box, dtype_given ? mg_cast(src, dt) : mg_tensor_retain(src));
+    return box->t;
+  }
+  int t = lua_type(L, arg);
+  if (t != LUA_TNUMBER && t != LUA_TBOOLEAN && t != LUA_TTABLE)
+    luaL_argerror(L, arg, lua_pushfstring(L, "number, boolean, table or tensor expected, got %s",
+                                          luaL_typename(L, arg)));
+  int64_t shape[MG_MAX_DIMS];
+  int nd = nested_shape(L, arg, shape, fn);
+  if (!dtype_given) {     /* booleans make bool tensors; numbers float32 */
+    lua_pushvalue(L, arg);
+    for (int d = 0; d < nd && shape[d] > 0; d++) {
+      lua_geti(L, -1, 1);
+      lua_remove(L, -2);
+    }
+    dt = lua_isboolean(L, -1) ? MG_BOOL : MG_FLOAT32;
+    lua_pop(L, 1);
+  }
+  ltensor *box = mgL_newbox(L);
+  mgL_fill(L, box, mg_empty(shape, nd, dt));
+  fillstate f = {(char *)mg_ptr(box->t), dt, shape, nd, fn, ""};
+  lua_pushvalue(L, arg);
+  fill_nested(L, &f, 0);
+  lua_pop(L, 1);
+  return box->t;
+}
+
+/* }========================================================== */
+
+static void push_element (lua_State *L, const mg_tensor *t, const char *p) {
+  switch (mg_tensor_dtype(t)) {
+    case MG_FLOAT32: lua_pushnumber(L, *(const float *)p); break;
+    case MG_FLOAT64: lua_pushnumber(L, *(const double *)p); break;
+    case MG_INT64: lua_pushinteger(L, (lua_Integer)*(const int64_t *)p); break;
+    default: lua_pushboolean(L, *(const uint8_t *)p); break;
+  }
+}
+
+static void push_level (lua_State *L, const mg_tensor *t, int d, const char *p) {
+  if (d == t->ndim) {
+    push_element(L, t, p);
+    return;
+  }
+  luaL_checkstack(L, 4, "tensor too deep");
+  lua_createtable(L, (int)t->shape[d], 0);
+  int64_t step = t->strides[d] * (int64_t)mg_dtype_size(t->dtype);
+  for (int64_t i = 0; i < t->shape[d]; i++) {
+    push_level(L, t, d + 1, p + i * step);
+    lua_rawseti(L, -2, (lua_Integer)i + 1);
+  }
+}
+
+void mgL_pushvalues (lua_State *L, const mg_tensor *t) {
+  push_level(L, t, 0, mg_ptr(t));
+}
+
+/* {================ nested structures of tensors ============ */
+
+bool mgL_isleaf (lua_State *L, int idx) {
+  return lua_type(L, idx) == LUA_TUSERDATA && mgL_testtensor(L, idx) != NULL;
+}
+
+/* plain tables are structure; a table with a metatable (a layer) is a leaf */
+static bool is_structure (lua_State *L, int idx) {
+  if (!lua_istable(L, idx)) return false;
+  if (!lua_getmetatable(L, idx)) return true;
+  lua_pop(L, 1);
+  return false;
+}
+
+/* runs BODY for each entry of the table at idx, in a fixed order (1..#t,
+** then the other keys as lua_next gives them), with key and value pushed */
+#define FOR_ENTRIES(L, idx, BODY) do {                                          \
+    lua_Integer len_ = luaL_len(L, idx);                                        \
+    for (lua_Integer i_ = 1; i_ <= len_; i_++) {                                \
+      lua_pushinteger(L, i_); lua_geti(L, idx, i_); BODY; lua_pop(L, 2);        \
+    }                                                                           \
+    lua_pushnil(L);                                                             \
+    while (lua_next(L, idx)) {                                                  \
+      if (lua_isinteger(L, -2) && lua_tointeger(L, -2) >= 1 && lua_tointeger(L, -2) <= len_) { \
+        lua_pop(L, 1); continue;                                                \
+      }                                                                         \
+      lua_pushvalue(L, -2); lua_insert(L, -2); BODY; lua_pop(L, 2);             \
+    }                                                                           \
+  } while (0)
+
+int mgL_flatten (lua_State *L, int idx, int acc, int n, bool strict, const char *what) {
+  idx = lua_absindex(L, idx);
+  acc = lua_absindex(L, acc);
+  if (mgL_isleaf(L, idx)) {
+    lua_pushvalue(L, idx);
+    lua_rawseti(L, acc, ++n);
+    return n;
+  }
+  if (!is_structure(L, idx)) {
+    if (strict)
+      luaL_error(L, "%s is a %s, not a tensor or variable", what, luaL_typename(L, idx));
+    return n;
+  }
+  luaL_checkstack(L, 8, "structure too deep");
+  FOR_ENTRIES(L, idx, {
+    char sub[256];
+    if (lua_type(L, -2) == LUA_TNUMBER) snprintf(sub, sizeof sub, "%s[%d]", what, (int)lua_tointeger(L, -2));
+    else snprintf(sub, sizeof sub, "%s.%s", what, lua_type(L, -2) == LUA_TSTRING ? lua_tostring(L, -2) : "?");
+    n = mgL_flatten(L, lua_gettop(L), acc, n, strict, sub);
+  });
+  return n;
+}
+
+void mgL_rebuild (lua_State *L, int idx, int acc, int *k) {
+  idx = lua_absindex(L, idx);
+  acc = lua_absindex(L, acc);
+  if (mgL_isleaf(L, idx)) {
+    lua_geti(L, acc, ++*k);
+    return;
+  }
+  if (!is_structure(L, idx)) {
+    lua_pushvalue(L, idx);
+    return;
+  }
+  luaL_checkstack(L, 8, "structure too deep");
+  lua_newtable(L);
+  int out = lua_gettop(L);
+  FOR_ENTRIES(L, idx, {
+    mgL_rebuild(L, lua_gettop(L), acc, k);     /* key value copy */
+    lua_pushvalue(L, -3);
+    lua_insert(L, -2);
+    lua_settable(L, out);
+  });
+}
+
+/* }========================================================== */

@@ -1,0 +1,81 @@
+/*
+** lbinding.h — what the Lua binding files share.
+*/
+#ifndef LBINDING_H
+#define LBINDING_H
+
+#include <lua.h>
+#include <lauxlib.h>
+
+#include "../moongrad_impl.h"
+
+typedef struct ltensor { mg_tensor *t; } ltensor;       /* one reference, or NULL */
+typedef struct lvariable { mg_variable *v; } lvariable;
+typedef struct ltape { mg_tape *t; } ltape;
+
+/* an empty tensor box on the stack, safe to collect, before any work */
+ltensor   *mgL_newbox      (lua_State *L);
+/* fills the box at the top with t (a new reference); raises on NULL */
+int        mgL_fill        (lua_State *L, ltensor *box, mg_tensor *t);
+/* what kind of operand arg is: a tensor or variable, a number, a boolean */
+typedef enum { MGL_TENSOR, MGL_NUMBER, MGL_BOOLEAN, MGL_OTHER } mgL_kind;
+mgL_kind   mgL_operandkind (lua_State *L, int arg);
+/* arg (already checked by mgL_operandkind) as a tensor: a number becomes a
+** 0-d tensor of dtype like, and *owned says the caller must release it.
+** Never raises: NULL + mg_errmsg() on failure */
+mg_tensor *mgL_operand     (lua_State *L, int arg, mg_dtype like, bool *owned);
+/* raises "bad argument" unless arg is a tensor, variable or number */
+void       mgL_checkoperandkind (lua_State *L, int arg);
+/* the dtype of the first tensor or variable among args a, b; else fallback */
+mg_dtype   mgL_likedtype   (lua_State *L, int a, int b, mg_dtype fallback);
+/* optional dtype name at arg ("float32", ...) */
+mg_dtype   mgL_optdtype    (lua_State *L, int arg, mg_dtype def);
+/* a shape given as a table {2,3}, or as integers from arg on when varargs;
+** returns ndim */
+int        mgL_checkshape  (lua_State *L, int arg, int64_t *shape, bool varargs);
+/* 1-based axis (negative counts from the end) into 0-based; nil gives
+** MG_ALL_AXES; raises on a bad axis */
+int        mgL_optaxis     (lua_State *L, int arg, int ndim);
+mg_variable *mgL_testvariable  (lua_State *L, int arg);
+mg_variable *mgL_checkvariable (lua_State *L, int arg);
+/* pushes a table {d1, d2, ...} */
+void       mgL_pushshape   (lua_State *L, const int64_t *shape, int ndim);
+/* pushes a new tensor built from the number, boolean, nested table or
+** tensor at arg, and returns it (borrowed from the box on the stack) */
+mg_tensor *mgL_pushconstant (lua_State *L, int arg, mg_dtype dt, bool dtype_given, const char *fn);
+/* pushes t's values as nested tables (a number for a 0-d tensor) */
+void       mgL_pushvalues  (lua_State *L, const mg_tensor *t);
+
+/* pushes the userdata of v (the same one each time while it lives) */
+void       mgL_pushvariable (lua_State *L, mg_variable *v);
+/* is the value at idx a tensor or a variable? */
+bool       mgL_isleaf      (lua_State *L, int idx);
+/* Appends the tensor and variable leaves of the value at idx (a leaf, or
+** nested plain tables of them) to the list at acc, starting after entry n;
+** returns the new count. strict: any other leaf raises, naming `what` and
+** its place; otherwise other leaves are skipped (and kept by rebuild). */
+int        mgL_flatten     (lua_State *L, int idx, int acc, int n, bool strict, const char *what);
+/* pushes a copy of the value at idx with its leaves replaced, in the same
+** order, by acc[*k], acc[*k+1], ... */
+void       mgL_rebuild     (lua_State *L, int idx, int acc, int *k);
+
+/* collects garbage tensors when tensor memory has grown enough (after each
+** new tensor) */
+void       mgL_gc_pressure (lua_State *L);
+
+/* the lua_State a gradient walk runs in, for backward rules written in Lua */
+extern lua_State *mgL_running;
+
+void mgL_open_tensor    (lua_State *L);    /* each adds its functions to the table at -1 */
+void mgL_open_variable  (lua_State *L);
+void mgL_open_tape      (lua_State *L);
+void mgL_open_memory    (lua_State *L);
+void mgL_open_random    (lua_State *L);
+void mgL_open_custom    (lua_State *L);
+void mgL_open_recompute (lua_State *L);
+
+/* Lua sources of the .lua files of lua/moongrad/ compiled into the library */
+typedef struct mgL_embedded { const char *name; const unsigned char *src; size_t len; } mgL_embedded;
+extern const mgL_embedded mgL_embedded_modules[];
+
+#endif

@@ -1,0 +1,151 @@
+/*
+** lmemory.c — mg.memory (the allocator's counters) and mg.random.
+**
+** Lua's collector sees a tensor as a few bytes of userdata, not the
+** megabytes behind it, so garbage tensors could pile up between cycles.
+** mgL_gc_pressure closes that gap as Lua does for its own heap: when tensor
+** memory has grown to `pause` percent of what was alive after the last
+** collection, it runs a full collection.
+*/
+#include "lbinding.h"
+
+#define GC_MIN_GROWTH ((size_t)16 << 20)
+
+static int gc_pause = 200;               /* percent, as lua_gc's setpause */
+static size_t gc_threshold = GC_MIN_GROWTH;
+
+void mgL_gc_pressure (lua_State *L) {
+  mg_memory_stats st = mg_memory_stats_get();
+  if (st.tensor_bytes < gc_threshold) return;
+  lua_gc(L, LUA_GCCOLLECT);
+  size_t live = mg_memory_stats_get().tensor_bytes;
+  size_t next = live / 100 * (size_t)gc_pause;
+  gc_threshold = next > live + GC_MIN_GROWTH / 16 ? next : live + GC_MIN_GROWTH / 16;
+  if (gc_pause > 100 && gc_threshold < GC_MIN_GROWTH) gc_threshold = GC_MIN_GROWTH;
+}
+
+static void setfield_int (lua_State *L, const char *k, int64_t v) {
+  lua_pushinteger(L, (lua_Integer)v);
+  lua_setfield(L, -2, k);
+}
+
+/* stats(): the counters, in bytes */
+static int l_stats (lua_State *L) {
+  mg_memory_stats st = mg_memory_stats_get();
+  lua_createtable(L, 0, 10);
+  setfield_int(L, "current_bytes", (int64_t)st.current_bytes);
+  setfield_int(L, "peak_bytes", (int64_t)st.peak_bytes);
+  setfield_int(L, "tensor_bytes", (int64_t)st.tensor_bytes);
+  setfield_int(L, "saved_bytes", (int64_t)st.saved_bytes);
+  setfield_int(L, "variable_bytes", (int64_t)st.variable_bytes);
+  setfield_int(L, "peak_saved_bytes", (int64_t)st.peak_saved_bytes);
+  setfield_int(L, "cached_bytes", (int64_t)st.cached_bytes);
+  setfield_int(L, "live_tensors", st.live_tensors);
+  setfield_int(L, "live_storages", st.live_storages);
+  setfield_int(L, "allocations", st.allocations);
+  return 1;
+}
+
+static int l_reset_peak (lua_State *L) {
+  MG_UNUSED(L);
+  mg_memory_reset_peak();
+  return 0;
+}
+
+static int l_release_cache (lua_State *L) {
+  MG_UNUSED(L);
+  mg_memory_release_cache();
+  return 0;
+}
+
+/* setpause(percent): how far tensor memory may grow before a collection */
+static int l_setpause (lua_State *L) {
+  lua_Integer p = luaL_checkinteger(L, 1);
+  luaL_argcheck(L, p >= 100 && p <= 100000, 1, "pause must be between 100 and 100000 (percent)");
+  lua_pushinteger(L, gc_pause);
+  gc_pause = (int)p;
+  gc_threshold = 0;                    /* re-derive at the next allocation */
+  return 1;
+}
+
+static const luaL_Reg memory_funcs[] = {
+  {"stats", l_stats}, {"reset_peak", l_reset_peak}, {"release_cache", l_release_cache},
+  {"setpause", l_setpause}, {NULL, NULL}
+};
+
+void mgL_open_memory (lua_State *L) {
+  luaL_newlib(L, memory_funcs);
+  lua_setfield(L, -2, "memory");
+}
+
+/* {========================= random ========================= */
+
+static int l_seed (lua_State *L) {
+  mg_random_seed((uint64_t)luaL_checkinteger(L, 1));
+  return 0;
+}
+
+static int l_get_state (lua_State *L) {
+  mg_rng_state s = mg_random_get_state();
+  lua_createtable(L, 0, 2);
+  setfield_int(L, "seed", (int64_t)s.seed);
+  setfield_int(L, "offset", (int64_t)s.offset);
+  return 1;
+}
+
+static int l_set_state (lua_State *L) {
+  luaL_checktype(L, 1, LUA_TTABLE);
+  lua_getfield(L, 1, "seed");
+  lua_getfield(L, 1, "offset");
+  mg_rng_state s = {(uint64_t)luaL_checkinteger(L, -2), (uint64_t)luaL_checkinteger(L, -1)};
+  mg_random_set_state(s);
+  return 0;
+}
+
+/* f(shape, p1, p2 [, dtype]) */
+static int draw (lua_State *L, double d1, double d2,
+                 mg_tensor *(*fn)(const int64_t *, int, mg_dtype, double, double)) {
+  int64_t shape[MG_MAX_DIMS];
+  int nd = mgL_checkshape(L, 1, shape, false);
+  double p1 = luaL_optnumber(L, 2, d1), p2 = luaL_optnumber(L, 3, d2);
+  mg_dtype dt = mgL_optdtype(L, 4, MG_FLOAT32);
+  ltensor *box = mgL_newbox(L);
+  return mgL_fill(L, box, fn(shape, nd, dt, p1, p2));
+}
+
+static int l_uniform (lua_State *L) { return draw(L, 0.0, 1.0, mg_random_uniform); }
+static int l_normal (lua_State *L) { return draw(L, 0.0, 1.0, mg_random_normal); }
+
+/* permutation(n): 1..n shuffled (int64), from the same stream */
+static int l_permutation (lua_State *L) {
+  lua_Integer n = luaL_checkinteger(L, 1);
+  luaL_argcheck(L, n >= 0 && n < ((lua_Integer)1 << 40), 1, "size out of range");
+  int64_t shape[1] = {n};
+  ltensor *box = mgL_newbox(L);
+  mg_tensor *u = mg_random_uniform(shape, 1, MG_FLOAT64, 0.0, 1.0);
+  mg_tensor *p = u ? mg_arange(1, (double)n + 1, 1, MG_INT64) : NULL;
+  if (p) {                                   /* Fisher-Yates */
+    const double *r = (const double *)mg_tensor_data(u);
+    int64_t *v = (int64_t *)mg_tensor_data(p);
+    for (int64_t i = n - 1; i > 0; i--) {
+      int64_t j = (int64_t)(r[i] * (double)(i + 1)), tmp = v[i];
+      if (j > i) j = i;
+      v[i] = v[j];
+      v[j] = tmp;
+    }
+  }
+  mg_tensor_release(u);
+  return mgL_fill(L, box, p);
+}
+
+static const luaL_Reg random_funcs[] = {
+  {"seed", l_seed}, {"get_state", l_get_state}, {"set_state", l_set_state},
+  {"uniform", l_uniform}, {"normal", l_normal}, {"permutation", l_permutation}, {NULL, NULL}
+};
+
+void mgL_open_random (lua_State *L) {
+  luaL_newlib(L, random_funcs);
+  lua_setfield(L, -2, "random");
+}
+
+/* }========================================================== */

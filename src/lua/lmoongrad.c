@@ -1,0 +1,106 @@
+/*
+** lmoongrad.c — luaopen_moongrad: builds the module table.
+**
+** The pure-Lua parts (the .lua files of lua/moongrad/) are compiled into the library,
+** so moongrad.so and the moongrad interpreter work from any directory:
+** each is registered in package.preload (`require "moongrad.nn"` works), and
+** the module table loads them on first use (`mg.nn` just works). Nothing
+** here sets a global.
+*/
+#include <stdio.h>
+#include <string.h>
+
+#include "lbinding.h"
+
+/* loads embedded module i (upvalue) as require would, caching it in package.loaded */
+static int load_embedded (lua_State *L) {
+  const mgL_embedded *m = &mgL_embedded_modules[lua_tointeger(L, lua_upvalueindex(1))];
+  luaL_getsubtable(L, LUA_REGISTRYINDEX, LUA_LOADED_TABLE);
+  if (lua_getfield(L, -1, m->name) != LUA_TNIL) return 1;
+  lua_pop(L, 1);
+  char chunkname[128];
+  snprintf(chunkname, sizeof chunkname, "@%s.lua", m->name);
+  for (char *p = chunkname + 1; *p; p++) if (*p == '.' && strcmp(p, ".lua") != 0) *p = '/';
+  if (luaL_loadbuffer(L, (const char *)m->src, m->len, chunkname) != LUA_OK) return lua_error(L);
+  lua_pushstring(L, m->name);
+  lua_call(L, 1, 1);
+  if (lua_isnil(L, -1)) {
+    lua_pop(L, 1);
+    lua_pushboolean(L, 1);
+  }
+  lua_pushvalue(L, -1);
+  lua_setfield(L, -3, m->name);
+  return 1;
+}
+
+/* mg.nn, mg.optim, ...: the embedded module "moongrad.<key>", loaded once */
+static int module_index (lua_State *L) {
+  const char *k = lua_tostring(L, 2);
+  if (lua_type(L, 2) != LUA_TSTRING) return 0;
+  for (int i = 0; mgL_embedded_modules[i].name; i++) {
+    const char *name = mgL_embedded_modules[i].name;
+    if (strncmp(name, "moongrad.", 9) != 0 || strcmp(name + 9, k) != 0) continue;
+    lua_pushinteger(L, i);
+    lua_pushcclosure(L, load_embedded, 1);
+    lua_call(L, 0, 1);
+    lua_pushvalue(L, 2);
+    lua_pushvalue(L, -2);
+    lua_rawset(L, 1);
+    return 1;
+  }
+  return 0;
+}
+
+static void register_preloads (lua_State *L) {
+  if (lua_getglobal(L, "package") != LUA_TTABLE) {   /* a host without the package library */
+    lua_pop(L, 1);
+    return;
+  }
+  lua_getfield(L, -1, "preload");
+  if (lua_istable(L, -1))
+    for (int i = 0; mgL_embedded_modules[i].name; i++) {
+      if (lua_getfield(L, -1, mgL_embedded_modules[i].name) == LUA_TNIL) {
+        lua_pushinteger(L, i);
+        lua_pushcclosure(L, load_embedded, 1);
+        lua_setfield(L, -3, mgL_embedded_modules[i].name);
+      }
+      lua_pop(L, 1);
+    }
+  lua_pop(L, 2);
+}
+
+static int l_set_num_threads (lua_State *L) {
+  lua_Integer n = luaL_checkinteger(L, 1);
+  luaL_argcheck(L, n >= 1, 1, "thread count must be at least 1");
+  mg_set_num_threads((int)n);
+  return 0;
+}
+
+static int l_get_num_threads (lua_State *L) {
+  lua_pushinteger(L, mg_get_num_threads());
+  return 1;
+}
+
+int luaopen_moongrad (lua_State *L) {
+  luaL_checkversion(L);
+  lua_newtable(L);
+  mgL_open_tensor(L);
+  mgL_open_variable(L);
+  mgL_open_tape(L);
+  mgL_open_custom(L);
+  mgL_open_recompute(L);
+  mgL_open_memory(L);
+  mgL_open_random(L);
+  lua_pushcfunction(L, l_set_num_threads);
+  lua_setfield(L, -2, "set_num_threads");
+  lua_pushcfunction(L, l_get_num_threads);
+  lua_setfield(L, -2, "get_num_threads");
+  lua_pushliteral(L, MG_VERSION);
+  lua_setfield(L, -2, "version");
+  lua_createtable(L, 0, 1);
+  lua_pushcfunction(L, module_index);
+  lua_setfield(L, -2, "__index");
+  lua_setmetatable(L, -2);
+  register_preloads(L);
+  return 1;
+}

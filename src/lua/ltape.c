@@ -1,0 +1,258 @@
+/*
+** ltape.c — the Tape userdata (tf.GradientTape).
+**
+** A tape records from its creation until stop() or the end of a
+** `local t <close> = mg.tape()` scope. gradient() takes sources as one
+** tensor/variable or any nesting of plain tables, and answers in the same
+** shape.
+*/
+#include <string.h>
+
+#include "lbinding.h"
+
+static ltape *checktape (lua_State *L, int arg) {
+  ltape *b = (ltape *)luaL_checkudata(L, arg, MG_TAPE_MT);
+  return b;
+}
+
+static int tape_gc (lua_State *L) {
+  ltape *b = checktape(L, 1);
+  mg_tape_release(b->t);
+  b->t = NULL;
+  return 0;
+}
+
+static int tape_close (lua_State *L) {       /* end of a <close> scope: stop */
+  mg_tape_stop(checktape(L, 1)->t);
+  return 0;
+}
+
+/* tape{persistent=false, watch_accessed_variables=true} */
+static int l_tape (lua_State *L) {
+  bool persistent = false, watch = true;
+  if (!lua_isnoneornil(L, 1)) {
+    luaL_checktype(L, 1, LUA_TTABLE);
+    if (lua_getfield(L, 1, "persistent") != LUA_TNIL) persistent = lua_toboolean(L, -1);
+    if (lua_getfield(L, 1, "watch_accessed_variables") != LUA_TNIL) watch = lua_toboolean(L, -1);
+    lua_pop(L, 2);
+  }
+  ltape *b = (ltape *)lua_newuserdatauv(L, sizeof(ltape), 0);
+  b->t = NULL;
+  luaL_setmetatable(L, MG_TAPE_MT);
+  b->t = mg_tape_new(persistent, watch);
+  if (b->t == NULL) return mgL_error(L);
+  return 1;
+}
+
+static int l_stop (lua_State *L) {
+  mg_tape_stop(checktape(L, 1)->t);
+  return 0;
+}
+
+/* watch(x): a tensor, a variable, or nested tables of them */
+static int l_watch (lua_State *L) {
+  mg_tape *t = checktape(L, 1)->t;
+  luaL_checkany(L, 2);
+  lua_newtable(L);
+  int n = mgL_flatten(L, 2, 3, 0, true, "tape:watch: argument");
+  for (int i = 1; i <= n; i++) {
+    lua_geti(L, 3, i);
+    mg_variable *v = mgL_testvariable(L, -1);
+    if (v) mg_tape_watch_variable(t, v);
+    else mg_tape_watch(t, mgL_testtensor(L, -1));
+    lua_pop(L, 1);
+  }
+  return 0;
+}
+
+static int l_watched_variables (lua_State *L) {
+  mg_tape *t = checktape(L, 1)->t;
+  int n = mg_tape_nvariables(t);
+  lua_createtable(L, n, 0);
+  for (int i = 0; i < n; i++) {
+    mgL_pushvariable(L, mg_tape_variable(t, i));
+    lua_rawseti(L, -2, i + 1);
+  }
+  return 1;
+}
+
+static int l_reset (lua_State *L) {
+  mg_tape_reset(checktape(L, 1)->t);
+  return 0;
+}
+
+static int l_saved_bytes (lua_State *L) {
+  lua_pushinteger(L, (lua_Integer)mg_tape_saved_bytes(checktape(L, 1)->t));
+  return 1;
+}
+
+static int l_is_recording (lua_State *L) {
+  lua_pushboolean(L, mg_tape_is_recording(checktape(L, 1)->t));
+  return 1;
+}
+
+/* "none" (default) or "zero" from opts.unconnected at arg */
+static int unconnected_zero (lua_State *L, int arg) {
+  if (lua_isnoneornil(L, arg)) return 0;
+  luaL_checktype(L, arg, LUA_TTABLE);
+  lua_getfield(L, arg, "unconnected");
+  const char *u = luaL_optstring(L, -1, "none");
+  lua_pop(L, 1);
+  if (strcmp(u, "zero") == 0) return 1;
+  if (strcmp(u, "none") != 0)
+    luaL_argerror(L, arg, lua_pushfstring(L, "unconnected must be \"none\" or \"zero\", got \"%s\"", u));
+  return 0;
+}
+
+/* the tensors at acc[1..n], as a C array in a userdata left on the stack */
+static mg_tensor **leaves (lua_State *L, int acc, int n) {
+  mg_tensor **xs = (mg_tensor **)lua_newuserdatauv(L, sizeof(mg_tensor *) * (size_t)(n > 0 ? n : 1), 0);
+  for (int i = 0; i < n; i++) {
+    lua_geti(L, acc, i + 1);
+    xs[i] = mgL_testtensor(L, -1);
+    lua_pop(L, 1);
+  }
+  return xs;
+}
+
+/* runs a gradient computation with mgL_running set for Lua backward rules */
+static mg_status run_gradient (lua_State *L, mg_tape *t, int nt, mg_tensor **targets, int ns,
+                               mg_tensor **sources, mg_tensor **seeds, int zero, mg_tensor **grads) {
+  lua_State *saved = mgL_running;
+  mgL_running = L;
+  mg_status st = mg_tape_gradient(t, nt, targets, ns, sources, seeds, zero, grads);
+  mgL_running = saved;
+  return st;
+}
+
+/*
+** gradient(target, sources [, output_gradients] [, {unconnected=}]):
+** the gradient of the sum of the targets with respect to each source.
+*/
+static int l_gradient (lua_State *L) {
+  mg_tape *t = checktape(L, 1)->t;
+  if (lua_isnoneornil(L, 2)) luaL_argerror(L, 2, "moongrad.Tensor expected, got nil");
+  if (lua_isnoneornil(L, 3))
+    luaL_argerror(L, 3, "sources expected (a tensor, a variable or a table of them), got nil");
+  int opts = 5, seeds_arg = 4;           /* gradient(y, x, {unconnected=...}) is allowed too */
+  if (lua_istable(L, 4) && lua_isnoneornil(L, 5)) {
+    if (lua_getfield(L, 4, "unconnected") != LUA_TNIL) { opts = 4; seeds_arg = 0; }
+    lua_pop(L, 1);
+  }
+  int zero = unconnected_zero(L, opts);
+  lua_settop(L, 5);
+  lua_newtable(L);                                        /* 6: targets */
+  lua_newtable(L);                                        /* 7: sources */
+  lua_newtable(L);                                        /* 8: seeds */
+  int nt = mgL_flatten(L, 2, 6, 0, true, "tape:gradient: target");
+  int ns = mgL_flatten(L, 3, 7, 0, true, "tape:gradient: sources");
+  int ng = seeds_arg && !lua_isnil(L, seeds_arg)
+               ? mgL_flatten(L, seeds_arg, 8, 0, true, "tape:gradient: output_gradients") : 0;
+  if (ng != 0 && ng != nt)
+    return luaL_error(L, "tape:gradient: %d output_gradients for %d targets", ng, nt);
+  mg_tensor **targets = leaves(L, 6, nt), **sources = leaves(L, 7, ns);
+  mg_tensor **seeds = ng ? leaves(L, 8, ng) : NULL;
+  mg_tensor **grads = (mg_tensor **)lua_newuserdatauv(L, sizeof(mg_tensor *) * (size_t)(ns ? ns : 1), 0);
+  lua_createtable(L, ns, 0);                              /* the answers, as boxes */
+  int answers = lua_gettop(L);
+  for (int i = 1; i <= ns; i++) {                         /* boxes first: nothing leaks */
+    mgL_newbox(L);
+    lua_rawseti(L, answers, i);
+  }
+  if (run_gradient(L, t, nt, targets, ns, sources, seeds, zero, grads) != MG_OK) return mgL_error(L);
+  for (int i = 0; i < ns; i++) {
+    lua_geti(L, answers, i + 1);
+    ((ltensor *)lua_touserdata(L, -1))->t = grads[i];
+    lua_pop(L, 1);
+    if (grads[i] == NULL) {                               /* unconnected: nil */
+      lua_pushnil(L);
+      lua_rawseti(L, answers, i + 1);
+    }
+  }
+  int k = 0;
+  mgL_rebuild(L, 3, answers, &k);
+  return 1;
+}
+
+typedef mg_status (*jacobian_fn)(mg_tape *, mg_tensor *, mg_tensor *, int, mg_tensor **);
+
+static int jacobian (lua_State *L, jacobian_fn fn) {
+  mg_tape *t = checktape(L, 1)->t;
+  mg_tensor *y = mgL_checktensor(L, 2), *x = mgL_checktensor(L, 3);
+  int zero = unconnected_zero(L, 4);
+  ltensor *box = mgL_newbox(L);
+  lua_State *saved = mgL_running;
+  mgL_running = L;
+  mg_status st = fn(t, y, x, zero, &box->t);
+  mgL_running = saved;
+  if (st != MG_OK) return mgL_error(L);
+  if (box->t == NULL) lua_pushnil(L);
+  return 1;
+}
+
+static int l_jacobian (lua_State *L) { return jacobian(L, mg_tape_jacobian); }
+static int l_batch_jacobian (lua_State *L) { return jacobian(L, mg_tape_batch_jacobian); }
+
+/* calls the function at 2 with the arguments after it, in protected mode */
+static int pcall_rest (lua_State *L) {
+  luaL_checktype(L, 2, LUA_TFUNCTION);
+  return lua_pcall(L, lua_gettop(L) - 2, LUA_MULTRET, 0);
+}
+
+/* record(fn, ...): records during fn (the body of a `with tape:` block) */
+static int l_record (lua_State *L) {
+  mg_tape *t = checktape(L, 1)->t;
+  luaL_checktype(L, 2, LUA_TFUNCTION);
+  bool was = mg_tape_is_recording(t);
+  if (!was && mg_tape_start(t) != MG_OK) return mgL_error(L);
+  int st = pcall_rest(L);
+  if (!was) mg_tape_stop(t);
+  if (st != LUA_OK) return lua_error(L);
+  return lua_gettop(L) - 1;
+}
+
+/* stop_recording(fn, ...): fn runs with this tape paused */
+static int l_stop_recording (lua_State *L) {
+  mg_tape *t = checktape(L, 1)->t;
+  luaL_checktype(L, 2, LUA_TFUNCTION);
+  mg_tape_pause(t);
+  int st = pcall_rest(L);
+  mg_tape_resume(t);
+  if (st != LUA_OK) return lua_error(L);
+  return lua_gettop(L) - 1;
+}
+
+static int tape_tostring (lua_State *L) {
+  mg_tape *t = checktape(L, 1)->t;
+  lua_pushfstring(L, "%s (%s, %d ops, %d bytes saved)", MG_TAPE_MT,
+                  mg_tape_is_recording(t) ? "recording" : "stopped", (int)mg_tape_nnodes(t),
+                  (int)mg_tape_saved_bytes(t));
+  return 1;
+}
+
+static int l_is_recomputing (lua_State *L) {
+  lua_pushboolean(L, mg_is_recomputing());
+  return 1;
+}
+
+void mgL_open_tape (lua_State *L) {
+  int module = lua_gettop(L);
+  lua_pushcfunction(L, l_tape);
+  lua_setfield(L, module, "tape");
+  lua_pushcfunction(L, l_is_recomputing);
+  lua_setfield(L, module, "is_recomputing");
+  luaL_newmetatable(L, MG_TAPE_MT);
+  static const luaL_Reg meta[] = {
+    {"__gc", tape_gc}, {"__close", tape_close}, {"__tostring", tape_tostring}, {NULL, NULL}
+  };
+  luaL_setfuncs(L, meta, 0);
+  static const luaL_Reg methods[] = {
+    {"stop", l_stop}, {"watch", l_watch}, {"watched_variables", l_watched_variables},
+    {"reset", l_reset}, {"saved_bytes", l_saved_bytes}, {"is_recording", l_is_recording},
+    {"gradient", l_gradient}, {"jacobian", l_jacobian}, {"batch_jacobian", l_batch_jacobian},
+    {"record", l_record}, {"stop_recording", l_stop_recording}, {NULL, NULL}
+  };
+  luaL_newlib(L, methods);
+  lua_setfield(L, -2, "__index");
+  lua_settop(L, module);
+}

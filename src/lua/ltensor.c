@@ -1,0 +1,640 @@
+/*
+** ltensor.c — the tensor userdata: constructors, metamethods, and every op
+** as both a module function (mg.sum(x)) and a method (x:sum()).
+**
+** Axes and indices are 1-based here, as everywhere in Lua, and negative
+** ones count from the end; the C core below is 0-based.
+*/
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "lbinding.h"
+
+static ltensor *checkbox (lua_State *L, int arg) {
+  return (ltensor *)luaL_checkudata(L, arg, MG_TENSOR_MT);
+}
+
+/* {======================= metamethods ====================== */
+
+static int tensor_gc (lua_State *L) {      /* also __close */
+  ltensor *b = checkbox(L, 1);
+  mg_tensor_release(b->t);
+  b->t = NULL;
+  return 0;
+}
+
+static int tensor_tostring (lua_State *L) {
+  mg_tensor *t = mgL_checktensor(L, 1);
+  char *s = mg_tensor_format(t);
+  if (s == NULL) return luaL_error(L, "tostring: out of memory");
+  lua_pushstring(L, s);
+  free(s);
+  return 1;
+}
+
+static int tensor_len (lua_State *L) {
+  mg_tensor *t = mgL_checktensor(L, 1);
+  if (mg_tensor_ndim(t) == 0) return luaL_error(L, "attempt to get the length of a 0-d tensor");
+  lua_pushinteger(L, (lua_Integer)mg_tensor_shape(t)[0]);
+  return 1;
+}
+
+static int tensor_compare (lua_State *L) {
+  return luaL_error(L, "attempt to compare tensors with '<' or '<=' (Lua wants one boolean); "
+                       "use mg.less, mg.less_equal, mg.greater ... for elementwise comparison");
+}
+
+static int tensor_newindex (lua_State *L) {
+  return luaL_error(L, "tensors are immutable (use a mg.Variable for state that changes)");
+}
+
+/* x[i]: the i-th entry along the first axis, as a view */
+static int index_first_axis (lua_State *L, mg_tensor *t, lua_Integer i) {
+  if (mg_tensor_ndim(t) == 0) return luaL_error(L, "attempt to index a 0-d tensor");
+  int64_t n = mg_tensor_shape(t)[0];
+  int64_t k = i > 0 ? i - 1 : n + i;
+  if (i == 0 || k < 0 || k >= n)
+    return luaL_error(L, "index %d is out of bounds for dimension 1 of size %d", (int)i, (int)n);
+  ltensor *box = mgL_newbox(L);
+  return mgL_fill(L, box, mg_select(t, 0, k));
+}
+
+/* __index: methods first, then the properties shape, dtype, ndim, then x[i] */
+static int tensor_index (lua_State *L) {
+  mg_tensor *t = mgL_checktensor(L, 1);
+  if (lua_type(L, 2) == LUA_TSTRING) {
+    lua_pushvalue(L, 2);
+    if (lua_rawget(L, lua_upvalueindex(1)) != LUA_TNIL) return 1;
+    const char *k = lua_tostring(L, 2);
+    if (strcmp(k, "shape") == 0) mgL_pushshape(L, mg_tensor_shape(t), mg_tensor_ndim(t));
+    else if (strcmp(k, "dtype") == 0) lua_pushstring(L, mg_dtype_name(mg_tensor_dtype(t)));
+    else if (strcmp(k, "ndim") == 0) lua_pushinteger(L, mg_tensor_ndim(t));
+    else lua_pushnil(L);
+    return 1;
+  }
+  if (lua_isinteger(L, 2)) return index_first_axis(L, t, lua_tointeger(L, 2));
+  lua_pushnil(L);
+  return 1;
+}
+
+/* }========================================================== */
+
+
+/* {====================== constructors ====================== */
+
+static int l_constant (lua_State *L) {
+  luaL_checkany(L, 1);
+  bool given = !lua_isnoneornil(L, 2);
+  mgL_pushconstant(L, 1, mgL_optdtype(L, 2, MG_FLOAT32), given, "constant");
+  return 1;
+}
+
+/* shape (a table or integers), then an optional dtype; returns ndim, sets *next */
+static int shape_args (lua_State *L, int64_t *shape, int *next) {
+  int nd = mgL_checkshape(L, 1, shape, true);
+  *next = lua_istable(L, 1) ? 2 : 1 + nd;
+  return nd;
+}
+
+static int filled (lua_State *L, double value) {
+  int64_t shape[MG_MAX_DIMS];
+  int next, nd = shape_args(L, shape, &next);
+  mg_dtype dt = mgL_optdtype(L, next, MG_FLOAT32);
+  ltensor *box = mgL_newbox(L);
+  return mgL_fill(L, box, mg_full(shape, nd, dt, value));
+}
+
+static int l_zeros (lua_State *L) { return filled(L, 0.0); }
+static int l_ones (lua_State *L) { return filled(L, 1.0); }
+
+static int l_full (lua_State *L) {
+  int64_t shape[MG_MAX_DIMS];
+  int nd = mgL_checkshape(L, 1, shape, false);
+  double v = lua_isboolean(L, 2) ? lua_toboolean(L, 2) : luaL_checknumber(L, 2);
+  mg_dtype dt = mgL_optdtype(L, 3, lua_isboolean(L, 2) ? MG_BOOL : MG_FLOAT32);
+  ltensor *box = mgL_newbox(L);
+  return mgL_fill(L, box, mg_full(shape, nd, dt, v));
+}
+
+static int filled_like (lua_State *L, double value) {
+  mg_tensor *x = mgL_checktensor(L, 1);
+  mg_dtype dt = mgL_optdtype(L, 2, mg_tensor_dtype(x));
+  ltensor *box = mgL_newbox(L);
+  return mgL_fill(L, box, mg_full(mg_tensor_shape(x), mg_tensor_ndim(x), dt, value));
+}
+
+static int l_zeros_like (lua_State *L) { return filled_like(L, 0.0); }
+static int l_ones_like (lua_State *L) { return filled_like(L, 1.0); }
+
+/* arange(stop) / arange(start, stop [, step]) [, dtype]: [start, stop) */
+static int l_arange (lua_State *L) {
+  int n = 0;
+  double v[3];
+  while (n < 3 && lua_type(L, n + 1) == LUA_TNUMBER) { v[n] = lua_tonumber(L, n + 1); n++; }
+  if (n == 0) luaL_argerror(L, 1, lua_pushfstring(L, "number expected, got %s", luaL_typename(L, 1)));
+  mg_dtype dt = mgL_optdtype(L, n + 1, MG_FLOAT32);
+  double start = n >= 2 ? v[0] : 0, stop = n >= 2 ? v[1] : v[0], step = n == 3 ? v[2] : 1;
+  ltensor *box = mgL_newbox(L);
+  return mgL_fill(L, box, mg_arange(start, stop, step, dt));
+}
+
+static int l_eye (lua_State *L) {
+  lua_Integer n = luaL_checkinteger(L, 1);
+  lua_Integer m = lua_type(L, 2) == LUA_TNUMBER ? luaL_checkinteger(L, 2) : n;
+  mg_dtype dt = mgL_optdtype(L, lua_type(L, 2) == LUA_TNUMBER ? 3 : 2, MG_FLOAT32);
+  luaL_argcheck(L, n >= 0 && m >= 0, 1, "sizes must not be negative");
+  ltensor *box = mgL_newbox(L);
+  return mgL_fill(L, box, mg_eye(n, m, dt));
+}
+
+/* }========================================================== */
+
+
+/* {===================== values out ========================= */
+
+static int l_item (lua_State *L) {
+  mg_tensor *t = mgL_checktensor(L, 1);
+  if (mg_tensor_numel(t) != 1)
+    return luaL_error(L, "item: tensor has %d elements, expected 1", (int)mg_tensor_numel(t));
+  int64_t idx[MG_MAX_DIMS] = {0};
+  switch (mg_tensor_dtype(t)) {
+    case MG_INT64: {
+      int64_t off = 0;
+      for (int i = 0; i < t->ndim; i++) off += idx[i] * t->strides[i];
+      lua_pushinteger(L, (lua_Integer)((const int64_t *)mg_ptr(t))[off]);
+      break;
+    }
+    case MG_BOOL: lua_pushboolean(L, mg_tensor_get(t, idx) != 0); break;
+    default: lua_pushnumber(L, mg_tensor_get(t, idx)); break;
+  }
+  return 1;
+}
+
+static int l_totable (lua_State *L) {
+  mgL_pushvalues(L, mgL_checktensor(L, 1));
+  return 1;
+}
+
+static int l_numel (lua_State *L) {
+  lua_pushinteger(L, (lua_Integer)mg_tensor_numel(mgL_checktensor(L, 1)));
+  return 1;
+}
+
+static int l_is_tensor (lua_State *L) {
+  lua_pushboolean(L, luaL_testudata(L, 1, MG_TENSOR_MT) != NULL);
+  return 1;
+}
+
+/* mg.print(...): like tf.print, values (no footer) and strings, to stdout */
+static int l_print (lua_State *L) {
+  int n = lua_gettop(L);
+  luaL_Buffer b;
+  luaL_buffinit(L, &b);
+  for (int i = 1; i <= n; i++) {
+    if (i > 1) luaL_addchar(&b, ' ');
+    mg_tensor *t = mgL_testtensor(L, i);
+    if (t) {
+      char *s = mg_tensor_format(t);
+      if (s == NULL) return luaL_error(L, "print: out of memory");
+      char *nl = strrchr(s, '\n');                 /* drop the footer line */
+      luaL_addlstring(&b, s, nl ? (size_t)(nl - s) : strlen(s));
+      free(s);
+    } else {
+      luaL_tolstring(L, i, NULL);
+      luaL_addvalue(&b);
+    }
+  }
+  luaL_addchar(&b, '\n');
+  luaL_pushresult(&b);
+  size_t len;
+  const char *s = lua_tolstring(L, -1, &len);
+  fwrite(s, 1, len, stdout);
+  fflush(stdout);
+  return 0;
+}
+
+/* }========================================================== */
+
+
+/* {================ binary and unary ops ==================== */
+
+typedef mg_tensor *(*binary_fn)(mg_tensor *, mg_tensor *);
+
+static const struct { const char *name, *verb; binary_fn fn; } BINOPS[] = {
+  {"add", "add", mg_add}, {"sub", "subtract", mg_sub}, {"mul", "multiply", mg_mul},
+  {"div", "divide", mg_div}, {"pow", "exponentiate", mg_pow},
+  {"floordiv", "floor-divide", mg_floordiv}, {"mod", "take the modulo of", mg_mod},
+  {"maximum", NULL, mg_maximum}, {"minimum", NULL, mg_minimum},
+  {"equal", NULL, mg_equal}, {"not_equal", NULL, mg_not_equal}, {"less", NULL, mg_less},
+  {"less_equal", NULL, mg_less_equal}, {"greater", NULL, mg_greater},
+  {"greater_equal", NULL, mg_greater_equal}, {"logical_and", NULL, mg_logical_and},
+  {"logical_or", NULL, mg_logical_or}, {"matmul", NULL, mg_matmul},
+};
+
+/* upvalue 1: index into BINOPS; upvalue 2: true when called as a metamethod */
+static int l_binary (lua_State *L) {
+  int i = (int)lua_tointeger(L, lua_upvalueindex(1));
+  if (lua_toboolean(L, lua_upvalueindex(2))) {
+    mgL_kind ka = mgL_operandkind(L, 1), kb = mgL_operandkind(L, 2);
+    if (ka == MGL_OTHER || kb == MGL_OTHER)
+      return luaL_error(L, "attempt to %s a '%s' with a '%s'", BINOPS[i].verb, luaL_typename(L, 1),
+                        luaL_typename(L, 2));
+  } else {
+    mgL_checkoperandkind(L, 1);
+    mgL_checkoperandkind(L, 2);
+  }
+  mg_dtype like = mgL_likedtype(L, 1, 2, MG_FLOAT32);
+  ltensor *box = mgL_newbox(L);
+  bool oa = false, ob = false;
+  mg_tensor *a = mgL_operand(L, 1, like, &oa);
+  mg_tensor *b = a ? mgL_operand(L, 2, like, &ob) : NULL;
+  mg_tensor *r = a && b ? BINOPS[i].fn(a, b) : NULL;
+  if (oa) mg_tensor_release(a);
+  if (ob) mg_tensor_release(b);
+  return mgL_fill(L, box, r);
+}
+
+typedef mg_tensor *(*unary_fn)(mg_tensor *);
+
+static const struct { const char *name; unary_fn fn; } UNOPS[] = {
+  {"neg", mg_neg}, {"exp", mg_exp}, {"log", mg_log}, {"sqrt", mg_sqrt}, {"abs", mg_abs},
+  {"sign", mg_sign}, {"tanh", mg_tanh}, {"sigmoid", mg_sigmoid}, {"relu", mg_relu},
+  {"logical_not", mg_logical_not},
+};
+
+static int l_unary (lua_State *L) {
+  int i = (int)lua_tointeger(L, lua_upvalueindex(1));
+  mg_tensor *x = mgL_checktensor(L, 1);
+  ltensor *box = mgL_newbox(L);
+  return mgL_fill(L, box, UNOPS[i].fn(x));
+}
+
+static int l_where (lua_State *L) {
+  mg_tensor *c = mgL_checktensor(L, 1);
+  mgL_checkoperandkind(L, 2);
+  mgL_checkoperandkind(L, 3);
+  mg_dtype like = mgL_likedtype(L, 2, 3, MG_FLOAT32);
+  ltensor *box = mgL_newbox(L);
+  bool oa = false, ob = false;
+  mg_tensor *a = mgL_operand(L, 2, like, &oa);
+  mg_tensor *b = a ? mgL_operand(L, 3, like, &ob) : NULL;
+  mg_tensor *r = a && b ? mg_where(c, a, b) : NULL;
+  if (oa) mg_tensor_release(a);
+  if (ob) mg_tensor_release(b);
+  return mgL_fill(L, box, r);
+}
+
+static int l_cast (lua_State *L) {
+  mg_tensor *x = mgL_checktensor(L, 1);
+  mg_dtype dt = mgL_optdtype(L, 2, MG_FLOAT32);
+  luaL_checkstring(L, 2);
+  ltensor *box = mgL_newbox(L);
+  return mgL_fill(L, box, mg_cast(x, dt));
+}
+
+/* }========================================================== */
+
+
+/* {======================= reductions ======================= */
+
+typedef mg_tensor *(*reduce_fn)(mg_tensor *, int, int);
+
+static const struct { const char *name; reduce_fn fn; } REDOPS[] = {
+  {"sum", mg_sum}, {"mean", mg_mean}, {"max", mg_max}, {"min", mg_min},
+};
+
+/* reduces x over the axes in the table at arg, one at a time */
+static mg_tensor *reduce_axes (lua_State *L, int arg, mg_tensor *x, reduce_fn fn, int keepdims) {
+  int nd = mg_tensor_ndim(x), n = (int)luaL_len(L, arg);
+  bool gone[MG_MAX_DIMS] = {false};
+  for (int k = 1; k <= n; k++) {
+    lua_geti(L, arg, k);
+    int a = mgL_optaxis(L, lua_gettop(L), nd);
+    lua_pop(L, 1);
+    if (a == MG_ALL_AXES || gone[a]) luaL_argerror(L, arg, "axes must be distinct integers");
+    gone[a] = true;
+  }
+  ltensor *tmp = mgL_newbox(L);            /* anchors the intermediate results */
+  tmp->t = mg_tensor_retain(x);
+  for (int a = nd - 1; a >= 0 && tmp->t; a--) {
+    if (!gone[a]) continue;
+    mg_tensor *next = fn(tmp->t, a, 1);
+    mg_tensor_release(tmp->t);
+    tmp->t = next;
+  }
+  if (tmp->t == NULL) { mgL_error(L); return NULL; }
+  int64_t shape[MG_MAX_DIMS];
+  int k = 0;
+  for (int a = 0; a < nd; a++) if (!gone[a] || keepdims) shape[k++] = gone[a] ? 1 : mg_tensor_shape(x)[a];
+  mg_tensor *r = mg_reshape(tmp->t, shape, k);
+  lua_pop(L, 1);
+  return r;
+}
+
+/* upvalue 1: index into REDOPS.  f(x [, axis or {axes}] [, keepdims]) */
+static int l_reduce (lua_State *L) {
+  reduce_fn fn = REDOPS[lua_tointeger(L, lua_upvalueindex(1))].fn;
+  mg_tensor *x = mgL_checktensor(L, 1);
+  int keepdims = lua_toboolean(L, 3);
+  if (lua_istable(L, 2)) {
+    mg_tensor *r = reduce_axes(L, 2, x, fn, keepdims);
+    ltensor *box = mgL_newbox(L);
+    return mgL_fill(L, box, r);
+  }
+  int axis = mgL_optaxis(L, 2, mg_tensor_ndim(x));
+  ltensor *box = mgL_newbox(L);
+  return mgL_fill(L, box, fn(x, axis, keepdims));
+}
+
+/* argmax/argmin: 1-based indices; over the flattened tensor without an axis */
+static int arg_extreme (lua_State *L, reduce_fn fn) {
+  mg_tensor *x = mgL_checktensor(L, 1);
+  int axis = mgL_optaxis(L, 2, mg_tensor_ndim(x));
+  int keepdims = lua_toboolean(L, 3);
+  ltensor *box = mgL_newbox(L);
+  mg_tensor *i0 = fn(x, axis, keepdims), *one = i0 ? mg_scalar(1, MG_INT64) : NULL;
+  mg_tensor *r = one ? mg_add(i0, one) : NULL;
+  mg_tensor_release(i0);
+  mg_tensor_release(one);
+  return mgL_fill(L, box, r);
+}
+
+static int l_argmax (lua_State *L) { return arg_extreme(L, mg_argmax); }
+static int l_argmin (lua_State *L) { return arg_extreme(L, mg_argmin); }
+
+/* }========================================================== */
+
+
+/* {======================= shape ops ======================== */
+
+static int l_reshape (lua_State *L) {
+  mg_tensor *x = mgL_checktensor(L, 1);
+  int64_t shape[MG_MAX_DIMS];
+  int nd = 0;
+  if (lua_istable(L, 2)) {                    /* -1 allowed: read by hand */
+    int n = (int)luaL_len(L, 2);
+    if (n > MG_MAX_DIMS) luaL_argerror(L, 2, "too many dimensions");
+    for (; nd < n; nd++) {
+      lua_geti(L, 2, nd + 1);
+      int isint;
+      shape[nd] = (int64_t)lua_tointegerx(L, -1, &isint);
+      if (!isint) luaL_argerror(L, 2, lua_pushfstring(L, "dimension %d is not an integer", nd + 1));
+      lua_pop(L, 1);
+    }
+  } else {
+    for (int a = 2; lua_type(L, a) == LUA_TNUMBER && nd < MG_MAX_DIMS; a++) shape[nd++] = luaL_checkinteger(L, a);
+    if (nd == 0) luaL_argerror(L, 2, lua_pushfstring(L, "shape expected, got %s", luaL_typename(L, 2)));
+  }
+  ltensor *box = mgL_newbox(L);
+  return mgL_fill(L, box, mg_reshape(x, shape, nd));
+}
+
+/* transpose(x [, perm]): reverses the axes, or permutes them (1-based) */
+static int l_transpose (lua_State *L) {
+  mg_tensor *x = mgL_checktensor(L, 1);
+  int nd = mg_tensor_ndim(x), perm[MG_MAX_DIMS];
+  if (lua_isnoneornil(L, 2)) {
+    for (int i = 0; i < nd; i++) perm[i] = nd - 1 - i;
+  } else {
+    luaL_checktype(L, 2, LUA_TTABLE);
+    if ((int)luaL_len(L, 2) != nd)
+      luaL_argerror(L, 2, lua_pushfstring(L, "permutation has %d entries for %d dimensions",
+                                          (int)luaL_len(L, 2), nd));
+    for (int i = 0; i < nd; i++) {
+      lua_geti(L, 2, i + 1);
+      perm[i] = mgL_optaxis(L, lua_gettop(L), nd);
+      lua_pop(L, 1);
+    }
+  }
+  ltensor *box = mgL_newbox(L);
+  return mgL_fill(L, box, mg_permute(x, perm));
+}
+
+static int l_swapaxes (lua_State *L) {
+  mg_tensor *x = mgL_checktensor(L, 1);
+  int a = mgL_optaxis(L, 2, mg_tensor_ndim(x)), b = mgL_optaxis(L, 3, mg_tensor_ndim(x));
+  luaL_argcheck(L, a != MG_ALL_AXES, 2, "axis expected");
+  luaL_argcheck(L, b != MG_ALL_AXES, 3, "axis expected");
+  ltensor *box = mgL_newbox(L);
+  return mgL_fill(L, box, mg_transpose(x, a, b));
+}
+
+static int l_expand_dims (lua_State *L) {
+  mg_tensor *x = mgL_checktensor(L, 1);
+  int a = mgL_optaxis(L, 2, mg_tensor_ndim(x) + 1);
+  luaL_argcheck(L, a != MG_ALL_AXES, 2, "axis expected");
+  ltensor *box = mgL_newbox(L);
+  return mgL_fill(L, box, mg_expand_dims(x, a));
+}
+
+static int l_squeeze (lua_State *L) {
+  mg_tensor *x = mgL_checktensor(L, 1);
+  int a = mgL_optaxis(L, 2, mg_tensor_ndim(x));
+  ltensor *box = mgL_newbox(L);
+  return mgL_fill(L, box, mg_squeeze(x, a));
+}
+
+static int l_broadcast_to (lua_State *L) {
+  mg_tensor *x = mgL_checktensor(L, 1);
+  int64_t shape[MG_MAX_DIMS];
+  int nd = mgL_checkshape(L, 2, shape, false);
+  ltensor *box = mgL_newbox(L);
+  return mgL_fill(L, box, mg_broadcast_to(x, shape, nd));
+}
+
+/* one position along a dimension of size n, 1-based or negative; -> 0-based */
+static int64_t position (lua_State *L, int arg, lua_Integer v, int64_t n, int dim, const char *what) {
+  int64_t k = v > 0 ? v - 1 : n + v;
+  if (v == 0 || k < 0 || k >= n)
+    luaL_argerror(L, arg, lua_pushfstring(L, "%s %d is out of range for dimension %d of size %d",
+                                          what, (int)v, dim, (int)n));
+  return k;
+}
+
+/*
+** x:slice(s1, s2, ...): per dimension, nil or {} keeps all of it, an
+** integer i picks entry i and drops the dimension, {start, stop, step}
+** keeps start..stop inclusive (1-based; negative counts from the end).
+*/
+static int l_slice (lua_State *L) {
+  mg_tensor *x = mgL_checktensor(L, 1);
+  int nd = mg_tensor_ndim(x), nspec = lua_gettop(L) - 1;
+  if (nspec > nd) return luaL_error(L, "slice: %d indices for a tensor with %d dimensions", nspec, nd);
+  int64_t start[MG_MAX_DIMS], stop[MG_MAX_DIMS], step[MG_MAX_DIMS], shape[MG_MAX_DIMS];
+  int kept = 0;
+  for (int d = 0; d < nd; d++) {
+    int arg = d + 2;
+    int64_t n = mg_tensor_shape(x)[d];
+    start[d] = 0; stop[d] = n; step[d] = 1;
+    if (d >= nspec || lua_isnil(L, arg)) { shape[kept++] = n; continue; }
+    if (lua_isinteger(L, arg)) {
+      start[d] = position(L, arg, lua_tointeger(L, arg), n, d + 1, "index");
+      stop[d] = start[d] + 1;
+      continue;                                   /* dimension dropped */
+    }
+    luaL_argcheck(L, lua_istable(L, arg), arg, "integer or {start, stop, step} expected");
+    lua_geti(L, arg, 3);
+    step[d] = lua_isnil(L, -1) ? 1 : (int64_t)luaL_checkinteger(L, -1);
+    lua_pop(L, 1);
+    luaL_argcheck(L, step[d] != 0, arg, "step must not be 0");
+    lua_geti(L, arg, 1);
+    lua_geti(L, arg, 2);
+    bool fwd = step[d] > 0;
+    start[d] = lua_isnil(L, -2) ? (fwd ? 0 : n - 1) : position(L, arg, luaL_checkinteger(L, -2), n, d + 1, "start");
+    int64_t last = lua_isnil(L, -1) ? (fwd ? n - 1 : 0) : position(L, arg, luaL_checkinteger(L, -1), n, d + 1, "stop");
+    lua_pop(L, 2);
+    stop[d] = fwd ? last + 1 : last - 1;           /* exclusive */
+    if (fwd ? stop[d] < start[d] : stop[d] > start[d]) stop[d] = start[d];   /* empty */
+    int64_t cnt = fwd ? (stop[d] - start[d] + step[d] - 1) / step[d] : (start[d] - stop[d] - step[d] - 1) / -step[d];
+    shape[kept++] = cnt;
+  }
+  ltensor *box = mgL_newbox(L);
+  mg_tensor *s = mg_slice(x, start, stop, step);
+  mg_tensor *r = s && kept != nd ? mg_reshape(s, shape, kept) : (s ? mg_tensor_retain(s) : NULL);
+  mg_tensor_release(s);
+  return mgL_fill(L, box, r);
+}
+
+/* the tensors in the list at arg, borrowed; n returned */
+static mg_tensor **tensor_list (lua_State *L, int arg, int *n) {
+  luaL_checktype(L, arg, LUA_TTABLE);
+  int len = (int)luaL_len(L, arg);
+  luaL_argcheck(L, len >= 1, arg, "a list of at least one tensor expected");
+  mg_tensor **xs = (mg_tensor **)lua_newuserdatauv(L, sizeof(mg_tensor *) * (size_t)len, 0);
+  for (int k = 0; k < len; k++) {
+    lua_geti(L, arg, k + 1);
+    xs[k] = mgL_testtensor(L, -1);
+    if (xs[k] == NULL)
+      luaL_argerror(L, arg, lua_pushfstring(L, "entry %d is a %s, not a tensor", k + 1, luaL_typename(L, -1)));
+    lua_pop(L, 1);
+  }
+  *n = len;
+  return xs;
+}
+
+static int joined (lua_State *L, mg_tensor *(*fn)(mg_tensor *const *, int, int), int extra) {
+  int n;
+  mg_tensor **xs = tensor_list(L, 1, &n);
+  int axis = lua_isnoneornil(L, 2) ? 0 : mgL_optaxis(L, 2, mg_tensor_ndim(xs[0]) + extra);
+  ltensor *box = mgL_newbox(L);
+  return mgL_fill(L, box, fn(xs, n, axis));
+}
+
+static int l_concat (lua_State *L) { return joined(L, mg_concat, 0); }
+static int l_stack (lua_State *L) { return joined(L, mg_stack, 1); }
+
+/* pushes the indices at arg (int64 tensor or integers, 1-based) made 0-based */
+static mg_tensor *push_zero_based (lua_State *L, int arg, const char *fn) {
+  mg_tensor *idx = mgL_testtensor(L, arg);
+  if (idx == NULL) {
+    luaL_argcheck(L, lua_istable(L, arg) || lua_isinteger(L, arg), arg,
+                  "indices expected (an int64 tensor or integers)");
+    idx = mgL_pushconstant(L, arg, MG_INT64, true, fn);
+  }
+  if (mg_tensor_dtype(idx) != MG_INT64)
+    luaL_argerror(L, arg, lua_pushfstring(L, "indices must be int64, got %s", mg_dtype_name(mg_tensor_dtype(idx))));
+  ltensor *box = mgL_newbox(L);
+  mg_tensor *one = mg_scalar(1, MG_INT64), *r = one ? mg_sub(idx, one) : NULL;
+  mg_tensor_release(one);
+  mgL_fill(L, box, r);
+  return r;
+}
+
+/* gather(x, indices [, axis]): entries of x at indices along axis (default 1) */
+static int l_gather (lua_State *L) {
+  mg_tensor *x = mgL_checktensor(L, 1);
+  int axis = lua_isnoneornil(L, 3) ? 0 : mgL_optaxis(L, 3, mg_tensor_ndim(x));
+  mg_tensor *idx = push_zero_based(L, 2, "gather");
+  ltensor *box = mgL_newbox(L);
+  return mgL_fill(L, box, mg_gather(x, idx, axis));
+}
+
+static int l_softmax (lua_State *L) {
+  mg_tensor *x = mgL_checktensor(L, 1);
+  int axis = lua_isnoneornil(L, 2) ? -1 : mgL_optaxis(L, 2, mg_tensor_ndim(x));
+  ltensor *box = mgL_newbox(L);
+  return mgL_fill(L, box, lua_toboolean(L, lua_upvalueindex(1)) ? mg_log_softmax(x, axis) : mg_softmax(x, axis));
+}
+
+/* }========================================================== */
+
+
+static const luaL_Reg tensor_funcs[] = {       /* mg.f(x, ...) and x:f(...) */
+  {"item", l_item}, {"totable", l_totable}, {"numel", l_numel},
+  {"where", l_where}, {"cast", l_cast}, {"argmax", l_argmax}, {"argmin", l_argmin},
+  {"reshape", l_reshape}, {"transpose", l_transpose}, {"swapaxes", l_swapaxes},
+  {"expand_dims", l_expand_dims}, {"squeeze", l_squeeze}, {"broadcast_to", l_broadcast_to},
+  {"slice", l_slice}, {"gather", l_gather},
+  {NULL, NULL}
+};
+
+static const luaL_Reg module_funcs[] = {        /* mg.f only */
+  {"constant", l_constant}, {"tensor", l_constant}, {"zeros", l_zeros}, {"ones", l_ones},
+  {"full", l_full}, {"zeros_like", l_zeros_like}, {"ones_like", l_ones_like},
+  {"arange", l_arange}, {"eye", l_eye}, {"concat", l_concat}, {"stack", l_stack},
+  {"print", l_print}, {"is_tensor", l_is_tensor},
+  {NULL, NULL}
+};
+
+/* sets f[name] = closure(fn, i, extra) in the tables at module and methods */
+static void add_closure (lua_State *L, int module, int methods, const char *name, lua_CFunction fn,
+                         lua_Integer i) {
+  lua_pushinteger(L, i);
+  lua_pushboolean(L, 0);
+  lua_pushcclosure(L, fn, 2);
+  lua_pushvalue(L, -1);
+  lua_setfield(L, module, name);
+  if (methods) lua_setfield(L, methods, name);
+  else lua_pop(L, 1);
+}
+
+static void set_meta (lua_State *L, int mt, const char *event, int binop) {
+  lua_pushinteger(L, binop);
+  lua_pushboolean(L, 1);
+  lua_pushcclosure(L, l_binary, 2);
+  lua_setfield(L, mt, event);
+}
+
+/* the table at -1 is the module; adds tensor functions and the metatable */
+void mgL_open_tensor (lua_State *L) {
+  int module = lua_gettop(L);
+  luaL_setfuncs(L, module_funcs, 0);
+  luaL_setfuncs(L, tensor_funcs, 0);
+  lua_newtable(L);                             /* methods */
+  int methods = lua_gettop(L);
+  luaL_setfuncs(L, tensor_funcs, 0);
+  for (size_t i = 0; i < sizeof BINOPS / sizeof BINOPS[0]; i++)
+    add_closure(L, module, methods, BINOPS[i].name, l_binary, (lua_Integer)i);
+  for (size_t i = 0; i < sizeof UNOPS / sizeof UNOPS[0]; i++)
+    add_closure(L, module, methods, UNOPS[i].name, l_unary, (lua_Integer)i);
+  for (size_t i = 0; i < sizeof REDOPS / sizeof REDOPS[0]; i++)
+    add_closure(L, module, methods, REDOPS[i].name, l_reduce, (lua_Integer)i);
+  for (int logf = 0; logf < 2; logf++) {
+    lua_pushboolean(L, logf);
+    lua_pushcclosure(L, l_softmax, 1);
+    lua_pushvalue(L, -1);
+    lua_setfield(L, module, logf ? "log_softmax" : "softmax");
+    lua_setfield(L, methods, logf ? "log_softmax" : "softmax");
+  }
+  luaL_newmetatable(L, MG_TENSOR_MT);
+  int mt = lua_gettop(L);
+  static const luaL_Reg meta[] = {
+    {"__gc", tensor_gc}, {"__close", tensor_gc}, {"__tostring", tensor_tostring},
+    {"__len", tensor_len}, {"__lt", tensor_compare}, {"__le", tensor_compare},
+    {"__newindex", tensor_newindex}, {NULL, NULL}
+  };
+  luaL_setfuncs(L, meta, 0);
+  static const struct { const char *event; int binop; } arith[] = {
+    {"__add", 0}, {"__sub", 1}, {"__mul", 2}, {"__div", 3}, {"__pow", 4}, {"__idiv", 5}, {"__mod", 6},
+  };
+  for (size_t i = 0; i < sizeof arith / sizeof arith[0]; i++) set_meta(L, mt, arith[i].event, arith[i].binop);
+  lua_getfield(L, module, "neg");
+  lua_setfield(L, mt, "__unm");
+  lua_pushvalue(L, methods);
+  lua_pushcclosure(L, tensor_index, 1);
+  lua_setfield(L, mt, "__index");
+  lua_pushvalue(L, methods);                   /* for the variable metatable */
+  lua_setfield(L, LUA_REGISTRYINDEX, "moongrad.methods");
+  lua_settop(L, module);
+}

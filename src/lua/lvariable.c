@@ -1,0 +1,178 @@
+/*
+** lvariable.c — the Variable userdata (tf.Variable): mutable, trainable
+** state that every op accepts wherever it accepts a tensor.
+**
+** One mg_variable has one userdata: a weak table in the registry maps the
+** C object to its box, so watched_variables() and custom gradients hand
+** back the very object the user created.
+*/
+#include <stdlib.h>
+#include <string.h>
+
+#include "lbinding.h"
+
+#define BOXES "moongrad.variable_boxes"     /* weak: mg_variable* -> box */
+
+static int variable_gc (lua_State *L) {
+  lvariable *b = (lvariable *)luaL_checkudata(L, 1, MG_VARIABLE_MT);
+  mg_variable_release(b->v);
+  b->v = NULL;
+  return 0;
+}
+
+void mgL_pushvariable (lua_State *L, mg_variable *v) {
+  lua_getfield(L, LUA_REGISTRYINDEX, BOXES);
+  if (lua_rawgetp(L, -1, v) != LUA_TNIL) {
+    lua_remove(L, -2);
+    return;
+  }
+  lua_pop(L, 1);
+  lvariable *b = (lvariable *)lua_newuserdatauv(L, sizeof(lvariable), 0);
+  b->v = mg_variable_retain(v);
+  luaL_setmetatable(L, MG_VARIABLE_MT);
+  lua_pushvalue(L, -1);
+  lua_rawsetp(L, -3, v);
+  lua_remove(L, -2);
+}
+
+/* Variable(init, {name=, trainable=true, dtype=}) */
+static int l_variable (lua_State *L) {
+  luaL_checkany(L, 1);
+  const char *name = NULL;
+  bool trainable = true, given = false;
+  mg_dtype dt = MG_FLOAT32;
+  if (!lua_isnoneornil(L, 2)) {
+    luaL_checktype(L, 2, LUA_TTABLE);
+    if (lua_getfield(L, 2, "name") != LUA_TNIL) name = luaL_checkstring(L, -1);
+    if (lua_getfield(L, 2, "trainable") != LUA_TNIL) trainable = lua_toboolean(L, -1);
+    if (lua_getfield(L, 2, "dtype") != LUA_TNIL) { dt = mgL_optdtype(L, -1, MG_FLOAT32); given = true; }
+    lua_pop(L, 3);
+  }
+  mg_tensor *init = mgL_pushconstant(L, 1, dt, given, "Variable");
+  lvariable *b = (lvariable *)lua_newuserdatauv(L, sizeof(lvariable), 0);
+  b->v = NULL;
+  luaL_setmetatable(L, MG_VARIABLE_MT);
+  b->v = mg_variable_new(init, name, trainable);
+  if (b->v == NULL) return mgL_error(L);
+  lua_getfield(L, LUA_REGISTRYINDEX, BOXES);
+  lua_pushvalue(L, -2);
+  lua_rawsetp(L, -2, b->v);
+  lua_pop(L, 1);
+  return 1;
+}
+
+/* v:value(): the current value as a tensor (a read: tapes notice it) */
+static int l_value (lua_State *L) {
+  mg_variable *v = mgL_checkvariable(L, 1);
+  ltensor *box = mgL_newbox(L);
+  return mgL_fill(L, box, mg_tensor_retain(mg_variable_read(v)));
+}
+
+/* the new value for an assign: arg itself, or value (op) arg */
+static int assign_with (lua_State *L, mg_tensor *(*op)(mg_tensor *, mg_tensor *)) {
+  mg_variable *v = mgL_checkvariable(L, 1);
+  mg_tensor *cur = mg_variable_peek(v);
+  luaL_checkany(L, 2);
+  mg_tensor *x = mgL_testtensor(L, 2);
+  if (x == NULL) x = mgL_pushconstant(L, 2, mg_tensor_dtype(cur), true, "assign");
+  ltensor *tmp = mgL_newbox(L);
+  if (op) {                             /* an update, not something to record */
+    if (mg_pause_all() != MG_OK) return mgL_error(L);
+    tmp->t = op(cur, x);
+    mg_resume_all();
+    if (tmp->t == NULL) return mgL_error(L);
+    x = tmp->t;
+  }
+  if (mg_variable_assign(v, x) != MG_OK) return mgL_error(L);
+  lua_settop(L, 1);
+  return 1;
+}
+
+static int l_assign (lua_State *L) { return assign_with(L, NULL); }
+static int l_assign_add (lua_State *L) { return assign_with(L, mg_add); }
+static int l_assign_sub (lua_State *L) { return assign_with(L, mg_sub); }
+
+static int variable_tostring (lua_State *L) {
+  mg_variable *v = mgL_checkvariable(L, 1);
+  char *s = mg_tensor_format(mg_variable_peek(v));
+  if (s == NULL) return luaL_error(L, "tostring: out of memory");
+  char *nl = strrchr(s, '\n');
+  if (nl) *nl = '\0';
+  const mg_tensor *t = mg_variable_peek(v);
+  char sh[160];
+  lua_pushfstring(L, "%s\n%s '%s' %s %s%s", s, MG_VARIABLE_MT, mg_variable_name(v),
+                  mg_shape_str(sh, sizeof sh, t->shape, t->ndim), mg_dtype_name(t->dtype),
+                  mg_variable_trainable(v) ? "" : " (not trainable)");
+  free(s);
+  return 1;
+}
+
+/* __index: variable methods, then its properties, then tensor methods */
+static int variable_index (lua_State *L) {
+  mg_variable *v = mgL_checkvariable(L, 1);
+  if (lua_type(L, 2) == LUA_TSTRING) {
+    lua_pushvalue(L, 2);
+    if (lua_rawget(L, lua_upvalueindex(1)) != LUA_TNIL) return 1;
+    lua_pop(L, 1);
+    const char *k = lua_tostring(L, 2);
+    const mg_tensor *t = mg_variable_peek(v);
+    if (strcmp(k, "name") == 0) { lua_pushstring(L, mg_variable_name(v)); return 1; }
+    if (strcmp(k, "trainable") == 0) { lua_pushboolean(L, mg_variable_trainable(v)); return 1; }
+    if (strcmp(k, "shape") == 0) { mgL_pushshape(L, t->shape, t->ndim); return 1; }
+    if (strcmp(k, "dtype") == 0) { lua_pushstring(L, mg_dtype_name(t->dtype)); return 1; }
+    if (strcmp(k, "ndim") == 0) { lua_pushinteger(L, t->ndim); return 1; }
+    lua_pushvalue(L, 2);
+    lua_rawget(L, lua_upvalueindex(2));
+    return 1;
+  }
+  lua_pushnil(L);
+  return 1;
+}
+
+static int variable_newindex (lua_State *L) {
+  return luaL_error(L, "cannot set fields of a variable (use v:assign(value) to change its value)");
+}
+
+static int l_is_variable (lua_State *L) {
+  lua_pushboolean(L, luaL_testudata(L, 1, MG_VARIABLE_MT) != NULL);
+  return 1;
+}
+
+void mgL_open_variable (lua_State *L) {
+  int module = lua_gettop(L);
+  lua_pushcfunction(L, l_variable);
+  lua_setfield(L, module, "Variable");
+  lua_pushcfunction(L, l_is_variable);
+  lua_setfield(L, module, "is_variable");
+  lua_newtable(L);                                /* the weak box table */
+  lua_newtable(L);
+  lua_pushstring(L, "v");
+  lua_setfield(L, -2, "__mode");
+  lua_setmetatable(L, -2);
+  lua_setfield(L, LUA_REGISTRYINDEX, BOXES);
+  luaL_newmetatable(L, MG_VARIABLE_MT);
+  int mt = lua_gettop(L);
+  static const luaL_Reg meta[] = {
+    {"__gc", variable_gc}, {"__tostring", variable_tostring}, {"__newindex", variable_newindex},
+    {NULL, NULL}
+  };
+  luaL_setfuncs(L, meta, 0);
+  /* arithmetic and comparison behave as on the value: share the tensor's */
+  luaL_getmetatable(L, MG_TENSOR_MT);
+  static const char *const shared[] = {"__add", "__sub", "__mul", "__div", "__pow", "__idiv", "__mod",
+                                       "__unm", "__len", "__lt", "__le", NULL};
+  for (int i = 0; shared[i]; i++) {
+    lua_getfield(L, -1, shared[i]);
+    lua_setfield(L, mt, shared[i]);
+  }
+  lua_pop(L, 1);
+  static const luaL_Reg methods[] = {
+    {"value", l_value}, {"read_value", l_value}, {"assign", l_assign},
+    {"assign_add", l_assign_add}, {"assign_sub", l_assign_sub}, {NULL, NULL}
+  };
+  luaL_newlib(L, methods);
+  lua_getfield(L, LUA_REGISTRYINDEX, "moongrad.methods");
+  lua_pushcclosure(L, variable_index, 2);
+  lua_setfield(L, mt, "__index");
+  lua_settop(L, module);
+}

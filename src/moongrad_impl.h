@@ -1,0 +1,242 @@
+/*
+** moongrad_impl.h — private structs and helpers shared by src/.
+*/
+#ifndef MOONGRAD_IMPL_H
+#define MOONGRAD_IMPL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "moongrad.h"
+
+#ifdef MG_ASSERT_ON
+#include <assert.h>
+#define mg_assert(c)  assert(c)
+#else
+#define mg_assert(c)  ((void)0)
+#endif
+
+#define MG_UNUSED(x)  ((void)(x))
+
+/* elementwise loops run on several threads above this many elements */
+#define MG_PARALLEL_MIN  (1 << 15)
+
+
+/* {========================= storage ========================= */
+
+/* Who holds a storage decides which counter its bytes are in. */
+typedef enum mg_role { MG_ROLE_TENSOR, MG_ROLE_SAVED, MG_ROLE_VARIABLE, MG_ROLE__COUNT } mg_role;
+
+typedef struct mg_storage {
+  int refcount;           /* tensors viewing it */
+  int tape_refs;          /* tape nodes that saved a tensor viewing it */
+  int var_refs;           /* variables whose value it is */
+  mg_role role;           /* derived from the two counts above */
+  size_t nbytes;
+  size_t bucket;          /* capacity, for the reuse cache */
+  void *data;             /* 64-byte aligned */
+} mg_storage;
+
+mg_storage *mg_storage_new     (size_t nbytes);       /* NULL + error on failure */
+void        mg_storage_release (mg_storage *s);
+void        mg_storage_add_refs (mg_storage *s, int tape_delta, int var_delta);
+
+/* }========================================================== */
+
+
+/* {========================= tensors ========================= */
+
+struct mg_tensor {
+  int refcount;
+  mg_dtype dtype;
+  int ndim;
+  uint64_t id;            /* what tapes key on; a variable's values share its id */
+  int64_t numel;
+  int64_t offset;         /* in elements */
+  mg_storage *storage;
+  mg_variable *var;       /* weak: set while this is a live variable's value */
+  int64_t shape[MG_MAX_DIMS];
+  int64_t strides[MG_MAX_DIMS];   /* in elements; 0 for broadcast dims */
+};
+
+/* a new tensor viewing s (retained) with the given layout; NULL + error */
+mg_tensor *mg_tensor_view (mg_storage *s, mg_dtype dt, const int64_t *shape, int ndim,
+                           const int64_t *strides, int64_t offset);
+uint64_t   mg_new_id      (void);
+void       mg_contiguous_strides (const int64_t *shape, int ndim, int64_t *strides);
+/* checks a shape and returns its element count, or -1 + error naming fn */
+int64_t    mg_shape_numel (const char *fn, const int64_t *shape, int ndim);
+bool       mg_same_shape  (const int64_t *a, int na, const int64_t *b, int nb);
+/* normalizes axis (negative counts from the end) into [0, ndim); -1 + error */
+int        mg_check_axis  (const char *fn, int axis, int ndim);
+bool       mg_is_float    (mg_dtype dt);
+/* pointer to the element at linear offset off (in elements) of t's storage */
+static inline char *mg_ptr (const mg_tensor *t) {
+  return (char *)t->storage->data + (size_t)t->offset * mg_dtype_size(t->dtype);
+}
+mg_status  mg_copy_into   (mg_tensor *dst, const mg_tensor *src);  /* same shape, any layout */
+/* n values of src (dtype sdt) into dst (dtype ddt), contiguous both */
+void       mg_convert     (void *dst, mg_dtype ddt, const void *src, mg_dtype sdt, int64_t n);
+
+/* }========================================================== */
+
+
+/* {====================== strided loops ====================== */
+
+/* Up to 4 operands walked together over one shape: operand 0 is the output
+** (contiguous), the others may broadcast (stride 0). Dimensions that can be
+** merged are, so most loops end up one long contiguous run. */
+typedef struct mg_iter {
+  int ndim, nops;
+  int64_t shape[MG_MAX_DIMS];
+  int64_t strides[4][MG_MAX_DIMS];   /* in elements */
+} mg_iter;
+
+/* the broadcast of two shapes into shape; returns its ndim, or -1 + an
+** error naming fn and showing "a opsym b" */
+int  mg_broadcast_shapes (const char *fn, const char *opsym, const int64_t *a, int na,
+                          const int64_t *b, int nb, int64_t *shape);
+void mg_iter_init (mg_iter *it, const int64_t *shape, int ndim, int nops,
+                   const mg_tensor *const *ops);
+/* calls run(n, ptrs, strides, ud) for each innermost run, in order, with the
+** outer loop split across threads when large */
+typedef void (*mg_run_fn)(int64_t n, char **p, const int64_t *s, void *ud);
+void mg_iter_run (const mg_iter *it, char **base, const size_t *itemsize, mg_run_fn run,
+                  void *ud);
+
+/* }========================================================== */
+
+
+/* {======================= variables ========================= */
+
+struct mg_variable {
+  int refcount;
+  uint64_t id;            /* the id every value of this variable carries */
+  int trainable;
+  mg_tensor *value;       /* owned; value->var == this */
+  char *name;
+};
+
+/* }========================================================== */
+
+
+/* {====================== tape nodes ========================= */
+
+typedef struct mg_node mg_node;
+
+/* A primitive op as the tape sees it. backward reads dout[i] (NULL: no
+** gradient reached output i) and writes din[j] for each j with
+** n->needs[j]; it builds them with the public ops so that an outer tape
+** records the backward pass too. */
+typedef struct mg_opdef {
+  const char *name;
+  unsigned saves;                       /* MG_SAVE_IN(j) | MG_SAVE_OUT(i) */
+  mg_status (*backward)(mg_node *n, mg_tensor *const *dout, mg_tensor **din);
+  void (*free_ext)(mg_node *n);         /* for ops with private data; may be NULL */
+} mg_opdef;
+
+#define MG_SAVE_IN(j)    (1u << (j))
+#define MG_SAVE_OUT(i)   (1u << (16 + (i)))
+#define MG_SAVE_INPUTS   0xFFFFu          /* every input */
+
+/* what backward needs to know of a tensor it did not keep */
+typedef struct mg_meta {
+  uint64_t id;
+  mg_dtype dtype;
+  int ndim;
+  int64_t shape[MG_MAX_DIMS];
+} mg_meta;
+
+/* attributes an op records for its backward rule */
+typedef struct mg_attr {
+  int axis, keepdims;
+  int64_t a[MG_MAX_DIMS], b[MG_MAX_DIMS], c[MG_MAX_DIMS];
+  double f;
+} mg_attr;
+
+struct mg_node {
+  int refcount;           /* tapes holding it */
+  const mg_opdef *def;
+  int nin, nout;
+  mg_meta *in_meta, *out_meta;          /* [nin], [nout] */
+  mg_tensor **in, **out;                /* saved tensors or NULL, [nin], [nout] */
+  bool *needs;                          /* [nin], set by the walk */
+  mg_attr attr;
+  void *ext;                            /* op-private data (custom, recompute) */
+};
+
+/* Records an op on every recording tape that tracks one of its inputs, and
+** lets variable watchers see the variables read. Cheap when nothing
+** records. Returns MG_ERR only when out of memory. */
+mg_status mg_record (const mg_opdef *def, int nin, mg_tensor *const *in, int nout,
+                     mg_tensor *const *out, const mg_attr *attr);
+/* the same, giving back the node (borrowed, NULL if nothing recorded) so a
+** caller can attach ext */
+mg_status mg_record_ex (const mg_opdef *def, int nin, mg_tensor *const *in, int nout,
+                        mg_tensor *const *out, const mg_attr *attr, void *ext,
+                        mg_node **node);
+
+extern int mg_recording_tapes;         /* tapes recording now */
+extern int mg_variable_watchers;       /* watchers collecting reads */
+static inline bool mg_anyone_listening (void) {
+  return mg_recording_tapes > 0 || mg_variable_watchers > 0;
+}
+
+/* record op `def` with one output, dropping the output on failure; the
+** usual tail of an op: return mg_finish1(&add_op, 2, in, out, &attr) */
+mg_tensor *mg_finish (const mg_opdef *def, int nin, mg_tensor *const *in, mg_tensor *out,
+                      const mg_attr *attr);
+
+/* Variable-read watchers (recompute_grad and custom_gradient forward). */
+typedef struct mg_var_watcher {
+  mg_variable **vars;
+  int n, cap;
+  struct mg_var_watcher *prev;
+} mg_var_watcher;
+void mg_watcher_push (mg_var_watcher *w);
+void mg_watcher_pop  (mg_var_watcher *w);     /* releases nothing; caller frees vars */
+void mg_watcher_free (mg_var_watcher *w);
+void mg_note_variable_read (mg_variable *v);
+
+/* true when a recording or paused tape has seen this id */
+bool mg_any_tape_tracks (uint64_t id);
+/* pause / resume every tape now active, for recompute forward (nested) */
+mg_status mg_pause_all (void);
+void mg_resume_all (void);
+void mg_recompute_enter (void);
+void mg_recompute_leave (void);
+
+/* add-or-set: *acc = *acc ? *acc + g : g; takes over g */
+mg_status mg_accumulate (mg_tensor **acc, mg_tensor *g);
+
+/* }========================================================== */
+
+
+/* {=================== small shared helpers ================== */
+
+/* Temporaries of a backward rule, released together at the end. Every
+** public op returns NULL when given NULL, so a failure anywhere in an
+** expression comes out as NULL with its message kept. */
+typedef struct mg_scope { mg_tensor *t[32]; int n; } mg_scope;
+static inline mg_tensor *mg_tmp (mg_scope *s, mg_tensor *t) {
+  if (t != NULL) {
+    mg_assert(s->n < 32);
+    s->t[s->n++] = t;
+  }
+  return t;
+}
+static inline mg_tensor *mg_retain_or_null (mg_tensor *t) {
+  return t ? mg_tensor_retain(t) : NULL;
+}
+static inline void mg_scope_end (mg_scope *s) {
+  while (s->n > 0) mg_tensor_release(s->t[--s->n]);
+}
+
+/* a tensor of zeros / ones shaped like meta */
+mg_tensor *mg_zeros_meta (const mg_meta *m);
+void       mg_meta_of    (mg_meta *m, const mg_tensor *t);
+
+/* }========================================================== */
+
+#endif

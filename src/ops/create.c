@@ -1,0 +1,113 @@
+/*
+** create.c — constructors (full, arange, eye, from values) and cast.
+*/
+#include <math.h>
+#include <string.h>
+
+#include "moongrad_impl.h"
+
+#define FILL(T, V) do { T *d = (T *)mg_ptr(t), v = (T)(V); \
+    for (int64_t i = 0; i < t->numel; i++) d[i] = v; } while (0)
+
+static void fill (mg_tensor *t, double value) {
+  switch (t->dtype) {
+    case MG_FLOAT32: FILL(float, value); break;
+    case MG_FLOAT64: FILL(double, value); break;
+    case MG_INT64: FILL(int64_t, value); break;
+    default: FILL(uint8_t, value != 0); break;
+  }
+}
+
+/* checks that a double can become an element of dt without losing meaning */
+static mg_status check_value (const char *fn, double v, mg_dtype dt) {
+  if (dt == MG_INT64 && (v != floor(v) || !(fabs(v) < 9.3e18)))
+    return mg_seterror("%s: cannot convert %.14g to int64", fn, v);
+  return MG_OK;
+}
+
+mg_tensor *mg_full (const int64_t *shape, int ndim, mg_dtype dt, double value) {
+  if (check_value("full", value, dt) != MG_OK) return NULL;
+  mg_tensor *t = mg_empty(shape, ndim, dt);
+  if (t) fill(t, value);
+  return t;
+}
+
+mg_tensor *mg_scalar (double value, mg_dtype dt) {
+  return mg_full(NULL, 0, dt, value);
+}
+
+mg_tensor *mg_from_doubles (const double *values, const int64_t *shape, int ndim, mg_dtype dt) {
+  mg_tensor *t = mg_empty(shape, ndim, dt);
+  if (t == NULL) return NULL;
+  for (int64_t i = 0; i < t->numel; i++)
+    if (check_value("constant", values[i], dt) != MG_OK) {
+      mg_tensor_release(t);
+      return NULL;
+    }
+  mg_convert(mg_ptr(t), dt, values, MG_FLOAT64, t->numel);
+  return t;
+}
+
+/* start, start+step, ... while < stop (> stop for a negative step) */
+mg_tensor *mg_arange (double start, double stop, double step, mg_dtype dt) {
+  if (step == 0 || step != step || start != start || stop != stop)
+    return mg_seterror("arange: step must be a nonzero number, and bounds numbers"), NULL;
+  double count = ceil((stop - start) / step);
+  if (count < 0) count = 0;
+  if (count > 1e15) return mg_seterror("arange: %.0f elements is too many", count), NULL;
+  int64_t n = (int64_t)count;
+  mg_tensor *t = mg_empty(&n, 1, dt);
+  if (t == NULL) return NULL;
+  for (int64_t i = 0; i < n; i++) {
+    double v = start + (double)i * step;
+    switch (dt) {
+      case MG_FLOAT32: ((float *)mg_ptr(t))[i] = (float)v; break;
+      case MG_FLOAT64: ((double *)mg_ptr(t))[i] = v; break;
+      case MG_INT64: ((int64_t *)mg_ptr(t))[i] = (int64_t)v; break;
+      default: ((uint8_t *)mg_ptr(t))[i] = v != 0; break;
+    }
+  }
+  return t;
+}
+
+mg_tensor *mg_eye (int64_t n, int64_t m, mg_dtype dt) {
+  int64_t shape[2] = {n, m};
+  mg_tensor *t = mg_full(shape, 2, dt, 0.0);
+  if (t == NULL) return NULL;
+  size_t esz = mg_dtype_size(dt);
+  for (int64_t i = 0; i < n && i < m; i++) {
+    char *p = mg_ptr(t) + (size_t)(i * m + i) * esz;
+    switch (dt) {
+      case MG_FLOAT32: *(float *)p = 1; break;
+      case MG_FLOAT64: *(double *)p = 1; break;
+      case MG_INT64: *(int64_t *)p = 1; break;
+      default: *(uint8_t *)p = 1; break;
+    }
+  }
+  return t;
+}
+
+/* {========================== cast ========================== */
+
+static const mg_opdef cast_op;
+
+/* cast: x converted to dt (floats truncate toward zero into int64).
+** grad: float -> float casts pass dout back, cast to x's dtype */
+mg_tensor *mg_cast (mg_tensor *x, mg_dtype dt) {
+  if (x == NULL) return NULL;
+  if ((unsigned)dt >= MG_DTYPE__COUNT) return mg_seterror("cast: unknown dtype"), NULL;
+  if (x->dtype == dt) return mg_tensor_retain(x);
+  mg_tensor *out = mg_empty(x->shape, x->ndim, dt);
+  if (out == NULL) return NULL;
+  mg_copy_into(out, x);
+  if (!mg_is_float(dt) || !mg_is_float(x->dtype)) return out;
+  return mg_finish(&cast_op, 1, &x, out, NULL);
+}
+
+static mg_status cast_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **din) {
+  din[0] = mg_cast(dout[0], n->in_meta[0].dtype);
+  return MG_OK;
+}
+static const mg_opdef cast_op = {"cast", 0, cast_backward, NULL};
+
+/* }========================================================== */

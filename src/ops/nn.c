@@ -1,0 +1,85 @@
+/*
+** nn.c — softmax and log_softmax, fused for numerical stability.
+**
+** Both subtract the running maximum before exponentiating, which a
+** composite of exp/sum/div cannot do without overflowing for large logits.
+*/
+#include <math.h>
+
+#include "moongrad_impl.h"
+
+/* y over (outer, n, inner) with the reduced axis in the middle */
+#define SOFTMAX_BODY(T, EXP, LOG) do {                                         \
+    const T *X = (const T *)mg_ptr(xc); T *Y = (T *)mg_ptr(out);               \
+    _Pragma("omp parallel for if (outer * n * inner > 65536)")                \
+    for (int64_t o = 0; o < outer; o++)                                        \
+      for (int64_t i = 0; i < inner; i++) {                                    \
+        const T *xr = X + o * n * inner + i; T *y = Y + o * n * inner + i;      \
+        T m = xr[0];                                                            \
+        for (int64_t k = 1; k < n; k++) if (xr[k * inner] > m) m = xr[k * inner]; \
+        T s = 0;                                                               \
+        for (int64_t k = 0; k < n; k++) { T e = EXP(xr[k * inner] - m); y[k * inner] = e; s += e; } \
+        if (log_form) {                                                        \
+          T ls = LOG(s) + m;                                                   \
+          for (int64_t k = 0; k < n; k++) y[k * inner] = xr[k * inner] - ls;    \
+        } else {                                                               \
+          T r = 1 / s;                                                         \
+          for (int64_t k = 0; k < n; k++) y[k * inner] *= r;                   \
+        }                                                                      \
+      }                                                                        \
+  } while (0)
+
+static const mg_opdef softmax_op, log_softmax_op;
+
+static mg_tensor *softmax_forward (mg_tensor *x, int axis, bool log_form) {
+  if (x == NULL) return NULL;
+  const char *fn = log_form ? "log_softmax" : "softmax";
+  if (!mg_is_float(x->dtype))
+    return mg_seterror("%s: needs a float tensor, got %s", fn, mg_dtype_name(x->dtype)), NULL;
+  int a = mg_check_axis(fn, axis, x->ndim);
+  if (a < 0) return NULL;
+  int64_t outer = 1, n = x->shape[a], inner = 1;
+  for (int i = 0; i < a; i++) outer *= x->shape[i];
+  for (int i = a + 1; i < x->ndim; i++) inner *= x->shape[i];
+  mg_tensor *xc = mg_contiguous(x), *out = mg_empty(x->shape, x->ndim, x->dtype);
+  if (xc && out && n > 0) {
+    if (x->dtype == MG_FLOAT32) SOFTMAX_BODY(float, expf, logf);
+    else SOFTMAX_BODY(double, exp, log);
+  }
+  mg_tensor_release(xc);
+  if (xc == NULL) {
+    mg_tensor_release(out);
+    return NULL;
+  }
+  mg_attr attr = {0};
+  attr.axis = a;
+  return mg_finish(log_form ? &log_softmax_op : &softmax_op, 1, &x, out, &attr);
+}
+
+/* softmax: y = exp(x - max) / sum(exp(x - max)) over axis.
+** grad: dx = y * (dout - sum(dout * y, axis)) */
+mg_tensor *mg_softmax (mg_tensor *x, int axis) { return softmax_forward(x, axis, false); }
+
+static mg_status softmax_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **din) {
+  mg_scope sc = {0};
+  mg_tensor *y = n->out[0];
+  mg_tensor *s = mg_tmp(&sc, mg_sum(mg_tmp(&sc, mg_mul(dout[0], y)), n->attr.axis, 1));
+  din[0] = mg_mul(y, mg_tmp(&sc, mg_sub(dout[0], s)));
+  mg_scope_end(&sc);
+  return MG_OK;
+}
+static const mg_opdef softmax_op = {"softmax", MG_SAVE_OUT(0), softmax_backward, NULL};
+
+/* log_softmax: y = x - max - log(sum(exp(x - max))) over axis.
+** grad: dx = dout - exp(y) * sum(dout, axis) */
+mg_tensor *mg_log_softmax (mg_tensor *x, int axis) { return softmax_forward(x, axis, true); }
+
+static mg_status log_softmax_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **din) {
+  mg_scope sc = {0};
+  mg_tensor *p = mg_tmp(&sc, mg_exp(n->out[0]));
+  mg_tensor *s = mg_tmp(&sc, mg_sum(dout[0], n->attr.axis, 1));
+  din[0] = mg_sub(dout[0], mg_tmp(&sc, mg_mul(p, s)));
+  mg_scope_end(&sc);
+  return MG_OK;
+}
+static const mg_opdef log_softmax_op = {"log_softmax", MG_SAVE_OUT(0), log_softmax_backward, NULL};

@@ -1,0 +1,246 @@
+/*
+** reduce.c — sum, max, min (and mean, argmax, argmin) over one axis or all.
+**
+** A reduction sees its input as (outer, n, inner) after making it
+** contiguous: inner == 1 sums contiguous rows in 16 independent lanes (so
+** the compiler vectorises without reassociating), inner > 1 adds whole rows
+** into the output. float32 rows longer than a block go through a double
+** total, which keeps long sums accurate.
+*/
+#include <math.h>
+#include <string.h>
+
+#include "moongrad_impl.h"
+
+typedef enum redop { R_SUM, R_MAX, R_MIN, R_ARGMAX, R_ARGMIN } redop;
+
+static const char *const RNAME[] = {"sum", "max", "min", "argmax", "argmin"};
+
+#define LANES 16
+#define BLOCK 4096
+
+/* sum of n contiguous values */
+#define ROW_SUM(T, ACC) do {                                               \
+    ACC total = 0;                                                         \
+    for (int64_t b0 = 0; b0 < n; b0 += BLOCK) {                            \
+      int64_t e = b0 + BLOCK < n ? b0 + BLOCK : n, i = b0;                 \
+      T lane[LANES] = {0};                                                 \
+      for (; i + LANES <= e; i += LANES)                                   \
+        for (int l = 0; l < LANES; l++) lane[l] += x[i + l];               \
+      for (; i < e; i++) lane[0] += x[i];                                  \
+      T s = 0;                                                             \
+      for (int l = 0; l < LANES; l++) s += lane[l];                        \
+      total += s;                                                          \
+    }                                                                      \
+    *out = (T)total;                                                       \
+  } while (0)
+
+/* out[i] (inner values) = reduce over k of x[k*inner + i] */
+#define COLS(T, INIT, STEP) do {                                           \
+    for (int64_t i = 0; i < inner; i++) out[i] = INIT;                     \
+    for (int64_t k = 0; k < n; k++) {                                      \
+      const T *row = x + k * inner;                                        \
+      for (int64_t i = 0; i < inner; i++) { T v = row[i], m = out[i]; out[i] = (STEP); } \
+    }                                                                      \
+  } while (0)
+
+#define ROW_EXTREME(T, BETTER) do {                                        \
+    T m = x[0];                                                            \
+    for (int64_t i = 1; i < n; i++) { T v = x[i]; if (BETTER) m = v; }     \
+    *out = m;                                                              \
+  } while (0)
+
+/* first index of the extreme; NaN beats everything, as in NumPy */
+#define ROW_ARG(T, BETTER) do {                                            \
+    int64_t best = 0; T m = x[0];                                          \
+    for (int64_t k = 1; k < n && m == m; k++) {                            \
+      T v = x[k * inner]; if (BETTER || v != v) { m = v; best = k; }       \
+    }                                                                      \
+    *out = best;                                                           \
+  } while (0)
+
+#define REDUCE_BODY(T, ACC)                                                \
+    for (int64_t o = 0; o < outer; o++) {                                  \
+      const T *x0 = xs + o * n * inner;                                    \
+      if (op == R_ARGMAX || op == R_ARGMIN) {                              \
+        for (int64_t i = 0; i < inner; i++) {                              \
+          const T *x = x0 + i; int64_t *out = (int64_t *)outs + o * inner + i; \
+          if (op == R_ARGMAX) ROW_ARG(T, v > m); else ROW_ARG(T, v < m);   \
+        }                                                                  \
+        continue;                                                          \
+      }                                                                    \
+      T *out = (T *)outs + o * inner;                                      \
+      const T *x = x0;                                                     \
+      if (inner == 1) {                                                    \
+        if (op == R_SUM) ROW_SUM(T, ACC);                                  \
+        else if (op == R_MAX) ROW_EXTREME(T, v > m || v != v);             \
+        else ROW_EXTREME(T, v < m || v != v);                              \
+      } else if (op == R_SUM) COLS(T, 0, m + v);                           \
+      else if (op == R_MAX) COLS(T, x[i], (v > m || v != v) ? v : m);      \
+      else COLS(T, x[i], (v < m || v != v) ? v : m);                       \
+    }
+
+static void reduce_f32 (redop op, const float *xs, void *outs, int64_t outer, int64_t n,
+                        int64_t inner) {
+  REDUCE_BODY(float, double)
+}
+
+static void reduce_f64 (redop op, const double *xs, void *outs, int64_t outer, int64_t n,
+                        int64_t inner) {
+  REDUCE_BODY(double, double)
+}
+
+static void reduce_i64 (redop op, const int64_t *xs, void *outs, int64_t outer, int64_t n,
+                        int64_t inner) {
+  REDUCE_BODY(int64_t, int64_t)
+}
+
+static const mg_opdef sum_op, max_op, min_op;
+
+/* the shape left after reducing `axis` (all axes when MG_ALL_AXES) */
+static int reduced_shape (const mg_tensor *x, int axis, int keepdims, int64_t *shape) {
+  int nd = 0;
+  for (int i = 0; i < x->ndim; i++) {
+    bool gone = axis == MG_ALL_AXES || i == axis;
+    if (!gone) shape[nd++] = x->shape[i];
+    else if (keepdims) shape[nd++] = 1;
+  }
+  return nd;
+}
+
+static mg_tensor *reduce (redop op, mg_tensor *x, int axis, int keepdims) {
+  if (x == NULL) return NULL;
+  const char *fn = RNAME[op];
+  if (axis != MG_ALL_AXES && (axis = mg_check_axis(fn, axis, x->ndim)) < 0) return NULL;
+  mg_dtype dt = x->dtype;
+  if (dt == MG_BOOL) {
+    if (op != R_SUM) return mg_seterror("%s: not defined for bool tensors", fn), NULL;
+    mg_tensor *xi = mg_cast(x, MG_INT64), *r = reduce(op, xi, axis, keepdims);
+    mg_tensor_release(xi);
+    return r;
+  }
+  int64_t outer = 1, n = x->numel, inner = 1;
+  if (axis != MG_ALL_AXES) {
+    n = x->shape[axis];
+    for (int i = 0; i < axis; i++) outer *= x->shape[i];
+    for (int i = axis + 1; i < x->ndim; i++) inner *= x->shape[i];
+  }
+  if (n == 0 && op != R_SUM)
+    return mg_seterror("%s: cannot reduce over an empty axis", fn), NULL;
+  int64_t shape[MG_MAX_DIMS];
+  int nd = reduced_shape(x, axis, keepdims, shape);
+  mg_tensor *out = mg_empty(shape, nd, op >= R_ARGMAX ? MG_INT64 : dt);
+  mg_tensor *xc = mg_contiguous(x);
+  if (out == NULL || xc == NULL) {
+    mg_tensor_release(out);
+    mg_tensor_release(xc);
+    return NULL;
+  }
+  if (n == 0)
+    memset(mg_ptr(out), 0, (size_t)out->numel * mg_dtype_size(out->dtype));
+  else if (dt == MG_FLOAT32) reduce_f32(op, (const float *)mg_ptr(xc), mg_ptr(out), outer, n, inner);
+  else if (dt == MG_FLOAT64) reduce_f64(op, (const double *)mg_ptr(xc), mg_ptr(out), outer, n, inner);
+  else reduce_i64(op, (const int64_t *)mg_ptr(xc), mg_ptr(out), outer, n, inner);
+  mg_tensor_release(xc);
+  if (!mg_is_float(dt) || op >= R_ARGMAX) return out;
+  mg_attr attr = {0};
+  attr.axis = axis;
+  attr.keepdims = keepdims;
+  const mg_opdef *def = op == R_SUM ? &sum_op : op == R_MAX ? &max_op : &min_op;
+  return mg_finish(def, 1, &x, out, &attr);
+}
+
+/* the reduced shape with the reduced axes kept as 1s */
+static int kept_shape (const mg_meta *x, int axis, int64_t *shape) {
+  for (int i = 0; i < x->ndim; i++)
+    shape[i] = (axis == MG_ALL_AXES || i == axis) ? 1 : x->shape[i];
+  return x->ndim;
+}
+
+/* dout, reshaped to keep the reduced axes, broadcast back to x's shape */
+static mg_tensor *spread (mg_node *n, mg_tensor *dout, mg_scope *sc) {
+  int64_t shape[MG_MAX_DIMS];
+  int nd = kept_shape(&n->in_meta[0], n->attr.axis, shape);
+  mg_tensor *kept = mg_tmp(sc, mg_reshape(dout, shape, nd));
+  return mg_tmp(sc, mg_broadcast_to(kept, n->in_meta[0].shape, n->in_meta[0].ndim));
+}
+
+/* sum: out = sum of x over axis.  grad: dx = dout broadcast back (a view) */
+mg_tensor *mg_sum (mg_tensor *x, int axis, int keepdims) { return reduce(R_SUM, x, axis, keepdims); }
+
+static mg_status sum_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **din) {
+  mg_scope sc = {0};
+  din[0] = mg_retain_or_null(spread(n, dout[0], &sc));
+  mg_scope_end(&sc);
+  return MG_OK;
+}
+static const mg_opdef sum_op = {"sum", 0, sum_backward, NULL};
+
+/* max/min: out = extreme of x over axis.  grad: dout shared evenly among
+** the positions that reach the extreme (TensorFlow's rule) */
+static mg_status extreme_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **din) {
+  mg_scope sc = {0};
+  int64_t shape[MG_MAX_DIMS];
+  int nd = kept_shape(&n->in_meta[0], n->attr.axis, shape);
+  mg_tensor *y = mg_tmp(&sc, mg_reshape(n->out[0], shape, nd));
+  mg_tensor *hit = mg_tmp(&sc, mg_equal(n->in[0], y));
+  mg_tensor *hitf = mg_tmp(&sc, mg_cast(hit, dout[0]->dtype));
+  mg_tensor *count = mg_tmp(&sc, mg_sum(hitf, n->attr.axis, 1));
+  mg_tensor *share = mg_tmp(&sc, mg_div(mg_tmp(&sc, mg_reshape(dout[0], shape, nd)), count));
+  din[0] = mg_mul(hitf, share);
+  mg_scope_end(&sc);
+  return MG_OK;
+}
+static const mg_opdef max_op = {"max", MG_SAVE_IN(0) | MG_SAVE_OUT(0), extreme_backward, NULL};
+static const mg_opdef min_op = {"min", MG_SAVE_IN(0) | MG_SAVE_OUT(0), extreme_backward, NULL};
+
+mg_tensor *mg_max (mg_tensor *x, int axis, int keepdims) { return reduce(R_MAX, x, axis, keepdims); }
+mg_tensor *mg_min (mg_tensor *x, int axis, int keepdims) { return reduce(R_MIN, x, axis, keepdims); }
+mg_tensor *mg_argmax (mg_tensor *x, int axis, int keepdims) { return reduce(R_ARGMAX, x, axis, keepdims); }
+mg_tensor *mg_argmin (mg_tensor *x, int axis, int keepdims) { return reduce(R_ARGMIN, x, axis, keepdims); }
+
+/* mean = sum / n (a composite: its gradient comes from sum and div) */
+mg_tensor *mg_mean (mg_tensor *x, int axis, int keepdims) {
+  if (x == NULL) return NULL;
+  if (x->dtype == MG_INT64 || x->dtype == MG_BOOL) {
+    mg_tensor *xf = mg_cast(x, MG_FLOAT64), *r = mg_mean(xf, axis, keepdims);
+    mg_tensor_release(xf);
+    return r;
+  }
+  int a = axis == MG_ALL_AXES ? axis : mg_check_axis("mean", axis, x->ndim);
+  if (a != MG_ALL_AXES && a < 0) return NULL;
+  double count = a == MG_ALL_AXES ? (double)x->numel : (double)x->shape[a];
+  mg_tensor *s = mg_sum(x, a, keepdims), *c = mg_scalar(count, x->dtype);
+  mg_tensor *r = mg_div(s, c);
+  mg_tensor_release(s);
+  mg_tensor_release(c);
+  return r;
+}
+
+/*
+** Sums x over the dimensions broadcasting added, so that it has `shape`:
+** the adjoint of broadcasting that every binary op's backward rule uses.
+** Returns x itself (retained) when nothing needs summing.
+*/
+mg_tensor *mg_sum_to_shape (mg_tensor *x, const int64_t *shape, int ndim) {
+  if (x == NULL) return NULL;
+  if (mg_same_shape(x->shape, x->ndim, shape, ndim)) return mg_tensor_retain(x);
+  int lead = x->ndim - ndim;
+  if (lead < 0) {
+    char a[160], b[160];
+    mg_seterror("sum_to_shape: cannot reduce %s to %s", mg_shape_str(a, sizeof a, x->shape, x->ndim),
+                mg_shape_str(b, sizeof b, shape, ndim));
+    return NULL;
+  }
+  mg_tensor *cur = mg_tensor_retain(x);
+  for (int i = x->ndim - 1; i >= 0 && cur; i--) {
+    bool sum_it = i < lead || (shape[i - lead] == 1 && x->shape[i] != 1);
+    if (!sum_it) continue;
+    mg_tensor *next = mg_sum(cur, i, 1);
+    mg_tensor_release(cur);
+    cur = next;
+  }
+  mg_tensor *r = mg_reshape(cur, shape, ndim);
+  mg_tensor_release(cur);
+  return r;
+}

@@ -1,0 +1,491 @@
+/*
+** shape.c — movement ops: reshape, permute, broadcast, slice, concat, gather.
+**
+** reshape, permute, broadcast_to and slice return views that share the
+** input's storage (reshape copies only when the strides do not allow a
+** view). Each op's adjoint is another op of this file: slice <-> unslice,
+** gather <-> scatter_add, broadcast_to -> sum_to_shape, so gradients of any
+** order come from the same code.
+*/
+#include <string.h>
+
+#include "moongrad_impl.h"
+
+#define SHAPE_OF(n, j)  (n)->in_meta[j].shape, (n)->in_meta[j].ndim
+
+static char *shape_s (char *buf, size_t n, const mg_tensor *t) {
+  return mg_shape_str(buf, n, t->shape, t->ndim);
+}
+
+/* records a movement op when x is float (ints are never differentiated) */
+static mg_tensor *finish1 (const mg_opdef *def, mg_tensor *x, mg_tensor *out, const mg_attr *attr) {
+  if (out == NULL || !mg_is_float(x->dtype)) return out;
+  return mg_finish(def, 1, &x, out, attr);
+}
+
+/* {========================= reshape ======================== */
+
+static const mg_opdef reshape_op;
+
+/* reshape: a view when x is contiguous, else a copy.  grad: dout reshaped
+** back to x's shape */
+mg_tensor *mg_reshape (mg_tensor *x, const int64_t *shape_in, int ndim) {
+  if (x == NULL) return NULL;
+  int64_t shape[MG_MAX_DIMS], known = 1;
+  int infer = -1;
+  if (ndim > MG_MAX_DIMS)
+    return mg_seterror("reshape: %d dimensions given, at most %d allowed", ndim, MG_MAX_DIMS), NULL;
+  for (int i = 0; i < ndim; i++) {
+    shape[i] = shape_in[i];
+    if (shape[i] == -1) {
+      if (infer >= 0) return mg_seterror("reshape: only one dimension can be -1"), NULL;
+      infer = i;
+    } else if (shape[i] < 0) {
+      return mg_seterror("reshape: dimension %d has negative size %lld", i + 1, (long long)shape[i]), NULL;
+    } else {
+      known *= shape[i];
+    }
+  }
+  if (infer >= 0) shape[infer] = known == 0 ? 0 : x->numel / known;
+  int64_t n = mg_shape_numel("reshape", shape, ndim);
+  if (n < 0) return NULL;
+  if (n != x->numel || (infer >= 0 && known != 0 && x->numel % known != 0)) {
+    char a[160], b[160];
+    mg_seterror("reshape: cannot reshape %s [%lld elements] into %s", shape_s(a, sizeof a, x),
+                (long long)x->numel, mg_shape_str(b, sizeof b, shape_in, ndim));
+    return NULL;
+  }
+  mg_tensor *c = mg_contiguous(x);
+  if (c == NULL) return NULL;
+  int64_t strides[MG_MAX_DIMS];
+  mg_contiguous_strides(shape, ndim, strides);
+  mg_tensor *out = mg_tensor_view(c->storage, c->dtype, shape, ndim, strides, c->offset);
+  mg_tensor_release(c);
+  return finish1(&reshape_op, x, out, NULL);
+}
+
+static mg_status reshape_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **din) {
+  din[0] = mg_reshape(dout[0], SHAPE_OF(n, 0));
+  return MG_OK;
+}
+static const mg_opdef reshape_op = {"reshape", 0, reshape_backward, NULL};
+
+mg_tensor *mg_expand_dims (mg_tensor *x, int axis) {
+  if (x == NULL) return NULL;
+  int a = mg_check_axis("expand_dims", axis, x->ndim + 1);
+  if (a < 0) return NULL;
+  int64_t shape[MG_MAX_DIMS + 1];
+  for (int i = 0, j = 0; i <= x->ndim; i++) shape[i] = i == a ? 1 : x->shape[j++];
+  return mg_reshape(x, shape, x->ndim + 1);
+}
+
+mg_tensor *mg_squeeze (mg_tensor *x, int axis) {
+  if (x == NULL) return NULL;
+  int64_t shape[MG_MAX_DIMS];
+  int nd = 0;
+  if (axis != MG_ALL_AXES) {
+    if ((axis = mg_check_axis("squeeze", axis, x->ndim)) < 0) return NULL;
+    if (x->shape[axis] != 1)
+      return mg_seterror("squeeze: dimension %d has size %lld, not 1", axis + 1,
+                         (long long)x->shape[axis]), NULL;
+  }
+  for (int i = 0; i < x->ndim; i++)
+    if (!(x->shape[i] == 1 && (axis == MG_ALL_AXES || axis == i))) shape[nd++] = x->shape[i];
+  return mg_reshape(x, shape, nd);
+}
+
+/* }========================================================== */
+
+
+/* {========================= permute ======================== */
+
+static const mg_opdef permute_op;
+
+/* permute: out dim i is x dim perm[i] (a view).  grad: the inverse permutation */
+mg_tensor *mg_permute (mg_tensor *x, const int *perm) {
+  if (x == NULL) return NULL;
+  int64_t shape[MG_MAX_DIMS], strides[MG_MAX_DIMS];
+  bool seen[MG_MAX_DIMS] = {false};
+  mg_attr attr = {0};
+  for (int i = 0; i < x->ndim; i++) {
+    int p = perm[i];
+    if (p < 0 || p >= x->ndim || seen[p])
+      return mg_seterror("permute: %d dimensions need a permutation of 1..%d", x->ndim, x->ndim), NULL;
+    seen[p] = true;
+    shape[i] = x->shape[p];
+    strides[i] = x->strides[p];
+    attr.a[p] = i;                                        /* the inverse */
+  }
+  mg_tensor *out = mg_tensor_view(x->storage, x->dtype, shape, x->ndim, strides, x->offset);
+  return finish1(&permute_op, x, out, &attr);
+}
+
+static mg_status permute_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **din) {
+  int inv[MG_MAX_DIMS];
+  for (int i = 0; i < n->in_meta[0].ndim; i++) inv[i] = (int)n->attr.a[i];
+  din[0] = mg_permute(dout[0], inv);
+  return MG_OK;
+}
+static const mg_opdef permute_op = {"permute", 0, permute_backward, NULL};
+
+mg_tensor *mg_transpose (mg_tensor *x, int axis1, int axis2) {
+  if (x == NULL) return NULL;
+  if (x->ndim < 2 && axis1 == -2 && axis2 == -1) return mg_tensor_retain(x);  /* vectors */
+  int a = mg_check_axis("transpose", axis1, x->ndim), b = a < 0 ? -1 : mg_check_axis("transpose", axis2, x->ndim);
+  if (a < 0 || b < 0) return NULL;
+  int perm[MG_MAX_DIMS];
+  for (int i = 0; i < x->ndim; i++) perm[i] = i;
+  perm[a] = b;
+  perm[b] = a;
+  return mg_permute(x, perm);
+}
+
+/* }========================================================== */
+
+
+/* {====================== broadcast_to ====================== */
+
+static const mg_opdef broadcast_op;
+
+/* broadcast_to: a stride-0 view.  grad: dout summed back to x's shape */
+mg_tensor *mg_broadcast_to (mg_tensor *x, const int64_t *shape, int ndim) {
+  if (x == NULL) return NULL;
+  if (mg_shape_numel("broadcast_to", shape, ndim) < 0) return NULL;
+  if (ndim < x->ndim) goto mismatch;
+  int64_t strides[MG_MAX_DIMS];
+  for (int i = 0; i < ndim; i++) {
+    int j = i - (ndim - x->ndim);
+    if (j < 0) { strides[i] = 0; continue; }
+    if (x->shape[j] == shape[i]) strides[i] = x->strides[j];
+    else if (x->shape[j] == 1) strides[i] = 0;
+    else goto mismatch;
+  }
+  mg_tensor *out = mg_tensor_view(x->storage, x->dtype, shape, ndim, strides, x->offset);
+  return finish1(&broadcast_op, x, out, NULL);
+mismatch: {
+    char a[160], b[160];
+    mg_seterror("broadcast_to: cannot broadcast %s to %s", shape_s(a, sizeof a, x),
+                mg_shape_str(b, sizeof b, shape, ndim));
+    return NULL;
+  }
+}
+
+static mg_status broadcast_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **din) {
+  din[0] = mg_sum_to_shape(dout[0], SHAPE_OF(n, 0));
+  return MG_OK;
+}
+static const mg_opdef broadcast_op = {"broadcast_to", 0, broadcast_backward, NULL};
+
+/* }========================================================== */
+
+
+/* {==================== slice and unslice =================== */
+
+static const mg_opdef slice_op, unslice_op;
+
+static int64_t slice_count (int64_t start, int64_t stop, int64_t step) {
+  int64_t c = step > 0 ? (stop - start + step - 1) / step : (start - stop - step - 1) / -step;
+  return c > 0 ? c : 0;
+}
+
+/* slice: x[start:stop:step] per axis, a view (steps may be negative).
+** grad: unslice(dout) puts it back in place among zeros */
+mg_tensor *mg_slice (mg_tensor *x, const int64_t *start, const int64_t *stop, const int64_t *step) {
+  if (x == NULL) return NULL;
+  int64_t shape[MG_MAX_DIMS], strides[MG_MAX_DIMS], offset = x->offset;
+  mg_attr attr = {0};
+  for (int i = 0; i < x->ndim; i++) {
+    if (step[i] == 0) return mg_seterror("slice: step of dimension %d is 0", i + 1), NULL;
+    shape[i] = slice_count(start[i], stop[i], step[i]);
+    if (shape[i] > 0 && (start[i] < 0 || start[i] >= x->shape[i] ||
+                         start[i] + (shape[i] - 1) * step[i] >= x->shape[i] ||
+                         start[i] + (shape[i] - 1) * step[i] < 0))
+      return mg_seterror("slice: range %lld..%lld is out of bounds for dimension %d of size %lld",
+                         (long long)start[i] + 1, (long long)stop[i], i + 1,
+                         (long long)x->shape[i]), NULL;
+    strides[i] = x->strides[i] * step[i];
+    if (shape[i] > 0) offset += start[i] * x->strides[i];
+    attr.a[i] = start[i];
+    attr.c[i] = step[i];
+  }
+  mg_tensor *out = mg_tensor_view(x->storage, x->dtype, shape, x->ndim, strides, offset);
+  return finish1(&slice_op, x, out, &attr);
+}
+
+static mg_status slice_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **din) {
+  din[0] = mg_unslice(dout[0], n->in_meta[0].shape, n->attr.a, n->attr.c);
+  return MG_OK;
+}
+static const mg_opdef slice_op = {"slice", 0, slice_backward, NULL};
+
+/* unslice: zeros of `shape` with x at start::step.  grad: slice(dout) */
+mg_tensor *mg_unslice (mg_tensor *x, const int64_t *shape, const int64_t *start, const int64_t *step) {
+  if (x == NULL) return NULL;
+  mg_tensor *out = mg_full(shape, x->ndim, x->dtype, 0.0);
+  if (out == NULL) return NULL;
+  int64_t stop[MG_MAX_DIMS];
+  mg_attr attr = {0};
+  for (int i = 0; i < x->ndim; i++) {
+    stop[i] = start[i] + x->shape[i] * step[i];
+    attr.a[i] = start[i];
+    attr.b[i] = stop[i];
+    attr.c[i] = step[i];
+  }
+  /* a view into the fresh output, written through */
+  int64_t strides[MG_MAX_DIMS], offset = 0;
+  for (int i = 0; i < x->ndim; i++) {
+    strides[i] = out->strides[i] * step[i];
+    if (x->shape[i] > 0) offset += start[i] * out->strides[i];
+  }
+  mg_tensor *region = mg_tensor_view(out->storage, x->dtype, x->shape, x->ndim, strides, offset);
+  if (region == NULL) {
+    mg_tensor_release(out);
+    return NULL;
+  }
+  mg_copy_into(region, x);
+  mg_tensor_release(region);
+  return finish1(&unslice_op, x, out, &attr);
+}
+
+static mg_status unslice_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **din) {
+  din[0] = mg_slice(dout[0], n->attr.a, n->attr.b, n->attr.c);
+  return MG_OK;
+}
+static const mg_opdef unslice_op = {"unslice", 0, unslice_backward, NULL};
+
+/* select: x[..., index, ...] along axis, dropping it (slice + reshape) */
+mg_tensor *mg_select (mg_tensor *x, int axis, int64_t index) {
+  if (x == NULL) return NULL;
+  int a = mg_check_axis("select", axis, x->ndim);
+  if (a < 0) return NULL;
+  if (index < 0 || index >= x->shape[a])
+    return mg_seterror("select: index %lld is out of bounds for dimension %d of size %lld",
+                       (long long)index + 1, a + 1, (long long)x->shape[a]), NULL;
+  int64_t start[MG_MAX_DIMS], stop[MG_MAX_DIMS], step[MG_MAX_DIMS], shape[MG_MAX_DIMS];
+  int nd = 0;
+  for (int i = 0; i < x->ndim; i++) {
+    start[i] = i == a ? index : 0;
+    stop[i] = i == a ? index + 1 : x->shape[i];
+    step[i] = 1;
+    if (i != a) shape[nd++] = x->shape[i];
+  }
+  mg_tensor *s = mg_slice(x, start, stop, step), *r = mg_reshape(s, shape, nd);
+  mg_tensor_release(s);
+  return r;
+}
+
+/* }========================================================== */
+
+
+/* {======================== concat ========================== */
+
+static const mg_opdef concat_op;
+
+/* copies src into dst's rows [at, at + src rows) along axis; both seen as (outer, rows, inner) */
+static void copy_block (mg_tensor *dst, const mg_tensor *src, int axis, int64_t at) {
+  int64_t outer = 1, inner = 1, esz = (int64_t)mg_dtype_size(dst->dtype);
+  for (int i = 0; i < axis; i++) outer *= dst->shape[i];
+  for (int i = axis + 1; i < dst->ndim; i++) inner *= dst->shape[i];
+  int64_t srows = src->shape[axis], drows = dst->shape[axis];
+  for (int64_t o = 0; o < outer; o++)
+    memcpy(mg_ptr(dst) + ((o * drows + at) * inner) * esz, mg_ptr(src) + (o * srows * inner) * esz,
+           (size_t)(srows * inner * esz));
+}
+
+/* concat: xs joined along axis.  grad: dout sliced back into pieces */
+mg_tensor *mg_concat (mg_tensor *const *xs, int n, int axis) {
+  if (n < 1) return mg_seterror("concat: needs at least one tensor"), NULL;
+  for (int k = 0; k < n; k++) if (xs[k] == NULL) return NULL;
+  const mg_tensor *x0 = xs[0];
+  int a = mg_check_axis("concat", axis, x0->ndim);
+  if (a < 0) return NULL;
+  int64_t shape[MG_MAX_DIMS];
+  memcpy(shape, x0->shape, sizeof shape);
+  shape[a] = 0;
+  for (int k = 0; k < n; k++) {
+    const mg_tensor *x = xs[k];
+    char s0[160], sk[160];
+    if (x->dtype != x0->dtype)
+      return mg_seterror("concat: dtypes differ: tensor 1 is %s, tensor %d is %s",
+                         mg_dtype_name(x0->dtype), k + 1, mg_dtype_name(x->dtype)), NULL;
+    bool ok = x->ndim == x0->ndim;
+    for (int i = 0; ok && i < x->ndim; i++) ok = i == a || x->shape[i] == x0->shape[i];
+    if (!ok)
+      return mg_seterror("concat: shapes differ outside axis %d: tensor 1 is %s, tensor %d is %s",
+                         a + 1, shape_s(s0, sizeof s0, x0), k + 1, shape_s(sk, sizeof sk, x)), NULL;
+    shape[a] += x->shape[a];
+  }
+  mg_tensor *out = mg_empty(shape, x0->ndim, x0->dtype);
+  if (out == NULL) return NULL;
+  int64_t at = 0;
+  for (int k = 0; k < n; k++) {
+    mg_tensor *c = mg_contiguous(xs[k]);
+    if (c == NULL) {
+      mg_tensor_release(out);
+      return NULL;
+    }
+    copy_block(out, c, a, at);
+    at += c->shape[a];
+    mg_tensor_release(c);
+  }
+  if (!mg_is_float(x0->dtype)) return out;
+  mg_attr attr = {0};
+  attr.axis = a;
+  return mg_finish(&concat_op, n, xs, out, &attr);
+}
+
+static mg_status concat_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **din) {
+  int a = n->attr.axis, nd = n->out_meta[0].ndim;
+  int64_t start[MG_MAX_DIMS] = {0}, stop[MG_MAX_DIMS], step[MG_MAX_DIMS];
+  for (int i = 0; i < nd; i++) {
+    stop[i] = n->out_meta[0].shape[i];
+    step[i] = 1;
+  }
+  int64_t at = 0;
+  for (int k = 0; k < n->nin; k++) {
+    start[a] = at;
+    stop[a] = at + n->in_meta[k].shape[a];
+    at = stop[a];
+    if (n->needs[k]) din[k] = mg_slice(dout[0], start, stop, step);
+  }
+  return MG_OK;
+}
+static const mg_opdef concat_op = {"concat", 0, concat_backward, NULL};
+
+/* stack: expand each at axis, then concat (a composite) */
+mg_tensor *mg_stack (mg_tensor *const *xs, int n, int axis) {
+  if (n < 1) return mg_seterror("stack: needs at least one tensor"), NULL;
+  if (n > 4096) return mg_seterror("stack: at most 4096 tensors"), NULL;
+  mg_tensor *ex[4096];
+  int a = xs[0] ? mg_check_axis("stack", axis, xs[0]->ndim + 1) : 0;
+  if (xs[0] == NULL || a < 0) return NULL;
+  for (int k = 0; k < n; k++) {
+    if (xs[k] && !mg_same_shape(xs[k]->shape, xs[k]->ndim, xs[0]->shape, xs[0]->ndim)) {
+      char s0[160], sk[160];
+      mg_seterror("stack: shapes differ: tensor 1 is %s, tensor %d is %s", shape_s(s0, sizeof s0, xs[0]),
+                  k + 1, shape_s(sk, sizeof sk, xs[k]));
+      for (int j = 0; j < k; j++) mg_tensor_release(ex[j]);
+      return NULL;
+    }
+    ex[k] = mg_expand_dims(xs[k], a);
+  }
+  mg_tensor *out = mg_concat(ex, n, a);
+  for (int k = 0; k < n; k++) mg_tensor_release(ex[k]);
+  return out;
+}
+
+/* }========================================================== */
+
+
+/* {================== gather and scatter_add ================ */
+
+static const mg_opdef gather_op, scatter_add_op;
+
+static mg_status check_indices (const char *fn, const mg_tensor *idx, int64_t size, int axis) {
+  if (idx->dtype != MG_INT64)
+    return mg_seterror("%s: indices must be int64, got %s", fn, mg_dtype_name(idx->dtype));
+  const int64_t *v = (const int64_t *)mg_ptr(idx);
+  for (int64_t j = 0; j < idx->numel; j++)
+    if (v[j] < 0 || v[j] >= size)
+      return mg_seterror("%s: index %lld is out of bounds for dimension %d of size %lld", fn,
+                         (long long)v[j] + 1, axis + 1, (long long)size);
+  return MG_OK;
+}
+
+/* gather: out[..., j..., ...] = x[..., indices[j...], ...] along axis.
+** grad: scatter_add(dout) adds each row back where it came from */
+mg_tensor *mg_gather (mg_tensor *x, mg_tensor *indices, int axis) {
+  if (x == NULL || indices == NULL) return NULL;
+  int a = mg_check_axis("gather", axis, x->ndim);
+  if (a < 0) return NULL;
+  if (x->ndim - 1 + indices->ndim > MG_MAX_DIMS)
+    return mg_seterror("gather: result would have more than %d dimensions", MG_MAX_DIMS), NULL;
+  mg_tensor *idx = mg_contiguous(indices), *xc = mg_contiguous(x);
+  mg_tensor *out = NULL;
+  if (idx == NULL || xc == NULL || check_indices("gather", idx, x->shape[a], a) != MG_OK) goto done;
+  int64_t shape[MG_MAX_DIMS], outer = 1, inner = 1, esz = (int64_t)mg_dtype_size(x->dtype);
+  int nd = 0;
+  for (int i = 0; i < a; i++) { shape[nd++] = x->shape[i]; outer *= x->shape[i]; }
+  for (int i = 0; i < idx->ndim; i++) shape[nd++] = idx->shape[i];
+  for (int i = a + 1; i < x->ndim; i++) { shape[nd++] = x->shape[i]; inner *= x->shape[i]; }
+  if ((out = mg_empty(shape, nd, x->dtype)) == NULL) goto done;
+  const int64_t *v = (const int64_t *)mg_ptr(idx);
+  int64_t k = idx->numel, rows = x->shape[a];
+  for (int64_t o = 0; o < outer; o++)
+    for (int64_t j = 0; j < k; j++)
+      memcpy(mg_ptr(out) + ((o * k + j) * inner) * esz, mg_ptr(xc) + ((o * rows + v[j]) * inner) * esz,
+             (size_t)(inner * esz));
+  if (mg_is_float(x->dtype)) {
+    mg_attr attr = {0};
+    attr.axis = a;
+    mg_tensor *in[2] = {x, indices};
+    out = mg_finish(&gather_op, 2, in, out, &attr);
+  }
+done:
+  mg_tensor_release(idx);
+  mg_tensor_release(xc);
+  return out;
+}
+
+static mg_status gather_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **din) {
+  din[0] = mg_scatter_add(dout[0], n->in[1], n->attr.axis, SHAPE_OF(n, 0));
+  return MG_OK;
+}
+static const mg_opdef gather_op = {"gather", MG_SAVE_IN(1), gather_backward, NULL};
+
+#define SCATTER_ADD(T) do {                                                         \
+    T *o_ = (T *)mg_ptr(out); const T *s_ = (const T *)mg_ptr(sc);                 \
+    for (int64_t o = 0; o < outer; o++)                                             \
+      for (int64_t j = 0; j < k; j++) {                                             \
+        T *dst = o_ + (o * rows + v[j]) * inner; const T *from = s_ + (o * k + j) * inner; \
+        for (int64_t i = 0; i < inner; i++) dst[i] += from[i];                       \
+      }                                                                             \
+  } while (0)
+
+/* scatter_add: zeros of `shape`, with src's rows added at indices along
+** axis.  grad: gather(dout) */
+mg_tensor *mg_scatter_add (mg_tensor *src, mg_tensor *indices, int axis, const int64_t *shape,
+                           int ndim) {
+  if (src == NULL || indices == NULL) return NULL;
+  int a = mg_check_axis("scatter_add", axis, ndim);
+  if (a < 0) return NULL;
+  mg_tensor *idx = mg_contiguous(indices), *sc = mg_contiguous(src), *out = NULL;
+  if (idx == NULL || sc == NULL || check_indices("scatter_add", idx, shape[a], a) != MG_OK) goto done;
+  int64_t outer = 1, inner = 1, k = idx->numel, rows = shape[a];
+  for (int i = 0; i < a; i++) outer *= shape[i];
+  for (int i = a + 1; i < ndim; i++) inner *= shape[i];
+  if (src->numel != outer * k * inner) {
+    char s1[160], s2[160];
+    mg_seterror("scatter_add: source %s does not fit %d indices into %s", shape_s(s1, sizeof s1, src),
+                (int)k, mg_shape_str(s2, sizeof s2, shape, ndim));
+    goto done;
+  }
+  if ((out = mg_full(shape, ndim, src->dtype, 0.0)) == NULL) goto done;
+  const int64_t *v = (const int64_t *)mg_ptr(idx);
+  switch (src->dtype) {
+    case MG_FLOAT32: SCATTER_ADD(float); break;
+    case MG_FLOAT64: SCATTER_ADD(double); break;
+    case MG_INT64: SCATTER_ADD(int64_t); break;
+    default: SCATTER_ADD(uint8_t); break;
+  }
+  if (mg_is_float(src->dtype)) {
+    mg_attr attr = {0};
+    attr.axis = a;
+    mg_tensor *in[2] = {src, indices};
+    out = mg_finish(&scatter_add_op, 2, in, out, &attr);
+  }
+done:
+  mg_tensor_release(idx);
+  mg_tensor_release(sc);
+  return out;
+}
+
+static mg_status scatter_add_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **din) {
+  mg_tensor *g = mg_gather(dout[0], n->in[1], n->attr.axis);
+  din[0] = mg_reshape(g, SHAPE_OF(n, 0));
+  mg_tensor_release(g);
+  return MG_OK;
+}
+static const mg_opdef scatter_add_op = {"scatter_add", MG_SAVE_IN(1), scatter_add_backward, NULL};
+
+/* }========================================================== */

@@ -1,0 +1,264 @@
+/*
+** tensor.c — tensors: a counted view (shape, strides, offset, dtype) of a
+** counted storage. Tensors are immutable once built, which is what lets
+** views share storage and tapes keep them without copying.
+*/
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "moongrad_impl.h"
+
+int64_t mg_live_tensors = 0;
+static uint64_t next_id = 1;
+
+uint64_t mg_new_id (void) {
+  return next_id++;
+}
+
+static const struct { const char *name; size_t size; } dtypes[MG_DTYPE__COUNT] = {
+  {"float32", 4}, {"float64", 8}, {"int64", 8}, {"bool", 1}
+};
+
+const char *mg_dtype_name (mg_dtype dt) {
+  return (unsigned)dt < MG_DTYPE__COUNT ? dtypes[dt].name : "?";
+}
+
+size_t mg_dtype_size (mg_dtype dt) {
+  return dtypes[dt].size;
+}
+
+int mg_dtype_from_name (const char *name) {
+  for (int i = 0; i < MG_DTYPE__COUNT; i++)
+    if (strcmp(name, dtypes[i].name) == 0) return i;
+  return -1;
+}
+
+bool mg_is_float (mg_dtype dt) {
+  return dt == MG_FLOAT32 || dt == MG_FLOAT64;
+}
+
+char *mg_shape_str (char *buf, size_t n, const int64_t *shape, int ndim) {
+  size_t len = 0;
+  len += (size_t)snprintf(buf, n, "(");
+  for (int i = 0; i < ndim && len < n; i++)
+    len += (size_t)snprintf(buf + len, n - len, i ? ",%lld" : "%lld", (long long)shape[i]);
+  if (len < n) snprintf(buf + len, n - len, ")");
+  return buf;
+}
+
+void mg_contiguous_strides (const int64_t *shape, int ndim, int64_t *strides) {
+  int64_t s = 1;
+  for (int i = ndim - 1; i >= 0; i--) {
+    strides[i] = s;
+    s *= shape[i];
+  }
+}
+
+int64_t mg_shape_numel (const char *fn, const int64_t *shape, int ndim) {
+  if (ndim < 0 || ndim > MG_MAX_DIMS) {
+    mg_seterror("%s: %d dimensions given, at most %d allowed", fn, ndim, MG_MAX_DIMS);
+    return -1;
+  }
+  int64_t n = 1;
+  for (int i = 0; i < ndim; i++) {
+    if (shape[i] < 0) {
+      mg_seterror("%s: dimension %d has negative size %lld", fn, i + 1, (long long)shape[i]);
+      return -1;
+    }
+    if (shape[i] > 0 && n > INT64_MAX / 16 / shape[i]) {
+      mg_seterror("%s: shape is too large", fn);
+      return -1;
+    }
+    n *= shape[i];
+  }
+  return n;
+}
+
+bool mg_same_shape (const int64_t *a, int na, const int64_t *b, int nb) {
+  return na == nb && memcmp(a, b, sizeof(int64_t) * (size_t)na) == 0;
+}
+
+int mg_check_axis (const char *fn, int axis, int ndim) {
+  int a = axis < 0 ? axis + ndim : axis;
+  if (a < 0 || a >= ndim) {
+    if (ndim == 0)
+      mg_seterror("%s: axis %d is out of range for a 0-d tensor", fn, axis >= 0 ? axis + 1 : axis);
+    else
+      mg_seterror("%s: axis %d is out of range for %d dimensions (use 1..%d or -%d..-1)",
+                  fn, axis >= 0 ? axis + 1 : axis, ndim, ndim, ndim);
+    return -1;
+  }
+  return a;
+}
+
+mg_tensor *mg_tensor_view (mg_storage *s, mg_dtype dt, const int64_t *shape, int ndim,
+                           const int64_t *strides, int64_t offset) {
+  mg_tensor *t = (mg_tensor *)malloc(sizeof(mg_tensor));
+  if (t == NULL) {
+    mg_seterror("out of memory allocating a tensor");
+    return NULL;
+  }
+  t->refcount = 1;
+  t->dtype = dt;
+  t->ndim = ndim;
+  t->id = mg_new_id();
+  t->offset = offset;
+  t->storage = s;
+  t->var = NULL;
+  s->refcount++;
+  t->numel = 1;
+  for (int i = 0; i < ndim; i++) {
+    t->shape[i] = shape[i];
+    t->strides[i] = strides[i];
+    t->numel *= shape[i];
+  }
+  mg_live_tensors++;
+  return t;
+}
+
+mg_tensor *mg_empty (const int64_t *shape, int ndim, mg_dtype dt) {
+  int64_t n = mg_shape_numel("empty", shape, ndim);
+  if (n < 0) return NULL;
+  mg_storage *s = mg_storage_new((size_t)n * mg_dtype_size(dt));
+  if (s == NULL) {
+    char sh[160], msg[512];
+    snprintf(msg, sizeof msg, "%s for tensor %s %s", mg_errmsg(),
+             mg_shape_str(sh, sizeof sh, shape, ndim), mg_dtype_name(dt));
+    mg_seterror("%s", msg);
+    return NULL;
+  }
+  int64_t strides[MG_MAX_DIMS];
+  mg_contiguous_strides(shape, ndim, strides);
+  mg_tensor *t = mg_tensor_view(s, dt, shape, ndim, strides, 0);
+  mg_storage_release(s);   /* the view holds it now (or nobody, on failure) */
+  return t;
+}
+
+mg_tensor *mg_tensor_retain (mg_tensor *t) {
+  t->refcount++;
+  return t;
+}
+
+void mg_tensor_release (mg_tensor *t) {
+  if (t == NULL || --t->refcount > 0) return;
+  mg_storage_release(t->storage);
+  mg_live_tensors--;
+  free(t);
+}
+
+mg_dtype mg_tensor_dtype (const mg_tensor *t) { return t->dtype; }
+int mg_tensor_ndim (const mg_tensor *t) { return t->ndim; }
+const int64_t *mg_tensor_shape (const mg_tensor *t) { return t->shape; }
+int64_t mg_tensor_numel (const mg_tensor *t) { return t->numel; }
+uint64_t mg_tensor_id (const mg_tensor *t) { return t->id; }
+
+int mg_tensor_is_contiguous (const mg_tensor *t) {
+  int64_t s = 1;
+  for (int i = t->ndim - 1; i >= 0; i--) {
+    if (t->shape[i] != 1 && t->strides[i] != s) return 0;
+    s *= t->shape[i];
+  }
+  return 1;
+}
+
+void *mg_tensor_data (const mg_tensor *t) {
+  return mg_ptr(t);
+}
+
+double mg_tensor_get (const mg_tensor *t, const int64_t *index) {
+  int64_t off = 0;
+  for (int i = 0; i < t->ndim; i++) off += index[i] * t->strides[i];
+  char *p = mg_ptr(t) + off * (int64_t)mg_dtype_size(t->dtype);
+  switch (t->dtype) {
+    case MG_FLOAT32: return *(float *)p;
+    case MG_FLOAT64: return *(double *)p;
+    case MG_INT64: return (double)*(int64_t *)p;
+    default: return *(uint8_t *)p;
+  }
+}
+
+/* {================= conversion and copies ================== */
+
+#define CONVERT_LOOP(DT, ST) \
+  do { DT *d = (DT *)dst; const ST *s = (const ST *)src; \
+       for (int64_t i = 0; i < n; i++) d[i] = (DT)s[i]; } while (0)
+
+#define CONVERT_FROM(DT) \
+  switch (sdt) { \
+    case MG_FLOAT32: CONVERT_LOOP(DT, float); break; \
+    case MG_FLOAT64: CONVERT_LOOP(DT, double); break; \
+    case MG_INT64: CONVERT_LOOP(DT, int64_t); break; \
+    default: CONVERT_LOOP(DT, uint8_t); break; \
+  }
+
+void mg_convert (void *dst, mg_dtype ddt, const void *src, mg_dtype sdt, int64_t n) {
+  if (ddt == sdt) {
+    memcpy(dst, src, (size_t)n * mg_dtype_size(ddt));
+    return;
+  }
+  if (ddt == MG_BOOL) {   /* nonzero is true, as in C */
+    uint8_t *d = (uint8_t *)dst;
+    switch (sdt) {
+      case MG_FLOAT32: for (int64_t i = 0; i < n; i++) d[i] = ((const float *)src)[i] != 0; break;
+      case MG_FLOAT64: for (int64_t i = 0; i < n; i++) d[i] = ((const double *)src)[i] != 0; break;
+      default: for (int64_t i = 0; i < n; i++) d[i] = ((const int64_t *)src)[i] != 0; break;
+    }
+    return;
+  }
+  switch (ddt) {
+    case MG_FLOAT32: CONVERT_FROM(float); break;
+    case MG_FLOAT64: CONVERT_FROM(double); break;
+    default: CONVERT_FROM(int64_t); break;
+  }
+}
+
+typedef struct { mg_dtype ddt, sdt; } convert_ud;
+
+static void convert_run (int64_t n, char **p, const int64_t *s, void *ud) {
+  convert_ud *c = (convert_ud *)ud;
+  if (s[0] == 1 && s[1] == 1) {
+    mg_convert(p[0], c->ddt, p[1], c->sdt, n);
+    return;
+  }
+  int64_t dsz = (int64_t)mg_dtype_size(c->ddt), ssz = (int64_t)mg_dtype_size(c->sdt);
+  if (c->ddt == c->sdt) {
+    for (int64_t i = 0; i < n; i++) memcpy(p[0] + i * s[0] * dsz, p[1] + i * s[1] * ssz, (size_t)dsz);
+    return;
+  }
+  for (int64_t i = 0; i < n; i++)
+    mg_convert(p[0] + i * s[0] * dsz, c->ddt, p[1] + i * s[1] * ssz, c->sdt, 1);
+}
+
+/* dst (any layout, not aliasing src) gets src's values, converting dtype if needed */
+mg_status mg_copy_into (mg_tensor *dst, const mg_tensor *src) {
+  mg_iter it;
+  const mg_tensor *ops[2] = {dst, src};
+  mg_iter_init(&it, dst->shape, dst->ndim, 2, ops);
+  char *base[2] = {mg_ptr(dst), mg_ptr(src)};
+  size_t sz[2] = {mg_dtype_size(dst->dtype), mg_dtype_size(src->dtype)};
+  convert_ud c = {dst->dtype, src->dtype};
+  mg_iter_run(&it, base, sz, convert_run, &c);
+  return MG_OK;
+}
+
+mg_tensor *mg_contiguous (mg_tensor *t) {
+  if (mg_tensor_is_contiguous(t)) return mg_tensor_retain(t);
+  mg_tensor *out = mg_empty(t->shape, t->ndim, t->dtype);
+  if (out) mg_copy_into(out, t);
+  return out;
+}
+
+/* }========================================================== */
+
+void mg_meta_of (mg_meta *m, const mg_tensor *t) {
+  m->id = t->id;
+  m->dtype = t->dtype;
+  m->ndim = t->ndim;
+  memcpy(m->shape, t->shape, sizeof(int64_t) * (size_t)t->ndim);
+}
+
+mg_tensor *mg_zeros_meta (const mg_meta *m) {
+  return mg_full(m->shape, m->ndim, m->dtype, 0.0);
+}

@@ -1,0 +1,95 @@
+/*
+** variable.c — variables: mutable state that ops read like tensors.
+**
+** Every value a variable ever holds carries the variable's id, so a tape
+** that watched it sums the gradients of all its reads. Tensors stay
+** immutable: assign writes in place only when nobody else holds the value
+** (no tape saved it, no Lua code kept it); otherwise the variable moves to a
+** fresh copy and the old value stays as it was (copy on write).
+*/
+#include <stdlib.h>
+#include <string.h>
+
+#include "moongrad_impl.h"
+
+/* makes t (fresh, owned) the value of v */
+static void adopt (mg_variable *v, mg_tensor *t) {
+  t->id = v->id;
+  t->var = v;
+  mg_storage_add_refs(t->storage, 0, 1);
+  v->value = t;
+}
+
+static void disown (mg_variable *v) {
+  mg_tensor *t = v->value;
+  if (t == NULL) return;
+  t->var = NULL;
+  mg_storage_add_refs(t->storage, 0, -1);
+  mg_tensor_release(t);
+  v->value = NULL;
+}
+
+mg_variable *mg_variable_new (mg_tensor *init, const char *name, int trainable) {
+  if (init == NULL) return NULL;
+  mg_variable *v = (mg_variable *)calloc(1, sizeof(mg_variable));
+  mg_tensor *t = mg_empty(init->shape, init->ndim, init->dtype);
+  char *nm = name ? strdup(name) : NULL;
+  if (v == NULL || t == NULL || (name && nm == NULL)) {
+    free(v);
+    free(nm);
+    mg_tensor_release(t);
+    return mg_seterror("out of memory creating a variable"), NULL;
+  }
+  mg_copy_into(t, init);
+  v->refcount = 1;
+  v->id = mg_new_id();
+  v->trainable = trainable != 0;
+  v->name = nm;
+  adopt(v, t);
+  return v;
+}
+
+mg_variable *mg_variable_retain (mg_variable *v) {
+  v->refcount++;
+  return v;
+}
+
+void mg_variable_release (mg_variable *v) {
+  if (v == NULL || --v->refcount > 0) return;
+  disown(v);
+  free(v->name);
+  free(v);
+}
+
+mg_tensor *mg_variable_read (mg_variable *v) {
+  mg_note_variable_read(v);
+  return v->value;
+}
+
+mg_tensor *mg_variable_peek (mg_variable *v) { return v->value; }
+const char *mg_variable_name (const mg_variable *v) { return v->name ? v->name : "Variable"; }
+int mg_variable_trainable (const mg_variable *v) { return v->trainable; }
+
+mg_status mg_variable_assign (mg_variable *v, mg_tensor *value) {
+  if (value == NULL) return MG_ERR;
+  mg_tensor *cur = v->value;
+  if (!mg_same_shape(value->shape, value->ndim, cur->shape, cur->ndim)) {
+    char a[160], b[160];
+    return mg_seterror("assign: shape %s does not match the variable's %s",
+                       mg_shape_str(a, sizeof a, value->shape, value->ndim),
+                       mg_shape_str(b, sizeof b, cur->shape, cur->ndim));
+  }
+  if (value->dtype != cur->dtype)
+    return mg_seterror("assign: dtype %s does not match the variable's %s",
+                       mg_dtype_name(value->dtype), mg_dtype_name(cur->dtype));
+  if (cur->refcount == 1 && cur->storage->refcount == 1 && value->storage != cur->storage) {
+    mg_copy_into(cur, value);         /* nobody else can see the old values */
+    return MG_OK;
+  }
+  mg_tensor *fresh = mg_empty(cur->shape, cur->ndim, cur->dtype);
+  if (fresh == NULL) return MG_ERR;
+  mg_copy_into(fresh, value);
+  disown(v);
+  adopt(v, fresh);
+  return MG_OK;
+}
