@@ -101,7 +101,7 @@ asan: deps
 	$(MAKE) BUILD=build-asan OPT="-O1 -g -fno-omit-frame-pointer" \
 	  MYCFLAGS="-fsanitize=address,undefined -fno-sanitize-recover=undefined" \
 	  LIBS="-ldnnl -lm -fopenmp -fsanitize=address,undefined" build-asan/moongrad
-	ASAN_OPTIONS=detect_leaks=0 MOONGRAD_BIN=build-asan/moongrad \
+	ASAN_OPTIONS=allocator_may_return_null=1:detect_leaks=1 MOONGRAD_BIN=build-asan/moongrad \
 	  build-asan/moongrad /usr/bin/busted
 
 bench: deps

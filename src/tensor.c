@@ -68,7 +68,8 @@ int64_t mg_shape_numel (const char *fn, const int64_t *shape, int ndim) {
       return -1;
     }
     if (shape[i] > 0 && n > INT64_MAX / 16 / shape[i]) {
-      mg_seterror("%s: shape is too large", fn);
+      char sh[160];
+      mg_seterror("%s: shape %s has too many elements to allocate", fn, mg_shape_str(sh, sizeof sh, shape, ndim));
       return -1;
     }
     n *= shape[i];
@@ -119,7 +120,7 @@ mg_tensor *mg_tensor_view (mg_storage *s, mg_dtype dt, const int64_t *shape, int
 }
 
 mg_tensor *mg_empty (const int64_t *shape, int ndim, mg_dtype dt) {
-  int64_t n = mg_shape_numel("empty", shape, ndim);
+  int64_t n = mg_shape_numel("tensor", shape, ndim);
   if (n < 0) return NULL;
   mg_storage *s = mg_storage_new((size_t)n * mg_dtype_size(dt));
   if (s == NULL) {

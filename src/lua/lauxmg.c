@@ -82,7 +82,7 @@ void mgL_checkoperandkind (lua_State *L, int arg) {
                                           luaL_typename(L, arg)));
 }
 
-mg_tensor *mgL_operand (lua_State *L, int arg, mg_dtype like, bool *owned) {
+mg_tensor *mgL_operand (lua_State *L, int arg, mg_dtype like, bool *owned, const char *fn) {
   *owned = false;
   switch (mgL_operandkind(L, arg)) {
     case MGL_TENSOR: return mgL_testtensor(L, arg);
@@ -91,10 +91,16 @@ mg_tensor *mgL_operand (lua_State *L, int arg, mg_dtype like, bool *owned) {
       return mg_scalar(lua_toboolean(L, arg), MG_BOOL);
     case MGL_NUMBER: {
       *owned = true;
-      if (lua_isinteger(L, arg) && like == MG_INT64) {   /* exact, whatever its size */
+      int isint;
+      lua_Integer iv = lua_tointegerx(L, arg, &isint);   /* 2.0 counts as an integer */
+      if (like == MG_INT64 && isint) {                     /* exact, whatever its size */
         mg_tensor *t = mg_empty(NULL, 0, MG_INT64);
-        if (t) *(int64_t *)mg_ptr(t) = lua_tointeger(L, arg);
+        if (t) *(int64_t *)mg_ptr(t) = (int64_t)iv;
         return t;
+      }
+      if (like == MG_INT64 || like == MG_BOOL) {
+        *owned = false;
+        return mg_seterror("%s: cannot convert %s to %s", fn, lua_tostring(L, arg), mg_dtype_name(like)), NULL;
       }
       return mg_scalar(lua_tonumber(L, arg), like);
     }
@@ -124,6 +130,8 @@ static int64_t checkdim (lua_State *L, int arg, int i) {
   int isint;
   lua_Integer d = lua_tointegerx(L, -1, &isint);
   if (!isint) {
+    if (lua_type(L, -1) == LUA_TNUMBER && lua_tonumber(L, -1) != lua_tonumber(L, -1))
+      luaL_argerror(L, arg, lua_pushfstring(L, "dimension %d is NaN, not an integer", i));
     if (lua_type(L, -1) == LUA_TNUMBER)
       luaL_argerror(L, arg, lua_pushfstring(L, "dimension %d is %s, not an integer", i,
                                             lua_tostring(L, -1)));
@@ -166,6 +174,8 @@ int mgL_optaxis (lua_State *L, int arg, int ndim) {
   int isint;
   lua_Integer a = lua_tointegerx(L, arg, &isint);
   if (!isint) {
+    if (lua_type(L, arg) == LUA_TNUMBER && lua_tonumber(L, arg) != lua_tonumber(L, arg))
+      luaL_argerror(L, arg, "axis is NaN, not an integer");
     if (lua_type(L, arg) == LUA_TNUMBER)
       luaL_argerror(L, arg, lua_pushfstring(L, "axis %s is not an integer", lua_tostring(L, arg)));
     luaL_argerror(L, arg, lua_pushfstring(L, "axis expected (an integer), got %s", luaL_typename(L, arg)));

@@ -23,7 +23,7 @@ mgL_kind   mgL_operandkind (lua_State *L, int arg);
 /* arg (already checked by mgL_operandkind) as a tensor: a number becomes a
 ** 0-d tensor of dtype like, and *owned says the caller must release it.
 ** Never raises: NULL + mg_errmsg() on failure */
-mg_tensor *mgL_operand     (lua_State *L, int arg, mg_dtype like, bool *owned);
+mg_tensor *mgL_operand     (lua_State *L, int arg, mg_dtype like, bool *owned, const char *fn);
 /* raises "bad argument" unless arg is a tensor, variable or number */
 void       mgL_checkoperandkind (lua_State *L, int arg);
 /* the dtype of the first tensor or variable among args a, b; else fallback */

@@ -232,14 +232,24 @@ static const struct { const char *name, *verb; binary_fn fn; } BINOPS[] = {
   {"logical_or", NULL, mg_logical_or}, {"matmul", NULL, mg_matmul},
 };
 
+/* a value's type for messages: its metatable's __name when it has one */
+static const char *type_name (lua_State *L, int idx) {
+  if (luaL_getmetafield(L, idx, "__name") == LUA_TSTRING) {
+    const char *n = lua_tostring(L, -1);
+    lua_pop(L, 1);                          /* still anchored by the metatable */
+    return n;
+  }
+  return luaL_typename(L, idx);
+}
+
 /* upvalue 1: index into BINOPS; upvalue 2: true when called as a metamethod */
 static int l_binary (lua_State *L) {
   int i = (int)lua_tointeger(L, lua_upvalueindex(1));
   if (lua_toboolean(L, lua_upvalueindex(2))) {
     mgL_kind ka = mgL_operandkind(L, 1), kb = mgL_operandkind(L, 2);
     if (ka == MGL_OTHER || kb == MGL_OTHER)
-      return luaL_error(L, "attempt to %s a '%s' with a '%s'", BINOPS[i].verb, luaL_typename(L, 1),
-                        luaL_typename(L, 2));
+      return luaL_error(L, "attempt to %s a '%s' with a '%s'", BINOPS[i].verb, type_name(L, 1),
+                        type_name(L, 2));
   } else {
     mgL_checkoperandkind(L, 1);
     mgL_checkoperandkind(L, 2);
@@ -247,8 +257,8 @@ static int l_binary (lua_State *L) {
   mg_dtype like = mgL_likedtype(L, 1, 2, MG_FLOAT32);
   ltensor *box = mgL_newbox(L);
   bool oa = false, ob = false;
-  mg_tensor *a = mgL_operand(L, 1, like, &oa);
-  mg_tensor *b = a ? mgL_operand(L, 2, like, &ob) : NULL;
+  mg_tensor *a = mgL_operand(L, 1, like, &oa, BINOPS[i].name);
+  mg_tensor *b = a ? mgL_operand(L, 2, like, &ob, BINOPS[i].name) : NULL;
   mg_tensor *r = a && b ? BINOPS[i].fn(a, b) : NULL;
   if (oa) mg_tensor_release(a);
   if (ob) mg_tensor_release(b);
@@ -277,8 +287,8 @@ static int l_where (lua_State *L) {
   mg_dtype like = mgL_likedtype(L, 2, 3, MG_FLOAT32);
   ltensor *box = mgL_newbox(L);
   bool oa = false, ob = false;
-  mg_tensor *a = mgL_operand(L, 2, like, &oa);
-  mg_tensor *b = a ? mgL_operand(L, 3, like, &ob) : NULL;
+  mg_tensor *a = mgL_operand(L, 2, like, &oa, "where");
+  mg_tensor *b = a ? mgL_operand(L, 3, like, &ob, "where") : NULL;
   mg_tensor *r = a && b ? mg_where(c, a, b) : NULL;
   if (oa) mg_tensor_release(a);
   if (ob) mg_tensor_release(b);
@@ -515,6 +525,7 @@ static mg_tensor **tensor_list (lua_State *L, int arg, int *n) {
 
 static int joined (lua_State *L, mg_tensor *(*fn)(mg_tensor *const *, int, int), int extra) {
   int n;
+  lua_settop(L, 2);
   mg_tensor **xs = tensor_list(L, 1, &n);
   int axis = lua_isnoneornil(L, 2) ? 0 : mgL_optaxis(L, 2, mg_tensor_ndim(xs[0]) + extra);
   ltensor *box = mgL_newbox(L);

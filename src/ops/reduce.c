@@ -4,8 +4,8 @@
 ** A reduction sees its input as (outer, n, inner) after making it
 ** contiguous: inner == 1 sums contiguous rows in 16 independent lanes (so
 ** the compiler vectorises without reassociating), inner > 1 adds whole rows
-** into the output. float32 rows longer than a block go through a double
-** total, which keeps long sums accurate.
+** into the output. float32 rows accumulate in double lanes, which keeps
+** long sums accurate at no cost a memory-bound loop would notice.
 */
 #include <math.h>
 #include <string.h>
@@ -24,11 +24,11 @@ static const char *const RNAME[] = {"sum", "max", "min", "argmax", "argmin"};
     ACC total = 0;                                                         \
     for (int64_t b0 = 0; b0 < n; b0 += BLOCK) {                            \
       int64_t e = b0 + BLOCK < n ? b0 + BLOCK : n, i = b0;                 \
-      T lane[LANES] = {0};                                                 \
+      ACC lane[LANES] = {0};                                               \
       for (; i + LANES <= e; i += LANES)                                   \
         for (int l = 0; l < LANES; l++) lane[l] += x[i + l];               \
       for (; i < e; i++) lane[0] += x[i];                                  \
-      T s = 0;                                                             \
+      ACC s = 0;                                                           \
       for (int l = 0; l < LANES; l++) s += lane[l];                        \
       total += s;                                                          \
     }                                                                      \

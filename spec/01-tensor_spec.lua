@@ -1,0 +1,167 @@
+-- Tensors: construction, dtypes, reading values out, views and tostring.
+local mg = require "moongrad"
+local h = require "helpers"
+
+describe("constructors", function()
+  it("constant builds from numbers and nested tables, float32 by default", function()
+    local a = mg.constant({{1, 2}, {3, 4}})
+    assert.same({2, 2}, a.shape)
+    assert.equal("float32", a.dtype)
+    assert.equal(2, a.ndim)
+    assert.same({{1, 2}, {3, 4}}, a:totable())
+    local s = mg.constant(1.5)
+    assert.same({}, s.shape)
+    assert.equal(0, s.ndim)
+    assert.equal(1.5, s:item())
+  end)
+
+  it("names a dtype as the second argument", function()
+    local a = mg.constant({1, 2, 3}, "int64")
+    assert.equal("int64", a.dtype)
+    assert.equal(math.type(a[1]:item()), "integer")
+    assert.equal("float64", mg.tensor({0.1}, "float64").dtype)
+    assert.equal(0.1, mg.tensor({0.1}, "float64")[1]:item())   -- exact in float64
+  end)
+
+  it("makes bool tensors from booleans", function()
+    local b = mg.constant({true, false})
+    assert.equal("bool", b.dtype)
+    assert.same({true, false}, b:totable())
+  end)
+
+  it("keeps int64 values exactly, beyond 2^53", function()
+    local big = math.maxinteger - 1
+    assert.equal(big, mg.constant({big}, "int64")[1]:item())
+  end)
+
+  it("handles empty tables and zero-sized shapes", function()
+    assert.same({0}, mg.constant({}).shape)
+    local z = mg.zeros{0, 3}
+    assert.same({0, 3}, z.shape)
+    assert.equal(0, z:numel())
+    assert.equal(0, mg.sum(z):item())
+  end)
+
+  it("zeros, ones, full, *_like, eye, arange", function()
+    assert.same({{0, 0, 0}, {0, 0, 0}}, mg.zeros{2, 3}:totable())
+    assert.same({{1, 1}}, mg.ones(1, 2):totable())
+    assert.equal("int64", mg.ones({2}, "int64").dtype)
+    assert.same({7, 7}, mg.full({2}, 7):totable())
+    assert.same({true, true}, mg.full({2}, true):totable())
+    local x = mg.constant({{1, 2}}, "float64")
+    assert.equal("float64", mg.zeros_like(x).dtype)
+    assert.same({{1, 1}}, mg.ones_like(x):totable())
+    assert.same({{1, 0, 0}, {0, 1, 0}}, mg.eye(2, 3):totable())
+    assert.same({0, 1, 2, 3}, mg.arange(4):totable())
+    assert.same({2, 4, 6}, mg.arange(2, 8, 2):totable())
+    assert.same({5, 4, 3}, mg.arange(5, 2, -1, "int64"):totable())
+    assert.equal("int64", mg.arange(3, "int64").dtype)
+  end)
+end)
+
+describe("values out", function()
+  it("item reads a one-element tensor as a Lua value", function()
+    assert.equal(3, mg.constant({{3}}):item())
+    assert.equal(true, mg.constant(true):item())
+    assert.equal("integer", math.type(mg.constant(3, "int64"):item()))
+  end)
+
+  it("x[i] indexes the first axis (1-based, negative from the end)", function()
+    local a = mg.constant({{1, 2}, {3, 4}, {5, 6}})
+    assert.same({3, 4}, a[2]:totable())
+    assert.same({5, 6}, a[-1]:totable())
+    assert.equal(6, a[3][2]:item())
+    assert.equal(3, #a)
+  end)
+
+  it("totable round-trips through constant", function()
+    local a = mg.random.normal({2, 3, 4})
+    h.assert_close(mg.constant(a:totable()), a, 0)
+  end)
+end)
+
+describe("views", function()
+  it("reshape, transpose and slice share storage", function()
+    local a = mg.arange(12):reshape{3, 4}
+    local pair = mg.constant({1, 2})
+    local before = mg.memory.stats().allocations
+    local r = a:reshape{4, 3}
+    local t = a:transpose()
+    local s = a:slice({2, 3}, {1, 4, 2})
+    local e = mg.expand_dims(a, 1)
+    local b = mg.broadcast_to(pair, {3, 2})
+    assert.equal(before, mg.memory.stats().allocations)
+    assert.same({{4, 6}, {8, 10}}, s:totable())
+    assert.same({0, 4, 8}, t[1]:totable())
+    assert.same({1, 3, 4}, e.shape)
+    assert.same({{1, 2}, {1, 2}, {1, 2}}, b:totable())
+    assert.same({{0, 1, 2}, {3, 4, 5}, {6, 7, 8}, {9, 10, 11}}, r:totable())
+  end)
+
+  it("reshape of a non-contiguous view copies", function()
+    local t = mg.arange(6):reshape{2, 3}:transpose()
+    assert.same({0, 3, 1, 4, 2, 5}, t:reshape{6}:totable())
+    assert.same({3, 2}, t:reshape{-1, 2}.shape)
+  end)
+
+  it("slices with negative indices and steps", function()
+    local v = mg.arange(6)
+    assert.same({5, 4, 3, 2, 1, 0}, v:slice({nil, nil, -1}):totable())
+    assert.same({4, 5}, v:slice({-2, -1}):totable())
+    assert.same({}, v:slice({4, 3}):totable())
+    local m = mg.arange(6):reshape{2, 3}
+    assert.same({3, 4, 5}, m:slice(2):totable())          -- an index drops the axis
+    assert.same({1, 4}, m:slice(nil, 2):totable())
+  end)
+
+  it("tensors are immutable", function()
+    local a = mg.ones{2}
+    assert.has_error(function() a.x = 1 end,
+                     "tensors are immutable (use a mg.Variable for state that changes)")
+  end)
+end)
+
+describe("tostring", function()
+  it("shows values with shape and dtype", function()
+    assert.equal("{{1.0, 2.0},\n {3.0, 4.0}}\nmoongrad.Tensor(2,2) float32",
+                 tostring(mg.constant({{1, 2}, {3, 4}})))
+    assert.equal("{1, 2, 3}\nmoongrad.Tensor(3) int64", tostring(mg.constant({1, 2, 3}, "int64")))
+    assert.equal("2.5000\nmoongrad.Tensor() float32", tostring(mg.constant(2.5)))
+    assert.equal("{ true, false}\nmoongrad.Tensor(2) bool", tostring(mg.constant({true, false})))
+    assert.equal("{}\nmoongrad.Tensor(0) float32", tostring(mg.zeros{0}))
+  end)
+
+  it("aligns columns and uses one format per tensor", function()
+    assert.equal("{  0.5000, 100.2500}\nmoongrad.Tensor(2) float32",
+                 tostring(mg.constant({0.5, 100.25})))
+    assert.equal("{1.0000e-05, 2.0000e+00}\nmoongrad.Tensor(2) float64",
+                 tostring(mg.constant({1e-5, 2}, "float64")))
+    assert.equal("{nan, inf, 1.0}\nmoongrad.Tensor(3) float32",
+                 tostring(mg.constant({0 / 0, 1 / 0, 1})):gsub("%-nan", "nan"))
+  end)
+
+  it("abbreviates large tensors with ...", function()
+    local s = tostring(mg.arange(2000))
+    assert.equal("{   0.0,    1.0,    2.0, ..., 1997.0, 1998.0, 1999.0}\nmoongrad.Tensor(2000) float32", s)
+    local m = tostring(mg.zeros{100, 100})
+    assert.truthy(m:find("...,\n", 1, true))
+    assert.truthy(m:find("moongrad.Tensor(100,100) float32", 1, true))
+  end)
+
+  it("blank lines separate the blocks of 3-d tensors", function()
+    assert.equal("{{{0, 1}},\n\n {{2, 3}}}\nmoongrad.Tensor(2,1,2) int64",
+                 tostring(mg.arange(4, "int64"):reshape{2, 1, 2}))
+  end)
+
+  it("wraps long rows at 80 columns", function()
+    local s = tostring(mg.arange(40))
+    for line in s:gmatch("[^\n]+") do assert.is_true(#line <= 80) end
+  end)
+end)
+
+describe("mg.print", function()
+  it("prints strings and tensor values, like tf.print", function()
+    local out = h.run_moongrad("-", "mg.print('running', mg.constant({1, 2}), 3)")
+    assert.equal("running {1.0, 2.0} 3\n", out)
+  end)
+end)

@@ -1,0 +1,103 @@
+-- Bad input is a Lua error naming the function and the mismatch; never a crash.
+local mg = require "moongrad"
+local c = mg.constant
+
+local function fails (f, msg) assert.has_error(f, msg) end
+
+describe("errors name the function and the mismatch", function()
+  it("shapes", function()
+    fails(function() return mg.matmul(mg.ones{2, 3}, mg.ones{4, 5}) end,
+          "matmul: inner dimensions differ: (2,3) @ (4,5)")
+    fails(function() return mg.ones{2, 3} + mg.ones{4} end,
+          "add: shapes do not broadcast: (2,3) + (4) (dimension 2: 3 vs 4)")
+    fails(function() return mg.ones{2, 3} * mg.ones{3, 2} end,
+          "mul: shapes do not broadcast: (2,3) * (3,2) (dimension 1: 2 vs 3)")
+    fails(function() return mg.ones{2, 3}:reshape{4, 2} end,
+          "reshape: cannot reshape (2,3) [6 elements] into (4,2)")
+    fails(function() return mg.reshape(mg.ones{6}, {-1, -1}) end, "reshape: only one dimension can be -1")
+    fails(function() return mg.concat({mg.ones{2, 3}, mg.ones{2, 4}}) end,
+          "concat: shapes differ outside axis 1: tensor 1 is (2,3), tensor 2 is (2,4)")
+    fails(function() return mg.squeeze(mg.ones{2, 3}, 1) end, "squeeze: dimension 1 has size 2, not 1")
+    fails(function() return mg.broadcast_to(mg.ones{2, 3}, {3, 3}) end,
+          "broadcast_to: cannot broadcast (2,3) to (3,3)")
+    fails(function() return mg.matmul(c(1), c(2)) end,
+          "matmul: needs tensors with at least 1 dimension, got a 0-d tensor (use * for scalars)")
+    fails(function() return mg.ones{2}:item() end, "item: tensor has 2 elements, expected 1")
+  end)
+
+  it("dtypes", function()
+    fails(function() return mg.ones{2} + c({1}, "int64") end, "add: dtypes differ: float32 + int64")
+    fails(function() return mg.exp(c({1}, "int64")) end, "exp: not defined for int64 tensors; cast to float first")
+    fails(function() return mg.where(mg.ones{2}, 1, 2) end, "where: condition must be a bool tensor, got float32")
+    fails(function() return mg.cast(mg.ones{2}, "float16") end,
+          "bad argument #2 to 'cast' (unknown dtype 'float16' (use float32, float64, int64 or bool))")
+    fails(function() return mg.softmax(c({1}, "int64")) end, "softmax: needs a float tensor, got int64")
+    fails(function() return c({true}) + c({true}) end, "add: not defined for bool tensors; cast them first")
+    fails(function() return c({1}, "int64") + 1.5 end, "add: cannot convert 1.5 to int64")
+    fails(function() return c({1, 2}, "int64") // c({0, 1}, "int64") end, "floordiv: integer division by zero")
+    fails(function() return c({2}, "int64") ^ c({-1}, "int64") end,
+          "pow: integers to negative integer powers are not allowed; cast to float first")
+  end)
+
+  it("argument types", function()
+    fails(function() return mg.ones{2} + {} end, "attempt to add a 'moongrad.Tensor' with a 'table'")
+    fails(function() return "x" * mg.ones{2} end, "attempt to multiply a 'string' with a 'moongrad.Tensor'")
+    fails(function() return mg.add(mg.ones{2}, "x") end,
+          "bad argument #2 to 'add' (moongrad.Tensor or number expected, got string)")
+    fails(function() return mg.exp(nil) end, "bad argument #1 to 'exp' (moongrad.Tensor expected, got nil)")
+    fails(function() return mg.exp() end, "bad argument #1 to 'exp' (moongrad.Tensor expected, got no value)")
+    fails(function() return mg.zeros(nil) end,
+          "bad argument #1 to 'zeros' (shape expected (a table of sizes), got nil)")
+    fails(function() return mg.zeros{2, "a"} end,
+          "bad argument #1 to 'zeros' (dimension 2 is a string, not an integer)")
+    fails(function() return mg.constant({1, "a"}) end, "constant: expected a number at [2], got string")
+    fails(function() return mg.constant({{1, 2}, {3}}) end, "constant: ragged nested table: [2] has 1 entries, expected 2")
+    fails(function() return mg.constant({1.5}, "int64") end, "constant: cannot convert 1.5 at [1] to int64")
+    fails(function() return mg.constant(print) end,
+          "bad argument #1 to 'constant' (number, boolean, table or tensor expected, got function)")
+  end)
+
+  it("NaN, negative and oversized shapes", function()
+    fails(function() return mg.zeros{0 / 0} end, "bad argument #1 to 'zeros' (dimension 1 is NaN, not an integer)")
+    fails(function() return mg.zeros{-1} end, "bad argument #1 to 'zeros' (dimension 1 is negative (-1))")
+    fails(function() return mg.zeros{2.5} end, "bad argument #1 to 'zeros' (dimension 1 is 2.5, not an integer)")
+    fails(function() return mg.zeros{1, 1, 1, 1, 1, 1, 1, 1, 1} end,
+          "bad argument #1 to 'zeros' (9 dimensions given, at most 8 allowed)")
+    fails(function() return mg.zeros{1e6, 1e6, 1e6} end,
+          "tensor: shape (1000000,1000000,1000000) has too many elements to allocate")
+    fails(function() return mg.zeros{100000, 100000, 1000} end,
+          "out of memory allocating 36.38 TiB for tensor (100000,100000,1000) float32")
+    fails(function() return mg.arange(0, 10, 0) end, "arange: step must be a nonzero number, and bounds numbers")
+    fails(function() return mg.random.normal({2}, 0, -1) end, "normal: stddev must not be negative")
+  end)
+
+  it("axes and indices", function()
+    fails(function() return mg.sum(mg.ones{2, 3}, 3) end,
+          "bad argument #2 to 'sum' (axis 3 is out of range for 2 dimensions (use 1..2 or -2..-1))")
+    fails(function() return mg.sum(mg.ones{2, 3}, 0) end,
+          "bad argument #2 to 'sum' (axis 0 is out of range for 2 dimensions (use 1..2 or -2..-1))")
+    fails(function() return mg.sum(mg.ones{2, 3}, 1.5) end, "bad argument #2 to 'sum' (axis 1.5 is not an integer)")
+    fails(function() return mg.sum(mg.ones{2, 3}, 0 / 0) end, "bad argument #2 to 'sum' (axis is NaN, not an integer)")
+    fails(function() return mg.ones{3}:slice({2, 5}) end,
+          "bad argument #1 to 'slice' (stop 5 is out of range for dimension 1 of size 3)")
+    fails(function() return mg.slice(mg.ones{3}, 1, 1) end, "slice: 2 indices for a tensor with 1 dimensions")
+    fails(function() return mg.ones{3}[4] end, "index 4 is out of bounds for dimension 1 of size 3")
+    fails(function() return mg.gather(mg.ones{3}, {4}) end, "gather: index 4 is out of bounds for dimension 1 of size 3")
+    fails(function() return mg.transpose(mg.ones{2, 3}, {1, 1}) end, "permute: 2 dimensions need a permutation of 1..2")
+  end)
+
+  it("leaves nothing half-done: a failed op allocates nothing that stays", function()
+    collectgarbage()
+    local before = mg.memory.stats()
+    for _ = 1, 50 do
+      pcall(mg.matmul, mg.ones{2, 3}, mg.ones{4, 5})
+      pcall(function() return mg.ones{2, 3} + mg.ones{4} end)
+      pcall(mg.constant, {1, 2, "x"})
+    end
+    collectgarbage()
+    collectgarbage()
+    local after = mg.memory.stats()
+    assert.equal(before.live_tensors, after.live_tensors)
+    assert.equal(before.current_bytes, after.current_bytes)
+  end)
+end)

@@ -1,0 +1,61 @@
+-- The moongrad interpreter: scripts, options, and the REPL.
+local h = require "helpers"
+
+describe("the moongrad interpreter", function()
+  it("runs stdin with '-' and has mg preloaded", function()
+    local out, code = h.run_moongrad("-", "print(mg.ones{2,2} + 1)")
+    assert.equal(0, code)
+    assert.equal("{{2.0, 2.0},\n {2.0, 2.0}}\nmoongrad.Tensor(2,2) float32\n", out)
+  end)
+
+  it("predefines tape, Variable, constant, recompute_grad, custom_gradient", function()
+    local out = h.run_moongrad("-", [[
+      print(type(tape), type(Variable), type(constant), type(recompute_grad), type(custom_gradient))]])
+    assert.equal("function\tfunction\tfunction\tfunction\tfunction\n", out)
+  end)
+
+  it("sets arg like lua5.4 and runs -e", function()
+    local tmp = os.tmpname()
+    local f = assert(io.open(tmp, "w"))
+    f:write("print(#arg, arg[1], arg[2], arg[0] ~= nil)")
+    f:close()
+    local out, code = h.run(h.bin .. " " .. tmp .. " a b")
+    os.remove(tmp)
+    assert.equal(0, code)
+    assert.equal("2\ta\tb\ttrue\n", out)
+    assert.equal("6.0\n", h.run(h.bin .. " -e 'print(mg.sum(mg.ones{2,3}):item())'"))
+  end)
+
+  it("-v prints the version", function()
+    assert.truthy(h.run(h.bin .. " -v"):find("moongrad 0.1.0, with Lua 5.4", 1, true))
+  end)
+
+  it("reports a script error and exits non-zero", function()
+    local out, code = h.run_moongrad("-", "local x = mg.matmul(mg.ones{2,3}, mg.ones{4,5})")
+    assert.equal(1, code)
+    assert.truthy(out:find("matmul: inner dimensions differ: (2,3) @ (4,5)", 1, true))
+  end)
+
+  describe("the REPL", function()
+    it("prints expression results, with = too", function()
+      local out = h.run_moongrad("-i", "mg.ones{2}\n=1+1\nx = 3\nx\n")
+      assert.truthy(out:find("{1.0, 1.0}\nmoongrad.Tensor(2) float32\n", 1, true))
+      assert.truthy(out:find("\n2\n", 1, true))
+      assert.truthy(out:find("\n3\n", 1, true))
+    end)
+
+    it("continues multi-line input", function()
+      local out = h.run_moongrad("-i", "function f(x)\n  return x * 2\nend\nf(21)\nfor i = 1, 2 do\nprint('i', i)\nend\n")
+      assert.truthy(out:find("42", 1, true))
+      assert.truthy(out:find("i\t1\n", 1, true))
+      assert.truthy(out:find("i\t2\n", 1, true))
+    end)
+
+    it("reports errors and keeps going", function()
+      local out, code = h.run_moongrad("-i", "mg.ones{2} + mg.ones{3}\nprint('still here')\n")
+      assert.equal(0, code)
+      assert.truthy(out:find("add: shapes do not broadcast: (2) + (3)", 1, true))
+      assert.truthy(out:find("still here", 1, true))
+    end)
+  end)
+end)

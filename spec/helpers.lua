@@ -1,0 +1,71 @@
+-- Shared by the specs: closeness checks and running the moongrad binary.
+local mg = require "moongrad"
+local assert = require "luassert"
+
+local helpers = {}
+
+-- the interpreter under test (make asan points this at the instrumented one)
+helpers.bin = os.getenv("MOONGRAD_BIN") or "build/moongrad"
+
+local function flat (v, out)
+  out = out or {}
+  if type(v) == "table" then
+    for _, x in ipairs(v) do flat(x, out) end
+  else
+    out[#out + 1] = v
+  end
+  return out
+end
+
+local function values (x)
+  if mg.is_tensor(x) or mg.is_variable(x) then
+    return flat(x:totable()), x.shape
+  end
+  return flat(x)
+end
+
+-- asserts every element of a is within tol (absolute + relative) of b;
+-- either may be a tensor, a nested table or a number
+function helpers.assert_close (a, b, tol)
+  tol = tol or 1e-5
+  local va, sa = values(a)
+  local vb, sb = values(b)
+  if sa and sb then assert.same(sa, sb, "shapes differ") end
+  assert.equal(#vb, #va, "element counts differ")
+  for i = 1, #va do
+    local x, y = va[i], vb[i]
+    local ok = (x ~= x and y ~= y) or x == y or math.abs(x - y) <= tol * (1 + math.abs(y))
+    if not ok then
+      error(("element %d: got %.9g, expected %.9g (tol %g)"):format(i, x, y, tol), 2)
+    end
+  end
+end
+
+-- runs a shell command; returns its stdout and exit status
+function helpers.run (cmd)
+  local p = io.popen(cmd .. " 2>&1; echo \"exit:$?\"")
+  local out = p:read("a")
+  p:close()
+  local body, code = out:match("^(.*)exit:(%d+)\n$")
+  return body, tonumber(code)
+end
+
+-- runs Lua code in the moongrad binary with stdin from `input`
+function helpers.run_moongrad (args, input)
+  local tmp = os.tmpname()
+  local f = assert(io.open(tmp, "w"))
+  f:write(input or "")
+  f:close()
+  local out, code = helpers.run(helpers.bin .. " " .. args .. " < " .. tmp)
+  os.remove(tmp)
+  return out, code
+end
+
+-- live tensor count after a full collection
+function helpers.live ()
+  collectgarbage()
+  collectgarbage()
+  return mg.memory.stats().live_tensors
+end
+
+return helpers
