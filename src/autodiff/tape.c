@@ -162,16 +162,21 @@ mg_tape *mg_tape_retain (mg_tape *t) {
 
 static void node_release (mg_node *n);
 
+/* lets go of the nodes and what they saved */
 static void drop_record (mg_tape *t) {
   for (size_t i = 0; i < t->nnodes; i++) node_release(t->nodes[i]);
   t->nnodes = 0;
   idmap_free(&t->tracked);
+}
+
+static void drop_variables (mg_tape *t) {
   for (int i = 0; i < t->nvars; i++) mg_variable_release(t->vars[i]);
   t->nvars = 0;
 }
 
 void mg_tape_reset (mg_tape *t) {
   drop_record(t);
+  drop_variables(t);
   t->used = false;
 }
 
@@ -179,6 +184,7 @@ void mg_tape_release (mg_tape *t) {
   if (t == NULL || --t->refcount > 0) return;
   deactivate(t);
   drop_record(t);
+  drop_variables(t);
   free(t->nodes);
   free(t->vars);
   free(t);
@@ -574,8 +580,8 @@ static mg_status walk (mg_tape *t, int ntargets, mg_tensor *const *targets,
   idmap dep = {0}, keep_ids = {0};
   bool *relevant = NULL;
   mg_status st = MG_OK;
-  for (int s = 0; s < nsources && st == MG_OK; s++)
-    if (mg_is_float(sources[s]->dtype))
+  for (int s = 0; s < nsources && st == MG_OK; s++)    /* sources the tape never saw stay unconnected */
+    if (mg_is_float(sources[s]->dtype) && idmap_has(&t->tracked, sources[s]->id))
       st = idmap_slot(&dep, sources[s]->id) && idmap_slot(&keep_ids, sources[s]->id) ? MG_OK : MG_ERR;
   if (st != MG_OK) goto done;
   relevant = (bool *)calloc(t->nnodes + 1, sizeof(bool));
@@ -634,7 +640,8 @@ static mg_status check_target (const mg_tape *t, const mg_tensor *y, const char 
   return MG_OK;
 }
 
-/* after a gradient, a non-persistent tape lets go of everything */
+/* after a gradient, a non-persistent tape lets go of everything it saved
+** (it still lists the variables it watched) */
 static void consume (mg_tape *t) {
   if (t->persistent) return;
   t->used = true;

@@ -46,6 +46,8 @@ mg_tensor *mgL_pushconstant (lua_State *L, int arg, mg_dtype dt, bool dtype_give
 /* pushes t's values as nested tables (a number for a 0-d tensor) */
 void       mgL_pushvalues  (lua_State *L, const mg_tensor *t);
 
+/* pushes x[i], the i-th entry along the first axis (a view); raises when out of range */
+int        mgL_index_first_axis (lua_State *L, mg_tensor *t, lua_Integer i);
 /* pushes the userdata of v (the same one each time while it lives) */
 void       mgL_pushvariable (lua_State *L, mg_variable *v);
 /* is the value at idx a tensor or a variable? */

@@ -50,7 +50,7 @@ static int tensor_newindex (lua_State *L) {
 }
 
 /* x[i]: the i-th entry along the first axis, as a view */
-static int index_first_axis (lua_State *L, mg_tensor *t, lua_Integer i) {
+int mgL_index_first_axis (lua_State *L, mg_tensor *t, lua_Integer i) {
   if (mg_tensor_ndim(t) == 0) return luaL_error(L, "attempt to index a 0-d tensor");
   int64_t n = mg_tensor_shape(t)[0];
   int64_t k = i > 0 ? i - 1 : n + i;
@@ -73,7 +73,7 @@ static int tensor_index (lua_State *L) {
     else lua_pushnil(L);
     return 1;
   }
-  if (lua_isinteger(L, 2)) return index_first_axis(L, t, lua_tointeger(L, 2));
+  if (lua_isinteger(L, 2)) return mgL_index_first_axis(L, t, lua_tointeger(L, 2));
   lua_pushnil(L);
   return 1;
 }

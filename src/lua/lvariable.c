@@ -125,6 +125,7 @@ static int variable_index (lua_State *L) {
     lua_rawget(L, lua_upvalueindex(2));
     return 1;
   }
+  if (lua_isinteger(L, 2)) return mgL_index_first_axis(L, mg_variable_peek(v), lua_tointeger(L, 2));
   lua_pushnil(L);
   return 1;
 }

@@ -1,0 +1,507 @@
+-- Tapes (tf.GradientTape), variables, custom gradients, higher orders.
+local mg = require "moongrad"
+local h = require "helpers"
+
+local c = mg.constant
+local function f64 (v) return mg.constant(v, "float64") end
+
+describe("Variable", function()
+  it("holds a value, a name and a trainable flag", function()
+    local v = mg.Variable({1, 2}, {name = "w", dtype = "float64"})
+    assert.equal("w", v.name)
+    assert.is_true(v.trainable)
+    assert.same({2}, v.shape)
+    assert.equal("float64", v.dtype)
+    assert.same({1, 2}, v:value():totable())
+    assert.equal("Variable", mg.Variable(0).name)
+    assert.is_false(mg.Variable(0, {trainable = false}).trainable)
+  end)
+
+  it("assign, assign_add, assign_sub; ops read it like a tensor", function()
+    local v = mg.Variable({1, 2})
+    v:assign({5, 6})
+    assert.same({5, 6}, v:value():totable())
+    v:assign_add(mg.ones{2})
+    v:assign_sub(0.5)
+    assert.same({5.5, 6.5}, v:value():totable())
+    assert.same({11, 13}, (v * 2):totable())
+    assert.same({5.5, 6.5}, v:totable())
+    assert.equal(12, mg.sum(v):item())
+  end)
+
+  it("assign never changes a value someone kept (copy on write)", function()
+    local v = mg.Variable({1, 2})
+    local kept = v:value()
+    v:assign({3, 4})
+    assert.same({1, 2}, kept:totable())
+    assert.same({3, 4}, v:value():totable())
+  end)
+
+  it("assign checks shape and dtype", function()
+    local v = mg.Variable({1, 2})
+    assert.has_error(function() v:assign({1, 2, 3}) end, "assign: shape (3) does not match the variable's (2)")
+    assert.has_error(function() v:assign(mg.constant({1, 2}, "float64")) end,
+                     "assign: dtype float64 does not match the variable's float32")
+  end)
+
+  it("prints its name, shape and dtype", function()
+    assert.equal("{1.0, 2.0}\nmoongrad.Variable 'w' (2) float32",
+                 tostring(mg.Variable({1, 2}, {name = "w"})))
+  end)
+end)
+
+describe("tape", function()
+  it("gives dy/dx for a watched tensor", function()
+    local x = c(3)
+    local t = mg.tape()
+    t:watch(x)
+    local y = x * x
+    t:stop()
+    assert.equal(6, t:gradient(y, x):item())
+  end)
+
+  it("watches trainable variables it sees read, and only those", function()
+    local w, frozen = mg.Variable(2.0), mg.Variable(3.0, {trainable = false})
+    local t = mg.tape()
+    local y = w * frozen
+    t:stop()
+    local g = t:gradient(y, {w, frozen})
+    assert.equal(3, g[1]:item())
+    assert.is_nil(g[2])
+    assert.same({w}, t:watched_variables())
+  end)
+
+  it("with watch_accessed_variables=false watches only what it is told", function()
+    local a, b = mg.Variable(2.0), mg.Variable(3.0)
+    local t = mg.tape{watch_accessed_variables = false}
+    t:watch(a)
+    local y = a * b
+    t:stop()
+    local g = t:gradient(y, {a, b})
+    assert.equal(3, g[1]:item())
+    assert.is_nil(g[2])
+  end)
+
+  it("sums over a non-scalar target, and over a list of targets", function()
+    local x = f64({1, 2, 3})
+    local t = mg.tape{persistent = true}
+    t:watch(x)
+    local y = x * x
+    local z = mg.sum(x)
+    t:stop()
+    assert.same({2, 4, 6}, t:gradient(y, x):totable())
+    assert.same({3, 5, 7}, t:gradient({y, z}, x):totable())
+  end)
+
+  it("answers in the structure of the sources", function()
+    local a, b, c2 = mg.Variable(1.0), mg.Variable(2.0), mg.Variable(3.0)
+    local t = mg.tape()
+    local y = a * b * c2
+    t:stop()
+    local g = t:gradient(y, {first = a, rest = {b, {c2}}})
+    assert.equal(6, g.first:item())
+    assert.equal(3, g.rest[1]:item())
+    assert.equal(2, g.rest[2][1]:item())
+  end)
+
+  it("gives nil for unconnected sources, or zeros when asked", function()
+    local x, z = c(1), c({1, 2})
+    local t = mg.tape{persistent = true}
+    t:watch({x, z})
+    local y = x * 2
+    t:stop()
+    local g = t:gradient(y, {x, z})
+    assert.equal(2, g[1]:item())
+    assert.is_nil(g[2])
+    assert.same({0, 0}, t:gradient(y, {x, z}, nil, {unconnected = "zero"})[2]:totable())
+    assert.same({0, 0}, t:gradient(y, {x, z}, {unconnected = "zero"})[2]:totable())
+  end)
+
+  it("never differentiates integer tensors", function()
+    local i = c({1, 2}, "int64")
+    local x = c({1, 2})
+    local t = mg.tape{persistent = true}
+    t:watch({i, x})
+    local y = mg.cast(i, "float32") * x
+    t:stop()
+    assert.is_nil(t:gradient(y, i))
+    assert.same({0, 0}, t:gradient(y, i, {unconnected = "zero"}):totable())
+    assert.same({1, 2}, t:gradient(y, x):totable())
+  end)
+
+  it("weights the targets by output_gradients", function()
+    local x = c({1, 2})
+    local t = mg.tape()
+    t:watch(x)
+    local y = x * x
+    t:stop()
+    assert.same({20, 400}, t:gradient(y, x, c({10, 100})):totable())
+  end)
+
+  it("a persistent tape answers many times; a plain one frees what it held", function()
+    local x = c({1, 2, 3})
+    local p = mg.tape{persistent = true}
+    p:watch(x)
+    local y = mg.tanh(x)
+    p:stop()
+    local g1, g2 = p:gradient(y, x), p:gradient(y, x)
+    assert.same(g1:totable(), g2:totable())
+
+    local t = mg.tape()
+    t:watch(x)
+    local z = mg.tanh(x)
+    t:stop()
+    assert.is_true(t:saved_bytes() > 0)
+    t:gradient(z, x)
+    assert.equal(0, t:saved_bytes())
+    assert.has_error(function() t:gradient(z, x) end,
+      "tape:gradient: a non-persistent tape can only compute one gradient; create it with mg.tape{persistent=true} to call it again")
+  end)
+
+  it("records nothing after stop(), or after a <close> scope", function()
+    local x = c(2)
+    local t = mg.tape()
+    t:watch(x)
+    local y = x * x
+    t:stop()
+    local late = y * x
+    assert.has_error(function() t:gradient(late, x) end,
+      "tape:gradient: the target was not recorded by this tape (computed before the tape started, after tape:stop(), or from nothing it watches?)")
+    local t2
+    do
+      local tc <close> = mg.tape()
+      t2 = tc
+      tc:watch(x)
+      y = x * 3
+    end
+    assert.is_false(t2:is_recording())
+    assert.equal(3, t2:gradient(y, x):item())
+  end)
+
+  it("record(fn) resumes and stop_recording(fn) pauses", function()
+    local x = c(2)
+    local t = mg.tape{persistent = true}
+    t:watch(x)
+    local a = x * x
+    local b = t:stop_recording(function() return a * 10 end)
+    t:stop()
+    local d = t:record(function() return a * x end)
+    assert.equal(4, t:gradient(a, x):item())
+    assert.has_error(function() t:gradient(b, x) end)
+    assert.equal(12, t:gradient(d, x):item())
+  end)
+
+  it("several tapes record at once, each what it watches", function()
+    local x, y = c(2), c(5)
+    local tx, ty = mg.tape(), mg.tape()
+    tx:watch(x)
+    ty:watch(y)
+    local z = x * y
+    tx:stop()
+    ty:stop()
+    assert.equal(5, tx:gradient(z, x):item())
+    assert.equal(2, ty:gradient(z, y):item())
+  end)
+
+  it("reset forgets everything recorded", function()
+    local x = c(2)
+    local t = mg.tape{persistent = true}
+    t:watch(x)
+    local y = x * x
+    t:reset()
+    assert.equal(0, t:saved_bytes())
+    assert.has_error(function() t:gradient(y, x) end)
+  end)
+
+  it("gradients flow through views and variables read twice", function()
+    local w = mg.Variable({{1, 2}, {3, 4}})
+    local t = mg.tape()
+    local y = mg.sum(w[1] * w:transpose()[2]) + mg.sum(w * w)
+    t:stop()
+    -- y = w11*w12 + w12*w22 + sum(w^2); dy/dw12 = w11 + w22 + 2 w12
+    assert.same({{4, 9}, {6, 10}}, t:gradient(y, w):totable())
+  end)
+end)
+
+describe("what tapes save", function()
+  it("tanh keeps its output, mul its inputs, add nothing", function()
+    local x = c(mg.ones{1000})                             -- 4000 bytes
+    local t = mg.tape{persistent = true}
+    t:watch(x)
+    local a = x + 1
+    assert.equal(0, t:saved_bytes())
+    local y = mg.tanh(a)
+    assert.equal(4000, t:saved_bytes())                   -- y, not a
+    local z = y * a
+    assert.equal(8000, t:saved_bytes())                   -- y (again) and a
+    local _ = mg.exp(z)
+    assert.equal(12000, t:saved_bytes())                  -- exp's output joins
+    t:stop()
+  end)
+
+  it("saved bytes show in mg.memory.stats and go when the tape goes", function()
+    collectgarbage()
+    local before = mg.memory.stats().saved_bytes
+    local x = c(mg.ones{1000})
+    local t = mg.tape()
+    t:watch(x)
+    local y = mg.exp(x)
+    t:stop()
+    assert.equal(before + 4000, mg.memory.stats().saved_bytes)
+    t:gradient(y, x)
+    assert.equal(before, mg.memory.stats().saved_bytes)
+  end)
+
+  it("a dropped tape frees everything", function()
+    local before = h.live()
+    do
+      local x = mg.random.normal{10, 10}
+      local t = mg.tape{persistent = true}
+      t:watch(x)
+      local y = mg.softmax(mg.matmul(x, x))
+      t:stop()
+      local _ = t:gradient(y, x)
+    end
+    assert.equal(before, h.live())
+  end)
+end)
+
+describe("higher-order gradients", function()
+  it("d2/dx2 and d3/dx3 of x^3 from nested tapes", function()
+    local x = f64(2)
+    local t3 = mg.tape()
+    t3:watch(x)
+    local t2 = mg.tape()
+    t2:watch(x)
+    local t1 = mg.tape()
+    t1:watch(x)
+    local y = x ^ 3
+    t1:stop()
+    local dy = t1:gradient(y, x)          -- 3x^2 = 12
+    t2:stop()
+    local d2y = t2:gradient(dy, x)        -- 6x = 12
+    t3:stop()
+    local d3y = t3:gradient(d2y, x)       -- 6
+    assert.equal(12, dy:item())
+    assert.equal(12, d2y:item())
+    assert.equal(6, d3y:item())
+  end)
+
+  it("second derivatives of the maths ops match closed forms", function()
+    local function d2 (f, v)
+      local x = f64(v)
+      local outer = mg.tape()
+      outer:watch(x)
+      local inner = mg.tape()
+      inner:watch(x)
+      local y = f(x)
+      inner:stop()
+      local g = inner:gradient(y, x)
+      outer:stop()
+      return outer:gradient(g, x):item()
+    end
+    local v = 0.7
+    local th = (math.exp(v) - math.exp(-v)) / (math.exp(v) + math.exp(-v))
+    local s = 1 / (1 + math.exp(-v))
+    h.assert_close(d2(mg.exp, v), math.exp(v), 1e-12)
+    h.assert_close(d2(mg.log, v), -1 / v ^ 2, 1e-12)
+    h.assert_close(d2(mg.sqrt, v), -0.25 * v ^ -1.5, 1e-12)
+    h.assert_close(d2(mg.tanh, v), -2 * th * (1 - th ^ 2), 1e-12)
+    h.assert_close(d2(mg.sigmoid, v), s * (1 - s) * (1 - 2 * s), 1e-12)
+    h.assert_close(d2(function(x) return 1 / x end, v), 2 / v ^ 3, 1e-12)
+  end)
+
+  it("a Hessian-vector product of an MLP loss matches finite differences", function()
+    mg.random.seed(3)
+    local x = mg.random.normal({4, 3}, 0, 1, "float64")
+    local w1 = mg.Variable(mg.random.normal({3, 5}, 0, 0.5, "float64"))
+    local w2 = mg.Variable(mg.random.normal({5, 2}, 0, 0.5, "float64"))
+    local vec = mg.random.normal({3, 5}, 0, 1, "float64")
+    local function loss ()
+      return mg.mean(mg.log_softmax(mg.matmul(mg.tanh(mg.matmul(x, w1)), w2)) ^ 2)
+    end
+    local outer = mg.tape()
+    local inner = mg.tape()
+    local l = loss()
+    inner:stop()
+    local g = inner:gradient(l, w1)
+    local gv = mg.sum(g * vec)
+    outer:stop()
+    local hv = outer:gradient(gv, w1)
+    -- (grad(w1 + eps v) - grad(w1 - eps v)) / 2 eps
+    local eps = 1e-5
+    local function grad_at (delta)
+      local saved = w1:value()
+      w1:assign(saved + delta)
+      local t = mg.tape()
+      local ll = loss()
+      t:stop()
+      local gg = t:gradient(ll, w1)
+      w1:assign(saved)
+      return gg
+    end
+    local fd = (grad_at(vec * eps) - grad_at(vec * -eps)) / (2 * eps)
+    h.assert_close(hv, fd, 1e-6)
+  end)
+end)
+
+describe("jacobians", function()
+  it("jacobian of an elementwise map is diagonal", function()
+    local x = f64({1, 2, 3})
+    local t = mg.tape()
+    t:watch(x)
+    local y = x * x
+    t:stop()
+    assert.same({{2, 0, 0}, {0, 4, 0}, {0, 0, 6}}, t:jacobian(y, x):totable())
+  end)
+
+  it("jacobian shapes are target shape then source shape", function()
+    local x = mg.random.normal({2, 3}, 0, 1, "float64")
+    local w = mg.random.normal({3, 4}, 0, 1, "float64")
+    local t = mg.tape()
+    t:watch(x)
+    local y = mg.matmul(x, w)
+    t:stop()
+    local j = t:jacobian(y, x)
+    assert.same({2, 4, 2, 3}, j.shape)
+    h.assert_close(j[1][2][1], mg.transpose(w)[2], 1e-12)    -- dy[1,2]/dx[1,:] = w[:,2]
+    h.assert_close(j[1][2][2], {0, 0, 0}, 0)
+  end)
+
+  it("batch_jacobian keeps the batch dimension", function()
+    local x = mg.random.normal({5, 3}, 0, 1, "float64")
+    local w = mg.random.normal({3, 2}, 0, 1, "float64")
+    local t = mg.tape{persistent = true}
+    t:watch(x)
+    local y = mg.tanh(mg.matmul(x, w))
+    t:stop()
+    local bj = t:batch_jacobian(y, x)
+    assert.same({5, 2, 3}, bj.shape)
+    local full = t:jacobian(y, x)
+    h.assert_close(bj[4], full[4]:slice(nil, 4), 1e-12)
+  end)
+
+  it("unconnected jacobians are nil, or zeros when asked", function()
+    local x, z = f64({1, 2}), f64({3})
+    local t = mg.tape{persistent = true}
+    t:watch({x, z})
+    local y = x * 2
+    t:stop()
+    assert.is_nil(t:jacobian(y, z))
+    assert.same({{0}, {0}}, t:jacobian(y, z, {unconnected = "zero"}):totable())
+  end)
+end)
+
+describe("custom_gradient", function()
+  it("uses the given gradient (TensorFlow's log1pexp example)", function()
+    local log1pexp = mg.custom_gradient(function(x)
+      local e = mg.exp(x)
+      return mg.log(1 + e), function(dy) return dy * (1 - 1 / (1 + e)) end
+    end)
+    local x = c(100)
+    local t = mg.tape()
+    t:watch(x)
+    local y = log1pexp(x)
+    t:stop()
+    assert.equal(1, t:gradient(y, x):item())         -- the naive gradient is nan
+  end)
+
+  it("passes the variables f read and takes their gradients", function()
+    local w = mg.Variable(3.0)
+    local seen
+    local f = mg.custom_gradient(function(x)
+      return x * w, function(dy, variables)
+        seen = variables
+        return dy * w, {dy * x * 10}
+      end
+    end)
+    local x = c(2)
+    local t = mg.tape()
+    t:watch(x)
+    local y = f(x)
+    t:stop()
+    local g = t:gradient(y, {x, w})
+    assert.equal(3, g[1]:item())
+    assert.equal(20, g[2]:item())
+    assert.equal(w, seen[1])                          -- the very Variable object
+  end)
+
+  it("handles several outputs and outputs without gradient", function()
+    local f = mg.custom_gradient(function(a, b)
+      return a + b, a * b, function(d1, d2) return d1 + d2 * b, d1 + d2 * a end
+    end)
+    local a, b = c(2), c(5)
+    local t = mg.tape{persistent = true}
+    t:watch({a, b})
+    local s, p = f(a, b)
+    t:stop()
+    assert.equal(7, s:item())
+    assert.equal(10, p:item())
+    local g = t:gradient({s, p}, {a, b})
+    assert.same({6, 3}, {g[1]:item(), g[2]:item()})
+    g = t:gradient(s, {a, b})                          -- d2 comes in as zeros
+    assert.same({1, 1}, {g[1]:item(), g[2]:item()})
+  end)
+
+  it("can itself be differentiated again", function()
+    local cube = mg.custom_gradient(function(x)
+      return x * x * x, function(dy) return dy * 3 * x * x end
+    end)
+    local x = f64(2)
+    local outer = mg.tape()
+    outer:watch(x)
+    local inner = mg.tape()
+    inner:watch(x)
+    local y = cube(x)
+    inner:stop()
+    local g = inner:gradient(y, x)
+    outer:stop()
+    assert.equal(12, g:item())
+    assert.equal(12, outer:gradient(g, x):item())
+  end)
+
+  it("an identity function still gets a node of its own", function()
+    local ident = mg.custom_gradient(function(x) return x, function(dy) return dy * 2 end end)
+    local x = c(1)
+    local t = mg.tape()
+    t:watch(x)
+    local y = ident(x)
+    t:stop()
+    assert.equal(2, t:gradient(y, x):item())
+  end)
+
+  it("errors in grad_fn come out of gradient with their text", function()
+    local bad = mg.custom_gradient(function(x) return x * 2, function() return "oops" end end)
+    local x = c(1)
+    local t = mg.tape()
+    t:watch(x)
+    local y = bad(x)
+    t:stop()
+    assert.has_error(function() t:gradient(y, x) end,
+      "custom_gradient: grad_fn must return tensors or nil, got a string for input 1")
+    assert.has_error(function() mg.custom_gradient(function(x2) return x2 end)(c(1)) end,
+      "custom_gradient: f must return its outputs and then a gradient function")
+  end)
+end)
+
+describe("tape errors", function()
+  it("name the problem", function()
+    local x = c({1, 2})
+    local t = mg.tape{persistent = true}
+    t:watch(x)
+    local y = x * 2
+    t:stop()
+    assert.has_error(function() t:gradient(y, {x, "w"}) end,
+      "tape:gradient: sources[2] is a string, not a tensor or variable")
+    assert.has_error(function() t:gradient(y, x, c({1, 2, 3})) end,
+      "tape:gradient: output_gradients[1] has shape (3), its target has (2)")
+    assert.has_error(function() t:gradient(nil, x) end,
+      "bad argument #1 to 'gradient' (moongrad.Tensor expected, got nil)")
+    assert.has_error(function() t:gradient(y) end,
+      "bad argument #2 to 'gradient' (sources expected (a tensor, a variable or a table of them), got nil)")
+    assert.has_error(function() t:gradient(y, x, nil, {unconnected = "zeros"}) end,
+      "bad argument #4 to 'gradient' (unconnected must be \"none\" or \"zero\", got \"zeros\")")
+    -- the tape still works after all of that
+    assert.same({2, 2}, t:gradient(y, x):totable())
+  end)
+end)
