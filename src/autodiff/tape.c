@@ -164,7 +164,7 @@ static void node_release (mg_node *n);
 
 /* lets go of the nodes and what they saved */
 static void drop_record (mg_tape *t) {
-  for (size_t i = 0; i < t->nnodes; i++) node_release(t->nodes[i]);
+  for (size_t i = 0; i < t->nnodes; i++) node_release(t->nodes[i]);   /* NULL-safe */
   t->nnodes = 0;
   idmap_free(&t->tracked);
 }
@@ -473,7 +473,7 @@ size_t mg_tape_saved_bytes (const mg_tape *t) {
   size_t total = 0;
   for (size_t i = 0; i < t->nnodes; i++) {
     mg_node *n = t->nodes[i];
-    for (int k = 0; k < n->nin + n->nout; k++) {
+    for (int k = 0; n && k < n->nin + n->nout; k++) {
       mg_tensor *x = k < n->nin ? n->in[k] : n->out[k - n->nin];
       if (x == NULL) continue;
       void **slot = idmap_slot(&seen, (uint64_t)(uintptr_t)x->storage);
@@ -572,11 +572,14 @@ done:
 /*
 ** The walk: grads gets, for each source id, d(sum of targets · seeds)/d
 ** source. Only nodes downstream of a source are visited, and a node's
-** output gradients are dropped once it has passed them on.
+** output gradients are dropped once it has passed them on. With
+** free_as_you_go (a non-persistent tape's one gradient) each node goes as
+** soon as the walk is past it, so saved tensors are freed during the
+** backward pass rather than after it, which lowers its peak.
 */
 static mg_status walk (mg_tape *t, int ntargets, mg_tensor *const *targets,
                        mg_tensor *const *seeds, int nsources, mg_tensor *const *sources,
-                       idmap *grads) {
+                       idmap *grads, bool free_as_you_go) {
   idmap dep = {0}, keep_ids = {0};
   bool *relevant = NULL;
   mg_status st = MG_OK;
@@ -607,11 +610,15 @@ static mg_status walk (mg_tape *t, int ntargets, mg_tensor *const *targets,
   }
   for (size_t i = t->nnodes; i-- > 0;) {
     mg_node *n = t->nodes[i];
-    if (!relevant[i]) continue;
     bool any = false;
-    for (int k = 0; k < n->nout && !any; k++) any = idmap_get(grads, n->out_meta[k].id) != NULL;
+    for (int k = 0; relevant[i] && k < n->nout && !any; k++)
+      any = idmap_get(grads, n->out_meta[k].id) != NULL;
+    if (any && (st = step_back(n, grads, &dep)) != MG_OK) goto done;
+    if (free_as_you_go) {                      /* nothing before it needs what it saved */
+      t->nodes[i] = NULL;
+      node_release(n);
+    }
     if (!any) continue;
-    if ((st = step_back(n, grads, &dep)) != MG_OK) goto done;
     for (int k = 0; k < n->nout; k++) {        /* passed on: drop unless asked for */
       uint64_t id = n->out_meta[k].id;
       if (idmap_has(&keep_ids, id)) continue;
@@ -674,11 +681,11 @@ mg_status mg_tape_gradient (mg_tape *t, int ntargets, mg_tensor *const *targets,
   }
   idmap map = {0};
   mg_tape_pause(t);                  /* its own backward pass is not its business */
-  mg_status st = walk(t, ntargets, targets, out_grads, nsources, sources, &map);
+  mg_status st = walk(t, ntargets, targets, out_grads, nsources, sources, &map, !t->persistent);
   mg_tape_resume(t);
   if (st == MG_OK) st = collect(&map, nsources, sources, unconnected_zero, grads);
   release_grads(&map);
-  if (st == MG_OK) consume(t);
+  consume(t);                        /* even after a failure: its nodes may be gone */
   return st;
 }
 
@@ -716,7 +723,7 @@ static mg_status jacobian_rows (mg_tape *t, mg_tensor *target, mg_tensor *source
     idmap map = {0};
     mg_tensor *seed = differentiable ? one_hot(target, j, batch) : NULL;
     if (differentiable)
-      st = seed ? walk(t, 1, &target, &seed, 1, &source, &map) : MG_ERR;
+      st = seed ? walk(t, 1, &target, &seed, 1, &source, &map, false) : MG_ERR;
     mg_tensor_release(seed);
     mg_tensor *g = st == MG_OK ? (mg_tensor *)idmap_get(&map, source->id) : NULL;
     connected |= g != NULL;
