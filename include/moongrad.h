@@ -233,6 +233,9 @@ typedef struct mg_rng_state { uint64_t seed, offset; } mg_rng_state;
 
 MG_API void          mg_random_seed      (uint64_t seed);
 MG_API mg_rng_state  mg_random_get_state (void);
+/* switches between the main stream and the initializers' stream (seeded by
+** mg_random_seed too); layers draw initial values between two calls */
+MG_API void          mg_random_swap_streams (void);
 MG_API void          mg_random_set_state (mg_rng_state s);
 MG_API mg_tensor    *mg_random_uniform   (const int64_t *shape, int ndim, mg_dtype dt,
                                           double lo, double hi);

@@ -468,6 +468,8 @@ mg_tensor *mg_finish (const mg_opdef *def, int nin, mg_tensor *const *in, mg_ten
   return out;
 }
 
+/* the bytes only this tape's nodes keep alive: variables' values are
+** theirs, not the tape's */
 size_t mg_tape_saved_bytes (const mg_tape *t) {
   idmap seen = {0};       /* storages counted once, keyed by address */
   size_t total = 0;
@@ -475,7 +477,7 @@ size_t mg_tape_saved_bytes (const mg_tape *t) {
     mg_node *n = t->nodes[i];
     for (int k = 0; n && k < n->nin + n->nout; k++) {
       mg_tensor *x = k < n->nin ? n->in[k] : n->out[k - n->nin];
-      if (x == NULL) continue;
+      if (x == NULL || x->storage->var_refs > 0) continue;   /* variables hold it anyway */
       void **slot = idmap_slot(&seen, (uint64_t)(uintptr_t)x->storage);
       if (slot == NULL || *slot != NULL) continue;
       *slot = x->storage;

@@ -138,8 +138,18 @@ static int l_permutation (lua_State *L) {
   return mgL_fill(L, box, p);
 }
 
+/* with_init_stream(fn, ...): fn's draws come from the initializers' stream */
+static int l_with_init_stream (lua_State *L) {
+  luaL_checktype(L, 1, LUA_TFUNCTION);
+  mg_random_swap_streams();
+  int st = lua_pcall(L, lua_gettop(L) - 1, LUA_MULTRET, 0);
+  mg_random_swap_streams();
+  if (st != LUA_OK) return lua_error(L);
+  return lua_gettop(L);
+}
+
 static const luaL_Reg random_funcs[] = {
-  {"seed", l_seed}, {"get_state", l_get_state}, {"set_state", l_set_state},
+  {"seed", l_seed}, {"with_init_stream", l_with_init_stream}, {"get_state", l_get_state}, {"set_state", l_set_state},
   {"uniform", l_uniform}, {"normal", l_normal}, {"permutation", l_permutation}, {NULL, NULL}
 };
 

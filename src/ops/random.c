@@ -10,7 +10,12 @@
 
 #include "moongrad_impl.h"
 
+#define INIT_STREAM_KEY 0x6A09E667F3BCC908ULL
+
 static mg_rng_state rng = {0x2545F4914F6CDD1DULL, 0};
+/* a second stream for initial values, so building a layer never shifts the
+** main stream (that recompute_grad replays); seeded along with it */
+static mg_rng_state init_rng = {0x2545F4914F6CDD1DULL ^ INIT_STREAM_KEY, 0};
 
 typedef struct { uint32_t v[4]; } philox_block;
 
@@ -39,6 +44,14 @@ static philox_block philox (uint64_t seed, uint64_t counter) {
 void mg_random_seed (uint64_t seed) {
   rng.seed = seed;
   rng.offset = 0;
+  init_rng.seed = seed ^ INIT_STREAM_KEY;
+  init_rng.offset = 0;
+}
+
+void mg_random_swap_streams (void) {
+  mg_rng_state t = rng;
+  rng = init_rng;
+  init_rng = t;
 }
 
 mg_rng_state mg_random_get_state (void) { return rng; }

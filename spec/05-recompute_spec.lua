@@ -1,0 +1,422 @@
+-- recompute_grad: the seed behaviour exactly, gradients equal to the plain
+-- computation, RNG replay, state updated once, and the blocks built on it.
+local mg = require "moongrad"
+local h = require "helpers"
+
+local c = mg.constant
+
+-- runs fn(wrap) twice, with wrap = recompute_grad and wrap = identity, and
+-- asserts that the gradients it returns are equal (bit for bit unless tol)
+local function same_gradients (fn, tol)
+  local function flat (v, out)
+    out = out or {}
+    if mg.is_tensor(v) then out[#out + 1] = v
+    elseif type(v) == "table" then for _, x in ipairs(v) do flat(x, out) end end
+    return out
+  end
+  local state = mg.random.get_state()
+  local with = flat(fn(mg.recompute_grad))
+  mg.random.set_state(state)
+  local without = flat(fn(function(f) return f end))
+  assert.equal(#without, #with)
+  assert.is_true(#with > 0)
+  for i = 1, #with do
+    if tol then h.assert_close(with[i], without[i], tol)
+    else assert.same(without[i]:totable(), with[i]:totable()) end
+  end
+end
+
+describe("the seed examples print exactly what the documentation shows", function()
+  local function lines (n) return ("running\n"):rep(n) end
+
+  it("examples/seed_recompute.lua", function()
+    local out, code = h.run(h.bin .. " examples/seed_recompute.lua")
+    assert.equal(0, code)
+    assert.equal(lines(12), out)
+  end)
+
+  it("examples/seed_keras.lua", function()
+    local out, code = h.run(h.bin .. " examples/seed_keras.lua")
+    assert.equal(0, code)
+    assert.equal(lines(12), out)
+  end)
+
+  it("prints in the documented order: forward x4, then gradient x4 (and none without recompute)", function()
+    local log = {}
+    local y = mg.Variable(1.0)
+    local function my_function (x)
+      log[#log + 1] = "running"
+      return x * y
+    end
+    local function chain (f)
+      local t = mg.tape()
+      local r = c(1.0)
+      for _ = 1, 4 do r = f(r) end
+      t:stop()
+      log[#log + 1] = "gradient"
+      local g = t:gradient(r, {y})
+      log[#log + 1] = "done"
+      return g
+    end
+    local g1 = chain(mg.recompute_grad(my_function))
+    assert.same({"running", "running", "running", "running", "gradient",
+                 "running", "running", "running", "running", "done"}, log)
+    log = {}
+    local g2 = chain(my_function)
+    assert.same({"running", "running", "running", "running", "gradient", "done"}, log)
+    assert.equal(4, g1[1]:item())           -- d(y^4)/dy at 1
+    assert.same(g2[1]:totable(), g1[1]:totable())
+  end)
+
+  it("the Keras form gives the Dense kernel and bias gradients, as without recompute", function()
+    local function run (wrap)
+      mg.random.seed(11)
+      local model = mg.nn.Sequential{mg.nn.Lambda(function(x) return x end), mg.nn.Dense(2)}
+      local m = wrap(model)
+      local t = mg.tape{persistent = true}
+      local r = c({{1, 2}})
+      for _ = 1, 4 do r = m(r) end
+      t:stop()
+      local g1 = t:gradient(r, model.variables)
+      local g2 = t:gradient(r, m.__wrapped__ and m.__wrapped__.variables or model.variables)
+      assert.same(g1[1]:totable(), g2[1]:totable())
+      assert.same({2, 2}, g1[1].shape)
+      assert.same({2}, g1[2].shape)
+      return g1
+    end
+    same_gradients(run, 1e-6)
+  end)
+end)
+
+describe("recompute_grad", function()
+  before_each(function() mg.random.seed(5) end)
+
+  it("g(...) equals f(...), g.__wrapped__ is f, other fields come from f", function()
+    local f = function(x) return mg.tanh(x) * 2 end
+    local g = mg.recompute_grad(f)
+    assert.equal(f, g.__wrapped__)
+    local x = mg.random.normal{3}
+    assert.same(f(x):totable(), g(x):totable())
+    local model = mg.nn.Dense(3)
+    local gm = mg.recompute_grad(model)
+    gm(mg.ones{1, 2})
+    assert.equal(2, #gm.variables)
+    assert.equal(model.kernel, gm.kernel)
+    assert.is_nil(g.anything)
+  end)
+
+  it("the tape holds one node with only the arguments", function()
+    local x = mg.random.normal{64, 64}
+    local w = mg.Variable(mg.random.normal{64, 64})
+    local f = function(v) return mg.tanh(mg.matmul(mg.tanh(mg.matmul(v, w)), w)) end
+    local t1 = mg.tape()
+    t1:watch(x)
+    f(x)
+    t1:stop()
+    local t2 = mg.tape()
+    t2:watch(x)
+    mg.recompute_grad(f)(x)
+    t2:stop()
+    assert.equal(64 * 64 * 4 * 3, t1:saved_bytes())     -- x, and two tanh outputs
+    assert.equal(64 * 64 * 4, t2:saved_bytes())         -- x only
+  end)
+
+  it("gradients equal the plain ones: functions, several arguments, variables", function()
+    same_gradients(function(wrap)
+      local w = mg.Variable(mg.random.normal({3, 3}, 0, 1, "float64"))
+      local a, b = mg.random.normal({2, 3}, 0, 1, "float64"), mg.random.normal({3}, 0, 1, "float64")
+      local f = wrap(function(x, y) return mg.tanh(mg.matmul(x, w) + y) * y end)
+      local t = mg.tape()
+      t:watch({a, b})
+      local out = mg.sum(f(a, b) ^ 2)
+      t:stop()
+      return t:gradient(out, {a, b, w})
+    end)
+  end)
+
+  it("a tensor passed twice, and nested tables of tensors in and out", function()
+    same_gradients(function(wrap)
+      local x = mg.random.normal({4}, 0, 1, "float64")
+      local f = wrap(function(p, q, tbl)
+        return {sum = p * q + tbl.k[1], prod = {mg.exp(tbl.k[2]) * p}}, p
+      end)
+      local t = mg.tape()
+      t:watch(x)
+      local out, same = f(x, x, {k = {x * 2, x}})
+      assert.same(x:totable(), same:totable())
+      local y = mg.sum(out.sum) + mg.sum(out.prod[1])
+      t:stop()
+      return t:gradient(y, x)
+    end)
+  end)
+
+  it("callable tables (layers and models) and their variables", function()
+    same_gradients(function(wrap)
+      mg.random.seed(21)
+      local model = mg.nn.Sequential{mg.nn.Dense(8, {activation = "tanh"}), mg.nn.Dense(2)}
+      local x = mg.random.normal{5, 4}
+      model(x)                                            -- build
+      local m = wrap(model)
+      local t = mg.tape()
+      local loss = mg.mean(m(x) ^ 2)
+      t:stop()
+      return t:gradient(loss, model.trainable_variables)
+    end, 1e-6)
+  end)
+
+  it("nested recompute_grad", function()
+    same_gradients(function(wrap)
+      local w = mg.Variable(mg.random.normal({4, 4}, 0, 0.5, "float64"))
+      local inner = wrap(function(v) return mg.tanh(mg.matmul(v, w)) end)
+      local outer = wrap(function(v) return inner(inner(v)) * 2 end)
+      local x = mg.random.normal({3, 4}, 0, 1, "float64")
+      local t = mg.tape()
+      t:watch(x)
+      local y = mg.sum(outer(x))
+      t:stop()
+      return t:gradient(y, {x, w})
+    end)
+  end)
+
+  it("persistent tapes recompute on each gradient call", function()
+    local runs = 0
+    local f = mg.recompute_grad(function(v) runs = runs + 1; return v * v end)
+    local x = c(3)
+    local t = mg.tape{persistent = true}
+    t:watch(x)
+    local y = f(x)
+    t:stop()
+    assert.equal(1, runs)
+    assert.equal(6, t:gradient(y, x):item())
+    assert.equal(6, t:gradient(y, x):item())
+    assert.equal(3, runs)
+  end)
+
+  it("second order through a recomputed function equals second order without", function()
+    same_gradients(function(wrap)
+      local w = mg.Variable(mg.random.normal({3, 3}, 0, 0.5, "float64"))
+      local f = wrap(function(v) return mg.sigmoid(mg.matmul(v, w)) ^ 2 end)
+      local x = mg.random.normal({2, 3}, 0, 1, "float64")
+      local outer = mg.tape()
+      outer:watch(x)
+      local inner = mg.tape()
+      inner:watch(x)
+      local y = mg.sum(f(x))
+      inner:stop()
+      local g = inner:gradient(y, x)
+      local gw = mg.sum(g * g)
+      outer:stop()
+      return outer:gradient(gw, {x, w})
+    end, 1e-12)
+  end)
+
+  it("is transparent when no tape records", function()
+    local runs = 0
+    local f = mg.recompute_grad(function(v) runs = runs + 1; return v + 1 end)
+    assert.same({2, 3}, f(c({1, 2})):totable())
+    assert.equal(1, runs)
+  end)
+
+  it("gradients can be gradchecked through it", function()
+    local w = mg.random.normal({3, 2}, 0, 1, "float64")
+    local f = mg.recompute_grad(function(x, v) return mg.tanh(mg.matmul(x, v)) end)
+    assert.is_true(mg.test.gradcheck(f, {mg.random.normal({4, 3}, 0, 1, "float64"), w}))
+  end)
+end)
+
+describe("randomness and state under recompute", function()
+  it("dropout masks replay: gradients equal bit for bit", function()
+    same_gradients(function(wrap)
+      mg.random.seed(99)
+      local w = mg.Variable(mg.random.normal{16, 16})
+      local f = wrap(function(v) return mg.nn.dropout(mg.tanh(mg.matmul(v, w)), 0.5) end)
+      local x = mg.random.normal{8, 16}
+      local t = mg.tape()
+      local y = mg.sum(f(f(x)))
+      t:stop()
+      return t:gradient(y, w)
+    end)
+  end)
+
+  it("the global stream after a gradient is as if no recompute happened", function()
+    local function run (wrap)
+      mg.random.seed(3)
+      local f = wrap(function(v) return mg.nn.dropout(v, 0.3) end)
+      local x = mg.random.normal{10}
+      local t = mg.tape()
+      t:watch(x)
+      local y = f(x)
+      t:stop()
+      t:gradient(y, x)
+      return mg.random.normal{5}
+    end
+    local a = run(mg.recompute_grad)
+    local b = run(function(f) return f end)
+    assert.same(b:totable(), a:totable())
+  end)
+
+  it("a Dropout layer built lazily inside recompute does not shift the masks", function()
+    same_gradients(function(wrap)
+      mg.random.seed(8)
+      local model = mg.nn.Sequential{mg.nn.Dense(6), mg.nn.Dropout(0.5), mg.nn.Dense(3)}
+      local m = wrap(model)
+      local x = mg.random.normal{4, 5}
+      local t = mg.tape()
+      local y = mg.sum(m(x))
+      t:stop()
+      return t:gradient(y, model.variables)
+    end)
+  end)
+
+  it("is_recomputing is true only during the re-run", function()
+    local seen = {}
+    local f = mg.recompute_grad(function(v)
+      seen[#seen + 1] = mg.is_recomputing()
+      return v * 2
+    end)
+    local x = c(1)
+    local t = mg.tape()
+    t:watch(x)
+    local y = f(x)
+    t:stop()
+    assert.is_false(mg.is_recomputing())
+    t:gradient(y, x)
+    assert.same({false, true}, seen)
+  end)
+
+  it("the TF1 form passes {is_recomputing=} to f", function()
+    local flags = {}
+    local f = mg.recompute_grad(function(v, opts)
+      flags[#flags + 1] = opts.is_recomputing
+      return v * 3
+    end, {pass_is_recomputing = true})
+    local x = c(1)
+    local t = mg.tape()
+    t:watch(x)
+    local y = f(x)
+    t:stop()
+    assert.equal(3, t:gradient(y, x):item())
+    assert.same({false, true}, flags)
+  end)
+
+  it("a batch-norm running statistic moves once per forward, not again on recompute", function()
+    local bn = mg.nn.BatchNorm{momentum = 0.5}
+    local f = mg.recompute_grad(bn)
+    local x = mg.constant({{1, 2}, {3, 6}})
+    local t = mg.tape()
+    local y = mg.sum(f(x) * mg.constant({1, 2}))
+    t:stop()
+    assert.equal(1, bn.updates)
+    assert.same({1, 2}, bn.moving_mean:totable())          -- 0.5 * 0 + 0.5 * {2, 4}
+    local g = t:gradient(y, bn.trainable_variables)
+    assert.equal(1, bn.updates)
+    assert.same({1, 2}, bn.moving_mean:totable())
+    assert.same({0, 0}, g[1]:totable())                      -- d/dgamma: sum of normalized x
+    assert.same({2, 4}, g[2]:totable())                      -- d/dbeta
+  end)
+end)
+
+describe("checkpoint_sequential and RevBlock", function()
+  it("checkpoint_sequential gives the plain gradients", function()
+    same_gradients(function(wrap)
+      mg.random.seed(4)
+      local layers = {}
+      for i = 1, 9 do layers[i] = mg.nn.Dense(6, {activation = "tanh"}) end
+      local x = mg.random.normal({3, 6}, 0, 1, "float64")
+      local checkpointed = wrap == mg.recompute_grad
+      local t = mg.tape()
+      t:watch(x)
+      local y
+      if checkpointed then
+        y = mg.nn.checkpoint_sequential(layers, 3, mg.cast(x, "float32"))
+      else
+        y = mg.cast(x, "float32")
+        for _, l in ipairs(layers) do y = l(y) end
+      end
+      local total = mg.sum(y)
+      t:stop()
+      local vars = {}
+      for _, l in ipairs(layers) do vars[#vars + 1] = l.kernel; vars[#vars + 1] = l.bias end
+      return t:gradient(total, vars)
+    end, 1e-6)
+  end)
+
+  it("RevBlock matches the plain computation to float32 tolerance", function()
+    mg.random.seed(12)
+    local f = mg.nn.Sequential{mg.nn.Dense(8, {activation = "tanh"})}
+    local g = mg.nn.Sequential{mg.nn.Dense(8, {activation = "relu"})}
+    local block = mg.nn.RevBlock(f, g, {num_layers = 3})
+    local x1, x2 = mg.random.normal{4, 8}, mg.random.normal{4, 8}
+    f(x1); g(x1)                                              -- build
+    local function plain (a, b)
+      for _ = 1, 3 do
+        local y1 = a + f(b)
+        b = b + g(y1)
+        a = y1
+      end
+      return a, b
+    end
+    local vars = block.trainable_variables
+    assert.equal(4, #vars)
+    local t1 = mg.tape()
+    t1:watch({x1, x2})
+    local y1, y2 = block(x1, x2)
+    local l1 = mg.sum(y1 * y1) + mg.sum(mg.sin and y2 or y2 * 3)
+    t1:stop()
+    local got = t1:gradient(l1, {x1, x2, vars})
+    local t2 = mg.tape()
+    t2:watch({x1, x2})
+    local p1, p2 = plain(x1, x2)
+    local l2 = mg.sum(p1 * p1) + mg.sum(p2 * 3)
+    t2:stop()
+    local want = t2:gradient(l2, {x1, x2, vars})
+    h.assert_close(y1, p1, 1e-6)
+    h.assert_close(got[1], want[1], 1e-4)
+    h.assert_close(got[2], want[2], 1e-4)
+    for k = 1, 4 do h.assert_close(got[3][k], want[3][k], 1e-4) end
+  end)
+
+  it("RevBlock on one tensor splits its last axis in halves", function()
+    mg.random.seed(2)
+    local block = mg.nn.RevBlock(mg.nn.Dense(3), mg.nn.Dense(3))
+    local x = mg.random.normal{2, 6}
+    local y = block(x)
+    assert.same({2, 6}, y.shape)
+    assert.has_error(function() block(mg.ones{2, 5}) end,
+                     "RevBlock: the last dimension (5) must be even to split in halves")
+  end)
+end)
+
+describe("recompute_grad errors", function()
+  it("name the problem", function()
+    assert.has_error(function() mg.recompute_grad(42) end,
+      "bad argument #1 to 'recompute_grad' (f must be callable (a function, or a table with __call), got number)")
+    local x = c(1)
+    local t = mg.tape()
+    t:watch(x)
+    assert.has_error(function() mg.recompute_grad(function() return "no" end)(x) end,
+      "recompute_grad: result 1 of f is a string, not a tensor or variable")
+    assert.has_error(function() mg.recompute_grad(function() end)(x) end,
+      "recompute_grad: f returned nothing; it must return tensors")
+    local calls = 0
+    local shifty = mg.recompute_grad(function(v)
+      calls = calls + 1
+      return calls == 1 and v * 2 or mg.stack({v, v})
+    end)
+    local y = shifty(x)
+    t:stop()
+    assert.has_error(function() t:gradient(y, x) end,
+      "recompute_grad: the recomputed f gave output 1 as (2) float32, the forward gave () float32 (f must be deterministic)")
+  end)
+
+  it("an error inside f leaves the tapes recording", function()
+    local x = c(2)
+    local t = mg.tape()
+    t:watch(x)
+    assert.has_error(function() mg.recompute_grad(function() error("boom") end)(x) end)
+    assert.is_true(t:is_recording())
+    local y = x * x
+    t:stop()
+    assert.equal(4, t:gradient(y, x):item())
+  end)
+end)
