@@ -314,8 +314,13 @@ typedef struct mg_memory_stats {
 MG_API mg_memory_stats mg_memory_stats_get (void);
 MG_API void            mg_memory_reset_peak (void);
 MG_API void            mg_memory_release_cache (void);
-/* called on every change of the live byte counts (for traces); NULL: none */
-MG_API void            mg_memory_set_hook (void (*hook)(void *ud), void *ud);
+/* for timelines: change(ud) runs on every change of the byte counts, and
+** span(name, begin, ud) when a phase ("backward", "recompute") begins and
+** ends; NULL for none */
+MG_API void            mg_memory_set_hooks (void (*change)(void *ud),
+                                            void (*span)(const char *name, int begin, void *ud),
+                                            void *ud);
+MG_API void            mg_memory_span (const char *name, int begin);
 
 /* }============================================================== */
 

@@ -65,3 +65,128 @@ describe("memory counters", function()
     assert.equal(before, h.live())
   end)
 end)
+
+describe("recompute memory, measured by the counters", function()
+  local B, W, N = 64, 256, 16
+  local unit = B * W * 4                               -- one activation, in bytes
+  local old_pause, old_min
+
+  setup(function() old_pause, old_min = mg.memory.setpause(100, 0) end)   -- exact peaks
+  teardown(function() mg.memory.setpause(old_pause, old_min) end)
+
+  -- one training-style pass: forward through `run`, gradient for the input
+  -- and the first layer's variables; returns the tape's saved bytes after
+  -- the forward, and the peak bytes above the start
+  local function measure (run, x, vars)
+    collectgarbage()
+    collectgarbage()
+    mg.memory.reset_peak()
+    local base = mg.memory.stats().current_bytes
+    local t = mg.tape()
+    t:watch(x)
+    local loss = mg.sum(run(x))
+    t:stop()
+    local saved = t:saved_bytes()
+    t:gradient(loss, {x, vars})
+    return saved, mg.memory.stats().peak_bytes - base
+  end
+
+  local function chain (make)
+    mg.random.seed(17)
+    local layers = {}
+    for i = 1, N do layers[i] = make() end
+    local x = mg.random.normal{B, W}
+    for _, l in ipairs(layers) do l(x) end             -- build outside the measurements
+    local function plain (h) for _, l in ipairs(layers) do h = l(h) end return h end
+    local function every (h) for _, l in ipairs(layers) do h = mg.recompute_grad(l)(h) end return h end
+    return layers, x, plain, every
+  end
+
+  it("dense+tanh x16: the recompute tape holds exactly the layer inputs", function()
+    local layers, x, plain, every = chain(function() return mg.nn.Dense(W, {activation = "tanh"}) end)
+    local vars = layers[1].variables
+    local plain_saved, plain_peak = measure(plain, x, vars)
+    local every_saved, every_peak = measure(every, x, vars)
+    assert.equal(N * unit, every_saved)                -- the 16 layer inputs, nothing else
+    -- the plain tape keeps only what backward needs too: each layer's input
+    -- (for matmul) and output (for tanh), which is the next layer's input
+    assert.equal((N + 1) * unit, plain_saved)
+    assert.is_true(every_peak <= plain_peak, ("peak %d > %d"):format(every_peak, plain_peak))
+  end)
+
+  it("MLP blocks (W -> 4W -> W) x16: recompute cuts the saved bytes over 4x and the peak over 2x", function()
+    local layers, x, plain, every = chain(function()
+      return mg.nn.Sequential{mg.nn.Dense(4 * W, {activation = "tanh"}), mg.nn.Dense(W, {activation = "tanh"})}
+    end)
+    local vars = layers[1].variables
+    local plain_saved, plain_peak = measure(plain, x, vars)
+    local every_saved, every_peak = measure(every, x, vars)
+    assert.equal(N * unit, every_saved)
+    assert.equal((N * 5 + 1) * unit, plain_saved)      -- per block: input, hidden (4 units)
+    assert.is_true(plain_saved / every_saved > 4)
+    assert.is_true(plain_peak / every_peak > 2, ("peaks %d vs %d"):format(plain_peak, every_peak))
+  end)
+
+  it("checkpoint_sequential with sqrt(N) segments holds O(sqrt(N)) activations", function()
+    local layers, x, plain = chain(function() return mg.nn.Dense(W, {activation = "tanh"}) end)
+    local vars = layers[1].variables
+    local ck = function(h) return mg.nn.checkpoint_sequential(layers, 4, h) end
+    local ck_saved, ck_peak = measure(ck, x, vars)
+    local _, plain_peak = measure(plain, x, vars)
+    -- inputs of segments 1..3, then the last segment's 4 layers run plainly
+    assert.equal((3 + 5) * unit, ck_saved)
+    assert.is_true(ck_peak < plain_peak)
+    local layers64 = {}
+    for i = 1, 64 do layers64[i] = layers[(i - 1) % N + 1] end
+    local ck64_saved = select(1, measure(function(h) return mg.nn.checkpoint_sequential(layers64, 8, h) end, x, vars))
+    assert.equal((7 + 9) * unit, ck64_saved)           -- 4x the layers, 2x the activations
+  end)
+
+  it("RevBlock: what the tape holds does not grow with num_layers", function()
+    mg.random.seed(23)
+    local f = mg.nn.Dense(W // 2, {activation = "tanh"})
+    local g = mg.nn.Dense(W // 2, {activation = "tanh"})
+    local x = mg.random.normal{B, W}
+    local results = {}
+    for _, n in ipairs({2, 8}) do
+      local block = mg.nn.RevBlock(f, g, {num_layers = n})
+      block(x)
+      local saved, peak = measure(function(h) return block(h) end, x, f.variables)
+      results[n] = {saved = saved, peak = peak}
+    end
+    assert.equal(results[2].saved, results[8].saved)
+    assert.is_true(results[8].peak <= results[2].peak * 1.25,
+                   ("peak grew from %d to %d"):format(results[2].peak, results[8].peak))
+  end)
+end)
+
+describe("memory timeline", function()
+  it("writes a Chrome trace with counters and forward/backward/recompute spans", function()
+    local path = os.tmpname()
+    local w = mg.Variable(mg.random.normal{32, 32})
+    local f = mg.recompute_grad(function(v) return mg.tanh(mg.matmul(v, w)) end)
+    local result = mg.memory.trace(path, function()
+      local t = mg.tape()
+      local y = mg.memory.span("model", function() return mg.sum(f(mg.ones{4, 32})) end)
+      t:stop()
+      t:gradient(y, w)
+      return "done"
+    end)
+    assert.equal("done", result)
+    local text = assert(io.open(path)):read("a")
+    os.remove(path)
+    assert.equal('{"displayTimeUnit":"ms","traceEvents":[', text:sub(1, 39))
+    assert.equal("]}\n", text:sub(-3))
+    assert.truthy(text:find('"name":"memory","ph":"C"', 1, true))
+    for _, span in ipairs({"forward", "backward", "recompute", "model"}) do
+      assert.truthy(text:find('"name":"' .. span .. '","ph":"B"', 1, true), span)
+      assert.truthy(text:find('"name":"' .. span .. '","ph":"E"', 1, true), span)
+    end
+    local nil_, msg = mg.memory.trace("/nonexistent/dir/t.json", function() end)
+    assert.is_nil(nil_)
+    assert.equal("/nonexistent/dir/t.json: No such file or directory", msg)
+    assert.has_error(function() mg.memory.trace(path, function() mg.memory.trace(path, print) end) end,
+                     "memory.trace: a trace is already running")
+    os.remove(path)
+  end)
+end)

@@ -20,6 +20,7 @@ static struct {
   size_t current, peak, peak_saved;
   int64_t live_storages, allocations;
   void (*hook)(void *ud);
+  void (*span)(const char *name, int begin, void *ud);
   void *hook_ud;
 } M;
 
@@ -131,7 +132,13 @@ void mg_memory_release_cache (void) {
   /* nothing is cached yet */
 }
 
-void mg_memory_set_hook (void (*hook)(void *ud), void *ud) {
-  M.hook = hook;
+void mg_memory_set_hooks (void (*change)(void *ud), void (*span)(const char *, int, void *),
+                          void *ud) {
+  M.hook = change;
+  M.span = span;
   M.hook_ud = ud;
+}
+
+void mg_memory_span (const char *name, int begin) {
+  if (M.span) M.span(name, begin, M.hook_ud);
 }

@@ -146,19 +146,23 @@ static int recompute_backward_body (lua_State *L) {
     targets[ntargets] = y;
     seeds[ntargets++] = dout[i];
   }
-  for (int i = 0; i < e->nflat; i++) {
-    lua_geti(L, flat, i + 1);
-    sources[i] = mgL_testtensor(L, -1);
-    lua_pop(L, 1);
+  /* only the inputs the outer walk asked for: no work for the others */
+  int *which = (int *)lua_newuserdatauv(L, sizeof(int) * (size_t)(nsources + 1), 0);
+  int nwanted = 0;
+  for (int j = 0; j < nsources; j++) {
+    if (!n->needs[j]) continue;
+    if (j < e->nflat) {
+      lua_geti(L, flat, j + 1);
+      sources[nwanted] = mgL_testtensor(L, -1);
+      lua_pop(L, 1);
+    } else {
+      sources[nwanted] = mg_variable_peek(e->vars[j - e->nflat]);
+    }
+    which[nwanted++] = j;
   }
-  for (int k = 0; k < e->nvars; k++) sources[e->nflat + k] = mg_variable_peek(e->vars[k]);
-  if (mg_tape_gradient(s->tape, ntargets, targets, nsources, sources, seeds, 0, grads) != MG_OK)
+  if (mg_tape_gradient(s->tape, ntargets, targets, nwanted, sources, seeds, 1, grads) != MG_OK)
     return mgL_error(L);
-  for (int j = 0; j < nsources; j++) {            /* hand them over to din */
-    if (n->needs[j] && grads[j] == NULL) grads[j] = mg_zeros_meta(&n->in_meta[j]);
-    if (n->needs[j]) din[j] = grads[j];
-    else mg_tensor_release(grads[j]);
-  }
+  for (int k = 0; k < nwanted; k++) din[which[k]] = grads[k];     /* zeros when unconnected */
   return 0;
 }
 
@@ -170,8 +174,10 @@ static mg_status recompute_backward (mg_node *n, mg_tensor *const *dout, mg_tens
   if (s.tape == NULL) return MG_ERR;
   mg_random_set_state(e->rng);
   mg_recompute_enter();
+  mg_memory_span("recompute", 1);
   mg_status st = mgL_backward_call(mgL_running ? mgL_running : e->L, n, dout, din,
                                    recompute_backward_body, &s, "recompute_grad");
+  mg_memory_span("recompute", 0);
   mg_recompute_leave();
   mg_random_set_state(now);           /* as if no recompute had happened */
   mg_tape_release(s.tape);

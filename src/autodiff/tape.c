@@ -683,7 +683,9 @@ mg_status mg_tape_gradient (mg_tape *t, int ntargets, mg_tensor *const *targets,
   }
   idmap map = {0};
   mg_tape_pause(t);                  /* its own backward pass is not its business */
+  mg_memory_span("backward", 1);
   mg_status st = walk(t, ntargets, targets, out_grads, nsources, sources, &map, !t->persistent);
+  mg_memory_span("backward", 0);
   mg_tape_resume(t);
   if (st == MG_OK) st = collect(&map, nsources, sources, unconnected_zero, grads);
   release_grads(&map);

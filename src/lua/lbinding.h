@@ -72,6 +72,7 @@ void mgL_open_tensor    (lua_State *L);    /* each adds its functions to the tab
 void mgL_open_variable  (lua_State *L);
 void mgL_open_tape      (lua_State *L);
 void mgL_open_memory    (lua_State *L);
+void mgL_open_trace     (lua_State *L);    /* into the memory table at -1 */
 void mgL_open_random    (lua_State *L);
 void mgL_open_custom    (lua_State *L);
 void mgL_open_recompute (lua_State *L);

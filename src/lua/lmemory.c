@@ -12,16 +12,15 @@
 #define GC_MIN_GROWTH ((size_t)16 << 20)
 
 static int gc_pause = 200;               /* percent, as lua_gc's setpause */
+static size_t gc_min_growth = GC_MIN_GROWTH;
 static size_t gc_threshold = GC_MIN_GROWTH;
 
 void mgL_gc_pressure (lua_State *L) {
-  mg_memory_stats st = mg_memory_stats_get();
-  if (st.tensor_bytes < gc_threshold) return;
+  if (mg_memory_stats_get().tensor_bytes <= gc_threshold) return;
   lua_gc(L, LUA_GCCOLLECT);
   size_t live = mg_memory_stats_get().tensor_bytes;
   size_t next = live / 100 * (size_t)gc_pause;
-  gc_threshold = next > live + GC_MIN_GROWTH / 16 ? next : live + GC_MIN_GROWTH / 16;
-  if (gc_pause > 100 && gc_threshold < GC_MIN_GROWTH) gc_threshold = GC_MIN_GROWTH;
+  gc_threshold = next > live + gc_min_growth ? next : live + gc_min_growth;
 }
 
 static void setfield_int (lua_State *L, const char *k, int64_t v) {
@@ -58,14 +57,21 @@ static int l_release_cache (lua_State *L) {
   return 0;
 }
 
-/* setpause(percent): how far tensor memory may grow before a collection */
+/* setpause(percent [, min_bytes]): tensor memory may grow to percent of
+** what lived after the last collection, and by at least min_bytes (16 MiB),
+** before a collection; returns the old pair. setpause(100, 0) collects
+** whenever memory grows, which makes peaks exact (and slow). */
 static int l_setpause (lua_State *L) {
   lua_Integer p = luaL_checkinteger(L, 1);
+  lua_Integer m = luaL_optinteger(L, 2, (lua_Integer)GC_MIN_GROWTH);
   luaL_argcheck(L, p >= 100 && p <= 100000, 1, "pause must be between 100 and 100000 (percent)");
+  luaL_argcheck(L, m >= 0, 2, "min_bytes must not be negative");
   lua_pushinteger(L, gc_pause);
+  lua_pushinteger(L, (lua_Integer)gc_min_growth);
   gc_pause = (int)p;
+  gc_min_growth = (size_t)m;
   gc_threshold = 0;                    /* re-derive at the next allocation */
-  return 1;
+  return 2;
 }
 
 static const luaL_Reg memory_funcs[] = {
@@ -75,6 +81,7 @@ static const luaL_Reg memory_funcs[] = {
 
 void mgL_open_memory (lua_State *L) {
   luaL_newlib(L, memory_funcs);
+  mgL_open_trace(L);
   lua_setfield(L, -2, "memory");
 }
 

@@ -1,0 +1,117 @@
+/*
+** ltrace.c — mg.memory.trace: a memory timeline as a Chrome trace (JSON
+** that Perfetto and chrome://tracing open).
+**
+** Three tracks: "memory" counters (tensor, saved and variable bytes at every
+** change), "phases" (forward between gradients, backward during them), and
+** "recompute" (each re-run of a recompute_grad function), plus a track of
+** the caller's own spans from mg.memory.span(name, fn).
+*/
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "lbinding.h"
+
+#define MAX_COUNTER_EVENTS 2000000      /* beyond this, counters stop (the file says so) */
+
+enum { TID_SPANS = 1, TID_PHASES = 2, TID_RECOMPUTE = 3 };
+
+typedef struct tracer {
+  FILE *f;
+  double t0;
+  int depth;                  /* nested backward passes */
+  long counters;
+  size_t last[3];
+} tracer;
+
+static tracer *active;
+
+static double now_us (void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec / 1e3;
+}
+
+static void event (tracer *tr, const char *name, char ph, int tid) {
+  fprintf(tr->f, ",\n{\"name\":\"%s\",\"ph\":\"%c\",\"ts\":%.3f,\"pid\":1,\"tid\":%d}", name, ph,
+          now_us() - tr->t0, tid);
+}
+
+static void on_change (void *ud) {
+  tracer *tr = (tracer *)ud;
+  mg_memory_stats st = mg_memory_stats_get();
+  size_t v[3] = {st.tensor_bytes, st.saved_bytes, st.variable_bytes};
+  if (memcmp(v, tr->last, sizeof v) == 0 || tr->counters >= MAX_COUNTER_EVENTS) return;
+  memcpy(tr->last, v, sizeof v);
+  if (++tr->counters == MAX_COUNTER_EVENTS) event(tr, "counter events stop here (limit)", 'i', TID_SPANS);
+  fprintf(tr->f, ",\n{\"name\":\"memory\",\"ph\":\"C\",\"ts\":%.3f,\"pid\":1,"
+                 "\"args\":{\"tensors\":%zu,\"saved\":%zu,\"variables\":%zu}}",
+          now_us() - tr->t0, v[0], v[1], v[2]);
+}
+
+/* backward at depth 0 ends a forward phase; its end starts the next one */
+static void on_span (const char *name, int begin, void *ud) {
+  tracer *tr = (tracer *)ud;
+  if (strcmp(name, "backward") == 0) {
+    if (begin && tr->depth++ == 0) event(tr, "forward", 'E', TID_PHASES);
+    event(tr, "backward", begin ? 'B' : 'E', TID_PHASES);
+    if (!begin && --tr->depth == 0) event(tr, "forward", 'B', TID_PHASES);
+  } else {
+    event(tr, name, begin ? 'B' : 'E', TID_RECOMPUTE);
+  }
+}
+
+static void thread_name (tracer *tr, int tid, const char *name) {
+  fprintf(tr->f, ",\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":1,\"tid\":%d,"
+                 "\"args\":{\"name\":\"%s\"}}", tid, name);
+}
+
+/* trace(path, fn, ...): runs fn(...) recording its timeline into path;
+** returns fn's results, or nil and a message when path cannot be written */
+static int l_trace (lua_State *L) {
+  const char *path = luaL_checkstring(L, 1);
+  luaL_checktype(L, 2, LUA_TFUNCTION);
+  if (active) return luaL_error(L, "memory.trace: a trace is already running");
+  tracer tr = {fopen(path, "w"), now_us(), 0, 0, {0, 0, 0}};
+  if (tr.f == NULL) return luaL_fileresult(L, 0, path);
+  fprintf(tr.f, "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n"
+                "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":1,\"args\":{\"name\":\"moongrad\"}}");
+  thread_name(&tr, TID_SPANS, "spans");
+  thread_name(&tr, TID_PHASES, "phases");
+  thread_name(&tr, TID_RECOMPUTE, "recompute");
+  active = &tr;
+  on_change(&tr);
+  event(&tr, "forward", 'B', TID_PHASES);
+  mg_memory_set_hooks(on_change, on_span, &tr);
+  int st = lua_pcall(L, lua_gettop(L) - 2, LUA_MULTRET, 0);
+  mg_memory_set_hooks(NULL, NULL, NULL);
+  while (tr.depth > 0) on_span("backward", 0, &tr);      /* an error mid-backward */
+  event(&tr, "forward", 'E', TID_PHASES);
+  fprintf(tr.f, "\n]}\n");
+  int werr = ferror(tr.f);
+  fclose(tr.f);
+  active = NULL;
+  if (st != LUA_OK) return lua_error(L);
+  if (werr) return luaL_fileresult(L, 0, path);
+  return lua_gettop(L) - 1;
+}
+
+/* span(name, fn, ...): fn(...) as a named span of the running trace */
+static int l_span (lua_State *L) {
+  const char *name = luaL_checkstring(L, 1);
+  luaL_checktype(L, 2, LUA_TFUNCTION);
+  tracer *tr = active;
+  if (tr) event(tr, name, 'B', TID_SPANS);
+  int st = lua_pcall(L, lua_gettop(L) - 2, LUA_MULTRET, 0);
+  if (tr && active == tr) event(tr, name, 'E', TID_SPANS);
+  if (st != LUA_OK) return lua_error(L);
+  return lua_gettop(L) - 1;
+}
+
+void mgL_open_trace (lua_State *L) {       /* the memory table is at -1 */
+  lua_pushcfunction(L, l_trace);
+  lua_setfield(L, -2, "trace");
+  lua_pushcfunction(L, l_span);
+  lua_setfield(L, -2, "span");
+}
