@@ -309,6 +309,7 @@ typedef struct mg_memory_stats {
   size_t cached_bytes;                       /* freed, kept for reuse */
   int64_t live_tensors, live_storages;
   int64_t allocations;                       /* storages created, ever */
+  size_t allocated_bytes;                    /* their bytes, ever */
 } mg_memory_stats;
 
 MG_API mg_memory_stats mg_memory_stats_get (void);
@@ -321,6 +322,9 @@ MG_API void            mg_memory_set_hooks (void (*change)(void *ud),
                                             void (*span)(const char *name, int begin, void *ud),
                                             void *ud);
 MG_API void            mg_memory_span (const char *name, int begin);
+/* called after every new storage: lets a host with a garbage collector
+** (the Lua binding) collect dead tensors during long C computations */
+MG_API void            mg_memory_set_pressure_hook (void (*pressure)(void));
 
 /* }============================================================== */
 

@@ -19,9 +19,11 @@ static struct {
   size_t role_bytes[MG_ROLE__COUNT];
   size_t current, peak, peak_saved;
   int64_t live_storages, allocations;
+  size_t allocated;                         /* bytes ever allocated */
   void (*hook)(void *ud);
   void (*span)(const char *name, int begin, void *ud);
   void *hook_ud;
+  void (*pressure)(void);
 } M;
 
 extern int64_t mg_live_tensors;   /* kept by tensor.c */
@@ -85,7 +87,9 @@ mg_storage *mg_storage_new (size_t nbytes) {
   if (M.current > M.peak) M.peak = M.current;
   M.live_storages++;
   M.allocations++;
+  M.allocated += nbytes;
   notify();
+  if (M.pressure) M.pressure();
   return s;
 }
 
@@ -120,6 +124,7 @@ mg_memory_stats mg_memory_stats_get (void) {
   st.live_tensors = mg_live_tensors;
   st.live_storages = M.live_storages;
   st.allocations = M.allocations;
+  st.allocated_bytes = M.allocated;
   return st;
 }
 
@@ -137,6 +142,10 @@ void mg_memory_set_hooks (void (*change)(void *ud), void (*span)(const char *, i
   M.hook = change;
   M.span = span;
   M.hook_ud = ud;
+}
+
+void mg_memory_set_pressure_hook (void (*pressure)(void)) {
+  M.pressure = pressure;
 }
 
 void mg_memory_span (const char *name, int begin) {

@@ -616,16 +616,15 @@ static mg_status walk (mg_tape *t, int ntargets, mg_tensor *const *targets,
     for (int k = 0; relevant[i] && k < n->nout && !any; k++)
       any = idmap_get(grads, n->out_meta[k].id) != NULL;
     if (any && (st = step_back(n, grads, &dep)) != MG_OK) goto done;
-    if (free_as_you_go) {                      /* nothing before it needs what it saved */
-      t->nodes[i] = NULL;
-      node_release(n);
-    }
-    if (!any) continue;
-    for (int k = 0; k < n->nout; k++) {        /* passed on: drop unless asked for */
+    for (int k = 0; any && k < n->nout; k++) {   /* passed on: drop unless asked for */
       uint64_t id = n->out_meta[k].id;
       if (idmap_has(&keep_ids, id)) continue;
       void **slot = idmap_slot(grads, id);
       if (slot) { mg_tensor_release((mg_tensor *)*slot); *slot = NULL; }
+    }
+    if (free_as_you_go) {                        /* nothing before it needs what it saved */
+      t->nodes[i] = NULL;
+      node_release(n);
     }
   }
 done:

@@ -3,9 +3,9 @@
 **
 ** Lua's collector sees a tensor as a few bytes of userdata, not the
 ** megabytes behind it, so garbage tensors could pile up between cycles.
-** mgL_gc_pressure closes that gap as Lua does for its own heap: when tensor
-** memory has grown to `pause` percent of what was alive after the last
-** collection, it runs a full collection.
+** mgL_gc_pressure closes the gap the way Lua paces its own heap: once the
+** tensor bytes allocated since the last collection exceed (pause - 100)%
+** of what was alive after it (and at least min_bytes), it collects.
 */
 #include "lbinding.h"
 
@@ -13,14 +13,28 @@
 
 static int gc_pause = 200;               /* percent, as lua_gc's setpause */
 static size_t gc_min_growth = GC_MIN_GROWTH;
-static size_t gc_threshold = GC_MIN_GROWTH;
+static size_t gc_mark = 0;               /* allocated_bytes at the last collection */
+static size_t gc_allowance = GC_MIN_GROWTH;
 
 void mgL_gc_pressure (lua_State *L) {
-  if (mg_memory_stats_get().tensor_bytes <= gc_threshold) return;
+  static bool collecting = false;
+  if (collecting || mg_memory_stats_get().allocated_bytes - gc_mark <= gc_allowance) return;
+  collecting = true;
   lua_gc(L, LUA_GCCOLLECT);
-  size_t live = mg_memory_stats_get().tensor_bytes;
-  size_t next = live / 100 * (size_t)gc_pause;
-  gc_threshold = next > live + gc_min_growth ? next : live + gc_min_growth;
+  lua_gc(L, LUA_GCSTEP, 0);      /* in generational mode, finalizers run only at a step */
+  collecting = false;
+  mg_memory_stats st = mg_memory_stats_get();
+  size_t grow = st.current_bytes / 100 * (size_t)(gc_pause - 100);
+  gc_mark = st.allocated_bytes;
+  gc_allowance = grow > gc_min_growth ? grow : gc_min_growth;
+}
+
+/* While a gradient runs, the walk is C code that never returns to Lua, yet
+** the forward pass's garbage boxes still pin tensors the tape has let go
+** of: collect from the allocator then, on the thread that asked for the
+** gradient (the only one it is safe to run finalizers on). */
+static void pressure_during_gradient (void) {
+  if (mgL_running != NULL) mgL_gc_pressure(mgL_running);
 }
 
 static void setfield_int (lua_State *L, const char *k, int64_t v) {
@@ -42,6 +56,7 @@ static int l_stats (lua_State *L) {
   setfield_int(L, "live_tensors", st.live_tensors);
   setfield_int(L, "live_storages", st.live_storages);
   setfield_int(L, "allocations", st.allocations);
+  setfield_int(L, "allocated_bytes", (int64_t)st.allocated_bytes);
   return 1;
 }
 
@@ -70,7 +85,7 @@ static int l_setpause (lua_State *L) {
   lua_pushinteger(L, (lua_Integer)gc_min_growth);
   gc_pause = (int)p;
   gc_min_growth = (size_t)m;
-  gc_threshold = 0;                    /* re-derive at the next allocation */
+  gc_allowance = 0;                    /* re-derive at the next allocation */
   return 2;
 }
 
@@ -80,6 +95,7 @@ static const luaL_Reg memory_funcs[] = {
 };
 
 void mgL_open_memory (lua_State *L) {
+  mg_memory_set_pressure_hook(pressure_during_gradient);
   luaL_newlib(L, memory_funcs);
   mgL_open_trace(L);
   lua_setfield(L, -2, "memory");

@@ -9,6 +9,7 @@
 */
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #include "lbinding.h"
 
@@ -81,6 +82,15 @@ static int l_get_num_threads (lua_State *L) {
   return 1;
 }
 
+/* clock(): seconds on a monotonic wall clock (os.clock counts CPU time of
+** every thread) */
+static int l_clock (lua_State *L) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  lua_pushnumber(L, (lua_Number)ts.tv_sec + (lua_Number)ts.tv_nsec * 1e-9);
+  return 1;
+}
+
 int luaopen_moongrad (lua_State *L) {
   luaL_checkversion(L);
   lua_newtable(L);
@@ -95,6 +105,8 @@ int luaopen_moongrad (lua_State *L) {
   lua_setfield(L, -2, "set_num_threads");
   lua_pushcfunction(L, l_get_num_threads);
   lua_setfield(L, -2, "get_num_threads");
+  lua_pushcfunction(L, l_clock);
+  lua_setfield(L, -2, "clock");
   lua_pushliteral(L, MG_VERSION);
   lua_setfield(L, -2, "version");
   lua_createtable(L, 0, 1);
