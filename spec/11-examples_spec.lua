@@ -1,0 +1,25 @@
+-- The examples run as documented (the seed examples are checked in 05).
+local h = require "helpers"
+
+describe("examples", function()
+  it("autodiff.lua walks through the autodiff guide", function()
+    local out, code = h.run(h.bin .. " examples/autodiff.lua")
+    assert.equal(0, code, out)
+    assert.truthy(out:find("dy/dx of x^2 at 3:\t6.0", 1, true))
+    assert.truthy(out:find("d2y/dx2 of x^3 at 1:\t6.0", 1, true))
+    assert.truthy(out:find("stable gradient at 100:\t1.0", 1, true))
+    assert.truthy(out:find("gradcheck:\ttrue", 1, true))
+  end)
+
+  it("memory_timeline.lua writes a trace and shows recompute holding less", function()
+    local path = os.tmpname()
+    local out, code = h.run(h.bin .. " examples/memory_timeline.lua " .. path)
+    assert.equal(0, code, out)
+    local ratio = tonumber(out:match("peak held by tapes: plain [%d.]+ MiB, recompute [%d.]+ MiB %(([%d.]+)x less%)"))
+    assert.is_true(ratio and ratio > 3, out)
+    local f = assert(io.open(path))
+    assert.equal('{"displayTimeUnit":"ms"', f:read(23))
+    f:close()
+    os.remove(path)
+  end)
+end)
