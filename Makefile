@@ -12,7 +12,7 @@ LUA      ?= lua5.4
 LUA_INC  ?= /usr/include/lua5.4
 LUA_LIB  ?= -llua5.4
 MARCH    ?= -march=native
-OPT      ?= -O2
+OPT      ?= -O3
 MYCFLAGS ?=
 PREFIX   ?= /usr/local
 BUILD    ?= build
@@ -26,10 +26,11 @@ WARN = -Wall -Wextra \
 #      -Wconversion          (noisy: every size_t <-> int64_t)
 #      -Wcast-qual
 
-CFLAGS  = -std=c11 -D_POSIX_C_SOURCE=200809L $(OPT) $(MARCH) -fPIC -fopenmp \
+# -fno-math-errno: nothing reads errno, and it lets loops call libmvec (src/ops/vecmath.h)
+CFLAGS  = -std=c11 -D_POSIX_C_SOURCE=200809L $(OPT) $(MARCH) -fno-math-errno -fPIC -fopenmp \
           -Iinclude -Isrc -I$(LUA_INC) $(WARN) $(MYCFLAGS)
 # CFLAGS += -DMG_ASSERT_ON      (internal invariants)
-LIBS    = -ldnnl -lm -fopenmp
+LIBS    = -ldnnl -lmvec -lm -fopenmp
 
 # Debian packages the build and the tests need
 DEPS = lua5.4 liblua5.4-dev lua-busted libreadline-dev libdnnl-dev
@@ -100,7 +101,7 @@ demo: deps
 asan: deps
 	$(MAKE) BUILD=build-asan OPT="-O1 -g -fno-omit-frame-pointer" \
 	  MYCFLAGS="-fsanitize=address,undefined -fno-sanitize-recover=undefined" \
-	  LIBS="-ldnnl -lm -fopenmp -fsanitize=address,undefined" build-asan/moongrad
+	  LIBS="-ldnnl -lmvec -lm -fopenmp -fsanitize=address,undefined" build-asan/moongrad
 	ASAN_OPTIONS=allocator_may_return_null=1:detect_leaks=1 MOONGRAD_BIN=build-asan/moongrad \
 	  build-asan/moongrad /usr/bin/busted
 

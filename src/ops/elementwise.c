@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "moongrad_impl.h"
+#include "vecmath.h"
 
 /* {===================== binary kernels ===================== */
 

@@ -7,6 +7,7 @@
 #include <math.h>
 
 #include "moongrad_impl.h"
+#include "vecmath.h"
 
 /* y over (outer, n, inner) with the reduced axis in the middle */
 #define SOFTMAX_BODY(T, EXP, LOG) do {                                         \
