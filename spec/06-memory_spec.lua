@@ -192,3 +192,37 @@ describe("memory timeline", function()
     os.remove(path)
   end)
 end)
+
+describe("the reuse cache", function()
+  it("keeps freed storages apart from live bytes, reuses them, and lets go on request", function()
+    collectgarbage()
+    collectgarbage()
+    mg.memory.release_cache()
+    local base = mg.memory.stats()
+    assert.equal(0, base.cached_bytes)
+    do local a = mg.zeros{1000} end                    -- 4000 bytes, then garbage
+    collectgarbage()
+    collectgarbage()
+    local s = mg.memory.stats()
+    assert.equal(base.current_bytes, s.current_bytes)  -- not live any more ...
+    assert.equal(4000, s.cached_bytes)                 -- ... but held for reuse
+    local b = mg.ones{1000}                            -- the same size: taken from the cache
+    assert.equal(0, mg.memory.stats().cached_bytes)
+    assert.equal(base.current_bytes + 4000, mg.memory.stats().current_bytes)
+    assert.same({1, 1}, b:slice({1, 2}):totable())     -- filled afresh
+    b = nil
+    collectgarbage()
+    collectgarbage()
+    mg.memory.release_cache()
+    assert.equal(0, mg.memory.stats().cached_bytes)
+  end)
+
+  it("respects its limit", function()
+    mg.memory.set_cache_limit(1000)
+    do local a = mg.zeros{1000} end
+    collectgarbage()
+    collectgarbage()
+    assert.equal(0, mg.memory.stats().cached_bytes)
+    mg.memory.set_cache_limit(256 * 2^20)
+  end)
+end)

@@ -6,6 +6,11 @@
 ** (some variable's value), saved (held by a tape node for backward) or
 ** tensor (anything else alive). Roles change as tapes and variables take and
 ** drop references, so the counters follow what holds the memory right now.
+**
+** Freed storages wait in a cache keyed by their exact size, because a
+** training loop asks for the same sizes every step: reuse skips malloc,
+** free and the page faults of fresh memory. Cached bytes are counted apart
+** (cached_bytes), never as live, and the cache is capped.
 */
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,6 +19,8 @@
 #include "moongrad_impl.h"
 
 #define ALIGNMENT 64
+#define CACHE_BUCKETS 256
+#define DEFAULT_CACHE_LIMIT ((size_t)256 << 20)
 
 static struct {
   size_t role_bytes[MG_ROLE__COUNT];
@@ -24,7 +31,57 @@ static struct {
   void (*span)(const char *name, int begin, void *ud);
   void *hook_ud;
   void (*pressure)(void);
-} M;
+  mg_storage *cache[CACHE_BUCKETS];        /* free storages by size; next in ->data's first word */
+  size_t cached, cache_limit;
+} M = {.cache_limit = DEFAULT_CACHE_LIMIT};
+
+/* {========================= the cache ====================== */
+/* A freed storage keeps its block; a bucket holds a list of them, linked
+** through a pointer stored in the (unused) data. Sizes that share a bucket
+** are told apart by nbytes. */
+
+static size_t bucket_of (size_t nbytes) {
+  return (size_t)((nbytes * 0x9E3779B97F4A7C15ULL) >> 56) % CACHE_BUCKETS;
+}
+
+static mg_storage **next_of (mg_storage *s) { return (mg_storage **)s->data; }
+
+static mg_storage *cache_take (size_t nbytes) {
+  for (mg_storage **p = &M.cache[bucket_of(nbytes)]; *p; p = next_of(*p)) {
+    if ((*p)->nbytes != nbytes) continue;
+    mg_storage *s = *p;
+    *p = *next_of(s);
+    M.cached -= nbytes;
+    return s;
+  }
+  return NULL;
+}
+
+static bool cache_put (mg_storage *s) {
+  if (M.cached + s->nbytes > M.cache_limit) return false;
+  mg_storage **head = &M.cache[bucket_of(s->nbytes)];
+  *next_of(s) = *head;
+  *head = s;
+  M.cached += s->nbytes;
+  return true;
+}
+
+void mg_memory_release_cache (void) {
+  for (int b = 0; b < CACHE_BUCKETS; b++)
+    while (M.cache[b]) {
+      mg_storage *s = M.cache[b];
+      M.cache[b] = *next_of(s);
+      free(s);
+    }
+  M.cached = 0;
+}
+
+void mg_memory_set_cache_limit (size_t bytes) {
+  M.cache_limit = bytes;
+  if (M.cached > bytes) mg_memory_release_cache();
+}
+
+/* }========================================================== */
 
 extern int64_t mg_live_tensors;   /* kept by tensor.c */
 
@@ -62,13 +119,20 @@ static const char *human_bytes (char *buf, size_t n, double bytes) {
 ** block. Fails with "out of memory allocating ..." rather than aborting.
 */
 mg_storage *mg_storage_new (size_t nbytes) {
-  size_t total = sizeof(mg_storage) + ALIGNMENT + nbytes;
+  mg_storage *s = cache_take(nbytes);
+  if (s != NULL) goto ready;
+  /* at least a pointer of data, for the cache's link */
+  size_t total = sizeof(mg_storage) + ALIGNMENT + (nbytes < sizeof(void *) ? sizeof(void *) : nbytes);
   if (nbytes > ((size_t)1 << 46) || total < nbytes) {   /* 64 TiB: no machine has it */
     char buf[32];
     mg_seterror("out of memory allocating %s", human_bytes(buf, sizeof buf, (double)nbytes));
     return NULL;
   }
-  mg_storage *s = (mg_storage *)malloc(total);
+  s = (mg_storage *)malloc(total);
+  if (s == NULL) {
+    mg_memory_release_cache();                /* and try once more */
+    s = (mg_storage *)malloc(total);
+  }
   if (s == NULL) {
     char buf[32];
     mg_seterror("out of memory allocating %s", human_bytes(buf, sizeof buf, (double)nbytes));
@@ -77,6 +141,7 @@ mg_storage *mg_storage_new (size_t nbytes) {
   uintptr_t p = (uintptr_t)(s + 1);
   p = (p + ALIGNMENT - 1) & ~(uintptr_t)(ALIGNMENT - 1);
   s->data = (void *)p;
+ready:
   s->refcount = 1;
   s->tape_refs = s->var_refs = 0;
   s->role = MG_ROLE_TENSOR;
@@ -99,7 +164,7 @@ void mg_storage_release (mg_storage *s) {
   M.role_bytes[s->role] -= s->nbytes;
   M.current -= s->nbytes;
   M.live_storages--;
-  free(s);
+  if (!cache_put(s)) free(s);
   notify();
 }
 
@@ -111,6 +176,8 @@ void mg_storage_add_refs (mg_storage *s, int tape_delta, int var_delta) {
   update_role(s);
 }
 
+size_t mg_memory_allocated_bytes (void) { return M.allocated; }
+
 mg_memory_stats mg_memory_stats_get (void) {
   mg_memory_stats st;
   memset(&st, 0, sizeof st);
@@ -120,7 +187,7 @@ mg_memory_stats mg_memory_stats_get (void) {
   st.saved_bytes = M.role_bytes[MG_ROLE_SAVED];
   st.variable_bytes = M.role_bytes[MG_ROLE_VARIABLE];
   st.peak_saved_bytes = M.peak_saved;
-  st.cached_bytes = 0;
+  st.cached_bytes = M.cached;
   st.live_tensors = mg_live_tensors;
   st.live_storages = M.live_storages;
   st.allocations = M.allocations;
@@ -131,10 +198,6 @@ mg_memory_stats mg_memory_stats_get (void) {
 void mg_memory_reset_peak (void) {
   M.peak = M.current;
   M.peak_saved = M.role_bytes[MG_ROLE_SAVED];
-}
-
-void mg_memory_release_cache (void) {
-  /* nothing is cached yet */
 }
 
 void mg_memory_set_hooks (void (*change)(void *ud), void (*span)(const char *, int, void *),

@@ -39,6 +39,7 @@ typedef struct mg_storage {
 } mg_storage;
 
 mg_storage *mg_storage_new     (size_t nbytes);       /* NULL + error on failure */
+size_t      mg_memory_allocated_bytes (void);         /* ever, for GC pacing */
 void        mg_storage_release (mg_storage *s);
 void        mg_storage_add_refs (mg_storage *s, int tape_delta, int var_delta);
 

@@ -13,11 +13,38 @@
 
 lua_State *mgL_running = NULL;
 
+/* The tensor and variable metatables are also kept in the registry under
+** these addresses: finding one by light userdata costs a pointer hash,
+** by name (luaL_checkudata) a string compare, on every op. */
+static const char tensor_key = 'T', variable_key = 'V';
+
+void mgL_remember_metatables (lua_State *L) {
+  luaL_getmetatable(L, MG_TENSOR_MT);
+  lua_rawsetp(L, LUA_REGISTRYINDEX, &tensor_key);
+  luaL_getmetatable(L, MG_VARIABLE_MT);
+  lua_rawsetp(L, LUA_REGISTRYINDEX, &variable_key);
+}
+
+/* the userdata at idx when its metatable is the one kept under key */
+static void *udata_with (lua_State *L, int idx, const char *key) {
+  void *p = lua_touserdata(L, idx);
+  if (p == NULL || !lua_getmetatable(L, idx)) return NULL;
+  lua_rawgetp(L, LUA_REGISTRYINDEX, key);
+  if (!lua_rawequal(L, -1, -2)) p = NULL;
+  lua_pop(L, 2);
+  return p;
+}
+
 ltensor *mgL_newbox (lua_State *L) {
   ltensor *b = (ltensor *)lua_newuserdatauv(L, sizeof(ltensor), 0);
   b->t = NULL;
-  luaL_setmetatable(L, MG_TENSOR_MT);
+  lua_rawgetp(L, LUA_REGISTRYINDEX, &tensor_key);
+  lua_setmetatable(L, -2);
   return b;
+}
+
+ltensor *mgL_testbox (lua_State *L, int arg) {
+  return (ltensor *)udata_with(L, arg, &tensor_key);
 }
 
 int mgL_fill (lua_State *L, ltensor *box, mg_tensor *t) {
@@ -36,23 +63,22 @@ void mgL_pushtensor (lua_State *L, mg_tensor *t) {
     mgL_error(L);
     return;
   }
-  ltensor *b = (ltensor *)lua_newuserdatauv(L, sizeof(ltensor), 0);
-  b->t = t;
-  luaL_setmetatable(L, MG_TENSOR_MT);
+  mgL_newbox(L)->t = t;
 }
 
 mg_variable *mgL_testvariable (lua_State *L, int arg) {
-  lvariable *b = (lvariable *)luaL_testudata(L, arg, MG_VARIABLE_MT);
+  lvariable *b = (lvariable *)udata_with(L, arg, &variable_key);
   return b ? b->v : NULL;
 }
 
 mg_variable *mgL_checkvariable (lua_State *L, int arg) {
-  lvariable *b = (lvariable *)luaL_checkudata(L, arg, MG_VARIABLE_MT);
+  lvariable *b = (lvariable *)udata_with(L, arg, &variable_key);
+  if (b == NULL) luaL_checkudata(L, arg, MG_VARIABLE_MT);     /* raises the usual message */
   return b->v;
 }
 
 mg_tensor *mgL_testtensor (lua_State *L, int arg) {
-  ltensor *b = (ltensor *)luaL_testudata(L, arg, MG_TENSOR_MT);
+  ltensor *b = (ltensor *)udata_with(L, arg, &tensor_key);
   if (b) return b->t;
   mg_variable *v = mgL_testvariable(L, arg);
   return v ? mg_variable_peek(v) : NULL;

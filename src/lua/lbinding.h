@@ -15,6 +15,10 @@ typedef struct ltape { mg_tape *t; } ltape;
 
 /* an empty tensor box on the stack, safe to collect, before any work */
 ltensor   *mgL_newbox      (lua_State *L);
+/* the tensor box at arg, or NULL */
+ltensor   *mgL_testbox     (lua_State *L, int arg);
+/* keeps the tensor and variable metatables where the fast checks find them */
+void       mgL_remember_metatables (lua_State *L);
 /* fills the box at the top with t (a new reference); raises on NULL */
 int        mgL_fill        (lua_State *L, ltensor *box, mg_tensor *t);
 /* what kind of operand arg is: a tensor or variable, a number, a boolean */

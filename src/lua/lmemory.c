@@ -18,7 +18,7 @@ static size_t gc_allowance = GC_MIN_GROWTH;
 
 void mgL_gc_pressure (lua_State *L) {
   static bool collecting = false;
-  if (collecting || mg_memory_stats_get().allocated_bytes - gc_mark <= gc_allowance) return;
+  if (collecting || mg_memory_allocated_bytes() - gc_mark <= gc_allowance) return;
   collecting = true;
   lua_gc(L, LUA_GCCOLLECT);
   lua_gc(L, LUA_GCSTEP, 0);      /* in generational mode, finalizers run only at a step */
@@ -89,7 +89,16 @@ static int l_setpause (lua_State *L) {
   return 2;
 }
 
+/* set_cache_limit(bytes): how many freed bytes may wait for reuse */
+static int l_set_cache_limit (lua_State *L) {
+  lua_Integer n = luaL_checkinteger(L, 1);
+  luaL_argcheck(L, n >= 0, 1, "limit must not be negative");
+  mg_memory_set_cache_limit((size_t)n);
+  return 0;
+}
+
 static const luaL_Reg memory_funcs[] = {
+  {"set_cache_limit", l_set_cache_limit},
   {"stats", l_stats}, {"reset_peak", l_reset_peak}, {"release_cache", l_release_cache},
   {"setpause", l_setpause}, {NULL, NULL}
 };

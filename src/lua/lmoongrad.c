@@ -96,6 +96,7 @@ int luaopen_moongrad (lua_State *L) {
   lua_newtable(L);
   mgL_open_tensor(L);
   mgL_open_variable(L);
+  mgL_remember_metatables(L);
   mgL_open_tape(L);
   mgL_open_custom(L);
   mgL_open_recompute(L);

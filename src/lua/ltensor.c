@@ -11,14 +11,11 @@
 
 #include "lbinding.h"
 
-static ltensor *checkbox (lua_State *L, int arg) {
-  return (ltensor *)luaL_checkudata(L, arg, MG_TENSOR_MT);
-}
-
 /* {======================= metamethods ====================== */
 
 static int tensor_gc (lua_State *L) {      /* also __close */
-  ltensor *b = checkbox(L, 1);
+  ltensor *b = mgL_testbox(L, 1);
+  if (b == NULL) return luaL_checkudata(L, 1, MG_TENSOR_MT), 0;
   mg_tensor_release(b->t);
   b->t = NULL;
   return 0;
@@ -182,7 +179,7 @@ static int l_numel (lua_State *L) {
 }
 
 static int l_is_tensor (lua_State *L) {
-  lua_pushboolean(L, luaL_testudata(L, 1, MG_TENSOR_MT) != NULL);
+  lua_pushboolean(L, mgL_testbox(L, 1) != NULL);
   return 1;
 }
 
@@ -242,23 +239,31 @@ static const char *type_name (lua_State *L, int idx) {
   return luaL_typename(L, idx);
 }
 
+/* raises the error for a bad operand of binary op i */
+static int bad_operand (lua_State *L, int i, bool meta) {
+  if (meta)
+    return luaL_error(L, "attempt to %s a '%s' with a '%s'", BINOPS[i].verb, type_name(L, 1),
+                      type_name(L, 2));
+  mgL_checkoperandkind(L, 1);
+  mgL_checkoperandkind(L, 2);
+  return 0;
+}
+
 /* upvalue 1: index into BINOPS; upvalue 2: true when called as a metamethod */
 static int l_binary (lua_State *L) {
   int i = (int)lua_tointeger(L, lua_upvalueindex(1));
-  if (lua_toboolean(L, lua_upvalueindex(2))) {
-    mgL_kind ka = mgL_operandkind(L, 1), kb = mgL_operandkind(L, 2);
-    if (ka == MGL_OTHER || kb == MGL_OTHER)
-      return luaL_error(L, "attempt to %s a '%s' with a '%s'", BINOPS[i].verb, type_name(L, 1),
-                        type_name(L, 2));
-  } else {
-    mgL_checkoperandkind(L, 1);
-    mgL_checkoperandkind(L, 2);
+  mg_tensor *a = mgL_testtensor(L, 1), *b = mgL_testtensor(L, 2);
+  if (a && b) {                                  /* the common case, checked once */
+    ltensor *box = mgL_newbox(L);
+    return mgL_fill(L, box, BINOPS[i].fn(a, b));
   }
-  mg_dtype like = mgL_likedtype(L, 1, 2, MG_FLOAT32);
+  if ((!a && mgL_operandkind(L, 1) == MGL_OTHER) || (!b && mgL_operandkind(L, 2) == MGL_OTHER))
+    return bad_operand(L, i, lua_toboolean(L, lua_upvalueindex(2)));
+  mg_dtype like = a ? a->dtype : b ? b->dtype : mgL_likedtype(L, 1, 2, MG_FLOAT32);
   ltensor *box = mgL_newbox(L);
   bool oa = false, ob = false;
-  mg_tensor *a = mgL_operand(L, 1, like, &oa, BINOPS[i].name);
-  mg_tensor *b = a ? mgL_operand(L, 2, like, &ob, BINOPS[i].name) : NULL;
+  if (!a) a = mgL_operand(L, 1, like, &oa, BINOPS[i].name);
+  if (a && !b) b = mgL_operand(L, 2, like, &ob, BINOPS[i].name);
   mg_tensor *r = a && b ? BINOPS[i].fn(a, b) : NULL;
   if (oa) mg_tensor_release(a);
   if (ob) mg_tensor_release(b);

@@ -14,7 +14,7 @@
 #define BOXES "moongrad.variable_boxes"     /* weak: mg_variable* -> box */
 
 static int variable_gc (lua_State *L) {
-  lvariable *b = (lvariable *)luaL_checkudata(L, 1, MG_VARIABLE_MT);
+  lvariable *b = (lvariable *)luaL_checkudata(L, 1, MG_VARIABLE_MT);   /* rare: no fast path */
   mg_variable_release(b->v);
   b->v = NULL;
   return 0;
@@ -135,7 +135,7 @@ static int variable_newindex (lua_State *L) {
 }
 
 static int l_is_variable (lua_State *L) {
-  lua_pushboolean(L, luaL_testudata(L, 1, MG_VARIABLE_MT) != NULL);
+  lua_pushboolean(L, mgL_testvariable(L, 1) != NULL);
   return 1;
 }
 

@@ -216,13 +216,20 @@ static mg_tensor *binary (binop op, mg_tensor *a, mg_tensor *b) {
   if (nd < 0) return NULL;
   mg_tensor *out = mg_empty(shape, nd, binary_out_dtype(op, a->dtype));
   if (out == NULL) return NULL;
-  mg_iter it;
-  const mg_tensor *ops[3] = {out, a, b};
-  mg_iter_init(&it, shape, nd, 3, ops);
   char *base[3] = {mg_ptr(out), mg_ptr(a), mg_ptr(b)};
-  size_t sz[3] = {mg_dtype_size(out->dtype), mg_dtype_size(a->dtype), mg_dtype_size(b->dtype)};
   binary_ud ud = {op, a->dtype};
-  mg_iter_run(&it, base, sz, binary_run, &ud);
+  int64_t n = out->numel;
+  bool ca = mg_tensor_is_contiguous(a), cb = mg_tensor_is_contiguous(b);
+  if (n < MG_PARALLEL_MIN && ca && cb && (a->numel == n || a->numel == 1) && (b->numel == n || b->numel == 1)) {
+    int64_t st[3] = {1, a->numel == n, b->numel == n};    /* one run: no iterator to set up */
+    binary_run(n, base, st, &ud);
+  } else {
+    mg_iter it;
+    const mg_tensor *ops[3] = {out, a, b};
+    mg_iter_init(&it, shape, nd, 3, ops);
+    size_t sz[3] = {mg_dtype_size(out->dtype), mg_dtype_size(a->dtype), mg_dtype_size(b->dtype)};
+    mg_iter_run(&it, base, sz, binary_run, &ud);
+  }
   mg_tensor *in[2] = {a, b};
   return BIN[op].def && mg_is_float(out->dtype) && mg_is_float(a->dtype)
              ? mg_finish(BIN[op].def, 2, in, out, NULL) : out;
