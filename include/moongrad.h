@@ -157,6 +157,7 @@ MG_API mg_tensor *mg_sign     (mg_tensor *x);                 /* no gradient */
 MG_API mg_tensor *mg_tanh     (mg_tensor *x);
 MG_API mg_tensor *mg_sigmoid  (mg_tensor *x);                 /* 1 / (1 + exp(-x)) */
 MG_API mg_tensor *mg_relu     (mg_tensor *x);                 /* max(x, 0) */
+MG_API mg_tensor *mg_relu_grad (mg_tensor *d, mg_tensor *y);   /* y > 0 ? d : 0 (relu's backward) */
 
 /* }============================================================== */
 
@@ -254,6 +255,9 @@ MG_API void         mg_variable_release (mg_variable *v);
 MG_API mg_tensor   *mg_variable_read    (mg_variable *v);   /* borrowed; tapes notice */
 MG_API mg_tensor   *mg_variable_peek    (mg_variable *v);   /* borrowed; nobody notices */
 MG_API mg_status    mg_variable_assign  (mg_variable *v, mg_tensor *value);  /* shape/dtype fixed */
+/* v = v + alpha * x in one pass, in place unless someone holds v's value;
+** x has v's shape or one element */
+MG_API mg_status    mg_variable_axpy    (mg_variable *v, double alpha, mg_tensor *x);
 MG_API const char  *mg_variable_name    (const mg_variable *v);
 MG_API int          mg_variable_trainable (const mg_variable *v);
 

@@ -189,6 +189,15 @@ describe("matmul", function()
     h.assert_close(mg.matmul(b:transpose(), a), mg.matmul(a:transpose(), b):transpose(), 1e-5)
   end)
 
+  it("a few rows times a transposed matrix (the backward's dout @ W^T path)", function()
+    local x, w = mg.random.normal({4, 50}), mg.random.normal({60, 50})
+    local wt = w:transpose()
+    local copy = wt:reshape{-1}:reshape{50, 60}                -- contiguous
+    h.assert_close(mg.matmul(x, wt), mg.matmul(x, copy), 1e-5)
+    h.assert_close(mg.matmul(x:transpose():reshape{-1}:reshape{50, 4}:transpose(), wt),
+                   mg.matmul(x, copy), 1e-5)                   -- transposed A too
+  end)
+
   it("batched and broadcast over leading dimensions", function()
     local a = mg.random.normal({4, 2, 3})
     local b = mg.random.normal({3, 5})

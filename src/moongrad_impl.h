@@ -19,8 +19,9 @@
 
 #define MG_UNUSED(x)  ((void)(x))
 
-/* elementwise loops run on several threads above this many elements */
-#define MG_PARALLEL_MIN  (1 << 15)
+/* elementwise loops run on several threads above this many elements: they
+** are memory-bound, and below this waking the threads costs more than it saves */
+#define MG_PARALLEL_MIN  (1 << 18)
 
 
 /* {========================= storage ========================= */

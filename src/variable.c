@@ -93,3 +93,60 @@ mg_status mg_variable_assign (mg_variable *v, mg_tensor *value) {
   adopt(v, fresh);
   return MG_OK;
 }
+
+/* dst[i] = a[i] + alpha * x[i or 0], for n elements of one dtype */
+#define AXPY(T) do {                                                          \
+    T *d_ = (T *)dst; const T *a_ = (const T *)a, *x_ = (const T *)x;          \
+    T al = (T)alpha;                                                          \
+    if (xstep) {                                                              \
+      _Pragma("omp parallel for if (n >= MG_PARALLEL_MIN)")                   \
+      for (int64_t i = 0; i < n; i++) d_[i] = a_[i] + al * x_[i];            \
+    } else {                                                                  \
+      T s_ = al * x_[0];                                                      \
+      for (int64_t i = 0; i < n; i++) d_[i] = a_[i] + s_;                     \
+    }                                                                         \
+  } while (0)
+
+static void axpy (void *dst, const void *a, double alpha, const void *x, bool xstep, int64_t n,
+                  mg_dtype dt) {
+  if (dt == MG_FLOAT32) AXPY(float);
+  else if (dt == MG_FLOAT64) AXPY(double);
+  else AXPY(int64_t);
+}
+
+/*
+** v = v + alpha * x, in one pass and in place when nobody else holds v's
+** value (else into a fresh copy, as assign does). x has v's shape or one
+** element. The optimizers' update: no temporaries, no copy.
+*/
+mg_status mg_variable_axpy (mg_variable *v, double alpha, mg_tensor *x) {
+  if (x == NULL) return MG_ERR;
+  mg_tensor *cur = v->value;
+  if (x->dtype != cur->dtype)
+    return mg_seterror("assign_add: dtype %s does not match the variable's %s", mg_dtype_name(x->dtype),
+                       mg_dtype_name(cur->dtype));
+  if (cur->dtype == MG_BOOL) return mg_seterror("assign_add: not defined for bool variables");
+  bool same = mg_same_shape(x->shape, x->ndim, cur->shape, cur->ndim);
+  if (!same && x->numel != 1) {
+    char a[160], b[160];
+    return mg_seterror("assign_add: shape %s does not match the variable's %s",
+                       mg_shape_str(a, sizeof a, x->shape, x->ndim), mg_shape_str(b, sizeof b, cur->shape, cur->ndim));
+  }
+  if (cur->dtype == MG_INT64 && alpha != (double)(int64_t)alpha)
+    return mg_seterror("assign_add: cannot scale an int64 variable by %g", alpha);
+  mg_tensor *xc = mg_contiguous(x);
+  if (xc == NULL) return MG_ERR;
+  bool exclusive = cur->refcount == 1 && cur->storage->refcount == 1 && xc->storage != cur->storage;
+  mg_tensor *dst = exclusive ? cur : mg_empty(cur->shape, cur->ndim, cur->dtype);
+  if (dst == NULL) {
+    mg_tensor_release(xc);
+    return MG_ERR;
+  }
+  axpy(mg_ptr(dst), mg_ptr(cur), alpha, mg_ptr(xc), same, cur->numel, cur->dtype);
+  mg_tensor_release(xc);
+  if (!exclusive) {
+    disown(v);
+    adopt(v, dst);
+  }
+  return MG_OK;
+}

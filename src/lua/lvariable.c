@@ -68,29 +68,32 @@ static int l_value (lua_State *L) {
   return mgL_fill(L, box, mg_tensor_retain(mg_variable_read(v)));
 }
 
-/* the new value for an assign: arg itself, or value (op) arg */
-static int assign_with (lua_State *L, mg_tensor *(*op)(mg_tensor *, mg_tensor *)) {
+/* v:assign(value): value has the variable's shape and dtype */
+static int l_assign (lua_State *L) {
   mg_variable *v = mgL_checkvariable(L, 1);
-  mg_tensor *cur = mg_variable_peek(v);
   luaL_checkany(L, 2);
   mg_tensor *x = mgL_testtensor(L, 2);
-  if (x == NULL) x = mgL_pushconstant(L, 2, mg_tensor_dtype(cur), true, "assign");
-  ltensor *tmp = mgL_newbox(L);
-  if (op) {                             /* an update, not something to record */
-    if (mg_pause_all() != MG_OK) return mgL_error(L);
-    tmp->t = op(cur, x);
-    mg_resume_all();
-    if (tmp->t == NULL) return mgL_error(L);
-    x = tmp->t;
-  }
+  if (x == NULL) x = mgL_pushconstant(L, 2, mg_tensor_dtype(mg_variable_peek(v)), true, "assign");
   if (mg_variable_assign(v, x) != MG_OK) return mgL_error(L);
   lua_settop(L, 1);
   return 1;
 }
 
-static int l_assign (lua_State *L) { return assign_with(L, NULL); }
-static int l_assign_add (lua_State *L) { return assign_with(L, mg_add); }
-static int l_assign_sub (lua_State *L) { return assign_with(L, mg_sub); }
+/* v:assign_add(d [, scale]) and v:assign_sub(d [, scale]): v = v +- scale * d
+** in one pass (the optimizers' update); d has v's shape or is one number */
+static int update (lua_State *L, double sign) {
+  mg_variable *v = mgL_checkvariable(L, 1);
+  luaL_checkany(L, 2);
+  double scale = luaL_optnumber(L, 3, 1.0);
+  mg_tensor *x = mgL_testtensor(L, 2);
+  if (x == NULL) x = mgL_pushconstant(L, 2, mg_tensor_dtype(mg_variable_peek(v)), true, "assign_add");
+  if (mg_variable_axpy(v, sign * scale, x) != MG_OK) return mgL_error(L);
+  lua_settop(L, 1);
+  return 1;
+}
+
+static int l_assign_add (lua_State *L) { return update(L, 1.0); }
+static int l_assign_sub (lua_State *L) { return update(L, -1.0); }
 
 static int variable_tostring (lua_State *L) {
   mg_variable *v = mgL_checkvariable(L, 1);

@@ -17,7 +17,7 @@
 
 typedef enum binop {
   B_ADD, B_SUB, B_MUL, B_DIV, B_POW, B_MAX, B_MIN, B_FLOORDIV, B_MOD,
-  B_EQ, B_NE, B_LT, B_LE, B_GT, B_GE, B_AND, B_OR
+  B_EQ, B_NE, B_LT, B_LE, B_GT, B_GE, B_AND, B_OR, B_RELU_GRAD
 } binop;
 
 enum { ARITH, COMPARE, LOGICAL };
@@ -68,6 +68,7 @@ static inline double fmod_floor (double x, double y) {
     case B_LE: LOOP2(T, uint8_t, x <= y); break;                   \
     case B_GT: LOOP2(T, uint8_t, x > y); break;                    \
     case B_GE: LOOP2(T, uint8_t, x >= y); break;                   \
+    case B_RELU_GRAD: LOOP2(T, T, y > 0 ? x : 0); break;           \
     default: break;                                                \
   }
 
@@ -148,7 +149,7 @@ static void binary_run (int64_t n, char **p, const int64_t *s, void *ud) {
 
 /* {=================== binary forward ===================== */
 
-static const mg_opdef add_op, sub_op, mul_op, div_op, pow_op, maximum_op, minimum_op;
+static const mg_opdef add_op, sub_op, mul_op, div_op, pow_op, maximum_op, minimum_op, relu_grad_op;
 
 static const struct {
   const char *name, *sym;
@@ -164,6 +165,7 @@ static const struct {
   {"less", "<", COMPARE, NULL},          {"less_equal", "<=", COMPARE, NULL},
   {"greater", ">", COMPARE, NULL},       {"greater_equal", ">=", COMPARE, NULL},
   {"logical_and", "and", LOGICAL, NULL}, {"logical_or", "or", LOGICAL, NULL},
+  {"relu_grad", ",", ARITH, &relu_grad_op},
 };
 
 static bool any_int (const mg_tensor *t, bool (*bad)(int64_t)) {
@@ -592,16 +594,24 @@ static mg_status sigmoid_backward (mg_node *n, mg_tensor *const *dout, mg_tensor
 }
 static const mg_opdef sigmoid_op = {"sigmoid", MG_SAVE_OUT(0), sigmoid_backward, NULL};
 
-/* relu: out = max(x, 0).  grad: dx = where(out > 0, dout, 0) */
+/* relu: out = max(x, 0).  grad: dx = relu_grad(dout, out), one fused pass */
 mg_tensor *mg_relu (mg_tensor *x) { return unary(U_RELU, x); }
 static mg_status relu_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **din) {
-  mg_scope sc = {0};
-  mg_tensor *zero = mg_tmp(&sc, zero_like_dtype(dout[0]));
-  mg_tensor *pos = mg_tmp(&sc, mg_greater(n->out[0], zero));
-  din[0] = mg_where(pos, dout[0], zero);
-  mg_scope_end(&sc);
+  din[0] = mg_relu_grad(dout[0], n->out[0]);
   return MG_OK;
 }
 static const mg_opdef relu_op = {"relu", MG_SAVE_OUT(0), relu_backward, NULL};
+
+/* relu_grad: out = y > 0 ? d : 0 (relu's backward as a primitive, so that it
+** can be differentiated again).  grad: dd = relu_grad(dout, y); dy = 0 */
+mg_tensor *mg_relu_grad (mg_tensor *d, mg_tensor *y) { return binary(B_RELU_GRAD, d, y); }
+static mg_status relu_grad_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **din) {
+  mg_scope sc = {0};
+  if (n->needs[0]) din[0] = mg_sum_to_shape(mg_tmp(&sc, mg_relu_grad(dout[0], n->in[1])), SHAPE_OF(n, 0));
+  if (n->needs[1]) din[1] = mg_zeros_meta(&n->in_meta[1]);
+  mg_scope_end(&sc);
+  return MG_OK;
+}
+static const mg_opdef relu_grad_op = {"relu_grad", MG_SAVE_IN(1), relu_grad_backward, NULL};
 
 /* }========================================================== */
