@@ -35,6 +35,41 @@ static struct {
   size_t cached, cache_limit;
 } M = {.cache_limit = DEFAULT_CACHE_LIMIT};
 
+/* {====================== small objects ====================== */
+/* Tape nodes and tapes come and go at the rate of ops: freed blocks wait
+** on a free list per 64-byte size class instead of going back to malloc. */
+
+#define SMALL_CLASSES 16                /* up to 1 KiB */
+#define SMALL_KEEP 4096                 /* blocks kept per class */
+
+static struct { void *head; int n; } small[SMALL_CLASSES];
+
+void *mg_small_alloc (size_t size) {
+  size_t c = (size + 63) / 64 - 1;
+  if (c < SMALL_CLASSES && small[c].head) {
+    void *p = small[c].head;
+    small[c].head = *(void **)p;
+    small[c].n--;
+    return p;
+  }
+  return malloc(c < SMALL_CLASSES ? (c + 1) * 64 : size);
+}
+
+void mg_small_free (void *p, size_t size) {
+  if (p == NULL) return;
+  size_t c = (size + 63) / 64 - 1;
+  if (c < SMALL_CLASSES && small[c].n < SMALL_KEEP) {
+    *(void **)p = small[c].head;
+    small[c].head = p;
+    small[c].n++;
+    return;
+  }
+  free(p);
+}
+
+/* }========================================================== */
+
+
 /* {========================= the cache ====================== */
 /* A freed storage keeps its block; a bucket holds a list of them, linked
 ** through a pointer stored in the (unused) data. Sizes that share a bucket

@@ -41,6 +41,9 @@ typedef struct mg_storage {
 
 mg_storage *mg_storage_new     (size_t nbytes);       /* NULL + error on failure */
 size_t      mg_memory_allocated_bytes (void);         /* ever, for GC pacing */
+/* blocks for small C objects (nodes, tapes), recycled by size; free with the same size */
+void       *mg_small_alloc (size_t size);
+void        mg_small_free  (void *p, size_t size);
 void        mg_storage_release (mg_storage *s);
 void        mg_storage_add_refs (mg_storage *s, int tape_delta, int var_delta);
 
@@ -73,9 +76,13 @@ bool       mg_same_shape  (const int64_t *a, int na, const int64_t *b, int nb);
 /* normalizes axis (negative counts from the end) into [0, ndim); -1 + error */
 int        mg_check_axis  (const char *fn, int axis, int ndim);
 bool       mg_is_float    (mg_dtype dt);
-/* pointer to the element at linear offset off (in elements) of t's storage */
+/* bytes per element, inline for the hot paths */
+static inline size_t mg_dtype_bytes (mg_dtype dt) {
+  return dt == MG_FLOAT32 ? 4 : dt == MG_BOOL ? 1 : 8;
+}
+/* pointer to t's first element */
 static inline char *mg_ptr (const mg_tensor *t) {
-  return (char *)t->storage->data + (size_t)t->offset * mg_dtype_size(t->dtype);
+  return (char *)t->storage->data + (size_t)t->offset * mg_dtype_bytes(t->dtype);
 }
 mg_status  mg_copy_into   (mg_tensor *dst, const mg_tensor *src);  /* same shape, any layout */
 /* n values of src (dtype sdt) into dst (dtype ddt), contiguous both */
@@ -147,7 +154,7 @@ typedef struct mg_meta {
   uint64_t id;
   mg_dtype dtype;
   int ndim;
-  int64_t shape[MG_MAX_DIMS];
+  const int64_t *shape;                 /* [ndim], inside the node */
 } mg_meta;
 
 /* attributes an op records for its backward rule */
@@ -159,12 +166,13 @@ typedef struct mg_attr {
 
 struct mg_node {
   int refcount;           /* tapes holding it */
+  size_t size;            /* of its block */
   const mg_opdef *def;
   int nin, nout;
   mg_meta *in_meta, *out_meta;          /* [nin], [nout] */
   mg_tensor **in, **out;                /* saved tensors or NULL, [nin], [nout] */
   bool *needs;                          /* [nin], set by the walk */
-  mg_attr attr;
+  const mg_attr *attr;                  /* what the op recorded; all zero if nothing */
   void *ext;                            /* op-private data (custom, recompute) */
 };
 
@@ -235,9 +243,8 @@ static inline void mg_scope_end (mg_scope *s) {
   while (s->n > 0) mg_tensor_release(s->t[--s->n]);
 }
 
-/* a tensor of zeros / ones shaped like meta */
+/* a tensor of zeros shaped like meta */
 mg_tensor *mg_zeros_meta (const mg_meta *m);
-void       mg_meta_of    (mg_meta *m, const mg_tensor *t);
 
 /* }========================================================== */
 

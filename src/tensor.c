@@ -26,7 +26,7 @@ const char *mg_dtype_name (mg_dtype dt) {
 }
 
 size_t mg_dtype_size (mg_dtype dt) {
-  return dtypes[dt].size;
+  return mg_dtype_bytes(dt);
 }
 
 int mg_dtype_from_name (const char *name) {
@@ -94,9 +94,15 @@ int mg_check_axis (const char *fn, int axis, int ndim) {
   return a;
 }
 
+/* Freed tensor headers are kept for the next tensor: ops make and drop
+** them at a high rate, and a pointer pop beats malloc and free. */
+#define HEADER_POOL 4096
+static mg_tensor *pool[HEADER_POOL];
+static int npool;
+
 mg_tensor *mg_tensor_view (mg_storage *s, mg_dtype dt, const int64_t *shape, int ndim,
                            const int64_t *strides, int64_t offset) {
-  mg_tensor *t = (mg_tensor *)malloc(sizeof(mg_tensor));
+  mg_tensor *t = npool > 0 ? pool[--npool] : (mg_tensor *)malloc(sizeof(mg_tensor));
   if (t == NULL) {
     mg_seterror("out of memory allocating a tensor");
     return NULL;
@@ -146,7 +152,8 @@ void mg_tensor_release (mg_tensor *t) {
   if (t == NULL || --t->refcount > 0) return;
   mg_storage_release(t->storage);
   mg_live_tensors--;
-  free(t);
+  if (npool < HEADER_POOL) pool[npool++] = t;
+  else free(t);
 }
 
 mg_dtype mg_tensor_dtype (const mg_tensor *t) { return t->dtype; }
@@ -252,13 +259,6 @@ mg_tensor *mg_contiguous (mg_tensor *t) {
 }
 
 /* }========================================================== */
-
-void mg_meta_of (mg_meta *m, const mg_tensor *t) {
-  m->id = t->id;
-  m->dtype = t->dtype;
-  m->ndim = t->ndim;
-  memcpy(m->shape, t->shape, sizeof(int64_t) * (size_t)t->ndim);
-}
 
 mg_tensor *mg_zeros_meta (const mg_meta *m) {
   return mg_full(m->shape, m->ndim, m->dtype, 0.0);

@@ -23,11 +23,15 @@
 /* Open addressing, linear probing; id 0 never occurs, so it marks empty.
 ** Nothing is ever deleted: a map entry is cleared by setting its value. */
 
+#define IDMAP_INLINE 16                 /* most maps never need the heap */
+
 typedef struct idmap {
   uint64_t *keys;
   void **vals;
-  size_t cap, n;
-} idmap;
+  size_t cap, n;                        /* cap 0: empty, not started */
+  uint64_t ikeys[IDMAP_INLINE];
+  void *ivals[IDMAP_INLINE];
+} idmap;                                /* never copied once used: keys may point inside */
 
 static size_t slot_of (const idmap *m, uint64_t id) {
   size_t i = (size_t)(id * 0x9E3779B97F4A7C15ULL) & (m->cap - 1);
@@ -36,24 +40,38 @@ static size_t slot_of (const idmap *m, uint64_t id) {
 }
 
 static mg_status idmap_grow (idmap *m) {
-  idmap g = {NULL, NULL, m->cap ? m->cap * 2 : 64, 0};
-  g.keys = (uint64_t *)calloc(g.cap, sizeof(uint64_t));
-  g.vals = (void **)calloc(g.cap, sizeof(void *));
-  if (g.keys == NULL || g.vals == NULL) {
-    free(g.keys);
-    free(g.vals);
+  if (m->cap == 0) {                    /* start in the inline arrays */
+    memset(m->ikeys, 0, sizeof m->ikeys);
+    memset(m->ivals, 0, sizeof m->ivals);
+    m->keys = m->ikeys;
+    m->vals = m->ivals;
+    m->cap = IDMAP_INLINE;
+    return MG_OK;
+  }
+  size_t cap = m->cap * 4;
+  uint64_t *keys = (uint64_t *)calloc(cap, sizeof(uint64_t));
+  void **vals = (void **)calloc(cap, sizeof(void *));
+  if (keys == NULL || vals == NULL) {
+    free(keys);
+    free(vals);
     return mg_seterror("out of memory growing a tape");
   }
-  for (size_t i = 0; i < m->cap; i++)
-    if (m->keys[i]) {
-      size_t s = slot_of(&g, m->keys[i]);
-      g.keys[s] = m->keys[i];
-      g.vals[s] = m->vals[i];
-      g.n++;
+  uint64_t *ok = m->keys;
+  void **ov = m->vals;
+  size_t ocap = m->cap;
+  m->keys = keys;
+  m->vals = vals;
+  m->cap = cap;
+  for (size_t i = 0; i < ocap; i++)
+    if (ok[i]) {
+      size_t s = slot_of(m, ok[i]);
+      keys[s] = ok[i];
+      vals[s] = ov[i];
     }
-  free(m->keys);
-  free(m->vals);
-  *m = g;
+  if (ok != m->ikeys) {
+    free(ok);
+    free(ov);
+  }
   return MG_OK;
 }
 
@@ -80,9 +98,13 @@ static void *idmap_get (const idmap *m, uint64_t id) {
 }
 
 static void idmap_free (idmap *m) {
-  free(m->keys);
-  free(m->vals);
-  memset(m, 0, sizeof *m);
+  if (m->cap > 0 && m->keys != m->ikeys) {
+    free(m->keys);
+    free(m->vals);
+  }
+  m->keys = NULL;
+  m->vals = NULL;
+  m->cap = m->n = 0;
 }
 
 /* }========================================================== */
@@ -143,8 +165,9 @@ static void deactivate (mg_tape *t) {
 }
 
 mg_tape *mg_tape_new (int persistent, int watch_accessed_variables) {
-  mg_tape *t = (mg_tape *)calloc(1, sizeof(mg_tape));
+  mg_tape *t = (mg_tape *)mg_small_alloc(sizeof(mg_tape));
   if (t == NULL) return mg_seterror("out of memory creating a tape"), NULL;
+  memset(t, 0, sizeof *t);
   t->refcount = 1;
   t->persistent = persistent != 0;
   t->watch_accessed = watch_accessed_variables != 0;
@@ -187,7 +210,7 @@ void mg_tape_release (mg_tape *t) {
   drop_variables(t);
   free(t->nodes);
   free(t->vars);
-  free(t);
+  mg_small_free(t, sizeof *t);
 }
 
 void mg_tape_stop (mg_tape *t) { deactivate(t); }
@@ -350,31 +373,62 @@ static void unkeep (mg_tensor *t) {
   mg_tensor_release(t);
 }
 
+/* the record of t: its id, dtype and shape (copied to *shapes, advanced) */
+static void meta_of (mg_meta *m, const mg_tensor *t, int64_t **shapes) {
+  m->id = t->id;
+  m->dtype = t->dtype;
+  m->ndim = t->ndim;
+  memcpy(*shapes, t->shape, sizeof(int64_t) * (size_t)t->ndim);
+  m->shape = *shapes;
+  *shapes += t->ndim;
+}
+
+static const mg_attr no_attr;
+
+/*
+** One block: the node, its metas and saved-tensor slots, the shapes, the
+** attributes (only when the op has some) and the needs flags, so a node
+** costs what its op records and no more.
+*/
 static mg_node *node_new (const mg_opdef *def, int nin, mg_tensor *const *in, int nout,
                           mg_tensor *const *out, const mg_attr *attr, void *ext) {
+  size_t dims = 0;
+  for (int j = 0; j < nin; j++) dims += (size_t)in[j]->ndim;
+  for (int i = 0; i < nout; i++) dims += (size_t)out[i]->ndim;
   size_t size = sizeof(mg_node) + (size_t)(nin + nout) * (sizeof(mg_meta) + sizeof(mg_tensor *))
-                + (size_t)nin * sizeof(bool);
-  mg_node *n = (mg_node *)calloc(1, size);
+                + dims * sizeof(int64_t) + (attr ? sizeof(mg_attr) : 0) + (size_t)nin * sizeof(bool);
+  mg_node *n = (mg_node *)mg_small_alloc(size);
   if (n == NULL) return mg_seterror("out of memory recording '%s'", def->name), NULL;
+  n->size = size;
   n->refcount = 0;
   n->def = def;
   n->nin = nin;
   n->nout = nout;
+  n->ext = ext;
   n->in_meta = (mg_meta *)(n + 1);
   n->out_meta = n->in_meta + nin;
   n->in = (mg_tensor **)(n->out_meta + nout);
   n->out = n->in + nin;
-  n->needs = (bool *)(n->out + nout);
-  if (attr) n->attr = *attr;
-  n->ext = ext;
+  int64_t *shapes = (int64_t *)(n->out + nout);
   for (int j = 0; j < nin; j++) {
-    mg_meta_of(&n->in_meta[j], in[j]);
+    meta_of(&n->in_meta[j], in[j], &shapes);
+    n->in[j] = NULL;
     if (saves_input(def, j)) keep(&n->in[j], in[j]);
   }
   for (int i = 0; i < nout; i++) {
-    mg_meta_of(&n->out_meta[i], out[i]);
+    meta_of(&n->out_meta[i], out[i], &shapes);
+    n->out[i] = NULL;
     if (i < 16 && (def->saves & MG_SAVE_OUT(i))) keep(&n->out[i], out[i]);
   }
+  n->attr = &no_attr;
+  if (attr) {
+    mg_attr *a = (mg_attr *)shapes;
+    *a = *attr;
+    n->attr = a;
+    shapes = (int64_t *)(a + 1);
+  }
+  n->needs = (bool *)shapes;
+  memset(n->needs, 0, (size_t)nin * sizeof(bool));
   return n;
 }
 
@@ -383,7 +437,7 @@ static void node_release (mg_node *n) {
   for (int j = 0; j < n->nin; j++) unkeep(n->in[j]);
   for (int i = 0; i < n->nout; i++) unkeep(n->out[i]);
   if (n->def->free_ext) n->def->free_ext(n);
-  free(n);
+  mg_small_free(n, n->size);
 }
 
 static mg_status append (mg_tape *t, mg_node *n) {
@@ -444,6 +498,7 @@ mg_status mg_record_ex (const mg_opdef *def, int nin, mg_tensor *const *in, int 
   } else if (n == NULL && ext != NULL && def->free_ext) {
     mg_node tmp;
     memset(&tmp, 0, sizeof tmp);
+    tmp.attr = &no_attr;
     tmp.def = def;
     tmp.ext = ext;
     def->free_ext(&tmp);
@@ -583,14 +638,15 @@ static mg_status walk (mg_tape *t, int ntargets, mg_tensor *const *targets,
                        mg_tensor *const *seeds, int nsources, mg_tensor *const *sources,
                        idmap *grads, bool free_as_you_go) {
   idmap dep = {0}, keep_ids = {0};
-  bool *relevant = NULL;
+  bool *relevant = NULL, small_relevant[256];
   mg_status st = MG_OK;
   for (int s = 0; s < nsources && st == MG_OK; s++)    /* sources the tape never saw stay unconnected */
     if (mg_is_float(sources[s]->dtype) && idmap_has(&t->tracked, sources[s]->id))
       st = idmap_slot(&dep, sources[s]->id) && idmap_slot(&keep_ids, sources[s]->id) ? MG_OK : MG_ERR;
   if (st != MG_OK) goto done;
-  relevant = (bool *)calloc(t->nnodes + 1, sizeof(bool));
+  relevant = t->nnodes < 256 ? small_relevant : (bool *)malloc(t->nnodes + 1);
   if (relevant == NULL) { st = mg_seterror("out of memory in tape:gradient"); goto done; }
+  memset(relevant, 0, t->nnodes + 1);
   for (size_t i = 0; i < t->nnodes; i++) {     /* which nodes a source reaches */
     mg_node *n = t->nodes[i];
     for (int j = 0; j < n->nin && !relevant[i]; j++)
@@ -628,7 +684,7 @@ static mg_status walk (mg_tape *t, int ntargets, mg_tensor *const *targets,
     }
   }
 done:
-  free(relevant);
+  if (relevant != small_relevant) free(relevant);
   idmap_free(&dep);
   idmap_free(&keep_ids);
   return st;

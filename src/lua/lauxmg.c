@@ -18,19 +18,43 @@ lua_State *mgL_running = NULL;
 ** by name (luaL_checkudata) a string compare, on every op. */
 static const char tensor_key = 'T', variable_key = 'V';
 
+/* The metatables' addresses, to recognise tensors and variables with one
+** pointer compare. Only a first guess: a miss falls back to the registry,
+** and the state's closing (a finalizer on a sentinel) forgets them. */
+static const void *tensor_mt, *variable_mt;
+
+static int forget_metatables (lua_State *L) {
+  MG_UNUSED(L);
+  tensor_mt = variable_mt = NULL;
+  return 0;
+}
+
 void mgL_remember_metatables (lua_State *L) {
   luaL_getmetatable(L, MG_TENSOR_MT);
   lua_rawsetp(L, LUA_REGISTRYINDEX, &tensor_key);
   luaL_getmetatable(L, MG_VARIABLE_MT);
   lua_rawsetp(L, LUA_REGISTRYINDEX, &variable_key);
+  lua_newuserdatauv(L, 1, 0);                       /* the sentinel, kept by the registry */
+  lua_createtable(L, 0, 1);
+  lua_pushcfunction(L, forget_metatables);
+  lua_setfield(L, -2, "__gc");
+  lua_setmetatable(L, -2);
+  lua_rawsetp(L, LUA_REGISTRYINDEX, &tensor_mt);
 }
 
 /* the userdata at idx when its metatable is the one kept under key */
 static void *udata_with (lua_State *L, int idx, const char *key) {
   void *p = lua_touserdata(L, idx);
   if (p == NULL || !lua_getmetatable(L, idx)) return NULL;
+  const void **cached = key == &tensor_key ? &tensor_mt : &variable_mt;
+  const void *mt = lua_topointer(L, -1);
+  if (*cached != NULL && mt == *cached) {
+    lua_pop(L, 1);
+    return p;
+  }
   lua_rawgetp(L, LUA_REGISTRYINDEX, key);
   if (!lua_rawequal(L, -1, -2)) p = NULL;
+  else *cached = mt;
   lua_pop(L, 2);
   return p;
 }
@@ -386,27 +410,48 @@ static bool is_structure (lua_State *L, int idx) {
     }                                                                           \
   } while (0)
 
-int mgL_flatten (lua_State *L, int idx, int acc, int n, bool strict, const char *what) {
-  idx = lua_absindex(L, idx);
-  acc = lua_absindex(L, acc);
+/* the place of a bad leaf, for the message: what[1].key[2]... */
+typedef struct path { int depth; int keys[32]; const char *names[32]; } path;
+
+static void bad_leaf (lua_State *L, int idx, const char *what, const path *p) {
+  luaL_Buffer b;
+  luaL_buffinit(L, &b);
+  luaL_addstring(&b, what);
+  for (int d = 0; d < p->depth && d < 32; d++) {
+    if (p->names[d]) { luaL_addchar(&b, '.'); luaL_addstring(&b, p->names[d]); }
+    else { lua_pushfstring(L, "[%d]", p->keys[d]); luaL_addvalue(&b); }
+  }
+  luaL_pushresult(&b);
+  luaL_error(L, "%s is a %s, not a tensor or variable", lua_tostring(L, -1), luaL_typename(L, idx));
+}
+
+static int flatten_at (lua_State *L, int idx, int acc, int n, bool strict, const char *what, path *p) {
   if (mgL_isleaf(L, idx)) {
     lua_pushvalue(L, idx);
     lua_rawseti(L, acc, ++n);
     return n;
   }
   if (!is_structure(L, idx)) {
-    if (strict)
-      luaL_error(L, "%s is a %s, not a tensor or variable", what, luaL_typename(L, idx));
+    if (strict) bad_leaf(L, idx, what, p);
     return n;
   }
+  if (p->depth >= 32) luaL_error(L, "%s: nested more than 32 deep (a cycle?)", what);
   luaL_checkstack(L, 8, "structure too deep");
+  p->depth++;
   FOR_ENTRIES(L, idx, {
-    char sub[256];
-    if (lua_type(L, -2) == LUA_TNUMBER) snprintf(sub, sizeof sub, "%s[%d]", what, (int)lua_tointeger(L, -2));
-    else snprintf(sub, sizeof sub, "%s.%s", what, lua_type(L, -2) == LUA_TSTRING ? lua_tostring(L, -2) : "?");
-    n = mgL_flatten(L, lua_gettop(L), acc, n, strict, sub);
+    bool named = lua_type(L, -2) == LUA_TSTRING;
+    p->names[p->depth - 1] = named ? lua_tostring(L, -2) : NULL;
+    p->keys[p->depth - 1] = named ? 0 : (int)lua_tointeger(L, -2);
+    n = flatten_at(L, lua_gettop(L), acc, n, strict, what, p);
   });
+  p->depth--;
   return n;
+}
+
+int mgL_flatten (lua_State *L, int idx, int acc, int n, bool strict, const char *what) {
+  path p;
+  p.depth = 0;
+  return flatten_at(L, lua_absindex(L, idx), lua_absindex(L, acc), n, strict, what, &p);
 }
 
 void mgL_rebuild (lua_State *L, int idx, int acc, int *k) {

@@ -10,9 +10,17 @@
 
 #include "lbinding.h"
 
+static const char tape_key = 'P';       /* the metatable, by address (see lauxmg.c) */
+
 static ltape *checktape (lua_State *L, int arg) {
-  ltape *b = (ltape *)luaL_checkudata(L, arg, MG_TAPE_MT);
-  return b;
+  ltape *b = (ltape *)lua_touserdata(L, arg);
+  if (b != NULL && lua_getmetatable(L, arg)) {
+    lua_rawgetp(L, LUA_REGISTRYINDEX, &tape_key);
+    bool ok = lua_rawequal(L, -1, -2);
+    lua_pop(L, 2);
+    if (ok) return b;
+  }
+  return (ltape *)luaL_checkudata(L, arg, MG_TAPE_MT);    /* raises the usual message */
 }
 
 static int tape_gc (lua_State *L) {
@@ -38,7 +46,8 @@ static int l_tape (lua_State *L) {
   }
   ltape *b = (ltape *)lua_newuserdatauv(L, sizeof(ltape), 0);
   b->t = NULL;
-  luaL_setmetatable(L, MG_TAPE_MT);
+  lua_rawgetp(L, LUA_REGISTRYINDEX, &tape_key);
+  lua_setmetatable(L, -2);
   b->t = mg_tape_new(persistent, watch);
   if (b->t == NULL) return mgL_error(L);
   return 1;
@@ -126,6 +135,52 @@ static mg_status run_gradient (lua_State *L, mg_tape *t, int nt, mg_tensor **tar
 }
 
 /*
+** The common call, gradient(y, x) or gradient(y, {x1, x2, ...}) with leaf
+** sources and no seeds, without building the general structures; -1 when
+** the call is not of that shape.
+*/
+static int gradient_plain (lua_State *L, mg_tape *t, int zero) {
+  mg_tensor *y = mgL_testtensor(L, 2);
+  if (y == NULL) return -1;
+  mg_tensor *one = mgL_testtensor(L, 3);
+  int ns = one ? 1 : (lua_istable(L, 3) && !lua_getmetatable(L, 3) ? (int)lua_rawlen(L, 3) : -1);
+  if (ns < 0 || ns > 64) return -1;
+  mg_tensor *sources[64], *grads[64];
+  if (one) sources[0] = one;
+  for (int i = 0; !one && i < ns; i++) {
+    lua_rawgeti(L, 3, i + 1);
+    sources[i] = mgL_testtensor(L, -1);
+    lua_pop(L, 1);
+    if (sources[i] == NULL) return -1;
+  }
+  if (!one) {                                             /* nothing but the list? */
+    if (ns > 0) lua_pushinteger(L, ns);
+    else lua_pushnil(L);
+    if (lua_next(L, 3)) {
+      lua_pop(L, 2);
+      return -1;
+    }
+  }
+  lua_createtable(L, ns, 0);                              /* 6: the answers, boxes first */
+  for (int i = 1; i <= ns; i++) {
+    mgL_newbox(L);
+    lua_rawseti(L, 6, i);
+  }
+  if (run_gradient(L, t, 1, &y, ns, sources, NULL, zero, grads) != MG_OK) return mgL_error(L);
+  for (int i = 0; i < ns; i++) {
+    lua_rawgeti(L, 6, i + 1);
+    ((ltensor *)lua_touserdata(L, -1))->t = grads[i];
+    lua_pop(L, 1);
+    if (grads[i] == NULL) {
+      lua_pushnil(L);
+      lua_rawseti(L, 6, i + 1);
+    }
+  }
+  if (one) lua_rawgeti(L, 6, 1);
+  return 1;
+}
+
+/*
 ** gradient(target, sources [, output_gradients] [, {unconnected=}]):
 ** the gradient of the sum of the targets with respect to each source.
 */
@@ -141,6 +196,10 @@ static int l_gradient (lua_State *L) {
   }
   int zero = unconnected_zero(L, opts);
   lua_settop(L, 5);
+  if (seeds_arg == 0 || lua_isnil(L, seeds_arg)) {
+    int r = gradient_plain(L, t, zero);
+    if (r >= 0) return r;
+  }
   lua_newtable(L);                                        /* 6: targets */
   lua_newtable(L);                                        /* 7: sources */
   lua_newtable(L);                                        /* 8: seeds */
@@ -254,5 +313,6 @@ void mgL_open_tape (lua_State *L) {
   };
   luaL_newlib(L, methods);
   lua_setfield(L, -2, "__index");
+  lua_rawsetp(L, LUA_REGISTRYINDEX, &tape_key);
   lua_settop(L, module);
 }

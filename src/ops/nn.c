@@ -64,7 +64,7 @@ mg_tensor *mg_softmax (mg_tensor *x, int axis) { return softmax_forward(x, axis,
 static mg_status softmax_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **din) {
   mg_scope sc = {0};
   mg_tensor *y = n->out[0];
-  mg_tensor *s = mg_tmp(&sc, mg_sum(mg_tmp(&sc, mg_mul(dout[0], y)), n->attr.axis, 1));
+  mg_tensor *s = mg_tmp(&sc, mg_sum(mg_tmp(&sc, mg_mul(dout[0], y)), n->attr->axis, 1));
   din[0] = mg_mul(y, mg_tmp(&sc, mg_sub(dout[0], s)));
   mg_scope_end(&sc);
   return MG_OK;
@@ -78,7 +78,7 @@ mg_tensor *mg_log_softmax (mg_tensor *x, int axis) { return softmax_forward(x, a
 static mg_status log_softmax_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **din) {
   mg_scope sc = {0};
   mg_tensor *p = mg_tmp(&sc, mg_exp(n->out[0]));
-  mg_tensor *s = mg_tmp(&sc, mg_sum(dout[0], n->attr.axis, 1));
+  mg_tensor *s = mg_tmp(&sc, mg_sum(dout[0], n->attr->axis, 1));
   din[0] = mg_sub(dout[0], mg_tmp(&sc, mg_mul(p, s)));
   mg_scope_end(&sc);
   return MG_OK;

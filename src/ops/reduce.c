@@ -160,7 +160,7 @@ static int kept_shape (const mg_meta *x, int axis, int64_t *shape) {
 /* dout, reshaped to keep the reduced axes, broadcast back to x's shape */
 static mg_tensor *spread (mg_node *n, mg_tensor *dout, mg_scope *sc) {
   int64_t shape[MG_MAX_DIMS];
-  int nd = kept_shape(&n->in_meta[0], n->attr.axis, shape);
+  int nd = kept_shape(&n->in_meta[0], n->attr->axis, shape);
   mg_tensor *kept = mg_tmp(sc, mg_reshape(dout, shape, nd));
   return mg_tmp(sc, mg_broadcast_to(kept, n->in_meta[0].shape, n->in_meta[0].ndim));
 }
@@ -181,11 +181,11 @@ static const mg_opdef sum_op = {"sum", 0, sum_backward, NULL};
 static mg_status extreme_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **din) {
   mg_scope sc = {0};
   int64_t shape[MG_MAX_DIMS];
-  int nd = kept_shape(&n->in_meta[0], n->attr.axis, shape);
+  int nd = kept_shape(&n->in_meta[0], n->attr->axis, shape);
   mg_tensor *y = mg_tmp(&sc, mg_reshape(n->out[0], shape, nd));
   mg_tensor *hit = mg_tmp(&sc, mg_equal(n->in[0], y));
   mg_tensor *hitf = mg_tmp(&sc, mg_cast(hit, dout[0]->dtype));
-  mg_tensor *count = mg_tmp(&sc, mg_sum(hitf, n->attr.axis, 1));
+  mg_tensor *count = mg_tmp(&sc, mg_sum(hitf, n->attr->axis, 1));
   mg_tensor *share = mg_tmp(&sc, mg_div(mg_tmp(&sc, mg_reshape(dout[0], shape, nd)), count));
   din[0] = mg_mul(hitf, share);
   mg_scope_end(&sc);

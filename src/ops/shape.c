@@ -122,7 +122,7 @@ mg_tensor *mg_permute (mg_tensor *x, const int *perm) {
 
 static mg_status permute_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **din) {
   int inv[MG_MAX_DIMS];
-  for (int i = 0; i < n->in_meta[0].ndim; i++) inv[i] = (int)n->attr.a[i];
+  for (int i = 0; i < n->in_meta[0].ndim; i++) inv[i] = (int)n->attr->a[i];
   din[0] = mg_permute(dout[0], inv);
   return MG_OK;
 }
@@ -213,7 +213,7 @@ mg_tensor *mg_slice (mg_tensor *x, const int64_t *start, const int64_t *stop, co
 }
 
 static mg_status slice_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **din) {
-  din[0] = mg_unslice(dout[0], n->in_meta[0].shape, n->attr.a, n->attr.c);
+  din[0] = mg_unslice(dout[0], n->in_meta[0].shape, n->attr->a, n->attr->c);
   return MG_OK;
 }
 static const mg_opdef slice_op = {"slice", 0, slice_backward, NULL};
@@ -248,7 +248,7 @@ mg_tensor *mg_unslice (mg_tensor *x, const int64_t *shape, const int64_t *start,
 }
 
 static mg_status unslice_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **din) {
-  din[0] = mg_slice(dout[0], n->attr.a, n->attr.b, n->attr.c);
+  din[0] = mg_slice(dout[0], n->attr->a, n->attr->b, n->attr->c);
   return MG_OK;
 }
 static const mg_opdef unslice_op = {"unslice", 0, unslice_backward, NULL};
@@ -335,7 +335,7 @@ mg_tensor *mg_concat (mg_tensor *const *xs, int n, int axis) {
 }
 
 static mg_status concat_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **din) {
-  int a = n->attr.axis, nd = n->out_meta[0].ndim;
+  int a = n->attr->axis, nd = n->out_meta[0].ndim;
   int64_t start[MG_MAX_DIMS] = {0}, stop[MG_MAX_DIMS], step[MG_MAX_DIMS];
   for (int i = 0; i < nd; i++) {
     stop[i] = n->out_meta[0].shape[i];
@@ -428,7 +428,7 @@ done:
 }
 
 static mg_status gather_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **din) {
-  din[0] = mg_scatter_add(dout[0], n->in[1], n->attr.axis, SHAPE_OF(n, 0));
+  din[0] = mg_scatter_add(dout[0], n->in[1], n->attr->axis, SHAPE_OF(n, 0));
   return MG_OK;
 }
 static const mg_opdef gather_op = {"gather", MG_SAVE_IN(1), gather_backward, NULL};
@@ -481,7 +481,7 @@ done:
 }
 
 static mg_status scatter_add_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **din) {
-  mg_tensor *g = mg_gather(dout[0], n->in[1], n->attr.axis);
+  mg_tensor *g = mg_gather(dout[0], n->in[1], n->attr->axis);
   din[0] = mg_reshape(g, SHAPE_OF(n, 0));
   mg_tensor_release(g);
   return MG_OK;
