@@ -1,7 +1,24 @@
 #!/usr/bin/env bash
-# make bench: every benchmark, printed as a table with ratios.
-set -euo pipefail
+# make bench: every benchmark, side by side with PyTorch where it is installed.
+# Installs Debian's python3-torch (the peer) and libopenblas-dev (for the
+# sgemm ceiling) when missing; without them the peer or ceiling is skipped.
+set -uo pipefail
 cd "$(dirname "$0")/.."
 BIN=${MOONGRAD_BIN:-build/moongrad}
-echo "== bench/recompute.lua (time and memory of a training step, ratios to plain)"
-"$BIN" bench/recompute.lua "$@"
+ROUNDS=${ROUNDS:-5}
+
+missing=""
+for p in python3-torch libopenblas-dev; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
+if [ -n "$missing" ]; then
+  echo "installing Debian packages for the benchmarks:$missing"
+  if [ "$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi
+  $SUDO apt-get install -y -qq $missing >/dev/null 2>&1 || echo "(could not install:$missing; going on without)"
+fi
+cc -O2 bench/gemm_ceiling.c -ldnnl -lopenblas -o build/gemm_ceiling 2>/dev/null \
+  || echo "(no OpenBLAS: the sgemm ceiling is skipped)"
+
+echo "== bench/bench.lua: moongrad vs PyTorch"
+"$BIN" bench/bench.lua "$ROUNDS" || exit 1
+echo
+echo "== bench/recompute.lua: time and memory of a training step, ratios to plain"
+"$BIN" bench/recompute.lua 1024 2048 16 3
