@@ -37,6 +37,36 @@ describe("Variable", function()
     assert.same({3, 4}, v:value():totable())
   end)
 
+  it("assign_add/assign_sub take a scale and update in one pass", function()
+    local v = mg.Variable({1, 2, 3})
+    v:assign_sub(mg.constant({10, 20, 30}), 0.1)
+    h.assert_close(v, {0, 0, 0}, 1e-6)
+    v:assign_add(2, 3)                                   -- a number broadcasts
+    assert.same({6, 6, 6}, v:totable())
+    assert.equal(v, v:assign_add(0))                     -- returns the variable
+    local i = mg.Variable({1, 2}, {dtype = "int64"})
+    i:assign_add({3, 4}, 2)
+    assert.same({7, 10}, i:totable())
+    assert.has_error(function() i:assign_add({1, 1}, 0.5) end, "assign_add: cannot scale an int64 variable by 0.5")
+    assert.has_error(function() v:assign_sub({1, 2}) end, "assign_add: shape (2) does not match the variable's (3)")
+  end)
+
+  it("an update never changes a value a tape saved (copy on write)", function()
+    local w = mg.Variable({2.0})
+    local x = mg.constant({3.0})
+    local t = mg.tape()
+    local y = x * w                                      -- mul saves w's value
+    t:stop()
+    w:assign_sub({1.0})                                  -- w is now 1, the tape's copy still 2
+    assert.same({1}, w:totable())
+    assert.same({3}, t:gradient(y, w):totable())         -- dy/dw = x
+    local t2 = mg.tape()
+    local z = w * w
+    t2:stop()
+    w:assign_add({10}, 1)
+    assert.same({2}, t2:gradient(z, w):totable())        -- 2 * (w = 1 when recorded)
+  end)
+
   it("assign checks shape and dtype", function()
     local v = mg.Variable({1, 2})
     assert.has_error(function() v:assign({1, 2, 3}) end, "assign: shape (3) does not match the variable's (2)")

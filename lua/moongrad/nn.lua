@@ -300,6 +300,30 @@ end
 -- }=============================================================
 
 
+-- {=========================== losses ==========================
+
+--- softmax_cross_entropy(logits, labels): the mean over the batch of
+-- -log softmax(logits)[label]; logits (B, C), labels (B) int64, 1-based.
+function nn.softmax_cross_entropy (logits, labels)
+  if not mg.is_tensor(labels) or labels.dtype ~= "int64" then
+    error("softmax_cross_entropy: labels must be an int64 tensor of class numbers (1-based)", 2)
+  end
+  local classes = logits.shape[#logits.shape]
+  if mg.min(labels):item() < 1 or mg.max(labels):item() > classes then
+    error(("softmax_cross_entropy: labels must be in 1..%d"):format(classes), 2)
+  end
+  local onehot = mg.cast(mg.equal(mg.expand_dims(labels, -1), mg.arange(1, classes + 1, 1, "int64")), logits.dtype)
+  return -mg.mean(mg.sum(onehot * mg.log_softmax(logits, -1), -1))
+end
+
+--- mean_squared_error(y, target)
+function nn.mean_squared_error (y, target)
+  return mg.mean((y - target) ^ 2)
+end
+
+-- }=============================================================
+
+
 -- {================== memory-saving blocks =====================
 
 --- checkpoint_sequential(layers, segments, x): runs the layers in order, in

@@ -1,0 +1,119 @@
+-- mg.nn: layers, variables, dropout, batch norm, losses.
+local mg = require "moongrad"
+local h = require "helpers"
+local nn = mg.nn
+
+describe("layers", function()
+  before_each(function() mg.random.seed(3) end)
+
+  it("Dense builds lazily: glorot-uniform kernel, zero bias, the input's dtype", function()
+    local d = nn.Dense(4)
+    assert.same({}, d.variables)
+    local y = d(mg.ones{2, 3})
+    assert.same({2, 4}, y.shape)
+    assert.same({3, 4}, d.kernel.shape)
+    assert.same({0, 0, 0, 0}, d.bias:totable())
+    local limit = math.sqrt(6 / 7)
+    assert.is_true(mg.max(mg.abs(d.kernel)):item() <= limit)
+    assert.equal(2, #d.trainable_variables)
+    assert.equal("float64", nn.Dense(2)(mg.ones({1, 3}, "float64")).dtype)
+    assert.truthy(d.kernel.name:find("/kernel$"))
+  end)
+
+  it("initial values are reproducible from the seed", function()
+    mg.random.seed(9)
+    local a = nn.Dense(3)
+    a(mg.ones{1, 2})
+    mg.random.seed(9)
+    local b = nn.Dense(3)
+    b(mg.ones{1, 2})
+    assert.same(a.kernel:totable(), b.kernel:totable())
+  end)
+
+  it("Dense computes activation(x @ kernel + bias)", function()
+    local d = nn.Dense(2, {activation = "relu"})
+    local x = mg.constant({{1, -2}})
+    d(x)
+    d.kernel:assign({{1, 0}, {0, 1}})
+    d.bias:assign({0.5, 0.5})
+    assert.same({{1.5, 0}}, d(x):totable())
+    assert.has_error(function() nn.Dense(2, {activation = "swish"}) end,
+      "unknown activation 'swish' (use tanh, relu, sigmoid, softmax or linear)")
+    assert.has_error(function() nn.Dense(0) end, "Dense: units must be a positive integer, got 0")
+  end)
+
+  it("Sequential runs layers in order and lists their variables", function()
+    local m = nn.Sequential{nn.Dense(3), nn.Lambda(function(x) return x * 2 end), nn.Dense(1)}
+    assert.same({5, 1}, m(mg.ones{5, 4}).shape)
+    assert.equal(4, #m.variables)
+    assert.equal(4, #m.trainable_variables)
+    assert.has_error(function() nn.Sequential{42} end, "Sequential: layer 1 is a number, not callable")
+    assert.truthy(tostring(m):find("moongrad.nn.Sequential", 1, true))
+  end)
+
+  it("gradients reach every layer's variables", function()
+    local m = nn.Sequential{nn.Dense(3, {activation = "tanh"}), nn.Dense(1)}
+    local x = mg.random.normal{4, 2}
+    m(x)
+    local t = mg.tape()
+    local loss = mg.mean(m(x) ^ 2)
+    t:stop()
+    local g = t:gradient(loss, m.trainable_variables)
+    for i, v in ipairs(m.trainable_variables) do assert.same(v.shape, g[i].shape) end
+  end)
+end)
+
+describe("dropout", function()
+  it("zeroes about rate of the entries and scales the rest", function()
+    mg.random.seed(1)
+    local y = nn.dropout(mg.ones{10000}, 0.25)
+    local kept = mg.sum(mg.cast(mg.greater(y, 0), "float32")):item()
+    assert.is_true(math.abs(kept / 10000 - 0.75) < 0.02)
+    h.assert_close(mg.max(y), 1 / 0.75, 1e-6)
+    assert.has_error(function() nn.dropout(mg.ones{2}, 1) end, "dropout: rate must be a number in [0, 1), got 1")
+  end)
+
+  it("the Dropout layer is the identity when not training", function()
+    local d = nn.Dropout(0.5)
+    local x = mg.ones{100}
+    assert.same(x:totable(), d(x, false):totable())
+    d.training = false
+    assert.same(x:totable(), d(x):totable())
+  end)
+end)
+
+describe("BatchNorm", function()
+  it("normalizes with batch statistics while training, running ones after", function()
+    local bn = nn.BatchNorm{momentum = 0}
+    local x = mg.constant({{1, 10}, {3, 30}})
+    local y = bn(x)
+    h.assert_close(y, {{-1, -1}, {1, 1}}, 1e-3)
+    assert.same({2, 20}, bn.moving_mean:totable())
+    h.assert_close(bn(x, false), y, 1e-3)
+    assert.equal(2, #bn.trainable_variables)
+    assert.equal(2, #bn.non_trainable_variables)
+  end)
+end)
+
+describe("losses", function()
+  it("softmax_cross_entropy matches its definition and gradchecks", function()
+    local logits = mg.constant({{2, 1, 0}, {0, 0, 3}}, "float64")
+    local labels = mg.constant({1, 3}, "int64")
+    local function ce (row, k)
+      local z = 0
+      for _, v in ipairs(row) do z = z + math.exp(v) end
+      return -(row[k] - math.log(z))
+    end
+    h.assert_close(nn.softmax_cross_entropy(logits, labels), (ce({2, 1, 0}, 1) + ce({0, 0, 3}, 3)) / 2, 1e-12)
+    assert.is_true(mg.test.gradcheck(function(l) return nn.softmax_cross_entropy(l, labels) end,
+                                     {mg.random.normal({2, 3}, 0, 1, "float64")}))
+    assert.has_error(function() nn.softmax_cross_entropy(logits, mg.constant({1, 4}, "int64")) end,
+                     "softmax_cross_entropy: labels must be in 1..3")
+    assert.has_error(function() nn.softmax_cross_entropy(logits, mg.constant({1, 2})) end,
+                     "softmax_cross_entropy: labels must be an int64 tensor of class numbers (1-based)")
+  end)
+
+  it("mean_squared_error", function()
+    assert.equal(2.5, nn.mean_squared_error(mg.constant({1, 2}), mg.constant({2, 4})):item())
+  end)
+end)
