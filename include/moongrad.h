@@ -319,7 +319,8 @@ typedef struct mg_memory_stats {
 MG_API mg_memory_stats mg_memory_stats_get (void);
 MG_API void            mg_memory_reset_peak (void);
 MG_API void            mg_memory_release_cache (void);             /* free() what is cached */
-MG_API void            mg_memory_set_cache_limit (size_t bytes);   /* default 256 MiB; 0: none */
+/* at most min(bytes, 16 MiB + peak/4) wait for reuse; default 256 MiB, 0: no cache */
+MG_API void            mg_memory_set_cache_limit (size_t bytes);
 /* for timelines: change(ud) runs on every change of the byte counts, and
 ** span(name, begin, ud) when a phase ("backward", "recompute") begins and
 ** ends; NULL for none */

@@ -10,7 +10,7 @@
 ** Freed storages wait in a cache keyed by their exact size, because a
 ** training loop asks for the same sizes every step: reuse skips malloc,
 ** free and the page faults of fresh memory. Cached bytes are counted apart
-** (cached_bytes), never as live, and the cache is capped.
+** (cached_bytes), never as live, and the cache is capped (see cache_put).
 */
 #include <stdio.h>
 #include <stdlib.h>
@@ -92,8 +92,12 @@ static mg_storage *cache_take (size_t nbytes) {
   return NULL;
 }
 
+/* the cache holds at most 16 MiB plus a quarter of the peak, and never
+** more than the limit set: spare blocks in proportion to the workload */
 static bool cache_put (mg_storage *s) {
-  if (M.cached + s->nbytes > M.cache_limit) return false;
+  size_t cap = ((size_t)16 << 20) + M.peak / 4;
+  if (cap > M.cache_limit) cap = M.cache_limit;
+  if (M.cached + s->nbytes > cap) return false;
   mg_storage **head = &M.cache[bucket_of(s->nbytes)];
   *next_of(s) = *head;
   *head = s;
