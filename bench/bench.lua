@@ -26,12 +26,7 @@ local function run (cmd)
   return vals
 end
 
-local function median (xs)
-  local s = {table.unpack(xs)}
-  table.sort(s)
-  local n = #s
-  return n % 2 == 1 and s[(n + 1) // 2] or (s[n // 2] + s[n // 2 + 1]) / 2
-end
+local median = require("bench.util").median
 
 -- runs the commands in turn, `rounds` times; returns the median of each value
 local function alternate (cmds, rounds)

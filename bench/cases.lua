@@ -11,11 +11,7 @@ local mg = mg or require "moongrad"
 
 local case = arg[1]
 
-local function median (xs)
-  table.sort(xs)
-  local n = #xs
-  return n % 2 == 1 and xs[(n + 1) // 2] or (xs[n // 2] + xs[n // 2 + 1]) / 2
-end
+local median = require("bench.util").median
 
 -- median seconds of `reps` timings of fn, after one warm-up call
 local function timed (reps, fn)

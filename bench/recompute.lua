@@ -13,12 +13,7 @@ local B = tonumber(arg and arg[2]) or 2048
 local N = tonumber(arg and arg[3]) or 16
 local REPEATS = tonumber(arg and arg[4]) or 5
 
-local function median (xs)
-  local s = {table.unpack(xs)}
-  table.sort(s)
-  local n = #s
-  return n % 2 == 1 and s[(n + 1) // 2] or (s[n // 2] + s[n // 2 + 1]) / 2
-end
+local median = require("bench.util").median
 
 local now = mg.clock
 

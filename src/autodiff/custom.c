@@ -117,9 +117,7 @@ static int custom_call (lua_State *L) {
       mg_watcher_free(&w);
       return luaL_error(L, "custom_gradient: out of memory");
     }
-    lua_rawgeti(L, LUA_REGISTRYINDEX, LUA_RIDX_MAINTHREAD);
-    e->L = lua_tothread(L, -1);
-    lua_pop(L, 1);
+    e->L = mgL_main_thread(L);
     lua_pushvalue(L, last);
     e->grad_ref = luaL_ref(L, LUA_REGISTRYINDEX);
     e->nargs = ntensors;

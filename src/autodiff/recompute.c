@@ -247,9 +247,7 @@ static int recompute_call (lua_State *L) {
     mg_watcher_free(&w);
     return luaL_error(L, "recompute_grad: out of memory");
   }
-  lua_rawgeti(L, LUA_REGISTRYINDEX, LUA_RIDX_MAINTHREAD);
-  e->L = lua_tothread(L, -1);
-  lua_pop(L, 1);
+  e->L = mgL_main_thread(L);
   e->f_ref = ref_new(L, fidx);
   e->args_ref = ref_new(L, args);
   e->nflat = nflat;

@@ -248,18 +248,24 @@ void mg_tape_watch (mg_tape *t, mg_tensor *x) {
   if (mg_is_float(x->dtype)) track(t, x->id);
 }
 
-void mg_tape_watch_variable (mg_tape *t, mg_variable *v) {
-  if (!mg_is_float(v->value->dtype)) return;
-  for (int i = 0; i < t->nvars; i++) if (t->vars[i] == v) return;
-  if (t->nvars == t->capvars) {
-    int cap = t->capvars ? t->capvars * 2 : 8;
-    mg_variable **a = (mg_variable **)realloc(t->vars, sizeof(mg_variable *) * (size_t)cap);
-    if (a == NULL) return;
-    t->vars = a;
-    t->capvars = cap;
+/* adds v (retained) to a list unless it is there; false when it was, or
+** when there is no memory for it */
+static bool add_variable (mg_variable ***list, int *n, int *cap, mg_variable *v) {
+  for (int i = 0; i < *n; i++) if ((*list)[i] == v) return false;
+  if (*n == *cap) {
+    int c = *cap ? *cap * 2 : 8;
+    mg_variable **a = (mg_variable **)realloc(*list, sizeof(mg_variable *) * (size_t)c);
+    if (a == NULL) return false;
+    *list = a;
+    *cap = c;
   }
-  t->vars[t->nvars++] = mg_variable_retain(v);
-  track(t, v->id);
+  (*list)[(*n)++] = mg_variable_retain(v);
+  return true;
+}
+
+void mg_tape_watch_variable (mg_tape *t, mg_variable *v) {
+  if (mg_is_float(v->value->dtype) && add_variable(&t->vars, &t->nvars, &t->capvars, v))
+    track(t, v->id);
 }
 
 bool mg_any_tape_tracks (uint64_t id) {
@@ -334,15 +340,7 @@ void mg_watcher_free (mg_var_watcher *w) {
 }
 
 static void watcher_add (mg_var_watcher *w, mg_variable *v) {
-  for (int i = 0; i < w->n; i++) if (w->vars[i] == v) return;
-  if (w->n == w->cap) {
-    int cap = w->cap ? w->cap * 2 : 8;
-    mg_variable **a = (mg_variable **)realloc(w->vars, sizeof(mg_variable *) * (size_t)cap);
-    if (a == NULL) return;
-    w->vars = a;
-    w->cap = cap;
-  }
-  w->vars[w->n++] = mg_variable_retain(v);
+  add_variable(&w->vars, &w->n, &w->cap, v);
 }
 
 /* a read of v: every watcher sees it; tapes that watch accessed variables watch it */

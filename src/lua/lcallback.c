@@ -10,6 +10,13 @@
 #include "lbinding.h"
 #include "lcallback.h"
 
+lua_State *mgL_main_thread (lua_State *L) {
+  lua_rawgeti(L, LUA_REGISTRYINDEX, LUA_RIDX_MAINTHREAD);
+  lua_State *main = lua_tothread(L, -1);
+  lua_pop(L, 1);
+  return main;
+}
+
 int mgL_call_paused (lua_State *L, int nargs, mg_var_watcher *w) {
   mg_watcher_push(w);
   if (mg_pause_all() != MG_OK) {

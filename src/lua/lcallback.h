@@ -6,6 +6,10 @@
 
 #include "lbinding.h"
 
+/* the state's main thread: it outlives any coroutine, so a node keeps it
+** to release its registry references */
+lua_State *mgL_main_thread (lua_State *L);
+
 /* calls the function below the top nargs values like lua_pcall(L, nargs,
 ** LUA_MULTRET), with every active tape paused and w collecting the
 ** variables it reads; returns the lua_pcall status */
