@@ -181,8 +181,9 @@ struct mg_node {
 ** records. Returns MG_ERR only when out of memory. */
 mg_status mg_record (const mg_opdef *def, int nin, mg_tensor *const *in, int nout,
                      mg_tensor *const *out, const mg_attr *attr);
-/* the same, giving back the node (borrowed, NULL if nothing recorded) so a
-** caller can attach ext */
+/* the same with op-private data: ext goes to the node (freed by
+** def->free_ext with it), or is freed at once when no tape records the op;
+** *node (may be NULL) gets the node, borrowed */
 mg_status mg_record_ex (const mg_opdef *def, int nin, mg_tensor *const *in, int nout,
                         mg_tensor *const *out, const mg_attr *attr, void *ext,
                         mg_node **node);
@@ -193,8 +194,9 @@ static inline bool mg_anyone_listening (void) {
   return mg_recording_tapes > 0 || mg_variable_watchers > 0;
 }
 
-/* record op `def` with one output, dropping the output on failure; the
-** usual tail of an op: return mg_finish1(&add_op, 2, in, out, &attr) */
+/* records op `def` with one output when anyone listens, releasing the
+** output on failure; the usual tail of an op:
+**   return mg_finish(&add_op, 2, in, out, NULL); */
 mg_tensor *mg_finish (const mg_opdef *def, int nin, mg_tensor *const *in, mg_tensor *out,
                       const mg_attr *attr);
 
