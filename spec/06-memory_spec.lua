@@ -4,9 +4,7 @@ local h = require "helpers"
 
 describe("memory counters", function()
   it("count allocations and return to the baseline after collection", function()
-    collectgarbage()
-    collectgarbage()
-    local base = mg.memory.stats()
+    local base = h.settled()
     do
       local a = mg.zeros{1000, 250}                     -- 1,000,000 bytes
       local s = mg.memory.stats()
@@ -18,9 +16,7 @@ describe("memory counters", function()
       assert.equal(s.live_tensors + 1, mg.memory.stats().live_tensors)
       a, v = nil, nil
     end
-    collectgarbage()
-    collectgarbage()
-    local after = mg.memory.stats()
+    local after = h.settled()
     assert.equal(base.current_bytes, after.current_bytes)
     assert.equal(base.live_tensors, after.live_tensors)
     assert.equal(base.live_storages, after.live_storages)
@@ -31,9 +27,7 @@ describe("memory counters", function()
     mg.memory.reset_peak()
     local base = mg.memory.stats().current_bytes
     do local big = mg.ones{1 << 20} end                  -- 4 MiB, then garbage
-    collectgarbage()
-    collectgarbage()
-    local s = mg.memory.stats()
+    local s = h.settled()
     assert.equal(base, s.current_bytes)
     assert.is_true(s.peak_bytes >= base + 4 * 2^20)
     mg.memory.reset_peak()
@@ -201,9 +195,7 @@ describe("the reuse cache", function()
     local base = mg.memory.stats()
     assert.equal(0, base.cached_bytes)
     do local a = mg.zeros{1000} end                    -- 4000 bytes, then garbage
-    collectgarbage()
-    collectgarbage()
-    local s = mg.memory.stats()
+    local s = h.settled()
     assert.equal(base.current_bytes, s.current_bytes)  -- not live any more ...
     assert.equal(4000, s.cached_bytes)                 -- ... but held for reuse
     local b = mg.ones{1000}                            -- the same size: taken from the cache

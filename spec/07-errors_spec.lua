@@ -1,5 +1,6 @@
 -- Bad input is a Lua error naming the function and the mismatch; never a crash.
 local mg = require "moongrad"
+local h = require "helpers"
 local c = mg.constant
 
 local function fails (f, msg) assert.has_error(f, msg) end
@@ -94,9 +95,7 @@ describe("errors name the function and the mismatch", function()
       pcall(function() return mg.ones{2, 3} + mg.ones{4} end)
       pcall(mg.constant, {1, 2, "x"})
     end
-    collectgarbage()
-    collectgarbage()
-    local after = mg.memory.stats()
+    local after = h.settled()
     assert.equal(before.live_tensors, after.live_tensors)
     assert.equal(before.current_bytes, after.current_bytes)
   end)

@@ -61,11 +61,17 @@ function helpers.run_moongrad (args, input)
   return out, code
 end
 
+-- the memory counters once garbage tensors are collected (two cycles: the
+-- first runs the finalizers that release the storages)
+function helpers.settled ()
+  collectgarbage()
+  collectgarbage()
+  return mg.memory.stats()
+end
+
 -- live tensor count after a full collection
 function helpers.live ()
-  collectgarbage()
-  collectgarbage()
-  return mg.memory.stats().live_tensors
+  return helpers.settled().live_tensors
 end
 
 return helpers
