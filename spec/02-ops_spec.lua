@@ -259,6 +259,9 @@ describe("shape ops", function()
     assert.same({{{1, 2}}, {{3, 4}}}, mg.stack({a, b}):totable())
     assert.same({1, 2, 2}, mg.stack({a, b}, 2).shape)
     assert.same({1, 2, 2}, mg.stack({a, b}, -1).shape)
+    local many = {}
+    for i = 1, 5000 do many[i] = c(i) end
+    assert.same({5000}, mg.stack(many).shape)
   end)
 
   it("gather along an axis with 1-based indices", function()

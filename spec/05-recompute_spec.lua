@@ -409,6 +409,24 @@ describe("recompute_grad errors", function()
       "recompute_grad: the recomputed f gave output 1 as (2) float32, the forward gave () float32 (f must be deterministic)")
   end)
 
+  it("an error while recomputing names where it happened, and frees the tape", function()
+    local runs = 0
+    local f = mg.recompute_grad(function(v)
+      runs = runs + 1
+      if runs > 1 then error("boom in the re-run", 0) end
+      return v * 2
+    end)
+    local x = c(1)
+    local t = mg.tape()
+    t:watch(x)
+    local y = f(x)
+    t:stop()
+    assert.has_error(function() t:gradient(y, x) end,
+      "tape:gradient: in the backward of 'recompute_grad': boom in the re-run")
+    assert.equal(0, t:saved_bytes())
+    assert.is_false(mg.is_recomputing())
+  end)
+
   it("an error inside f leaves the tapes recording", function()
     local x = c(2)
     local t = mg.tape()

@@ -593,6 +593,11 @@ static mg_status step_back (mg_node *n, idmap *grads, const idmap *dep) {
     n->needs[j] = mg_is_float(n->in_meta[j].dtype) && idmap_has(dep, n->in_meta[j].id);
   }
   st = n->def->backward(n, dout, din);
+  if (st != MG_OK && strncmp(mg_errmsg(), n->def->name, strlen(n->def->name)) != 0) {
+    char msg[512];                           /* say where, unless the text already does */
+    snprintf(msg, sizeof msg, "%s", mg_errmsg());
+    st = mg_seterror("tape:gradient: in the backward of '%s': %s", n->def->name, msg);
+  }
   for (int j = 0; j < n->nin && st == MG_OK; j++) {
     if (!n->needs[j]) continue;
     if (din[j] == NULL) {

@@ -7,6 +7,7 @@
 ** gather <-> scatter_add, broadcast_to -> sum_to_shape, so gradients of any
 ** order come from the same code.
 */
+#include <stdlib.h>
 #include <string.h>
 
 #include "moongrad_impl.h"
@@ -355,22 +356,23 @@ static const mg_opdef concat_op = {"concat", 0, concat_backward, NULL};
 /* stack: expand each at axis, then concat (a composite) */
 mg_tensor *mg_stack (mg_tensor *const *xs, int n, int axis) {
   if (n < 1) return mg_seterror("stack: needs at least one tensor"), NULL;
-  if (n > 4096) return mg_seterror("stack: at most 4096 tensors"), NULL;
-  mg_tensor *ex[4096];
-  int a = xs[0] ? mg_check_axis("stack", axis, xs[0]->ndim + 1) : 0;
-  if (xs[0] == NULL || a < 0) return NULL;
-  for (int k = 0; k < n; k++) {
-    if (xs[k] && !mg_same_shape(xs[k]->shape, xs[k]->ndim, xs[0]->shape, xs[0]->ndim)) {
+  for (int k = 0; k < n; k++) if (xs[k] == NULL) return NULL;
+  int a = mg_check_axis("stack", axis, xs[0]->ndim + 1);
+  if (a < 0) return NULL;
+  for (int k = 1; k < n; k++)
+    if (!mg_same_shape(xs[k]->shape, xs[k]->ndim, xs[0]->shape, xs[0]->ndim)) {
       char s0[160], sk[160];
-      mg_seterror("stack: shapes differ: tensor 1 is %s, tensor %d is %s", shape_s(s0, sizeof s0, xs[0]),
-                  k + 1, shape_s(sk, sizeof sk, xs[k]));
-      for (int j = 0; j < k; j++) mg_tensor_release(ex[j]);
-      return NULL;
+      return mg_seterror("stack: shapes differ: tensor 1 is %s, tensor %d is %s",
+                         shape_s(s0, sizeof s0, xs[0]), k + 1, shape_s(sk, sizeof sk, xs[k])), NULL;
     }
-    ex[k] = mg_expand_dims(xs[k], a);
-  }
-  mg_tensor *out = mg_concat(ex, n, a);
-  for (int k = 0; k < n; k++) mg_tensor_release(ex[k]);
+  mg_tensor **ex = (mg_tensor **)calloc((size_t)n, sizeof(mg_tensor *));
+  if (ex == NULL) return mg_seterror("stack: out of memory"), NULL;
+  mg_tensor *out = NULL;
+  int k = 0;
+  for (; k < n && (ex[k] = mg_expand_dims(xs[k], a)) != NULL; k++) {}
+  if (k == n) out = mg_concat(ex, n, a);
+  for (int j = 0; j < n; j++) mg_tensor_release(ex[j]);
+  free(ex);
   return out;
 }
 
