@@ -13,7 +13,8 @@
 ** NULL (or MG_ERR) and leaves a message in mg_errmsg(). Tensors are
 ** immutable and reference counted: a function returning mg_tensor* hands the
 ** caller one reference, to be dropped with mg_tensor_release. Inputs are
-** borrowed.
+** borrowed. The active tapes and the random stream are one per process:
+** use the library from one thread (and one Lua state) at a time.
 **
 ** A C host that embeds Lua and wants autodiff from both sides:
 **
@@ -30,6 +31,8 @@
 **   mg_tensor *dx;
 **   mg_tape_gradient(t, 1, &y, 1, &x, NULL, 0, &dx);        -- dx = 2x = 6
 **   mgL_pushtensor(L, dx);                                  -- hand it to Lua
+**
+** (examples/embed_host.c is this, complete and checked by `make check`.)
 **
 ** This file is in sections: types, tensors, creation, ops (elementwise,
 ** reduce, matmul, shape, nn, random), variables, tapes and gradients, memory,
