@@ -41,6 +41,16 @@ function helpers.assert_close (a, b, tol)
   end
 end
 
+-- runs f(...) under a new tape that watches the arguments; returns the
+-- stopped tape and f's first result
+function helpers.record (f, ...)
+  local t = mg.tape()
+  t:watch({...})
+  local y = f(...)
+  t:stop()
+  return t, y
+end
+
 -- runs a shell command; returns its stdout and exit status
 function helpers.run (cmd)
   local p = io.popen(cmd .. " 2>&1; echo \"exit:$?\"")

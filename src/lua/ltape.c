@@ -135,6 +135,32 @@ static mg_status run_gradient (lua_State *L, mg_tape *t, int nt, mg_tensor **tar
 }
 
 /*
+** Pushes the list of gradients of the targets for the sources (nil where
+** unconnected) and returns its stack index; raises on failure. The boxes
+** are made before the gradient, so a Lua error cannot leak its results.
+*/
+static int answer (lua_State *L, mg_tape *t, int nt, mg_tensor **targets, int ns,
+                   mg_tensor **sources, mg_tensor **seeds, int zero, mg_tensor **grads) {
+  lua_createtable(L, ns, 0);
+  int answers = lua_gettop(L);
+  for (int i = 1; i <= ns; i++) {
+    mgL_newbox(L);
+    lua_rawseti(L, answers, i);
+  }
+  if (run_gradient(L, t, nt, targets, ns, sources, seeds, zero, grads) != MG_OK) mgL_error(L);
+  for (int i = 0; i < ns; i++) {
+    lua_rawgeti(L, answers, i + 1);
+    ((ltensor *)lua_touserdata(L, -1))->t = grads[i];
+    lua_pop(L, 1);
+    if (grads[i] == NULL) {
+      lua_pushnil(L);
+      lua_rawseti(L, answers, i + 1);
+    }
+  }
+  return answers;
+}
+
+/*
 ** The common call, gradient(y, x) or gradient(y, {x1, x2, ...}) with leaf
 ** sources and no seeds, without building the general structures; -1 when
 ** the call is not of that shape.
@@ -161,22 +187,8 @@ static int gradient_plain (lua_State *L, mg_tape *t, int zero) {
       return -1;
     }
   }
-  lua_createtable(L, ns, 0);                              /* 6: the answers, boxes first */
-  for (int i = 1; i <= ns; i++) {
-    mgL_newbox(L);
-    lua_rawseti(L, 6, i);
-  }
-  if (run_gradient(L, t, 1, &y, ns, sources, NULL, zero, grads) != MG_OK) return mgL_error(L);
-  for (int i = 0; i < ns; i++) {
-    lua_rawgeti(L, 6, i + 1);
-    ((ltensor *)lua_touserdata(L, -1))->t = grads[i];
-    lua_pop(L, 1);
-    if (grads[i] == NULL) {
-      lua_pushnil(L);
-      lua_rawseti(L, 6, i + 1);
-    }
-  }
-  if (one) lua_rawgeti(L, 6, 1);
+  int answers = answer(L, t, 1, &y, ns, sources, NULL, zero, grads);
+  if (one) lua_rawgeti(L, answers, 1);
   return 1;
 }
 
@@ -212,22 +224,7 @@ static int l_gradient (lua_State *L) {
   mg_tensor **targets = leaves(L, 6, nt), **sources = leaves(L, 7, ns);
   mg_tensor **seeds = ng ? leaves(L, 8, ng) : NULL;
   mg_tensor **grads = (mg_tensor **)lua_newuserdatauv(L, sizeof(mg_tensor *) * (size_t)(ns ? ns : 1), 0);
-  lua_createtable(L, ns, 0);                              /* the answers, as boxes */
-  int answers = lua_gettop(L);
-  for (int i = 1; i <= ns; i++) {                         /* boxes first: nothing leaks */
-    mgL_newbox(L);
-    lua_rawseti(L, answers, i);
-  }
-  if (run_gradient(L, t, nt, targets, ns, sources, seeds, zero, grads) != MG_OK) return mgL_error(L);
-  for (int i = 0; i < ns; i++) {
-    lua_geti(L, answers, i + 1);
-    ((ltensor *)lua_touserdata(L, -1))->t = grads[i];
-    lua_pop(L, 1);
-    if (grads[i] == NULL) {                               /* unconnected: nil */
-      lua_pushnil(L);
-      lua_rawseti(L, answers, i + 1);
-    }
-  }
+  int answers = answer(L, t, nt, targets, ns, sources, seeds, zero, grads);
   int k = 0;
   mgL_rebuild(L, 3, answers, &k);
   return 1;
