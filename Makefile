@@ -75,15 +75,19 @@ $(BUILD)/obj/main.o: src/main.c $(HEADERS)
 $(BUILD)/embed_host: examples/embed_host.c $(BUILD)/libmoongrad.a
 	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libmoongrad.a $(LUA_LIB) $(LIBS)
 
-# installs what is missing, and nothing when all is there
+# installs what is missing, and nothing when all is there; as root directly,
+# otherwise through sudo. bench/run.sh reuses it: make deps DEPS="..."
 deps:
 	@missing=""; for p in $(DEPS); do \
-	  dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
-	if [ -n "$$missing" ]; then \
-	  echo "installing Debian packages:$$missing"; \
-	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
-	  $$SUDO apt-get update -qq && $$SUDO DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
-	fi
+	  dpkg -s $$p 2>/dev/null | grep -q '^Status: install ok installed' || missing="$$missing $$p"; \
+	done; \
+	[ -z "$$missing" ] && exit 0; \
+	echo "installing Debian packages:$$missing"; \
+	if [ "$$(id -u)" = 0 ]; then as_root=""; \
+	elif command -v sudo >/dev/null 2>&1; then as_root="sudo"; \
+	else echo "make deps: not root and no sudo; install these as root:$$missing" >&2; exit 1; fi; \
+	$$as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+	$$as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing
 
 check: $(BUILD)/embed_host
 	$(BUILD)/embed_host
