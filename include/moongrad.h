@@ -82,6 +82,12 @@ MG_API const char *mg_errmsg       (void);   /* text of the last failure */
 MG_API mg_status   mg_seterror     (const char *fmt, ...);   /* always MG_ERR */
 MG_API void        mg_set_num_threads (int n);
 MG_API int         mg_get_num_threads (void);
+/* Asks the running computation to stop: long loops (printing, elementwise
+** and reduction kernels, the backward walk) check the flag between chunks
+** and fail with "interrupted". Async-signal-safe, so a SIGINT handler may
+** call it; the flag stays set until mg_interrupt(0) clears it. */
+MG_API void        mg_interrupt       (int on);
+MG_API int         mg_interrupted     (void);
 
 /* }============================================================== */
 

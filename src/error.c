@@ -5,6 +5,7 @@
 ** leaves its message here, and the Lua binding turns it into a Lua error in
 ** one place (mgL_error).
 */
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 
@@ -27,6 +28,12 @@ mg_status mg_seterror (const char *fmt, ...) {
   va_end(ap);
   return MG_ERR;
 }
+
+/* process-wide on purpose: a signal reaches the process, not a thread */
+static volatile sig_atomic_t interrupt_flag;
+
+void mg_interrupt (int on) { interrupt_flag = on != 0; }
+int mg_interrupted (void) { return interrupt_flag != 0; }
 
 void mg_set_num_threads (int n) {
 #ifdef _OPENMP
