@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # spec/fuzz/check.sh PROG.lua [BIN]: runs one program under the sanitizer
 # interpreter and prints one line: "ok" (Lua errors are fine), or the finding
-# as "<kind> <signature>", where kind is asan, ubsan, leak, signal or hang and
+# as "<kind> <signature>", where kind is asan, ubsan, leak, signal, hang or
+# wrong (an oracle in the program printed FUZZ-WRONG: a silently wrong result) and
 # the signature names the place (src/file.c:line) so findings can be grouped.
 # Leaves PROG.lua.out and PROG.lua.err (stdout, stderr; the first MiB each).
 #
@@ -47,6 +48,8 @@ elif grep -q "Sanitizer:DEADLYSIGNAL" "$err" || [ $rc -eq 23 ] || [ $rc -eq 24 ]
   echo "asan other-rc$rc:$(grep -m1 -i "sanitizer" "$err" | cut -c1-80)"
 elif [ $rc -ge 128 ]; then
   echo "signal $((rc - 128))"
+elif grep -q "^FUZZ-WRONG: " "$err"; then
+  echo "wrong $(grep -m1 "^FUZZ-WRONG: " "$err" | sed -E 's/^FUZZ-WRONG: ([^ ]*).*/\1/')"
 else
   echo "ok rc=$rc"
 fi

@@ -43,7 +43,8 @@ end
 
 -- {========================== program shape ==========================
 
-local NV = R(6, 12)           -- value slots
+local NV = R(6, 12)
+local ORACLE_WEIGHT = tonumber(os.getenv("FUZZ_ORACLE_WEIGHT") or "") or 8           -- value slots
 local NT, NF, NA, NO, NC = 3, 5, 3, 2, 2
 local FDT = pick{"float32", "float32", "float64"}     -- the program's usual float dtype
 local BASE = {}                                       -- the shape family
@@ -435,7 +436,7 @@ end
 -- recompute_grad's f: takes tables (tbl), a tensor (b), maybe the flag table
 local function recompute_body (depth)
   return wpick{
-    6, "local s; for _, x in pairs(tbl) do if mg.is_tensor(x) or mg.is_variable(x) then s = s and s + mg.sum(x) or mg.sum(x) end end; return s or mg.constant(0)",
+    6, "local s; for _, x in ipairs(entries(tbl)) do if mg.is_tensor(x) or mg.is_variable(x) then s = s and s + mg.sum(x) or mg.sum(x) end end; return s or mg.constant(0)",
     4, "local x = tbl[1]; if type(tbl[2]) == 'table' and tbl[2][1] then x = x * tbl[2][1] end; return mg.tanh(x)",
     2, "return tbl[1] * 2, {a = tbl[1] + 1, b = {tbl[1]}}",
     2, "return mg.nn.dropout(tbl[1], 0.5)",
@@ -619,6 +620,143 @@ local function misc_stmt ()
   }
 end
 
+-- {====================== oracles (silently wrong) ======================
+-- Statements whose answer is known: gradcheck of a random smooth composition,
+-- an op on a strided view against the same op on a contiguous copy,
+-- recompute_grad against the plain function, jacobian against gradient, a
+-- persistent tape asked twice. A disagreement prints "FUZZ-WRONG: <check>" on
+-- stderr (check.sh: kind "wrong"). Library errors inside them are skipped.
+-- Expressions are typed: gexpr knows the shape it produces.
+
+local function copy (s) local c = {}; for i, d in ipairs(s) do c[i] = d end; return c end
+local function numel_of (s) local n = 1; for _, d in ipairs(s) do n = n * d end; return n end
+
+-- a smooth (or almost everywhere smooth) expression of `e` of shape s
+local function gexpr (e, s, depth)
+  if depth <= 0 then return e, s end
+  local inner, sh = gexpr(e, s, depth - 1)
+  local nd = #sh
+  local options = {
+    5, function() return fmt("mg.%s(%s)", pick{"tanh", "sigmoid", "tanh", "neg"}, inner), sh end,
+    2, function() return pick{fmt("mg.sqrt(%s * %s + 1)", inner, inner), fmt("mg.log(%s * %s + 1)", inner, inner),
+                              fmt("mg.exp(mg.tanh(%s))", inner), fmt("(%s) ^ 2", inner), fmt("(%s) ^ 3", inner),
+                              fmt("1 / (1 + (%s) * (%s))", inner, inner), fmt("(%s) * 2 - 0.5", inner),
+                              fmt("mg.abs(%s)", inner), fmt("mg.relu(%s)", inner)}, sh end,
+    3, function() return fmt("(%s) * (%s)", inner, gexpr(e, s, depth - 1)), sh end,
+    2, function() return fmt("(%s) + (%s)", inner, (gexpr(e, s, depth - 1))), sh end,
+    1, function() return fmt("mg.where(mg.greater(%s, 0), %s, (%s) * 0.5)", inner, inner, inner), sh end,
+    1, function() return fmt("mg.maximum(%s, mg.tanh(%s) * 0.3)", inner, inner), sh end,
+  }
+  local function add (w, f) options[#options + 1] = w; options[#options + 1] = f end
+  -- broadcasting against a constant of a suffix shape
+  add(2, function()
+    local k = R(0, nd); local c = {}
+    for i = nd - k + 1, nd do c[#c + 1] = chance(0.3) and 1 or sh[i] end
+    if numel_of(c) > 16 then return inner, sh end
+    local function lit (d)
+      if d > #c then return fmt("%.2f", math.random() * 4 - 2) end
+      local parts = {}
+      for i = 1, c[d] do parts[i] = lit(d + 1) end
+      return "{" .. table.concat(parts, ", ") .. "}"
+    end
+    local k = #c == 0 and lit(1) or lit(1)
+    return fmt("(%s) %s mg.constant(%s, 'float64')", inner, pick{"*", "+", "-"}, k), sh end)
+  if nd >= 1 then
+    add(3, function()
+      local a = R(1, nd); local keep = chance(0.3); local out = {}
+      for i = 1, nd do if i ~= a then out[#out + 1] = sh[i] elseif keep then out[#out + 1] = 1 end end
+      return fmt("mg.%s(%s, %d%s)", pick{"sum", "mean", "sum", "max", "min"}, inner, pick{a, a - nd - 1}, keep and ", true" or ""), out end)
+    add(1, function() return fmt("mg.%s(%s)", pick{"sum", "mean"}, inner), {} end)
+    add(2, function() local out = {}; for i = 1, nd do out[i] = sh[nd + 1 - i] end; return fmt("mg.transpose(%s)", inner), out end)
+    add(1, function() return fmt("mg.reshape(%s, {-1})", inner), {numel_of(sh)} end)
+    add(2, function() if sh[nd] == 0 then return inner, sh end
+      return fmt("mg.%s(%s, -1)", pick{"softmax", "log_softmax"}, inner), sh end)
+    add(3, function()                                    -- a slice, steps of either sign
+      local specs, out = {}, {}
+      for i = 1, nd do
+        local n = sh[i]
+        if n == 0 or chance(0.3) then specs[i] = "nil"; out[#out + 1] = n
+        elseif chance(0.2) then specs[i] = tostring(R(1, n)) -- drops the dimension
+        else
+          local a, b = R(1, n), R(1, n)
+          local step = pick{1, 1, 2, -1, -1, -2, 3}
+          if (step > 0 and a > b) or (step < 0 and a < b) then a, b = b, a end
+          specs[i] = fmt("{%d, %d, %d}", a, b, step)
+          out[#out + 1] = (math.abs(b - a)) // math.abs(step) + 1
+        end
+      end
+      return fmt("mg.slice(%s, %s)", inner, table.concat(specs, ", ")), out end)
+    add(2, function() local a = R(1, nd); local out = copy(sh); out[a] = 2 * sh[a]
+      return fmt("mg.concat({%s, %s}, %d)", inner, inner, a), out end)
+    if sh[1] > 0 then
+      add(1, function() local out = copy(sh); table.remove(out, 1); return fmt("(%s)[%d]", inner, R(1, sh[1])), out end)
+      add(1, function() local idx = {}; for i = 1, R(1, 3) do idx[i] = R(1, sh[1]) end
+        local out = copy(sh); out[1] = #idx
+        return fmt("mg.gather(%s, {%s})", inner, table.concat(idx, ", ")), out end)
+    end
+    if nd == 2 then add(2, function() return fmt("mg.matmul(%s, mg.transpose(%s))", inner, inner), {sh[1], sh[1]} end) end
+    if nd == 1 then add(1, function() return fmt("mg.matmul(%s, %s)", inner, inner), {} end) end
+  end
+  if nd < 7 then
+    add(1, function() local out = copy(sh); table.insert(out, 1, 1); return fmt("mg.expand_dims(%s, 1)", inner), out end)
+    add(1, function() local out = copy(sh); table.insert(out, 1, 2); return fmt("mg.broadcast_to(%s, %s)", inner, shape_code(out)), out end)
+    add(1, function() local out = copy(sh); table.insert(out, 1, 2); return fmt("mg.stack({%s, %s})", inner, inner), out end)
+  end
+  add(1, function() return fmt("CG(%s)", inner), sh end)
+  add(1, function() return fmt("RG(%s)", inner), sh end)
+  local code, out = wpick(options)
+  return code, out
+end
+
+local function oracle_shape ()
+  local s = {}
+  for i = 1, wpick{1, 0, 4, 1, 4, 2, 2, 3} do s[i] = pick{1, 2, 2, 3, 3, 4} end
+  if numel_of(s) > 16 then s = {2, 3} end
+  return s
+end
+
+-- x of shape s, maybe as a strided view
+local function oracle_input (s)
+  if chance(0.5) or #s == 0 then return fmt("mg.random.normal(%s, 0, 1, 'float64')", shape_code(s)) end
+  if chance(0.5) then
+    local r = {}; for i = 1, #s do r[i] = s[#s + 1 - i] end
+    return fmt("mg.transpose(mg.random.normal(%s, 0, 1, 'float64'))", shape_code(r))
+  end
+  local b, specs = {}, {}
+  for i = 1, #s do b[i] = 2 * s[i]; specs[i] = fmt("{%d, 1, -2}", 2 * s[i]) end
+  return fmt("mg.slice(mg.random.normal(%s, 0, 1, 'float64'), %s)", shape_code(b), table.concat(specs, ", "))
+end
+
+local function oracle_stmt ()
+  local s = oracle_shape()
+  local x = oracle_input(s)
+  local e = gexpr("x", s, R(1, 3))
+  return wpick{
+    4, function()
+      return fmt("local x = %s; local ok, err = pcall(mg.test.gradcheck, function(x) return %s end, {x}, {atol = 1e-5, rtol = 1e-3}); if not ok and tostring(err):find('gradcheck: input', 1, true) then WRONG('gradcheck', err) end", x, e)
+    end,
+    1, function()      -- second order: the gradient function, gradchecked
+      return fmt("local x = %s; local ok, err = pcall(mg.test.gradcheck, function(x) local t = mg.tape(); t:watch(x); local y = mg.sum(%s); t:stop(); return t:gradient(y, x) end, {x}, {atol = 1e-5, rtol = 1e-3}); if not ok and tostring(err):find('gradcheck: input', 1, true) then WRONG('gradcheck-2nd-order', err) end", x, e)
+    end,
+    3, function()      -- a strided view against a contiguous copy: values and gradients
+      return fmt("local v = %s; if v:numel() == 0 then return end; local c = mg.constant(v:totable(), 'float64'); local function f(x) return %s end; local t = mg.tape({persistent = true}); t:watch({v, c}); local ok1, a = pcall(f, v); local ok2, b = pcall(f, c); t:stop(); if ok1 ~= ok2 then WRONG('view-vs-copy-error', tostring(a) .. ' / ' .. tostring(b)) end; if not ok1 then return end; CHECK('view-vs-copy', a, b); CHECK('view-vs-copy-gradient', t:gradient(a, v), t:gradient(b, c))", x, e)
+    end,
+    2, function()      -- recompute_grad against the plain function, with dropout replayed
+      local drop = chance(0.4) and "x = mg.nn.dropout(x, 0.5); " or ""
+      return fmt("local x = %s; local function f(x) %sreturn %s end; local s = mg.random.get_state(); local t1 = mg.tape(); t1:watch(x); local ok1, a = pcall(f, x); t1:stop(); if not ok1 then return end; mg.random.set_state(s); local t2 = mg.tape(); t2:watch(x); local b = mg.recompute_grad(f)(x); t2:stop(); CHECK('recompute-forward', a, b, 0); CHECK('recompute-gradient', t1:gradient(a, x), t2:gradient(b, x), 1e-12)", x, drop, e)
+    end,
+    1, function()      -- jacobian summed over y's axes = gradient of sum(y)
+      return fmt("local x = %s; local t = mg.tape({persistent = true}); t:watch(x); local ok, y = pcall(function(x) return %s end, x); t:stop(); if not ok or y:numel() > 16 then return end; local j = t:jacobian(y, x, {unconnected = 'zero'}); local axes = {}; for i = 1, y.ndim do axes[i] = i end; local js = #axes > 0 and mg.sum(j, axes) or j; CHECK('jacobian-vs-gradient', js, t:gradient(y, x, {unconnected = 'zero'}), 1e-9)", x, e)
+    end,
+    1, function()      -- a persistent tape asked twice; a non-persistent tape refuses
+      return fmt("local x = %s; local t = mg.tape({persistent = true}); t:watch(x); local ok, y = pcall(function(x) return %s end, x); t:stop(); if not ok then return end; local g1 = t:gradient(y, x); local g2 = t:gradient(y, x); CHECK('persistent-twice', g1, g2, 0)", x, e)
+    end,
+  }
+end
+
+-- }===================================================================
+
+
 -- a statement body; depth > 2 gives only simple ones
 body = function (depth)
   depth = depth or 0
@@ -639,6 +777,7 @@ body = function (depth)
     5, gc_stmt,
     2, function() return coroutine_stmt(depth) end,
     1.5, misc_stmt,
+    ORACLE_WEIGHT, oracle_stmt,
   }
 end
 
@@ -653,11 +792,21 @@ local function line (s) out[#out + 1] = s end
 line(fmt("-- moongrad fuzz program, seed %d (lua5.4 spec/fuzz/gen.lua %d); base shape %s, %s",
          seed, seed, shape_code(BASE), FDT))
 line("local mg = mg or require 'moongrad'")
+-- freed storages go back to malloc, so ASan sees a use after free of tensor data
+if not chance(0.05) then line("mg.memory.set_cache_limit(0)") end
 line("local V, T, F, A, O, C, saved = {}, {}, {}, {}, {}, {}, {}")
 line("local TMP, VERBOSE = os.getenv('FUZZ_TMP') or '/tmp', os.getenv('FUZZ_VERBOSE')")
 line("local dummy = {write = function() end, flush = function() end}")
-line("local function first (g) if type(g) == 'table' and not getmetatable(g) then for _, x in pairs(g) do return first(x) end end return g end")
+-- the entries of a table in a fixed order (1..#t, then string keys sorted): pairs'
+-- order changes from run to run (Lua seeds its string hashes randomly)
+line("local function entries (t) local out, ks = {}, {}; for _, x in ipairs(t) do out[#out + 1] = x end; for k in pairs(t) do if type(k) == 'string' then ks[#ks + 1] = k end end; table.sort(ks); for _, k in ipairs(ks) do out[#out + 1] = t[k] end; return out end")
+line("local function first (g) if type(g) == 'table' and not getmetatable(g) then return first(entries(g)[1]) end return g end")
 line("local function small (x) return not (mg.is_tensor(x) or mg.is_variable(x)) or x:numel() <= 64 end")
+line("local function WRONG (what, detail) io.stderr:write('FUZZ-WRONG: ', what, ' (', tostring(detail):sub(1, 300), ')\\n'); error('wrong: ' .. what) end")
+line("local function close (a, b, tol) if not (mg.is_tensor(a) and mg.is_tensor(b)) then return rawequal(a, b) end; if table.concat(a.shape, ',') ~= table.concat(b.shape, ',') then return false end; local fa, fb = mg.reshape(mg.cast(a, 'float64'), {-1}):totable(), mg.reshape(mg.cast(b, 'float64'), {-1}):totable(); for i = 1, #fa do local p, q = fa[i], fb[i]; if not (p == q or (p ~= p and q ~= q) or math.abs(p - q) <= tol * (1 + math.abs(p) + math.abs(q))) then return false, i, p, q end end; return true end")
+line("local function CHECK (what, a, b, tol) local ok, i, p, q = close(a, b, tol or 1e-9); if not ok then WRONG(what, i and ('element ' .. i .. ': ' .. p .. ' vs ' .. q) or (tostring(a) .. ' vs ' .. tostring(b))) end end")
+line("local CG = mg.custom_gradient(function(a) local y = mg.tanh(a); return y, function(dy) return dy * (1 - y * y) end end)")
+line("local RG = mg.recompute_grad(function(a) return mg.sigmoid(a) * a end)")
 line("local function S (f) if VERBOSE == '2' then io.stderr:write('line ', debug.getinfo(2, 'l').currentline, '\\n') end local ok, e = pcall(f); if VERBOSE and not ok then print('error: ' .. tostring(e):sub(1, 300)) end end")
 
 -- first the slots get plausible values, so most later statements have operands
