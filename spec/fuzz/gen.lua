@@ -398,6 +398,9 @@ local function grad_fn_body (depth)
     1, function() return "return dy1:slice({-1, 1, -1})" end,
     1, function() return "return mg.broadcast_to(mg.constant(1), dy1.shape)" end,
     1, function() return fmt("getmetatable(dy1).__gc(dy1); return dy1") end,
+    -- `t` is the tape of the custom_stmt scenario walking this very node
+    2, function() return pick{"t:reset(); return dy1", "getmetatable(t).__gc(t); return dy1", "t:gradient(y, a); return dy1",
+                              "t:stop(); t:reset(); collectgarbage(); return dy1 * 2", "t:watch(dy1); return dy1", "local _ = t:jacobian(dy1, a); return dy1"} end,
     1, function() return fmt("if vars then getmetatable(vars[1]).__gc(vars[1]) end; return dy1") end,
   }
 end
@@ -586,7 +589,7 @@ local function gc_stmt ()
     2, function() return fmt("setmetatable({}, {__gc = function() %s end})", pick{
          fmt("%s:reset()", Tk()), fmt("V[1] = V[1] + 1"), "mg.tape()", "collectgarbage('step')",
          fmt("%s:gradient(V[1], V[2])", Tk()), fmt("V[2]:assign(V[1])"), "error('in gc')", fmt("getmetatable(%s).__gc(%s)", Tk(), Tk()),
-         "mg.memory.release_cache()", "mg.random.seed(2)"}) end,
+         "mg.memory.release_cache()", "mg.random.get_state()"}) end,
   }
 end
 
@@ -602,6 +605,16 @@ local function coroutine_stmt (depth)
     1, function() return fmt("%s = coroutine.create(function() %s:record(function() coroutine.yield() end) end); coroutine.resume(%s)", c, Tk(), c) end,
     1, function() return fmt("%s = coroutine.create(function() local g = mg.custom_gradient(function(a) return a * 2, function(dy) coroutine.yield(); return dy end end); local t = mg.tape(); t:watch(V[1]); local y = g(V[1]); t:gradient(y, V[1]) end); coroutine.resume(%s)", c, c) end,
   }
+end
+
+-- bigger tensors (over 256K elements), so the OpenMP paths run, strided too
+local function big_stmt ()
+  local sh = pick{"{512, 600}", "{300000}", "{2, 400, 400}", "{600, 1, 512}"}
+  local view = pick{"b", "b:transpose()", "b:slice({-1, 1, -1})", "mg.broadcast_to(mg.slice(b, 1), {3, table.unpack(mg.slice(b, 1).shape)})", "b[1]"}
+  return fmt("mg.set_num_threads(%s); local b = mg.random.normal(%s, 0, 1, %s); local w = %s; V[%d] = mg.%s(%s(w) %s w%s)",
+             pick{"1", "2", "3", "4"}, sh, fdtype(), view, slot(), pick{"sum", "mean", "max", "argmax", "min"},
+             pick{"mg.tanh", "mg.exp", "mg.sigmoid", "mg.relu", "mg.sqrt", "mg.abs", "mg.log", ""}, pick{"*", "+", "-", "/", "//", "%"},
+             pick{"", ", 1", ", -1", ", 1, true"})
 end
 
 local function misc_stmt ()
@@ -748,6 +761,12 @@ local function oracle_stmt ()
     1, function()      -- jacobian summed over y's axes = gradient of sum(y)
       return fmt("local x = %s; local t = mg.tape({persistent = true}); t:watch(x); local ok, y = pcall(function(x) return %s end, x); t:stop(); if not ok or y:numel() > 16 then return end; local j = t:jacobian(y, x, {unconnected = 'zero'}); local axes = {}; for i = 1, y.ndim do axes[i] = i end; local js = #axes > 0 and mg.sum(j, axes) or j; CHECK('jacobian-vs-gradient', js, t:gradient(y, x, {unconnected = 'zero'}), 1e-9)", x, e)
     end,
+    2, function()      -- a variable changed in place after a tape read it: the tape keeps the old value
+      local how = pick{"v:assign_sub(v:value(), 1)", "v:assign_add(v:value(), 2)", "v:assign(mg.zeros_like(v:value()))",
+                       "v:assign_sub(mg.ones_like(v:value()), 0.5)", "mg.optim.SGD{learning_rate = 1}:apply_gradients({v:value()}, {v})",
+                       "mg.optim.Adam{learning_rate = 1}:apply_gradients({v:value()}, {v})"}
+      return fmt("local x = %s; local v = mg.Variable(mg.random.normal(x.shape, 0, 1, 'float64')); local old = mg.constant(v:value():totable(), 'float64'); local t = mg.tape({persistent = true}); t:watch(x); local y = mg.sum(v * x); local y2 = mg.sum(mg.tanh(v:value()) * x); t:stop(); %s; CHECK('mutation-after-record', t:gradient(y, x), old, 0); CHECK('mutation-after-record-tanh', t:gradient(y2, x), mg.tanh(old), 0)", x, how)
+    end,
     1, function()      -- a persistent tape asked twice; a non-persistent tape refuses
       return fmt("local x = %s; local t = mg.tape({persistent = true}); t:watch(x); local ok, y = pcall(function(x) return %s end, x); t:stop(); if not ok then return end; local g1 = t:gradient(y, x); local g2 = t:gradient(y, x); CHECK('persistent-twice', g1, g2, 0)", x, e)
     end,
@@ -777,6 +796,7 @@ body = function (depth)
     5, gc_stmt,
     2, function() return coroutine_stmt(depth) end,
     1.5, misc_stmt,
+    0.7, big_stmt,
     ORACLE_WEIGHT, oracle_stmt,
   }
 end

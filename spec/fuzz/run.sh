@@ -59,6 +59,8 @@ worker () {
       i=$(( i + FUZZ_JOBS )); continue
     fi
     res=$(FUZZ_TMP=$dir bash spec/fuzz/check.sh "$dir/prog.lua" "$FUZZ_BIN")
+    [ -n "$res" ] || res=$(FUZZ_TMP=$dir bash spec/fuzz/check.sh "$dir/prog.lua" "$FUZZ_BIN")   # once more
+    [ -n "$res" ] || res="ok check.sh-gave-nothing"
     echo "$seed $res" >> "$work/results.$j"
     kind=${res%% *}
     if [ "$kind" != ok ]; then
