@@ -25,7 +25,7 @@ err=$prog.err
 trap 'truncate -s "<1M" "$prog.out" "$prog.err"' EXIT
 
 # the place: a path from src/ (or the function when there is none)
-where () { sed -E 's#.*/(src|include|lua)/#\1/#'; }
+where () { sed -E 's#.*/(src|include)/#\1/#'; }
 
 if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
   echo "hang timeout-${limit}s"
