@@ -15,7 +15,7 @@ limit=${FUZZ_TIMEOUT:-20}
 export FUZZ_TMP=${FUZZ_TMP:-$(dirname "$prog")}
 # exitcode 23 (ASan, LSan) and 24 (UBSan) tell the sanitizers apart from a Lua
 # error (1); a caller's own ASAN_OPTIONS/UBSAN_OPTIONS come last and win
-export ASAN_OPTIONS="detect_leaks=1:allocator_may_return_null=1:abort_on_error=0:exitcode=23:max_allocation_size_mb=4096:hard_rss_limit_mb=6000:detect_stack_use_after_return=0${ASAN_OPTIONS:+:$ASAN_OPTIONS}"
+export ASAN_OPTIONS="detect_leaks=1:allocator_may_return_null=1:abort_on_error=0:exitcode=23:max_allocation_size_mb=1024:hard_rss_limit_mb=6000:detect_stack_use_after_return=0${ASAN_OPTIONS:+:$ASAN_OPTIONS}"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:exitcode=24${UBSAN_OPTIONS:+:$UBSAN_OPTIONS}"
 export OMP_WAIT_POLICY=passive
 

@@ -609,6 +609,10 @@ end
 
 -- bigger tensors (over 256K elements), so the OpenMP paths run, strided too
 local function big_stmt ()
+  if chance(0.25) then
+    return fmt("mg.set_num_threads(%s); local a = mg.random.normal(%s, 0, 1, %s); V[%d] = mg.matmul(%s, %s)", pick{"1", "2", "4"},
+               pick{"{256, 300}", "{2, 128, 300}", "{300}"}, fdtype(), slot(), pick{"a", "a:transpose()", "a[1]"}, pick{"a:transpose()", "a", "mg.ones{300, 7}", "mg.ones{300}"})
+  end
   local sh = pick{"{512, 600}", "{300000}", "{2, 400, 400}", "{600, 1, 512}"}
   local view = pick{"b", "b:transpose()", "b:slice({-1, 1, -1})", "mg.broadcast_to(mg.slice(b, 1), {3, table.unpack(mg.slice(b, 1).shape)})", "b[1]"}
   return fmt("mg.set_num_threads(%s); local b = mg.random.normal(%s, 0, 1, %s); local w = %s; V[%d] = mg.%s(%s(w) %s w%s)",
@@ -619,6 +623,12 @@ end
 
 local function misc_stmt ()
   return wpick{
+    1, function() return fmt("local t = mg.tape(%s); local x = %s; t:watch(x); local y = x; for i = 1, %d do y = %s end; t:stop(); V[%d] = first(t:gradient(y, x))",
+                             pick{"", "{persistent = true}"}, operand(), pick{100, 300, 600}, pick{"y * 1.001", "mg.tanh(y) + y", "y + x", "(y - x) * 0.5"}, slot()) end,
+    1, function() return fmt("local ts = {}; for i = 1, %d do ts[i] = mg.tape(%s) end; V[%d] = %s; for i = 1, #ts, 7 do %s end",
+                             pick{20, 100, 300}, pick{"", "{persistent = true}"}, slot(), tensor_expr(1),
+                             pick{"ts[i]:stop()", "getmetatable(ts[i]).__gc(ts[i])", "ts[i]:reset()", "V[1] = first(ts[i]:gradient(V[1], V[2]))"}) end,
+    0.5, function() return fmt("debug.sethook(function() collectgarbage('step') end, '', %d); %s; debug.sethook()", pick{10, 100, 1000}, body(2)) end,
     3, function() return fmt("mg.set_num_threads(%s)", pick{"1", "2", "3", "4", "16", "0", "-1", "2^31", "((1<<32)+1)", "1.5", "'2'", "nil", "math.maxinteger", "(1<<31)+2"}) end,
     1, "local _ = mg.get_num_threads(), mg.clock(), mg.version, mg.is_recomputing()",
     2, function()
