@@ -76,18 +76,23 @@ $(BUILD)/embed_host: examples/embed_host.c $(BUILD)/libmoongrad.a
 	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libmoongrad.a $(LUA_LIB) $(LIBS)
 
 # installs what is missing, and nothing when all is there; as root directly,
-# otherwise through sudo. bench/run.sh reuses it: make deps DEPS="..."
+# otherwise through sudo (env after sudo: sudo resets the environment).
+# bench/run.sh reuses it: make deps DEPS="..."
 deps:
 	@missing=""; for p in $(DEPS); do \
 	  dpkg -s $$p 2>/dev/null | grep -q '^Status: install ok installed' || missing="$$missing $$p"; \
 	done; \
 	[ -z "$$missing" ] && exit 0; \
-	echo "installing Debian packages:$$missing"; \
-	if [ "$$(id -u)" = 0 ]; then as_root=""; \
+	if ! command -v apt-get >/dev/null 2>&1; then \
+	  echo "make deps: missing:$$missing; there is no apt-get here (not Debian?): install them by hand" >&2; exit 1; \
+	elif [ "$$(id -u)" = 0 ]; then as_root=""; \
 	elif command -v sudo >/dev/null 2>&1; then as_root="sudo"; \
-	else echo "make deps: not root and no sudo; install these as root:$$missing" >&2; exit 1; fi; \
-	$$as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
-	$$as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing
+	else echo "make deps: missing Debian packages:$$missing" >&2; \
+	  echo "make deps: not root and no sudo; as root, run: apt-get install$$missing" >&2; exit 1; fi; \
+	echo "make deps: installing Debian packages$${as_root:+ (through sudo)}:$$missing"; \
+	apt="$$as_root env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300"; \
+	$$apt update -qq && $$apt install -y -qq --no-install-recommends $$missing || \
+	{ echo "make deps: apt-get failed; could not install:$$missing" >&2; exit 1; }
 
 check: $(BUILD)/embed_host
 	$(BUILD)/embed_host
