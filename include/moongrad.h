@@ -80,7 +80,8 @@ typedef struct mg_tape     mg_tape;       /* a gradient tape */
 
 MG_API const char *mg_errmsg       (void);   /* text of the last failure */
 MG_API mg_status   mg_seterror     (const char *fmt, ...);   /* always MG_ERR */
-MG_API void        mg_set_num_threads (int n);
+#define MG_MAX_THREADS  1024       /* most threads mg_set_num_threads accepts */
+MG_API mg_status   mg_set_num_threads (int n);      /* 1 <= n <= MG_MAX_THREADS */
 MG_API int         mg_get_num_threads (void);
 /* Asks the running computation to stop: long loops (printing, elementwise
 ** and reduction kernels, the backward walk) check the flag between chunks
@@ -283,11 +284,13 @@ MG_API void      mg_tape_pause   (mg_tape *t);          /* nested pause ... */
 MG_API void      mg_tape_resume  (mg_tape *t);          /* ... and its end */
 MG_API mg_status mg_tape_start   (mg_tape *t);          /* record again after stop */
 MG_API int       mg_tape_is_recording (const mg_tape *t);
-MG_API void      mg_tape_watch   (mg_tape *t, mg_tensor *x);
-MG_API void      mg_tape_watch_variable (mg_tape *t, mg_variable *v);
+MG_API mg_status mg_tape_watch   (mg_tape *t, mg_tensor *x);
+MG_API mg_status mg_tape_watch_variable (mg_tape *t, mg_variable *v);
 MG_API int       mg_tape_nvariables (const mg_tape *t);
-MG_API mg_variable *mg_tape_variable (const mg_tape *t, int i);  /* borrowed */
-MG_API void      mg_tape_reset   (mg_tape *t);          /* forget everything recorded */
+MG_API mg_variable *mg_tape_variable (const mg_tape *t, int i);  /* borrowed; 0 <= i < n */
+/* forgets everything recorded; refused while the tape's gradient is being
+** computed (from a custom gradient's backward, say) */
+MG_API mg_status mg_tape_reset   (mg_tape *t);
 MG_API size_t    mg_tape_saved_bytes (const mg_tape *t);   /* held for backward */
 MG_API size_t    mg_tape_nnodes  (const mg_tape *t);
 /* grads[i] = d(sum of targets)/d sources[i], or NULL when unconnected and
@@ -306,6 +309,61 @@ MG_API mg_status mg_tape_batch_jacobian (mg_tape *t, mg_tensor *target, mg_tenso
                                          int unconnected_zero, mg_tensor **out);
 /* nonzero while recompute_grad re-runs a function for a gradient */
 MG_API int       mg_is_recomputing (void);
+
+/* }============================================================== */
+
+
+/* {============ custom gradients and recompute, from C ============ */
+/* Both run a host function as one op on the tapes. The host gives a
+** forward (outputs from inputs), for custom gradients a backward, and a
+** release for its user data. They are what the Lua binding builds
+** mg.custom_gradient and mg.recompute_grad on; examples/recompute_host.c
+** uses them from C alone. */
+
+/* a growable list of tensors, for a callback's outputs */
+typedef struct mg_list { int n, cap; mg_tensor **t; } mg_list;
+/* appends t, taking over the reference; NULL t (a failed op) or no memory:
+** MG_ERR, with t released */
+MG_API mg_status mg_list_push  (mg_list *l, mg_tensor *t);
+MG_API void      mg_list_clear (mg_list *l);     /* releases the tensors, frees */
+
+/* What a custom gradient's backward gets. Its inputs are the forward's
+** inputs, then the trainable variables the forward read that were not
+** inputs; din has one slot for each. */
+typedef struct mg_grad_args {
+  int nout;
+  mg_tensor *const *dout;        /* one per output; zeros where no gradient reached it */
+  int nin, nvars;                /* din[0..nin) for inputs, din[nin..nin+nvars) for vars */
+  mg_variable *const *vars;
+  const int *needs;              /* needs[j]: din[j] is wanted */
+  mg_tensor **din;               /* set wanted ones (new references); left NULL: zeros */
+} mg_grad_args;
+
+typedef struct mg_function {
+  const char *name;              /* for messages: "custom_gradient", "my_block" */
+  /* appends the outputs for in[0..nin) to out; runs with every tape
+  ** paused while the variables it reads are noted */
+  mg_status (*forward)  (void *ud, int nin, mg_tensor *const *in, mg_list *out);
+  /* custom gradients only: fills a->din; ops it runs are recorded by
+  ** tapes still recording, so the gradient can be differentiated again */
+  mg_status (*backward) (void *ud, const mg_grad_args *a);
+  void      (*release)  (void *ud);            /* frees ud; may be NULL */
+} mg_function;
+
+/* Runs fn->forward once and records one node for it, whose backward is
+** fn->backward. out gets the outputs, each new to the tapes. ud belongs to
+** the call: released with the node, at once when no tape records it, or on
+** failure. */
+MG_API mg_status mg_custom_call    (const mg_function *fn, void *ud, int nin,
+                                    mg_tensor *const *in, mg_list *out);
+/* Gradient checkpointing: runs fn->forward now, recording one node that
+** holds only the inputs (and the values of the variables read); every
+** gradient through it runs fn->forward again under a local tape, with the
+** random state of this call restored and mg_is_recomputing() true, and
+** those variables showing the values they had at this call. fn->backward
+** is not used. A tensor given twice is one input. */
+MG_API mg_status mg_recompute_call (const mg_function *fn, void *ud, int nin,
+                                    mg_tensor *const *in, mg_list *out);
 
 /* }============================================================== */
 
@@ -337,9 +395,13 @@ MG_API void            mg_memory_set_hooks (void (*change)(void *ud),
                                             void (*span)(const char *name, int begin, void *ud),
                                             void *ud);
 MG_API void            mg_memory_span (const char *name, int begin);
-/* called after every new storage: lets a host with a garbage collector
-** (the Lua binding) collect dead tensors during long C computations */
+/* called at safe points of long C computations (between the nodes of a
+** backward walk, where the walk holds everything it uses): lets a host
+** with a garbage collector (the Lua binding) collect dead tensors */
 MG_API void            mg_memory_set_pressure_hook (void (*pressure)(void));
+/* for tests: the n-th allocation from now fails as if out of memory (0: off);
+** the environment variable MOONGRAD_FAIL_ALLOC=n does it from the start */
+MG_API void            mg_memory_fail_after (int64_t n);
 
 /* }============================================================== */
 

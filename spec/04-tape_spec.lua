@@ -493,7 +493,7 @@ describe("custom_gradient", function()
     local x = c(1)
     local t, y = h.record(bad, x)
     assert.has_error(function() t:gradient(y, x) end,
-      "custom_gradient: grad_fn must return tensors or nil, got a string for input 1")
+      "tape:gradient: in the backward of 'custom_gradient': grad_fn must return tensors or nil, got a string for input 1")
     assert.has_error(function() mg.custom_gradient(function(x2) return x2 end)(c(1)) end,
       "custom_gradient: f must return its outputs and then a gradient function")
   end)

@@ -45,6 +45,7 @@ static struct {
 static struct { void *head; int n; } small[SMALL_CLASSES];
 
 void *mg_small_alloc (size_t size) {
+  if (mg_alloc_should_fail()) return NULL;
   size_t c = (size + 63) / 64 - 1;
   if (c < SMALL_CLASSES && small[c].head) {
     void *p = small[c].head;
@@ -158,6 +159,11 @@ static const char *human_bytes (char *buf, size_t n, double bytes) {
 ** block. Fails with "out of memory allocating ..." rather than aborting.
 */
 mg_storage *mg_storage_new (size_t nbytes) {
+  if (mg_alloc_should_fail()) {
+    char buf[32];
+    mg_seterror("out of memory allocating %s (injected failure)", human_bytes(buf, sizeof buf, (double)nbytes));
+    return NULL;
+  }
   mg_storage *s = cache_take(nbytes);
   if (s != NULL) goto ready;
   /* at least a pointer of data, for the cache's link */
@@ -193,7 +199,6 @@ ready:
   M.allocations++;
   M.allocated += nbytes;
   notify();
-  if (M.pressure) M.pressure();
   return s;
 }
 
@@ -249,6 +254,33 @@ void mg_memory_set_hooks (void (*change)(void *ud), void (*span)(const char *, i
 void mg_memory_set_pressure_hook (void (*pressure)(void)) {
   M.pressure = pressure;
 }
+
+void mg_memory_safe_point (void) {
+  if (M.pressure) M.pressure();
+}
+
+/* {================= allocation-failure injection ============= */
+/* For tests: the n-th allocation from now (storages, tensor headers, tape
+** nodes and tapes) fails as if memory had run out, so a spec can check that
+** every failure is a clean error. MOONGRAD_FAIL_ALLOC=n sets it at start. */
+
+static int64_t fail_countdown = -1;           /* -1: not read from the environment yet */
+
+void mg_memory_fail_after (int64_t n) {
+  fail_countdown = n > 0 ? n : 0;
+}
+
+bool mg_alloc_should_fail (void) {
+  if (fail_countdown < 0) {
+    const char *e = getenv("MOONGRAD_FAIL_ALLOC");
+    fail_countdown = e ? strtoll(e, NULL, 10) : 0;
+    if (fail_countdown < 0) fail_countdown = 0;
+  }
+  if (fail_countdown == 0) return false;
+  return --fail_countdown == 0;
+}
+
+/* }========================================================== */
 
 void mg_memory_span (const char *name, int begin) {
   if (M.span) M.span(name, begin, M.hook_ud);

@@ -19,6 +19,12 @@
 
 #define MG_UNUSED(x)  ((void)(x))
 
+/* "fn: argument 'name' is NULL", keeping the failure that likely caused
+** it; always MG_ERR */
+mg_status mg_null_arg (const char *fn, const char *name);
+/* the usual first line of a public function taking a pointer */
+#define MG_CHECK_ARG(fn, x, fail)  do { if ((x) == NULL) return mg_null_arg(fn, #x), (fail); } while (0)
+
 /* elementwise loops run on several threads above this many elements: they
 ** are memory-bound, and below this waking the threads costs more than it saves */
 #define MG_PARALLEL_MIN  (1 << 18)
@@ -45,6 +51,10 @@ size_t      mg_memory_allocated_bytes (void);         /* ever, for GC pacing */
 void       *mg_small_alloc (size_t size);
 void        mg_small_free  (void *p, size_t size);
 void        mg_storage_release (mg_storage *s);
+/* true when an injected allocation failure is due (mg_memory_fail_after) */
+bool        mg_alloc_should_fail (void);
+/* between nodes of a backward walk: lets the host collect garbage */
+void        mg_memory_safe_point (void);
 void        mg_storage_add_refs (mg_storage *s, int tape_delta, int var_delta);
 
 /* }========================================================== */
@@ -127,6 +137,11 @@ struct mg_variable {
   char *name;
 };
 
+/* Makes t (a value v had before: same id) v's value and returns the
+** current one, whose reference passes to the caller. recompute uses it to
+** show a variable's old value while a forward runs again. */
+mg_tensor *mg_variable_exchange (mg_variable *v, mg_tensor *t);
+
 /* }========================================================== */
 
 
@@ -204,6 +219,7 @@ mg_tensor *mg_finish (const mg_opdef *def, int nin, mg_tensor *const *in, mg_ten
 typedef struct mg_var_watcher {
   mg_variable **vars;
   int n, cap;
+  bool failed;                  /* out of memory noting a read */
   struct mg_var_watcher *prev;
 } mg_var_watcher;
 void mg_watcher_push (mg_var_watcher *w);
@@ -218,6 +234,16 @@ mg_status mg_pause_all (void);
 void mg_resume_all (void);
 void mg_recompute_enter (void);
 void mg_recompute_leave (void);
+
+/* what custom gradients and recompute share (call.c) */
+mg_status mg_call_check (const char *fn, const mg_function *f, int nin, mg_tensor *const *in,
+                         mg_list *out);
+/* runs f->forward with the tapes paused and w (pushed here, popped after)
+** noting variable reads; on failure out and w are emptied */
+mg_status mg_call_forward (const mg_function *f, void *ud, int nin, mg_tensor *const *in,
+                           mg_list *out, mg_var_watcher *w);
+mg_status mg_call_fresh_outputs (mg_list *out, mg_tensor *const *inputs, int ninputs);
+void mg_call_drop_passed (mg_var_watcher *w, int nin, mg_tensor *const *in);
 
 /* add-or-set: *acc = *acc ? *acc + g : g; takes over g */
 mg_status mg_accumulate (mg_tensor **acc, mg_tensor *g);

@@ -102,7 +102,8 @@ static int npool;
 
 mg_tensor *mg_tensor_view (mg_storage *s, mg_dtype dt, const int64_t *shape, int ndim,
                            const int64_t *strides, int64_t offset) {
-  mg_tensor *t = npool > 0 ? pool[--npool] : (mg_tensor *)malloc(sizeof(mg_tensor));
+  mg_tensor *t = mg_alloc_should_fail() ? NULL
+               : npool > 0 ? pool[--npool] : (mg_tensor *)malloc(sizeof(mg_tensor));
   if (t == NULL) {
     mg_seterror("out of memory allocating a tensor");
     return NULL;

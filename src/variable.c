@@ -61,6 +61,14 @@ void mg_variable_release (mg_variable *v) {
   free(v);
 }
 
+mg_tensor *mg_variable_exchange (mg_variable *v, mg_tensor *t) {
+  mg_tensor *old = v->value;
+  old->var = NULL;
+  mg_storage_add_refs(old->storage, 0, -1);
+  adopt(v, mg_tensor_retain(t));
+  return old;
+}
+
 mg_tensor *mg_variable_read (mg_variable *v) {
   mg_note_variable_read(v);
   return v->value;

@@ -118,6 +118,7 @@ struct mg_tape {
   bool active;                /* in the active list: recording unless paused */
   int paused;                 /* nested pauses */
   bool used;                  /* a non-persistent tape gave its gradient */
+  int walking;                /* gradients of this tape being computed now */
   idmap tracked;              /* ids this tape follows (values unused) */
   mg_node **nodes;
   size_t nnodes, capnodes;
@@ -172,14 +173,14 @@ mg_tape *mg_tape_new (int persistent, int watch_accessed_variables) {
   t->persistent = persistent != 0;
   t->watch_accessed = watch_accessed_variables != 0;
   if (activate(t) != MG_OK) {
-    free(t);
+    mg_small_free(t, sizeof *t);
     return NULL;
   }
   return t;
 }
 
 mg_tape *mg_tape_retain (mg_tape *t) {
-  t->refcount++;
+  if (t) t->refcount++;
   return t;
 }
 
@@ -197,10 +198,14 @@ static void drop_variables (mg_tape *t) {
   t->nvars = 0;
 }
 
-void mg_tape_reset (mg_tape *t) {
+mg_status mg_tape_reset (mg_tape *t) {
+  MG_CHECK_ARG("mg_tape_reset", t, MG_ERR);
+  if (t->walking)
+    return mg_seterror("tape:reset: called while this tape's gradient is being computed");
   drop_record(t);
   drop_variables(t);
   t->used = false;
+  return MG_OK;
 }
 
 void mg_tape_release (mg_tape *t) {
@@ -213,59 +218,74 @@ void mg_tape_release (mg_tape *t) {
   mg_small_free(t, sizeof *t);
 }
 
-void mg_tape_stop (mg_tape *t) { deactivate(t); }
+void mg_tape_stop (mg_tape *t) { if (t) deactivate(t); }
 
 mg_status mg_tape_start (mg_tape *t) {
+  MG_CHECK_ARG("mg_tape_start", t, MG_ERR);
   if (!t->persistent && t->used)
     return mg_seterror("tape: a non-persistent tape cannot record after its gradient was taken");
   return activate(t);
 }
 
 void mg_tape_pause (mg_tape *t) {
+  if (t == NULL) return;
   t->paused++;
   count_recording();
 }
 
 void mg_tape_resume (mg_tape *t) {
+  if (t == NULL) return;
   if (t->paused > 0) t->paused--;
   count_recording();
 }
 
-int mg_tape_is_recording (const mg_tape *t) { return t->active && t->paused == 0; }
-size_t mg_tape_nnodes (const mg_tape *t) { return t->nnodes; }
-int mg_tape_nvariables (const mg_tape *t) { return t->nvars; }
-mg_variable *mg_tape_variable (const mg_tape *t, int i) { return t->vars[i]; }
+int mg_tape_is_recording (const mg_tape *t) { return t && t->active && t->paused == 0; }
+size_t mg_tape_nnodes (const mg_tape *t) { return t ? t->nnodes : 0; }
+int mg_tape_nvariables (const mg_tape *t) { return t ? t->nvars : 0; }
+
+mg_variable *mg_tape_variable (const mg_tape *t, int i) {
+  MG_CHECK_ARG("mg_tape_variable", t, NULL);
+  if (i < 0 || i >= t->nvars)
+    return mg_seterror("mg_tape_variable: index %d is out of range (the tape watches %d variables)",
+                       i, t->nvars), NULL;
+  return t->vars[i];
+}
 
 static mg_status track (mg_tape *t, uint64_t id) {
   return idmap_slot(&t->tracked, id) ? MG_OK : MG_ERR;
 }
 
-void mg_tape_watch (mg_tape *t, mg_tensor *x) {
-  if (x->var) {
-    mg_tape_watch_variable(t, x->var);
-    return;
-  }
-  if (mg_is_float(x->dtype)) track(t, x->id);
+mg_status mg_tape_watch (mg_tape *t, mg_tensor *x) {
+  MG_CHECK_ARG("mg_tape_watch", t, MG_ERR);
+  MG_CHECK_ARG("mg_tape_watch", x, MG_ERR);
+  if (x->var) return mg_tape_watch_variable(t, x->var);
+  return mg_is_float(x->dtype) ? track(t, x->id) : MG_OK;
 }
 
-/* adds v (retained) to a list unless it is there; false when it was, or
-** when there is no memory for it */
-static bool add_variable (mg_variable ***list, int *n, int *cap, mg_variable *v) {
-  for (int i = 0; i < *n; i++) if ((*list)[i] == v) return false;
+/* adds v (retained) to a list unless it is there; *added says whether it
+** was; MG_ERR when there is no memory for it */
+static mg_status add_variable (mg_variable ***list, int *n, int *cap, mg_variable *v, bool *added) {
+  *added = false;
+  for (int i = 0; i < *n; i++) if ((*list)[i] == v) return MG_OK;
   if (*n == *cap) {
     int c = *cap ? *cap * 2 : 8;
     mg_variable **a = (mg_variable **)realloc(*list, sizeof(mg_variable *) * (size_t)c);
-    if (a == NULL) return false;
+    if (a == NULL) return mg_seterror("out of memory watching a variable");
     *list = a;
     *cap = c;
   }
   (*list)[(*n)++] = mg_variable_retain(v);
-  return true;
+  *added = true;
+  return MG_OK;
 }
 
-void mg_tape_watch_variable (mg_tape *t, mg_variable *v) {
-  if (mg_is_float(v->value->dtype) && add_variable(&t->vars, &t->nvars, &t->capvars, v))
-    track(t, v->id);
+mg_status mg_tape_watch_variable (mg_tape *t, mg_variable *v) {
+  MG_CHECK_ARG("mg_tape_watch_variable", t, MG_ERR);
+  MG_CHECK_ARG("mg_tape_watch_variable", v, MG_ERR);
+  bool added;
+  if (!mg_is_float(v->value->dtype)) return MG_OK;
+  if (add_variable(&t->vars, &t->nvars, &t->capvars, v, &added) != MG_OK) return MG_ERR;
+  return added ? track(t, v->id) : MG_OK;
 }
 
 bool mg_any_tape_tracks (uint64_t id) {
@@ -321,6 +341,7 @@ static mg_var_watcher *watchers;
 void mg_watcher_push (mg_var_watcher *w) {
   w->vars = NULL;
   w->n = w->cap = 0;
+  w->failed = false;
   w->prev = watchers;
   watchers = w;
   mg_variable_watchers++;
@@ -340,7 +361,8 @@ void mg_watcher_free (mg_var_watcher *w) {
 }
 
 static void watcher_add (mg_var_watcher *w, mg_variable *v) {
-  add_variable(&w->vars, &w->n, &w->cap, v);
+  bool added;
+  if (add_variable(&w->vars, &w->n, &w->cap, v, &added) != MG_OK) w->failed = true;
 }
 
 /* a read of v: every watcher sees it; tapes that watch accessed variables watch it */
@@ -577,8 +599,15 @@ static mg_status check_seed (const mg_tensor *target, const mg_tensor *seed, int
   return MG_OK;
 }
 
+/* "tape:gradient: in the backward of 'mul': <why>": where a rule failed */
+static mg_status locate (const char *fn, const mg_node *n) {
+  char msg[512];
+  snprintf(msg, sizeof msg, "%s", mg_errmsg());
+  return mg_seterror("tape:%s: in the backward of '%s': %s", fn, n->def->name, msg);
+}
+
 /* runs node n's backward rule and adds what it gives to the map */
-static mg_status step_back (mg_node *n, idmap *grads, const idmap *dep) {
+static mg_status step_back (mg_node *n, idmap *grads, const idmap *dep, const char *fn) {
   mg_tensor *dout_small[4], *din_small[8];
   mg_tensor **dout = n->nout <= 4 ? dout_small : (mg_tensor **)malloc(sizeof(mg_tensor *) * (size_t)n->nout);
   mg_tensor **din = n->nin <= 8 ? din_small : (mg_tensor **)calloc((size_t)n->nin, sizeof(mg_tensor *));
@@ -593,24 +622,18 @@ static mg_status step_back (mg_node *n, idmap *grads, const idmap *dep) {
     n->needs[j] = mg_is_float(n->in_meta[j].dtype) && idmap_has(dep, n->in_meta[j].id);
   }
   st = n->def->backward(n, dout, din);
-  if (st != MG_OK && strncmp(mg_errmsg(), n->def->name, strlen(n->def->name)) != 0) {
-    char msg[512];                           /* say where, unless the text already does */
-    snprintf(msg, sizeof msg, "%s", mg_errmsg());
-    st = mg_seterror("tape:gradient: in the backward of '%s': %s", n->def->name, msg);
-  }
+  if (st != MG_OK) st = locate(fn, n);
   for (int j = 0; j < n->nin && st == MG_OK; j++) {
     if (!n->needs[j]) continue;
     if (din[j] == NULL) {
-      char msg[512];
-      snprintf(msg, sizeof msg, "%s", mg_errmsg());
-      st = mg_seterror("tape:gradient: in the backward of '%s': %s", n->def->name, msg);
+      st = locate(fn, n);
       break;
     }
     const mg_meta *m = &n->in_meta[j];
     if (!mg_same_shape(din[j]->shape, din[j]->ndim, m->shape, m->ndim) || din[j]->dtype != m->dtype) {
       char a[160], b[160];
-      st = mg_seterror("tape:gradient: the backward of '%s' gave input %d a gradient %s %s for %s %s",
-                       n->def->name, j + 1, mg_shape_str(a, sizeof a, din[j]->shape, din[j]->ndim),
+      st = mg_seterror("tape:%s: the backward of '%s' gave input %d a gradient %s %s for %s %s",
+                       fn, n->def->name, j + 1, mg_shape_str(a, sizeof a, din[j]->shape, din[j]->ndim),
                        mg_dtype_name(din[j]->dtype), mg_shape_str(b, sizeof b, m->shape, m->ndim),
                        mg_dtype_name(m->dtype));
       break;
@@ -639,7 +662,7 @@ done:
 */
 static mg_status walk (mg_tape *t, int ntargets, mg_tensor *const *targets,
                        mg_tensor *const *seeds, int nsources, mg_tensor *const *sources,
-                       idmap *grads, bool free_as_you_go) {
+                       idmap *grads, bool free_as_you_go, const char *fn) {
   idmap dep = {0}, keep_ids = {0};
   bool *relevant = NULL, small_relevant[256];
   mg_status st = MG_OK;
@@ -674,7 +697,7 @@ static mg_status walk (mg_tape *t, int ntargets, mg_tensor *const *targets,
     bool any = false;
     for (int k = 0; relevant[i] && k < n->nout && !any; k++)
       any = idmap_get(grads, n->out_meta[k].id) != NULL;
-    if (any && (st = step_back(n, grads, &dep)) != MG_OK) goto done;
+    if (any && (st = step_back(n, grads, &dep, fn)) != MG_OK) goto done;
     for (int k = 0; any && k < n->nout; k++) {   /* passed on: drop unless asked for */
       uint64_t id = n->out_meta[k].id;
       if (idmap_has(&keep_ids, id)) continue;
@@ -685,6 +708,11 @@ static mg_status walk (mg_tape *t, int ntargets, mg_tensor *const *targets,
       t->nodes[i] = NULL;
       node_release(n);
     }
+    if (any && mg_interrupted()) {
+      st = mg_seterror("tape:%s: interrupted", fn);
+      goto done;
+    }
+    if (any) mg_memory_safe_point();
   }
 done:
   if (relevant != small_relevant) free(relevant);
@@ -730,23 +758,71 @@ static mg_status collect (idmap *map, int nsources, mg_tensor *const *sources, i
   return MG_OK;
 }
 
+/* n tensors of an argument array: present, and not NULL */
+static mg_status check_array (const char *fn, const char *name, int n, mg_tensor *const *xs) {
+  if (n < 0) return mg_seterror("%s: the count for '%s' is negative (%d)", fn, name, n);
+  if (n > 0 && xs == NULL) return mg_null_arg(fn, name);
+  for (int i = 0; i < n; i++)
+    if (xs[i] == NULL) return mg_seterror("%s: %s[%d] is NULL", fn, name, i);
+  return MG_OK;
+}
+
+/* A walk runs host code (custom gradients, recompute) that may drop its
+** own references to the tape and to the tensors it asked about, or ask
+** this tape for another gradient: the walk holds references of its own,
+** and a tape being walked refuses to walk or reset again. */
+typedef struct held { mg_tape *t; mg_tensor **xs; int n; } held;
+
+static mg_status walk_begin (held *h, mg_tape *t, const char *fn, int na, mg_tensor *const *a,
+                             int nb, mg_tensor *const *b, int nc, mg_tensor *const *c) {
+  if (t->walking)
+    return mg_seterror("tape:%s: called while this tape's gradient is being computed", fn);
+  h->xs = (mg_tensor **)malloc(sizeof(mg_tensor *) * (size_t)(na + nb + nc + 1));
+  if (h->xs == NULL) return mg_seterror("out of memory in tape:%s", fn);
+  h->n = 0;
+  for (int i = 0; i < na; i++) h->xs[h->n++] = mg_tensor_retain(a[i]);
+  for (int i = 0; i < nb; i++) h->xs[h->n++] = mg_tensor_retain(b[i]);
+  for (int i = 0; c && i < nc; i++) if (c[i]) h->xs[h->n++] = mg_tensor_retain(c[i]);
+  h->t = mg_tape_retain(t);
+  t->walking++;
+  mg_tape_pause(t);                  /* its own backward pass is not its business */
+  return MG_OK;
+}
+
+static void walk_end (held *h) {
+  mg_tape_resume(h->t);
+  h->t->walking--;
+  for (int i = 0; i < h->n; i++) mg_tensor_release(h->xs[i]);
+  free(h->xs);
+  mg_tape_release(h->t);
+}
+
 mg_status mg_tape_gradient (mg_tape *t, int ntargets, mg_tensor *const *targets, int nsources,
                             mg_tensor *const *sources, mg_tensor *const *out_grads,
                             int unconnected_zero, mg_tensor **grads) {
+  const char *fn = "mg_tape_gradient";
+  if (grads == NULL && nsources > 0) return mg_null_arg(fn, "grads");
   for (int s = 0; s < nsources; s++) grads[s] = NULL;
+  MG_CHECK_ARG(fn, t, MG_ERR);
+  if (check_array(fn, "targets", ntargets, targets) != MG_OK ||
+      check_array(fn, "sources", nsources, sources) != MG_OK)
+    return MG_ERR;
   if (check_usable(t, "gradient") != MG_OK) return MG_ERR;
   for (int k = 0; k < ntargets; k++) {
     if (check_target(t, targets[k], "gradient") != MG_OK) return MG_ERR;
     if (out_grads && out_grads[k] && check_seed(targets[k], out_grads[k], k) != MG_OK) return MG_ERR;
   }
+  held h = {0};
+  if (walk_begin(&h, t, "gradient", ntargets, targets, nsources, sources, ntargets, out_grads) != MG_OK)
+    return MG_ERR;
   idmap map = {0};
-  mg_tape_pause(t);                  /* its own backward pass is not its business */
   mg_memory_span("backward", 1);
-  mg_status st = walk(t, ntargets, targets, out_grads, nsources, sources, &map, !t->persistent);
+  mg_status st = walk(t, ntargets, targets, out_grads, nsources, sources, &map, !t->persistent,
+                      "gradient");
   mg_memory_span("backward", 0);
-  mg_tape_resume(t);
   if (st == MG_OK) st = collect(&map, nsources, sources, unconnected_zero, grads);
   release_grads(&map);
+  walk_end(&h);
   consume(t);                        /* even after a failure: its nodes may be gone */
   return st;
 }
@@ -772,20 +848,20 @@ static mg_tensor *one_hot (const mg_tensor *target, int64_t j, int64_t batch) {
 */
 static mg_status jacobian_rows (mg_tape *t, mg_tensor *target, mg_tensor *source, int zero,
                                 int64_t rows, int64_t batch, const char *fn, mg_tensor **out) {
-  *out = NULL;
   if (check_usable(t, fn) != MG_OK || check_target(t, target, fn) != MG_OK) return MG_ERR;
   if (rows > (1 << 20))
     return mg_seterror("tape:%s: target is too large (%lld elements)", fn, (long long)rows);
+  held h = {0};
+  if (walk_begin(&h, t, fn, 1, &target, 1, &source, 0, NULL) != MG_OK) return MG_ERR;
   bool differentiable = mg_is_float(target->dtype) && mg_is_float(source->dtype);
   mg_tensor **parts = (mg_tensor **)calloc((size_t)(rows > 0 ? rows : 1), sizeof(mg_tensor *));
   mg_status st = parts ? MG_OK : mg_seterror("out of memory in tape:%s", fn);
   bool connected = false;
-  mg_tape_pause(t);
   for (int64_t j = 0; j < rows && st == MG_OK; j++) {
     idmap map = {0};
     mg_tensor *seed = differentiable ? one_hot(target, j, batch) : NULL;
     if (differentiable)
-      st = seed ? walk(t, 1, &target, &seed, 1, &source, &map, false) : MG_ERR;
+      st = seed ? walk(t, 1, &target, &seed, 1, &source, &map, false, fn) : MG_ERR;
     mg_tensor_release(seed);
     mg_tensor *g = st == MG_OK ? (mg_tensor *)idmap_get(&map, source->id) : NULL;
     connected |= g != NULL;
@@ -794,7 +870,7 @@ static mg_status jacobian_rows (mg_tape *t, mg_tensor *target, mg_tensor *source
     if (st == MG_OK && parts[j] == NULL) st = MG_ERR;
     release_grads(&map);
   }
-  mg_tape_resume(t);
+  walk_end(&h);
   if (st == MG_OK && (connected || zero)) {
     if (rows > 0) {
       *out = mg_stack(parts, (int)rows, 0);
@@ -811,12 +887,35 @@ static mg_status jacobian_rows (mg_tape *t, mg_tensor *target, mg_tensor *source
   return st;
 }
 
-/* rows (n, ...) reshaped to shape; takes over rows */
-static mg_status reshape_rows (mg_tensor **r, const int64_t *shape, int nd, const char *fn) {
-  if (*r == NULL) return MG_OK;
-  mg_tensor *x = nd > MG_MAX_DIMS ? NULL : mg_reshape(*r, shape, nd);
+/* the jacobian's shape: the target's dims from `from` on, then the
+** source's; checked before any work */
+static int jacobian_shape (const mg_tensor *y, const mg_tensor *x, int from, const char *fn,
+                           int64_t *shape) {
+  int nd = (y->ndim - from) + (x->ndim - from) + from;
   if (nd > MG_MAX_DIMS)
-    mg_seterror("tape:%s: the result would have %d dimensions (at most %d)", fn, nd, MG_MAX_DIMS);
+    return mg_seterror("tape:%s: the result would have %d dimensions (at most %d)", fn, nd,
+                       MG_MAX_DIMS), -1;
+  int k = 0;
+  for (int i = 0; i < from; i++) shape[k++] = y->shape[i];
+  for (int i = from; i < y->ndim; i++) shape[k++] = y->shape[i];
+  for (int i = from; i < x->ndim; i++) shape[k++] = x->shape[i];
+  return nd;
+}
+
+static mg_status jacobian_args (const char *fn, mg_tape *t, mg_tensor *y, mg_tensor *x,
+                                mg_tensor **out) {
+  MG_CHECK_ARG(fn, out, MG_ERR);
+  *out = NULL;
+  MG_CHECK_ARG(fn, t, MG_ERR);
+  MG_CHECK_ARG(fn, y, MG_ERR);
+  MG_CHECK_ARG(fn, x, MG_ERR);
+  return MG_OK;
+}
+
+/* rows (n, ...) reshaped to shape; takes over rows */
+static mg_status reshape_rows (mg_tensor **r, const int64_t *shape, int nd) {
+  if (*r == NULL) return MG_OK;
+  mg_tensor *x = mg_reshape(*r, shape, nd);
   mg_tensor_release(*r);
   *r = x;
   return x ? MG_OK : MG_ERR;
@@ -824,25 +923,27 @@ static mg_status reshape_rows (mg_tensor **r, const int64_t *shape, int nd, cons
 
 mg_status mg_tape_jacobian (mg_tape *t, mg_tensor *target, mg_tensor *source, int zero,
                             mg_tensor **out) {
-  if (jacobian_rows(t, target, source, zero, target->numel, 1, "jacobian", out) != MG_OK)
+  int64_t shape[MG_MAX_DIMS];
+  if (jacobian_args("mg_tape_jacobian", t, target, source, out) != MG_OK) return MG_ERR;
+  int nd = jacobian_shape(target, source, 0, "jacobian", shape);
+  if (nd < 0 || jacobian_rows(t, target, source, zero, target->numel, 1, "jacobian", out) != MG_OK)
     return MG_ERR;
-  int64_t shape[2 * MG_MAX_DIMS];
-  int nd = 0;
-  for (int i = 0; i < target->ndim; i++) shape[nd++] = target->shape[i];
-  for (int i = 0; i < source->ndim; i++) shape[nd++] = source->shape[i];
-  return reshape_rows(out, shape, nd, "jacobian");
+  return reshape_rows(out, shape, nd);
 }
 
 mg_status mg_tape_batch_jacobian (mg_tape *t, mg_tensor *target, mg_tensor *source, int zero,
                                   mg_tensor **out) {
   char a[160], b[160];
-  *out = NULL;
+  if (jacobian_args("mg_tape_batch_jacobian", t, target, source, out) != MG_OK) return MG_ERR;
   if (target->ndim < 1 || source->ndim < 1 || target->shape[0] != source->shape[0])
     return mg_seterror("tape:batch_jacobian: target %s and source %s need the same first (batch) "
                        "dimension", mg_shape_str(a, sizeof a, target->shape, target->ndim),
                        mg_shape_str(b, sizeof b, source->shape, source->ndim));
+  int64_t shape[MG_MAX_DIMS];
+  int nd = jacobian_shape(target, source, 1, "batch_jacobian", shape);
   int64_t batch = target->shape[0], per = batch ? target->numel / batch : 0;
-  if (jacobian_rows(t, target, source, zero, per, batch ? batch : 1, "batch_jacobian", out) != MG_OK)
+  if (nd < 0 || jacobian_rows(t, target, source, zero, per, batch ? batch : 1, "batch_jacobian",
+                              out) != MG_OK)
     return MG_ERR;
   if (*out == NULL) return MG_OK;
   /* rows: (T, B, S...) -> (B, T, S...) -> (B, target rest..., source rest...) */
@@ -853,12 +954,7 @@ mg_status mg_tape_batch_jacobian (mg_tape *t, mg_tensor *target, mg_tensor *sour
   mg_tensor *p = mg_permute(*out, perm);
   mg_tensor_release(*out);
   *out = p;
-  int64_t shape[2 * MG_MAX_DIMS];
-  int nd = 0;
-  shape[nd++] = batch;
-  for (int i = 1; i < target->ndim; i++) shape[nd++] = target->shape[i];
-  for (int i = 1; i < source->ndim; i++) shape[nd++] = source->shape[i];
-  return p ? reshape_rows(out, shape, nd, "batch_jacobian") : MG_ERR;
+  return p ? reshape_rows(out, shape, nd) : MG_ERR;
 }
 
 /* }========================================================== */

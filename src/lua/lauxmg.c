@@ -90,19 +90,23 @@ void mgL_pushtensor (lua_State *L, mg_tensor *t) {
   mgL_newbox(L)->t = t;
 }
 
+/* A box whose __gc ran (called by hand, or resurrected by a finalizer)
+** holds nothing: using it is an error, never a crash. */
 mg_variable *mgL_testvariable (lua_State *L, int arg) {
   lvariable *b = (lvariable *)udata_with(L, arg, &variable_key);
+  if (b && b->v == NULL) luaL_error(L, "variable has been released");
   return b ? b->v : NULL;
 }
 
 mg_variable *mgL_checkvariable (lua_State *L, int arg) {
-  lvariable *b = (lvariable *)udata_with(L, arg, &variable_key);
-  if (b == NULL) luaL_checkudata(L, arg, MG_VARIABLE_MT);     /* raises the usual message */
-  return b->v;
+  mg_variable *v = mgL_testvariable(L, arg);
+  if (v == NULL) luaL_checkudata(L, arg, MG_VARIABLE_MT);     /* raises the usual message */
+  return v;
 }
 
 mg_tensor *mgL_testtensor (lua_State *L, int arg) {
   ltensor *b = (ltensor *)udata_with(L, arg, &tensor_key);
+  if (b && b->t == NULL) luaL_error(L, "tensor has been released");
   if (b) return b->t;
   mg_variable *v = mgL_testvariable(L, arg);
   return v ? mg_variable_peek(v) : NULL;
@@ -477,3 +481,27 @@ void mgL_rebuild (lua_State *L, int idx, int acc, int *k) {
 }
 
 /* }========================================================== */
+
+void mgL_checkoptions (lua_State *L, int arg, const char *const keys[]) {
+  if (lua_isnoneornil(L, arg)) return;
+  luaL_checktype(L, arg, LUA_TTABLE);
+  lua_pushnil(L);
+  while (lua_next(L, arg)) {
+    lua_pop(L, 1);
+    bool known = false;
+    if (lua_type(L, -1) == LUA_TSTRING)
+      for (int i = 0; keys[i] && !known; i++) known = strcmp(lua_tostring(L, -1), keys[i]) == 0;
+    if (!known) {
+      luaL_Buffer b;
+      luaL_buffinit(L, &b);
+      for (int i = 0; keys[i]; i++) {
+        if (i) luaL_addstring(&b, ", ");
+        luaL_addstring(&b, keys[i]);
+      }
+      luaL_pushresult(&b);
+      const char *what = lua_type(L, -2) == LUA_TSTRING ? lua_pushfstring(L, "unknown option '%s'", lua_tostring(L, -2))
+                                                        : lua_pushfstring(L, "unexpected %s key in the options", luaL_typename(L, -2));
+      luaL_argerror(L, arg, lua_pushfstring(L, "%s (known: %s)", what, lua_tostring(L, -2)));
+    }
+  }
+}

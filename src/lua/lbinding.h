@@ -69,8 +69,14 @@ void       mgL_rebuild     (lua_State *L, int idx, int acc, int *k);
 ** new tensor) */
 void       mgL_gc_pressure (lua_State *L);
 
-/* the lua_State a gradient walk runs in, for backward rules written in Lua */
+/* the lua_State a gradient walk runs in, for the collector's safe points */
 extern lua_State *mgL_running;
+/* around a gradient computation asked for from L: Lua callbacks of L's
+** state (custom gradients, recompute) run on L; returns what to restore */
+lua_State *mgL_enter (lua_State *L);
+void       mgL_leave (lua_State *L, lua_State *prev);
+/* raises unless the table at arg (if not nil) has only these string keys */
+void       mgL_checkoptions (lua_State *L, int arg, const char *const keys[]);
 
 void mgL_open_tensor    (lua_State *L);    /* each adds its functions to the table at -1 */
 void mgL_open_variable  (lua_State *L);
@@ -78,8 +84,7 @@ void mgL_open_tape      (lua_State *L);
 void mgL_open_memory    (lua_State *L);
 void mgL_open_trace     (lua_State *L);    /* into the memory table at -1 */
 void mgL_open_random    (lua_State *L);
-void mgL_open_custom    (lua_State *L);
-void mgL_open_recompute (lua_State *L);
+void mgL_open_functions (lua_State *L);   /* custom_gradient, recompute_grad */
 
 /* Lua sources of the .lua files of lua/moongrad/ compiled into the library */
 typedef struct mgL_embedded { const char *name; const unsigned char *src; size_t len; } mgL_embedded;

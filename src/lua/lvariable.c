@@ -13,7 +13,7 @@
 
 #define BOXES "moongrad.variable_boxes"     /* weak: mg_variable* -> box */
 
-static int variable_gc (lua_State *L) {
+static int variable_gc (lua_State *L) {     /* may run twice: by hand, then by Lua */
   lvariable *b = (lvariable *)luaL_checkudata(L, 1, MG_VARIABLE_MT);   /* rare: no fast path */
   mg_variable_release(b->v);
   b->v = NULL;
@@ -22,7 +22,7 @@ static int variable_gc (lua_State *L) {
 
 void mgL_pushvariable (lua_State *L, mg_variable *v) {
   lua_getfield(L, LUA_REGISTRYINDEX, BOXES);
-  if (lua_rawgetp(L, -1, v) != LUA_TNIL) {
+  if (lua_rawgetp(L, -1, v) != LUA_TNIL && ((lvariable *)lua_touserdata(L, -1))->v != NULL) {
     lua_remove(L, -2);
     return;
   }
