@@ -100,6 +100,7 @@ MG_API void         mg_tensor_release  (mg_tensor *t);   /* -1; NULL is fine */
 MG_API mg_dtype     mg_tensor_dtype    (const mg_tensor *t);
 MG_API int          mg_tensor_ndim     (const mg_tensor *t);
 MG_API const int64_t *mg_tensor_shape  (const mg_tensor *t);
+MG_API const int64_t *mg_tensor_strides (const mg_tensor *t);  /* in elements; 0 where broadcast */
 MG_API int64_t      mg_tensor_numel    (const mg_tensor *t);
 MG_API uint64_t     mg_tensor_id       (const mg_tensor *t);  /* unique per tensor */
 MG_API int          mg_tensor_is_contiguous (const mg_tensor *t);
@@ -107,6 +108,7 @@ MG_API int          mg_tensor_is_contiguous (const mg_tensor *t);
 MG_API mg_tensor   *mg_contiguous      (mg_tensor *t);
 /* first element of a contiguous tensor: float*, double*, int64_t* or uint8_t* */
 MG_API void        *mg_tensor_data     (const mg_tensor *t);
+/* one element as a double, index 0-based; NaN + error when out of range */
 MG_API double       mg_tensor_get      (const mg_tensor *t, const int64_t *index);
 MG_API const char  *mg_dtype_name      (mg_dtype dt);    /* "float32" ... */
 MG_API int          mg_dtype_from_name (const char *name);  /* -1 if unknown */
@@ -123,10 +125,12 @@ MG_API char        *mg_tensor_format   (const mg_tensor *t);
 
 MG_API mg_tensor *mg_empty     (const int64_t *shape, int ndim, mg_dtype dt);
 MG_API mg_tensor *mg_full      (const int64_t *shape, int ndim, mg_dtype dt, double value);
+MG_API mg_tensor *mg_full_int64 (const int64_t *shape, int ndim, int64_t value);  /* exact */
 MG_API mg_tensor *mg_scalar    (double value, mg_dtype dt);   /* 0-d */
 /* copies n = prod(shape) values, converting from double */
 MG_API mg_tensor *mg_from_doubles (const double *values, const int64_t *shape, int ndim, mg_dtype dt);
 MG_API mg_tensor *mg_arange    (double start, double stop, double step, mg_dtype dt);
+MG_API mg_tensor *mg_arange_int64 (int64_t start, int64_t stop, int64_t step);   /* exact */
 MG_API mg_tensor *mg_eye       (int64_t n, int64_t m, mg_dtype dt);
 MG_API mg_tensor *mg_cast      (mg_tensor *x, mg_dtype dt);    /* differentiable float->float */
 

@@ -24,6 +24,7 @@ const char *mg_errmsg (void) {
 }
 
 mg_status mg_seterror (const char *fmt, ...) {
+  if (fmt == NULL) fmt = "mg_seterror: fmt is NULL";
   va_list ap;
   va_start(ap, fmt);
   vsnprintf(errbuf, sizeof errbuf, fmt, ap);

@@ -30,6 +30,7 @@ size_t mg_dtype_size (mg_dtype dt) {
 }
 
 int mg_dtype_from_name (const char *name) {
+  if (name == NULL) return -1;
   for (int i = 0; i < MG_DTYPE__COUNT; i++)
     if (strcmp(name, dtypes[i].name) == 0) return i;
   return -1;
@@ -40,6 +41,8 @@ bool mg_is_float (mg_dtype dt) {
 }
 
 char *mg_shape_str (char *buf, size_t n, const int64_t *shape, int ndim) {
+  if (buf == NULL || n == 0) return buf;
+  if (shape == NULL || ndim < 0 || ndim > MG_MAX_DIMS) ndim = 0;
   size_t len = 0;
   len += (size_t)snprintf(buf, n, "(");
   for (int i = 0; i < ndim && len < n; i++)
@@ -57,6 +60,10 @@ void mg_contiguous_strides (const int64_t *shape, int ndim, int64_t *strides) {
 }
 
 int64_t mg_shape_numel (const char *fn, const int64_t *shape, int ndim) {
+  if (ndim > 0 && shape == NULL) {
+    mg_null_arg(fn, "shape");
+    return -1;
+  }
   if (ndim < 0 || ndim > MG_MAX_DIMS) {
     mg_seterror("%s: %d dimensions given, at most %d allowed", fn, ndim, MG_MAX_DIMS);
     return -1;
@@ -127,6 +134,8 @@ mg_tensor *mg_tensor_view (mg_storage *s, mg_dtype dt, const int64_t *shape, int
 }
 
 mg_tensor *mg_empty (const int64_t *shape, int ndim, mg_dtype dt) {
+  if ((unsigned)dt >= MG_DTYPE__COUNT)
+    return mg_seterror("tensor: unknown dtype %d", (int)dt), NULL;
   int64_t n = mg_shape_numel("tensor", shape, ndim);
   if (n < 0) return NULL;
   mg_storage *s = mg_storage_new((size_t)n * mg_dtype_size(dt));
@@ -145,7 +154,7 @@ mg_tensor *mg_empty (const int64_t *shape, int ndim, mg_dtype dt) {
 }
 
 mg_tensor *mg_tensor_retain (mg_tensor *t) {
-  t->refcount++;
+  if (t) t->refcount++;
   return t;
 }
 
@@ -157,13 +166,35 @@ void mg_tensor_release (mg_tensor *t) {
   else free(t);
 }
 
-mg_dtype mg_tensor_dtype (const mg_tensor *t) { return t->dtype; }
-int mg_tensor_ndim (const mg_tensor *t) { return t->ndim; }
-const int64_t *mg_tensor_shape (const mg_tensor *t) { return t->shape; }
-int64_t mg_tensor_numel (const mg_tensor *t) { return t->numel; }
-uint64_t mg_tensor_id (const mg_tensor *t) { return t->id; }
+/* The getters answer an impossible value for NULL (with a message): -1, 0
+** for ids, NULL for pointers, MG_DTYPE__COUNT for a dtype. */
+mg_dtype mg_tensor_dtype (const mg_tensor *t) {
+  MG_CHECK_ARG("mg_tensor_dtype", t, MG_DTYPE__COUNT);
+  return t->dtype;
+}
+int mg_tensor_ndim (const mg_tensor *t) {
+  MG_CHECK_ARG("mg_tensor_ndim", t, -1);
+  return t->ndim;
+}
+const int64_t *mg_tensor_shape (const mg_tensor *t) {
+  MG_CHECK_ARG("mg_tensor_shape", t, NULL);
+  return t->shape;
+}
+const int64_t *mg_tensor_strides (const mg_tensor *t) {
+  MG_CHECK_ARG("mg_tensor_strides", t, NULL);
+  return t->strides;
+}
+int64_t mg_tensor_numel (const mg_tensor *t) {
+  MG_CHECK_ARG("mg_tensor_numel", t, -1);
+  return t->numel;
+}
+uint64_t mg_tensor_id (const mg_tensor *t) {
+  MG_CHECK_ARG("mg_tensor_id", t, 0);
+  return t->id;
+}
 
 int mg_tensor_is_contiguous (const mg_tensor *t) {
+  MG_CHECK_ARG("mg_tensor_is_contiguous", t, 0);
   int64_t s = 1;
   for (int i = t->ndim - 1; i >= 0; i--) {
     if (t->shape[i] != 1 && t->strides[i] != s) return 0;
@@ -173,12 +204,20 @@ int mg_tensor_is_contiguous (const mg_tensor *t) {
 }
 
 void *mg_tensor_data (const mg_tensor *t) {
+  MG_CHECK_ARG("mg_tensor_data", t, NULL);
   return mg_ptr(t);
 }
 
 double mg_tensor_get (const mg_tensor *t, const int64_t *index) {
+  MG_CHECK_ARG("mg_tensor_get", t, NAN);
+  if (t->ndim > 0) MG_CHECK_ARG("mg_tensor_get", index, NAN);
   int64_t off = 0;
-  for (int i = 0; i < t->ndim; i++) off += index[i] * t->strides[i];
+  for (int i = 0; i < t->ndim; i++) {
+    if (index[i] < 0 || index[i] >= t->shape[i])
+      return mg_seterror("mg_tensor_get: index[%d] = %lld is out of range for dimension %d of size %lld "
+                         "(0-based)", i, (long long)index[i], i, (long long)t->shape[i]), NAN;
+    off += index[i] * t->strides[i];
+  }
   char *p = mg_ptr(t) + off * (int64_t)mg_dtype_size(t->dtype);
   switch (t->dtype) {
     case MG_FLOAT32: return *(float *)p;
@@ -253,6 +292,7 @@ mg_status mg_copy_into (mg_tensor *dst, const mg_tensor *src) {
 }
 
 mg_tensor *mg_contiguous (mg_tensor *t) {
+  MG_CHECK_ARG("mg_contiguous", t, NULL);
   if (mg_tensor_is_contiguous(t)) return mg_tensor_retain(t);
   mg_tensor *out = mg_empty(t->shape, t->ndim, t->dtype);
   if (out) mg_copy_into(out, t);

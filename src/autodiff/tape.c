@@ -546,6 +546,7 @@ mg_tensor *mg_finish (const mg_opdef *def, int nin, mg_tensor *const *in, mg_ten
 /* the bytes only this tape's nodes keep alive: variables' values are
 ** theirs, not the tape's */
 size_t mg_tape_saved_bytes (const mg_tape *t) {
+  if (t == NULL) return 0;
   idmap seen = {0};       /* storages counted once, keyed by address */
   size_t total = 0;
   for (size_t i = 0; i < t->nnodes; i++) {

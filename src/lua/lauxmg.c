@@ -180,31 +180,59 @@ mg_dtype mgL_optdtype (lua_State *L, int arg, mg_dtype def) {
   return (mg_dtype)dt;
 }
 
-static int64_t checkdim (lua_State *L, int arg, int i) {
+/* what the value at idx is, for messages: "1.5", "NaN", "a string" */
+static const char *describe (lua_State *L, int idx) {
+  if (lua_type(L, idx) != LUA_TNUMBER) return lua_pushfstring(L, "a %s", luaL_typename(L, idx));
+  lua_Number v = lua_tonumber(L, idx);
+  if (v != v) return lua_pushliteral(L, "NaN");
+  return lua_pushfstring(L, "%s", lua_tostring(L, idx));
+}
+
+lua_Integer mgL_intat (lua_State *L, int idx, int arg, const char *what) {
   int isint;
-  lua_Integer d = lua_tointegerx(L, -1, &isint);
-  if (!isint) {
-    if (lua_type(L, -1) == LUA_TNUMBER && lua_tonumber(L, -1) != lua_tonumber(L, -1))
-      luaL_argerror(L, arg, lua_pushfstring(L, "dimension %d is NaN, not an integer", i));
-    if (lua_type(L, -1) == LUA_TNUMBER)
-      luaL_argerror(L, arg, lua_pushfstring(L, "dimension %d is %s, not an integer", i,
-                                            lua_tostring(L, -1)));
-    luaL_argerror(L, arg, lua_pushfstring(L, "dimension %d is a %s, not an integer", i,
-                                          luaL_typename(L, -1)));
+  lua_Integer v = lua_tointegerx(L, idx, &isint);    /* 2.0 counts, 2.5 and 2^63 do not */
+  if (!isint)
+    luaL_argerror(L, arg, lua_pushfstring(L, "%s is %s, not an integer", what, describe(L, idx)));
+  return v;
+}
+
+int mgL_axisat (lua_State *L, int idx, int arg, int ndim, const char *what) {
+  lua_Integer a = mgL_intat(L, idx, arg, what);
+  if (a == 0 || a > ndim || a < -ndim) {
+    if (ndim == 0)
+      luaL_argerror(L, arg, lua_pushfstring(L, "%s %I is out of range for a 0-d tensor", what, a));
+    luaL_argerror(L, arg, lua_pushfstring(L, "%s %I is out of range for %d dimensions (use 1..%d or -%d..-1)",
+                                          what, a, ndim, ndim, ndim));
   }
-  if (d < 0) luaL_argerror(L, arg, lua_pushfstring(L, "dimension %d is negative (%d)", i, (int)d));
-  return (int64_t)d;
+  return a > 0 ? (int)a - 1 : (int)a + ndim;
+}
+
+int mgL_checklist (lua_State *L, int idx, int arg, const char *what) {
+  idx = lua_absindex(L, idx);
+  lua_Integer n = (lua_Integer)lua_rawlen(L, idx);
+  lua_pushnil(L);
+  while (lua_next(L, idx)) {
+    lua_pop(L, 1);
+    int isint;
+    lua_Integer k = lua_tointegerx(L, -1, &isint);
+    if (lua_type(L, -1) != LUA_TNUMBER || !isint || k < 1 || k > n) {
+      const char *key = lua_type(L, -1) == LUA_TSTRING ? lua_pushfstring(L, "'%s'", lua_tostring(L, -1))
+                                                       : luaL_tolstring(L, -1, NULL);
+      luaL_argerror(L, arg, lua_pushfstring(L, "%s must be a list, but has the key %s", what, key));
+    }
+  }
+  return (int)(n > INT32_MAX ? INT32_MAX : n);
 }
 
 int mgL_checkshape (lua_State *L, int arg, int64_t *shape, bool varargs) {
   int nd = 0;
   if (lua_istable(L, arg)) {
-    lua_Integer n = luaL_len(L, arg);
+    int n = mgL_checklist(L, arg, arg, "the shape");
     if (n > MG_MAX_DIMS)
-      luaL_argerror(L, arg, lua_pushfstring(L, "%d dimensions given, at most %d allowed", (int)n, MG_MAX_DIMS));
-    for (nd = 0; nd < (int)n; nd++) {
+      luaL_argerror(L, arg, lua_pushfstring(L, "%d dimensions given, at most %d allowed", n, MG_MAX_DIMS));
+    for (nd = 0; nd < n; nd++) {
       lua_geti(L, arg, nd + 1);
-      shape[nd] = checkdim(L, arg, nd + 1);
+      shape[nd] = mgL_dimat(L, -1, arg, nd + 1);
       lua_pop(L, 1);
     }
     return nd;
@@ -215,32 +243,32 @@ int mgL_checkshape (lua_State *L, int arg, int64_t *shape, bool varargs) {
   for (int a = arg; a <= top && lua_type(L, a) == LUA_TNUMBER; a++) {
     if (nd == MG_MAX_DIMS)
       luaL_argerror(L, a, lua_pushfstring(L, "at most %d dimensions allowed", MG_MAX_DIMS));
-    lua_pushvalue(L, a);
-    shape[nd] = checkdim(L, a, nd + 1);
-    lua_pop(L, 1);
+    shape[nd] = mgL_dimat(L, a, a, nd + 1);
     nd++;
   }
   return nd;
 }
 
+int64_t mgL_dimat (lua_State *L, int idx, int arg, int i) {
+  char what[32];
+  snprintf(what, sizeof what, "dimension %d", i);
+  lua_Integer d = mgL_intat(L, idx, arg, what);
+  if (d < 0) luaL_argerror(L, arg, lua_pushfstring(L, "dimension %d is negative (%I)", i, d));
+  return (int64_t)d;
+}
+
 int mgL_optaxis (lua_State *L, int arg, int ndim) {
   if (lua_isnoneornil(L, arg)) return MG_ALL_AXES;
-  int isint;
-  lua_Integer a = lua_tointegerx(L, arg, &isint);
-  if (!isint) {
-    if (lua_type(L, arg) == LUA_TNUMBER && lua_tonumber(L, arg) != lua_tonumber(L, arg))
-      luaL_argerror(L, arg, "axis is NaN, not an integer");
-    if (lua_type(L, arg) == LUA_TNUMBER)
-      luaL_argerror(L, arg, lua_pushfstring(L, "axis %s is not an integer", lua_tostring(L, arg)));
+  if (lua_type(L, arg) != LUA_TNUMBER)
     luaL_argerror(L, arg, lua_pushfstring(L, "axis expected (an integer), got %s", luaL_typename(L, arg)));
-  }
-  if (a == 0 || a > ndim || a < -ndim) {
-    if (ndim == 0)
-      luaL_argerror(L, arg, lua_pushfstring(L, "axis %d is out of range for a 0-d tensor", (int)a));
-    luaL_argerror(L, arg, lua_pushfstring(L, "axis %d is out of range for %d dimensions (use 1..%d or -%d..-1)",
-                                          (int)a, ndim, ndim, ndim));
-  }
-  return a > 0 ? (int)a - 1 : (int)a + ndim;
+  return mgL_axisat(L, arg, arg, ndim, "axis");
+}
+
+bool mgL_optboolean (lua_State *L, int arg, const char *what) {
+  if (lua_isnoneornil(L, arg)) return false;
+  if (!lua_isboolean(L, arg))
+    luaL_argerror(L, arg, lua_pushfstring(L, "%s must be a boolean, got %s", what, luaL_typename(L, arg)));
+  return lua_toboolean(L, arg);
 }
 
 void mgL_pushshape (lua_State *L, const int64_t *shape, int ndim) {

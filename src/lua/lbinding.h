@@ -40,6 +40,16 @@ int        mgL_checkshape  (lua_State *L, int arg, int64_t *shape, bool varargs)
 /* 1-based axis (negative counts from the end) into 0-based; nil gives
 ** MG_ALL_AXES; raises on a bad axis */
 int        mgL_optaxis     (lua_State *L, int arg, int ndim);
+/* Values read from stack index idx, with errors naming argument arg (a
+** table's entries are checked at a stack index of their own, but the
+** user's argument is the table) and `what` ("axis", "dimension 2"). */
+lua_Integer mgL_intat      (lua_State *L, int idx, int arg, const char *what);
+int        mgL_axisat      (lua_State *L, int idx, int arg, int ndim, const char *what);
+int64_t    mgL_dimat       (lua_State *L, int idx, int arg, int i);    /* a size >= 0 */
+/* the length of the list at idx, raising when it has other keys */
+int        mgL_checklist   (lua_State *L, int idx, int arg, const char *what);
+/* nil (false) or a boolean; anything else raises */
+bool       mgL_optboolean  (lua_State *L, int arg, const char *what);
 mg_variable *mgL_testvariable  (lua_State *L, int arg);
 mg_variable *mgL_checkvariable (lua_State *L, int arg);
 /* pushes a table {d1, d2, ...} */

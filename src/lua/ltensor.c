@@ -52,7 +52,7 @@ int mgL_index_first_axis (lua_State *L, mg_tensor *t, lua_Integer i) {
   int64_t n = mg_tensor_shape(t)[0];
   int64_t k = i > 0 ? i - 1 : n + i;
   if (i == 0 || k < 0 || k >= n)
-    return luaL_error(L, "index %d is out of bounds for dimension 1 of size %d", (int)i, (int)n);
+    return luaL_error(L, "index %I is out of bounds for dimension 1 of size %I", i, (lua_Integer)n);
   ltensor *box = mgL_newbox(L);
   return mgL_fill(L, box, mg_select(t, 0, k));
 }
@@ -70,7 +70,8 @@ static int tensor_index (lua_State *L) {
     else lua_pushnil(L);
     return 1;
   }
-  if (lua_isinteger(L, 2)) return mgL_index_first_axis(L, t, lua_tointeger(L, 2));
+  if (lua_type(L, 2) == LUA_TNUMBER)          /* x[1.0] is x[1], as for Lua tables */
+    return mgL_index_first_axis(L, t, mgL_intat(L, 2, 2, "index"));
   lua_pushnil(L);
   return 1;
 }
@@ -114,6 +115,11 @@ static int l_full (lua_State *L) {
   int nd = mgL_checkshape(L, 1, shape, false);
   double v = lua_isboolean(L, 2) ? lua_toboolean(L, 2) : luaL_checknumber(L, 2);
   mg_dtype dt = mgL_optdtype(L, 3, lua_isboolean(L, 2) ? MG_BOOL : MG_FLOAT32);
+  if (dt == MG_INT64 && lua_type(L, 2) == LUA_TNUMBER) {   /* exact, not through double */
+    lua_Integer iv = mgL_intat(L, 2, 2, "the value for an int64 tensor");
+    ltensor *box = mgL_newbox(L);
+    return mgL_fill(L, box, mg_full_int64(shape, nd, (int64_t)iv));
+  }
   ltensor *box = mgL_newbox(L);
   return mgL_fill(L, box, mg_full(shape, nd, dt, v));
 }
@@ -135,6 +141,12 @@ static int l_arange (lua_State *L) {
   while (n < 3 && lua_type(L, n + 1) == LUA_TNUMBER) { v[n] = lua_tonumber(L, n + 1); n++; }
   if (n == 0) luaL_argerror(L, 1, lua_pushfstring(L, "number expected, got %s", luaL_typename(L, 1)));
   mg_dtype dt = mgL_optdtype(L, n + 1, MG_FLOAT32);
+  if (dt == MG_INT64) {                        /* exact for every int64 */
+    lua_Integer iv[3] = {0, 0, 1};
+    for (int k = 0; k < n; k++) iv[n == 1 ? 1 : k] = mgL_intat(L, k + 1, k + 1, "an int64 bound or step");
+    ltensor *box = mgL_newbox(L);
+    return mgL_fill(L, box, mg_arange_int64(iv[0], iv[1], iv[2]));
+  }
   double start = n >= 2 ? v[0] : 0, stop = n >= 2 ? v[1] : v[0], step = n == 3 ? v[2] : 1;
   ltensor *box = mgL_newbox(L);
   return mgL_fill(L, box, mg_arange(start, stop, step, dt));
@@ -157,7 +169,7 @@ static int l_eye (lua_State *L) {
 static int l_item (lua_State *L) {
   mg_tensor *t = mgL_checktensor(L, 1);
   if (mg_tensor_numel(t) != 1)
-    return luaL_error(L, "item: tensor has %d elements, expected 1", (int)mg_tensor_numel(t));
+    return luaL_error(L, "item: tensor has %I elements, expected 1", (lua_Integer)mg_tensor_numel(t));
   int64_t idx[MG_MAX_DIMS] = {0};
   switch (mg_tensor_dtype(t)) {
     case MG_INT64: {
@@ -172,8 +184,15 @@ static int l_item (lua_State *L) {
   return 1;
 }
 
+/* a Lua table holds at most 2^31 entries: refuse at once what cannot fit */
+#define MAX_TOTABLE ((int64_t)1 << 31)
+
 static int l_totable (lua_State *L) {
-  mgL_pushvalues(L, mgL_checktensor(L, 1));
+  mg_tensor *t = mgL_checktensor(L, 1);
+  if (mg_tensor_numel(t) > MAX_TOTABLE)
+    return luaL_error(L, "totable: %I elements are too many for Lua tables (at most %I)",
+                      (lua_Integer)mg_tensor_numel(t), (lua_Integer)MAX_TOTABLE);
+  mgL_pushvalues(L, t);
   return 1;
 }
 
@@ -323,15 +342,17 @@ static const struct { const char *name; reduce_fn fn; } REDOPS[] = {
   {"sum", mg_sum}, {"mean", mg_mean}, {"max", mg_max}, {"min", mg_min},
 };
 
-/* reduces x over the axes in the table at arg, one at a time */
+/* reduces x over the axes in the list at arg, one at a time */
 static mg_tensor *reduce_axes (lua_State *L, int arg, mg_tensor *x, reduce_fn fn, int keepdims) {
-  int nd = mg_tensor_ndim(x), n = (int)luaL_len(L, arg);
+  int nd = mg_tensor_ndim(x), n = mgL_checklist(L, arg, arg, "the axes");
   bool gone[MG_MAX_DIMS] = {false};
   for (int k = 1; k <= n; k++) {
     lua_geti(L, arg, k);
-    int a = mgL_optaxis(L, lua_gettop(L), nd);
+    char what[32];
+    snprintf(what, sizeof what, "axis %d in the list", k);
+    int a = mgL_axisat(L, -1, arg, nd, what);
     lua_pop(L, 1);
-    if (a == MG_ALL_AXES || gone[a]) luaL_argerror(L, arg, "axes must be distinct integers");
+    if (gone[a]) luaL_argerror(L, arg, "axes must be distinct");
     gone[a] = true;
   }
   ltensor *tmp = mgL_newbox(L);            /* anchors the intermediate results */
@@ -355,7 +376,7 @@ static mg_tensor *reduce_axes (lua_State *L, int arg, mg_tensor *x, reduce_fn fn
 static int l_reduce (lua_State *L) {
   reduce_fn fn = REDOPS[lua_tointeger(L, lua_upvalueindex(1))].fn;
   mg_tensor *x = mgL_checktensor(L, 1);
-  int keepdims = lua_toboolean(L, 3);
+  int keepdims = mgL_optboolean(L, 3, "keepdims");
   if (lua_istable(L, 2)) {
     mg_tensor *r = reduce_axes(L, 2, x, fn, keepdims);
     ltensor *box = mgL_newbox(L);
@@ -370,7 +391,7 @@ static int l_reduce (lua_State *L) {
 static int arg_extreme (lua_State *L, reduce_fn fn) {
   mg_tensor *x = mgL_checktensor(L, 1);
   int axis = mgL_optaxis(L, 2, mg_tensor_ndim(x));
-  int keepdims = lua_toboolean(L, 3);
+  int keepdims = mgL_optboolean(L, 3, "keepdims");
   ltensor *box = mgL_newbox(L);
   mg_tensor *i0 = fn(x, axis, keepdims), *one = i0 ? mg_scalar(1, MG_INT64) : NULL;
   mg_tensor *r = one ? mg_add(i0, one) : NULL;
@@ -391,18 +412,26 @@ static int l_reshape (lua_State *L) {
   mg_tensor *x = mgL_checktensor(L, 1);
   int64_t shape[MG_MAX_DIMS];
   int nd = 0;
+  char what[32];
   if (lua_istable(L, 2)) {                    /* -1 allowed: read by hand */
-    int n = (int)luaL_len(L, 2);
-    if (n > MG_MAX_DIMS) luaL_argerror(L, 2, "too many dimensions");
+    int n = mgL_checklist(L, 2, 2, "the shape");
+    if (n > MG_MAX_DIMS)
+      luaL_argerror(L, 2, lua_pushfstring(L, "%d dimensions given, at most %d allowed", n, MG_MAX_DIMS));
     for (; nd < n; nd++) {
       lua_geti(L, 2, nd + 1);
-      int isint;
-      shape[nd] = (int64_t)lua_tointegerx(L, -1, &isint);
-      if (!isint) luaL_argerror(L, 2, lua_pushfstring(L, "dimension %d is not an integer", nd + 1));
+      snprintf(what, sizeof what, "dimension %d", nd + 1);
+      shape[nd] = (int64_t)mgL_intat(L, -1, 2, what);
       lua_pop(L, 1);
     }
   } else {
-    for (int a = 2; lua_type(L, a) == LUA_TNUMBER && nd < MG_MAX_DIMS; a++) shape[nd++] = luaL_checkinteger(L, a);
+    int top = lua_gettop(L);
+    if (top - 1 > MG_MAX_DIMS)
+      luaL_argerror(L, 2 + MG_MAX_DIMS, lua_pushfstring(L, "%d dimensions given, at most %d allowed",
+                                                        top - 1, MG_MAX_DIMS));
+    for (int a = 2; a <= top; a++, nd++) {
+      snprintf(what, sizeof what, "dimension %d", nd + 1);
+      shape[nd] = (int64_t)mgL_intat(L, a, a, what);
+    }
     if (nd == 0) luaL_argerror(L, 2, lua_pushfstring(L, "shape expected, got %s", luaL_typename(L, 2)));
   }
   ltensor *box = mgL_newbox(L);
@@ -417,12 +446,14 @@ static int l_transpose (lua_State *L) {
     for (int i = 0; i < nd; i++) perm[i] = nd - 1 - i;
   } else {
     luaL_checktype(L, 2, LUA_TTABLE);
-    if ((int)luaL_len(L, 2) != nd)
-      luaL_argerror(L, 2, lua_pushfstring(L, "permutation has %d entries for %d dimensions",
-                                          (int)luaL_len(L, 2), nd));
+    int n = mgL_checklist(L, 2, 2, "the permutation");
+    if (n != nd)
+      luaL_argerror(L, 2, lua_pushfstring(L, "permutation has %d entries for %d dimensions", n, nd));
     for (int i = 0; i < nd; i++) {
       lua_geti(L, 2, i + 1);
-      perm[i] = mgL_optaxis(L, lua_gettop(L), nd);
+      char what[40];
+      snprintf(what, sizeof what, "permutation entry %d", i + 1);
+      perm[i] = mgL_axisat(L, -1, 2, nd, what);
       lua_pop(L, 1);
     }
   }
@@ -466,8 +497,8 @@ static int l_broadcast_to (lua_State *L) {
 static int64_t position (lua_State *L, int arg, lua_Integer v, int64_t n, int dim, const char *what) {
   int64_t k = v > 0 ? v - 1 : n + v;
   if (v == 0 || k < 0 || k >= n)
-    luaL_argerror(L, arg, lua_pushfstring(L, "%s %d is out of range for dimension %d of size %d",
-                                          what, (int)v, dim, (int)n));
+    luaL_argerror(L, arg, lua_pushfstring(L, "%s %I is out of range for dimension %d of size %I",
+                                          what, v, dim, (lua_Integer)n));
   return k;
 }
 
@@ -487,26 +518,30 @@ static int l_slice (lua_State *L) {
     int64_t n = mg_tensor_shape(x)[d];
     start[d] = 0; stop[d] = n; step[d] = 1;
     if (d >= nspec || lua_isnil(L, arg)) { shape[kept++] = n; continue; }
-    if (lua_isinteger(L, arg)) {
-      start[d] = position(L, arg, lua_tointeger(L, arg), n, d + 1, "index");
+    if (lua_type(L, arg) == LUA_TNUMBER) {
+      start[d] = position(L, arg, mgL_intat(L, arg, arg, "index"), n, d + 1, "index");
       stop[d] = start[d] + 1;
       continue;                                   /* dimension dropped */
     }
     luaL_argcheck(L, lua_istable(L, arg), arg, "integer or {start, stop, step} expected");
+    if (mgL_checklist(L, arg, arg, "a {start, stop, step} range") > 3)
+      luaL_argerror(L, arg, "a {start, stop, step} range has at most 3 entries");
     lua_geti(L, arg, 3);
-    step[d] = lua_isnil(L, -1) ? 1 : (int64_t)luaL_checkinteger(L, -1);
+    step[d] = lua_isnil(L, -1) ? 1 : (int64_t)mgL_intat(L, -1, arg, "step");
     lua_pop(L, 1);
     luaL_argcheck(L, step[d] != 0, arg, "step must not be 0");
     lua_geti(L, arg, 1);
     lua_geti(L, arg, 2);
     bool fwd = step[d] > 0;
-    start[d] = lua_isnil(L, -2) ? (fwd ? 0 : n - 1) : position(L, arg, luaL_checkinteger(L, -2), n, d + 1, "start");
-    int64_t last = lua_isnil(L, -1) ? (fwd ? n - 1 : 0) : position(L, arg, luaL_checkinteger(L, -1), n, d + 1, "stop");
+    start[d] = lua_isnil(L, -2) ? (fwd ? 0 : n - 1) : position(L, arg, mgL_intat(L, -2, arg, "start"), n, d + 1, "start");
+    int64_t last = lua_isnil(L, -1) ? (fwd ? n - 1 : 0) : position(L, arg, mgL_intat(L, -1, arg, "stop"), n, d + 1, "stop");
     lua_pop(L, 2);
     stop[d] = fwd ? last + 1 : last - 1;           /* exclusive */
     if (fwd ? stop[d] < start[d] : stop[d] > start[d]) stop[d] = start[d];   /* empty */
-    int64_t cnt = fwd ? (stop[d] - start[d] + step[d] - 1) / step[d] : (start[d] - stop[d] - step[d] - 1) / -step[d];
-    shape[kept++] = cnt;
+    /* entries in [start, stop) by |step|, in unsigned arithmetic: any step is fine */
+    uint64_t span = fwd ? (uint64_t)(stop[d] - start[d]) : (uint64_t)(start[d] - stop[d]);
+    uint64_t mag = fwd ? (uint64_t)step[d] : 0 - (uint64_t)step[d];
+    shape[kept++] = span ? (int64_t)((span - 1) / mag + 1) : 0;
   }
   ltensor *box = mgL_newbox(L);
   mg_tensor *s = mg_slice(x, start, stop, step);
@@ -518,7 +553,7 @@ static int l_slice (lua_State *L) {
 /* the tensors in the list at arg, borrowed; n returned */
 static mg_tensor **tensor_list (lua_State *L, int arg, int *n) {
   luaL_checktype(L, arg, LUA_TTABLE);
-  int len = (int)luaL_len(L, arg);
+  int len = mgL_checklist(L, arg, arg, "the tensors");
   luaL_argcheck(L, len >= 1, arg, "a list of at least one tensor expected");
   mg_tensor **xs = (mg_tensor **)lua_newuserdatauv(L, sizeof(mg_tensor *) * (size_t)len, 0);
   for (int k = 0; k < len; k++) {

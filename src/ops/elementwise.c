@@ -8,6 +8,7 @@
 ** the compiler vectorises.
 */
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "moongrad_impl.h"
@@ -209,8 +210,17 @@ static mg_dtype binary_out_dtype (binop op, mg_dtype dt) {
   return dt;
 }
 
+/* "mg_add: argument 'a' is NULL" */
+static mg_tensor *null_operand (const char *op, const char *arg) {
+  char fn[32];
+  snprintf(fn, sizeof fn, "mg_%s", op);
+  mg_null_arg(fn, arg);
+  return NULL;
+}
+
 static mg_tensor *binary (binop op, mg_tensor *a, mg_tensor *b) {
-  if (a == NULL || b == NULL) return NULL;
+  if (a == NULL) return null_operand(BIN[op].name, "a");
+  if (b == NULL) return null_operand(BIN[op].name, "b");
   if (check_binary_dtypes(op, a, b) != MG_OK) return NULL;
   int64_t shape[MG_MAX_DIMS];
   int nd = mg_broadcast_shapes(BIN[op].name, BIN[op].sym, a->shape, a->ndim, b->shape,
@@ -389,7 +399,9 @@ static const mg_opdef where_op;
 /* where: out = cond ? a : b.  grad: da = where(cond, dout, 0),
 ** db = where(cond, 0, dout); cond gets none */
 mg_tensor *mg_where (mg_tensor *cond, mg_tensor *a, mg_tensor *b) {
-  if (cond == NULL || a == NULL || b == NULL) return NULL;
+  MG_CHECK_ARG("mg_where", cond, NULL);
+  MG_CHECK_ARG("mg_where", a, NULL);
+  MG_CHECK_ARG("mg_where", b, NULL);
   if (cond->dtype != MG_BOOL)
     return mg_seterror("where: condition must be a bool tensor, got %s", mg_dtype_name(cond->dtype)), NULL;
   if (a->dtype != b->dtype)
@@ -494,7 +506,7 @@ static const struct { const char *name; bool int_ok; const mg_opdef *def; } UN[]
 };
 
 static mg_tensor *unary (unop op, mg_tensor *x) {
-  if (x == NULL) return NULL;
+  if (x == NULL) return null_operand(UN[op].name, "x");
   const char *fn = UN[op].name;
   if (op == U_NOT) {
     if (x->dtype != MG_BOOL)

@@ -183,7 +183,8 @@ static mg_tensor *matmul_nd (mg_tensor *a, mg_tensor *b) {
 /* matmul: out = a @ b.  grad: da = dout @ b^T, db = a^T @ dout, each summed
 ** over broadcast batch dimensions */
 mg_tensor *mg_matmul (mg_tensor *a, mg_tensor *b) {
-  if (a == NULL || b == NULL) return NULL;
+  MG_CHECK_ARG("mg_matmul", a, NULL);
+  MG_CHECK_ARG("mg_matmul", b, NULL);
   if (a->dtype != b->dtype)
     return mg_seterror("matmul: dtypes differ: %s @ %s", mg_dtype_name(a->dtype),
                        mg_dtype_name(b->dtype)), NULL;

@@ -33,7 +33,7 @@
 static const mg_opdef softmax_op, log_softmax_op;
 
 static mg_tensor *softmax_forward (mg_tensor *x, int axis, bool log_form) {
-  if (x == NULL) return NULL;
+  MG_CHECK_ARG(log_form ? "mg_log_softmax" : "mg_softmax", x, NULL);
   const char *fn = log_form ? "log_softmax" : "softmax";
   if (!mg_is_float(x->dtype))
     return mg_seterror("%s: needs a float tensor, got %s", fn, mg_dtype_name(x->dtype)), NULL;

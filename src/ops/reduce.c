@@ -8,6 +8,7 @@
 ** long sums accurate at no cost a memory-bound loop would notice.
 */
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "moongrad_impl.h"
@@ -109,8 +110,12 @@ static int reduced_shape (const mg_tensor *x, int axis, int keepdims, int64_t *s
 }
 
 static mg_tensor *reduce (redop op, mg_tensor *x, int axis, int keepdims) {
-  if (x == NULL) return NULL;
   const char *fn = RNAME[op];
+  if (x == NULL) {
+    char cfn[32];
+    snprintf(cfn, sizeof cfn, "mg_%s", fn);
+    return mg_null_arg(cfn, "x"), NULL;
+  }
   if (axis != MG_ALL_AXES && (axis = mg_check_axis(fn, axis, x->ndim)) < 0) return NULL;
   mg_dtype dt = x->dtype;
   if (dt == MG_BOOL) {
@@ -201,7 +206,7 @@ mg_tensor *mg_argmin (mg_tensor *x, int axis, int keepdims) { return reduce(R_AR
 
 /* mean = sum / n (a composite: its gradient comes from sum and div) */
 mg_tensor *mg_mean (mg_tensor *x, int axis, int keepdims) {
-  if (x == NULL) return NULL;
+  MG_CHECK_ARG("mg_mean", x, NULL);
   if (x->dtype == MG_INT64 || x->dtype == MG_BOOL) {
     mg_tensor *xf = mg_cast(x, MG_FLOAT64), *r = mg_mean(xf, axis, keepdims);
     mg_tensor_release(xf);
@@ -223,7 +228,8 @@ mg_tensor *mg_mean (mg_tensor *x, int axis, int keepdims) {
 ** Returns x itself (retained) when nothing needs summing.
 */
 mg_tensor *mg_sum_to_shape (mg_tensor *x, const int64_t *shape, int ndim) {
-  if (x == NULL) return NULL;
+  MG_CHECK_ARG("mg_sum_to_shape", x, NULL);
+  if (mg_shape_numel("mg_sum_to_shape", shape, ndim) < 0) return NULL;
   if (mg_same_shape(x->shape, x->ndim, shape, ndim)) return mg_tensor_retain(x);
   int lead = x->ndim - ndim;
   if (lead < 0) {
