@@ -302,8 +302,27 @@ typedef struct fillstate {
   const int64_t *shape;
   int nd;
   const char *fn;
+  int arg;                  /* the user's argument, for messages */
   char path[128];           /* "[2][1]" for messages */
 } fillstate;
+
+/* the dtype a table of numbers and booleans makes: float32 when any leaf
+** is a number (as NumPy makes floats of [True, 2, 0.5]), bool when all are
+** booleans; leaves that are neither are left to the fill to report */
+static mg_dtype leaf_dtype (lua_State *L, int idx, int depth) {
+  if (lua_type(L, idx) == LUA_TBOOLEAN) return MG_BOOL;
+  if (!lua_istable(L, idx) || depth > MG_MAX_DIMS) return MG_FLOAT32;
+  lua_Integer n = (lua_Integer)lua_rawlen(L, idx);
+  bool any = false;
+  for (lua_Integer i = 1; i <= n; i++) {
+    lua_rawgeti(L, idx, i);
+    mg_dtype d = leaf_dtype(L, lua_gettop(L), depth + 1);
+    lua_pop(L, 1);
+    if (d != MG_BOOL) return MG_FLOAT32;
+    any = true;
+  }
+  return any ? MG_BOOL : MG_FLOAT32;
+}
 
 static void store (lua_State *L, fillstate *f) {
   int t = lua_type(L, -1);
@@ -337,7 +356,9 @@ static void fill_nested (lua_State *L, fillstate *f, int d) {
   if (!lua_istable(L, -1))
     luaL_error(L, "%s: ragged nested table: expected a table at %s, got %s", f->fn, f->path,
                luaL_typename(L, -1));
-  lua_Integer n = luaL_len(L, -1);
+  char what[160];
+  snprintf(what, sizeof what, "the table at %s", f->path[0] ? f->path : "the top");
+  lua_Integer n = mgL_checklist(L, -1, f->arg, what);
   if (n != f->shape[d])
     luaL_error(L, "%s: ragged nested table: %s has %d entries, expected %d", f->fn,
                f->path[0] ? f->path : "the top table", (int)n, (int)f->shape[d]);
@@ -365,18 +386,10 @@ mg_tensor *mgL_pushconstant (lua_State *L, int arg, mg_dtype dt, bool dtype_give
                                           luaL_typename(L, arg)));
   int64_t shape[MG_MAX_DIMS];
   int nd = nested_shape(L, arg, shape, fn);
-  if (!dtype_given) {     /* booleans make bool tensors; numbers float32 */
-    lua_pushvalue(L, arg);
-    for (int d = 0; d < nd && shape[d] > 0; d++) {
-      lua_geti(L, -1, 1);
-      lua_remove(L, -2);
-    }
-    dt = lua_isboolean(L, -1) ? MG_BOOL : MG_FLOAT32;
-    lua_pop(L, 1);
-  }
+  if (!dtype_given) dt = leaf_dtype(L, arg, 0);
   ltensor *box = mgL_newbox(L);
   mgL_fill(L, box, mg_empty(shape, nd, dt));
-  fillstate f = {(char *)mg_ptr(box->t), dt, shape, nd, fn, ""};
+  fillstate f = {(char *)mg_tensor_data(box->t), dt, shape, nd, fn, arg, ""};
   lua_pushvalue(L, arg);
   fill_nested(L, &f, 0);
   lua_pop(L, 1);

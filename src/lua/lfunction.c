@@ -516,6 +516,25 @@ static void take_grad (lua_State *L, int idx, const mg_grad_args *g, int j) {
   g->din[j] = mg_tensor_retain(t);
 }
 
+/* the list of variable gradients at vt: one per variable, nil allowed
+** inside it ({g1, nil, g3}) or at the end with n set ({g1, nil, n = 2}) */
+static void take_var_grads (lua_State *L, int vt, const mg_grad_args *g) {
+  if (!lua_istable(L, vt))
+    luaL_error(L, "grad_fn must return a list of variable gradients after the input gradients "
+                  "(f read %d variables), got a %s", g->nvars, luaL_typename(L, vt));
+  lua_Integer n = (lua_Integer)lua_rawlen(L, vt);
+  if (lua_getfield(L, vt, "n") == LUA_TNUMBER) n = lua_tointeger(L, -1);
+  lua_pop(L, 1);
+  if (n != g->nvars)
+    luaL_error(L, "grad_fn returned %I variable gradients for the %d variables f read (use nil for "
+                  "none; a trailing nil needs n = %d in the list)", n, g->nvars, g->nvars);
+  for (int k = 0; k < g->nvars; k++) {
+    lua_geti(L, vt, k + 1);
+    take_grad(L, lua_gettop(L), g, g->nin + k);
+    lua_pop(L, 1);
+  }
+}
+
 /* calls grad_fn(dy1, ..., dyk [, variables]) and takes what it returns */
 static int custom_backward_body (lua_State *L) {
   backward_args *b = (backward_args *)lua_touserdata(L, 1);
@@ -532,22 +551,15 @@ static int custom_backward_body (lua_State *L) {
       lua_rawseti(L, -2, k + 1);
     }
   }
-  int nres = g->nin + (g->nvars > 0);
-  lua_call(L, g->nout + (g->nvars > 0), nres);
-  int base = lua_gettop(L) - nres + 1;
+  int want = g->nin + (g->nvars > 0), top = lua_gettop(L) - (g->nout + (g->nvars > 0)) - 1;
+  lua_call(L, g->nout + (g->nvars > 0), LUA_MULTRET);
+  int got = lua_gettop(L) - top, base = top + 1;
+  if (got != want)                   /* a forgotten gradient must not become a silent zero */
+    return luaL_error(L, "grad_fn returned %d values; it must return %d: one gradient per tensor "
+                         "argument (nil for none)%s", got, want,
+                      g->nvars > 0 ? ", then a list of the gradients of the variables f read" : "");
   for (int j = 0; j < g->nin; j++) take_grad(L, base + j, g, j);
-  if (g->nvars > 0) {
-    int vt = base + g->nin;
-    if (!lua_istable(L, vt) && !lua_isnil(L, vt))
-      return luaL_error(L, "grad_fn must return a list of variable gradients after the input "
-                           "gradients (f read %d variables), got a %s", g->nvars, luaL_typename(L, vt));
-    for (int k = 0; k < g->nvars; k++) {
-      if (lua_isnil(L, vt)) lua_pushnil(L);
-      else lua_geti(L, vt, k + 1);
-      take_grad(L, lua_gettop(L), g, g->nin + k);
-      lua_pop(L, 1);
-    }
-  }
+  if (g->nvars > 0) take_var_grads(L, base + g->nin, g);
   return 0;
 }
 

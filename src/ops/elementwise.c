@@ -150,7 +150,8 @@ static void binary_run (int64_t n, char **p, const int64_t *s, void *ud) {
 
 /* {=================== binary forward ===================== */
 
-static const mg_opdef add_op, sub_op, mul_op, div_op, pow_op, maximum_op, minimum_op, relu_grad_op;
+static const mg_opdef add_op, sub_op, mul_op, div_op, pow_op, maximum_op, minimum_op, mod_op,
+                      relu_grad_op;
 
 static const struct {
   const char *name, *sym;
@@ -161,7 +162,7 @@ static const struct {
   {"mul", "*", ARITH, &mul_op},          {"div", "/", ARITH, &div_op},
   {"pow", "^", ARITH, &pow_op},          {"maximum", ",", ARITH, &maximum_op},
   {"minimum", ",", ARITH, &minimum_op},  {"floordiv", "//", ARITH, NULL},
-  {"mod", "%", ARITH, NULL},
+  {"mod", "%", ARITH, &mod_op},
   {"equal", "==", COMPARE, NULL},        {"not_equal", "~=", COMPARE, NULL},
   {"less", "<", COMPARE, NULL},          {"less_equal", "<=", COMPARE, NULL},
   {"greater", ">", COMPARE, NULL},       {"greater_equal", ">=", COMPARE, NULL},
@@ -248,7 +249,6 @@ static mg_tensor *binary (binop op, mg_tensor *a, mg_tensor *b) {
 }
 
 mg_tensor *mg_floordiv (mg_tensor *a, mg_tensor *b) { return binary(B_FLOORDIV, a, b); }
-mg_tensor *mg_mod (mg_tensor *a, mg_tensor *b) { return binary(B_MOD, a, b); }
 mg_tensor *mg_equal (mg_tensor *a, mg_tensor *b) { return binary(B_EQ, a, b); }
 mg_tensor *mg_not_equal (mg_tensor *a, mg_tensor *b) { return binary(B_NE, a, b); }
 mg_tensor *mg_less (mg_tensor *a, mg_tensor *b) { return binary(B_LT, a, b); }
@@ -327,9 +327,10 @@ static mg_status pow_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **d
   mg_scope sc = {0};
   mg_tensor *a = n->in[0], *b = n->in[1];
   mg_tensor *one = mg_tmp(&sc, mg_scalar(1.0, a->dtype)), *zero = mg_tmp(&sc, zero_like_dtype(a));
-  if (n->needs[0]) {
+  if (n->needs[0]) {            /* 0 where b = 0, as PyTorch: not 0 * 0^-1 = NaN at a = 0 */
     mg_tensor *p = mg_tmp(&sc, mg_pow(a, mg_tmp(&sc, mg_sub(b, one))));
-    din[0] = mg_sum_to_shape(mg_tmp(&sc, mg_mul(dout[0], mg_tmp(&sc, mg_mul(b, p)))), SHAPE_OF(n, 0));
+    mg_tensor *d = mg_tmp(&sc, mg_where(mg_tmp(&sc, mg_equal(b, zero)), zero, mg_tmp(&sc, mg_mul(b, p))));
+    din[0] = mg_sum_to_shape(mg_tmp(&sc, mg_mul(dout[0], d)), SHAPE_OF(n, 0));
   }
   if (n->needs[1]) {
     mg_tensor *pos = mg_tmp(&sc, mg_greater(a, zero));
@@ -343,6 +344,22 @@ static mg_status pow_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **d
 }
 static const mg_opdef pow_op = {"pow", MG_SAVE_IN(0) | MG_SAVE_IN(1) | MG_SAVE_OUT(0),
                                 pow_backward, NULL};
+
+/* mod: out = a - floor(a / b) * b (floor-mod, as Lua's %).
+** grad: da = dout, db = -dout * floor(a / b) (TensorFlow's FloorMod rule) */
+mg_tensor *mg_mod (mg_tensor *a, mg_tensor *b) { return binary(B_MOD, a, b); }
+
+static mg_status mod_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **din) {
+  mg_scope sc = {0};
+  if (n->needs[0]) din[0] = mg_sum_to_shape(dout[0], SHAPE_OF(n, 0));
+  if (n->needs[1]) {
+    mg_tensor *q = mg_tmp(&sc, mg_floordiv(n->in[0], n->in[1]));
+    din[1] = mg_sum_to_shape(mg_tmp(&sc, mg_neg(mg_tmp(&sc, mg_mul(dout[0], q)))), SHAPE_OF(n, 1));
+  }
+  mg_scope_end(&sc);
+  return MG_OK;
+}
+static const mg_opdef mod_op = {"mod", MG_SAVE_IN(0) | MG_SAVE_IN(1), mod_backward, NULL};
 
 /* maximum/minimum: the gradient goes to a where a wins (ties go to a),
 ** else to b, as TensorFlow's _MaximumMinimumGrad */
@@ -462,7 +479,7 @@ typedef enum unop { U_NEG, U_EXP, U_LOG, U_SQRT, U_ABS, U_SIGN, U_TANH, U_SIGMOI
     case U_SIGN: LOOP1(T, T, (x > 0) - (x < 0) + (x != x ? x : 0)); break;    \
     case U_TANH: LOOP1(T, T, TANH(x)); break;                                 \
     case U_SIGMOID: LOOP1(T, T, 1 / (1 + EXP(-x))); break;                    \
-    case U_RELU: LOOP1(T, T, x > 0 ? x : 0); break;                           \
+    case U_RELU: LOOP1(T, T, (x > 0 || x != x) ? x : 0); break;  /* NaN stays */ \
     default: break;                                                           \
   }
 
