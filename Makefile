@@ -30,10 +30,10 @@ WARN = -Wall -Wextra \
 CFLAGS  = -std=c11 -D_POSIX_C_SOURCE=200809L $(OPT) $(MARCH) -fno-math-errno -fPIC -fopenmp \
           -Iinclude -Isrc -I$(LUA_INC) $(WARN) $(MYCFLAGS)
 # CFLAGS += -DMG_ASSERT_ON      (internal invariants)
-LIBS    = -ldnnl -lmvec -lm -fopenmp
+LIBS    = -ldnnl -lcjson -lmvec -lm -fopenmp
 
 # Debian packages the build and the tests need
-DEPS = lua5.4 liblua5.4-dev lua-busted libreadline-dev libdnnl-dev tmux luarocks
+DEPS = lua5.4 liblua5.4-dev lua-busted libreadline-dev libdnnl-dev libcjson-dev tmux luarocks
 
 LIB_SRC = $(wildcard src/*.c src/ops/*.c src/autodiff/*.c src/lua/*.c)
 LIB_SRC := $(filter-out src/main.c,$(LIB_SRC))
@@ -110,7 +110,7 @@ demo: deps
 asan: deps
 	$(MAKE) BUILD=build-asan OPT="-O1 -g -fno-omit-frame-pointer" \
 	  MYCFLAGS="-fsanitize=address,undefined -fno-sanitize-recover=undefined" \
-	  LIBS="-ldnnl -lmvec -lm -fopenmp -fsanitize=address,undefined" build-asan/moongrad
+	  LIBS="-ldnnl -lcjson -lmvec -lm -fopenmp -fsanitize=address,undefined" build-asan/moongrad
 	ASAN_OPTIONS=allocator_may_return_null=1:detect_leaks=1 MOONGRAD_BIN=build-asan/moongrad \
 	  build-asan/moongrad /usr/bin/busted
 

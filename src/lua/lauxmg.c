@@ -171,13 +171,29 @@ mg_dtype mgL_likedtype (lua_State *L, int a, int b, mg_dtype fallback) {
   return fallback;
 }
 
+mg_dtype mgL_dtypeat (lua_State *L, int idx, int arg, const char *what) {
+  const char *name = lua_type(L, idx) == LUA_TSTRING ? lua_tostring(L, idx) : NULL;
+  int dt = name ? mg_dtype_from_name(name) : -1;
+  if (name == NULL)
+    luaL_argerror(L, arg, lua_pushfstring(L, "%s%sa dtype name expected, got %s", what ? what : "",
+                                          what ? ": " : "", luaL_typename(L, idx)));
+  if (dt < 0)
+    luaL_argerror(L, arg, lua_pushfstring(L, "%s%sunknown dtype '%s' (use float32, float64, int64 or bool)",
+                                          what ? what : "", what ? ": " : "", name));
+  return (mg_dtype)dt;
+}
+
 mg_dtype mgL_optdtype (lua_State *L, int arg, mg_dtype def) {
   if (lua_isnoneornil(L, arg)) return def;
-  const char *name = luaL_checkstring(L, arg);
-  int dt = mg_dtype_from_name(name);
-  if (dt < 0)
-    luaL_argerror(L, arg, lua_pushfstring(L, "unknown dtype '%s' (use float32, float64, int64 or bool)", name));
-  return (mg_dtype)dt;
+  return mgL_dtypeat(L, arg, arg, NULL);
+}
+
+int mgL_optionfield (lua_State *L, int arg, const char *key, int type) {
+  int t = lua_getfield(L, arg, key);
+  if (t != LUA_TNIL && t != type)
+    luaL_argerror(L, arg, lua_pushfstring(L, "option '%s' must be a %s, got %s", key,
+                                          lua_typename(L, type), luaL_typename(L, -1)));
+  return t;
 }
 
 /* what the value at idx is, for messages: "1.5", "NaN", "a string" */
@@ -523,6 +539,52 @@ void mgL_rebuild (lua_State *L, int idx, int acc, int *k) {
 
 /* }========================================================== */
 
+/* edit distance of two short strings, for "did you mean" */
+static int distance (const char *a, const char *b) {
+  size_t la = strlen(a), lb = strlen(b);
+  if (la > 63 || lb > 63) return 99;
+  int d[64];
+  for (size_t j = 0; j <= lb; j++) d[j] = (int)j;
+  for (size_t i = 1; i <= la; i++) {
+    int diag = d[0];
+    d[0] = (int)i;
+    for (size_t j = 1; j <= lb; j++) {
+      int up = d[j], best = diag + (a[i - 1] != b[j - 1]);
+      if (up + 1 < best) best = up + 1;
+      if (d[j - 1] + 1 < best) best = d[j - 1] + 1;
+      diag = up;
+      d[j] = best;
+    }
+  }
+  return d[lb];
+}
+
+/* raises for the unknown key at the top: names it, the known ones, and
+** the closest one when it looks like a typo */
+static void unknown_option (lua_State *L, int arg, const char *const keys[]) {
+  int k = lua_gettop(L);
+  const char *key = lua_type(L, k) == LUA_TSTRING ? lua_tostring(L, k) : NULL;
+  luaL_Buffer b;
+  luaL_buffinit(L, &b);
+  if (key) lua_pushfstring(L, "unknown option '%s'", key);
+  else lua_pushfstring(L, "unexpected %s key in the options", luaL_typename(L, k));
+  luaL_addvalue(&b);
+  const char *near = NULL;
+  int best = 3;                            /* at most 2 edits away */
+  for (int i = 0; key && keys[i]; i++) {
+    int dist = distance(key, keys[i]);
+    if (dist < best) { best = dist; near = keys[i]; }
+  }
+  if (near) { luaL_addstring(&b, " (did you mean '"); luaL_addstring(&b, near); luaL_addstring(&b, "'?)"); }
+  luaL_addstring(&b, "; known: ");
+  for (int i = 0; keys[i]; i++) {
+    if (i) luaL_addstring(&b, ", ");
+    luaL_addstring(&b, keys[i]);
+  }
+  luaL_pushresult(&b);
+  luaL_argerror(L, arg, lua_tostring(L, -1));
+}
+
 void mgL_checkoptions (lua_State *L, int arg, const char *const keys[]) {
   if (lua_isnoneornil(L, arg)) return;
   luaL_checktype(L, arg, LUA_TTABLE);
@@ -532,17 +594,6 @@ void mgL_checkoptions (lua_State *L, int arg, const char *const keys[]) {
     bool known = false;
     if (lua_type(L, -1) == LUA_TSTRING)
       for (int i = 0; keys[i] && !known; i++) known = strcmp(lua_tostring(L, -1), keys[i]) == 0;
-    if (!known) {
-      luaL_Buffer b;
-      luaL_buffinit(L, &b);
-      for (int i = 0; keys[i]; i++) {
-        if (i) luaL_addstring(&b, ", ");
-        luaL_addstring(&b, keys[i]);
-      }
-      luaL_pushresult(&b);
-      const char *what = lua_type(L, -2) == LUA_TSTRING ? lua_pushfstring(L, "unknown option '%s'", lua_tostring(L, -2))
-                                                        : lua_pushfstring(L, "unexpected %s key in the options", luaL_typename(L, -2));
-      luaL_argerror(L, arg, lua_pushfstring(L, "%s (known: %s)", what, lua_tostring(L, -2)));
-    }
+    if (!known) unknown_option(L, arg, keys);
   }
 }

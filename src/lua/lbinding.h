@@ -34,6 +34,12 @@ void       mgL_checkoperandkind (lua_State *L, int arg);
 mg_dtype   mgL_likedtype   (lua_State *L, int a, int b, mg_dtype fallback);
 /* optional dtype name at arg ("float32", ...) */
 mg_dtype   mgL_optdtype    (lua_State *L, int arg, mg_dtype def);
+/* the dtype name at stack index idx; errors name argument arg and `what`
+** (an option's name, or NULL) */
+mg_dtype   mgL_dtypeat     (lua_State *L, int idx, int arg, const char *what);
+/* pushes options[key] from the table at arg and returns its type, raising
+** unless it is nil or of `type` (LUA_TBOOLEAN, LUA_TSTRING ...) */
+int        mgL_optionfield (lua_State *L, int arg, const char *key, int type);
 /* a shape given as a table {2,3}, or as integers from arg on when varargs;
 ** returns ndim */
 int        mgL_checkshape  (lua_State *L, int arg, int64_t *shape, bool varargs);

@@ -127,9 +127,11 @@ static int l_get_state (lua_State *L) {
 
 static int l_set_state (lua_State *L) {
   luaL_checktype(L, 1, LUA_TTABLE);
+  static const char *const keys[] = {"seed", "offset", NULL};
+  mgL_checkoptions(L, 1, keys);
   lua_getfield(L, 1, "seed");
   lua_getfield(L, 1, "offset");
-  mg_rng_state s = {(uint64_t)luaL_checkinteger(L, -2), (uint64_t)luaL_checkinteger(L, -1)};
+  mg_rng_state s = {(uint64_t)mgL_intat(L, -2, 1, "state.seed"), (uint64_t)mgL_intat(L, -1, 1, "state.offset")};
   mg_random_set_state(s);
   return 0;
 }

@@ -46,9 +46,10 @@ static int tape_close (lua_State *L) {       /* end of a <close> scope: stop */
 static int l_tape (lua_State *L) {
   bool persistent = false, watch = true;
   if (!lua_isnoneornil(L, 1)) {
-    luaL_checktype(L, 1, LUA_TTABLE);
-    if (lua_getfield(L, 1, "persistent") != LUA_TNIL) persistent = lua_toboolean(L, -1);
-    if (lua_getfield(L, 1, "watch_accessed_variables") != LUA_TNIL) watch = lua_toboolean(L, -1);
+    static const char *const keys[] = {"persistent", "watch_accessed_variables", NULL};
+    mgL_checkoptions(L, 1, keys);
+    if (mgL_optionfield(L, 1, "persistent", LUA_TBOOLEAN) != LUA_TNIL) persistent = lua_toboolean(L, -1);
+    if (mgL_optionfield(L, 1, "watch_accessed_variables", LUA_TBOOLEAN) != LUA_TNIL) watch = lua_toboolean(L, -1);
     lua_pop(L, 2);
   }
   ltape *b = (ltape *)lua_newuserdatauv(L, sizeof(ltape), 0);
@@ -110,9 +111,10 @@ static int l_is_recording (lua_State *L) {
 /* "none" (default) or "zero" from opts.unconnected at arg */
 static int unconnected_zero (lua_State *L, int arg) {
   if (lua_isnoneornil(L, arg)) return 0;
-  luaL_checktype(L, arg, LUA_TTABLE);
-  lua_getfield(L, arg, "unconnected");
-  const char *u = luaL_optstring(L, -1, "none");
+  static const char *const keys[] = {"unconnected", NULL};
+  mgL_checkoptions(L, arg, keys);
+  mgL_optionfield(L, arg, "unconnected", LUA_TSTRING);
+  const char *u = lua_isnil(L, -1) ? "none" : lua_tostring(L, -1);
   lua_pop(L, 1);
   if (strcmp(u, "zero") == 0) return 1;
   if (strcmp(u, "none") != 0)

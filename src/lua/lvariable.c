@@ -42,10 +42,14 @@ static int l_variable (lua_State *L) {
   bool trainable = true, given = false;
   mg_dtype dt = MG_FLOAT32;
   if (!lua_isnoneornil(L, 2)) {
-    luaL_checktype(L, 2, LUA_TTABLE);
-    if (lua_getfield(L, 2, "name") != LUA_TNIL) name = luaL_checkstring(L, -1);
-    if (lua_getfield(L, 2, "trainable") != LUA_TNIL) trainable = lua_toboolean(L, -1);
-    if (lua_getfield(L, 2, "dtype") != LUA_TNIL) { dt = mgL_optdtype(L, -1, MG_FLOAT32); given = true; }
+    static const char *const keys[] = {"name", "trainable", "dtype", NULL};
+    mgL_checkoptions(L, 2, keys);
+    if (mgL_optionfield(L, 2, "name", LUA_TSTRING) != LUA_TNIL) name = lua_tostring(L, -1);
+    if (mgL_optionfield(L, 2, "trainable", LUA_TBOOLEAN) != LUA_TNIL) trainable = lua_toboolean(L, -1);
+    if (mgL_optionfield(L, 2, "dtype", LUA_TSTRING) != LUA_TNIL) {
+      dt = mgL_dtypeat(L, -1, 2, "option 'dtype'");
+      given = true;
+    }
     lua_pop(L, 3);
   }
   mg_tensor *init = mgL_pushconstant(L, 1, dt, given, "Variable");
