@@ -97,8 +97,17 @@ static int l_set_cache_limit (lua_State *L) {
   return 0;
 }
 
+/* fail_after(n): for tests, the n-th allocation from now fails as if out
+** of memory (0 turns it off) */
+static int l_fail_after (lua_State *L) {
+  lua_Integer n = mgL_intat(L, 1, 1, "n");
+  luaL_argcheck(L, n >= 0, 1, "n must not be negative");
+  mg_memory_fail_after((int64_t)n);
+  return 0;
+}
+
 static const luaL_Reg memory_funcs[] = {
-  {"set_cache_limit", l_set_cache_limit},
+  {"set_cache_limit", l_set_cache_limit}, {"fail_after", l_fail_after},
   {"stats", l_stats}, {"reset_peak", l_reset_peak}, {"release_cache", l_release_cache},
   {"setpause", l_setpause}, {NULL, NULL}
 };

@@ -132,7 +132,10 @@ static mg_tensor *matmul_nd (mg_tensor *a, mg_tensor *b) {
                        mg_shape_str(sb, sizeof sb, b->shape, b->ndim)), NULL;
   int64_t bshape[MG_MAX_DIMS], shape[MG_MAX_DIMS];
   int nb = mg_broadcast_shapes("matmul", "@", a->shape, a->ndim - 2, b->shape, b->ndim - 2, bshape);
-  if (nb < 0) return NULL;
+  if (nb < 0)
+    return mg_seterror("matmul: batch dimensions do not broadcast: %s @ %s",
+                       mg_shape_str(sa, sizeof sa, a->shape, a->ndim),
+                       mg_shape_str(sb, sizeof sb, b->shape, b->ndim)), NULL;
   if (nb + 2 > MG_MAX_DIMS) return mg_seterror("matmul: too many dimensions"), NULL;
   memcpy(shape, bshape, sizeof(int64_t) * (size_t)nb);
   shape[nb] = M;
