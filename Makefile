@@ -41,7 +41,7 @@ LUA_MODS = $(wildcard lua/moongrad/*.lua)
 LIB_OBJ = $(patsubst src/%.c,$(BUILD)/obj/%.o,$(LIB_SRC)) $(BUILD)/obj/embedded.o
 HEADERS = $(wildcard include/*.h src/*.h src/*/*.h)
 
-.PHONY: all deps test demo asan bench install clean check sz
+.PHONY: all deps test demo asan asan-build fuzz run-c-tests bench install clean check sz
 
 all: $(BUILD)/moongrad $(BUILD)/moongrad.so $(BUILD)/libmoongrad.a
 
@@ -71,9 +71,18 @@ $(BUILD)/obj/main.o: src/main.c $(HEADERS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -DMG_USE_READLINE -c $< -o $@
 
-# a C host embedding Lua and the library (examples/embed_host.c)
-$(BUILD)/embed_host: examples/embed_host.c $(BUILD)/libmoongrad.a
+# C programs on the public API: a host embedding Lua (examples/embed_host.c),
+# recompute from C alone (examples/recompute_host.c), bad C arguments (spec/)
+C_TESTS = $(BUILD)/embed_host $(BUILD)/recompute_host $(BUILD)/c_api_test
+
+$(BUILD)/%: examples/%.c $(BUILD)/libmoongrad.a
 	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libmoongrad.a $(LUA_LIB) $(LIBS)
+
+$(BUILD)/%: spec/%.c $(BUILD)/libmoongrad.a
+	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libmoongrad.a $(LUA_LIB) $(LIBS)
+
+run-c-tests: $(C_TESTS)
+	@for t in $(C_TESTS); do $$t || exit 1; done
 
 # installs what is missing, and nothing when all is there; as root directly,
 # otherwise through sudo (env after sudo: sudo resets the environment).
@@ -94,25 +103,35 @@ deps:
 	$$apt update -qq && $$apt install -y -qq --no-install-recommends $$missing || \
 	{ echo "make deps: apt-get failed; could not install:$$missing" >&2; exit 1; }
 
-check: $(BUILD)/embed_host
-	$(BUILD)/embed_host
+check: run-c-tests
 
 test: deps
-	$(MAKE) all $(BUILD)/embed_host
-	$(BUILD)/embed_host
+	$(MAKE) all
+	$(MAKE) run-c-tests
 	$(LUA) /usr/bin/busted
 
 demo: deps
 	$(MAKE) all
 	$(BUILD)/moongrad examples/seed_recompute.lua
 
-# AddressSanitizer + UBSan: the interpreter is built instrumented and runs busted itself
-asan: deps
-	$(MAKE) BUILD=build-asan OPT="-O1 -g -fno-omit-frame-pointer" \
-	  MYCFLAGS="-fsanitize=address,undefined -fno-sanitize-recover=undefined" \
-	  LIBS="-ldnnl -lcjson -lmvec -lm -fopenmp -fsanitize=address,undefined" build-asan/moongrad
-	ASAN_OPTIONS=allocator_may_return_null=1:detect_leaks=1 MOONGRAD_BIN=build-asan/moongrad \
-	  build-asan/moongrad /usr/bin/busted
+# AddressSanitizer + UBSan: the interpreter is built instrumented and runs
+# busted itself; the C programs run instrumented too
+ASAN_MAKE = $(MAKE) BUILD=build-asan OPT="-O1 -g -fno-omit-frame-pointer" \
+  MYCFLAGS="-fsanitize=address,undefined -fno-sanitize-recover=undefined" \
+  LIBS="-ldnnl -lcjson -lmvec -lm -fopenmp -fsanitize=address,undefined"
+export ASAN_OPTIONS ?= allocator_may_return_null=1:detect_leaks=1
+
+asan-build: deps
+	$(ASAN_MAKE) build-asan/moongrad
+
+asan: asan-build
+	$(ASAN_MAKE) run-c-tests
+	MOONGRAD_BIN=build-asan/moongrad build-asan/moongrad /usr/bin/busted
+
+# random programs over the whole API under the sanitizers (spec/fuzz/):
+# FUZZ_SECONDS=600 by default, FUZZ_SEED= to replay a run
+fuzz: asan-build
+	bash spec/fuzz/run.sh
 
 bench: deps
 	$(MAKE) all
