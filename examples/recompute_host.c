@@ -72,11 +72,11 @@ static int chain (block *blocks, mg_tensor *x, int recompute, mg_tensor **g, siz
 }
 
 static double max_diff (mg_tensor *a, mg_tensor *b) {
-  mg_tensor *d = mg_abs(mg_sub(a, b));                 /* NULL-safe chain (leaks on failure only) */
-  mg_tensor *m = mg_max(d, MG_ALL_AXES, 0);
+  mg_tensor *d = mg_sub(a, b), *ad = mg_abs(d), *m = mg_max(ad, MG_ALL_AXES, 0);
   int64_t none[1] = {0};
-  double v = m ? mg_tensor_get(m, none) : INFINITY;
+  double v = m ? mg_tensor_get(m, none) : INFINITY;   /* any failure above: NULL here */
   mg_tensor_release(d);
+  mg_tensor_release(ad);
   mg_tensor_release(m);
   return v;
 }
