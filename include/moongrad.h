@@ -270,7 +270,7 @@ MG_API mg_tensor   *mg_variable_read    (mg_variable *v);   /* borrowed; tapes n
 MG_API mg_tensor   *mg_variable_peek    (mg_variable *v);   /* borrowed; nobody notices */
 MG_API mg_status    mg_variable_assign  (mg_variable *v, mg_tensor *value);  /* shape/dtype fixed */
 /* v = v + alpha * x in one pass, in place unless someone holds v's value;
-** x has v's shape or one element */
+** x has v's shape, or is 0-d (one number) */
 MG_API mg_status    mg_variable_axpy    (mg_variable *v, double alpha, mg_tensor *x);
 MG_API const char  *mg_variable_name    (const mg_variable *v);
 MG_API int          mg_variable_trainable (const mg_variable *v);

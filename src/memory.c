@@ -59,7 +59,7 @@ void *mg_small_alloc (size_t size) {
 void mg_small_free (void *p, size_t size) {
   if (p == NULL) return;
   size_t c = (size + 63) / 64 - 1;
-  if (c < SMALL_CLASSES && small[c].n < SMALL_KEEP) {
+  if (MG_POOLS && c < SMALL_CLASSES && small[c].n < SMALL_KEEP) {
     *(void **)p = small[c].head;
     small[c].head = p;
     small[c].n++;
@@ -96,6 +96,7 @@ static mg_storage *cache_take (size_t nbytes) {
 /* the cache holds at most 16 MiB plus a quarter of the peak, and never
 ** more than the limit set: spare blocks in proportion to the workload */
 static bool cache_put (mg_storage *s) {
+  if (!MG_POOLS) return false;
   size_t cap = ((size_t)16 << 20) + M.peak / 4;
   if (cap > M.cache_limit) cap = M.cache_limit;
   if (M.cached + s->nbytes > cap) return false;

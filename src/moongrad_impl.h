@@ -19,6 +19,14 @@
 
 #define MG_UNUSED(x)  ((void)(x))
 
+/* Under AddressSanitizer the recycling pools (storages, tensor headers,
+** nodes) are off, so a use after free is caught, not served a reused block. */
+#if defined(__SANITIZE_ADDRESS__)
+#define MG_POOLS 0
+#else
+#define MG_POOLS 1
+#endif
+
 /* "fn: argument 'name' is NULL", keeping the failure that likely caused
 ** it; always MG_ERR */
 mg_status mg_null_arg (const char *fn, const char *name);

@@ -162,7 +162,7 @@ void mg_tensor_release (mg_tensor *t) {
   if (t == NULL || --t->refcount > 0) return;
   mg_storage_release(t->storage);
   mg_live_tensors--;
-  if (npool < HEADER_POOL) pool[npool++] = t;
+  if (MG_POOLS && npool < HEADER_POOL) pool[npool++] = t;
   else free(t);
 }
 

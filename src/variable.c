@@ -149,7 +149,7 @@ mg_status mg_variable_axpy (mg_variable *v, double alpha, mg_tensor *x) {
                        mg_dtype_name(cur->dtype));
   if (cur->dtype == MG_BOOL) return mg_seterror("assign_add: not defined for bool variables");
   bool same = mg_same_shape(x->shape, x->ndim, cur->shape, cur->ndim);
-  if (!same && x->numel != 1) {
+  if (!same && x->ndim != 0) {        /* one number (0-d), or exactly v's shape: no broadcast */
     char a[160], b[160];
     return mg_seterror("assign_add: shape %s does not match the variable's %s",
                        mg_shape_str(a, sizeof a, x->shape, x->ndim), mg_shape_str(b, sizeof b, cur->shape, cur->ndim));

@@ -818,8 +818,8 @@ mg_status mg_tape_gradient (mg_tape *t, int ntargets, mg_tensor *const *targets,
   mg_memory_span("backward", 0);
   if (st == MG_OK) st = collect(&map, nsources, sources, unconnected_zero, grads);
   release_grads(&map);
-  walk_end(&h);
   consume(t);                        /* even after a failure: its nodes may be gone */
+  walk_end(&h);                      /* last: it may drop the final reference to t */
   return st;
 }
 
@@ -866,7 +866,6 @@ static mg_status jacobian_rows (mg_tape *t, mg_tensor *target, mg_tensor *source
     if (st == MG_OK && parts[j] == NULL) st = MG_ERR;
     release_grads(&map);
   }
-  walk_end(&h);
   if (st == MG_OK && (connected || zero)) {
     if (rows > 0) {
       *out = mg_stack(parts, (int)rows, 0);
@@ -880,6 +879,7 @@ static mg_status jacobian_rows (mg_tape *t, mg_tensor *target, mg_tensor *source
   for (int64_t j = 0; parts && j < rows; j++) mg_tensor_release(parts[j]);
   free(parts);
   if (st == MG_OK) consume(t);
+  walk_end(&h);                      /* last: it may drop the final reference to t */
   return st;
 }
 

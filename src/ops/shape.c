@@ -222,7 +222,9 @@ mg_tensor *mg_slice (mg_tensor *x, const int64_t *start, const int64_t *stop, co
       return mg_seterror("slice: range %lld..%lld is out of bounds for dimension %d of size %lld",
                          (long long)start[i] + 1, (long long)stop[i], i + 1,
                          (long long)x->shape[i]), NULL;
-    strides[i] = x->strides[i] * step[i];
+    /* with two entries or more |step| < size, so the product fits; with one,
+    ** the stride is never used (and step may be huge) */
+    strides[i] = shape[i] > 1 ? x->strides[i] * step[i] : x->strides[i];
     if (shape[i] > 0) offset += start[i] * x->strides[i];
     attr.a[i] = start[i];
     attr.c[i] = step[i];
@@ -257,8 +259,9 @@ mg_tensor *mg_unslice (mg_tensor *x, const int64_t *shape, const int64_t *start,
   if (out == NULL) return NULL;
   int64_t stop[MG_MAX_DIMS];
   mg_attr attr = {0};
-  for (int i = 0; i < x->ndim; i++) {
-    stop[i] = start[i] + x->shape[i] * step[i];
+  for (int i = 0; i < x->ndim; i++) {   /* just past the last entry: no overflow for any step */
+    int64_t n = x->shape[i];
+    stop[i] = n == 0 ? start[i] : start[i] + (n - 1) * (n > 1 ? step[i] : 0) + (step[i] > 0 ? 1 : -1);
     attr.a[i] = start[i];
     attr.b[i] = stop[i];
     attr.c[i] = step[i];
@@ -266,7 +269,7 @@ mg_tensor *mg_unslice (mg_tensor *x, const int64_t *shape, const int64_t *start,
   /* a view into the fresh output, written through */
   int64_t strides[MG_MAX_DIMS], offset = 0;
   for (int i = 0; i < x->ndim; i++) {
-    strides[i] = out->strides[i] * step[i];
+    strides[i] = x->shape[i] > 1 ? out->strides[i] * step[i] : out->strides[i];
     if (x->shape[i] > 0) offset += start[i] * out->strides[i];
   }
   mg_tensor *region = mg_tensor_view(out->storage, x->dtype, x->shape, x->ndim, strides, offset);
