@@ -382,6 +382,7 @@ typedef struct mg_memory_stats {
   size_t tensor_bytes, saved_bytes, variable_bytes;
   size_t peak_saved_bytes;
   size_t cached_bytes;                       /* freed, kept for reuse */
+  size_t cache_limit;                        /* at most this many; 0 under AddressSanitizer */
   int64_t live_tensors, live_storages;
   int64_t allocations;                       /* storages created, ever */
   size_t allocated_bytes;                    /* their bytes, ever */

@@ -233,6 +233,7 @@ mg_memory_stats mg_memory_stats_get (void) {
   st.variable_bytes = M.role_bytes[MG_ROLE_VARIABLE];
   st.peak_saved_bytes = M.peak_saved;
   st.cached_bytes = M.cached;
+  st.cache_limit = MG_POOLS ? M.cache_limit : 0;
   st.live_tensors = mg_live_tensors;
   st.live_storages = M.live_storages;
   st.allocations = M.allocations;
