@@ -1,0 +1,841 @@
+-- spec/fuzz/gen.lua: generates one random moongrad program (Lua 5.4) for a seed.
+--
+--   lua5.4 spec/fuzz/gen.lua SEED > prog.lua
+--   build-asan/moongrad prog.lua
+--
+-- Pure Lua, deterministic for a seed. Every statement of the program is one
+-- line `S(function() ... end)`: a Lua error inside it is expected and fine
+-- (pcall); only a crash, a sanitizer report or a hang is a finding (run.sh).
+-- The program works on a few pools of values the statements read and write:
+--   V[1..NV] tensors, variables and anything else; T[k] tapes; F[k] functions
+--   (custom_gradient, recompute_grad, layers); A[k] argument tables for
+--   recompute_grad; O[k] optimizers; C[k] coroutines; saved (resurrected
+--   objects). Since each statement names its slots, deleting lines keeps the
+--   program valid, which is what reduce.lua does to minimise a finding.
+-- FUZZ_VERBOSE=1 in the environment makes the program print each error, =2 also
+-- each statement's line number (to stderr) before it runs.
+
+local seed = math.tointeger(tonumber(arg and arg[1] or "1")) or 1
+math.randomseed(seed)
+
+local function R (a, b) return math.random(a, b) end
+local function chance (p) return math.random() < p end
+local function pick (t) return t[math.random(#t)] end
+local fmt = string.format
+
+-- picks from {weight, value, weight, value, ...}; a function value is called
+local function wpick (list)
+  local total = 0
+  for i = 1, #list, 2 do total = total + list[i] end
+  local r = math.random() * total
+  for i = 1, #list, 2 do
+    r = r - list[i]
+    if r <= 0 then
+      local v = list[i + 1]
+      if type(v) == "function" then return v() end
+      return v
+    end
+  end
+  local v = list[#list]
+  if type(v) == "function" then return v() end
+  return v
+end
+
+-- {========================== program shape ==========================
+
+local NV = R(6, 12)
+local ORACLE_WEIGHT = tonumber(os.getenv("FUZZ_ORACLE_WEIGHT") or "") or 8           -- value slots
+local NT, NF, NA, NO, NC = 3, 5, 3, 2, 2
+local FDT = pick{"float32", "float32", "float64"}     -- the program's usual float dtype
+local BASE = {}                                       -- the shape family
+do
+  local nd = wpick{3, 1, 5, 2, 4, 3, 1, 4}
+  local sizes = {0, 1, 1, 2, 2, 3, 3, 4, 5}
+  local numel = 1
+  for i = 1, nd do
+    local s = pick(sizes)
+    if numel * math.max(s, 1) > 256 then s = 1 end
+    BASE[i] = s
+    numel = numel * math.max(s, 1)
+  end
+  if chance(0.6) then for i = 1, #BASE do if BASE[i] == 0 then BASE[i] = 2 end end end
+end
+
+-- }===================================================================
+
+
+-- {============================ literals =============================
+
+local WEIRD_NUMS = {
+  "0", "1", "-1", "2", "3", "0.5", "-2.5", "1e308", "-1e308", "(1/0)", "(-1/0)", "(0/0)",
+  "math.maxinteger", "math.mininteger", "(2^32+1)", "2^63", "((1<<32)+1)", "(1<<62)", "2^53",
+  "-0.0", "1e-310", "7", "100", "2^31", "(-(2^31))", "(1<<31)", "1e-7", "65504.0", "3.5",
+}
+
+local function num ()
+  return wpick{6, function() return tostring(R(-3, 5)) end,
+               2, function() return pick{"0.5", "1.5", "-0.25", "2.0", "0.1"} end,
+               3, function() return pick(WEIRD_NUMS) end}
+end
+
+local function small_int () return tostring(wpick{8, function() return R(1, 4) end, 1, 0, 1, -1, 1, 5}) end
+
+local function dtype_lit ()
+  return wpick{10, '"float32"', 6, '"float64"', 4, '"int64"', 3, '"bool"',
+               1, '"float16"', 1, "nil", 0.5, "1", 0.5, "{}", 0.3, '"Float32"'}
+end
+
+local function fdtype () return chance(0.85) and fmt("%q", FDT) or dtype_lit() end
+
+-- a shape as a list of integers, from the family or not
+local function shape_list ()
+  local r = math.random()
+  local s = {}
+  if r < 0.65 then                                   -- a suffix of BASE, some dims made 1
+    local k = R(0, #BASE)
+    for i = #BASE - k + 1, #BASE do s[#s + 1] = chance(0.25) and 1 or BASE[i] end
+    if chance(0.15) then table.insert(s, 1, 1) end
+  elseif r < 0.9 then                                -- small and unrelated
+    local nd = R(0, 4)
+    for i = 1, nd do s[i] = pick{0, 1, 1, 2, 2, 3, 4, 6} end
+  else                                               -- many dims, up to 8
+    local nd = R(5, 8)
+    for i = 1, nd do s[i] = pick{1, 1, 1, 2, 2, 3} end
+  end
+  return s
+end
+
+local function shape_code (s)
+  local parts = {}
+  for i, d in ipairs(s) do parts[i] = tostring(d) end
+  return "{" .. table.concat(parts, ", ") .. "}"
+end
+
+local ABSURD_SHAPES = {
+  "{1<<40}", "{1<<62}", "{1<<31, 1<<31}", "{2^40}", "{math.maxinteger}", "{(1<<32)+1, 1<<32}",
+  "{-1}", "{0/0}", "{1.5}", "{'a'}", "{1, 1, 1, 1, 1, 1, 1, 1, 1}", "{3, 1<<61}", "{0, 1<<62}",
+  "{1<<20, 1<<20, 1<<20}", "{2^63}", "{-(1<<62)}", "{1<<62, 0}", "{math.maxinteger, 0, 2}",
+  "{(1<<31)+1}", "{0, math.maxinteger, math.maxinteger}", "{1<<21, 1<<21, 1<<21}", "{nil, 2}",
+  "{true}", "{{2}}", "{2, 3, n = 5}", "{1e300}", "{(1<<32)-1, (1<<32)+1}",
+}
+
+local function shape ()
+  return wpick{20, function() return shape_code(shape_list()) end,
+               1.2, function() return pick(ABSURD_SHAPES) end,
+               0.4, function() return pick{"nil", '"x"', "3", "V[1]"} end}
+end
+
+-- a nested Lua table literal of the given shape
+local function data_lit (s, dt)
+  local function elem ()
+    if dt == '"bool"' then return pick{"true", "false"} end
+    if dt == '"int64"' then
+      return wpick{10, function() return tostring(R(-5, 9)) end, 1, "math.maxinteger", 1, "math.mininteger",
+                   0.5, "1.5", 0.5, "2^63"}
+    end
+    return wpick{10, function() return tostring(R(-4, 4) + pick{0, 0, 0.5, 0.25}) end,
+                 1, function() return pick(WEIRD_NUMS) end, 0.2, '"x"', 0.2, "true"}
+  end
+  local numel = 1
+  for _, d in ipairs(s) do numel = numel * d end
+  if numel > 64 then s = {numel > 0 and 2 or 0} end
+  local function level (d)
+    if d > #s then return elem() end
+    local parts = {}
+    for i = 1, s[d] do parts[i] = level(d + 1) end
+    if chance(0.01) and #parts > 0 then parts[#parts] = "{}" end           -- ragged
+    return "{" .. table.concat(parts, ", ") .. "}"
+  end
+  return level(1)
+end
+
+-- }===================================================================
+
+
+-- {=========================== expressions ===========================
+
+local function slot () return R(1, NV) end
+local function V () return fmt("V[%d]", slot()) end
+local function Tk () return fmt("T[%d]", R(1, NT)) end
+local function Fk () return fmt("F[%d]", R(1, NF)) end
+local function Ak () return fmt("A[%d]", R(1, NA)) end
+
+local function axis ()
+  return wpick{10, function() return tostring(pick{1, 2, -1, -2, 3}) end,
+               1, "0", 1, "9", 0.5, "(1<<40)", 0.5, "(0/0)", 0.5, "1.5", 0.5, '"x"',
+               1, "{1, 2}", 0.5, "{1, 1}", 0.5, "{}", 0.5, "{-1, 1}", 0.5, "math.mininteger", 0.3, "{1, (1<<40)}"}
+end
+
+local function weird_value ()
+  return pick{"nil", '"str"', "{}", "{1, 2}", "print", "true", "false", "coroutine.create(print)",
+              "T[1]", "F[1]", "A[1]", "O[1]", "saved[1]", "io.stdout", "setmetatable({}, {__index = error})",
+              "(function() end)", "{V[1], {V[2]}}", "mg", "0/0", "C[1]"}
+end
+
+local slice_spec
+
+local function view (x)
+  return wpick{
+    3, function() return x .. ":transpose()" end,
+    2, function() return fmt("mg.swapaxes(%s, 1, -1)", x) end,
+    3, function() return fmt("%s:slice(%s)", x, slice_spec()) end,
+    2, function() return fmt("mg.broadcast_to(%s, %s)", x, shape()) end,
+    2, function() return fmt("%s[%s]", x, pick{"1", "-1", "2"}) end,
+    2, function() return fmt("mg.expand_dims(%s, %s)", x, pick{"1", "-1", "2"}) end,
+    1, function() return fmt("%s:reshape(%s)", x, pick{"{-1}", "{1, -1}", "{-1, 1}", shape()}) end,
+    1, function() return fmt("%s:squeeze()", x) end,
+  }
+end
+
+-- a tensor-ish operand: mostly a slot, sometimes a view, a number or junk
+local function operand ()
+  return wpick{30, V, 5, function() return view(V()) end, 6, function() return "(" .. num() .. ")" end,
+               2, function() return "(" .. weird_value() .. ")" end, 1, function() return fmt("saved[%d]", R(1, 3)) end,
+               1, function() return fmt("%s:value()", V()) end}
+end
+
+slice_spec = function ()
+  local n = R(0, 4)
+  local parts = {}
+  for i = 1, n do
+    parts[i] = wpick{
+      4, "nil",
+      3, function() return tostring(pick{1, 2, -1, 0, 99, -99}) end,
+      6, function()
+        local a = pick{"nil", "1", "2", "-1", "-2", "0", "99"}
+        local b = pick{"nil", "1", "2", "-1", "3", "-3", "99"}
+        local st = pick{"nil", "1", "2", "-1", "-2", "3", "-3", "0", "(1<<40)", "-(1<<62)", "math.mininteger", "1.5"}
+        return fmt("{%s, %s, %s}", a, b, st)
+      end,
+      1, "{}", 0.5, '"x"', 0.3, "1.5", 0.3, "{nil, nil, -1}",
+    }
+  end
+  return table.concat(parts, ", ")
+end
+
+local BINMETA = {"+", "-", "*", "/", "^", "//", "%"}
+local BINFN = {"add", "sub", "mul", "div", "pow", "floordiv", "mod", "maximum", "minimum", "equal",
+               "not_equal", "less", "less_equal", "greater", "greater_equal", "logical_and",
+               "logical_or", "matmul"}
+local UNFN = {"neg", "exp", "log", "sqrt", "abs", "sign", "tanh", "sigmoid", "relu", "logical_not"}
+local REDFN = {"sum", "mean", "max", "min", "argmax", "argmin"}
+
+local function creation ()
+  return wpick{
+    4, function() local s = shape_list(); local dt = dtype_lit()
+         return fmt("mg.constant(%s%s)", data_lit(s, dt), chance(0.7) and ", " .. dt or "") end,
+    1, function() return fmt("mg.tensor(%s, %s)", num(), dtype_lit()) end,
+    1, function() return fmt("mg.constant(%s)", num()) end,
+    4, function() return fmt("mg.%s(%s, %s)", pick{"zeros", "ones"}, shape(), fdtype()) end,
+    1, function() return fmt("mg.zeros(%s)", table.concat({small_int(), small_int()}, ", ")) end,
+    3, function() return fmt("mg.full(%s, %s, %s)", shape(), chance(0.2) and pick{"true", "false"} or num(), fdtype()) end,
+    2, function() return fmt("mg.%s(%s, %s)", pick{"zeros_like", "ones_like"}, operand(), chance(0.5) and dtype_lit() or "nil") end,
+    2, function() return wpick{
+         3, function() return fmt("mg.arange(%d)", R(0, 12)) end,
+         3, function() return fmt("mg.arange(%s, %s, %s, %s)", num(), num(), pick{"1", "2", "-1", "0.5", "0", "1e-300", "(0/0)"}, dtype_lit()) end,
+         1, function() return pick{"mg.arange(1e15)", "mg.arange(0, 1, 1e-15)", "mg.arange(2^62)", "mg.arange(-1e300, 1e300)", "mg.arange(0/0)", "mg.arange(1/0)", "mg.arange(math.mininteger, math.maxinteger)"} end} end,
+    2, function() return fmt("mg.eye(%s%s, %s)", pick{"0", "1", "2", "3", "4", "-1", "(1<<31)", "(1<<40)", "1.5"},
+                             chance(0.4) and ", " .. pick{"2", "3", "0", "(1<<33)"} or "", fdtype()) end,
+    4, function() return fmt("mg.random.%s(%s, %s, %s, %s)", pick{"normal", "uniform"}, shape(), num(), num(), fdtype()) end,
+    2, function() return fmt("mg.random.%s(%s)", pick{"normal", "uniform"}, shape()) end,
+    1, function() return fmt("mg.random.permutation(%s)", pick{"0", "1", "5", "-1", "(1<<40)", "2^62", "1.5", "(1<<39)"}) end,
+    1, function() return fmt("mg.cast(%s, %s)", V(), dtype_lit()) end,
+  }
+end
+
+local function binop ()
+  local a, b = operand(), operand()
+  if chance(0.5) then return fmt("%s %s %s", a, pick(BINMETA), b) end
+  return fmt("mg.%s(%s, %s)", pick(BINFN), a, b)
+end
+
+local function reduce_expr ()
+  local f = pick(REDFN)
+  local x = operand()
+  return wpick{3, fmt("mg.%s(%s)", f, x), 4, fmt("mg.%s(%s, %s)", f, x, axis()),
+               3, fmt("mg.%s(%s, %s, %s)", f, x, axis(), pick{"true", "false", "1", "nil"}),
+               2, fmt("%s:%s(%s)", V(), f, axis())}
+end
+
+local function shape_op ()
+  local x = operand()
+  return wpick{
+    3, function() return fmt("mg.reshape(%s, %s)", x, wpick{5, shape, 2, "{-1}", 1, "{-1, -1}", 1, "{2, -1}", 1, "{-1, 0}", 1, "{0, -1}", 1, "3, 2", 1, "{-1, 1<<62}", 0.5, "{}"}) end,
+    3, function() return fmt("mg.transpose(%s%s)", x, chance(0.5) and ", " .. pick{"{2, 1}", "{1, 2, 3}", "{1, 1}", "{-1, 1}", "{3, 1, 2}", "{}", "{1}", "{0, 1}", "{9, 1}"} or "") end,
+    2, function() return fmt("mg.swapaxes(%s, %s, %s)", x, axis(), axis()) end,
+    2, function() return fmt("mg.expand_dims(%s, %s)", x, axis()) end,
+    2, function() return fmt("mg.squeeze(%s%s)", x, chance(0.5) and ", " .. axis() or "") end,
+    3, function() return fmt("mg.broadcast_to(%s, %s)", x, shape()) end,
+    4, function() local sp = slice_spec(); return fmt("mg.slice(%s%s)", x, sp ~= "" and ", " .. sp or "") end,
+    3, function() local parts = {}; for i = 1, R(0, 4) do parts[i] = operand() end
+         return fmt("mg.%s({%s}%s)", pick{"concat", "stack"}, table.concat(parts, ", "), chance(0.6) and ", " .. axis() or "") end,
+    2, function() return fmt("mg.gather(%s, %s%s)", x,
+         pick{'mg.constant({1, 2}, "int64")', "{1}", "{0}", "{-1}", "{99}", "(1<<40)", "1", "{{1, 2}, {2, 1}}", "V[2]",
+              'mg.constant({}, "int64")', 'mg.constant({1.5})', 'mg.constant(math.maxinteger, "int64")', "{math.mininteger}"},
+         chance(0.5) and ", " .. axis() or "") end,
+    2, function() return fmt("mg.cast(%s, %s)", x, dtype_lit()) end,
+    2, function() return fmt("mg.where(%s, %s, %s)", pick{fmt("mg.greater(%s, 0)", V()), V(), "mg.constant({true, false})", "true"}, operand(), operand()) end,
+    2, function() return fmt("mg.%s(%s%s)", pick{"softmax", "log_softmax"}, x, chance(0.5) and ", " .. axis() or "") end,
+  }
+end
+
+-- an expression giving (usually) a tensor
+local function tensor_expr (depth)
+  depth = depth or 0
+  if depth > 1 then return wpick{5, V, 1, creation} end
+  return wpick{
+    6, creation, 10, binop,
+    5, function() return fmt("mg.%s(%s)", pick(UNFN), operand()) end,
+    2, function() return "-" .. operand() end,
+    5, reduce_expr, 8, shape_op, 2, function() return view(V()) end,
+    2, function() return fmt("mg.matmul(%s, %s)", operand(), operand()) end,
+    2, function() return fmt("(%s) %s (%s)", tensor_expr(depth + 1), pick(BINMETA), tensor_expr(depth + 1)) end,
+    1, function() return fmt("mg.%s(%s)", pick(UNFN), tensor_expr(depth + 1)) end,
+  }
+end
+
+-- }===================================================================
+
+
+-- {=========================== statements ============================
+-- Each returns a statement body (one line of Lua, no S wrapper). depth
+-- limits nesting: callbacks (record, grad_fn, finalizers ...) hold bodies.
+
+local body
+
+local function assign (e) return fmt("V[%d] = %s", slot(), e) end
+
+local function inspect ()
+  local x = operand()
+  return wpick{
+    2, fmt("local _ = %s:item()", x), 2, fmt("local _ = %s:totable()", x), 1, fmt("local _ = %s:numel()", x),
+    2, fmt("local _ = #%s", x), 3, fmt("local _ = %s[%s]", x, pick{"1", "-1", "0", "99", "1.5", '"shape"', '"dtype"', '"ndim"', '"foo"', "true", "2^63", "math.mininteger", "(0/0)", "{}"}),
+    3, fmt("local _ = tostring(%s)", x), 1, fmt("local _ = %s .. %s", x, pick{'"x"', x, "1"}),
+    1, fmt("local _ = %s == %s", x, operand()), 1, fmt("local _ = %s < %s", x, operand()),
+    1, fmt("local _ = %s <= %s", x, operand()), 1, fmt("%s.x = 1", x), 1, fmt("%s[1] = 2", x),
+    1, fmt("local _ = %s(1)", x), 1, fmt("for _ in pairs(%s) do end", x),
+    1, fmt("local _ = %s.shape, %s.dtype, %s.ndim", x, x, x),
+    1, fmt("local _ = mg.is_tensor(%s), mg.is_variable(%s)", x, x),
+    0.3, fmt("mg.print(%s, %s)", x, pick{'"s"', "nil", "{}", "1", x}),
+  }
+end
+
+local function variable_stmt ()
+  local v = V()
+  return wpick{
+    4, function() return assign(fmt("mg.Variable(%s%s)", wpick{5, operand, 2, function() return data_lit(shape_list(), fdtype()) end, 1, num},
+         chance(0.5) and ", " .. pick{"{name = 'w'}", "{trainable = false}", fmt("{dtype = %s}", dtype_lit()), "{name = 5}", "{dtype = 'x'}", "{}", "'opts'", fmt("{name = 'v', trainable = %s, dtype = %s}", pick{"true", "false"}, fdtype())} or "")) end,
+    3, function() return fmt("%s:assign(%s)", v, operand()) end,
+    3, function() return fmt("%s:%s(%s%s)", v, pick{"assign_add", "assign_sub"}, operand(), chance(0.4) and ", " .. num() or "") end,
+    2, function() return assign(fmt("%s:%s()", v, pick{"value", "read_value"})) end,
+    1, function() return fmt("local _ = %s.name, %s.trainable, tostring(%s)", v, v, v) end,
+    0.5, function() return fmt("%s.name = 'z'", v) end,
+  }
+end
+
+-- sources for gradient: one, a list, a nested table, junk
+local function sources ()
+  return wpick{
+    5, V, 4, function() return fmt("{%s, %s}", V(), V()) end,
+    2, function() return fmt("{a = %s, b = {%s, c = %s}}", V(), V(), V()) end,
+    1, function() local v = V(); return fmt("{%s, %s}", v, v) end,
+    1, "{}", 1, weird_value, 0.5, "{V[1], 5}",
+    0.5, function() local p = {}; for i = 1, 66 do p[i] = fmt("V[%d]", (i % NV) + 1) end; return "{" .. table.concat(p, ", ") .. "}" end,
+    0.5, "(function() local c = {V[1]}; c[2] = c; return c end)()",
+  }
+end
+
+local function gradient_call (t)
+  local target = wpick{8, V, 2, function() return fmt("{%s, %s}", V(), V()) end, 1, function() return fmt("{%s, {%s}}", V(), V()) end, 1, weird_value}
+  local src = sources()
+  local seeds = wpick{6, "", 2, function() return ", " .. V() end, 1, function() return fmt(", mg.ones_like(%s)", V()) end,
+                      1, function() return fmt(", {%s}", V()) end, 1, ", nil", 1, ", mg.zeros{7, 7}", 0.5, ", 'x'"}
+  local opts = wpick{6, "", 2, ", {unconnected = 'zero'}", 1, ", {unconnected = 'bad'}", 1, ", {unconnected = 1}", 0.5, ", 5"}
+  if seeds == "" and opts ~= "" and chance(0.5) then seeds = ", nil" end
+  return fmt("V[%d] = first(%s:gradient(%s, %s%s%s))", slot(), t, target, src, seeds, opts)
+end
+
+local function tape_stmt (depth)
+  local t = Tk()
+  return wpick{
+    5, function() return fmt("%s = mg.tape(%s)", t, pick{"", "{persistent = true}", "{watch_accessed_variables = false}",
+                             "{persistent = true, watch_accessed_variables = false}", "'x'", "5", "{persistent = 1}"}) end,
+    4, function() return fmt("%s:watch(%s)", t, wpick{5, V, 2, function() return fmt("{%s, {%s}}", V(), V()) end, 1, function() return fmt("{a = %s}", V()) end, 1, weird_value,
+                                                      0.5, "(function() local c = {V[1]}; c[2] = c; return c end)()"}) end,
+    3, function() return t .. ":stop()" end,
+    1, function() return t .. ":reset()" end,
+    1, function() return fmt("local _ = %s:is_recording(), %s:saved_bytes(), #%s:watched_variables(), tostring(%s)", t, t, t, t) end,
+    8, function() return gradient_call(t) end,
+    1, function() return fmt("V[%d] = first(%s:gradient(%s, %s))", slot(), t, V(), V()) .. "; " .. fmt("V[%d] = first(%s:gradient(%s, %s))", slot(), t, V(), V()) end,
+    2, function() return fmt("local y, x = %s, %s; if small(y) and small(x) then V[%d] = %s:%s(y, x%s) end", operand(), operand(), slot(), t,
+                             pick{"jacobian", "batch_jacobian"}, pick{"", ", {unconnected = 'zero'}"}) end,
+    3, function() return fmt("V[%d] = first(%s:record(function() %s end))", slot(), t, body(depth + 1)) end,
+    2, function() return fmt("%s:stop_recording(function() %s end)", t, body(depth + 1)) end,
+    2, function() return fmt("local t <close> = mg.tape(%s); t:watch(%s); local y = %s; V[%d] = y; %s",
+                             pick{"", "{persistent = true}"}, V(), tensor_expr(1), slot(), chance(0.5) and fmt("V[%d] = t:gradient(y, %s)", slot(), V()) or body(depth + 1)) end,
+    1, function() return fmt("%s:record(%s)", t, pick{"nil", "5", "'f'"}) end,
+    1, function() return fmt("local _ = mg.is_recomputing()") end,
+  }
+end
+
+-- a grad_fn body for custom_gradient: dy1, dy2, vars are its parameters
+local function grad_fn_body (depth)
+  return wpick{
+    12, function() return pick{"return dy1", "return dy1 * 2", "return dy1, dy1", "return dy1 * 1, nil", "return nil", "return mg.ones_like(dy1)"} end,
+    3, function() return pick{"return mg.ones{7, 7}", "return mg.ones({1}, 'int64')", "return mg.ones({}, 'float64')", "return mg.zeros{0}"} end,
+    3, function() return pick{"return 'x'", "return {}", "return 1", "return V[1]", "return print", "return true"} end,
+    2, function() return pick{"return", "return dy1, dy1, dy1, dy1, dy1", "return dy1, 'x', {}", "return table.unpack(V)"} end,
+    2, function() return pick{"error('boom')", "error(setmetatable({}, {__tostring = function() error('x') end}))", "error(nil)", "error(V[1])", "error()", "error(string.rep('e', 10000))"} end,
+    2, function() return pick{"return dy1, {}", "return dy1, 'x'", "return dy1, {mg.ones{9}}", "return dy1, {nil, dy1}", "return dy1, vars", "return dy1, {dy1, dy1, dy1}"} end,
+    5, function() return fmt("%s; return dy1", body(depth + 1)) end,
+    2, function() return fmt("%s:gradient(%s, %s); return dy1", Tk(), V(), V()) end,
+    1, function() return fmt("%s:reset(); return dy1", Tk()) end,
+    1, function() return fmt("%s:stop(); return dy1", Tk()) end,
+    1, function() return "collectgarbage(); collectgarbage(); return dy1" end,
+    1, function() return "coroutine.yield(1); return dy1" end,
+    1, function() return fmt("getmetatable(%s).__gc(%s); return dy1", Tk(), Tk()) end,
+    1, function() return fmt("return %s(dy1)", Fk()) end,
+    1, function() return "return dy1:slice({-1, 1, -1})" end,
+    1, function() return "return mg.broadcast_to(mg.constant(1), dy1.shape)" end,
+    1, function() return fmt("getmetatable(dy1).__gc(dy1); return dy1") end,
+    1, function() return fmt("if vars then getmetatable(vars[1]).__gc(vars[1]) end; return dy1") end,
+  }
+end
+
+-- f's body for custom_gradient: a, b are its parameters
+local function custom_forward (depth)
+  local reads = chance(0.4) and fmt(" + %s", V()) or ""
+  local out = wpick{
+    6, function() return fmt("local y = %s%s", pick{"a * 2", "mg.tanh(a)", "a * b", "mg.exp(a)", "a + b", "mg.sum(a)", "a:transpose()", "a[1]"}, reads) end,
+    2, "local y = a", 1, "local y = a:slice({-1, 1, -1})", 1, "local y = b", 1, "local y = 'x'",
+    1, function() return fmt("local y = %s", tensor_expr(1)) end,
+  }
+  local ret = wpick{
+    10, function() return fmt("return y, function(dy1, dy2, vars) %s end", grad_fn_body(depth)) end,
+    2, function() return fmt("return y, y * 2, function(dy1, dy2, vars) %s end", grad_fn_body(depth)) end,
+    1, "return y", 1, "return y, 5", 1, "return", 1, "return function() end", 1, "return y, {}, function(dy1) return dy1 end",
+    1, "return {y}, function(dy1) return dy1 end",
+  }
+  local extra = chance(0.2) and (body(depth + 1) .. "; ") or ""
+  return fmt("%s; %s%s", out, extra, ret)
+end
+
+local function custom_stmt (depth)
+  local f = Fk()
+  return wpick{
+    4, function() return fmt("%s = mg.custom_gradient(function(a, b) %s end)", f, custom_forward(depth)) end,
+    6, function() return assign(fmt("%s(%s%s)", f, operand(), chance(0.5) and ", " .. operand() or "")) end,
+    1, function() return fmt("%s = mg.custom_gradient(%s)", f, weird_value()) end,
+    3, function()      -- the whole thing under a tape, then its gradient
+      return fmt("local t = mg.tape(%s); local g = mg.custom_gradient(function(a, b) %s end); t:watch(%s); local y = g(%s, %s); t:stop(); V[%d] = y; V[%d] = first(t:gradient(y, %s))",
+                 pick{"", "{persistent = true}"}, custom_forward(depth), V(), V(), operand(), slot(), slot(), sources())
+    end,
+  }
+end
+
+-- recompute_grad's f: takes tables (tbl), a tensor (b), maybe the flag table
+local function recompute_body (depth)
+  return wpick{
+    6, "local s; for _, x in ipairs(entries(tbl)) do if mg.is_tensor(x) or mg.is_variable(x) then s = s and s + mg.sum(x) or mg.sum(x) end end; return s or mg.constant(0)",
+    4, "local x = tbl[1]; if type(tbl[2]) == 'table' and tbl[2][1] then x = x * tbl[2][1] end; return mg.tanh(x)",
+    2, "return tbl[1] * 2, {a = tbl[1] + 1, b = {tbl[1]}}",
+    2, "return mg.nn.dropout(tbl[1], 0.5)",
+    2, function() return fmt("return tbl[1] * %s", V()) end,
+    1, "return tbl[1]", 1, "return tbl", 1, "return", 1, "return 5", 1, "return {}",
+    1, "cnt = (cnt or 0) + 1; if cnt % 2 == 0 then return mg.ones{3} end; return tbl[1] + 0",
+    1, "if mg.is_recomputing() then error('no') end; return tbl[1] * 3",
+    1, "if mg.is_recomputing() then tbl[1] = nil; collectgarbage() end; return mg.exp(tbl[1])",
+    1, function() return fmt("%s:gradient(tbl[1], tbl[1]); return tbl[1] * 2", Tk()) end,
+    1, function() return fmt("local r = mg.recompute_grad(function(z) return mg.sin and z or z * z end); return r(tbl[1])") end,
+    1, function() return fmt("local t = mg.tape(); t:watch(tbl[1]); local y = tbl[1] * tbl[1]; return t:gradient(y, tbl[1])") end,
+    2, function() return fmt("%s; return tbl[1] * 1", body(depth + 1)) end,
+    1, function() return fmt("return %s(tbl[1])", Fk()) end,
+    1, "return tbl[1], b, flag",
+  }
+end
+
+local function table_arg ()
+  return wpick{
+    4, function() return fmt("{%s, {%s}, x = %s}", V(), V(), V()) end,
+    3, function() return fmt("{%s, %s}", V(), V()) end,
+    1, function() return fmt("{%s, {%s, {%s, {%s}}}}", V(), V(), V(), V()) end,
+    1, function() local v = V(); return fmt("{%s, %s, {%s}}", v, v, v) end,
+    1, "{}", 1, "{1, 'x', print}",
+    0.5, "(function() local c = {V[1]}; c[2] = c; return c end)()",
+  }
+end
+
+local function mutate_table (a)
+  return wpick{
+    3, fmt("table.insert(%s, 1, %s)", a, V()), 3, fmt("%s[1] = nil", a), 2, fmt("%s.x = nil", a),
+    2, fmt("if type(%s[2]) == 'table' then %s[2][1] = mg.ones{9} end", a, a), 1, fmt("%s[2] = %s", a, a),
+    1, fmt("setmetatable(%s, {__index = function() error('meta') end, __len = function() return 1e9 end})", a),
+    1, fmt("table.remove(%s)", a), 1, fmt("for k in pairs(%s) do %s[k] = nil end", a, a),
+    1, fmt("%s[1] = %s", a, weird_value()),
+    1, fmt("if mg.is_tensor(%s[1]) then getmetatable(%s[1]).__gc(%s[1]) end", a, a, a),
+    1, fmt("if mg.is_tensor(%s[1]) then local z <close> = %s[1] end", a, a),
+  }
+end
+
+local function recompute_stmt (depth)
+  local f, a = Fk(), Ak()
+  return wpick{
+    4, function() return fmt("%s = mg.recompute_grad(function(tbl, b, flag) %s end%s)", f, recompute_body(depth),
+                             chance(0.3) and ", {pass_is_recomputing = true}" or "") end,
+    1, function() return fmt("%s = mg.recompute_grad(%s)", f, pick{Fk(), "mg.nn.Dense(2)", "mg.tanh", "5", "nil", "{}", "setmetatable({}, {__call = function(_, x) return x * 2 end})", "setmetatable({}, {__call = function() error('c') end})"}) end,
+    3, function() return fmt("%s = %s", a, table_arg()) end,
+    5, function() return assign(fmt("first(%s(%s, %s))", f, chance(0.8) and a or table_arg(), operand())) end,
+    4, function() return mutate_table(a) end,
+    1, function() return fmt("local _ = %s.__wrapped__, %s.variables, %s.foo, tostring(%s)", f, f, f, f) end,
+    3, function()      -- a whole scenario: record, mutate, gradient
+      return fmt("local t = mg.tape(%s); local g = mg.recompute_grad(function(tbl, b, flag) %s end); local args = %s; t:watch(args); local y = first(g(args, %s)); %s; V[%d] = y; V[%d] = first(t:gradient(y, %s))",
+                 pick{"", "{persistent = true}"}, recompute_body(depth), table_arg(), V(), mutate_table("args"), slot(), slot(),
+                 pick{"args", "V[1]", "{args, V[2]}", "args[1]"})
+    end,
+  }
+end
+
+local function act ()
+  return pick{'"tanh"', '"relu"', '"sigmoid"', '"softmax"', '"linear"', "nil", '"bogus"', "function(x) return x * 2 end", "5"}
+end
+
+local function layer_expr ()
+  return wpick{
+    5, function() return fmt("mg.nn.Dense(%s, {activation = %s, use_bias = %s})", wpick{10, small_int, 1, "1.5", 1, "(1<<40)", 1, "nil", 1, '"3"', 0.5, "(1<<20)"}, act(), pick{"true", "false", "nil"}) end,
+    2, function() return fmt("mg.nn.Sequential{%s, nil, %s}", Fk(), Fk()) end,
+    2, function() return fmt("mg.nn.Sequential{%s, %s}", Fk(), Fk()) end,
+    1, function() return fmt("mg.nn.Sequential(%s)", pick{"{1}", "'x'", "{}", "{mg.nn.Dense(2), 'x'}", "{print}"}) end,
+    2, function() return fmt("mg.nn.Lambda(function(x, ...) %s end)", pick{"return x * 2", "return mg.relu(x)", "return x", "error('lam')", "return nil", "return x, x", "collectgarbage(); return x + 1"}) end,
+    1, function() return fmt("mg.nn.Lambda(%s)", weird_value()) end,
+    2, function() return fmt("mg.nn.Dropout(%s)", pick{"0", "0.5", "0.99", "1", "-0.1", "(0/0)", "'x'", "nil"}) end,
+    2, function() return fmt("mg.nn.BatchNorm(%s)", pick{"nil", "{momentum = 0.9}", "{epsilon = 0}", "{momentum = 0/0}", "{epsilon = -1}", "'x'"}) end,
+    2, function() return fmt("mg.nn.RevBlock(%s, %s, %s)", pick{Fk(), "function(x) return x * 2 end", "mg.nn.Dense(2)", "{" .. Fk() .. "}", "mg.tanh"},
+                             pick{Fk(), "function(x) return mg.tanh(x) end", "mg.nn.Dense(2)", "mg.relu"},
+                             pick{"nil", "{num_layers = 2}", "{num_layers = 3}", "{num_layers = 0}", "{num_layers = 1.5}", "{num_layers = 50}"}) end,
+    1, function() return fmt("mg.recompute_grad(%s)", Fk()) end,
+  }
+end
+
+local function nn_stmt (depth)
+  local f = Fk()
+  return wpick{
+    6, function() return fmt("%s = %s", f, layer_expr()) end,
+    8, function() return assign(fmt("first(%s(%s%s))", f, operand(), chance(0.3) and ", " .. pick{"false", "true", operand()} or "")) end,
+    1, function() return fmt("local _ = #%s.variables, #%s.trainable_variables, #%s.non_trainable_variables, tostring(%s)", f, f, f, f) end,
+    3, function() return assign(fmt("mg.nn.checkpoint_sequential(%s, %s, %s)", pick{f, fmt("{%s, %s}", Fk(), Fk()), fmt("{%s, nil, %s}", Fk(), Fk()), "{}", "'x'"},
+                                    pick{"1", "2", "3", "0", "-1", "1.5", "100"}, operand())) end,
+    2, function() return assign(fmt("mg.nn.dropout(%s, %s)", operand(), pick{"0", "0.5", "0.9", "1", "-1", "(0/0)", "'x'"})) end,
+    3, function() return assign(fmt("mg.nn.softmax_cross_entropy(%s, %s)", operand(),
+         pick{'mg.constant({1, 2}, "int64")', 'mg.constant({1}, "int64")', 'mg.constant({{1}, {2}}, "int64")', 'mg.constant({0, 99}, "int64")',
+              'mg.constant({1, 2, 3, 1, 2, 3, 1, 2}, "int64")', "mg.constant({1, 2})", 'mg.constant({}, "int64")', 'mg.constant(1, "int64")', "V[2]", "{1, 2}",
+              'mg.constant({math.maxinteger, math.mininteger}, "int64")'})) end,
+    1, function() return assign(fmt("mg.nn.mean_squared_error(%s, %s)", operand(), operand())) end,
+    1, function() return assign(fmt("mg.nn.glorot_uniform(%s, %s)", pick{"{2, 3}", "{}", "{0, 0}", "{3}", "{1, 1, 1}", "{1<<40, 2}", "{2, -1}"}, dtype_lit())) end,
+    2, function()      -- a training step
+      return fmt("local m = %s; local x = %s; local t = mg.tape(); local y = first(m(x)); local l = mg.mean(y * y); t:stop(); local vs = m.trainable_variables; local gs = t:gradient(l, vs); %s:apply_gradients(gs, vs)",
+                 pick{f, layer_expr()}, operand(), fmt("O[%d]", R(1, NO)))
+    end,
+  }
+end
+
+local function optim_stmt ()
+  local o = fmt("O[%d]", R(1, NO))
+  return wpick{
+    3, function() return fmt("%s = mg.optim.SGD(%s)", o, pick{"nil", "{learning_rate = 0.1}", "{momentum = 0.9}", "{momentum = 0.9, nesterov = true}", "{learning_rate = 0/0}", "{learning_rate = 'x'}"}) end,
+    3, function() return fmt("%s = mg.optim.Adam(%s)", o, pick{"nil", "{learning_rate = 0.01}", "{beta1 = 1}", "{epsilon = 0}", "{beta2 = 2}"}) end,
+    5, function() return fmt("%s:apply_gradients(%s, %s)", o,
+         pick{fmt("{%s, nil, %s}", V(), V()), fmt("{%s}", V()), "{}", "{nil}", fmt("{%s, %s}", V(), V()), "'g'", fmt("{%s:transpose()}", V())},
+         pick{fmt("{%s, %s, %s}", V(), V(), V()), fmt("{%s}", V()), "{}", fmt("{%s, %s}", V(), V()), "nil", "{1}"}) end,
+  }
+end
+
+local function memory_stmt (depth)
+  return wpick{
+    3, "local s = mg.memory.stats(); assert(s.current_bytes >= 0)",
+    1, "mg.memory.reset_peak()", 1, "mg.memory.release_cache()",
+    2, function() return fmt("mg.memory.setpause(%s%s)", pick{"100", "200", "99", "100000", "100001", "1.5", "(1<<40)", "'x'"}, chance(0.6) and ", " .. pick{"0", "-1", "(1<<62)", "1024", "nil"} or "") end,
+    2, function() return fmt("mg.memory.set_cache_limit(%s)", pick{"0", "1", "(1<<62)", "-1", "1.5", "4096", "math.maxinteger"}) end,
+    3, function() return fmt("mg.memory.trace(%s, function() %s end)", pick{"TMP .. '/trace.json'", "TMP .. '/trace.json'", "'/nonexistent/dir/x.json'", "5", "nil"}, body(depth + 1)) end,
+    1, function() return fmt("mg.memory.trace(TMP .. '/trace.json', function() mg.memory.trace(TMP .. '/t2.json', function() end) end)") end,
+    3, function() return fmt("mg.memory.span(%s, function() %s end)", pick{"'s'", "'s'", "5", "nil", "string.rep('a', 300)", "'\"quote'"}, body(depth + 1)) end,
+  }
+end
+
+local function random_stmt (depth)
+  return wpick{
+    3, function() return fmt("mg.random.seed(%s)", pick{"0", "1", "-1", "2^63", "math.maxinteger", "'x'", "42", "math.mininteger"}) end,
+    2, "local s = mg.random.get_state(); mg.random.normal{2}; mg.random.set_state(s)",
+    2, function() return fmt("mg.random.set_state(%s)", pick{"{seed = 1, offset = -1}", "{seed = 'x'}", "{}", "{seed = 1, offset = 1 << 62}", "5", "{seed = math.mininteger, offset = math.maxinteger}"}) end,
+    2, function() return assign(fmt("mg.random.with_init_stream(%s)", pick{
+         fmt("mg.random.normal, %s", shape()), fmt("function() %s; return V[1] end", body(depth + 1)), "error, 'x'", "5",
+         "mg.random.with_init_stream, mg.random.uniform, {2}", "function() mg.random.seed(3); return mg.random.uniform{2} end"})) end,
+  }
+end
+
+local function gc_stmt ()
+  return wpick{
+    5, "collectgarbage()", 2, function() return fmt("collectgarbage('step', %d)", R(0, 100)) end,
+    1, "collectgarbage('generational')", 1, "collectgarbage('incremental')",
+    0.5, "collectgarbage('stop'); local _ = mg.ones{3} + 1; collectgarbage('restart')",
+    3, function() local x = pick{V(), Tk(), Fk(), "saved[1]", "O[1]"}; return fmt("getmetatable(%s).__gc(%s)", x, x) end,
+    1, function() local x = V(); return fmt("getmetatable(%s).__close(%s)", x, x) end,
+    1, function() return fmt("local z <close> = %s", pick{V(), Tk()}) end,
+    3, function() return fmt("local x = %s; setmetatable({}, {__gc = function() saved[#saved + 1] = x end})", pick{V(), V(), Tk(), Fk(), Ak()}) end,
+    2, function() return fmt("local x = %s; %s = nil; setmetatable({}, {__gc = function() saved[#saved + 1] = x end}); collectgarbage(); collectgarbage()", V(), V()) end,
+    2, function() return assign(fmt("saved[%d]", R(1, 3))) end,
+    2, function() return fmt("setmetatable({}, {__gc = function() %s end})", pick{
+         fmt("%s:reset()", Tk()), fmt("V[1] = V[1] + 1"), "mg.tape()", "collectgarbage('step')",
+         fmt("%s:gradient(V[1], V[2])", Tk()), fmt("V[2]:assign(V[1])"), "error('in gc')", fmt("getmetatable(%s).__gc(%s)", Tk(), Tk()),
+         "mg.memory.release_cache()", "mg.random.seed(2)"}) end,
+  }
+end
+
+local function coroutine_stmt (depth)
+  local c = fmt("C[%d]", R(1, NC))
+  return wpick{
+    3, function() return fmt("%s = coroutine.create(function(a) local t = mg.tape(%s); t:watch(a); local y = a * a; coroutine.yield(y); %s; local g = t:gradient(y, a); coroutine.yield(g); return t end); local _, r = coroutine.resume(%s, %s); V[%d] = r",
+                             c, pick{"", "{persistent = true}"}, body(depth + 1), c, V(), slot()) end,
+    3, function() return fmt("local _, r = coroutine.resume(%s); V[%d] = r", c, slot()) end,
+    1, function() return fmt("coroutine.close(%s)", c) end,
+    2, function() return fmt("%s = coroutine.wrap(function() local t <close> = mg.tape(); %s; coroutine.yield(); %s end); %s()", c, body(depth + 1), body(depth + 1), c) end,
+    1, function() return fmt("%s = coroutine.create(function() mg.memory.span('c', function() coroutine.yield() end) end); coroutine.resume(%s)", c, c) end,
+    1, function() return fmt("%s = coroutine.create(function() %s:record(function() coroutine.yield() end) end); coroutine.resume(%s)", c, Tk(), c) end,
+    1, function() return fmt("%s = coroutine.create(function() local g = mg.custom_gradient(function(a) return a * 2, function(dy) coroutine.yield(); return dy end end); local t = mg.tape(); t:watch(V[1]); local y = g(V[1]); t:gradient(y, V[1]) end); coroutine.resume(%s)", c, c) end,
+  }
+end
+
+local function misc_stmt ()
+  return wpick{
+    3, function() return fmt("mg.set_num_threads(%s)", pick{"1", "2", "3", "4", "16", "0", "-1", "2^31", "((1<<32)+1)", "1.5", "'2'", "nil", "math.maxinteger", "(1<<31)+2"}) end,
+    1, "local _ = mg.get_num_threads(), mg.clock(), mg.version, mg.is_recomputing()",
+    2, function()
+      local s = {}; local n = R(1, 3); for i = 1, n do s[i] = R(1, 3) end
+      return fmt("mg.test.gradcheck(function(x, y) return %s end, {mg.random.normal(%s, 0, 1, %s), %s}%s)",
+                 pick{"mg.tanh(x) * 2", "x * x", "mg.softmax(x)", "mg.sum(x, 1)", "x", "y", "'x'", "mg.cast(x, 'float32')", "mg.relu(x) + (y or 0)"},
+                 shape_code(s), pick{'"float64"', '"float64"', '"float32"'}, pick{"nil", "V[1]", "3"}, pick{"", ", {eps = 0}", ", {atol = 1}"}) end,
+    2, function() return fmt("local p = mg.progress(%s, {out = dummy, label = %s}); p:update(%s, %s); p:finish(%s)",
+                             pick{"3", "0", "-1", "1.5", "(1<<40)"}, pick{"'e'", "nil", "5"}, pick{"1", "2", "0", "-5", "99"},
+                             pick{"{loss = V[1]}", "nil", "{a = 1, b = 'x'}", "{l = mg.ones{2}}"}, pick{"nil", "{loss = 1}"}) end,
+    1, "local _ = mg.nn.foo, mg.optim.bar, mg.nothing, mg[1]",
+  }
+end
+
+-- {====================== oracles (silently wrong) ======================
+-- Statements whose answer is known: gradcheck of a random smooth composition,
+-- an op on a strided view against the same op on a contiguous copy,
+-- recompute_grad against the plain function, jacobian against gradient, a
+-- persistent tape asked twice. A disagreement prints "FUZZ-WRONG: <check>" on
+-- stderr (check.sh: kind "wrong"). Library errors inside them are skipped.
+-- Expressions are typed: gexpr knows the shape it produces.
+
+local function copy (s) local c = {}; for i, d in ipairs(s) do c[i] = d end; return c end
+local function numel_of (s) local n = 1; for _, d in ipairs(s) do n = n * d end; return n end
+
+-- a smooth (or almost everywhere smooth) expression of `e` of shape s
+local function gexpr (e, s, depth)
+  if depth <= 0 then return e, s end
+  local inner, sh = gexpr(e, s, depth - 1)
+  local nd = #sh
+  local options = {
+    5, function() return fmt("mg.%s(%s)", pick{"tanh", "sigmoid", "tanh", "neg"}, inner), sh end,
+    2, function() return pick{fmt("mg.sqrt(%s * %s + 1)", inner, inner), fmt("mg.log(%s * %s + 1)", inner, inner),
+                              fmt("mg.exp(mg.tanh(%s))", inner), fmt("(%s) ^ 2", inner), fmt("(%s) ^ 3", inner),
+                              fmt("1 / (1 + (%s) * (%s))", inner, inner), fmt("(%s) * 2 - 0.5", inner),
+                              fmt("mg.abs(%s)", inner), fmt("mg.relu(%s)", inner)}, sh end,
+    3, function() return fmt("(%s) * (%s)", inner, gexpr(e, s, depth - 1)), sh end,
+    2, function() return fmt("(%s) + (%s)", inner, (gexpr(e, s, depth - 1))), sh end,
+    1, function() return fmt("mg.where(mg.greater(%s, 0), %s, (%s) * 0.5)", inner, inner, inner), sh end,
+    1, function() return fmt("mg.maximum(%s, mg.tanh(%s) * 0.3)", inner, inner), sh end,
+  }
+  local function add (w, f) options[#options + 1] = w; options[#options + 1] = f end
+  -- broadcasting against a constant of a suffix shape
+  add(2, function()
+    local k = R(0, nd); local c = {}
+    for i = nd - k + 1, nd do c[#c + 1] = chance(0.3) and 1 or sh[i] end
+    if numel_of(c) > 16 then return inner, sh end
+    local function lit (d)
+      if d > #c then return fmt("%.2f", math.random() * 4 - 2) end
+      local parts = {}
+      for i = 1, c[d] do parts[i] = lit(d + 1) end
+      return "{" .. table.concat(parts, ", ") .. "}"
+    end
+    local k = #c == 0 and lit(1) or lit(1)
+    return fmt("(%s) %s mg.constant(%s, 'float64')", inner, pick{"*", "+", "-"}, k), sh end)
+  if nd >= 1 then
+    add(3, function()
+      local a = R(1, nd); local keep = chance(0.3); local out = {}
+      for i = 1, nd do if i ~= a then out[#out + 1] = sh[i] elseif keep then out[#out + 1] = 1 end end
+      return fmt("mg.%s(%s, %d%s)", pick{"sum", "mean", "sum", "max", "min"}, inner, pick{a, a - nd - 1}, keep and ", true" or ""), out end)
+    add(1, function() return fmt("mg.%s(%s)", pick{"sum", "mean"}, inner), {} end)
+    add(2, function() local out = {}; for i = 1, nd do out[i] = sh[nd + 1 - i] end; return fmt("mg.transpose(%s)", inner), out end)
+    add(1, function() return fmt("mg.reshape(%s, {-1})", inner), {numel_of(sh)} end)
+    add(2, function() if sh[nd] == 0 then return inner, sh end
+      return fmt("mg.%s(%s, -1)", pick{"softmax", "log_softmax"}, inner), sh end)
+    add(3, function()                                    -- a slice, steps of either sign
+      local specs, out = {}, {}
+      for i = 1, nd do
+        local n = sh[i]
+        if n == 0 or chance(0.3) then specs[i] = "nil"; out[#out + 1] = n
+        elseif chance(0.2) then specs[i] = tostring(R(1, n)) -- drops the dimension
+        else
+          local a, b = R(1, n), R(1, n)
+          local step = pick{1, 1, 2, -1, -1, -2, 3}
+          if (step > 0 and a > b) or (step < 0 and a < b) then a, b = b, a end
+          specs[i] = fmt("{%d, %d, %d}", a, b, step)
+          out[#out + 1] = (math.abs(b - a)) // math.abs(step) + 1
+        end
+      end
+      return fmt("mg.slice(%s, %s)", inner, table.concat(specs, ", ")), out end)
+    add(2, function() local a = R(1, nd); local out = copy(sh); out[a] = 2 * sh[a]
+      return fmt("mg.concat({%s, %s}, %d)", inner, inner, a), out end)
+    if sh[1] > 0 then
+      add(1, function() local out = copy(sh); table.remove(out, 1); return fmt("(%s)[%d]", inner, R(1, sh[1])), out end)
+      add(1, function() local idx = {}; for i = 1, R(1, 3) do idx[i] = R(1, sh[1]) end
+        local out = copy(sh); out[1] = #idx
+        return fmt("mg.gather(%s, {%s})", inner, table.concat(idx, ", ")), out end)
+    end
+    if nd == 2 then add(2, function() return fmt("mg.matmul(%s, mg.transpose(%s))", inner, inner), {sh[1], sh[1]} end) end
+    if nd == 1 then add(1, function() return fmt("mg.matmul(%s, %s)", inner, inner), {} end) end
+  end
+  if nd < 7 then
+    add(1, function() local out = copy(sh); table.insert(out, 1, 1); return fmt("mg.expand_dims(%s, 1)", inner), out end)
+    add(1, function() local out = copy(sh); table.insert(out, 1, 2); return fmt("mg.broadcast_to(%s, %s)", inner, shape_code(out)), out end)
+    add(1, function() local out = copy(sh); table.insert(out, 1, 2); return fmt("mg.stack({%s, %s})", inner, inner), out end)
+  end
+  add(1, function() return fmt("CG(%s)", inner), sh end)
+  add(1, function() return fmt("RG(%s)", inner), sh end)
+  local code, out = wpick(options)
+  return code, out
+end
+
+local function oracle_shape ()
+  local s = {}
+  for i = 1, wpick{1, 0, 4, 1, 4, 2, 2, 3} do s[i] = pick{1, 2, 2, 3, 3, 4} end
+  if numel_of(s) > 16 then s = {2, 3} end
+  return s
+end
+
+-- x of shape s, maybe as a strided view
+local function oracle_input (s)
+  if chance(0.5) or #s == 0 then return fmt("mg.random.normal(%s, 0, 1, 'float64')", shape_code(s)) end
+  if chance(0.5) then
+    local r = {}; for i = 1, #s do r[i] = s[#s + 1 - i] end
+    return fmt("mg.transpose(mg.random.normal(%s, 0, 1, 'float64'))", shape_code(r))
+  end
+  local b, specs = {}, {}
+  for i = 1, #s do b[i] = 2 * s[i]; specs[i] = fmt("{%d, 1, -2}", 2 * s[i]) end
+  return fmt("mg.slice(mg.random.normal(%s, 0, 1, 'float64'), %s)", shape_code(b), table.concat(specs, ", "))
+end
+
+local function oracle_stmt ()
+  local s = oracle_shape()
+  local x = oracle_input(s)
+  local e = gexpr("x", s, R(1, 3))
+  return wpick{
+    4, function()
+      return fmt("local x = %s; local ok, err = pcall(mg.test.gradcheck, function(x) return %s end, {x}, {atol = 1e-5, rtol = 1e-3}); if not ok and tostring(err):find('gradcheck: input', 1, true) then WRONG('gradcheck', err) end", x, e)
+    end,
+    1, function()      -- second order: the gradient function, gradchecked
+      return fmt("local x = %s; local ok, err = pcall(mg.test.gradcheck, function(x) local t = mg.tape(); t:watch(x); local y = mg.sum(%s); t:stop(); return t:gradient(y, x) end, {x}, {atol = 1e-5, rtol = 1e-3}); if not ok and tostring(err):find('gradcheck: input', 1, true) then WRONG('gradcheck-2nd-order', err) end", x, e)
+    end,
+    3, function()      -- a strided view against a contiguous copy: values and gradients
+      return fmt("local v = %s; if v:numel() == 0 then return end; local c = mg.constant(v:totable(), 'float64'); local function f(x) return %s end; local t = mg.tape({persistent = true}); t:watch({v, c}); local ok1, a = pcall(f, v); local ok2, b = pcall(f, c); t:stop(); if ok1 ~= ok2 then WRONG('view-vs-copy-error', tostring(a) .. ' / ' .. tostring(b)) end; if not ok1 then return end; CHECK('view-vs-copy', a, b); CHECK('view-vs-copy-gradient', t:gradient(a, v), t:gradient(b, c))", x, e)
+    end,
+    2, function()      -- recompute_grad against the plain function, with dropout replayed
+      local drop = chance(0.4) and "x = mg.nn.dropout(x, 0.5); " or ""
+      return fmt("local x = %s; local function f(x) %sreturn %s end; local s = mg.random.get_state(); local t1 = mg.tape(); t1:watch(x); local ok1, a = pcall(f, x); t1:stop(); if not ok1 then return end; mg.random.set_state(s); local t2 = mg.tape(); t2:watch(x); local b = mg.recompute_grad(f)(x); t2:stop(); CHECK('recompute-forward', a, b, 0); CHECK('recompute-gradient', t1:gradient(a, x), t2:gradient(b, x), 1e-12)", x, drop, e)
+    end,
+    1, function()      -- jacobian summed over y's axes = gradient of sum(y)
+      return fmt("local x = %s; local t = mg.tape({persistent = true}); t:watch(x); local ok, y = pcall(function(x) return %s end, x); t:stop(); if not ok or y:numel() > 16 then return end; local j = t:jacobian(y, x, {unconnected = 'zero'}); local axes = {}; for i = 1, y.ndim do axes[i] = i end; local js = #axes > 0 and mg.sum(j, axes) or j; CHECK('jacobian-vs-gradient', js, t:gradient(y, x, {unconnected = 'zero'}), 1e-9)", x, e)
+    end,
+    1, function()      -- a persistent tape asked twice; a non-persistent tape refuses
+      return fmt("local x = %s; local t = mg.tape({persistent = true}); t:watch(x); local ok, y = pcall(function(x) return %s end, x); t:stop(); if not ok then return end; local g1 = t:gradient(y, x); local g2 = t:gradient(y, x); CHECK('persistent-twice', g1, g2, 0)", x, e)
+    end,
+  }
+end
+
+-- }===================================================================
+
+
+-- a statement body; depth > 2 gives only simple ones
+body = function (depth)
+  depth = depth or 0
+  if depth > 2 then
+    return wpick{5, function() return assign(tensor_expr(1)) end, 1, inspect, 1, gc_stmt}
+  end
+  return wpick{
+    30, function() return assign(tensor_expr(0)) end,
+    8, inspect,
+    8, variable_stmt,
+    14, function() return tape_stmt(depth) end,
+    6, function() return custom_stmt(depth) end,
+    6, function() return recompute_stmt(depth) end,
+    7, function() return nn_stmt(depth) end,
+    2, optim_stmt,
+    3, function() return memory_stmt(depth) end,
+    2, function() return random_stmt(depth) end,
+    5, gc_stmt,
+    2, function() return coroutine_stmt(depth) end,
+    1.5, misc_stmt,
+    ORACLE_WEIGHT, oracle_stmt,
+  }
+end
+
+-- }===================================================================
+
+
+-- {============================= output ==============================
+
+local out = {}
+local function line (s) out[#out + 1] = s end
+
+line(fmt("-- moongrad fuzz program, seed %d (lua5.4 spec/fuzz/gen.lua %d); base shape %s, %s",
+         seed, seed, shape_code(BASE), FDT))
+line("local mg = mg or require 'moongrad'")
+-- freed storages go back to malloc, so ASan sees a use after free of tensor data
+if not chance(0.05) then line("mg.memory.set_cache_limit(0)") end
+line("local V, T, F, A, O, C, saved = {}, {}, {}, {}, {}, {}, {}")
+line("local TMP, VERBOSE = os.getenv('FUZZ_TMP') or '/tmp', os.getenv('FUZZ_VERBOSE')")
+line("local dummy = {write = function() end, flush = function() end}")
+-- the entries of a table in a fixed order (1..#t, then string keys sorted): pairs'
+-- order changes from run to run (Lua seeds its string hashes randomly)
+line("local function entries (t) local out, ks = {}, {}; for _, x in ipairs(t) do out[#out + 1] = x end; for k in pairs(t) do if type(k) == 'string' then ks[#ks + 1] = k end end; table.sort(ks); for _, k in ipairs(ks) do out[#out + 1] = t[k] end; return out end")
+line("local function first (g) if type(g) == 'table' and not getmetatable(g) then return first(entries(g)[1]) end return g end")
+line("local function small (x) return not (mg.is_tensor(x) or mg.is_variable(x)) or x:numel() <= 64 end")
+line("local function WRONG (what, detail) io.stderr:write('FUZZ-WRONG: ', what, ' (', tostring(detail):sub(1, 300), ')\\n'); error('wrong: ' .. what) end")
+line("local function close (a, b, tol) if not (mg.is_tensor(a) and mg.is_tensor(b)) then return rawequal(a, b) end; if table.concat(a.shape, ',') ~= table.concat(b.shape, ',') then return false end; local fa, fb = mg.reshape(mg.cast(a, 'float64'), {-1}):totable(), mg.reshape(mg.cast(b, 'float64'), {-1}):totable(); for i = 1, #fa do local p, q = fa[i], fb[i]; if not (p == q or (p ~= p and q ~= q) or math.abs(p - q) <= tol * (1 + math.abs(p) + math.abs(q))) then return false, i, p, q end end; return true end")
+line("local function CHECK (what, a, b, tol) local ok, i, p, q = close(a, b, tol or 1e-9); if not ok then WRONG(what, i and ('element ' .. i .. ': ' .. p .. ' vs ' .. q) or (tostring(a) .. ' vs ' .. tostring(b))) end end")
+line("local CG = mg.custom_gradient(function(a) local y = mg.tanh(a); return y, function(dy) return dy * (1 - y * y) end end)")
+line("local RG = mg.recompute_grad(function(a) return mg.sigmoid(a) * a end)")
+line("local function S (f) if VERBOSE == '2' then io.stderr:write('line ', debug.getinfo(2, 'l').currentline, '\\n') end local ok, e = pcall(f); if VERBOSE and not ok then print('error: ' .. tostring(e):sub(1, 300)) end end")
+
+-- first the slots get plausible values, so most later statements have operands
+for i = 1, NV do
+  local e
+  if chance(0.2) then
+    e = fmt("mg.Variable(mg.random.normal(%s, 0, 1, %s))", shape_code(shape_list()), fmt("%q", FDT))
+  elseif chance(0.8) then
+    e = fmt("mg.random.normal(%s, 0, 1, %s)", shape_code(shape_list()), chance(0.85) and fmt("%q", FDT) or '"float64"')
+  else
+    local s = shape_list()
+    local dt = pick{'"int64"', '"bool"', fmt("%q", FDT)}
+    e = fmt("mg.constant(%s, %s)", data_lit(s, dt), dt)
+  end
+  line(fmt("S(function() V[%d] = %s end)", i, e))
+end
+for k = 1, NT do
+  if chance(0.7) then line(fmt("S(function() T[%d] = mg.tape(%s) end)", k, pick{"", "{persistent = true}", "{persistent = true}", "{watch_accessed_variables = false}"})) end
+end
+line(fmt("S(function() F[1] = mg.custom_gradient(function(a, b) local y = a * 2; return y, function(dy1) return dy1 * 2 end end) end)"))
+line(fmt("S(function() F[2] = mg.recompute_grad(function(tbl, b, flag) %s end) end)", recompute_body(2)))
+for k = 3, NF do line(fmt("S(function() F[%d] = %s end)", k, layer_expr())) end
+for k = 1, NA do line(fmt("S(function() A[%d] = %s end)", k, table_arg())) end
+line("S(function() O[1] = mg.optim.SGD{learning_rate = 0.1, momentum = 0.5}; O[2] = mg.optim.Adam() end)")
+
+local nstmts = R(10, 60)
+for _ = 1, nstmts do line(fmt("S(function() %s end)", body(0))) end
+if chance(0.5) then line("S(function() collectgarbage() end)") end
+
+io.write(table.concat(out, "\n"), "\n")
+
+-- }===================================================================
