@@ -68,17 +68,19 @@ int64_t mg_shape_numel (const char *fn, const int64_t *shape, int ndim) {
     mg_seterror("%s: %d dimensions given, at most %d allowed", fn, ndim, MG_MAX_DIMS);
     return -1;
   }
-  int64_t n = 1;
+  /* the product of the nonzero sizes must fit too: strides are made of it */
+  int64_t n = 1, nonzero = 1;
   for (int i = 0; i < ndim; i++) {
     if (shape[i] < 0) {
       mg_seterror("%s: dimension %d has negative size %lld", fn, i + 1, (long long)shape[i]);
       return -1;
     }
-    if (shape[i] > 0 && n > INT64_MAX / 16 / shape[i]) {
+    if (shape[i] > 0 && nonzero > INT64_MAX / 16 / shape[i]) {
       char sh[160];
       mg_seterror("%s: shape %s has too many elements to allocate", fn, mg_shape_str(sh, sizeof sh, shape, ndim));
       return -1;
     }
+    if (shape[i] > 0) nonzero *= shape[i];
     n *= shape[i];
   }
   return n;

@@ -59,7 +59,17 @@ static void *udata_with (lua_State *L, int idx, const char *key) {
   return p;
 }
 
+/* Lua runs no finalizer for an object made while lua_close runs the
+** finalizers, so a tensor made then would never be released. Inside a
+** finalizer (where lua_gc answers -1) making tensors, variables or tapes is
+** therefore an error. */
+void mgL_checkfinalizer (lua_State *L) {
+  if (lua_gc(L, LUA_GCISRUNNING) < 0)
+    luaL_error(L, "moongrad: tensors, variables and tapes cannot be made inside a finalizer (__gc)");
+}
+
 ltensor *mgL_newbox (lua_State *L) {
+  mgL_checkfinalizer(L);
   ltensor *b = (ltensor *)lua_newuserdatauv(L, sizeof(ltensor), 0);
   b->t = NULL;
   lua_rawgetp(L, LUA_REGISTRYINDEX, &tensor_key);

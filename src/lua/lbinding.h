@@ -15,6 +15,8 @@ typedef struct ltape { mg_tape *t; } ltape;
 
 /* an empty tensor box on the stack, safe to collect, before any work */
 ltensor   *mgL_newbox      (lua_State *L);
+/* raises inside a finalizer: what is made there may never be released */
+void       mgL_checkfinalizer (lua_State *L);
 /* the tensor box at arg, or NULL */
 ltensor   *mgL_testbox     (lua_State *L, int arg);
 /* keeps the tensor and variable metatables where the fast checks find them */

@@ -52,6 +52,7 @@ static int l_tape (lua_State *L) {
     if (mgL_optionfield(L, 1, "watch_accessed_variables", LUA_TBOOLEAN) != LUA_TNIL) watch = lua_toboolean(L, -1);
     lua_pop(L, 2);
   }
+  mgL_checkfinalizer(L);
   ltape *b = (ltape *)lua_newuserdatauv(L, sizeof(ltape), 0);
   b->t = NULL;
   lua_rawgetp(L, LUA_REGISTRYINDEX, &tape_key);

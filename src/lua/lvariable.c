@@ -52,6 +52,7 @@ static int l_variable (lua_State *L) {
     }
     lua_pop(L, 3);
   }
+  mgL_checkfinalizer(L);
   mg_tensor *init = mgL_pushconstant(L, 1, dt, given, "Variable");
   lvariable *b = (lvariable *)lua_newuserdatauv(L, sizeof(lvariable), 0);
   b->v = NULL;

@@ -60,7 +60,9 @@ static const char *const RNAME[] = {"sum", "max", "min", "argmax", "argmin"};
     *out = best;                                                           \
   } while (0)
 
-#define REDUCE_BODY(T, ACC)                                                \
+/* ADD(a, b): T's addition; int64 sums wrap around, as NumPy's, instead of
+** overflowing (undefined in C) */
+#define REDUCE_BODY(T, ACC, ADD)                                           \
     for (int64_t o = 0; o < outer; o++) {                                  \
       const T *x0 = xs + o * n * inner;                                    \
       if (op == R_ARGMAX || op == R_ARGMIN) {                              \
@@ -76,24 +78,27 @@ static const char *const RNAME[] = {"sum", "max", "min", "argmax", "argmin"};
         if (op == R_SUM) ROW_SUM(T, ACC);                                  \
         else if (op == R_MAX) ROW_EXTREME(T, v > m || v != v);             \
         else ROW_EXTREME(T, v < m || v != v);                              \
-      } else if (op == R_SUM) COLS(T, 0, m + v);                           \
+      } else if (op == R_SUM) COLS(T, 0, ADD(m, v));                       \
       else if (op == R_MAX) COLS(T, x[i], (v > m || v != v) ? v : m);      \
       else COLS(T, x[i], (v < m || v != v) ? v : m);                       \
     }
 
+#define PLAIN_ADD(a, b) ((a) + (b))
+#define WRAP_ADD(a, b)  ((int64_t)((uint64_t)(a) + (uint64_t)(b)))
+
 static void reduce_f32 (redop op, const float *xs, void *outs, int64_t outer, int64_t n,
                         int64_t inner) {
-  REDUCE_BODY(float, double)
+  REDUCE_BODY(float, double, PLAIN_ADD)
 }
 
 static void reduce_f64 (redop op, const double *xs, void *outs, int64_t outer, int64_t n,
                         int64_t inner) {
-  REDUCE_BODY(double, double)
+  REDUCE_BODY(double, double, PLAIN_ADD)
 }
 
 static void reduce_i64 (redop op, const int64_t *xs, void *outs, int64_t outer, int64_t n,
                         int64_t inner) {
-  REDUCE_BODY(int64_t, int64_t)
+  REDUCE_BODY(int64_t, uint64_t, WRAP_ADD)
 }
 
 static const mg_opdef sum_op, max_op, min_op;

@@ -44,6 +44,9 @@ mg_tensor *mg_reshape (mg_tensor *x, const int64_t *shape_in, int ndim) {
       infer = i;
     } else if (shape[i] < 0) {
       return mg_seterror("reshape: dimension %d has negative size %lld", i + 1, (long long)shape[i]), NULL;
+    } else if (shape[i] > 0 && known > INT64_MAX / shape[i]) {
+      char b[160];
+      return mg_seterror("reshape: shape %s has too many elements", mg_shape_str(b, sizeof b, shape_in, ndim)), NULL;
     } else {
       known *= shape[i];
     }
@@ -426,7 +429,7 @@ static mg_status check_indices (const char *fn, const mg_tensor *idx, int64_t si
   for (int64_t j = 0; j < idx->numel; j++)
     if (v[j] < 0 || v[j] >= size)
       return mg_seterror("%s: index %lld is out of bounds for dimension %d of size %lld", fn,
-                         (long long)v[j] + 1, axis + 1, (long long)size);
+                         (long long)((uint64_t)v[j] + 1), axis + 1, (long long)size);  /* 1-based, wrapping */
   return MG_OK;
 }
 
