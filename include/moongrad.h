@@ -137,6 +137,41 @@ MG_API mg_tensor *mg_cast      (mg_tensor *x, mg_dtype dt);    /* differentiable
 /* }============================================================== */
 
 
+/* {===================== the op registry ======================= */
+/* Every primitive op is one row of a registry: its name, how it is called,
+** its symbol and Lua metamethod, and a one-line description. (The row's
+** private part holds its kernels by dtype, its backward rule and what it
+** saves.) The Lua binding makes mg.<name>, x:<name>() and the metamethods by
+** walking it, so an op is added in one place. */
+
+typedef enum mg_opkind {
+  MG_OP_UNARY,           /* mg_tensor *f(mg_tensor *x) */
+  MG_OP_BINARY,          /* mg_tensor *f(mg_tensor *a, mg_tensor *b), broadcasting */
+  MG_OP_REDUCE,          /* mg_tensor *f(mg_tensor *x, int axis, int keepdims) */
+  MG_OP_OTHER            /* its own signature (matmul, reshape, softmax ...) */
+} mg_opkind;
+
+typedef struct mg_opinfo {
+  const char *name;      /* "add": mg_add in C, mg.add and x:add() in Lua */
+  mg_opkind kind;
+  const char *symbol;    /* "+" (in messages), or NULL */
+  const char *metamethod;/* "__add", or NULL */
+  const char *verb;      /* "add": "attempt to add a 'string' with a ...", or NULL */
+  const char *doc;       /* one line: what it computes */
+  union {
+    mg_tensor *(*unary)(mg_tensor *x);
+    mg_tensor *(*binary)(mg_tensor *a, mg_tensor *b);
+    mg_tensor *(*reduce)(mg_tensor *x, int axis, int keepdims);
+  } fn;                  /* NULL for MG_OP_OTHER */
+} mg_opinfo;
+
+MG_API int               mg_op_count (void);
+MG_API const mg_opinfo  *mg_op_info  (int i);          /* 0 <= i < mg_op_count() */
+MG_API const mg_opinfo  *mg_op_find  (const char *name);   /* NULL if none */
+
+/* }============================================================== */
+
+
 /* {==================== ops: elementwise ======================== */
 /* Binary ops broadcast by NumPy's rules and need equal dtypes. */
 
@@ -171,6 +206,7 @@ MG_API mg_tensor *mg_sign     (mg_tensor *x);                 /* no gradient */
 MG_API mg_tensor *mg_tanh     (mg_tensor *x);
 MG_API mg_tensor *mg_sigmoid  (mg_tensor *x);                 /* 1 / (1 + exp(-x)) */
 MG_API mg_tensor *mg_relu     (mg_tensor *x);                 /* max(x, 0) */
+MG_API mg_tensor *mg_softplus (mg_tensor *x);                 /* log(1 + e^x), stably */
 MG_API mg_tensor *mg_relu_grad (mg_tensor *d, mg_tensor *y);   /* y > 0 ? d : 0 (relu's backward) */
 
 /* }============================================================== */

@@ -157,16 +157,45 @@ mg_tensor *mg_variable_exchange (mg_variable *v, mg_tensor *t);
 
 typedef struct mg_node mg_node;
 
-/* A primitive op as the tape sees it. backward reads dout[i] (NULL: no
-** gradient reached output i) and writes din[j] for each j with
-** n->needs[j]; it builds them with the public ops so that an outer tape
-** records the backward pass too. */
+/* one innermost run of an elementwise kernel: p[0] is the output, p[1..]
+** the inputs, s their strides in elements (0 where broadcast) */
+typedef void (*mg_kernel)(int64_t n, char **p, const int64_t *s);
+/* a reduction of x seen as (outer, n, inner), contiguous, into out */
+typedef void (*mg_reduce_kernel)(mg_dtype dt, const void *x, void *out, int64_t outer,
+                                 int64_t n, int64_t inner);
+
+/* the dtype of an elementwise op's result */
+/* the dtype of an op's result: the input's, bool, float64 for int64 input
+** (division), or int64 positions (argmax) */
+typedef enum mg_result { MG_RESULT_SAME, MG_RESULT_BOOL, MG_RESULT_FLOAT, MG_RESULT_INDEX } mg_result;
+
+/* input j's shape, as the (shape, ndim) pair the ops take */
+#define SHAPE_OF(n, j)  (n)->in_meta[j].shape, (n)->in_meta[j].ndim
+
+/*
+** One row of the op registry: a primitive op as the binding, the kernels
+** and the tape see it. backward reads dout[i] (NULL: no gradient reached
+** output i) and writes din[j] for each j with n->needs[j]; it builds them
+** with the public ops so that an outer tape records the backward pass too.
+** Rows are written with designated initializers next to their op; each op
+** family lists its rows for the registry (registry.c).
+*/
 typedef struct mg_opdef {
-  const char *name;
+  mg_opinfo info;                       /* name, kind, symbol, metamethod, doc, entry */
+  mg_kernel kernel[MG_DTYPE__COUNT];    /* elementwise: by input dtype; NULL: not defined */
+  mg_result result;                     /* elementwise: the result's dtype */
+  /* elementwise: checks the kernel cannot make (integer division by zero) */
+  mg_status (*check)(const struct mg_opdef *op, const mg_tensor *a, const mg_tensor *b);
+  mg_reduce_kernel reduce;              /* reductions */
   unsigned saves;                       /* MG_SAVE_IN(j) | MG_SAVE_OUT(i) */
-  mg_status (*backward)(mg_node *n, mg_tensor *const *dout, mg_tensor **din);
+  mg_status (*backward)(mg_node *n, mg_tensor *const *dout, mg_tensor **din);  /* NULL: none */
   void (*free_ext)(mg_node *n);         /* for ops with private data; may be NULL */
 } mg_opdef;
+
+/* an op family's rows, for the registry */
+typedef struct mg_opfamily { const mg_opdef *const *rows; int n; } mg_opfamily;
+extern const mg_opfamily mg_unary_ops, mg_binary_ops, mg_reduce_ops, mg_matmul_ops, mg_shape_ops,
+                         mg_nn_ops, mg_create_ops;
 
 #define MG_SAVE_IN(j)    (1u << (j))
 #define MG_SAVE_OUT(i)   (1u << (16 + (i)))

@@ -68,7 +68,7 @@ static mg_status custom_backward (mg_node *n, mg_tensor *const *dout, mg_tensor 
   return st;
 }
 
-static const mg_opdef custom_op = {"custom_gradient", 0, custom_backward, custom_free};
+static const mg_opdef custom_op = {.info = {.name = "custom_gradient", .kind = MG_OP_OTHER}, .backward = custom_backward, .free_ext = custom_free};
 
 /* records the node; takes over ud and the watcher's variables */
 static mg_status record (const mg_function *fn, void *ud, int nin, mg_tensor *const *in,

@@ -139,8 +139,7 @@ static mg_status recompute_backward (mg_node *n, mg_tensor *const *dout, mg_tens
   return st;
 }
 
-static const mg_opdef recompute_op = {"recompute_grad", MG_SAVE_INPUTS, recompute_backward,
-                                      recompute_free};
+static const mg_opdef recompute_op = {.info = {.name = "recompute_grad", .kind = MG_OP_OTHER}, .saves = MG_SAVE_INPUTS, .backward = recompute_backward, .free_ext = recompute_free};
 
 /* }========================================================== */
 

@@ -418,7 +418,7 @@ static mg_node *node_new (const mg_opdef *def, int nin, mg_tensor *const *in, in
   size_t size = sizeof(mg_node) + (size_t)(nin + nout) * (sizeof(mg_meta) + sizeof(mg_tensor *))
                 + dims * sizeof(int64_t) + (attr ? sizeof(mg_attr) : 0) + (size_t)nin * sizeof(bool);
   mg_node *n = (mg_node *)mg_small_alloc(size);
-  if (n == NULL) return mg_seterror("out of memory recording '%s'", def->name), NULL;
+  if (n == NULL) return mg_seterror("out of memory recording '%s'", def->info.name), NULL;
   n->size = size;
   n->refcount = 0;
   n->def = def;
@@ -464,7 +464,7 @@ static mg_status append (mg_tape *t, mg_node *n) {
   if (t->nnodes == t->capnodes) {
     size_t cap = t->capnodes ? t->capnodes * 2 : 64;
     mg_node **a = (mg_node **)realloc(t->nodes, sizeof(mg_node *) * cap);
-    if (a == NULL) return mg_seterror("out of memory recording '%s'", n->def->name);
+    if (a == NULL) return mg_seterror("out of memory recording '%s'", n->def->info.name);
     t->nodes = a;
     t->capnodes = cap;
   }
@@ -604,7 +604,7 @@ static mg_status check_seed (const mg_tensor *target, const mg_tensor *seed, int
 static mg_status locate (const char *fn, const mg_node *n) {
   char msg[512];
   snprintf(msg, sizeof msg, "%s", mg_errmsg());
-  return mg_seterror("tape:%s: in the backward of '%s': %s", fn, n->def->name, msg);
+  return mg_seterror("tape:%s: in the backward of '%s': %s", fn, n->def->info.name, msg);
 }
 
 /* runs node n's backward rule and adds what it gives to the map */
@@ -614,7 +614,7 @@ static mg_status step_back (mg_node *n, idmap *grads, const idmap *dep, const ch
   mg_tensor **din = n->nin <= 8 ? din_small : (mg_tensor **)calloc((size_t)n->nin, sizeof(mg_tensor *));
   mg_status st = MG_OK;
   if (dout == NULL || din == NULL) {
-    st = mg_seterror("out of memory in the backward of '%s'", n->def->name);
+    st = mg_seterror("out of memory in the backward of '%s'", n->def->info.name);
     goto done;
   }
   for (int i = 0; i < n->nout; i++) dout[i] = (mg_tensor *)idmap_get(grads, n->out_meta[i].id);
@@ -634,7 +634,7 @@ static mg_status step_back (mg_node *n, idmap *grads, const idmap *dep, const ch
     if (!mg_same_shape(din[j]->shape, din[j]->ndim, m->shape, m->ndim) || din[j]->dtype != m->dtype) {
       char a[160], b[160];
       st = mg_seterror("tape:%s: the backward of '%s' gave input %d a gradient %s %s for %s %s",
-                       fn, n->def->name, j + 1, mg_shape_str(a, sizeof a, din[j]->shape, din[j]->ndim),
+                       fn, n->def->info.name, j + 1, mg_shape_str(a, sizeof a, din[j]->shape, din[j]->ndim),
                        mg_dtype_name(din[j]->dtype), mg_shape_str(b, sizeof b, m->shape, m->ndim),
                        mg_dtype_name(m->dtype));
       break;

@@ -201,6 +201,30 @@ static int l_numel (lua_State *L) {
   return 1;
 }
 
+static void setfield_str (lua_State *L, const char *k, const char *v) {
+  if (v == NULL) return;
+  lua_pushstring(L, v);
+  lua_setfield(L, -2, k);
+}
+
+/* ops(): the op registry, {name=, kind=, symbol=, metamethod=, doc=} per op */
+static int l_ops (lua_State *L) {
+  static const char *const kinds[] = {"unary", "binary", "reduce", "other"};
+  int n = mg_op_count();
+  lua_createtable(L, n, 0);
+  for (int i = 0; i < n; i++) {
+    const mg_opinfo *op = mg_op_info(i);
+    lua_createtable(L, 0, 5);
+    setfield_str(L, "name", op->name);
+    setfield_str(L, "kind", kinds[op->kind]);
+    setfield_str(L, "symbol", op->symbol);
+    setfield_str(L, "metamethod", op->metamethod);
+    setfield_str(L, "doc", op->doc);
+    lua_rawseti(L, -2, i + 1);
+  }
+  return 1;
+}
+
 static int l_is_tensor (lua_State *L) {
   lua_pushboolean(L, mgL_testbox(L, 1) != NULL);
   return 1;
@@ -239,18 +263,10 @@ static int l_print (lua_State *L) {
 
 /* {================ binary and unary ops ==================== */
 
-typedef mg_tensor *(*binary_fn)(mg_tensor *, mg_tensor *);
-
-static const struct { const char *name, *verb; binary_fn fn; } BINOPS[] = {
-  {"add", "add", mg_add}, {"sub", "subtract", mg_sub}, {"mul", "multiply", mg_mul},
-  {"div", "divide", mg_div}, {"pow", "exponentiate", mg_pow},
-  {"floordiv", "floor-divide", mg_floordiv}, {"mod", "take the modulo of", mg_mod},
-  {"maximum", NULL, mg_maximum}, {"minimum", NULL, mg_minimum},
-  {"equal", NULL, mg_equal}, {"not_equal", NULL, mg_not_equal}, {"less", NULL, mg_less},
-  {"less_equal", NULL, mg_less_equal}, {"greater", NULL, mg_greater},
-  {"greater_equal", NULL, mg_greater_equal}, {"logical_and", NULL, mg_logical_and},
-  {"logical_or", NULL, mg_logical_or}, {"matmul", NULL, mg_matmul},
-};
+/* the registry row a closure was made for (upvalue 1) */
+static const mg_opinfo *row (lua_State *L) {
+  return (const mg_opinfo *)lua_touserdata(L, lua_upvalueindex(1));
+}
 
 /* a value's type for messages: its metatable's __name when it has one */
 static const char *type_name (lua_State *L, int idx) {
@@ -262,50 +278,42 @@ static const char *type_name (lua_State *L, int idx) {
   return luaL_typename(L, idx);
 }
 
-/* raises the error for a bad operand of binary op i */
-static int bad_operand (lua_State *L, int i, bool meta) {
-  if (meta)
-    return luaL_error(L, "attempt to %s a '%s' with a '%s'", BINOPS[i].verb, type_name(L, 1),
+/* raises the error for a bad operand of a binary op */
+static int bad_operand (lua_State *L, const mg_opinfo *op, bool meta) {
+  if (meta && op->verb)
+    return luaL_error(L, "attempt to %s a '%s' with a '%s'", op->verb, type_name(L, 1),
                       type_name(L, 2));
   mgL_checkoperandkind(L, 1);
   mgL_checkoperandkind(L, 2);
   return 0;
 }
 
-/* upvalue 1: index into BINOPS; upvalue 2: true when called as a metamethod */
+/* upvalue 1: the registry row; upvalue 2: true when called as a metamethod */
 static int l_binary (lua_State *L) {
-  int i = (int)lua_tointeger(L, lua_upvalueindex(1));
+  const mg_opinfo *op = row(L);
   mg_tensor *a = mgL_testtensor(L, 1), *b = mgL_testtensor(L, 2);
   if (a && b) {                                  /* the common case, checked once */
     ltensor *box = mgL_newbox(L);
-    return mgL_fill(L, box, BINOPS[i].fn(a, b));
+    return mgL_fill(L, box, op->fn.binary(a, b));
   }
   if ((!a && mgL_operandkind(L, 1) == MGL_OTHER) || (!b && mgL_operandkind(L, 2) == MGL_OTHER))
-    return bad_operand(L, i, lua_toboolean(L, lua_upvalueindex(2)));
-  mg_dtype like = a ? a->dtype : b ? b->dtype : mgL_likedtype(L, 1, 2, MG_FLOAT32);
+    return bad_operand(L, op, lua_toboolean(L, lua_upvalueindex(2)));
+  mg_dtype like = a ? mg_tensor_dtype(a) : b ? mg_tensor_dtype(b) : mgL_likedtype(L, 1, 2, MG_FLOAT32);
   ltensor *box = mgL_newbox(L);
   bool oa = false, ob = false;
-  if (!a) a = mgL_operand(L, 1, like, &oa, BINOPS[i].name);
-  if (a && !b) b = mgL_operand(L, 2, like, &ob, BINOPS[i].name);
-  mg_tensor *r = a && b ? BINOPS[i].fn(a, b) : NULL;
+  if (!a) a = mgL_operand(L, 1, like, &oa, op->name);
+  if (a && !b) b = mgL_operand(L, 2, like, &ob, op->name);
+  mg_tensor *r = a && b ? op->fn.binary(a, b) : NULL;
   if (oa) mg_tensor_release(a);
   if (ob) mg_tensor_release(b);
   return mgL_fill(L, box, r);
 }
 
-typedef mg_tensor *(*unary_fn)(mg_tensor *);
-
-static const struct { const char *name; unary_fn fn; } UNOPS[] = {
-  {"neg", mg_neg}, {"exp", mg_exp}, {"log", mg_log}, {"sqrt", mg_sqrt}, {"abs", mg_abs},
-  {"sign", mg_sign}, {"tanh", mg_tanh}, {"sigmoid", mg_sigmoid}, {"relu", mg_relu},
-  {"logical_not", mg_logical_not},
-};
-
 static int l_unary (lua_State *L) {
-  int i = (int)lua_tointeger(L, lua_upvalueindex(1));
+  const mg_opinfo *op = row(L);
   mg_tensor *x = mgL_checktensor(L, 1);
   ltensor *box = mgL_newbox(L);
-  return mgL_fill(L, box, UNOPS[i].fn(x));
+  return mgL_fill(L, box, op->fn.unary(x));
 }
 
 static int l_where (lua_State *L) {
@@ -338,10 +346,6 @@ static int l_cast (lua_State *L) {
 
 typedef mg_tensor *(*reduce_fn)(mg_tensor *, int, int);
 
-static const struct { const char *name; reduce_fn fn; } REDOPS[] = {
-  {"sum", mg_sum}, {"mean", mg_mean}, {"max", mg_max}, {"min", mg_min},
-};
-
 /* reduces x over the axes in the list at arg, one at a time */
 static mg_tensor *reduce_axes (lua_State *L, int arg, mg_tensor *x, reduce_fn fn, int keepdims) {
   int nd = mg_tensor_ndim(x), n = mgL_checklist(L, arg, arg, "the axes");
@@ -372,9 +376,9 @@ static mg_tensor *reduce_axes (lua_State *L, int arg, mg_tensor *x, reduce_fn fn
   return r;
 }
 
-/* upvalue 1: index into REDOPS.  f(x [, axis or {axes}] [, keepdims]) */
+/* upvalue 1: the registry row.  f(x [, axis or {axes}] [, keepdims]) */
 static int l_reduce (lua_State *L) {
-  reduce_fn fn = REDOPS[lua_tointeger(L, lua_upvalueindex(1))].fn;
+  reduce_fn fn = row(L)->fn.reduce;
   mg_tensor *x = mgL_checktensor(L, 1);
   int keepdims = mgL_optboolean(L, 3, "keepdims");
   if (lua_istable(L, 2)) {
@@ -628,27 +632,39 @@ static const luaL_Reg module_funcs[] = {        /* mg.f only */
   {"constant", l_constant}, {"tensor", l_constant}, {"zeros", l_zeros}, {"ones", l_ones},
   {"full", l_full}, {"zeros_like", l_zeros_like}, {"ones_like", l_ones_like},
   {"arange", l_arange}, {"eye", l_eye}, {"concat", l_concat}, {"stack", l_stack},
-  {"print", l_print}, {"is_tensor", l_is_tensor},
+  {"print", l_print}, {"is_tensor", l_is_tensor}, {"ops", l_ops},
   {NULL, NULL}
 };
 
-/* sets f[name] = closure(fn, i, extra) in the tables at module and methods */
-static void add_closure (lua_State *L, int module, int methods, const char *name, lua_CFunction fn,
-                         lua_Integer i) {
-  lua_pushinteger(L, i);
+/* sets module[name] and methods[name] to a closure of fn over the row */
+static void add_op (lua_State *L, int module, int methods, const mg_opinfo *op, lua_CFunction fn) {
+  lua_pushlightuserdata(L, (void *)op);
   lua_pushboolean(L, 0);
   lua_pushcclosure(L, fn, 2);
   lua_pushvalue(L, -1);
-  lua_setfield(L, module, name);
-  if (methods) lua_setfield(L, methods, name);
-  else lua_pop(L, 1);
+  lua_setfield(L, module, op->name);
+  lua_setfield(L, methods, op->name);
 }
 
-static void set_meta (lua_State *L, int mt, const char *event, int binop) {
-  lua_pushinteger(L, binop);
+/* mt[op->metamethod] = the op, as a metamethod (its errors say "attempt to ...") */
+static void add_metamethod (lua_State *L, int mt, const mg_opinfo *op) {
+  lua_pushlightuserdata(L, (void *)op);
   lua_pushboolean(L, 1);
-  lua_pushcclosure(L, l_binary, 2);
-  lua_setfield(L, mt, event);
+  lua_pushcclosure(L, op->kind == MG_OP_UNARY ? l_unary : l_binary, 2);
+  lua_setfield(L, mt, op->metamethod);
+}
+
+/* every unary, binary and reduction op of the registry, as mg.f and x:f() */
+static void add_registry (lua_State *L, int module, int methods) {
+  for (int i = 0, n = mg_op_count(); i < n; i++) {
+    const mg_opinfo *op = mg_op_info(i);
+    switch (op->kind) {
+      case MG_OP_UNARY: add_op(L, module, methods, op, l_unary); break;
+      case MG_OP_BINARY: add_op(L, module, methods, op, l_binary); break;
+      case MG_OP_REDUCE: add_op(L, module, methods, op, l_reduce); break;
+      default: break;                          /* bound by hand above */
+    }
+  }
 }
 
 /* the table at -1 is the module; adds tensor functions and the metatable */
@@ -659,12 +675,7 @@ void mgL_open_tensor (lua_State *L) {
   lua_newtable(L);                             /* methods */
   int methods = lua_gettop(L);
   luaL_setfuncs(L, tensor_funcs, 0);
-  for (size_t i = 0; i < sizeof BINOPS / sizeof BINOPS[0]; i++)
-    add_closure(L, module, methods, BINOPS[i].name, l_binary, (lua_Integer)i);
-  for (size_t i = 0; i < sizeof UNOPS / sizeof UNOPS[0]; i++)
-    add_closure(L, module, methods, UNOPS[i].name, l_unary, (lua_Integer)i);
-  for (size_t i = 0; i < sizeof REDOPS / sizeof REDOPS[0]; i++)
-    add_closure(L, module, methods, REDOPS[i].name, l_reduce, (lua_Integer)i);
+  add_registry(L, module, methods);
   for (int logf = 0; logf < 2; logf++) {
     lua_pushboolean(L, logf);
     lua_pushcclosure(L, l_softmax, 1);
@@ -680,12 +691,8 @@ void mgL_open_tensor (lua_State *L) {
     {"__newindex", tensor_newindex}, {NULL, NULL}
   };
   luaL_setfuncs(L, meta, 0);
-  static const struct { const char *event; int binop; } arith[] = {
-    {"__add", 0}, {"__sub", 1}, {"__mul", 2}, {"__div", 3}, {"__pow", 4}, {"__idiv", 5}, {"__mod", 6},
-  };
-  for (size_t i = 0; i < sizeof arith / sizeof arith[0]; i++) set_meta(L, mt, arith[i].event, arith[i].binop);
-  lua_getfield(L, module, "neg");
-  lua_setfield(L, mt, "__unm");
+  for (int i = 0, n = mg_op_count(); i < n; i++)
+    if (mg_op_info(i)->metamethod) add_metamethod(L, mt, mg_op_info(i));
   lua_pushvalue(L, methods);
   lua_pushcclosure(L, tensor_index, 1);
   lua_setfield(L, mt, "__index");

@@ -168,11 +168,16 @@ void mgL_open_variable (lua_State *L) {
   luaL_setfuncs(L, meta, 0);
   /* arithmetic and comparison behave as on the value: share the tensor's */
   luaL_getmetatable(L, MG_TENSOR_MT);
-  static const char *const shared[] = {"__add", "__sub", "__mul", "__div", "__pow", "__idiv", "__mod",
-                                       "__unm", "__len", "__lt", "__le", NULL};
+  static const char *const shared[] = {"__len", "__lt", "__le", NULL};
   for (int i = 0; shared[i]; i++) {
     lua_getfield(L, -1, shared[i]);
     lua_setfield(L, mt, shared[i]);
+  }
+  for (int i = 0, n = mg_op_count(); i < n; i++) {    /* the ops' metamethods, from the registry */
+    const char *event = mg_op_info(i)->metamethod;
+    if (event == NULL) continue;
+    lua_getfield(L, -1, event);
+    lua_setfield(L, mt, event);
   }
   lua_pop(L, 1);
   static const luaL_Reg methods[] = {

@@ -134,6 +134,10 @@ static mg_status cast_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **
   din[0] = mg_cast(dout[0], n->in_meta[0].dtype);
   return MG_OK;
 }
-static const mg_opdef cast_op = {"cast", 0, cast_backward, NULL};
+static const mg_opdef cast_op = {.info = {.name = "cast", .kind = MG_OP_OTHER, .doc = "x converted to another dtype (float to float is differentiable)"}, .backward = cast_backward};
 
 /* }========================================================== */
+
+static const mg_opdef *const rows[] = {&cast_op};
+_Static_assert(sizeof rows / sizeof rows[0] == 1, "create.c: a row is missing from rows[]");
+const mg_opfamily mg_create_ops = {rows, sizeof rows / sizeof rows[0]};

@@ -12,7 +12,6 @@
 
 #include "moongrad_impl.h"
 
-#define SHAPE_OF(n, j)  (n)->in_meta[j].shape, (n)->in_meta[j].ndim
 
 static char *shape_s (char *buf, size_t n, const mg_tensor *t) {
   return mg_shape_str(buf, n, t->shape, t->ndim);
@@ -73,7 +72,7 @@ static mg_status reshape_backward (mg_node *n, mg_tensor *const *dout, mg_tensor
   din[0] = mg_reshape(dout[0], SHAPE_OF(n, 0));
   return MG_OK;
 }
-static const mg_opdef reshape_op = {"reshape", 0, reshape_backward, NULL};
+static const mg_opdef reshape_op = {.info = {.name = "reshape", .kind = MG_OP_OTHER, .doc = "the same values in another shape (one size may be -1)"}, .backward = reshape_backward};
 
 mg_tensor *mg_expand_dims (mg_tensor *x, int axis) {
   MG_CHECK_ARG("mg_expand_dims", x, NULL);
@@ -132,7 +131,7 @@ static mg_status permute_backward (mg_node *n, mg_tensor *const *dout, mg_tensor
   din[0] = mg_permute(dout[0], inv);
   return MG_OK;
 }
-static const mg_opdef permute_op = {"permute", 0, permute_backward, NULL};
+static const mg_opdef permute_op = {.info = {.name = "permute", .kind = MG_OP_OTHER, .doc = "the axes reordered (transpose with a permutation)"}, .backward = permute_backward};
 
 mg_tensor *mg_transpose (mg_tensor *x, int axis1, int axis2) {
   MG_CHECK_ARG("mg_transpose", x, NULL);
@@ -180,7 +179,7 @@ static mg_status broadcast_backward (mg_node *n, mg_tensor *const *dout, mg_tens
   din[0] = mg_sum_to_shape(dout[0], SHAPE_OF(n, 0));
   return MG_OK;
 }
-static const mg_opdef broadcast_op = {"broadcast_to", 0, broadcast_backward, NULL};
+static const mg_opdef broadcast_op = {.info = {.name = "broadcast_to", .kind = MG_OP_OTHER, .doc = "a broadcast view with a larger shape"}, .backward = broadcast_backward};
 
 /* }========================================================== */
 
@@ -240,7 +239,7 @@ static mg_status slice_backward (mg_node *n, mg_tensor *const *dout, mg_tensor *
   din[0] = mg_unslice(dout[0], n->in_meta[0].shape, n->attr->a, n->attr->c);
   return MG_OK;
 }
-static const mg_opdef slice_op = {"slice", 0, slice_backward, NULL};
+static const mg_opdef slice_op = {.info = {.name = "slice", .kind = MG_OP_OTHER, .doc = "a view of start..stop by step along each axis"}, .backward = slice_backward};
 
 /* unslice: zeros of `shape` with x at start::step.  grad: slice(dout) */
 mg_tensor *mg_unslice (mg_tensor *x, const int64_t *shape, const int64_t *start, const int64_t *step) {
@@ -289,7 +288,7 @@ static mg_status unslice_backward (mg_node *n, mg_tensor *const *dout, mg_tensor
   din[0] = mg_slice(dout[0], n->attr->a, n->attr->b, n->attr->c);
   return MG_OK;
 }
-static const mg_opdef unslice_op = {"unslice", 0, unslice_backward, NULL};
+static const mg_opdef unslice_op = {.info = {.name = "unslice", .kind = MG_OP_OTHER, .doc = "zeros with x placed at start..stop by step (slice's adjoint)"}, .backward = unslice_backward};
 
 /* select: x[..., index, ...] along axis, dropping it (slice + reshape) */
 mg_tensor *mg_select (mg_tensor *x, int axis, int64_t index) {
@@ -389,7 +388,7 @@ static mg_status concat_backward (mg_node *n, mg_tensor *const *dout, mg_tensor 
   }
   return MG_OK;
 }
-static const mg_opdef concat_op = {"concat", 0, concat_backward, NULL};
+static const mg_opdef concat_op = {.info = {.name = "concat", .kind = MG_OP_OTHER, .doc = "tensors joined along an axis"}, .backward = concat_backward};
 
 /* stack: expand each at axis, then concat (a composite) */
 mg_tensor *mg_stack (mg_tensor *const *xs, int n, int axis) {
@@ -473,7 +472,7 @@ static mg_status gather_backward (mg_node *n, mg_tensor *const *dout, mg_tensor 
   din[0] = mg_scatter_add(dout[0], n->in[1], n->attr->axis, SHAPE_OF(n, 0));
   return MG_OK;
 }
-static const mg_opdef gather_op = {"gather", MG_SAVE_IN(1), gather_backward, NULL};
+static const mg_opdef gather_op = {.info = {.name = "gather", .kind = MG_OP_OTHER, .doc = "slices of x along an axis at integer indices"}, .saves = MG_SAVE_IN(1), .backward = gather_backward};
 
 #define SCATTER_ADD(T) do {                                                         \
     T *o_ = (T *)mg_ptr(out); const T *s_ = (const T *)mg_ptr(sc);                 \
@@ -530,6 +529,10 @@ static mg_status scatter_add_backward (mg_node *n, mg_tensor *const *dout, mg_te
   mg_tensor_release(g);
   return MG_OK;
 }
-static const mg_opdef scatter_add_op = {"scatter_add", MG_SAVE_IN(1), scatter_add_backward, NULL};
+static const mg_opdef scatter_add_op = {.info = {.name = "scatter_add", .kind = MG_OP_OTHER, .doc = "zeros with slices added at indices (gather's adjoint)"}, .saves = MG_SAVE_IN(1), .backward = scatter_add_backward};
 
 /* }========================================================== */
+
+static const mg_opdef *const rows[] = {&reshape_op, &permute_op, &broadcast_op, &slice_op, &unslice_op, &concat_op, &gather_op, &scatter_add_op};
+_Static_assert(sizeof rows / sizeof rows[0] == 8, "shape.c: a row is missing from rows[]");
+const mg_opfamily mg_shape_ops = {rows, sizeof rows / sizeof rows[0]};
