@@ -76,7 +76,21 @@ typedef struct mg_tape     mg_tape;       /* a gradient tape */
 /* }============================================================== */
 
 
-/* {======================= errors, threads ====================== */
+/* {==================== contexts, errors, threads ==================== */
+/* The library keeps its state (the last error, memory counters and
+** caches, the random streams, the active tapes) in a context. Each thread
+** has its own, made on first use, so threads (say, Lua states on threads of
+** their own) work independently. An object belongs to the context it was
+** made in; a context and its objects are used by one thread at a time. A
+** host may make contexts and switch; mg_context_use(NULL) goes back to the
+** thread's own. */
+
+typedef struct mg_context mg_context;
+MG_API mg_context *mg_context_new     (void);
+MG_API void        mg_context_free    (mg_context *c);   /* its objects must be gone */
+MG_API mg_context *mg_context_use     (mg_context *c);   /* returns the previous one */
+MG_API mg_context *mg_context_current (void);
+
 
 MG_API const char *mg_errmsg       (void);   /* text of the last failure */
 MG_API mg_status   mg_seterror     (const char *fmt, ...);   /* always MG_ERR */
@@ -349,6 +363,7 @@ MG_API mg_status mg_tape_batch_jacobian (mg_tape *t, mg_tensor *target, mg_tenso
                                          int unconnected_zero, mg_tensor **out);
 /* nonzero while recompute_grad re-runs a function for a gradient */
 MG_API int       mg_is_recomputing (void);
+MG_API int       mg_tapes_recording (void);      /* tapes recording now */
 
 /* }============================================================== */
 

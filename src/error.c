@@ -15,21 +15,21 @@
 
 #include "moongrad_impl.h"
 
-static _Thread_local char errbuf[512];
-static _Thread_local char cause[400];         /* the failure before a chain of NULLs */
-static _Thread_local bool null_chain;          /* errbuf says an argument was NULL */
+/* the message lives in the current context (context.c): per thread */
 
 const char *mg_errmsg (void) {
-  return errbuf[0] ? errbuf : "unknown error";
+  const char *m = mg_ctx()->error.msg;
+  return m[0] ? m : "unknown error";
 }
 
 mg_status mg_seterror (const char *fmt, ...) {
+  mg_context *c = mg_ctx();
   if (fmt == NULL) fmt = "mg_seterror: fmt is NULL";
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(errbuf, sizeof errbuf, fmt, ap);
+  vsnprintf(c->error.msg, sizeof c->error.msg, fmt, ap);
   va_end(ap);
-  null_chain = false;
+  c->error.null_chain = false;
   return MG_ERR;
 }
 
@@ -38,12 +38,14 @@ mg_status mg_seterror (const char *fmt, ...) {
 ** "the last error" and not "because", since a host may pass NULL for
 ** reasons of its own. */
 mg_status mg_null_arg (const char *fn, const char *name) {
-  if (!null_chain) snprintf(cause, sizeof cause, "%.399s", errbuf);
+  mg_context *c = mg_ctx();
+  char *msg = c->error.msg, *cause = c->error.cause;
+  if (!c->error.null_chain) snprintf(cause, sizeof c->error.cause, "%.399s", msg);
   if (cause[0])
-    snprintf(errbuf, sizeof errbuf, "%s: argument '%s' is NULL (the last error was: %.400s)", fn, name, cause);
+    snprintf(msg, sizeof c->error.msg, "%s: argument '%s' is NULL (the last error was: %.400s)", fn, name, cause);
   else
-    snprintf(errbuf, sizeof errbuf, "%s: argument '%s' is NULL", fn, name);
-  null_chain = true;
+    snprintf(msg, sizeof c->error.msg, "%s: argument '%s' is NULL", fn, name);
+  c->error.null_chain = true;
   return MG_ERR;
 }
 

@@ -44,6 +44,7 @@ mg_status mg_null_arg (const char *fn, const char *name);
 typedef enum mg_role { MG_ROLE_TENSOR, MG_ROLE_SAVED, MG_ROLE_VARIABLE, MG_ROLE__COUNT } mg_role;
 
 typedef struct mg_storage {
+  mg_context *ctx;        /* whose counters its bytes are in */
   int refcount;           /* tensors viewing it */
   int tape_refs;          /* tape nodes that saved a tensor viewing it */
   int var_refs;           /* variables whose value it is */
@@ -63,7 +64,67 @@ void        mg_storage_release (mg_storage *s);
 bool        mg_alloc_should_fail (void);
 /* between nodes of a backward walk: lets the host collect garbage */
 void        mg_memory_safe_point (void);
+void        mg_memory_release_small (void);  /* free() the recycled small blocks */
 void        mg_storage_add_refs (mg_storage *s, int tape_delta, int var_delta);
+
+/* }========================================================== */
+
+
+/* {======================== the context ======================= */
+/* Everything the library remembers between calls lives in one context
+** (context.c): errors, ids, tensor headers, memory counters and caches, the
+** random streams, the active tapes. Each thread has its own, made on first
+** use; a host may make more and switch (mg_context_use). An object keeps a
+** pointer to the context it was made in, and goes back to that one. */
+
+#define MG_CACHE_BUCKETS 256
+#define MG_SMALL_CLASSES 16        /* small blocks up to 1 KiB, by 64 bytes */
+#define MG_HEADER_POOL 4096        /* freed tensor headers kept */
+#define MG_MAX_PAUSE_DEPTH 200     /* nested recompute forwards */
+
+typedef struct mg_memory_state {
+  size_t role_bytes[MG_ROLE__COUNT];
+  size_t current, peak, peak_saved;
+  int64_t live_storages, allocations;
+  size_t allocated;                         /* bytes ever allocated */
+  void (*hook)(void *ud);                   /* timelines (mg_memory_set_hooks) */
+  void (*span)(const char *name, int begin, void *ud);
+  void *hook_ud;
+  void (*pressure)(void);                   /* safe points (mg_memory_set_pressure_hook) */
+  mg_storage *cache[MG_CACHE_BUCKETS];      /* free storages by size; next in ->data's first word */
+  size_t cached, cache_limit;
+  struct { void *head; int n; } small[MG_SMALL_CLASSES];
+  int64_t fail_countdown;                   /* injected failures; -1: not read from the env */
+} mg_memory_state;
+
+typedef struct mg_tape_state {
+  mg_tape **active;                         /* tapes not stopped, oldest first */
+  int nactive, capactive;
+  int recording;                            /* active and not paused */
+  int watching;                             /* variable-read watchers */
+  int recompute_depth;
+  struct mg_var_watcher *watchers;
+  struct { mg_tape **t; int n; } pauses[MG_MAX_PAUSE_DEPTH];
+  int npauses;
+  void (*on_read)(mg_variable *v);          /* installed by the tapes: a variable was read */
+} mg_tape_state;
+
+struct mg_context {
+  struct { char msg[512], cause[400]; bool null_chain; } error;
+  struct { uint64_t next, end; } ids;       /* a block of ids taken from the process */
+  struct { int64_t live; mg_tensor *pool[MG_HEADER_POOL]; int npool; } tensors;
+  mg_memory_state memory;
+  struct { mg_rng_state main, init; } rng;
+  mg_tape_state tapes;
+};
+
+extern _Thread_local mg_context *mg_current_context;
+mg_context *mg_context_default (void);      /* the thread's own, made on first use */
+
+static inline mg_context *mg_ctx (void) {
+  mg_context *c = mg_current_context;
+  return c ? c : mg_context_default();
+}
 
 /* }========================================================== */
 
@@ -71,6 +132,7 @@ void        mg_storage_add_refs (mg_storage *s, int tape_delta, int var_delta);
 /* {========================= tensors ========================= */
 
 struct mg_tensor {
+  mg_context *ctx;        /* whose live count it is in */
   int refcount;
   mg_dtype dtype;
   int ndim;
@@ -240,10 +302,11 @@ mg_status mg_record_ex (const mg_opdef *def, int nin, mg_tensor *const *in, int 
                         mg_tensor *const *out, const mg_attr *attr, void *ext,
                         mg_node **node);
 
-extern int mg_recording_tapes;         /* tapes recording now */
-extern int mg_variable_watchers;       /* watchers collecting reads */
+/* tapes recording now, in this context */
+#define mg_recording_tapes  (mg_ctx()->tapes.recording)
 static inline bool mg_anyone_listening (void) {
-  return mg_recording_tapes > 0 || mg_variable_watchers > 0;
+  const mg_tape_state *t = &mg_ctx()->tapes;
+  return t->recording > 0 || t->watching > 0;
 }
 
 /* records op `def` with one output when anyone listens, releasing the
@@ -262,7 +325,6 @@ typedef struct mg_var_watcher {
 void mg_watcher_push (mg_var_watcher *w);
 void mg_watcher_pop  (mg_var_watcher *w);     /* releases nothing; caller frees vars */
 void mg_watcher_free (mg_var_watcher *w);
-void mg_note_variable_read (mg_variable *v);
 
 /* true when a recording or paused tape has seen this id */
 bool mg_any_tape_tracks (uint64_t id);
@@ -312,5 +374,7 @@ static inline void mg_scope_end (mg_scope *s) {
 mg_tensor *mg_zeros_meta (const mg_meta *m);
 
 /* }========================================================== */
+
+
 
 #endif

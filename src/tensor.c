@@ -10,12 +10,6 @@
 
 #include "moongrad_impl.h"
 
-int64_t mg_live_tensors = 0;
-static uint64_t next_id = 1;
-
-uint64_t mg_new_id (void) {
-  return next_id++;
-}
 
 static const struct { const char *name; size_t size; } dtypes[MG_DTYPE__COUNT] = {
   {"float32", 4}, {"float64", 8}, {"int64", 8}, {"bool", 1}
@@ -103,20 +97,20 @@ int mg_check_axis (const char *fn, int axis, int ndim) {
   return a;
 }
 
-/* Freed tensor headers are kept for the next tensor: ops make and drop
-** them at a high rate, and a pointer pop beats malloc and free. */
-#define HEADER_POOL 4096
-static mg_tensor *pool[HEADER_POOL];
-static int npool;
-
+/* Freed tensor headers are kept for the next tensor (in the context's
+** pool): ops make and drop them at a high rate, and a pointer pop beats
+** malloc and free. */
 mg_tensor *mg_tensor_view (mg_storage *s, mg_dtype dt, const int64_t *shape, int ndim,
                            const int64_t *strides, int64_t offset) {
+  mg_context *c = mg_ctx();
   mg_tensor *t = mg_alloc_should_fail() ? NULL
-               : npool > 0 ? pool[--npool] : (mg_tensor *)malloc(sizeof(mg_tensor));
+               : c->tensors.npool > 0 ? c->tensors.pool[--c->tensors.npool]
+               : (mg_tensor *)malloc(sizeof(mg_tensor));
   if (t == NULL) {
     mg_seterror("out of memory allocating a tensor");
     return NULL;
   }
+  t->ctx = c;
   t->refcount = 1;
   t->dtype = dt;
   t->ndim = ndim;
@@ -131,7 +125,7 @@ mg_tensor *mg_tensor_view (mg_storage *s, mg_dtype dt, const int64_t *shape, int
     t->strides[i] = strides[i];
     t->numel *= shape[i];
   }
-  mg_live_tensors++;
+  c->tensors.live++;
   return t;
 }
 
@@ -163,8 +157,9 @@ mg_tensor *mg_tensor_retain (mg_tensor *t) {
 void mg_tensor_release (mg_tensor *t) {
   if (t == NULL || --t->refcount > 0) return;
   mg_storage_release(t->storage);
-  mg_live_tensors--;
-  if (MG_POOLS && npool < HEADER_POOL) pool[npool++] = t;
+  mg_context *c = t->ctx;
+  c->tensors.live--;
+  if (MG_POOLS && c->tensors.npool < MG_HEADER_POOL) c->tensors.pool[c->tensors.npool++] = t;
   else free(t);
 }
 
@@ -303,6 +298,3 @@ mg_tensor *mg_contiguous (mg_tensor *t) {
 
 /* }========================================================== */
 
-mg_tensor *mg_zeros_meta (const mg_meta *m) {
-  return mg_full(m->shape, m->ndim, m->dtype, 0.0);
-}

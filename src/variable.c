@@ -71,7 +71,8 @@ mg_tensor *mg_variable_exchange (mg_variable *v, mg_tensor *t) {
 
 mg_tensor *mg_variable_read (mg_variable *v) {
   MG_CHECK_ARG("mg_variable_read", v, NULL);
-  mg_note_variable_read(v);
+  void (*on_read)(mg_variable *) = mg_ctx()->tapes.on_read;   /* the tapes' hook */
+  if (on_read) on_read(v);
   return v->value;
 }
 

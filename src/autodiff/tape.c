@@ -17,158 +17,58 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "moongrad_impl.h"
-
-/* {===================== id maps and sets ==================== */
-/* Open addressing, linear probing; id 0 never occurs, so it marks empty.
-** Nothing is ever deleted: a map entry is cleared by setting its value. */
-
-#define IDMAP_INLINE 16                 /* most maps never need the heap */
-
-typedef struct idmap {
-  uint64_t *keys;
-  void **vals;
-  size_t cap, n;                        /* cap 0: empty, not started */
-  uint64_t ikeys[IDMAP_INLINE];
-  void *ivals[IDMAP_INLINE];
-} idmap;                                /* never copied once used: keys may point inside */
-
-static size_t slot_of (const idmap *m, uint64_t id) {
-  size_t i = (size_t)(id * 0x9E3779B97F4A7C15ULL) & (m->cap - 1);
-  while (m->keys[i] != 0 && m->keys[i] != id) i = (i + 1) & (m->cap - 1);
-  return i;
-}
-
-static mg_status idmap_grow (idmap *m) {
-  if (m->cap == 0) {                    /* start in the inline arrays */
-    memset(m->ikeys, 0, sizeof m->ikeys);
-    memset(m->ivals, 0, sizeof m->ivals);
-    m->keys = m->ikeys;
-    m->vals = m->ivals;
-    m->cap = IDMAP_INLINE;
-    return MG_OK;
-  }
-  size_t cap = m->cap * 4;
-  uint64_t *keys = (uint64_t *)calloc(cap, sizeof(uint64_t));
-  void **vals = (void **)calloc(cap, sizeof(void *));
-  if (keys == NULL || vals == NULL) {
-    free(keys);
-    free(vals);
-    return mg_seterror("out of memory growing a tape");
-  }
-  uint64_t *ok = m->keys;
-  void **ov = m->vals;
-  size_t ocap = m->cap;
-  m->keys = keys;
-  m->vals = vals;
-  m->cap = cap;
-  for (size_t i = 0; i < ocap; i++)
-    if (ok[i]) {
-      size_t s = slot_of(m, ok[i]);
-      keys[s] = ok[i];
-      vals[s] = ov[i];
-    }
-  if (ok != m->ikeys) {
-    free(ok);
-    free(ov);
-  }
-  return MG_OK;
-}
-
-/* the value slot for id, created (NULL) if absent; NULL when out of memory */
-static void **idmap_slot (idmap *m, uint64_t id) {
-  if ((m->n + 1) * 4 > m->cap * 3 && idmap_grow(m) != MG_OK) return NULL;
-  size_t s = slot_of(m, id);
-  if (m->keys[s] == 0) {
-    m->keys[s] = id;
-    m->vals[s] = NULL;
-    m->n++;
-  }
-  return &m->vals[s];
-}
-
-static bool idmap_has (const idmap *m, uint64_t id) {
-  return m->cap > 0 && m->keys[slot_of(m, id)] == id;
-}
-
-static void *idmap_get (const idmap *m, uint64_t id) {
-  if (m->cap == 0) return NULL;
-  size_t s = slot_of(m, id);
-  return m->keys[s] == id ? m->vals[s] : NULL;
-}
-
-static void idmap_free (idmap *m) {
-  if (m->cap > 0 && m->keys != m->ikeys) {
-    free(m->keys);
-    free(m->vals);
-  }
-  m->keys = NULL;
-  m->vals = NULL;
-  m->cap = m->n = 0;
-}
-
-/* }========================================================== */
-
+#include "autodiff.h"
 
 /* {========================= tapes ========================== */
+/* The active tapes, the watchers and the pauses are the context's
+** (mg_tape_state); a tape stays in the active list of the context that
+** made it. */
 
-struct mg_tape {
-  int refcount;
-  bool persistent, watch_accessed;
-  bool active;                /* in the active list: recording unless paused */
-  int paused;                 /* nested pauses */
-  bool used;                  /* a non-persistent tape gave its gradient */
-  int walking;                /* gradients of this tape being computed now */
-  idmap tracked;              /* ids this tape follows (values unused) */
-  mg_node **nodes;
-  size_t nnodes, capnodes;
-  mg_variable **vars;         /* watched variables, retained */
-  int nvars, capvars;
-};
+static mg_tape_state *tapes (void) { return &mg_ctx()->tapes; }
 
-static mg_tape **active;      /* tapes not stopped, oldest first */
-static int nactive, capactive;
-int mg_recording_tapes = 0;
-int mg_variable_watchers = 0;
-static int recompute_depth = 0;
-
-static void count_recording (void) {
+static void count_recording (mg_tape_state *T) {
   int n = 0;
-  for (int i = 0; i < nactive; i++) n += active[i]->paused == 0;
-  mg_recording_tapes = n;
+  for (int i = 0; i < T->nactive; i++) n += T->active[i]->paused == 0;
+  T->recording = n;
 }
 
 static mg_status activate (mg_tape *t) {
+  mg_tape_state *T = &t->ctx->tapes;
   if (t->active) return MG_OK;
-  if (nactive == capactive) {
-    int cap = capactive ? capactive * 2 : 8;
-    mg_tape **a = (mg_tape **)realloc(active, sizeof(mg_tape *) * (size_t)cap);
+  if (T->nactive == T->capactive) {
+    int cap = T->capactive ? T->capactive * 2 : 8;
+    mg_tape **a = (mg_tape **)realloc(T->active, sizeof(mg_tape *) * (size_t)cap);
     if (a == NULL) return mg_seterror("out of memory starting a tape");
-    active = a;
-    capactive = cap;
+    T->active = a;
+    T->capactive = cap;
   }
-  active[nactive++] = t;
+  T->active[T->nactive++] = t;
   t->active = true;
-  count_recording();
+  count_recording(T);
   return MG_OK;
 }
 
 static void deactivate (mg_tape *t) {
+  mg_tape_state *T = &t->ctx->tapes;
   if (!t->active) return;
-  for (int i = 0; i < nactive; i++)
-    if (active[i] == t) {
-      memmove(active + i, active + i + 1, sizeof(mg_tape *) * (size_t)(nactive - i - 1));
-      nactive--;
+  for (int i = 0; i < T->nactive; i++)
+    if (T->active[i] == t) {
+      memmove(T->active + i, T->active + i + 1, sizeof(mg_tape *) * (size_t)(T->nactive - i - 1));
+      T->nactive--;
       break;
     }
   t->active = false;
-  count_recording();
+  count_recording(T);
 }
+
+static void note_variable_read (mg_variable *v);
 
 mg_tape *mg_tape_new (int persistent, int watch_accessed_variables) {
   mg_tape *t = (mg_tape *)mg_small_alloc(sizeof(mg_tape));
   if (t == NULL) return mg_seterror("out of memory creating a tape"), NULL;
   memset(t, 0, sizeof *t);
+  t->ctx = mg_ctx();
+  t->ctx->tapes.on_read = note_variable_read;     /* variables tell the tapes of reads */
   t->refcount = 1;
   t->persistent = persistent != 0;
   t->watch_accessed = watch_accessed_variables != 0;
@@ -230,14 +130,16 @@ mg_status mg_tape_start (mg_tape *t) {
 void mg_tape_pause (mg_tape *t) {
   if (t == NULL) return;
   t->paused++;
-  count_recording();
+  count_recording(&t->ctx->tapes);
 }
 
 void mg_tape_resume (mg_tape *t) {
   if (t == NULL) return;
   if (t->paused > 0) t->paused--;
-  count_recording();
+  count_recording(&t->ctx->tapes);
 }
+
+int mg_tapes_recording (void) { return tapes()->recording; }
 
 int mg_tape_is_recording (const mg_tape *t) { return t && t->active && t->paused == 0; }
 size_t mg_tape_nnodes (const mg_tape *t) { return t ? t->nnodes : 0; }
@@ -289,68 +191,68 @@ mg_status mg_tape_watch_variable (mg_tape *t, mg_variable *v) {
 }
 
 bool mg_any_tape_tracks (uint64_t id) {
-  for (int i = 0; i < nactive; i++)
-    if (idmap_has(&active[i]->tracked, id)) return true;
+  mg_tape_state *T = tapes();
+  for (int i = 0; i < T->nactive; i++)
+    if (idmap_has(&T->active[i]->tracked, id)) return true;
   return false;
 }
 
 /* Tapes paused by mg_pause_all, resumed by the matching mg_resume_all. */
-#define MAX_PAUSE_DEPTH 200
-static struct { mg_tape **t; int n; } pauses[MAX_PAUSE_DEPTH];
-static int npauses;
-
 mg_status mg_pause_all (void) {
-  if (npauses == MAX_PAUSE_DEPTH)
-    return mg_seterror("recompute_grad: nested more than %d deep", MAX_PAUSE_DEPTH);
+  mg_tape_state *T = tapes();
+  if (T->npauses == MG_MAX_PAUSE_DEPTH)
+    return mg_seterror("recompute_grad: nested more than %d deep", MG_MAX_PAUSE_DEPTH);
   mg_tape **ts = NULL;
-  if (nactive > 0 && (ts = (mg_tape **)malloc(sizeof(mg_tape *) * (size_t)nactive)) == NULL)
+  if (T->nactive > 0 && (ts = (mg_tape **)malloc(sizeof(mg_tape *) * (size_t)T->nactive)) == NULL)
     return mg_seterror("out of memory pausing tapes");
-  for (int i = 0; i < nactive; i++) {
-    ts[i] = mg_tape_retain(active[i]);
-    active[i]->paused++;
+  for (int i = 0; i < T->nactive; i++) {
+    ts[i] = mg_tape_retain(T->active[i]);
+    T->active[i]->paused++;
   }
-  pauses[npauses].t = ts;
-  pauses[npauses].n = nactive;
-  npauses++;
-  count_recording();
+  T->pauses[T->npauses].t = ts;
+  T->pauses[T->npauses].n = T->nactive;
+  T->npauses++;
+  count_recording(T);
   return MG_OK;
 }
 
 void mg_resume_all (void) {
-  if (npauses == 0) return;
-  npauses--;
-  for (int i = 0; i < pauses[npauses].n; i++) {
-    mg_tape_resume(pauses[npauses].t[i]);
-    mg_tape_release(pauses[npauses].t[i]);
+  mg_tape_state *T = tapes();
+  if (T->npauses == 0) return;
+  T->npauses--;
+  for (int i = 0; i < T->pauses[T->npauses].n; i++) {
+    mg_tape_resume(T->pauses[T->npauses].t[i]);
+    mg_tape_release(T->pauses[T->npauses].t[i]);
   }
-  free(pauses[npauses].t);
-  count_recording();
+  free(T->pauses[T->npauses].t);
+  count_recording(T);
 }
 
-void mg_recompute_enter (void) { recompute_depth++; }
-void mg_recompute_leave (void) { recompute_depth--; }
-int mg_is_recomputing (void) { return recompute_depth > 0; }
+void mg_recompute_enter (void) { tapes()->recompute_depth++; }
+void mg_recompute_leave (void) { tapes()->recompute_depth--; }
+int mg_is_recomputing (void) { return tapes()->recompute_depth > 0; }
 
 /* }========================================================== */
 
 
 /* {================ variable-read watchers =================== */
 
-static mg_var_watcher *watchers;
-
 void mg_watcher_push (mg_var_watcher *w) {
+  mg_tape_state *T = tapes();
   w->vars = NULL;
   w->n = w->cap = 0;
   w->failed = false;
-  w->prev = watchers;
-  watchers = w;
-  mg_variable_watchers++;
+  w->prev = T->watchers;
+  T->watchers = w;
+  T->watching++;
+  T->on_read = note_variable_read;
 }
 
 void mg_watcher_pop (mg_var_watcher *w) {
-  mg_assert(watchers == w);
-  watchers = w->prev;
-  mg_variable_watchers--;
+  mg_tape_state *T = tapes();
+  mg_assert(T->watchers == w);
+  T->watchers = w->prev;
+  T->watching--;
 }
 
 void mg_watcher_free (mg_var_watcher *w) {
@@ -365,12 +267,15 @@ static void watcher_add (mg_var_watcher *w, mg_variable *v) {
   if (add_variable(&w->vars, &w->n, &w->cap, v, &added) != MG_OK) w->failed = true;
 }
 
-/* a read of v: every watcher sees it; tapes that watch accessed variables watch it */
-void mg_note_variable_read (mg_variable *v) {
-  for (mg_var_watcher *w = watchers; w; w = w->prev) watcher_add(w, v);
+/* a read of v (variables call it through the context's on_read, so the
+** core below the tapes never calls up into them): every watcher sees it;
+** tapes that watch accessed variables watch it */
+static void note_variable_read (mg_variable *v) {
+  mg_tape_state *T = tapes();
+  for (mg_var_watcher *w = T->watchers; w; w = w->prev) watcher_add(w, v);
   if (!v->trainable) return;
-  for (int i = 0; i < nactive; i++)
-    if (active[i]->paused == 0 && active[i]->watch_accessed) mg_tape_watch_variable(active[i], v);
+  for (int i = 0; i < T->nactive; i++)
+    if (T->active[i]->paused == 0 && T->active[i]->watch_accessed) mg_tape_watch_variable(T->active[i], v);
 }
 
 /* }========================================================== */
@@ -495,13 +400,14 @@ mg_status mg_record_ex (const mg_opdef *def, int nin, mg_tensor *const *in, int 
                         mg_tensor *const *out, const mg_attr *attr, void *ext, mg_node **node) {
   mg_node *n = NULL;
   mg_status st = MG_OK;
+  mg_tape_state *T = tapes();
   if (node) *node = NULL;
-  if (mg_variable_watchers > 0)
+  if (T->watching > 0)
     for (int j = 0; j < nin; j++)
       if (in[j]->var)
-        for (mg_var_watcher *w = watchers; w; w = w->prev) watcher_add(w, in[j]->var);
-  for (int i = 0; i < nactive && st == MG_OK; i++) {
-    mg_tape *t = active[i];
+        for (mg_var_watcher *w = T->watchers; w; w = w->prev) watcher_add(w, in[j]->var);
+  for (int i = 0; i < T->nactive && st == MG_OK; i++) {
+    mg_tape *t = T->active[i];
     if (t->paused || !tape_wants(t, nin, in)) continue;
     if (n == NULL && (n = node_new(def, nin, in, nout, out, attr, ext)) == NULL) {
       st = MG_ERR;
@@ -583,7 +489,7 @@ mg_status mg_accumulate (mg_tensor **acc, mg_tensor *g) {
   return MG_OK;
 }
 
-static void release_grads (idmap *g) {
+void mg_release_grads (idmap *g) {
   for (size_t i = 0; i < g->cap; i++) mg_tensor_release((mg_tensor *)g->vals[i]);
   idmap_free(g);
 }
@@ -661,9 +567,9 @@ done:
 ** soon as the walk is past it, so saved tensors are freed during the
 ** backward pass rather than after it, which lowers its peak.
 */
-static mg_status walk (mg_tape *t, int ntargets, mg_tensor *const *targets,
-                       mg_tensor *const *seeds, int nsources, mg_tensor *const *sources,
-                       idmap *grads, bool free_as_you_go, const char *fn) {
+mg_status mg_walk (mg_tape *t, int ntargets, mg_tensor *const *targets,
+                   mg_tensor *const *seeds, int nsources, mg_tensor *const *sources,
+                   idmap *grads, bool free_as_you_go, const char *fn) {
   idmap dep = {0}, keep_ids = {0};
   bool *relevant = NULL, small_relevant[256];
   mg_status st = MG_OK;
@@ -725,7 +631,7 @@ done:
   return st;
 }
 
-static mg_status check_usable (const mg_tape *t, const char *fn) {
+mg_status mg_tape_check_usable (const mg_tape *t, const char *fn) {
   if (!t->persistent && t->used)
     return mg_seterror("tape:%s: a non-persistent tape can only compute one gradient; "
                        "create it with mg.tape{persistent=true} to call it again", fn);
@@ -734,7 +640,7 @@ static mg_status check_usable (const mg_tape *t, const char *fn) {
 
 /* after a gradient, a non-persistent tape lets go of everything it saved
 ** (it still lists the variables it watched) */
-static void consume (mg_tape *t) {
+void mg_tape_consume (mg_tape *t) {
   if (t->persistent) return;
   t->used = true;
   deactivate(t);
@@ -764,13 +670,7 @@ static mg_status check_array (const char *fn, const char *name, int n, mg_tensor
   return MG_OK;
 }
 
-/* A walk runs host code (custom gradients, recompute) that may drop its
-** own references to the tape and to the tensors it asked about, or ask
-** this tape for another gradient: the walk holds references of its own,
-** and a tape being walked refuses to walk or reset again. */
-typedef struct held { mg_tape *t; mg_tensor **xs; int n; } held;
-
-static mg_status walk_begin (held *h, mg_tape *t, const char *fn, int na, mg_tensor *const *a,
+mg_status mg_walk_begin (mg_held *h, mg_tape *t, const char *fn, int na, mg_tensor *const *a,
                              int nb, mg_tensor *const *b, int nc, mg_tensor *const *c) {
   if (t->walking)
     return mg_seterror("tape:%s: called while this tape's gradient is being computed", fn);
@@ -786,7 +686,7 @@ static mg_status walk_begin (held *h, mg_tape *t, const char *fn, int na, mg_ten
   return MG_OK;
 }
 
-static void walk_end (held *h) {
+void mg_walk_end (mg_held *h) {
   mg_tape_resume(h->t);
   h->t->walking--;
   for (int i = 0; i < h->n; i++) mg_tensor_release(h->xs[i]);
@@ -804,153 +704,23 @@ mg_status mg_tape_gradient (mg_tape *t, int ntargets, mg_tensor *const *targets,
   if (check_array(fn, "targets", ntargets, targets) != MG_OK ||
       check_array(fn, "sources", nsources, sources) != MG_OK)
     return MG_ERR;
-  if (check_usable(t, "gradient") != MG_OK) return MG_ERR;
+  if (mg_tape_check_usable(t, "gradient") != MG_OK) return MG_ERR;
   for (int k = 0; k < ntargets; k++) {
     if (out_grads && out_grads[k] && check_seed(targets[k], out_grads[k], k) != MG_OK) return MG_ERR;
   }
-  held h = {0};
-  if (walk_begin(&h, t, "gradient", ntargets, targets, nsources, sources, ntargets, out_grads) != MG_OK)
+  mg_held h = {0};
+  if (mg_walk_begin(&h, t, "gradient", ntargets, targets, nsources, sources, ntargets, out_grads) != MG_OK)
     return MG_ERR;
   idmap map = {0};
   mg_memory_span("backward", 1);
-  mg_status st = walk(t, ntargets, targets, out_grads, nsources, sources, &map, !t->persistent,
+  mg_status st = mg_walk(t, ntargets, targets, out_grads, nsources, sources, &map, !t->persistent,
                       "gradient");
   mg_memory_span("backward", 0);
   if (st == MG_OK) st = collect(&map, nsources, sources, unconnected_zero, grads);
-  release_grads(&map);
-  consume(t);                        /* even after a failure: its nodes may be gone */
-  walk_end(&h);                      /* last: it may drop the final reference to t */
+  mg_release_grads(&map);
+  mg_tape_consume(t);                        /* even after a failure: its nodes may be gone */
+  mg_walk_end(&h);                      /* last: it may drop the final reference to t */
   return st;
-}
-
-/* a fresh seed: one-hot at element j of every batch row (batch >= 1) */
-static mg_tensor *one_hot (const mg_tensor *target, int64_t j, int64_t batch) {
-  mg_tensor *seed = mg_full(target->shape, target->ndim, target->dtype, 0.0);
-  if (seed == NULL) return NULL;
-  int64_t per = seed->numel / batch;
-  for (int64_t b = 0; b < batch; b++) {
-    int64_t i = b * per + j;
-    if (seed->dtype == MG_FLOAT32) ((float *)mg_ptr(seed))[i] = 1;
-    else ((double *)mg_ptr(seed))[i] = 1;
-  }
-  return seed;
-}
-
-/*
-** Rows of a jacobian: for j in [0, rows), the gradient of target seeded with
-** one-hot j (in each of `batch` rows), stacked along a new first axis.
-** *out stays NULL when source is unconnected and !zero. The tape is
-** consumed once, at the end.
-*/
-static mg_status jacobian_rows (mg_tape *t, mg_tensor *target, mg_tensor *source, int zero,
-                                int64_t rows, int64_t batch, const char *fn, mg_tensor **out) {
-  if (check_usable(t, fn) != MG_OK) return MG_ERR;
-  if (rows > (1 << 20))
-    return mg_seterror("tape:%s: target is too large (%lld elements)", fn, (long long)rows);
-  held h = {0};
-  if (walk_begin(&h, t, fn, 1, &target, 1, &source, 0, NULL) != MG_OK) return MG_ERR;
-  bool differentiable = mg_is_float(target->dtype) && mg_is_float(source->dtype);
-  mg_tensor **parts = (mg_tensor **)calloc((size_t)(rows > 0 ? rows : 1), sizeof(mg_tensor *));
-  mg_status st = parts ? MG_OK : mg_seterror("out of memory in tape:%s", fn);
-  bool connected = false;
-  for (int64_t j = 0; j < rows && st == MG_OK; j++) {
-    idmap map = {0};
-    mg_tensor *seed = differentiable ? one_hot(target, j, batch) : NULL;
-    if (differentiable)
-      st = seed ? walk(t, 1, &target, &seed, 1, &source, &map, false, fn) : MG_ERR;
-    mg_tensor_release(seed);
-    mg_tensor *g = st == MG_OK ? (mg_tensor *)idmap_get(&map, source->id) : NULL;
-    connected |= g != NULL;
-    if (st == MG_OK)
-      parts[j] = g ? mg_tensor_retain(g) : mg_full(source->shape, source->ndim, source->dtype, 0.0);
-    if (st == MG_OK && parts[j] == NULL) st = MG_ERR;
-    release_grads(&map);
-  }
-  if (st == MG_OK && (connected || zero)) {
-    if (rows > 0) {
-      *out = mg_stack(parts, (int)rows, 0);
-    } else {
-      int64_t sh[MG_MAX_DIMS + 1] = {0};
-      memcpy(sh + 1, source->shape, sizeof(int64_t) * (size_t)source->ndim);
-      *out = mg_full(sh, source->ndim + 1, source->dtype, 0.0);
-    }
-    if (*out == NULL) st = MG_ERR;
-  }
-  for (int64_t j = 0; parts && j < rows; j++) mg_tensor_release(parts[j]);
-  free(parts);
-  if (st == MG_OK) consume(t);
-  walk_end(&h);                      /* last: it may drop the final reference to t */
-  return st;
-}
-
-/* the jacobian's shape: the target's dims from `from` on, then the
-** source's; checked before any work */
-static int jacobian_shape (const mg_tensor *y, const mg_tensor *x, int from, const char *fn,
-                           int64_t *shape) {
-  int nd = (y->ndim - from) + (x->ndim - from) + from;
-  if (nd > MG_MAX_DIMS)
-    return mg_seterror("tape:%s: the result would have %d dimensions (at most %d)", fn, nd,
-                       MG_MAX_DIMS), -1;
-  int k = 0;
-  for (int i = 0; i < from; i++) shape[k++] = y->shape[i];
-  for (int i = from; i < y->ndim; i++) shape[k++] = y->shape[i];
-  for (int i = from; i < x->ndim; i++) shape[k++] = x->shape[i];
-  return nd;
-}
-
-static mg_status jacobian_args (const char *fn, mg_tape *t, mg_tensor *y, mg_tensor *x,
-                                mg_tensor **out) {
-  MG_CHECK_ARG(fn, out, MG_ERR);
-  *out = NULL;
-  MG_CHECK_ARG(fn, t, MG_ERR);
-  MG_CHECK_ARG(fn, y, MG_ERR);
-  MG_CHECK_ARG(fn, x, MG_ERR);
-  return MG_OK;
-}
-
-/* rows (n, ...) reshaped to shape; takes over rows */
-static mg_status reshape_rows (mg_tensor **r, const int64_t *shape, int nd) {
-  if (*r == NULL) return MG_OK;
-  mg_tensor *x = mg_reshape(*r, shape, nd);
-  mg_tensor_release(*r);
-  *r = x;
-  return x ? MG_OK : MG_ERR;
-}
-
-mg_status mg_tape_jacobian (mg_tape *t, mg_tensor *target, mg_tensor *source, int zero,
-                            mg_tensor **out) {
-  int64_t shape[MG_MAX_DIMS];
-  if (jacobian_args("mg_tape_jacobian", t, target, source, out) != MG_OK) return MG_ERR;
-  int nd = jacobian_shape(target, source, 0, "jacobian", shape);
-  if (nd < 0 || jacobian_rows(t, target, source, zero, target->numel, 1, "jacobian", out) != MG_OK)
-    return MG_ERR;
-  return reshape_rows(out, shape, nd);
-}
-
-mg_status mg_tape_batch_jacobian (mg_tape *t, mg_tensor *target, mg_tensor *source, int zero,
-                                  mg_tensor **out) {
-  char a[160], b[160];
-  if (jacobian_args("mg_tape_batch_jacobian", t, target, source, out) != MG_OK) return MG_ERR;
-  if (target->ndim < 1 || source->ndim < 1 || target->shape[0] != source->shape[0])
-    return mg_seterror("tape:batch_jacobian: target %s and source %s need the same first (batch) "
-                       "dimension", mg_shape_str(a, sizeof a, target->shape, target->ndim),
-                       mg_shape_str(b, sizeof b, source->shape, source->ndim));
-  int64_t shape[MG_MAX_DIMS];
-  int nd = jacobian_shape(target, source, 1, "batch_jacobian", shape);
-  int64_t batch = target->shape[0], per = batch ? target->numel / batch : 0;
-  if (nd < 0 || jacobian_rows(t, target, source, zero, per, batch ? batch : 1, "batch_jacobian",
-                              out) != MG_OK)
-    return MG_ERR;
-  if (*out == NULL) return MG_OK;
-  /* rows: (T, B, S...) -> (B, T, S...) -> (B, target rest..., source rest...) */
-  int perm[MG_MAX_DIMS];
-  for (int i = 0; i < (*out)->ndim; i++) perm[i] = i;
-  perm[0] = 1;
-  perm[1] = 0;
-  mg_tensor *p = mg_permute(*out, perm);
-  mg_tensor_release(*out);
-  *out = p;
-  return p ? reshape_rows(out, shape, nd) : MG_ERR;
 }
 
 /* }========================================================== */

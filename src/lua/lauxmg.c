@@ -11,7 +11,9 @@
 
 #include "lbinding.h"
 
-lua_State *mgL_running = NULL;
+/* Per thread, as the library's contexts: a Lua state runs on one thread
+** at a time, and two states on two threads must not share these. */
+_Thread_local lua_State *mgL_running = NULL;
 
 /* The tensor and variable metatables are also kept in the registry under
 ** these addresses: finding one by light userdata costs a pointer hash,
@@ -21,7 +23,7 @@ static const char tensor_key = 'T', variable_key = 'V';
 /* The metatables' addresses, to recognise tensors and variables with one
 ** pointer compare. Only a first guess: a miss falls back to the registry,
 ** and the state's closing (a finalizer on a sentinel) forgets them. */
-static const void *tensor_mt, *variable_mt;
+static _Thread_local const void *tensor_mt, *variable_mt;
 
 static int forget_metatables (lua_State *L) {
   MG_UNUSED(L);

@@ -86,9 +86,11 @@ void       mgL_rebuild     (lua_State *L, int idx, int acc, int *k);
 /* collects garbage tensors when tensor memory has grown enough (after each
 ** new tensor) */
 void       mgL_gc_pressure (lua_State *L);
+/* the context's safe-point hook: collects on mgL_running */
+void       mgL_pressure_during_gradient (void);
 
 /* the lua_State a gradient walk runs in, for the collector's safe points */
-extern lua_State *mgL_running;
+extern _Thread_local lua_State *mgL_running;
 /* around a gradient computation asked for from L: Lua callbacks of L's
 ** state (custom gradients, recompute) run on L; returns what to restore */
 lua_State *mgL_enter (lua_State *L);

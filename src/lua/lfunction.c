@@ -85,6 +85,7 @@ lua_State *mgL_enter (lua_State *L) {
   lua_State *prev = a->running;
   a->running = L;
   mgL_running = L;
+  mg_memory_set_pressure_hook(mgL_pressure_during_gradient);   /* this thread's context */
   return prev;
 }
 
@@ -394,7 +395,7 @@ static int recompute_call (lua_State *L) {
   luaL_checkstack(L, nargs + 8, "too many arguments");
   lua_getiuservalue(L, 1, 1);                      /* f */
   int fidx = lua_gettop(L);
-  if (mg_recording_tapes == 0) {                   /* nothing to save memory from */
+  if (mg_tapes_recording() == 0) {                 /* nothing to save memory from */
     for (int i = 0; i < nargs; i++) lua_pushvalue(L, 2 + i);
     lua_call(L, nargs + push_flag(L, pass_flag), LUA_MULTRET);
     return lua_gettop(L) - fidx + 1;

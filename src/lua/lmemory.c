@@ -11,13 +11,14 @@
 
 #define GC_MIN_GROWTH ((size_t)16 << 20)
 
-static int gc_pause = 200;               /* percent, as lua_gc's setpause */
-static size_t gc_min_growth = GC_MIN_GROWTH;
-static size_t gc_mark = 0;               /* allocated_bytes at the last collection */
-static size_t gc_allowance = GC_MIN_GROWTH;
+/* per thread, as the contexts whose bytes they pace */
+static _Thread_local int gc_pause = 200;     /* percent, as lua_gc's setpause */
+static _Thread_local size_t gc_min_growth = GC_MIN_GROWTH;
+static _Thread_local size_t gc_mark = 0;     /* allocated_bytes at the last collection */
+static _Thread_local size_t gc_allowance = GC_MIN_GROWTH;
 
 void mgL_gc_pressure (lua_State *L) {
-  static bool collecting = false;
+  static _Thread_local bool collecting = false;
   if (collecting || mg_memory_allocated_bytes() - gc_mark <= gc_allowance) return;
   collecting = true;
   lua_gc(L, LUA_GCCOLLECT);
@@ -33,7 +34,7 @@ void mgL_gc_pressure (lua_State *L) {
 ** the forward pass's garbage boxes still pin tensors the tape has let go
 ** of: collect from the allocator then, on the thread that asked for the
 ** gradient (the only one it is safe to run finalizers on). */
-static void pressure_during_gradient (void) {
+void mgL_pressure_during_gradient (void) {
   if (mgL_running != NULL) mgL_gc_pressure(mgL_running);
 }
 
@@ -114,7 +115,7 @@ static const luaL_Reg memory_funcs[] = {
 };
 
 void mgL_open_memory (lua_State *L) {
-  mg_memory_set_pressure_hook(pressure_during_gradient);
+  mg_memory_set_pressure_hook(mgL_pressure_during_gradient);
   luaL_newlib(L, memory_funcs);
   mgL_open_trace(L);
   lua_setfield(L, -2, "memory");

@@ -27,7 +27,7 @@ typedef struct tracer {
   size_t last[3];
 } tracer;
 
-static tracer *active;
+static _Thread_local tracer *active;      /* per thread: a trace follows its context */
 
 static double now_us (void) {
   struct timespec ts;

@@ -38,6 +38,10 @@ mg_tensor *mg_full_int64 (const int64_t *shape, int ndim, int64_t value) {
   return t;
 }
 
+mg_tensor *mg_zeros_meta (const mg_meta *m) {
+  return mg_full(m->shape, m->ndim, m->dtype, 0.0);
+}
+
 mg_tensor *mg_scalar (double value, mg_dtype dt) {
   return mg_full(NULL, 0, dt, value);
 }
