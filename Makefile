@@ -30,10 +30,10 @@ WARN = -Wall -Wextra \
 CFLAGS  = -std=c11 -D_POSIX_C_SOURCE=200809L $(OPT) $(MARCH) -fno-math-errno -fPIC -fopenmp \
           -Iinclude -Isrc -I$(LUA_INC) $(WARN) $(MYCFLAGS)
 # CFLAGS += -DMG_ASSERT_ON      (internal invariants)
-LIBS    = -ldnnl -lmvec -lm -fopenmp
+LIBS    = -ldnnl -lcjson -lmvec -lm -fopenmp
 
 # Debian packages the build and the tests need
-DEPS = lua5.4 liblua5.4-dev lua-busted libreadline-dev libdnnl-dev tmux luarocks
+DEPS = lua5.4 liblua5.4-dev lua-busted libreadline-dev libdnnl-dev libcjson-dev tmux luarocks
 
 LIB_SRC = $(wildcard src/*.c src/ops/*.c src/autodiff/*.c src/lua/*.c)
 LIB_SRC := $(filter-out src/main.c,$(LIB_SRC))
@@ -41,7 +41,7 @@ LUA_MODS = $(wildcard lua/moongrad/*.lua)
 LIB_OBJ = $(patsubst src/%.c,$(BUILD)/obj/%.o,$(LIB_SRC)) $(BUILD)/obj/embedded.o
 HEADERS = $(wildcard include/*.h src/*.h src/*/*.h)
 
-.PHONY: all deps test demo asan bench install clean check sz
+.PHONY: all deps test demo asan asan-build fuzz run-c-tests bench install clean check sz
 
 all: $(BUILD)/moongrad $(BUILD)/moongrad.so $(BUILD)/libmoongrad.a
 
@@ -71,43 +71,67 @@ $(BUILD)/obj/main.o: src/main.c $(HEADERS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -DMG_USE_READLINE -c $< -o $@
 
-# a C host embedding Lua and the library (examples/embed_host.c)
-$(BUILD)/embed_host: examples/embed_host.c $(BUILD)/libmoongrad.a
+# C programs on the public API: a host embedding Lua (examples/embed_host.c),
+# recompute from C alone (examples/recompute_host.c), bad C arguments (spec/)
+C_TESTS = $(BUILD)/embed_host $(BUILD)/recompute_host $(BUILD)/c_api_test
+
+$(BUILD)/%: examples/%.c $(BUILD)/libmoongrad.a
 	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libmoongrad.a $(LUA_LIB) $(LIBS)
 
+$(BUILD)/%: spec/%.c $(BUILD)/libmoongrad.a
+	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libmoongrad.a $(LUA_LIB) $(LIBS)
+
+run-c-tests: $(C_TESTS)
+	@for t in $(C_TESTS); do $$t || exit 1; done
+
 # installs what is missing, and nothing when all is there; as root directly,
-# otherwise through sudo. bench/run.sh reuses it: make deps DEPS="..."
+# otherwise through sudo (env after sudo: sudo resets the environment).
+# bench/run.sh reuses it: make deps DEPS="..."
 deps:
 	@missing=""; for p in $(DEPS); do \
 	  dpkg -s $$p 2>/dev/null | grep -q '^Status: install ok installed' || missing="$$missing $$p"; \
 	done; \
 	[ -z "$$missing" ] && exit 0; \
-	echo "installing Debian packages:$$missing"; \
-	if [ "$$(id -u)" = 0 ]; then as_root=""; \
+	if ! command -v apt-get >/dev/null 2>&1; then \
+	  echo "make deps: missing:$$missing; there is no apt-get here (not Debian?): install them by hand" >&2; exit 1; \
+	elif [ "$$(id -u)" = 0 ]; then as_root=""; \
 	elif command -v sudo >/dev/null 2>&1; then as_root="sudo"; \
-	else echo "make deps: not root and no sudo; install these as root:$$missing" >&2; exit 1; fi; \
-	$$as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
-	$$as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing
+	else echo "make deps: missing Debian packages:$$missing" >&2; \
+	  echo "make deps: not root and no sudo; as root, run: apt-get install$$missing" >&2; exit 1; fi; \
+	echo "make deps: installing Debian packages$${as_root:+ (through sudo)}:$$missing"; \
+	apt="$$as_root env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300"; \
+	$$apt update -qq && $$apt install -y -qq --no-install-recommends $$missing || \
+	{ echo "make deps: apt-get failed; could not install:$$missing" >&2; exit 1; }
 
-check: $(BUILD)/embed_host
-	$(BUILD)/embed_host
+check: run-c-tests
 
 test: deps
-	$(MAKE) all $(BUILD)/embed_host
-	$(BUILD)/embed_host
+	$(MAKE) all
+	$(MAKE) run-c-tests
 	$(LUA) /usr/bin/busted
 
 demo: deps
 	$(MAKE) all
 	$(BUILD)/moongrad examples/seed_recompute.lua
 
-# AddressSanitizer + UBSan: the interpreter is built instrumented and runs busted itself
-asan: deps
-	$(MAKE) BUILD=build-asan OPT="-O1 -g -fno-omit-frame-pointer" \
-	  MYCFLAGS="-fsanitize=address,undefined -fno-sanitize-recover=undefined" \
-	  LIBS="-ldnnl -lmvec -lm -fopenmp -fsanitize=address,undefined" build-asan/moongrad
-	ASAN_OPTIONS=allocator_may_return_null=1:detect_leaks=1 MOONGRAD_BIN=build-asan/moongrad \
-	  build-asan/moongrad /usr/bin/busted
+# AddressSanitizer + UBSan: the interpreter is built instrumented and runs
+# busted itself; the C programs run instrumented too
+ASAN_MAKE = $(MAKE) BUILD=build-asan OPT="-O1 -g -fno-omit-frame-pointer" \
+  MYCFLAGS="-fsanitize=address,undefined -fno-sanitize-recover=undefined" \
+  LIBS="-ldnnl -lcjson -lmvec -lm -fopenmp -fsanitize=address,undefined"
+export ASAN_OPTIONS ?= allocator_may_return_null=1:detect_leaks=1
+
+asan-build: deps
+	$(ASAN_MAKE) build-asan/moongrad
+
+asan: asan-build
+	$(ASAN_MAKE) run-c-tests
+	MOONGRAD_BIN=build-asan/moongrad build-asan/moongrad /usr/bin/busted
+
+# random programs over the whole API under the sanitizers (spec/fuzz/):
+# FUZZ_SECONDS=600 by default, FUZZ_SEED= to replay a run
+fuzz: asan-build
+	bash spec/fuzz/run.sh
 
 bench: deps
 	$(MAKE) all

@@ -7,13 +7,10 @@ cd "$(dirname "$0")/.."
 BIN=${MOONGRAD_BIN:-build/moongrad}
 ROUNDS=${ROUNDS:-5}
 
-missing=""
-for p in python3-torch libopenblas-dev; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
-if [ -n "$missing" ]; then
-  echo "installing Debian packages for the benchmarks:$missing"
-  if [ "$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi
-  $SUDO apt-get install -y -qq $missing >/dev/null 2>&1 || echo "(could not install:$missing; going on without)"
-fi
+# the Makefile's deps recipe: nothing when both are there, else apt-get as root or through sudo
+BENCH_DEPS="python3-torch libopenblas-dev"
+"${MAKE:-make}" -s --no-print-directory deps DEPS="$BENCH_DEPS" \
+  || echo "(could not install the benchmark packages ($BENCH_DEPS); going on without)"
 cc -O2 bench/gemm_ceiling.c -ldnnl -lopenblas -o build/gemm_ceiling 2>/dev/null \
   || echo "(no OpenBLAS: the sgemm ceiling is skipped)"
 

@@ -76,11 +76,26 @@ typedef struct mg_tape     mg_tape;       /* a gradient tape */
 /* }============================================================== */
 
 
-/* {======================= errors, threads ====================== */
+/* {==================== contexts, errors, threads ==================== */
+/* The library keeps its state (the last error, memory counters and
+** caches, the random streams, the active tapes) in a context. Each thread
+** has its own, made on first use, so threads (say, Lua states on threads of
+** their own) work independently. An object belongs to the context it was
+** made in; a context and its objects are used by one thread at a time. A
+** host may make contexts and switch; mg_context_use(NULL) goes back to the
+** thread's own. */
+
+typedef struct mg_context mg_context;
+MG_API mg_context *mg_context_new     (void);
+MG_API void        mg_context_free    (mg_context *c);   /* its objects must be gone */
+MG_API mg_context *mg_context_use     (mg_context *c);   /* returns the previous one */
+MG_API mg_context *mg_context_current (void);
+
 
 MG_API const char *mg_errmsg       (void);   /* text of the last failure */
 MG_API mg_status   mg_seterror     (const char *fmt, ...);   /* always MG_ERR */
-MG_API void        mg_set_num_threads (int n);
+#define MG_MAX_THREADS  1024       /* most threads mg_set_num_threads accepts */
+MG_API mg_status   mg_set_num_threads (int n);      /* 1 <= n <= MG_MAX_THREADS */
 MG_API int         mg_get_num_threads (void);
 /* Asks the running computation to stop: long loops (printing, elementwise
 ** and reduction kernels, the backward walk) check the flag between chunks
@@ -99,6 +114,7 @@ MG_API void         mg_tensor_release  (mg_tensor *t);   /* -1; NULL is fine */
 MG_API mg_dtype     mg_tensor_dtype    (const mg_tensor *t);
 MG_API int          mg_tensor_ndim     (const mg_tensor *t);
 MG_API const int64_t *mg_tensor_shape  (const mg_tensor *t);
+MG_API const int64_t *mg_tensor_strides (const mg_tensor *t);  /* in elements; 0 where broadcast */
 MG_API int64_t      mg_tensor_numel    (const mg_tensor *t);
 MG_API uint64_t     mg_tensor_id       (const mg_tensor *t);  /* unique per tensor */
 MG_API int          mg_tensor_is_contiguous (const mg_tensor *t);
@@ -106,6 +122,7 @@ MG_API int          mg_tensor_is_contiguous (const mg_tensor *t);
 MG_API mg_tensor   *mg_contiguous      (mg_tensor *t);
 /* first element of a contiguous tensor: float*, double*, int64_t* or uint8_t* */
 MG_API void        *mg_tensor_data     (const mg_tensor *t);
+/* one element as a double, index 0-based; NaN + error when out of range */
 MG_API double       mg_tensor_get      (const mg_tensor *t, const int64_t *index);
 MG_API const char  *mg_dtype_name      (mg_dtype dt);    /* "float32" ... */
 MG_API int          mg_dtype_from_name (const char *name);  /* -1 if unknown */
@@ -122,12 +139,49 @@ MG_API char        *mg_tensor_format   (const mg_tensor *t);
 
 MG_API mg_tensor *mg_empty     (const int64_t *shape, int ndim, mg_dtype dt);
 MG_API mg_tensor *mg_full      (const int64_t *shape, int ndim, mg_dtype dt, double value);
+MG_API mg_tensor *mg_full_int64 (const int64_t *shape, int ndim, int64_t value);  /* exact */
 MG_API mg_tensor *mg_scalar    (double value, mg_dtype dt);   /* 0-d */
 /* copies n = prod(shape) values, converting from double */
 MG_API mg_tensor *mg_from_doubles (const double *values, const int64_t *shape, int ndim, mg_dtype dt);
 MG_API mg_tensor *mg_arange    (double start, double stop, double step, mg_dtype dt);
+MG_API mg_tensor *mg_arange_int64 (int64_t start, int64_t stop, int64_t step);   /* exact */
 MG_API mg_tensor *mg_eye       (int64_t n, int64_t m, mg_dtype dt);
 MG_API mg_tensor *mg_cast      (mg_tensor *x, mg_dtype dt);    /* differentiable float->float */
+
+/* }============================================================== */
+
+
+/* {===================== the op registry ======================= */
+/* Every primitive op is one row of a registry: its name, how it is called,
+** its symbol and Lua metamethod, and a one-line description. (The row's
+** private part holds its kernels by dtype, its backward rule and what it
+** saves.) The Lua binding makes mg.<name>, x:<name>() and the metamethods by
+** walking it, so an op is added in one place. */
+
+typedef enum mg_opkind {
+  MG_OP_UNARY,           /* mg_tensor *f(mg_tensor *x) */
+  MG_OP_BINARY,          /* mg_tensor *f(mg_tensor *a, mg_tensor *b), broadcasting */
+  MG_OP_REDUCE,          /* mg_tensor *f(mg_tensor *x, int axis, int keepdims) */
+  MG_OP_OTHER            /* its own signature (matmul, reshape, softmax ...) */
+} mg_opkind;
+
+typedef struct mg_opinfo {
+  const char *name;      /* "add": mg_add in C, mg.add and x:add() in Lua */
+  mg_opkind kind;
+  const char *symbol;    /* "+" (in messages), or NULL */
+  const char *metamethod;/* "__add", or NULL */
+  const char *verb;      /* "add": "attempt to add a 'string' with a ...", or NULL */
+  const char *doc;       /* one line: what it computes */
+  union {
+    mg_tensor *(*unary)(mg_tensor *x);
+    mg_tensor *(*binary)(mg_tensor *a, mg_tensor *b);
+    mg_tensor *(*reduce)(mg_tensor *x, int axis, int keepdims);
+  } fn;                  /* NULL for MG_OP_OTHER */
+} mg_opinfo;
+
+MG_API int               mg_op_count (void);
+MG_API const mg_opinfo  *mg_op_info  (int i);          /* 0 <= i < mg_op_count() */
+MG_API const mg_opinfo  *mg_op_find  (const char *name);   /* NULL if none */
 
 /* }============================================================== */
 
@@ -166,6 +220,7 @@ MG_API mg_tensor *mg_sign     (mg_tensor *x);                 /* no gradient */
 MG_API mg_tensor *mg_tanh     (mg_tensor *x);
 MG_API mg_tensor *mg_sigmoid  (mg_tensor *x);                 /* 1 / (1 + exp(-x)) */
 MG_API mg_tensor *mg_relu     (mg_tensor *x);                 /* max(x, 0) */
+MG_API mg_tensor *mg_softplus (mg_tensor *x);                 /* log(1 + e^x), stably */
 MG_API mg_tensor *mg_relu_grad (mg_tensor *d, mg_tensor *y);   /* y > 0 ? d : 0 (relu's backward) */
 
 /* }============================================================== */
@@ -265,7 +320,7 @@ MG_API mg_tensor   *mg_variable_read    (mg_variable *v);   /* borrowed; tapes n
 MG_API mg_tensor   *mg_variable_peek    (mg_variable *v);   /* borrowed; nobody notices */
 MG_API mg_status    mg_variable_assign  (mg_variable *v, mg_tensor *value);  /* shape/dtype fixed */
 /* v = v + alpha * x in one pass, in place unless someone holds v's value;
-** x has v's shape or one element */
+** x has v's shape, or is 0-d (one number) */
 MG_API mg_status    mg_variable_axpy    (mg_variable *v, double alpha, mg_tensor *x);
 MG_API const char  *mg_variable_name    (const mg_variable *v);
 MG_API int          mg_variable_trainable (const mg_variable *v);
@@ -283,11 +338,13 @@ MG_API void      mg_tape_pause   (mg_tape *t);          /* nested pause ... */
 MG_API void      mg_tape_resume  (mg_tape *t);          /* ... and its end */
 MG_API mg_status mg_tape_start   (mg_tape *t);          /* record again after stop */
 MG_API int       mg_tape_is_recording (const mg_tape *t);
-MG_API void      mg_tape_watch   (mg_tape *t, mg_tensor *x);
-MG_API void      mg_tape_watch_variable (mg_tape *t, mg_variable *v);
+MG_API mg_status mg_tape_watch   (mg_tape *t, mg_tensor *x);
+MG_API mg_status mg_tape_watch_variable (mg_tape *t, mg_variable *v);
 MG_API int       mg_tape_nvariables (const mg_tape *t);
-MG_API mg_variable *mg_tape_variable (const mg_tape *t, int i);  /* borrowed */
-MG_API void      mg_tape_reset   (mg_tape *t);          /* forget everything recorded */
+MG_API mg_variable *mg_tape_variable (const mg_tape *t, int i);  /* borrowed; 0 <= i < n */
+/* forgets everything recorded; refused while the tape's gradient is being
+** computed (from a custom gradient's backward, say) */
+MG_API mg_status mg_tape_reset   (mg_tape *t);
 MG_API size_t    mg_tape_saved_bytes (const mg_tape *t);   /* held for backward */
 MG_API size_t    mg_tape_nnodes  (const mg_tape *t);
 /* grads[i] = d(sum of targets)/d sources[i], or NULL when unconnected and
@@ -306,6 +363,62 @@ MG_API mg_status mg_tape_batch_jacobian (mg_tape *t, mg_tensor *target, mg_tenso
                                          int unconnected_zero, mg_tensor **out);
 /* nonzero while recompute_grad re-runs a function for a gradient */
 MG_API int       mg_is_recomputing (void);
+MG_API int       mg_tapes_recording (void);      /* tapes recording now */
+
+/* }============================================================== */
+
+
+/* {============ custom gradients and recompute, from C ============ */
+/* Both run a host function as one op on the tapes. The host gives a
+** forward (outputs from inputs), for custom gradients a backward, and a
+** release for its user data. They are what the Lua binding builds
+** mg.custom_gradient and mg.recompute_grad on; examples/recompute_host.c
+** uses them from C alone. */
+
+/* a growable list of tensors, for a callback's outputs */
+typedef struct mg_list { int n, cap; mg_tensor **t; } mg_list;
+/* appends t, taking over the reference; NULL t (a failed op) or no memory:
+** MG_ERR, with t released */
+MG_API mg_status mg_list_push  (mg_list *l, mg_tensor *t);
+MG_API void      mg_list_clear (mg_list *l);     /* releases the tensors, frees */
+
+/* What a custom gradient's backward gets. Its inputs are the forward's
+** inputs, then the trainable variables the forward read that were not
+** inputs; din has one slot for each. */
+typedef struct mg_grad_args {
+  int nout;
+  mg_tensor *const *dout;        /* one per output; zeros where no gradient reached it */
+  int nin, nvars;                /* din[0..nin) for inputs, din[nin..nin+nvars) for vars */
+  mg_variable *const *vars;
+  const int *needs;              /* needs[j]: din[j] is wanted */
+  mg_tensor **din;               /* set wanted ones (new references); left NULL: zeros */
+} mg_grad_args;
+
+typedef struct mg_function {
+  const char *name;              /* for messages: "custom_gradient", "my_block" */
+  /* appends the outputs for in[0..nin) to out; runs with every tape
+  ** paused while the variables it reads are noted */
+  mg_status (*forward)  (void *ud, int nin, mg_tensor *const *in, mg_list *out);
+  /* custom gradients only: fills a->din; ops it runs are recorded by
+  ** tapes still recording, so the gradient can be differentiated again */
+  mg_status (*backward) (void *ud, const mg_grad_args *a);
+  void      (*release)  (void *ud);            /* frees ud; may be NULL */
+} mg_function;
+
+/* Runs fn->forward once and records one node for it, whose backward is
+** fn->backward. out gets the outputs, each new to the tapes. ud belongs to
+** the call: released with the node, at once when no tape records it, or on
+** failure. */
+MG_API mg_status mg_custom_call    (const mg_function *fn, void *ud, int nin,
+                                    mg_tensor *const *in, mg_list *out);
+/* Gradient checkpointing: runs fn->forward now, recording one node that
+** holds only the inputs (and the values of the variables read); every
+** gradient through it runs fn->forward again under a local tape, with the
+** random state of this call restored and mg_is_recomputing() true, and
+** those variables showing the values they had at this call. fn->backward
+** is not used. A tensor given twice is one input. */
+MG_API mg_status mg_recompute_call (const mg_function *fn, void *ud, int nin,
+                                    mg_tensor *const *in, mg_list *out);
 
 /* }============================================================== */
 
@@ -320,6 +433,7 @@ typedef struct mg_memory_stats {
   size_t tensor_bytes, saved_bytes, variable_bytes;
   size_t peak_saved_bytes;
   size_t cached_bytes;                       /* freed, kept for reuse */
+  size_t cache_limit;                        /* at most this many; 0 under AddressSanitizer */
   int64_t live_tensors, live_storages;
   int64_t allocations;                       /* storages created, ever */
   size_t allocated_bytes;                    /* their bytes, ever */
@@ -337,9 +451,13 @@ MG_API void            mg_memory_set_hooks (void (*change)(void *ud),
                                             void (*span)(const char *name, int begin, void *ud),
                                             void *ud);
 MG_API void            mg_memory_span (const char *name, int begin);
-/* called after every new storage: lets a host with a garbage collector
-** (the Lua binding) collect dead tensors during long C computations */
+/* called at safe points of long C computations (between the nodes of a
+** backward walk, where the walk holds everything it uses): lets a host
+** with a garbage collector (the Lua binding) collect dead tensors */
 MG_API void            mg_memory_set_pressure_hook (void (*pressure)(void));
+/* for tests: the n-th allocation from now fails as if out of memory (0: off);
+** the environment variable MOONGRAD_FAIL_ALLOC=n does it from the start */
+MG_API void            mg_memory_fail_after (int64_t n);
 
 /* }============================================================== */
 

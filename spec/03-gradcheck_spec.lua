@@ -51,6 +51,7 @@ describe("gradcheck", function()
 
   describe("unary ops", function()
     it("exp log sqrt", function()
+      check(mg.softplus, rnd({2, 3}, -30, 30))
       check(mg.exp, rnd({2, 3}))
       check(mg.log, rnd({2, 3}, 0.5, 3))
       check(mg.sqrt, rnd({2, 3}, 0.5, 3))

@@ -397,7 +397,7 @@ describe("recompute_grad errors", function()
     local y = shifty(x)
     t:stop()
     assert.has_error(function() t:gradient(y, x) end,
-      "recompute_grad: the recomputed f gave output 1 as (2) float32, the forward gave () float32 (f must be deterministic)")
+      "tape:gradient: in the backward of 'recompute_grad': the recomputed function gave output 1 as (2) float32, the first run gave () float32 (it must be deterministic)")
   end)
 
   it("an error while recomputing names where it happened, and frees the tape", function()

@@ -188,6 +188,9 @@ describe("memory timeline", function()
 end)
 
 describe("the reuse cache", function()
+  -- under AddressSanitizer the cache is off (so a use after free is caught)
+  local it = mg.memory.stats().cache_limit > 0 and it or pending
+
   it("keeps freed storages apart from live bytes, reuses them, and lets go on request", function()
     collectgarbage()
     collectgarbage()

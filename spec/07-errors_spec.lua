@@ -77,7 +77,7 @@ describe("errors name the function and the mismatch", function()
           "bad argument #2 to 'sum' (axis 3 is out of range for 2 dimensions (use 1..2 or -2..-1))")
     fails(function() return mg.sum(mg.ones{2, 3}, 0) end,
           "bad argument #2 to 'sum' (axis 0 is out of range for 2 dimensions (use 1..2 or -2..-1))")
-    fails(function() return mg.sum(mg.ones{2, 3}, 1.5) end, "bad argument #2 to 'sum' (axis 1.5 is not an integer)")
+    fails(function() return mg.sum(mg.ones{2, 3}, 1.5) end, "bad argument #2 to 'sum' (axis is 1.5, not an integer)")
     fails(function() return mg.sum(mg.ones{2, 3}, 0 / 0) end, "bad argument #2 to 'sum' (axis is NaN, not an integer)")
     fails(function() return mg.ones{3}:slice({2, 5}) end,
           "bad argument #1 to 'slice' (stop 5 is out of range for dimension 1 of size 3)")

@@ -38,8 +38,19 @@ describe("layers", function()
     d.bias:assign({0.5, 0.5})
     assert.same({{1.5, 0}}, d(x):totable())
     assert.has_error(function() nn.Dense(2, {activation = "swish"}) end,
-      "unknown activation 'swish' (use tanh, relu, sigmoid, softmax or linear)")
+      "Dense: unknown activation 'swish' (known: tanh, relu, sigmoid, softmax, linear)")
     assert.has_error(function() nn.Dense(0) end, "Dense: units must be a positive integer, got 0")
+  end)
+
+  it("Dense takes the activation as its second argument, as Keras does", function()
+    local x = mg.constant({{1, -2}})
+    for _, a in ipairs({"relu", mg.relu}) do
+      local d = nn.Dense(2, a, {use_bias = false})
+      d(x)
+      d.kernel:assign({{1, 0}, {0, 1}})
+      assert.same({{1, 0}}, d(x):totable())
+      assert.is_nil(d.bias)
+    end
   end)
 
   it("Sequential runs layers in order and lists their variables", function()
@@ -108,12 +119,24 @@ describe("losses", function()
     assert.is_true(mg.test.gradcheck(function(l) return nn.softmax_cross_entropy(l, labels) end,
                                      {mg.random.normal({2, 3}, 0, 1, "float64")}))
     assert.has_error(function() nn.softmax_cross_entropy(logits, mg.constant({1, 4}, "int64")) end,
-                     "softmax_cross_entropy: labels must be in 1..3")
+                     "softmax_cross_entropy: labels must be class numbers in 1..3 (1-based), got 4")
     assert.has_error(function() nn.softmax_cross_entropy(logits, mg.constant({1, 2})) end,
-                     "softmax_cross_entropy: labels must be an int64 tensor of class numbers (1-based)")
+      "softmax_cross_entropy: labels must be int64 class numbers or float64 probabilities (the logits' dtype), "
+      .. "got float32")
+  end)
+
+  it("softmax_cross_entropy takes probabilities of the logits' shape too", function()
+    local logits = mg.random.normal({3, 4}, 0, 1, "float64")
+    local labels = mg.constant({4, 1, 2}, "int64")
+    local onehot = mg.constant({{0, 0, 0, 1}, {1, 0, 0, 0}, {0, 1, 0, 0}}, "float64")
+    h.assert_close(nn.softmax_cross_entropy(logits, onehot), nn.softmax_cross_entropy(logits, labels), 1e-12)
+    local soft = mg.full({3, 4}, 0.25, "float64")
+    h.assert_close(nn.softmax_cross_entropy(logits, soft), -mg.mean(mg.mean(mg.log_softmax(logits, -1), -1)), 1e-12)
   end)
 
   it("mean_squared_error", function()
     assert.equal(2.5, nn.mean_squared_error(mg.constant({1, 2}), mg.constant({2, 4})):item())
+    assert.has_error(function() nn.mean_squared_error(mg.constant({1, 2, 3}), mg.constant({{1}, {2}, {3}})) end,
+                     "mean_squared_error: y has shape (3) but target has shape (3,1); they must match exactly")
   end)
 end)

@@ -38,7 +38,28 @@ describe("optimizers", function()
     mg.optim.SGD{learning_rate = 1}:apply_gradients({nil, mg.constant(1.0)}, {a, b})
     assert.equal(1, a:value():item())
     assert.equal(0, b:value():item())
-    assert.has_error(function() mg.optim.SGD():apply_gradients({}, {a}) end, "SGD: 0 gradients for 1 variables")
+    mg.optim.SGD{learning_rate = 1}:apply_gradients({mg.constant(1.0)}, {a, b})   -- b's gradient: nil
+    assert.equal(0, a:value():item())
+    assert.equal(0, b:value():item())
+    mg.optim.SGD():apply_gradients({}, {a})                                       -- every gradient nil
+    assert.has_error(function() mg.optim.SGD():apply_gradients({a, a}, {a}) end, "SGD: 2 gradients for 1 variables")
+    assert.has_error(function() mg.optim.SGD():apply_gradients(table.pack(nil), {a, b}) end,
+                     "SGD: 1 gradients for 2 variables")
+  end)
+
+  it("take Keras' list of {gradient, variable} pairs", function()
+    local a, b = mg.Variable({1.0, 2.0}), mg.Variable(5.0)
+    mg.optim.SGD{learning_rate = 0.5}:apply_gradients({{mg.constant({2.0, 2.0}), a}, {nil, b}})
+    assert.same({0, 1}, a:value():totable())
+    assert.equal(5, b:value():item())
+  end)
+
+  it("accept Keras' beta_1 and beta_2 for Adam, and a positional learning rate", function()
+    local opt = mg.optim.Adam{beta_1 = 0.5, beta_2 = 0.75}
+    assert.equal(0.5, opt.beta1)
+    assert.equal(0.75, opt.beta2)
+    assert.equal(0.25, mg.optim.SGD(0.25).learning_rate)
+    assert.equal(0.9, mg.optim.Adam(0.5, {beta_1 = 0.9}).beta1)
   end)
 end)
 

@@ -15,17 +15,37 @@
 
 #include "moongrad_impl.h"
 
-static _Thread_local char errbuf[512];
+/* the message lives in the current context (context.c): per thread */
 
 const char *mg_errmsg (void) {
-  return errbuf[0] ? errbuf : "unknown error";
+  const char *m = mg_ctx()->error.msg;
+  return m[0] ? m : "unknown error";
 }
 
 mg_status mg_seterror (const char *fmt, ...) {
+  mg_context *c = mg_ctx();
+  if (fmt == NULL) fmt = "mg_seterror: fmt is NULL";
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(errbuf, sizeof errbuf, fmt, ap);
+  vsnprintf(c->error.msg, sizeof c->error.msg, fmt, ap);
   va_end(ap);
+  c->error.null_chain = false;
+  return MG_ERR;
+}
+
+/* A NULL argument is most often the result of a call that just failed
+** (ops chain: mg_add(mg_mul(a, b), c)), so the message keeps that failure;
+** "the last error" and not "because", since a host may pass NULL for
+** reasons of its own. */
+mg_status mg_null_arg (const char *fn, const char *name) {
+  mg_context *c = mg_ctx();
+  char *msg = c->error.msg, *cause = c->error.cause;
+  if (!c->error.null_chain) snprintf(cause, sizeof c->error.cause, "%.399s", msg);
+  if (cause[0])
+    snprintf(msg, sizeof c->error.msg, "%s: argument '%s' is NULL (the last error was: %.400s)", fn, name, cause);
+  else
+    snprintf(msg, sizeof c->error.msg, "%s: argument '%s' is NULL", fn, name);
+  c->error.null_chain = true;
   return MG_ERR;
 }
 
@@ -35,12 +55,13 @@ static volatile sig_atomic_t interrupt_flag;
 void mg_interrupt (int on) { interrupt_flag = on != 0; }
 int mg_interrupted (void) { return interrupt_flag != 0; }
 
-void mg_set_num_threads (int n) {
+mg_status mg_set_num_threads (int n) {
+  if (n < 1 || n > MG_MAX_THREADS)
+    return mg_seterror("set_num_threads: %d threads is out of range (1 to %d)", n, MG_MAX_THREADS);
 #ifdef _OPENMP
-  if (n >= 1) omp_set_num_threads(n);
-#else
-  MG_UNUSED(n);
+  omp_set_num_threads(n);
 #endif
+  return MG_OK;
 }
 
 int mg_get_num_threads (void) {

@@ -41,20 +41,26 @@ static void put (sbuf *b, const char *fmt, ...) {
 typedef struct style {
   const mg_tensor *t;
   bool cut;
-  enum { F_INT, F_BOOL, F_INTEGRAL, F_FIXED, F_SCI } kind;
+  enum { F_INTEGRAL, F_FIXED, F_SCI } kind;      /* for floats */
   int width;
 } style;
 
-static bool shown (const style *st, int d, int64_t i) {
-  return !st->cut || st->t->shape[d] <= 2 * EDGE || i < EDGE || i >= st->t->shape[d] - EDGE;
+/* the first index at or after i along dimension d that is shown: a cut
+** dimension jumps over its middle, so printing never walks what it skips */
+static int64_t next_shown (const style *st, int d, int64_t i) {
+  int64_t n = st->t->shape[d];
+  if (st->cut && n > 2 * EDGE && i >= EDGE && i < n - EDGE) return n - EDGE;
+  return i;
 }
 
-static int fmt_value (char *buf, size_t n, const style *st, double v) {
-  switch (st->kind) {
-    case F_INT: return snprintf(buf, n, "%lld", (long long)v);
-    case F_BOOL: return snprintf(buf, n, "%s", v != 0 ? "true" : "false");
+/* one element, formatted from its own dtype: int64 never goes through double */
+static int fmt_value (char *buf, size_t n, const style *st, const char *p) {
+  switch (st->t->dtype) {
+    case MG_INT64: return snprintf(buf, n, "%lld", (long long)*(const int64_t *)p);
+    case MG_BOOL: return snprintf(buf, n, "%s", *(const uint8_t *)p ? "true" : "false");
     default: break;
   }
+  double v = st->t->dtype == MG_FLOAT32 ? *(const float *)p : *(const double *)p;
   if (isnan(v)) return snprintf(buf, n, "nan");
   if (isinf(v)) return snprintf(buf, n, v > 0 ? "inf" : "-inf");
   if (st->kind == F_INTEGRAL) return snprintf(buf, n, "%.1f", v);
@@ -62,24 +68,20 @@ static int fmt_value (char *buf, size_t n, const style *st, double v) {
   return snprintf(buf, n, "%.4f", v);
 }
 
-static double value_at (const mg_tensor *t, const int64_t *idx) {
-  if (t->dtype == MG_INT64) {     /* exact, not through double */
-    int64_t off = 0;
-    for (int i = 0; i < t->ndim; i++) off += idx[i] * t->strides[i];
-    return (double)((const int64_t *)mg_ptr(t))[off];
-  }
-  return mg_tensor_get(t, idx);
+static const char *element_at (const mg_tensor *t, const int64_t *idx) {
+  int64_t off = 0;
+  for (int i = 0; i < t->ndim; i++) off += idx[i] * t->strides[i];
+  return mg_ptr(t) + off * (int64_t)mg_dtype_size(t->dtype);
 }
 
 /* calls fn for every element that will be shown */
-static void visit (style *st, int d, int64_t *idx, void (*fn)(style *, double, void *), void *ud) {
+static void visit (style *st, int d, int64_t *idx, void (*fn)(style *, const char *, void *), void *ud) {
   const mg_tensor *t = st->t;
   if (d == t->ndim) {
-    fn(st, value_at(t, idx), ud);
+    fn(st, element_at(t, idx), ud);
     return;
   }
-  for (int64_t i = 0; i < t->shape[d]; i++) {
-    if (!shown(st, d, i)) continue;
+  for (int64_t i = next_shown(st, d, 0); i < t->shape[d]; i = next_shown(st, d, i + 1)) {
     idx[d] = i;
     visit(st, d + 1, idx, fn, ud);
   }
@@ -87,9 +89,9 @@ static void visit (style *st, int d, int64_t *idx, void (*fn)(style *, double, v
 
 typedef struct { double maxabs, minabs; bool integral; } range;
 
-static void scan_value (style *st, double v, void *ud) {
+static void scan_value (style *st, const char *p, void *ud) {
   range *r = (range *)ud;
-  MG_UNUSED(st);
+  double v = st->t->dtype == MG_FLOAT32 ? *(const float *)p : *(const double *)p;
   if (!isfinite(v)) return;
   double a = fabs(v);
   if (a > r->maxabs) r->maxabs = a;
@@ -97,9 +99,9 @@ static void scan_value (style *st, double v, void *ud) {
   if (v != floor(v)) r->integral = false;
 }
 
-static void measure_value (style *st, double v, void *ud) {
+static void measure_value (style *st, const char *p, void *ud) {
   char buf[64];
-  int w = fmt_value(buf, sizeof buf, st, v);
+  int w = fmt_value(buf, sizeof buf, st, p);
   MG_UNUSED(ud);
   if (w > st->width) st->width = w;
 }
@@ -108,16 +110,14 @@ static void emit (sbuf *b, const style *st, int d, int64_t *idx) {
   const mg_tensor *t = st->t;
   char buf[64];
   if (d == t->ndim) {
-    int w = fmt_value(buf, sizeof buf, st, value_at(t, idx));
+    int w = fmt_value(buf, sizeof buf, st, element_at(t, idx));
     put(b, "%*s%s", st->width - w, "", buf);
     return;
   }
   put(b, "{");
-  for (int64_t i = 0; i < t->shape[d]; i++) {
-    if (!shown(st, d, i)) {
-      if (i == EDGE) put(b, d == t->ndim - 1 ? "..., " : "...,\n%*s", d + 1, "");
-      continue;
-    }
+  for (int64_t i = next_shown(st, d, 0); i < t->shape[d]; i = next_shown(st, d, i + 1)) {
+    if (i > 0 && next_shown(st, d, i - 1) != i - 1)
+      put(b, d == t->ndim - 1 ? "..., " : "...,\n%*s", d + 1, "");
     idx[d] = i;
     if (d == t->ndim - 1 && i > 0) {   /* wrap long rows */
       size_t col = 0;
@@ -134,12 +134,11 @@ static void emit (sbuf *b, const style *st, int d, int64_t *idx) {
 }
 
 char *mg_tensor_format (const mg_tensor *t) {
+  MG_CHECK_ARG("mg_tensor_format", t, NULL);
   sbuf b = {NULL, 0, 0, false};
   style st = {t, t->numel > SUMMARY_OVER, F_FIXED, 1};
   int64_t idx[MG_MAX_DIMS] = {0};
-  if (t->dtype == MG_INT64 || t->dtype == MG_BOOL) {
-    st.kind = t->dtype == MG_INT64 ? F_INT : F_BOOL;
-  } else {
+  if (mg_is_float(t->dtype)) {
     range r = {0, INFINITY, true};
     visit(&st, 0, idx, scan_value, &r);
     if (r.integral && r.maxabs < 1e15) st.kind = F_INTEGRAL;
@@ -151,7 +150,7 @@ char *mg_tensor_format (const mg_tensor *t) {
     visit(&st, 0, idx, measure_value, NULL);
     if (t->ndim == 0) {
       char buf[64];
-      fmt_value(buf, sizeof buf, &st, value_at(t, idx));
+      fmt_value(buf, sizeof buf, &st, element_at(t, idx));
       put(&b, "%s", buf);
     } else {
       emit(&b, &st, 0, idx);

@@ -8,7 +8,14 @@
 ** tensor shows through its __tostring). The module is preloaded as global
 ** `mg`, and tape, Variable, constant, recompute_grad and custom_gradient are
 ** globals too.
+**
+** With readline (MG_USE_READLINE) the REPL also completes names on Tab
+** (globals, keywords, `t.field`, `x:method`), keeps its history in
+** ~/.moongrad_history (or $MOONGRAD_HISTORY), and Ctrl-C at the prompt
+** drops the line being typed instead of ending the session.
 */
+#include <ctype.h>
+#include <errno.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,18 +35,28 @@
 #define EOFMARK  "<eof>"
 #define LUA_INIT_VAR        "LUA_INIT"
 #define LUA_INITVARVERSION  LUA_INIT_VAR LUA_VERSUFFIX
+#define HISTFILE "/.moongrad_history"   /* in $HOME, unless $MOONGRAD_HISTORY names one */
+#define HISTSIZE 1000                   /* lines kept, in memory and in the file */
+#define MAXCHAIN 8                      /* __index tables completion follows */
 
+/* mg_readline: 1 with a line in b, 0 at end of input, -1 if Ctrl-C dropped it */
 #ifdef MG_USE_READLINE
+#include <fcntl.h>
+#include <sys/select.h>
 #include <readline/readline.h>
 #include <readline/history.h>
-#define mg_readline(b, p)   ((void)b, ((b) = readline(p)) != NULL)
-#define mg_saveline(line)   add_history(line)
+#define mg_readline(b, p)   edit_read(&(b), p)
+#define mg_saveline(line)   edit_saveline(line)
 #define mg_freeline(b)      free(b)
+#define mg_openedit(L)      edit_open(L)
+#define mg_closeedit()      edit_close()
 #else
 #define mg_readline(b, p) \
   (fputs(p, stdout), fflush(stdout), fgets(b, MAXINPUT, stdin) != NULL)
 #define mg_saveline(line)   ((void)line)
 #define mg_freeline(b)      ((void)b)
+#define mg_openedit(L)      ((void)L)
+#define mg_closeedit()      ((void)0)
 #endif
 
 static lua_State *globalL = NULL;
@@ -47,16 +64,46 @@ static const char *progname = PROGNAME;
 
 /* {===================== interruption ======================= */
 
+/*
+** Ctrl-C while code runs: the hook stops Lua code at its next step and
+** mg_interrupt(1) makes the library's long C loops fail; either way the
+** chunk ends in an error. The handler is one-shot, as in lua.c: a second
+** Ctrl-C while a computation ignores the first kills the process.
+*/
 static void lstop (lua_State *L, lua_Debug *ar) {
   (void)ar;
   lua_sethook(L, NULL, 0, 0);
   luaL_error(L, "interrupted!");
 }
 
+/* sigaction, since signal() may be one-shot (System V) under strict POSIX */
+static void setsignal (int sig, void (*handler)(int)) {
+  struct sigaction sa;
+  sa.sa_handler = handler;
+  sa.sa_flags = 0;
+  sigemptyset(&sa.sa_mask);
+  sigaction(sig, &sa, NULL);
+}
+
 static void laction (int i) {
   int flag = LUA_MASKCALL | LUA_MASKRET | LUA_MASKLINE | LUA_MASKCOUNT;
-  signal(i, SIG_DFL);
+  setsignal(i, SIG_DFL);
+  mg_interrupt(1);
   lua_sethook(globalL, lstop, flag, 1);
+}
+
+/* lua_pcall with Ctrl-C armed for the call; leaves no request behind */
+static int icall (lua_State *L, int narg, int nres, int msgh) {
+  globalL = L;
+  mg_interrupt(0);                              /* a stale request must not stop this call */
+  struct sigaction old;
+  sigaction(SIGINT, NULL, &old);
+  setsignal(SIGINT, laction);
+  int status = lua_pcall(L, narg, nres, msgh);
+  sigaction(SIGINT, &old, NULL);
+  lua_sethook(L, NULL, 0, 0);                   /* a Ctrl-C that came as the call ended */
+  mg_interrupt(0);
+  return status;
 }
 
 /* }========================================================== */
@@ -113,10 +160,7 @@ static int docall (lua_State *L, int narg, int nres) {
   int base = lua_gettop(L) - narg;
   lua_pushcfunction(L, msghandler);
   lua_insert(L, base);
-  globalL = L;
-  signal(SIGINT, laction);
-  int status = lua_pcall(L, narg, nres, base);
-  signal(SIGINT, SIG_DFL);
+  int status = icall(L, narg, nres, base);
   lua_remove(L, base);
   return status;
 }
@@ -254,6 +298,443 @@ static int handle_luainit (lua_State *L) {
 /* }========================================================== */
 
 
+/* {==================== line editing (readline) ==================== */
+#ifdef MG_USE_READLINE
+
+static lua_State *editL;                        /* the state completion looks into */
+static int sigpipe[2] = {-1, -1};               /* Ctrl-C at the prompt wakes edit_read */
+static char *histfile;                          /* where lines are appended, or NULL */
+
+static const char *const keywords[] = {
+  "and", "break", "do", "else", "elseif", "end", "false", "for", "function", "goto", "if",
+  "in", "local", "nil", "not", "or", "repeat", "return", "then", "true", "until", "while", NULL
+};
+
+/* can s (of length len) follow a '.' or a ':'? */
+static int isname (const char *s, size_t len) {
+  if (strlen(s) != len || (!isalpha((unsigned char)s[0]) && s[0] != '_')) return 0;
+  for (const char *p = s; *p; p++)
+    if (!isalnum((unsigned char)*p) && *p != '_') return 0;
+  for (int i = 0; keywords[i]; i++)
+    if (strcmp(s, keywords[i]) == 0) return 0;
+  return 1;
+}
+
+/* pushes t[k] for the table at t, without metamethods; returns its type */
+static int rawfield (lua_State *L, int t, const char *k) {
+  t = lua_absindex(L, t);
+  lua_pushstring(L, k);
+  return lua_rawget(L, t);
+}
+
+/* is the value at v the same as registry[k]? */
+static int isregistered (lua_State *L, int v, const char *k) {
+  v = lua_absindex(L, v);
+  lua_getfield(L, LUA_REGISTRYINDEX, k);       /* the registry has no metatable: raw */
+  int same = lua_rawequal(L, v, -1);
+  lua_pop(L, 1);
+  return same;
+}
+
+/* is the value at v the moongrad module? */
+static int ismodule (lua_State *L, int v) {
+  v = lua_absindex(L, v);
+  lua_getfield(L, LUA_REGISTRYINDEX, LUA_LOADED_TABLE);
+  rawfield(L, -1, "moongrad");
+  int same = lua_rawequal(L, v, -1);
+  lua_pop(L, 2);
+  return same;
+}
+
+static int callable (lua_State *L, int v) {
+  if (lua_type(L, v) == LUA_TFUNCTION) return 1;
+  if (!lua_getmetatable(L, v)) return 0;
+  int t = rawfield(L, -1, "__call");
+  lua_pop(L, 2);
+  return t != LUA_TNIL;
+}
+
+/* appends the value at the top to the list at `list` if it is a table; pops it */
+static void addsource (lua_State *L, int list) {
+  if (lua_istable(L, -1)) lua_rawseti(L, list, (lua_Integer)lua_rawlen(L, list) + 1);
+  else lua_pop(L, 1);
+}
+
+/*
+** Where the fields behind an __index function (fn, of metatable mt) live,
+** found without calling it: moongrad tensors and variables keep methods in
+** the registry's "moongrad.methods" and in the function's upvalues, and
+** compute a few properties; other metatables are taken as class tables
+** holding their methods (with __parent for inheritance, as moongrad.nn).
+*/
+static void hiddensources (lua_State *L, int mt, int fn, int list) {
+  int tensor = isregistered(L, mt, "moongrad.Tensor");
+  if (tensor || isregistered(L, mt, "moongrad.Variable")) {
+    static const char *const props[] = {"shape", "dtype", "ndim", "name", "trainable"};
+    lua_getfield(L, LUA_REGISTRYINDEX, "moongrad.methods");
+    addsource(L, list);
+    for (int i = 1; lua_getupvalue(L, fn, i) != NULL; i++) addsource(L, list);
+    lua_createtable(L, 0, 5);
+    for (int i = 0; i < (tensor ? 3 : 5); i++) {
+      lua_pushboolean(L, 1);
+      lua_setfield(L, -2, props[i]);
+    }
+    addsource(L, list);
+    return;
+  }
+  lua_pushvalue(L, mt);
+  for (int depth = 0; depth < MAXCHAIN && lua_istable(L, -1); depth++) {
+    lua_pushvalue(L, -1);
+    addsource(L, list);
+    rawfield(L, -1, "__parent");
+    lua_remove(L, -2);
+  }
+  lua_pop(L, 1);
+}
+
+/*
+** Pushes a list of the tables whose keys are the fields of the value at v,
+** nearest first: v itself, then the chain of __index tables. Everything is
+** read raw, so no metamethod runs; returns the list's index.
+*/
+static int getsources (lua_State *L, int v) {
+  v = lua_absindex(L, v);
+  lua_newtable(L);
+  int list = lua_gettop(L);
+  lua_pushvalue(L, v);
+  addsource(L, list);                                    /* v itself, if a table */
+  lua_pushvalue(L, v);                                   /* list obj */
+  for (int depth = 0; depth < MAXCHAIN && lua_getmetatable(L, -1); depth++) {
+    lua_replace(L, -2);                                  /* list mt */
+    int mt = lua_gettop(L);
+    int t = rawfield(L, mt, "__index");                  /* list mt index */
+    if (t == LUA_TFUNCTION) hiddensources(L, mt, mt + 1, list);
+    if (t != LUA_TTABLE) break;
+    lua_pushvalue(L, -1);
+    addsource(L, list);
+    lua_replace(L, mt);                                  /* list index: on to its metatable */
+  }
+  lua_settop(L, list);
+  return list;
+}
+
+/* pushes field k of the value at v, or nil; the only __index it calls is the
+** moongrad module's, which loads mg.nn and the like on first use */
+static void safefield (lua_State *L, int v, const char *k) {
+  v = lua_absindex(L, v);
+  int list = getsources(L, v);
+  int n = (int)lua_rawlen(L, list);
+  lua_pushnil(L);
+  for (int i = 1; i <= n && lua_isnil(L, -1); i++) {
+    lua_pop(L, 1);
+    lua_rawgeti(L, list, i);
+    rawfield(L, -1, k);
+    lua_remove(L, -2);
+  }
+  if (lua_isnil(L, -1) && ismodule(L, v)) {
+    lua_pop(L, 1);
+    lua_getfield(L, v, k);
+  }
+  lua_remove(L, list);
+}
+
+/* replaces the value at the top by the value of the dotted path p[0..len)
+** in it; returns 0 (the top is then undefined) if there is none */
+static int walkpath (lua_State *L, const char *p, size_t len) {
+  const char *end = p + len;
+  while (p < end) {
+    const char *dot = memchr(p, '.', (size_t)(end - p));
+    if (dot == NULL) dot = end;
+    size_t lk = (size_t)(dot - p);
+    const char *k = lua_pushlstring(L, p, lk);                     /* v k */
+    if (!isname(k, lk)) return 0;                                  /* "a:b.c", "a..b", "1.5" */
+    safefield(L, -2, k);                                           /* v k v.k */
+    lua_replace(L, -3);
+    lua_pop(L, 1);
+    if (lua_isnil(L, -1)) return 0;
+    p = dot + 1;
+  }
+  return 1;
+}
+
+/* set[prefix .. key] = true for each key at -2 that completes word; after a ':'
+** (methods) only callable values; _names only when word starts with '_' */
+static void addmatch (lua_State *L, int set, const char *prefix, const char *word,
+                      int methods) {
+  size_t len, lw = strlen(word);
+  if (lua_type(L, -2) != LUA_TSTRING) return;
+  const char *k = lua_tolstring(L, -2, &len);
+  if (len < lw || memcmp(k, word, lw) != 0 || !isname(k, len)) return;
+  if (k[0] == '_' && word[0] != '_') return;
+  if (methods && !callable(L, -1)) return;
+  lua_pushfstring(L, "%s%s", prefix, k);
+  lua_pushboolean(L, 1);
+  lua_rawset(L, set);
+}
+
+/* adds the fields of the value at v that complete word to the set at set */
+static void addfields (lua_State *L, int v, int set, const char *prefix, const char *word,
+                       int methods) {
+  int list = getsources(L, v);
+  for (lua_Integer i = 1; lua_rawgeti(L, list, i) == LUA_TTABLE; i++) {   /* list t */
+    lua_pushnil(L);
+    while (lua_next(L, -2)) {                                          /* list t k v */
+      addmatch(L, set, prefix, word, methods);
+      lua_pop(L, 1);
+    }
+    lua_pop(L, 1);
+  }
+  lua_settop(L, list - 1);
+}
+
+/* mg.nn, mg.optim, ... before they are loaded: package.preload["moongrad.nn"] */
+static void addsubmodules (lua_State *L, int set, const char *prefix, const char *word) {
+  lua_getfield(L, LUA_REGISTRYINDEX, LUA_PRELOAD_TABLE);
+  if (!lua_istable(L, -1)) { lua_pop(L, 1); return; }
+  lua_pushnil(L);
+  while (lua_next(L, -2)) {                                            /* preload k v */
+    const char *k = lua_type(L, -2) == LUA_TSTRING ? lua_tostring(L, -2) : "";
+    if (strncmp(k, "moongrad.", 9) == 0) {
+      lua_pushstring(L, k + 9);
+      lua_insert(L, -2);                                               /* preload k name v */
+      addmatch(L, set, prefix, word, 0);
+      lua_remove(L, -2);
+    }
+    lua_pop(L, 1);
+  }
+  lua_pop(L, 1);
+}
+
+/*
+** The completions of text (a light userdata), run under lua_pcall; returns
+** them as an array of strings. text is "name", "a.b.name" or "a.b:name":
+** the path before the last '.' or ':' is looked up from the globals, and
+** its fields (its callable fields after ':') that start with name are the
+** candidates, each with the path in front; keywords complete a bare name.
+*/
+static int collect (lua_State *L) {
+  const char *text = (const char *)lua_touserdata(L, 1);
+  const char *sep = NULL;
+  for (const char *p = text; *p; p++)
+    if (*p == '.' || *p == ':') sep = p;
+  lua_newtable(L);                                       /* 2: set of completions */
+  lua_rawgeti(L, LUA_REGISTRYINDEX, LUA_RIDX_GLOBALS);   /* 3: the value of the path */
+  if (sep == NULL) {
+    for (int i = 0; keywords[i]; i++)
+      if (strncmp(keywords[i], text, strlen(text)) == 0) {
+        lua_pushboolean(L, 1);
+        lua_setfield(L, 2, keywords[i]);
+      }
+    addfields(L, 3, 2, "", text, 0);
+  } else if (walkpath(L, text, (size_t)(sep - text))) {
+    const char *prefix = lua_pushlstring(L, text, (size_t)(sep + 1 - text));
+    addfields(L, 3, 2, prefix, sep + 1, *sep == ':');
+    if (*sep == '.' && ismodule(L, 3)) addsubmodules(L, 2, prefix, sep + 1);
+  }
+  lua_newtable(L);
+  int n = 0;
+  lua_pushnil(L);
+  while (lua_next(L, 2)) {
+    lua_pop(L, 1);
+    lua_pushvalue(L, -1);
+    lua_rawseti(L, -3, ++n);
+  }
+  return 1;
+}
+
+/* readline's generator over the array at the top of editL's stack */
+static char *nextmatch (const char *text, int state) {
+  static lua_Integer i;
+  (void)text;
+  if (state == 0) i = 0;
+  lua_rawgeti(editL, -1, ++i);
+  const char *s = lua_tostring(editL, -1);
+  char *m = s ? strdup(s) : NULL;                        /* readline frees it */
+  lua_pop(editL, 1);
+  return m;
+}
+
+/*
+** The completion hook: Lua names everywhere but inside a string, where
+** readline's file names are more use. Lua runs only under lua_pcall, so an
+** error (memory included) just means no completions.
+*/
+static char **complete (const char *text, int start, int end) {
+  (void)start; (void)end;
+  rl_completion_append_character = '\0';     /* "mg.nn" may go on with '.' */
+  if (rl_completion_quote_character) return NULL;
+  rl_attempted_completion_over = 1;
+  lua_State *L = editL;
+  int top = lua_gettop(L);
+  char **matches = NULL;
+  if (lua_checkstack(L, 4)) {
+    lua_pushcfunction(L, collect);
+    lua_pushlightuserdata(L, (void *)text);
+    if (lua_pcall(L, 1, 1, 0) == LUA_OK) matches = rl_completion_matches(text, nextmatch);
+  }
+  lua_settop(L, top);
+  return matches;
+}
+
+/* $MOONGRAD_HISTORY (empty: none), else ~/.moongrad_history; malloc'd */
+static char *history_path (void) {
+  const char *env = getenv("MOONGRAD_HISTORY");
+  if (env != NULL) return env[0] ? strdup(env) : NULL;
+  const char *home = getenv("HOME");
+  if (home == NULL || home[0] == '\0') return NULL;
+  size_t n = strlen(home) + sizeof(HISTFILE);
+  char *path = malloc(n);
+  if (path != NULL) snprintf(path, n, "%s%s", home, HISTFILE);
+  return path;
+}
+
+static void history_warn (const char *path, int err) {
+  fprintf(stderr, "%s: history not saved: cannot write '%s' (%s)\n", PROGNAME, path,
+          strerror(err));
+  fflush(stderr);
+}
+
+/* loads the history file and makes sure lines can be appended to it */
+static void history_open (void) {
+  char *path = history_path();
+  if (path == NULL) return;
+  read_history(path);                           /* none yet is fine */
+  FILE *f = fopen(path, "a");                   /* append_history wants it to exist */
+  if (f == NULL) {
+    history_warn(path, errno);
+    free(path);
+    return;
+  }
+  fclose(f);
+  history_truncate_file(path, HISTSIZE);
+  histfile = path;
+}
+
+/* adds a statement to the history and to the file at once, so that a
+** session killed by a second Ctrl-C keeps it; a file that fails is dropped */
+static void edit_saveline (const char *line) {
+  HIST_ENTRY *last = history_get(history_base + history_length - 1);
+  if (last != NULL && strcmp(last->line, line) == 0) return;   /* no repeats */
+  add_history(line);
+  int err = histfile ? append_history(1, histfile) : 0;
+  if (err != 0) {
+    history_warn(histfile, err);
+    free(histfile);
+    histfile = NULL;
+  }
+}
+
+/* SIGINT at the prompt: wake edit_read (async-signal-safe) */
+static void onsigint (int i) {
+  int saved = errno;
+  (void)i;
+  if (write(sigpipe[1], "", 1) < 0) { /* pipe full: a wake-up is pending anyway */ }
+  errno = saved;
+}
+
+static char *edit_line;                         /* what the line handler got */
+static int edit_done;
+
+/* readline's line handler: keeps the line (NULL at end of input) */
+static void online (char *line) {
+  edit_line = line;
+  edit_done = 1;
+  rl_callback_handler_remove();
+}
+
+/* Ctrl-C: drop the line, as readline's manual says for the callback interface */
+static void cancel_line (void) {
+  char buf[64];
+  while (read(sigpipe[0], buf, sizeof buf) > 0) {}
+  rl_free_line_state();
+  rl_callback_sigcleanup();
+  rl_echo_signal_char(SIGINT);                  /* "^C" */
+  rl_cleanup_after_signal();
+  rl_callback_handler_remove();
+  fputc('\n', rl_outstream);
+  fflush(rl_outstream);
+}
+
+/*
+** Reads a line with readline. Why the callback interface: readline() cannot
+** be left cleanly from a signal handler (its own SIGINT handling re-sends
+** the signal and reads on), so we wait in select() for a key or for a byte
+** from onsigint's pipe, and feed keys to rl_callback_read_char. The pipe
+** works whichever thread the signal lands on, with no race between a check
+** and the wait. Returns as mg_readline; *line is malloc'd.
+*/
+static int edit_read (char **line, const char *prompt) {
+  if (sigpipe[0] < 0) return (*line = readline(prompt)) != NULL;   /* no pipe */
+  char buf[64];
+  while (read(sigpipe[0], buf, sizeof buf) > 0) {}   /* a Ctrl-C between prompts */
+  edit_line = NULL;
+  edit_done = 0;
+  rl_callback_handler_install(prompt, online);
+  int in = fileno(rl_instream), nfds = (in > sigpipe[0] ? in : sigpipe[0]) + 1;
+  while (!edit_done) {
+    fd_set fds;
+    FD_ZERO(&fds);
+    FD_SET(in, &fds);
+    FD_SET(sigpipe[0], &fds);
+    if (select(nfds, &fds, NULL, NULL, NULL) < 0) {
+      if (errno == EINTR) {
+        rl_check_signals();                     /* a resize redraws at once */
+        continue;
+      }
+      rl_callback_handler_remove();             /* cannot wait: end of input */
+      break;
+    }
+    if (FD_ISSET(sigpipe[0], &fds)) {
+      cancel_line();
+      *line = NULL;
+      return -1;
+    }
+    rl_callback_read_char();
+  }
+  *line = edit_line;
+  return edit_line != NULL;
+}
+
+/* the handler must never block on the pipe, nor a drain on it */
+static int setflags (int fd) {
+  return fcntl(fd, F_SETFL, O_NONBLOCK) == 0 && fcntl(fd, F_SETFD, FD_CLOEXEC) == 0;
+}
+
+/* readline for the REPL on L: completion, Ctrl-C, and a history file when a
+** person types (stdin a terminal) */
+static void edit_open (lua_State *L) {
+  /* no '/': readline would skip a leading one in "/path (file names in strings) */
+  static const char *const breaks = " \t\n\"'`><=;|&{}()[],+-*%^~#";
+  editL = L;
+  rl_readline_name = PROGNAME;                  /* for "$if moongrad" in ~/.inputrc */
+  rl_attempted_completion_function = complete;
+  rl_basic_word_break_characters = breaks;
+  rl_completer_word_break_characters = breaks;
+  rl_completer_quote_characters = "\"'";
+  rl_catch_signals = 0;                         /* SIGINT is ours: see edit_read */
+  rl_persistent_signal_handlers = 1;            /* but SIGWINCH is readline's all along */
+  stifle_history(HISTSIZE);
+  if (isatty(0)) history_open();
+  if (pipe(sigpipe) == 0 && setflags(sigpipe[0]) && setflags(sigpipe[1])) {
+    setsignal(SIGINT, onsigint);                /* between prompts too: never SIG_DFL */
+  } else {
+    if (sigpipe[0] >= 0) { close(sigpipe[0]); close(sigpipe[1]); }
+    sigpipe[0] = sigpipe[1] = -1;
+  }
+}
+
+static void edit_close (void) {
+  setsignal(SIGINT, SIG_DFL);
+  if (sigpipe[0] >= 0) { close(sigpipe[0]); close(sigpipe[1]); }
+  sigpipe[0] = sigpipe[1] = -1;
+  free(histfile);
+  histfile = NULL;
+}
+
+#endif
+/* }================================================================== */
+
+
 /* {======================== the REPL ======================== */
 
 static const char *get_prompt (lua_State *L, int firstline) {
@@ -264,27 +745,28 @@ static const char *get_prompt (lua_State *L, int firstline) {
   return p;
 }
 
+#define ENDINPUT  (-1)     /* loadline: no more input */
+#define CANCELLED (-2)     /* loadline: Ctrl-C dropped the statement */
+
 /* is the syntax error at the top only an unfinished statement? */
 static int incomplete (lua_State *L, int status) {
   if (status == LUA_ERRSYNTAX) {
     size_t lmsg;
     const char *msg = lua_tolstring(L, -1, &lmsg);
     size_t lmark = sizeof(EOFMARK) - 1;
-    if (lmsg >= lmark && strcmp(msg + lmsg - lmark, EOFMARK) == 0) {
-      lua_pop(L, 1);
-      return 1;
-    }
+    return lmsg >= lmark && strcmp(msg + lmsg - lmark, EOFMARK) == 0;
   }
   return 0;
 }
 
+/* reads a line and pushes it; returns as mg_readline (nothing pushed unless 1) */
 static int pushline (lua_State *L, int firstline) {
   char buffer[MAXINPUT];
   char *b = buffer;
   const char *prmt = get_prompt(L, firstline);
   int readstatus = mg_readline(b, prmt);
   lua_pop(L, 1);                                /* the prompt */
-  if (readstatus == 0) return 0;
+  if (readstatus <= 0) return readstatus;
   size_t l = strlen(b);
   if (l > 0 && b[l - 1] == '\n') b[--l] = '\0';
   if (firstline && b[0] == '=') lua_pushfstring(L, "return %s", b + 1);   /* 5.2 habit */
@@ -307,25 +789,30 @@ static int addreturn (lua_State *L) {
   return status;
 }
 
-/* reads lines until they make a complete statement */
+/* reads lines until they make a complete statement; CANCELLED on Ctrl-C */
 static int multiline (lua_State *L) {
   for (;;) {
     size_t len;
     const char *line = lua_tolstring(L, 1, &len);
     int status = luaL_loadbuffer(L, line, len, "=stdin");
-    if (!incomplete(L, status) || !pushline(L, 0)) {
+    int more = incomplete(L, status) ? pushline(L, 0) : 0;   /* above the message */
+    if (more < 0) return CANCELLED;
+    if (more == 0) {                            /* complete, or input ended inside it */
       mg_saveline(line);
       return status;
     }
+    lua_remove(L, -2);                          /* the <eof> message */
     lua_pushliteral(L, "\n");
     lua_insert(L, -2);
     lua_concat(L, 3);
   }
 }
 
+/* loads the next statement; returns its load status, ENDINPUT or CANCELLED */
 static int loadline (lua_State *L) {
   lua_settop(L, 0);
-  if (!pushline(L, 1)) return -1;
+  int got = pushline(L, 1);
+  if (got <= 0) return got == 0 ? ENDINPUT : CANCELLED;
   int status = addreturn(L);
   if (status != LUA_OK) status = multiline(L);
   lua_remove(L, 1);
@@ -338,7 +825,7 @@ static void l_print (lua_State *L) {
     luaL_checkstack(L, LUA_MINSTACK, "too many results to print");
     lua_getglobal(L, "print");
     lua_insert(L, 1);
-    if (lua_pcall(L, n, 0, 0) != LUA_OK)
+    if (icall(L, n, 0, 0) != LUA_OK)        /* printing a big tensor can be stopped too */
       l_message(progname, lua_pushfstring(L, "error calling 'print' (%s)", lua_tostring(L, -1)));
   }
 }
@@ -347,11 +834,14 @@ static void doREPL (lua_State *L) {
   int status;
   const char *oldprogname = progname;
   progname = NULL;                              /* no "moongrad:" before REPL errors */
-  while ((status = loadline(L)) != -1) {
+  mg_openedit(L);
+  while ((status = loadline(L)) != ENDINPUT) {
+    if (status == CANCELLED) continue;
     if (status == LUA_OK) status = docall(L, 0, LUA_MULTRET);
     if (status == LUA_OK) l_print(L);
     else report(L, status);
   }
+  mg_closeedit();
   lua_settop(L, 0);
   fputs("\n", stdout);
   fflush(stdout);

@@ -19,37 +19,26 @@
 #include "moongrad_impl.h"
 
 #define ALIGNMENT 64
-#define CACHE_BUCKETS 256
-#define DEFAULT_CACHE_LIMIT ((size_t)256 << 20)
+#define CACHE_BUCKETS MG_CACHE_BUCKETS
 
-static struct {
-  size_t role_bytes[MG_ROLE__COUNT];
-  size_t current, peak, peak_saved;
-  int64_t live_storages, allocations;
-  size_t allocated;                         /* bytes ever allocated */
-  void (*hook)(void *ud);
-  void (*span)(const char *name, int begin, void *ud);
-  void *hook_ud;
-  void (*pressure)(void);
-  mg_storage *cache[CACHE_BUCKETS];        /* free storages by size; next in ->data's first word */
-  size_t cached, cache_limit;
-} M = {.cache_limit = DEFAULT_CACHE_LIMIT};
+/* the current context's counters and caches (the state is in context.c) */
+static inline mg_memory_state *mem (void) { return &mg_ctx()->memory; }
 
 /* {====================== small objects ====================== */
 /* Tape nodes and tapes come and go at the rate of ops: freed blocks wait
 ** on a free list per 64-byte size class instead of going back to malloc. */
 
-#define SMALL_CLASSES 16                /* up to 1 KiB */
+#define SMALL_CLASSES MG_SMALL_CLASSES
 #define SMALL_KEEP 4096                 /* blocks kept per class */
 
-static struct { void *head; int n; } small[SMALL_CLASSES];
-
 void *mg_small_alloc (size_t size) {
+  if (mg_alloc_should_fail()) return NULL;
   size_t c = (size + 63) / 64 - 1;
-  if (c < SMALL_CLASSES && small[c].head) {
-    void *p = small[c].head;
-    small[c].head = *(void **)p;
-    small[c].n--;
+  mg_memory_state *m = mem();
+  if (c < SMALL_CLASSES && m->small[c].head) {
+    void *p = m->small[c].head;
+    m->small[c].head = *(void **)p;
+    m->small[c].n--;
     return p;
   }
   return malloc(c < SMALL_CLASSES ? (c + 1) * 64 : size);
@@ -58,10 +47,11 @@ void *mg_small_alloc (size_t size) {
 void mg_small_free (void *p, size_t size) {
   if (p == NULL) return;
   size_t c = (size + 63) / 64 - 1;
-  if (c < SMALL_CLASSES && small[c].n < SMALL_KEEP) {
-    *(void **)p = small[c].head;
-    small[c].head = p;
-    small[c].n++;
+  mg_memory_state *m = mem();
+  if (MG_POOLS && c < SMALL_CLASSES && m->small[c].n < SMALL_KEEP) {
+    *(void **)p = m->small[c].head;
+    m->small[c].head = p;
+    m->small[c].n++;
     return;
   }
   free(p);
@@ -81,12 +71,12 @@ static size_t bucket_of (size_t nbytes) {
 
 static mg_storage **next_of (mg_storage *s) { return (mg_storage **)s->data; }
 
-static mg_storage *cache_take (size_t nbytes) {
-  for (mg_storage **p = &M.cache[bucket_of(nbytes)]; *p; p = next_of(*p)) {
+static mg_storage *cache_take (mg_memory_state *m, size_t nbytes) {
+  for (mg_storage **p = &m->cache[bucket_of(nbytes)]; *p; p = next_of(*p)) {
     if ((*p)->nbytes != nbytes) continue;
     mg_storage *s = *p;
     *p = *next_of(s);
-    M.cached -= nbytes;
+    m->cached -= nbytes;
     return s;
   }
   return NULL;
@@ -94,38 +84,51 @@ static mg_storage *cache_take (size_t nbytes) {
 
 /* the cache holds at most 16 MiB plus a quarter of the peak, and never
 ** more than the limit set: spare blocks in proportion to the workload */
-static bool cache_put (mg_storage *s) {
-  size_t cap = ((size_t)16 << 20) + M.peak / 4;
-  if (cap > M.cache_limit) cap = M.cache_limit;
-  if (M.cached + s->nbytes > cap) return false;
-  mg_storage **head = &M.cache[bucket_of(s->nbytes)];
+static bool cache_put (mg_memory_state *m, mg_storage *s) {
+  if (!MG_POOLS) return false;
+  size_t cap = ((size_t)16 << 20) + m->peak / 4;
+  if (cap > m->cache_limit) cap = m->cache_limit;
+  if (m->cached + s->nbytes > cap) return false;
+  mg_storage **head = &m->cache[bucket_of(s->nbytes)];
   *next_of(s) = *head;
   *head = s;
-  M.cached += s->nbytes;
+  m->cached += s->nbytes;
   return true;
 }
 
 void mg_memory_release_cache (void) {
+  mg_memory_state *m = mem();
   for (int b = 0; b < CACHE_BUCKETS; b++)
-    while (M.cache[b]) {
-      mg_storage *s = M.cache[b];
-      M.cache[b] = *next_of(s);
+    while (m->cache[b]) {
+      mg_storage *s = m->cache[b];
+      m->cache[b] = *next_of(s);
       free(s);
     }
-  M.cached = 0;
+  m->cached = 0;
+}
+
+void mg_memory_release_small (void) {
+  mg_memory_state *m = mem();
+  for (int c = 0; c < SMALL_CLASSES; c++)
+    while (m->small[c].head) {
+      void *p = m->small[c].head;
+      m->small[c].head = *(void **)p;
+      free(p);
+    }
+  memset(m->small, 0, sizeof m->small);
 }
 
 void mg_memory_set_cache_limit (size_t bytes) {
-  M.cache_limit = bytes;
-  if (M.cached > bytes) mg_memory_release_cache();
+  mg_memory_state *m = mem();
+  m->cache_limit = bytes;
+  if (m->cached > bytes) mg_memory_release_cache();
 }
 
 /* }========================================================== */
 
-extern int64_t mg_live_tensors;   /* kept by tensor.c */
 
-static void notify (void) {
-  if (M.hook) M.hook(M.hook_ud);
+static void notify (mg_memory_state *m) {
+  if (m->hook) m->hook(m->hook_ud);
 }
 
 static mg_role role_of (const mg_storage *s) {
@@ -138,11 +141,12 @@ static mg_role role_of (const mg_storage *s) {
 static void update_role (mg_storage *s) {
   mg_role r = role_of(s);
   if (r == s->role) return;
-  M.role_bytes[s->role] -= s->nbytes;
-  M.role_bytes[r] += s->nbytes;
+  mg_memory_state *m = &s->ctx->memory;
+  m->role_bytes[s->role] -= s->nbytes;
+  m->role_bytes[r] += s->nbytes;
   s->role = r;
-  if (M.role_bytes[MG_ROLE_SAVED] > M.peak_saved) M.peak_saved = M.role_bytes[MG_ROLE_SAVED];
-  notify();
+  if (m->role_bytes[MG_ROLE_SAVED] > m->peak_saved) m->peak_saved = m->role_bytes[MG_ROLE_SAVED];
+  notify(m);
 }
 
 static const char *human_bytes (char *buf, size_t n, double bytes) {
@@ -153,58 +157,65 @@ static const char *human_bytes (char *buf, size_t n, double bytes) {
   return buf;
 }
 
-/*
-** A storage of nbytes with its data 64-byte aligned, header and data in one
-** block. Fails with "out of memory allocating ..." rather than aborting.
-*/
-mg_storage *mg_storage_new (size_t nbytes) {
-  mg_storage *s = cache_take(nbytes);
-  if (s != NULL) goto ready;
+static mg_storage *out_of_memory (size_t nbytes, const char *why) {
+  char buf[32];
+  mg_seterror("out of memory allocating %s%s", human_bytes(buf, sizeof buf, (double)nbytes), why);
+  return NULL;
+}
+
+/* a fresh block: the header, then the data 64-byte aligned */
+static mg_storage *fresh_block (size_t nbytes) {
   /* at least a pointer of data, for the cache's link */
   size_t total = sizeof(mg_storage) + ALIGNMENT + (nbytes < sizeof(void *) ? sizeof(void *) : nbytes);
-  if (nbytes > ((size_t)1 << 46) || total < nbytes) {   /* 64 TiB: no machine has it */
-    char buf[32];
-    mg_seterror("out of memory allocating %s", human_bytes(buf, sizeof buf, (double)nbytes));
-    return NULL;
-  }
-  s = (mg_storage *)malloc(total);
+  if (nbytes > ((size_t)1 << 46) || total < nbytes) return NULL;   /* 64 TiB: no machine has it */
+  mg_storage *s = (mg_storage *)malloc(total);
   if (s == NULL) {
     mg_memory_release_cache();                /* and try once more */
     s = (mg_storage *)malloc(total);
   }
-  if (s == NULL) {
-    char buf[32];
-    mg_seterror("out of memory allocating %s", human_bytes(buf, sizeof buf, (double)nbytes));
-    return NULL;
-  }
+  if (s == NULL) return NULL;
   uintptr_t p = (uintptr_t)(s + 1);
   p = (p + ALIGNMENT - 1) & ~(uintptr_t)(ALIGNMENT - 1);
   s->data = (void *)p;
-ready:
+  return s;
+}
+
+/*
+** A storage of nbytes, counted in the current context. Fails with "out of
+** memory allocating ..." rather than aborting.
+*/
+mg_storage *mg_storage_new (size_t nbytes) {
+  if (mg_alloc_should_fail()) return out_of_memory(nbytes, " (injected failure)");
+  mg_context *c = mg_ctx();
+  mg_memory_state *m = &c->memory;
+  mg_storage *s = cache_take(m, nbytes);
+  if (s == NULL && (s = fresh_block(nbytes)) == NULL) return out_of_memory(nbytes, "");
+  s->ctx = c;
   s->refcount = 1;
   s->tape_refs = s->var_refs = 0;
   s->role = MG_ROLE_TENSOR;
   s->nbytes = nbytes;
   s->bucket = nbytes;
-  M.role_bytes[MG_ROLE_TENSOR] += nbytes;
-  M.current += nbytes;
-  if (M.current > M.peak) M.peak = M.current;
-  M.live_storages++;
-  M.allocations++;
-  M.allocated += nbytes;
-  notify();
-  if (M.pressure) M.pressure();
+  m->role_bytes[MG_ROLE_TENSOR] += nbytes;
+  m->current += nbytes;
+  if (m->current > m->peak) m->peak = m->current;
+  m->live_storages++;
+  m->allocations++;
+  m->allocated += nbytes;
+  notify(m);
   return s;
 }
 
+/* back to the context that made it: its counters, its cache */
 void mg_storage_release (mg_storage *s) {
   if (s == NULL || --s->refcount > 0) return;
   mg_assert(s->tape_refs == 0 && s->var_refs == 0);
-  M.role_bytes[s->role] -= s->nbytes;
-  M.current -= s->nbytes;
-  M.live_storages--;
-  if (!cache_put(s)) free(s);
-  notify();
+  mg_memory_state *m = &s->ctx->memory;
+  m->role_bytes[s->role] -= s->nbytes;
+  m->current -= s->nbytes;
+  m->live_storages--;
+  if (!cache_put(m, s)) free(s);
+  notify(m);
 }
 
 /* a tape node (tape_delta) or a variable (var_delta) took or dropped s */
@@ -215,41 +226,76 @@ void mg_storage_add_refs (mg_storage *s, int tape_delta, int var_delta) {
   update_role(s);
 }
 
-size_t mg_memory_allocated_bytes (void) { return M.allocated; }
+size_t mg_memory_allocated_bytes (void) { return mem()->allocated; }
 
 mg_memory_stats mg_memory_stats_get (void) {
+  mg_memory_state *m = mem();
   mg_memory_stats st;
   memset(&st, 0, sizeof st);
-  st.current_bytes = M.current;
-  st.peak_bytes = M.peak;
-  st.tensor_bytes = M.role_bytes[MG_ROLE_TENSOR];
-  st.saved_bytes = M.role_bytes[MG_ROLE_SAVED];
-  st.variable_bytes = M.role_bytes[MG_ROLE_VARIABLE];
-  st.peak_saved_bytes = M.peak_saved;
-  st.cached_bytes = M.cached;
-  st.live_tensors = mg_live_tensors;
-  st.live_storages = M.live_storages;
-  st.allocations = M.allocations;
-  st.allocated_bytes = M.allocated;
+  st.current_bytes = m->current;
+  st.peak_bytes = m->peak;
+  st.tensor_bytes = m->role_bytes[MG_ROLE_TENSOR];
+  st.saved_bytes = m->role_bytes[MG_ROLE_SAVED];
+  st.variable_bytes = m->role_bytes[MG_ROLE_VARIABLE];
+  st.peak_saved_bytes = m->peak_saved;
+  st.cached_bytes = m->cached;
+  st.cache_limit = MG_POOLS ? m->cache_limit : 0;
+  st.live_tensors = mg_ctx()->tensors.live;
+  st.live_storages = m->live_storages;
+  st.allocations = m->allocations;
+  st.allocated_bytes = m->allocated;
   return st;
 }
 
 void mg_memory_reset_peak (void) {
-  M.peak = M.current;
-  M.peak_saved = M.role_bytes[MG_ROLE_SAVED];
+  mg_memory_state *m = mem();
+  m->peak = m->current;
+  m->peak_saved = m->role_bytes[MG_ROLE_SAVED];
 }
 
 void mg_memory_set_hooks (void (*change)(void *ud), void (*span)(const char *, int, void *),
                           void *ud) {
-  M.hook = change;
-  M.span = span;
-  M.hook_ud = ud;
+  mg_memory_state *m = mem();
+  m->hook = change;
+  m->span = span;
+  m->hook_ud = ud;
 }
 
 void mg_memory_set_pressure_hook (void (*pressure)(void)) {
-  M.pressure = pressure;
+  mg_memory_state *m = mem();
+  m->pressure = pressure;
 }
 
+void mg_memory_safe_point (void) {
+  mg_memory_state *m = mem();
+  if (m->pressure) m->pressure();
+}
+
+/* {================= allocation-failure injection ============= */
+/* For tests: the n-th allocation from now (storages, tensor headers, tape
+** nodes and tapes) fails as if memory had run out, so a spec can check that
+** every failure is a clean error. MOONGRAD_FAIL_ALLOC=n sets it at start. */
+
+void mg_memory_fail_after (int64_t n) {
+  mg_memory_state *m = mem();
+  m->fail_countdown = n > 0 ? n : 0;
+}
+
+bool mg_alloc_should_fail (void) {
+  mg_memory_state *m = mem();
+  int64_t *left = &m->fail_countdown;      /* -1: not read from the environment yet */
+  if (*left < 0) {
+    const char *e = getenv("MOONGRAD_FAIL_ALLOC");
+    *left = e ? strtoll(e, NULL, 10) : 0;
+    if (*left < 0) *left = 0;
+  }
+  if (*left == 0) return false;
+  return --*left == 0;
+}
+
+/* }========================================================== */
+
 void mg_memory_span (const char *name, int begin) {
-  if (M.span) M.span(name, begin, M.hook_ud);
+  mg_memory_state *m = mem();
+  if (m->span) m->span(name, begin, m->hook_ud);
 }

@@ -19,6 +19,20 @@
 
 #define MG_UNUSED(x)  ((void)(x))
 
+/* Under AddressSanitizer the recycling pools (storages, tensor headers,
+** nodes) are off, so a use after free is caught, not served a reused block. */
+#if defined(__SANITIZE_ADDRESS__)
+#define MG_POOLS 0
+#else
+#define MG_POOLS 1
+#endif
+
+/* "fn: argument 'name' is NULL", keeping the failure that likely caused
+** it; always MG_ERR */
+mg_status mg_null_arg (const char *fn, const char *name);
+/* the usual first line of a public function taking a pointer */
+#define MG_CHECK_ARG(fn, x, fail)  do { if ((x) == NULL) return mg_null_arg(fn, #x), (fail); } while (0)
+
 /* elementwise loops run on several threads above this many elements: they
 ** are memory-bound, and below this waking the threads costs more than it saves */
 #define MG_PARALLEL_MIN  (1 << 18)
@@ -30,6 +44,7 @@
 typedef enum mg_role { MG_ROLE_TENSOR, MG_ROLE_SAVED, MG_ROLE_VARIABLE, MG_ROLE__COUNT } mg_role;
 
 typedef struct mg_storage {
+  mg_context *ctx;        /* whose counters its bytes are in */
   int refcount;           /* tensors viewing it */
   int tape_refs;          /* tape nodes that saved a tensor viewing it */
   int var_refs;           /* variables whose value it is */
@@ -45,7 +60,71 @@ size_t      mg_memory_allocated_bytes (void);         /* ever, for GC pacing */
 void       *mg_small_alloc (size_t size);
 void        mg_small_free  (void *p, size_t size);
 void        mg_storage_release (mg_storage *s);
+/* true when an injected allocation failure is due (mg_memory_fail_after) */
+bool        mg_alloc_should_fail (void);
+/* between nodes of a backward walk: lets the host collect garbage */
+void        mg_memory_safe_point (void);
+void        mg_memory_release_small (void);  /* free() the recycled small blocks */
 void        mg_storage_add_refs (mg_storage *s, int tape_delta, int var_delta);
+
+/* }========================================================== */
+
+
+/* {======================== the context ======================= */
+/* Everything the library remembers between calls lives in one context
+** (context.c): errors, ids, tensor headers, memory counters and caches, the
+** random streams, the active tapes. Each thread has its own, made on first
+** use; a host may make more and switch (mg_context_use). An object keeps a
+** pointer to the context it was made in, and goes back to that one. */
+
+#define MG_CACHE_BUCKETS 256
+#define MG_SMALL_CLASSES 16        /* small blocks up to 1 KiB, by 64 bytes */
+#define MG_HEADER_POOL 4096        /* freed tensor headers kept */
+#define MG_MAX_PAUSE_DEPTH 200     /* nested recompute forwards */
+
+typedef struct mg_memory_state {
+  size_t role_bytes[MG_ROLE__COUNT];
+  size_t current, peak, peak_saved;
+  int64_t live_storages, allocations;
+  size_t allocated;                         /* bytes ever allocated */
+  void (*hook)(void *ud);                   /* timelines (mg_memory_set_hooks) */
+  void (*span)(const char *name, int begin, void *ud);
+  void *hook_ud;
+  void (*pressure)(void);                   /* safe points (mg_memory_set_pressure_hook) */
+  mg_storage *cache[MG_CACHE_BUCKETS];      /* free storages by size; next in ->data's first word */
+  size_t cached, cache_limit;
+  struct { void *head; int n; } small[MG_SMALL_CLASSES];
+  int64_t fail_countdown;                   /* injected failures; -1: not read from the env */
+} mg_memory_state;
+
+typedef struct mg_tape_state {
+  mg_tape **active;                         /* tapes not stopped, oldest first */
+  int nactive, capactive;
+  int recording;                            /* active and not paused */
+  int watching;                             /* variable-read watchers */
+  int recompute_depth;
+  struct mg_var_watcher *watchers;
+  struct { mg_tape **t; int n; } pauses[MG_MAX_PAUSE_DEPTH];
+  int npauses;
+  void (*on_read)(mg_variable *v);          /* installed by the tapes: a variable was read */
+} mg_tape_state;
+
+struct mg_context {
+  struct { char msg[512], cause[400]; bool null_chain; } error;
+  struct { uint64_t next, end; } ids;       /* a block of ids taken from the process */
+  struct { int64_t live; mg_tensor *pool[MG_HEADER_POOL]; int npool; } tensors;
+  mg_memory_state memory;
+  struct { mg_rng_state main, init; } rng;
+  mg_tape_state tapes;
+};
+
+extern _Thread_local mg_context *mg_current_context;
+mg_context *mg_context_default (void);      /* the thread's own, made on first use */
+
+static inline mg_context *mg_ctx (void) {
+  mg_context *c = mg_current_context;
+  return c ? c : mg_context_default();
+}
 
 /* }========================================================== */
 
@@ -53,6 +132,7 @@ void        mg_storage_add_refs (mg_storage *s, int tape_delta, int var_delta);
 /* {========================= tensors ========================= */
 
 struct mg_tensor {
+  mg_context *ctx;        /* whose live count it is in */
   int refcount;
   mg_dtype dtype;
   int ndim;
@@ -127,6 +207,11 @@ struct mg_variable {
   char *name;
 };
 
+/* Makes t (a value v had before: same id) v's value and returns the
+** current one, whose reference passes to the caller. recompute uses it to
+** show a variable's old value while a forward runs again. */
+mg_tensor *mg_variable_exchange (mg_variable *v, mg_tensor *t);
+
 /* }========================================================== */
 
 
@@ -134,16 +219,45 @@ struct mg_variable {
 
 typedef struct mg_node mg_node;
 
-/* A primitive op as the tape sees it. backward reads dout[i] (NULL: no
-** gradient reached output i) and writes din[j] for each j with
-** n->needs[j]; it builds them with the public ops so that an outer tape
-** records the backward pass too. */
+/* one innermost run of an elementwise kernel: p[0] is the output, p[1..]
+** the inputs, s their strides in elements (0 where broadcast) */
+typedef void (*mg_kernel)(int64_t n, char **p, const int64_t *s);
+/* a reduction of x seen as (outer, n, inner), contiguous, into out */
+typedef void (*mg_reduce_kernel)(mg_dtype dt, const void *x, void *out, int64_t outer,
+                                 int64_t n, int64_t inner);
+
+/* the dtype of an elementwise op's result */
+/* the dtype of an op's result: the input's, bool, float64 for int64 input
+** (division), or int64 positions (argmax) */
+typedef enum mg_result { MG_RESULT_SAME, MG_RESULT_BOOL, MG_RESULT_FLOAT, MG_RESULT_INDEX } mg_result;
+
+/* input j's shape, as the (shape, ndim) pair the ops take */
+#define SHAPE_OF(n, j)  (n)->in_meta[j].shape, (n)->in_meta[j].ndim
+
+/*
+** One row of the op registry: a primitive op as the binding, the kernels
+** and the tape see it. backward reads dout[i] (NULL: no gradient reached
+** output i) and writes din[j] for each j with n->needs[j]; it builds them
+** with the public ops so that an outer tape records the backward pass too.
+** Rows are written with designated initializers next to their op; each op
+** family lists its rows for the registry (registry.c).
+*/
 typedef struct mg_opdef {
-  const char *name;
+  mg_opinfo info;                       /* name, kind, symbol, metamethod, doc, entry */
+  mg_kernel kernel[MG_DTYPE__COUNT];    /* elementwise: by input dtype; NULL: not defined */
+  mg_result result;                     /* elementwise: the result's dtype */
+  /* elementwise: checks the kernel cannot make (integer division by zero) */
+  mg_status (*check)(const struct mg_opdef *op, const mg_tensor *a, const mg_tensor *b);
+  mg_reduce_kernel reduce;              /* reductions */
   unsigned saves;                       /* MG_SAVE_IN(j) | MG_SAVE_OUT(i) */
-  mg_status (*backward)(mg_node *n, mg_tensor *const *dout, mg_tensor **din);
+  mg_status (*backward)(mg_node *n, mg_tensor *const *dout, mg_tensor **din);  /* NULL: none */
   void (*free_ext)(mg_node *n);         /* for ops with private data; may be NULL */
 } mg_opdef;
+
+/* an op family's rows, for the registry */
+typedef struct mg_opfamily { const mg_opdef *const *rows; int n; } mg_opfamily;
+extern const mg_opfamily mg_unary_ops, mg_binary_ops, mg_reduce_ops, mg_matmul_ops, mg_shape_ops,
+                         mg_nn_ops, mg_create_ops;
 
 #define MG_SAVE_IN(j)    (1u << (j))
 #define MG_SAVE_OUT(i)   (1u << (16 + (i)))
@@ -188,10 +302,11 @@ mg_status mg_record_ex (const mg_opdef *def, int nin, mg_tensor *const *in, int 
                         mg_tensor *const *out, const mg_attr *attr, void *ext,
                         mg_node **node);
 
-extern int mg_recording_tapes;         /* tapes recording now */
-extern int mg_variable_watchers;       /* watchers collecting reads */
+/* tapes recording now, in this context */
+#define mg_recording_tapes  (mg_ctx()->tapes.recording)
 static inline bool mg_anyone_listening (void) {
-  return mg_recording_tapes > 0 || mg_variable_watchers > 0;
+  const mg_tape_state *t = &mg_ctx()->tapes;
+  return t->recording > 0 || t->watching > 0;
 }
 
 /* records op `def` with one output when anyone listens, releasing the
@@ -204,12 +319,12 @@ mg_tensor *mg_finish (const mg_opdef *def, int nin, mg_tensor *const *in, mg_ten
 typedef struct mg_var_watcher {
   mg_variable **vars;
   int n, cap;
+  bool failed;                  /* out of memory noting a read */
   struct mg_var_watcher *prev;
 } mg_var_watcher;
 void mg_watcher_push (mg_var_watcher *w);
 void mg_watcher_pop  (mg_var_watcher *w);     /* releases nothing; caller frees vars */
 void mg_watcher_free (mg_var_watcher *w);
-void mg_note_variable_read (mg_variable *v);
 
 /* true when a recording or paused tape has seen this id */
 bool mg_any_tape_tracks (uint64_t id);
@@ -218,6 +333,16 @@ mg_status mg_pause_all (void);
 void mg_resume_all (void);
 void mg_recompute_enter (void);
 void mg_recompute_leave (void);
+
+/* what custom gradients and recompute share (call.c) */
+mg_status mg_call_check (const char *fn, const mg_function *f, int nin, mg_tensor *const *in,
+                         mg_list *out);
+/* runs f->forward with the tapes paused and w (pushed here, popped after)
+** noting variable reads; on failure out and w are emptied */
+mg_status mg_call_forward (const mg_function *f, void *ud, int nin, mg_tensor *const *in,
+                           mg_list *out, mg_var_watcher *w);
+mg_status mg_call_fresh_outputs (mg_list *out, mg_tensor *const *inputs, int ninputs);
+void mg_call_drop_passed (mg_var_watcher *w, int nin, mg_tensor *const *in);
 
 /* add-or-set: *acc = *acc ? *acc + g : g; takes over g */
 mg_status mg_accumulate (mg_tensor **acc, mg_tensor *g);
@@ -249,5 +374,7 @@ static inline void mg_scope_end (mg_scope *s) {
 mg_tensor *mg_zeros_meta (const mg_meta *m);
 
 /* }========================================================== */
+
+
 
 #endif

@@ -10,12 +10,6 @@
 
 #include "moongrad_impl.h"
 
-int64_t mg_live_tensors = 0;
-static uint64_t next_id = 1;
-
-uint64_t mg_new_id (void) {
-  return next_id++;
-}
 
 static const struct { const char *name; size_t size; } dtypes[MG_DTYPE__COUNT] = {
   {"float32", 4}, {"float64", 8}, {"int64", 8}, {"bool", 1}
@@ -30,6 +24,7 @@ size_t mg_dtype_size (mg_dtype dt) {
 }
 
 int mg_dtype_from_name (const char *name) {
+  if (name == NULL) return -1;
   for (int i = 0; i < MG_DTYPE__COUNT; i++)
     if (strcmp(name, dtypes[i].name) == 0) return i;
   return -1;
@@ -40,6 +35,8 @@ bool mg_is_float (mg_dtype dt) {
 }
 
 char *mg_shape_str (char *buf, size_t n, const int64_t *shape, int ndim) {
+  if (buf == NULL || n == 0) return buf;
+  if (shape == NULL || ndim < 0 || ndim > MG_MAX_DIMS) ndim = 0;
   size_t len = 0;
   len += (size_t)snprintf(buf, n, "(");
   for (int i = 0; i < ndim && len < n; i++)
@@ -57,21 +54,27 @@ void mg_contiguous_strides (const int64_t *shape, int ndim, int64_t *strides) {
 }
 
 int64_t mg_shape_numel (const char *fn, const int64_t *shape, int ndim) {
+  if (ndim > 0 && shape == NULL) {
+    mg_null_arg(fn, "shape");
+    return -1;
+  }
   if (ndim < 0 || ndim > MG_MAX_DIMS) {
     mg_seterror("%s: %d dimensions given, at most %d allowed", fn, ndim, MG_MAX_DIMS);
     return -1;
   }
-  int64_t n = 1;
+  /* the product of the nonzero sizes must fit too: strides are made of it */
+  int64_t n = 1, nonzero = 1;
   for (int i = 0; i < ndim; i++) {
     if (shape[i] < 0) {
       mg_seterror("%s: dimension %d has negative size %lld", fn, i + 1, (long long)shape[i]);
       return -1;
     }
-    if (shape[i] > 0 && n > INT64_MAX / 16 / shape[i]) {
+    if (shape[i] > 0 && nonzero > INT64_MAX / 16 / shape[i]) {
       char sh[160];
       mg_seterror("%s: shape %s has too many elements to allocate", fn, mg_shape_str(sh, sizeof sh, shape, ndim));
       return -1;
     }
+    if (shape[i] > 0) nonzero *= shape[i];
     n *= shape[i];
   }
   return n;
@@ -94,19 +97,20 @@ int mg_check_axis (const char *fn, int axis, int ndim) {
   return a;
 }
 
-/* Freed tensor headers are kept for the next tensor: ops make and drop
-** them at a high rate, and a pointer pop beats malloc and free. */
-#define HEADER_POOL 4096
-static mg_tensor *pool[HEADER_POOL];
-static int npool;
-
+/* Freed tensor headers are kept for the next tensor (in the context's
+** pool): ops make and drop them at a high rate, and a pointer pop beats
+** malloc and free. */
 mg_tensor *mg_tensor_view (mg_storage *s, mg_dtype dt, const int64_t *shape, int ndim,
                            const int64_t *strides, int64_t offset) {
-  mg_tensor *t = npool > 0 ? pool[--npool] : (mg_tensor *)malloc(sizeof(mg_tensor));
+  mg_context *c = mg_ctx();
+  mg_tensor *t = mg_alloc_should_fail() ? NULL
+               : c->tensors.npool > 0 ? c->tensors.pool[--c->tensors.npool]
+               : (mg_tensor *)malloc(sizeof(mg_tensor));
   if (t == NULL) {
     mg_seterror("out of memory allocating a tensor");
     return NULL;
   }
+  t->ctx = c;
   t->refcount = 1;
   t->dtype = dt;
   t->ndim = ndim;
@@ -121,11 +125,13 @@ mg_tensor *mg_tensor_view (mg_storage *s, mg_dtype dt, const int64_t *shape, int
     t->strides[i] = strides[i];
     t->numel *= shape[i];
   }
-  mg_live_tensors++;
+  c->tensors.live++;
   return t;
 }
 
 mg_tensor *mg_empty (const int64_t *shape, int ndim, mg_dtype dt) {
+  if ((unsigned)dt >= MG_DTYPE__COUNT)
+    return mg_seterror("tensor: unknown dtype %d", (int)dt), NULL;
   int64_t n = mg_shape_numel("tensor", shape, ndim);
   if (n < 0) return NULL;
   mg_storage *s = mg_storage_new((size_t)n * mg_dtype_size(dt));
@@ -144,25 +150,48 @@ mg_tensor *mg_empty (const int64_t *shape, int ndim, mg_dtype dt) {
 }
 
 mg_tensor *mg_tensor_retain (mg_tensor *t) {
-  t->refcount++;
+  if (t) t->refcount++;
   return t;
 }
 
 void mg_tensor_release (mg_tensor *t) {
   if (t == NULL || --t->refcount > 0) return;
   mg_storage_release(t->storage);
-  mg_live_tensors--;
-  if (npool < HEADER_POOL) pool[npool++] = t;
+  mg_context *c = t->ctx;
+  c->tensors.live--;
+  if (MG_POOLS && c->tensors.npool < MG_HEADER_POOL) c->tensors.pool[c->tensors.npool++] = t;
   else free(t);
 }
 
-mg_dtype mg_tensor_dtype (const mg_tensor *t) { return t->dtype; }
-int mg_tensor_ndim (const mg_tensor *t) { return t->ndim; }
-const int64_t *mg_tensor_shape (const mg_tensor *t) { return t->shape; }
-int64_t mg_tensor_numel (const mg_tensor *t) { return t->numel; }
-uint64_t mg_tensor_id (const mg_tensor *t) { return t->id; }
+/* The getters answer an impossible value for NULL (with a message): -1, 0
+** for ids, NULL for pointers, MG_DTYPE__COUNT for a dtype. */
+mg_dtype mg_tensor_dtype (const mg_tensor *t) {
+  MG_CHECK_ARG("mg_tensor_dtype", t, MG_DTYPE__COUNT);
+  return t->dtype;
+}
+int mg_tensor_ndim (const mg_tensor *t) {
+  MG_CHECK_ARG("mg_tensor_ndim", t, -1);
+  return t->ndim;
+}
+const int64_t *mg_tensor_shape (const mg_tensor *t) {
+  MG_CHECK_ARG("mg_tensor_shape", t, NULL);
+  return t->shape;
+}
+const int64_t *mg_tensor_strides (const mg_tensor *t) {
+  MG_CHECK_ARG("mg_tensor_strides", t, NULL);
+  return t->strides;
+}
+int64_t mg_tensor_numel (const mg_tensor *t) {
+  MG_CHECK_ARG("mg_tensor_numel", t, -1);
+  return t->numel;
+}
+uint64_t mg_tensor_id (const mg_tensor *t) {
+  MG_CHECK_ARG("mg_tensor_id", t, 0);
+  return t->id;
+}
 
 int mg_tensor_is_contiguous (const mg_tensor *t) {
+  MG_CHECK_ARG("mg_tensor_is_contiguous", t, 0);
   int64_t s = 1;
   for (int i = t->ndim - 1; i >= 0; i--) {
     if (t->shape[i] != 1 && t->strides[i] != s) return 0;
@@ -172,12 +201,20 @@ int mg_tensor_is_contiguous (const mg_tensor *t) {
 }
 
 void *mg_tensor_data (const mg_tensor *t) {
+  MG_CHECK_ARG("mg_tensor_data", t, NULL);
   return mg_ptr(t);
 }
 
 double mg_tensor_get (const mg_tensor *t, const int64_t *index) {
+  MG_CHECK_ARG("mg_tensor_get", t, NAN);
+  if (t->ndim > 0) MG_CHECK_ARG("mg_tensor_get", index, NAN);
   int64_t off = 0;
-  for (int i = 0; i < t->ndim; i++) off += index[i] * t->strides[i];
+  for (int i = 0; i < t->ndim; i++) {
+    if (index[i] < 0 || index[i] >= t->shape[i])
+      return mg_seterror("mg_tensor_get: index[%d] = %lld is out of range for dimension %d of size %lld "
+                         "(0-based)", i, (long long)index[i], i, (long long)t->shape[i]), NAN;
+    off += index[i] * t->strides[i];
+  }
   char *p = mg_ptr(t) + off * (int64_t)mg_dtype_size(t->dtype);
   switch (t->dtype) {
     case MG_FLOAT32: return *(float *)p;
@@ -252,6 +289,7 @@ mg_status mg_copy_into (mg_tensor *dst, const mg_tensor *src) {
 }
 
 mg_tensor *mg_contiguous (mg_tensor *t) {
+  MG_CHECK_ARG("mg_contiguous", t, NULL);
   if (mg_tensor_is_contiguous(t)) return mg_tensor_retain(t);
   mg_tensor *out = mg_empty(t->shape, t->ndim, t->dtype);
   if (out) mg_copy_into(out, t);
@@ -260,6 +298,3 @@ mg_tensor *mg_contiguous (mg_tensor *t) {
 
 /* }========================================================== */
 
-mg_tensor *mg_zeros_meta (const mg_meta *m) {
-  return mg_full(m->shape, m->ndim, m->dtype, 0.0);
-}

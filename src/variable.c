@@ -30,7 +30,7 @@ static void disown (mg_variable *v) {
 }
 
 mg_variable *mg_variable_new (mg_tensor *init, const char *name, int trainable) {
-  if (init == NULL) return NULL;
+  MG_CHECK_ARG("mg_variable_new", init, NULL);
   mg_variable *v = (mg_variable *)calloc(1, sizeof(mg_variable));
   mg_tensor *t = mg_empty(init->shape, init->ndim, init->dtype);
   char *nm = name ? strdup(name) : NULL;
@@ -50,7 +50,7 @@ mg_variable *mg_variable_new (mg_tensor *init, const char *name, int trainable) 
 }
 
 mg_variable *mg_variable_retain (mg_variable *v) {
-  v->refcount++;
+  if (v) v->refcount++;
   return v;
 }
 
@@ -61,17 +61,39 @@ void mg_variable_release (mg_variable *v) {
   free(v);
 }
 
+mg_tensor *mg_variable_exchange (mg_variable *v, mg_tensor *t) {
+  mg_tensor *old = v->value;
+  old->var = NULL;
+  mg_storage_add_refs(old->storage, 0, -1);
+  adopt(v, mg_tensor_retain(t));
+  return old;
+}
+
 mg_tensor *mg_variable_read (mg_variable *v) {
-  mg_note_variable_read(v);
+  MG_CHECK_ARG("mg_variable_read", v, NULL);
+  void (*on_read)(mg_variable *) = mg_ctx()->tapes.on_read;   /* the tapes' hook */
+  if (on_read) on_read(v);
   return v->value;
 }
 
-mg_tensor *mg_variable_peek (mg_variable *v) { return v->value; }
-const char *mg_variable_name (const mg_variable *v) { return v->name ? v->name : "Variable"; }
-int mg_variable_trainable (const mg_variable *v) { return v->trainable; }
+mg_tensor *mg_variable_peek (mg_variable *v) {
+  MG_CHECK_ARG("mg_variable_peek", v, NULL);
+  return v->value;
+}
+
+const char *mg_variable_name (const mg_variable *v) {
+  MG_CHECK_ARG("mg_variable_name", v, NULL);
+  return v->name ? v->name : "Variable";
+}
+
+int mg_variable_trainable (const mg_variable *v) {
+  MG_CHECK_ARG("mg_variable_trainable", v, 0);
+  return v->trainable;
+}
 
 mg_status mg_variable_assign (mg_variable *v, mg_tensor *value) {
-  if (value == NULL) return MG_ERR;
+  MG_CHECK_ARG("mg_variable_assign", v, MG_ERR);
+  MG_CHECK_ARG("mg_variable_assign", value, MG_ERR);
   mg_tensor *cur = v->value;
   if (!mg_same_shape(value->shape, value->ndim, cur->shape, cur->ndim)) {
     char a[160], b[160];
@@ -120,14 +142,15 @@ static void axpy (void *dst, const void *a, double alpha, const void *x, bool xs
 ** element. The optimizers' update: no temporaries, no copy.
 */
 mg_status mg_variable_axpy (mg_variable *v, double alpha, mg_tensor *x) {
-  if (x == NULL) return MG_ERR;
+  MG_CHECK_ARG("mg_variable_axpy", v, MG_ERR);
+  MG_CHECK_ARG("mg_variable_axpy", x, MG_ERR);
   mg_tensor *cur = v->value;
   if (x->dtype != cur->dtype)
     return mg_seterror("assign_add: dtype %s does not match the variable's %s", mg_dtype_name(x->dtype),
                        mg_dtype_name(cur->dtype));
   if (cur->dtype == MG_BOOL) return mg_seterror("assign_add: not defined for bool variables");
   bool same = mg_same_shape(x->shape, x->ndim, cur->shape, cur->ndim);
-  if (!same && x->numel != 1) {
+  if (!same && x->ndim != 0) {        /* one number (0-d), or exactly v's shape: no broadcast */
     char a[160], b[160];
     return mg_seterror("assign_add: shape %s does not match the variable's %s",
                        mg_shape_str(a, sizeof a, x->shape, x->ndim), mg_shape_str(b, sizeof b, cur->shape, cur->ndim));

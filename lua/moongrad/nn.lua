@@ -7,6 +7,9 @@
 -- `layer.trainable_variables` only the trainable ones.
 -- @module moongrad.nn
 local mg = require "moongrad"
+local check = require "moongrad.check"
+
+local fail, show = check.fail, check.show
 
 local nn = {}
 
@@ -21,9 +24,11 @@ local function lookup (cls, k)
 end
 
 local properties = {}
+local classes = {}        -- class -> name, to catch Sequential{Dense}: a class, not a layer
 
 local function class (name, parent)
   local cls = {__name = "moongrad.nn." .. name, __parent = parent}
+  classes[cls] = name
   cls.__index = function(self, k)
     local prop = properties[k]
     if prop then return prop(self) end
@@ -58,10 +63,13 @@ local function new_layer (cls, obj, base)
   return setmetatable(obj, cls)
 end
 
---- Creates a variable owned by this layer.
+local VARIABLE_OPTIONS = {{"trainable", check.boolean, true}}
+
+--- Creates a variable owned by this layer: add_variable(name, init, {trainable=true}).
 function Layer:add_variable (name, init, opts)
-  opts = opts or {}
-  local v = mg.Variable(init, {name = self.name .. "/" .. name, trainable = opts.trainable ~= false})
+  check.value("Layer:add_variable", "name", name, check.string)
+  opts = check.options("Layer:add_variable", opts, VARIABLE_OPTIONS)
+  local v = mg.Variable(init, {name = self.name .. "/" .. name, trainable = opts.trainable})
   self._vars[#self._vars + 1] = v
   return v
 end
@@ -118,12 +126,50 @@ end
 -- recompute_grad forward, never shifts the main stream that dropout masks
 -- are drawn from and that recompute replays.
 
+local size_rule = check.rule("an integer >= 0", function(v) return math.type(v) == "integer" and v >= 0 end)
+
 --- Glorot (Xavier) uniform: U(-l, l), l = sqrt(6 / (fan_in + fan_out)).
 function nn.glorot_uniform (shape, dtype)
+  local who = "glorot_uniform"
+  if type(shape) ~= "table" or check.kind(shape) ~= "a table" then
+    fail(who, "shape must be a list of sizes, got %s", show(shape))
+  end
+  for i = 1, check.list(who, shape, "shape", "shape[%d]") do
+    check.value(who, ("shape[%d]"):format(i), shape[i], size_rule)
+  end
+  if dtype ~= nil and dtype ~= "float32" and dtype ~= "float64" then
+    fail(who, "dtype must be 'float32' or 'float64', got %s", show(dtype))
+  end
   local fan_in, fan_out = shape[#shape - 1] or shape[1], shape[#shape]
+  if not fan_in or fan_in + fan_out == 0 then
+    fail(who, "shape must have at least 1 dimension and a nonzero fan, got %s", check.shape(shape))
+  end
   local limit = math.sqrt(6 / (fan_in + fan_out))
   return mg.random.with_init_stream(mg.random.uniform, shape, -limit, limit, dtype)
 end
+
+-- }=============================================================
+
+
+-- {======================= layer inputs ========================
+
+--- Checks x for layer `who`: a float tensor with at least min_ndim axes and,
+-- once built (like is a variable of the layer), like's dtype and last axis.
+local function check_input (who, x, min_ndim, like)
+  check.float_tensor(who, "input", x)
+  if x.ndim < min_ndim then
+    fail(who, "input must have at least %d dimension%s, got shape %s", min_ndim,
+         min_ndim == 1 and "" or "s", check.shape(x.shape))
+  end
+  if not like then return end
+  if x.dtype ~= like.dtype then fail(who, "input is %s, the layer was built for %s", x.dtype, like.dtype) end
+  local width, want = x.shape[x.ndim], like.shape[1]
+  if width ~= want then
+    fail(who, "input has %d features (its last axis), the layer was built for %d", width, want)
+  end
+end
+
+local optional_boolean = check.rule("true, false or nil", function(v) return v == nil or type(v) == "boolean" end)
 
 -- }=============================================================
 
@@ -134,40 +180,51 @@ local activations = {
   tanh = mg.tanh, relu = mg.relu, sigmoid = mg.sigmoid, softmax = mg.softmax,
   linear = function(x) return x end,
 }
+local activation_names = {"tanh", "relu", "sigmoid", "softmax", "linear"}
+
+local activation_rule = check.rule("an activation name or a function",
+                                   function(v) return type(v) == "string" or check.is_callable(v) end)
 
 local function activation_of (a)
-  if a == nil or type(a) == "function" then return a end
-  local f = activations[a]
-  if not f then error(("unknown activation '%s' (use tanh, relu, sigmoid, softmax or linear)"):format(tostring(a)), 3) end
-  return f
+  if a == nil or check.is_callable(a) then return a end
+  return activations[a] or check.unknown("Dense", "activation", a, activation_names)
 end
 
 --- Dense(units, {activation=, use_bias=true, name=}): y = activation(x @ kernel + bias).
 -- The kernel (in, units) is glorot-uniform and the bias zero, built on the first call.
+-- Dense(units, activation [, opts]) works too: Keras users write Dense(3, "relu"),
+-- the activation being Keras' second positional argument.
 local Dense = class("Dense", Layer)
 nn.Dense = Dense
 
-function Dense.new (units, opts)
-  if math.type(units) ~= "integer" or units < 1 then
-    error("Dense: units must be a positive integer, got " .. tostring(units), 2)
+local DENSE_OPTIONS = {{"activation", activation_rule}, {"use_bias", check.boolean, true}, {"name", check.string}}
+
+function Dense.new (units, activation, opts)
+  check.value("Dense", "units", units, check.positive_integer)
+  if type(activation) == "table" and not check.is_callable(activation) then
+    if opts ~= nil then fail("Dense", "options given twice; write Dense(units [, activation] [, options])") end
+    activation, opts = nil, activation
+  elseif activation ~= nil then
+    check.value("Dense", "argument 2", activation, check.rule("an activation (a name or a function) or "
+                .. "an options table", activation_rule.test))
   end
-  opts = opts or {}
-  local self = new_layer(Dense, {name = opts.name, units = units,
-                                 activation = activation_of(opts.activation),
-                                 use_bias = opts.use_bias ~= false}, "dense")
-  return self
+  opts = check.options("Dense", opts, DENSE_OPTIONS)
+  if activation ~= nil and opts.activation ~= nil then
+    fail("Dense", "activation given twice (argument 2 and option 'activation')")
+  end
+  return new_layer(Dense, {name = opts.name, units = units, use_bias = opts.use_bias,
+                           activation = activation_of(activation or opts.activation)}, "dense")
 end
 setmetatable(Dense, {__call = function(_, ...) return Dense.new(...) end})
 
 function Dense:build (x)
-  local fan_in = x.shape[#x.shape]
-  if not fan_in then error(self:describe() .. ": input must have at least 1 dimension", 3) end
-  local dtype = x.dtype == "float64" and "float64" or "float32"
+  local fan_in, dtype = x.shape[x.ndim], x.dtype
   self.kernel = self:add_variable("kernel", nn.glorot_uniform({fan_in, self.units}, dtype))
   if self.use_bias then self.bias = self:add_variable("bias", mg.zeros({self.units}, dtype)) end
 end
 
 function Dense:call (x)
+  check_input("Dense", x, 1, rawget(self, "kernel"))
   if not rawget(self, "kernel") then self:build(x) end
   local y = mg.matmul(x, self.kernel)
   if self.bias then y = y + self.bias end
@@ -179,32 +236,52 @@ function Dense:describe ()
   return ("moongrad.nn.Dense '%s' (units=%d)"):format(self.name, self.units)
 end
 
---- Lambda(fn): a layer that calls fn.
+local NAME_ONLY = {{"name", check.string}}
+
+--- Lambda(fn, {name=}): a layer that calls fn.
 local Lambda = class("Lambda", Layer)
 nn.Lambda = Lambda
 setmetatable(Lambda, {__call = function(_, fn, opts)
-  if type(fn) ~= "function" then error("Lambda: a function expected, got " .. type(fn), 2) end
-  return new_layer(Lambda, {fn = fn, name = opts and opts.name}, "lambda")
+  check.value("Lambda", "fn", fn, check.callable)
+  opts = check.options("Lambda", opts, NAME_ONLY)
+  return new_layer(Lambda, {fn = fn, name = opts.name}, "lambda")
 end})
 
 function Lambda:call (...) return self.fn(...) end
+
+-- layer `what` of a container: callable, and not a layer class (Sequential{Dense})
+local function check_layer (who, what, l)
+  local name = classes[l]
+  if name then fail(who, "%s is the class %s, not a layer; call it: %s(...)", what, name, name) end
+  if not check.is_callable(l) then fail(who, "%s is %s, not callable", what, check.kind(l)) end
+end
+
+-- a plain list of layers (not a layer itself: Sequential(Dense(2)) forgot the
+-- braces); returns its length
+local function check_layers (who, layers, write)
+  if type(layers) ~= "table" or check.is_callable(layers) or check.kind(layers) ~= "a table" then
+    fail(who, "a list of layers expected, got %s%s", check.kind(layers),
+         check.is_callable(layers) and "; write " .. write or "")
+  end
+  local n = check.list(who, layers, "the list of layers", "layer %d")
+  for i = 1, n do check_layer(who, ("layer %d"):format(i), layers[i]) end
+  return n
+end
 
 --- Sequential{layer, ...}: runs the layers in order.
 local Sequential = class("Sequential", Layer)
 nn.Sequential = Sequential
 setmetatable(Sequential, {__call = function(_, layers, opts)
-  if type(layers) ~= "table" then error("Sequential: a list of layers expected, got " .. type(layers), 2) end
-  local self = new_layer(Sequential, {layers = {}, name = opts and opts.name}, "sequential")
-  for i, l in ipairs(layers) do
-    if type(l) ~= "function" and not (type(l) == "table" and getmetatable(l) and getmetatable(l).__call) then
-      error(("Sequential: layer %d is a %s, not callable"):format(i, type(l)), 2)
-    end
-    self:add(l)
-  end
+  local n = check_layers("Sequential", layers, "Sequential{...}")
+  opts = check.options("Sequential", opts, NAME_ONLY)
+  local self = new_layer(Sequential, {layers = {}, name = opts.name}, "sequential")
+  for i = 1, n do self:add(layers[i]) end
   return self
 end})
 
 function Sequential:add (layer)
+  check.self("Sequential:add", self, Sequential, "model:add(layer)")
+  check_layer("Sequential:add", "layer", layer)
   self.layers[#self.layers + 1] = layer
   self:track(layer)
   return self
@@ -231,44 +308,53 @@ end
 --- dropout(x, rate): zeroes each entry with probability rate and scales the
 -- rest by 1/(1-rate). The mask comes from mg.random, so recompute_grad replays it.
 function nn.dropout (x, rate)
-  if type(rate) ~= "number" or rate < 0 or rate >= 1 then
-    error("dropout: rate must be a number in [0, 1), got " .. tostring(rate), 2)
-  end
+  check.float_tensor("dropout", "x", x)
+  check.value("dropout", "rate", rate, check.fraction)
   if rate == 0 then return x end
   local dtype = x.dtype
   local keep = mg.greater_equal(mg.random.uniform(x.shape, 0, 1, dtype), rate)
   return x * (mg.cast(keep, dtype) / (1 - rate))
 end
 
---- Dropout(rate): dropout while training (layer.training, or the call's
--- second argument), the identity otherwise.
+--- Dropout(rate, {training=true, name=}): dropout while training (layer.training,
+-- or the call's second argument), the identity otherwise.
 local Dropout = class("Dropout", Layer)
 nn.Dropout = Dropout
+
+local DROPOUT_OPTIONS = {{"training", check.boolean, true}, {"name", check.string}}
+
 setmetatable(Dropout, {__call = function(_, rate, opts)
-  nn.dropout(mg.zeros{0}, rate)                       -- checks rate
-  return new_layer(Dropout, {rate = rate, training = true, name = opts and opts.name}, "dropout")
+  check.value("Dropout", "rate", rate, check.fraction)
+  opts = check.options("Dropout", opts, DROPOUT_OPTIONS)
+  return new_layer(Dropout, {rate = rate, training = opts.training, name = opts.name}, "dropout")
 end})
 
 function Dropout:call (x, training)
+  check_input("Dropout", x, 0)
+  check.value("Dropout", "training (argument 2)", training, optional_boolean)
   if training == nil then training = self.training end
   if not training then return x end
   return nn.dropout(x, self.rate)
 end
 
---- BatchNorm{momentum=0.99, epsilon=1e-3}: normalizes over every axis but
--- the last. While training it uses the batch's statistics and moves its
--- running averages, but not while recompute_grad re-runs it
+--- BatchNorm{momentum=0.99, epsilon=1e-3, training=true, name=}: normalizes
+-- over every axis but the last. While training it uses the batch's statistics
+-- and moves its running averages, but not while recompute_grad re-runs it
 -- (mg.is_recomputing()), so the averages move once per step.
 local BatchNorm = class("BatchNorm", Layer)
 nn.BatchNorm = BatchNorm
+
+local BATCHNORM_OPTIONS = {{"momentum", check.unit, 0.99}, {"epsilon", check.positive, 1e-3},
+                           {"training", check.boolean, true}, {"name", check.string}}
+
 setmetatable(BatchNorm, {__call = function(_, opts)
-  opts = opts or {}
-  return new_layer(BatchNorm, {momentum = opts.momentum or 0.99, epsilon = opts.epsilon or 1e-3,
-                               training = true, name = opts.name}, "batch_norm")
+  opts = check.options("BatchNorm", opts, BATCHNORM_OPTIONS)
+  return new_layer(BatchNorm, {momentum = opts.momentum, epsilon = opts.epsilon,
+                               training = opts.training, name = opts.name}, "batch_norm")
 end})
 
 function BatchNorm:build (x)
-  local n, dtype = x.shape[#x.shape], x.dtype
+  local n, dtype = x.shape[x.ndim], x.dtype
   self.gamma = self:add_variable("gamma", mg.ones({n}, dtype))
   self.beta = self:add_variable("beta", mg.zeros({n}, dtype))
   self.moving_mean = self:add_variable("moving_mean", mg.zeros({n}, dtype), {trainable = false})
@@ -277,6 +363,8 @@ function BatchNorm:build (x)
 end
 
 function BatchNorm:call (x, training)
+  check_input("BatchNorm", x, 2, rawget(self, "gamma"))
+  check.value("BatchNorm", "training (argument 2)", training, optional_boolean)
   if not rawget(self, "gamma") then self:build(x) end
   if training == nil then training = self.training end
   local mean, var
@@ -302,22 +390,61 @@ end
 
 -- {=========================== losses ==========================
 
---- softmax_cross_entropy(logits, labels): the mean over the batch of
--- -log softmax(logits)[label]; logits (B, C), labels (B) int64, 1-based.
-function nn.softmax_cross_entropy (logits, labels)
-  if not mg.is_tensor(labels) or labels.dtype ~= "int64" then
-    error("softmax_cross_entropy: labels must be an int64 tensor of class numbers (1-based)", 2)
+-- p, the one-hot (B, C) of labels (B): int64 class numbers in 1..C
+local function one_hot (who, labels, shape, dtype)
+  local count, want = shape[#shape], table.move(shape, 1, #shape - 1, 1, {})
+  local got = labels.shape
+  if not check.same_shape(got, want) then
+    local squeeze = #got == #shape and got[#got] == 1 and check.same_shape(table.move(got, 1, #want, 1, {}), want)
+    fail(who, "labels must have shape %s (the logits' shape %s without its last axis), got %s%s",
+         check.shape(want), check.shape(shape), check.shape(got), squeeze and "; squeeze the last axis" or "")
   end
-  local classes = logits.shape[#logits.shape]
-  if mg.min(labels):item() < 1 or mg.max(labels):item() > classes then
-    error(("softmax_cross_entropy: labels must be in 1..%d"):format(classes), 2)
+  if labels:numel() > 0 then
+    local lo, hi = mg.min(labels):item(), mg.max(labels):item()
+    if lo < 1 or hi > count then
+      fail(who, "labels must be class numbers in 1..%d (1-based), got %d%s", count, lo < 1 and lo or hi,
+           (lo == 0 and hi < count) and "; add 1 to 0-based labels" or "")
+    end
   end
-  local onehot = mg.cast(mg.equal(mg.expand_dims(labels, -1), mg.arange(1, classes + 1, 1, "int64")), logits.dtype)
-  return -mg.mean(mg.sum(onehot * mg.log_softmax(logits, -1), -1))
+  return mg.cast(mg.equal(mg.expand_dims(labels, -1), mg.arange(1, count + 1, 1, "int64")), dtype)
 end
 
---- mean_squared_error(y, target)
+--- softmax_cross_entropy(logits, labels): the mean over the batch of
+-- -sum(p * log_softmax(logits)) over the last axis. logits (B, C); labels
+-- either int64 class numbers (B), 1-based, or probabilities p (B, C) (one-hot
+-- or soft) of the logits' dtype.
+function nn.softmax_cross_entropy (logits, labels)
+  local who = "softmax_cross_entropy"
+  check.float_tensor(who, "logits", logits)
+  local shape = logits.shape
+  if #shape == 0 then fail(who, "logits must have a class axis (at least 1 dimension), got shape ()") end
+  if not check.is_array(labels) then
+    fail(who, "labels must be a tensor of int64 class numbers or of probabilities, got %s", show(labels))
+  end
+  local p = labels
+  if labels.dtype == "int64" then
+    p = one_hot(who, labels, shape, logits.dtype)
+  elseif labels.dtype ~= logits.dtype then
+    fail(who, "labels must be int64 class numbers or %s probabilities (the logits' dtype), got %s",
+         logits.dtype, labels.dtype)
+  elseif not check.same_shape(labels.shape, shape) then
+    fail(who, "%s labels are probabilities and must have the logits' shape %s, got %s "
+         .. "(class numbers must be int64)", labels.dtype, check.shape(shape), check.shape(labels.shape))
+  end
+  return -mg.mean(mg.sum(p * mg.log_softmax(logits, -1), -1))
+end
+
+--- mean_squared_error(y, target): mean((y - target)^2); y and target of one
+-- shape and dtype (no broadcasting: a (3) and a (3,1) would give a (3,3)).
 function nn.mean_squared_error (y, target)
+  local who = "mean_squared_error"
+  check.float_tensor(who, "y", y)
+  check.float_tensor(who, "target", target)
+  if y.dtype ~= target.dtype then fail(who, "y is %s but target is %s; cast one", y.dtype, target.dtype) end
+  if not check.same_shape(y.shape, target.shape) then
+    fail(who, "y has shape %s but target has shape %s; they must match exactly", check.shape(y.shape),
+         check.shape(target.shape))
+  end
   return mg.mean((y - target) ^ 2)
 end
 
@@ -331,14 +458,13 @@ end
 -- the tape keeps only the groups' inputs (PyTorch's checkpoint_sequential).
 -- With segments = sqrt(#layers) the activations held are O(sqrt(#layers)).
 function nn.checkpoint_sequential (layers, segments, x)
-  if type(layers) == "table" and getmetatable(layers) == Sequential then layers = layers.layers end
-  if type(layers) ~= "table" or #layers == 0 then
-    error("checkpoint_sequential: a non-empty list of layers expected", 2)
-  end
-  if math.type(segments) ~= "integer" or segments < 1 then
-    error("checkpoint_sequential: segments must be a positive integer, got " .. tostring(segments), 2)
-  end
-  local n = #layers
+  local who = "checkpoint_sequential"
+  if getmetatable(layers) == Sequential then layers = layers.layers end
+  local n = check_layers(who, layers, "checkpoint_sequential({layer, ...}, segments, x)")
+  if n == 0 then fail(who, "the list of layers is empty") end
+  check.value(who, "segments", segments, check.positive_integer)
+  if segments > n then fail(who, "segments (%d) must be at most the number of layers (%d)", segments, n) end
+  if x == nil then fail(who, "x (argument 3) is nil") end
   local size = math.ceil(n / segments)
   local first = 1
   while first <= n do
@@ -354,29 +480,43 @@ function nn.checkpoint_sequential (layers, segments, x)
   return x
 end
 
+local function is_list (v)
+  return type(v) == "table" and not check.is_callable(v) and check.kind(v) == "a table"
+end
+
+local fn_rule = check.rule("a function (or a callable table) or a list of them", check.is_callable)
+
+-- f or g of a RevBlock: one callable shared by the n layers, or a list of n
 local function callables (v, n, what)
-  if type(v) == "table" and not getmetatable(v) then
-    if #v ~= n then error(("RevBlock: %s has %d functions for %d layers"):format(what, #v, n), 3) end
+  if is_list(v) then
+    local len = check.list("RevBlock", v, "the list " .. what, what .. "[%d]")
+    if len ~= n then fail("RevBlock", "%s has %d functions for %d layers", what, len, n) end
+    for i = 1, n do check.value("RevBlock", ("%s[%d]"):format(what, i), v[i], check.callable) end
     return v
   end
+  check.value("RevBlock", what, v, fn_rule)
   local list = {}
   for i = 1, n do list[i] = v end
   return list
 end
 
---- RevBlock(f, g, {num_layers=1}): reversible residual layers (RevNet; TF1's
+--- RevBlock(f, g, {num_layers=1, name=}): reversible residual layers (RevNet; TF1's
 -- rev_block). Each layer maps (x1, x2) to y1 = x1 + f(x2), y2 = x2 + g(y1).
 -- The backward pass rebuilds each layer's inputs from its outputs
 -- (x2 = y2 - g(y1), x1 = y1 - f(x2)) instead of keeping them, so the tape
 -- holds nothing per layer. f and g are callables (shared by every layer)
--- or lists of num_layers callables. Call it as block(x1, x2) -> y1, y2, or
--- block(x) with x split in halves along its last axis -> concatenated y.
+-- or lists of num_layers callables (num_layers defaults to their length).
+-- Call it as block(x1, x2) -> y1, y2, or block(x) with x split in halves
+-- along its last axis -> concatenated y.
 local RevBlock = class("RevBlock", Layer)
 nn.RevBlock = RevBlock
+
+local REVBLOCK_OPTIONS = {{"num_layers", check.positive_integer}, {"name", check.string}}
+
 setmetatable(RevBlock, {__call = function(_, f, g, opts)
-  local n = opts and opts.num_layers or 1
-  if math.type(n) ~= "integer" or n < 1 then error("RevBlock: num_layers must be a positive integer", 2) end
-  local self = new_layer(RevBlock, {num_layers = n, name = opts and opts.name}, "rev_block")
+  opts = check.options("RevBlock", opts, REVBLOCK_OPTIONS)
+  local n = opts.num_layers or (is_list(f) and #f) or (is_list(g) and #g) or 1
+  local self = new_layer(RevBlock, {num_layers = n, name = opts.name}, "rev_block")
   self.f, self.g = callables(f, n, "f"), callables(g, n, "g")
   local seen = {}
   for i = 1, n do
@@ -388,10 +528,20 @@ setmetatable(RevBlock, {__call = function(_, f, g, opts)
   return self
 end})
 
+-- h's result, which must have the shape of the half it is added to (else the
+-- sum broadcasts and the block is not reversible)
+local function residual (out, like, what, i)
+  if not (check.is_array(out) and check.same_shape(out.shape, like.shape)) then
+    fail("RevBlock", "%s of layer %d gave %s for a half of shape %s; it must keep the shape", what, i,
+         show(out), check.shape(like.shape))
+  end
+  return out
+end
+
 function RevBlock:_forward (x1, x2)
   for i = 1, self.num_layers do
-    local y1 = x1 + self.f[i](x2)
-    x2 = x2 + self.g[i](y1)
+    local y1 = x1 + residual(self.f[i](x2), x1, "f", i)
+    x2 = x2 + residual(self.g[i](y1), x2, "g", i)
     x1 = y1
   end
   local y1, y2 = x1, x2
@@ -430,11 +580,13 @@ function RevBlock:_backward (y1, y2, dy1, dy2, variables)
 end
 
 function RevBlock:call (x1, x2)
-  if x2 ~= nil then return self._step(x1, x2) end
-  local n, d = x1.ndim, x1.shape[x1.ndim]
-  if d == nil or d % 2 ~= 0 then
-    error(("RevBlock: the last dimension (%s) must be even to split in halves"):format(tostring(d)), 2)
+  check_input("RevBlock", x1, 1)
+  if x2 ~= nil then
+    check.float_tensor("RevBlock", "x2", x2)
+    return self._step(x1, x2)
   end
+  local n, d = x1.ndim, x1.shape[x1.ndim]
+  if d % 2 ~= 0 then fail("RevBlock", "the last dimension (%d) must be even to split in halves", d) end
   local spec = {}                                   -- nil for every axis but the last
   spec[n] = {1, d // 2}
   local h1 = mg.slice(x1, table.unpack(spec, 1, n))

@@ -6,6 +6,9 @@
 -- with the rate, the time left and the values given to update.
 -- @module moongrad.progress
 local mg = require "moongrad"
+local check = require "moongrad.check"
+
+local fail = check.fail
 
 local Progress = {}
 Progress.__index = Progress
@@ -42,7 +45,30 @@ function Progress:line (i, values)
   return table.concat(parts, "  ")
 end
 
+-- the values shown after the bar: nil, or name = number or one-element tensor
+local function check_values (who, values)
+  if values == nil then return end
+  if type(values) ~= "table" or check.kind(values) ~= "a table" then
+    fail(who, "values must be a table {name = value, ...}, got %s", check.show(values))
+  end
+  for k, v in pairs(values) do
+    if type(k) ~= "string" then fail(who, "values are named (name = value), got a value at [%s]", check.show(k)) end
+    if check.is_array(v) and v:numel() ~= 1 then
+      fail(who, "value '%s' is a tensor of shape %s; give a number or a one-element tensor", k,
+           check.shape(v.shape))
+    end
+  end
+end
+
+local step_rule = check.rule("a non-negative integer", function(v)
+  return type(v) == "number" and math.tointeger(v) ~= nil and v >= 0
+end)
+
+--- bar:update(i [, values]): step i is done (i may pass the total, as tqdm allows).
 function Progress:update (i, values)
+  check.self("progress:update", self, Progress, "bar:update(i)")
+  i = math.tointeger(check.value("progress:update", "step", i, step_rule))
+  check_values("progress:update", values)
   self.i, self.values = i, values or self.values
   local now = mg.clock()
   if i < self.total and now - self.drawn < 0.1 then return end
@@ -54,16 +80,27 @@ function Progress:update (i, values)
 end
 
 function Progress:finish (values)
+  check.self("progress:finish", self, Progress, "bar:finish()")
+  check_values("progress:finish", values)
   self:update(self.total, values)
   self.out:write("\n")
   self.out:flush()
 end
 
+local writer = check.rule("a file or an object with write and flush methods", function(v)
+  if type(v) ~= "table" and type(v) ~= "userdata" then return false end
+  local ok, write, flush = pcall(function() return v.write, v.flush end)
+  return ok and check.is_callable(write) and check.is_callable(flush)
+end)
+
+local OPTIONS = {{"label", check.string}, {"out", writer}}
+
+--- mg.progress(total, {label=, out=io.stderr}): a bar for total steps.
 return function (total, opts)
-  opts = opts or {}
   if math.type(total) ~= "integer" or total < 0 then
-    error("progress: the number of steps must be a non-negative integer, got " .. tostring(total), 2)
+    fail("progress", "the number of steps must be a non-negative integer, got %s", check.show(total))
   end
+  opts = check.options("progress", opts, OPTIONS)
   return setmetatable({total = total, label = opts.label and (opts.label .. " ") or "",
                        out = opts.out or io.stderr, start = mg.clock(), drawn = -math.huge,
                        width = 0, i = 0}, Progress)

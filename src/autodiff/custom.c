@@ -1,147 +1,124 @@
 /*
-** custom.c — custom_gradient (tf.custom_gradient): a Lua function that
-** returns its outputs and the function computing its input gradients.
+** custom.c — custom gradients (tf.custom_gradient), driven by C callbacks.
 **
-** f runs with the tapes paused (its insides are not recorded) while its
-** variable reads are noticed; the tapes then record one node whose inputs
-** are f's tensor arguments plus those variables. Its backward calls
-**   grad_fn(dy1, ..., dyk [, variables])
-** which returns one gradient per tensor argument and, when f read
-** variables, a list with one gradient per variable, as TensorFlow's
-** `variables` argument does. Ops run by grad_fn are recorded by tapes
-** still recording, so custom gradients can be differentiated again.
+** The host's forward runs with the tapes paused (its insides are not
+** recorded) while its variable reads are noted; the tapes then record one
+** node whose inputs are the forward's inputs plus those variables, and
+** whose backward is the host's. Ops the host's backward runs are recorded
+** by tapes still recording, so custom gradients can be differentiated again.
 */
 #include <stdlib.h>
+#include <string.h>
 
-#include "../lua/lcallback.h"
+#include "moongrad_impl.h"
 
 typedef struct custom_ext {
-  lua_State *L;                /* the main thread, for luaL_unref */
-  int grad_ref;                /* grad_fn in the registry */
+  const mg_function *fn;
+  void *ud;
   int nargs, nvars;            /* inputs: nargs tensors, then nvars variables */
   mg_variable **vars;          /* retained */
 } custom_ext;
 
+static void release_ud (const mg_function *fn, void *ud) {
+  if (fn->release) fn->release(ud);
+}
+
 static void custom_free (mg_node *n) {
   custom_ext *e = (custom_ext *)n->ext;
-  if (e == NULL) return;
-  luaL_unref(e->L, LUA_REGISTRYINDEX, e->grad_ref);
+  release_ud(e->fn, e->ud);
   for (int k = 0; k < e->nvars; k++) mg_variable_release(e->vars[k]);
   free(e->vars);
   free(e);
 }
 
-/* protected: calls grad_fn and collects what it returns into din */
-static int custom_backward_body (lua_State *L) {
-  mg_node *n;
-  mg_tensor *const *dout;
-  mg_tensor **din;
-  mgL_backward_ctx(L, &n, &dout, &din);
-  custom_ext *e = (custom_ext *)n->ext;
-  luaL_checkstack(L, n->nout + 8, "too many outputs");
-  lua_rawgeti(L, LUA_REGISTRYINDEX, e->grad_ref);
-  for (int i = 0; i < n->nout; i++) mgL_pushdout(L, n, dout, i);
-  if (e->nvars > 0) {
-    lua_createtable(L, e->nvars, 0);
-    for (int k = 0; k < e->nvars; k++) {
-      mgL_pushvariable(L, e->vars[k]);
-      lua_rawseti(L, -2, k + 1);
-    }
+/* zeros for the outputs no gradient reached: the host sees a tensor always */
+static mg_status fill_douts (mg_node *n, mg_tensor *const *dout, mg_tensor **full) {
+  for (int i = 0; i < n->nout; i++) {
+    full[i] = dout[i] ? mg_tensor_retain(dout[i]) : mg_zeros_meta(&n->out_meta[i]);
+    if (full[i] == NULL) return MG_ERR;
   }
-  int nres = e->nargs + (e->nvars > 0);
-  lua_call(L, n->nout + (e->nvars > 0), nres);
-  int base = lua_gettop(L) - nres + 1;
-  for (int j = 0; j < e->nargs; j++) mgL_takegrad(L, base + j, n, din, j, "custom_gradient: grad_fn");
-  if (e->nvars > 0) {
-    int vt = base + e->nargs;
-    if (!lua_istable(L, vt) && !lua_isnil(L, vt))
-      return luaL_error(L, "custom_gradient: grad_fn must return a list of variable gradients "
-                           "after the input gradients (f read %d variables), got a %s",
-                        e->nvars, luaL_typename(L, vt));
-    for (int k = 0; k < e->nvars; k++) {
-      if (lua_isnil(L, vt)) lua_pushnil(L);
-      else lua_geti(L, vt, k + 1);
-      mgL_takegrad(L, lua_gettop(L), n, din, e->nargs + k, "custom_gradient: grad_fn");
-      lua_pop(L, 1);
-    }
-  }
-  return 0;
+  return MG_OK;
 }
 
 static mg_status custom_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **din) {
   custom_ext *e = (custom_ext *)n->ext;
-  return mgL_backward_call(mgL_running ? mgL_running : e->L, n, dout, din, custom_backward_body,
-                           NULL, "custom_gradient");
+  int nin = n->nin;
+  mg_tensor **full = (mg_tensor **)calloc((size_t)n->nout + 1, sizeof(mg_tensor *));
+  int *needs = (int *)calloc((size_t)nin + 1, sizeof(int));
+  mg_status st = full && needs ? fill_douts(n, dout, full)
+                               : mg_seterror("out of memory in the backward of '%s'", e->fn->name);
+  for (int j = 0; j < nin && needs; j++) needs[j] = n->needs[j];
+  if (st == MG_OK) {
+    mg_grad_args a = {n->nout, full, e->nargs, e->nvars, e->vars, needs, din};
+    st = e->fn->backward(e->ud, &a);
+  }
+  for (int j = 0; j < nin && st == MG_OK; j++) {
+    if (!n->needs[j]) {                          /* not asked for: dropped */
+      mg_tensor_release(din[j]);
+      din[j] = NULL;
+    } else if (din[j] == NULL && (din[j] = mg_zeros_meta(&n->in_meta[j])) == NULL) {
+      st = MG_ERR;
+    }
+  }
+  if (st != MG_OK)
+    for (int j = 0; j < nin; j++) { mg_tensor_release(din[j]); din[j] = NULL; }
+  for (int i = 0; full && i < n->nout; i++) mg_tensor_release(full[i]);
+  free(full);
+  free(needs);
+  return st;
 }
 
-static const mg_opdef custom_op = {"custom_gradient", 0, custom_backward, custom_free};
+static const mg_opdef custom_op = {.info = {.name = "custom_gradient", .kind = MG_OP_OTHER}, .backward = custom_backward, .free_ext = custom_free};
 
-/* g(...): upvalue 1 is f */
-static int custom_call (lua_State *L) {
-  int nargs = lua_gettop(L);
-  luaL_checkstack(L, nargs + 8, "too many arguments");
-  lua_pushvalue(L, lua_upvalueindex(1));
-  for (int i = 1; i <= nargs; i++) lua_pushvalue(L, i);
+/* records the node; takes over ud and the watcher's variables */
+static mg_status record (const mg_function *fn, void *ud, int nin, mg_tensor *const *in,
+                         mg_var_watcher *w, mg_list *out) {
+  int ninputs = nin + w->n;
+  custom_ext *e = (custom_ext *)calloc(1, sizeof(custom_ext));
+  mg_tensor **inputs = (mg_tensor **)malloc(sizeof(mg_tensor *) * (size_t)(ninputs + 1));
+  if (e == NULL || inputs == NULL) {
+    free(e);
+    free(inputs);
+    release_ud(fn, ud);
+    mg_watcher_free(w);
+    return mg_seterror("%s: out of memory", fn->name);
+  }
+  memcpy(inputs, in, sizeof(mg_tensor *) * (size_t)nin);
+  for (int k = 0; k < w->n; k++) inputs[nin + k] = w->vars[k]->value;
+  *e = (custom_ext){fn, ud, nin, w->n, w->vars};
+  w->vars = NULL;                                /* the node owns them now */
+  w->n = w->cap = 0;
+  mg_status st = mg_call_fresh_outputs(out, inputs, ninputs);
+  if (st == MG_OK)
+    st = mg_record_ex(&custom_op, ninputs, inputs, out->n, out->t, NULL, e, NULL);
+  else
+    custom_free(&(mg_node){.ext = e});
+  free(inputs);
+  return st;
+}
+
+mg_status mg_custom_call (const mg_function *fn, void *ud, int nin, mg_tensor *const *in,
+                          mg_list *out) {
+  mg_status st = mg_call_check("mg_custom_call", fn, nin, in, out);
+  if (st == MG_OK && fn->backward == NULL) st = mg_seterror("mg_custom_call: fn->backward is NULL");
+  if (st != MG_OK) {
+    if (fn && fn->release) fn->release(ud);
+    return st;
+  }
   mg_var_watcher w;
-  if (mgL_call_paused(L, nargs, &w) != LUA_OK) {
+  if (mg_call_forward(fn, ud, nin, in, out, &w) != MG_OK) {
+    release_ud(fn, ud);
+    return MG_ERR;
+  }
+  if (mg_recording_tapes == 0) {                 /* nobody will ask for the gradient */
     mg_watcher_free(&w);
-    return lua_error(L);
+    release_ud(fn, ud);
+    return MG_OK;
   }
-  int first = nargs + 1, last = lua_gettop(L), nout = last - first;
-  if (nout < 1 || !lua_isfunction(L, last)) {
-    mg_watcher_free(&w);
-    return luaL_error(L, "custom_gradient: f must return its outputs and then a gradient function");
+  mg_call_drop_passed(&w, nin, in);
+  if (record(fn, ud, nin, in, &w, out) != MG_OK) {
+    mg_list_clear(out);
+    return MG_ERR;
   }
-  for (int i = first; i < last; i++)
-    if (mgL_testtensor(L, i) == NULL) {
-      mg_watcher_free(&w);
-      return luaL_error(L, "custom_gradient: output %d of f is a %s, not a tensor", i - nargs,
-                        luaL_typename(L, i));
-    }
-  /* the tensor arguments, in a list */
-  lua_newtable(L);
-  int list = lua_gettop(L), ntensors = 0;
-  for (int i = 1; i <= nargs; i++)
-    if (mgL_isleaf(L, i)) {
-      lua_pushvalue(L, i);
-      lua_rawseti(L, list, ++ntensors);
-    }
-  int nvars;
-  mg_tensor **in = mgL_inputs(L, list, ntensors, &w, &nvars);
-  for (int i = first; i < last; i++) mgL_rehead(L, i, in, ntensors + nvars);
-  mg_tensor **out = (mg_tensor **)lua_newuserdatauv(L, sizeof(mg_tensor *) * (size_t)nout, 0);
-  for (int i = 0; i < nout; i++) out[i] = mgL_testtensor(L, first + i);
-  if (mg_recording_tapes > 0) {
-    custom_ext *e = (custom_ext *)calloc(1, sizeof(custom_ext));
-    if (e == NULL) {
-      mg_watcher_free(&w);
-      return luaL_error(L, "custom_gradient: out of memory");
-    }
-    e->L = mgL_main_thread(L);
-    lua_pushvalue(L, last);
-    e->grad_ref = luaL_ref(L, LUA_REGISTRYINDEX);
-    e->nargs = ntensors;
-    e->nvars = nvars;
-    e->vars = w.vars;                /* the node takes the watcher's references */
-    w.vars = NULL;
-    w.n = 0;
-    if (mg_record_ex(&custom_op, ntensors + nvars, in, nout, out, NULL, e, NULL) != MG_OK)
-      return mgL_error(L);
-  }
-  mg_watcher_free(&w);
-  lua_settop(L, last - 1);
-  return nout;
-}
-
-/* custom_gradient(f): g with g(...) == first results of f(...) */
-static int l_custom_gradient (lua_State *L) {
-  luaL_checktype(L, 1, LUA_TFUNCTION);
-  lua_settop(L, 1);
-  lua_pushcclosure(L, custom_call, 1);
-  return 1;
-}
-
-void mgL_open_custom (lua_State *L) {
-  lua_pushcfunction(L, l_custom_gradient);
-  lua_setfield(L, -2, "custom_gradient");
+  return MG_OK;
 }

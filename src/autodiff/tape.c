@@ -17,169 +17,70 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "moongrad_impl.h"
-
-/* {===================== id maps and sets ==================== */
-/* Open addressing, linear probing; id 0 never occurs, so it marks empty.
-** Nothing is ever deleted: a map entry is cleared by setting its value. */
-
-#define IDMAP_INLINE 16                 /* most maps never need the heap */
-
-typedef struct idmap {
-  uint64_t *keys;
-  void **vals;
-  size_t cap, n;                        /* cap 0: empty, not started */
-  uint64_t ikeys[IDMAP_INLINE];
-  void *ivals[IDMAP_INLINE];
-} idmap;                                /* never copied once used: keys may point inside */
-
-static size_t slot_of (const idmap *m, uint64_t id) {
-  size_t i = (size_t)(id * 0x9E3779B97F4A7C15ULL) & (m->cap - 1);
-  while (m->keys[i] != 0 && m->keys[i] != id) i = (i + 1) & (m->cap - 1);
-  return i;
-}
-
-static mg_status idmap_grow (idmap *m) {
-  if (m->cap == 0) {                    /* start in the inline arrays */
-    memset(m->ikeys, 0, sizeof m->ikeys);
-    memset(m->ivals, 0, sizeof m->ivals);
-    m->keys = m->ikeys;
-    m->vals = m->ivals;
-    m->cap = IDMAP_INLINE;
-    return MG_OK;
-  }
-  size_t cap = m->cap * 4;
-  uint64_t *keys = (uint64_t *)calloc(cap, sizeof(uint64_t));
-  void **vals = (void **)calloc(cap, sizeof(void *));
-  if (keys == NULL || vals == NULL) {
-    free(keys);
-    free(vals);
-    return mg_seterror("out of memory growing a tape");
-  }
-  uint64_t *ok = m->keys;
-  void **ov = m->vals;
-  size_t ocap = m->cap;
-  m->keys = keys;
-  m->vals = vals;
-  m->cap = cap;
-  for (size_t i = 0; i < ocap; i++)
-    if (ok[i]) {
-      size_t s = slot_of(m, ok[i]);
-      keys[s] = ok[i];
-      vals[s] = ov[i];
-    }
-  if (ok != m->ikeys) {
-    free(ok);
-    free(ov);
-  }
-  return MG_OK;
-}
-
-/* the value slot for id, created (NULL) if absent; NULL when out of memory */
-static void **idmap_slot (idmap *m, uint64_t id) {
-  if ((m->n + 1) * 4 > m->cap * 3 && idmap_grow(m) != MG_OK) return NULL;
-  size_t s = slot_of(m, id);
-  if (m->keys[s] == 0) {
-    m->keys[s] = id;
-    m->vals[s] = NULL;
-    m->n++;
-  }
-  return &m->vals[s];
-}
-
-static bool idmap_has (const idmap *m, uint64_t id) {
-  return m->cap > 0 && m->keys[slot_of(m, id)] == id;
-}
-
-static void *idmap_get (const idmap *m, uint64_t id) {
-  if (m->cap == 0) return NULL;
-  size_t s = slot_of(m, id);
-  return m->keys[s] == id ? m->vals[s] : NULL;
-}
-
-static void idmap_free (idmap *m) {
-  if (m->cap > 0 && m->keys != m->ikeys) {
-    free(m->keys);
-    free(m->vals);
-  }
-  m->keys = NULL;
-  m->vals = NULL;
-  m->cap = m->n = 0;
-}
-
-/* }========================================================== */
-
+#include "autodiff.h"
 
 /* {========================= tapes ========================== */
+/* The active tapes, the watchers and the pauses are the context's
+** (mg_tape_state); a tape stays in the active list of the context that
+** made it. */
 
-struct mg_tape {
-  int refcount;
-  bool persistent, watch_accessed;
-  bool active;                /* in the active list: recording unless paused */
-  int paused;                 /* nested pauses */
-  bool used;                  /* a non-persistent tape gave its gradient */
-  idmap tracked;              /* ids this tape follows (values unused) */
-  mg_node **nodes;
-  size_t nnodes, capnodes;
-  mg_variable **vars;         /* watched variables, retained */
-  int nvars, capvars;
-};
+static mg_tape_state *tapes (void) { return &mg_ctx()->tapes; }
 
-static mg_tape **active;      /* tapes not stopped, oldest first */
-static int nactive, capactive;
-int mg_recording_tapes = 0;
-int mg_variable_watchers = 0;
-static int recompute_depth = 0;
-
-static void count_recording (void) {
+static void count_recording (mg_tape_state *T) {
   int n = 0;
-  for (int i = 0; i < nactive; i++) n += active[i]->paused == 0;
-  mg_recording_tapes = n;
+  for (int i = 0; i < T->nactive; i++) n += T->active[i]->paused == 0;
+  T->recording = n;
 }
 
 static mg_status activate (mg_tape *t) {
+  mg_tape_state *T = &t->ctx->tapes;
   if (t->active) return MG_OK;
-  if (nactive == capactive) {
-    int cap = capactive ? capactive * 2 : 8;
-    mg_tape **a = (mg_tape **)realloc(active, sizeof(mg_tape *) * (size_t)cap);
+  if (T->nactive == T->capactive) {
+    int cap = T->capactive ? T->capactive * 2 : 8;
+    mg_tape **a = (mg_tape **)realloc(T->active, sizeof(mg_tape *) * (size_t)cap);
     if (a == NULL) return mg_seterror("out of memory starting a tape");
-    active = a;
-    capactive = cap;
+    T->active = a;
+    T->capactive = cap;
   }
-  active[nactive++] = t;
+  T->active[T->nactive++] = t;
   t->active = true;
-  count_recording();
+  count_recording(T);
   return MG_OK;
 }
 
 static void deactivate (mg_tape *t) {
+  mg_tape_state *T = &t->ctx->tapes;
   if (!t->active) return;
-  for (int i = 0; i < nactive; i++)
-    if (active[i] == t) {
-      memmove(active + i, active + i + 1, sizeof(mg_tape *) * (size_t)(nactive - i - 1));
-      nactive--;
+  for (int i = 0; i < T->nactive; i++)
+    if (T->active[i] == t) {
+      memmove(T->active + i, T->active + i + 1, sizeof(mg_tape *) * (size_t)(T->nactive - i - 1));
+      T->nactive--;
       break;
     }
   t->active = false;
-  count_recording();
+  count_recording(T);
 }
+
+static void note_variable_read (mg_variable *v);
 
 mg_tape *mg_tape_new (int persistent, int watch_accessed_variables) {
   mg_tape *t = (mg_tape *)mg_small_alloc(sizeof(mg_tape));
   if (t == NULL) return mg_seterror("out of memory creating a tape"), NULL;
   memset(t, 0, sizeof *t);
+  t->ctx = mg_ctx();
+  t->ctx->tapes.on_read = note_variable_read;     /* variables tell the tapes of reads */
   t->refcount = 1;
   t->persistent = persistent != 0;
   t->watch_accessed = watch_accessed_variables != 0;
   if (activate(t) != MG_OK) {
-    free(t);
+    mg_small_free(t, sizeof *t);
     return NULL;
   }
   return t;
 }
 
 mg_tape *mg_tape_retain (mg_tape *t) {
-  t->refcount++;
+  if (t) t->refcount++;
   return t;
 }
 
@@ -197,10 +98,14 @@ static void drop_variables (mg_tape *t) {
   t->nvars = 0;
 }
 
-void mg_tape_reset (mg_tape *t) {
+mg_status mg_tape_reset (mg_tape *t) {
+  MG_CHECK_ARG("mg_tape_reset", t, MG_ERR);
+  if (t->walking)
+    return mg_seterror("tape:reset: called while this tape's gradient is being computed");
   drop_record(t);
   drop_variables(t);
   t->used = false;
+  return MG_OK;
 }
 
 void mg_tape_release (mg_tape *t) {
@@ -213,123 +118,141 @@ void mg_tape_release (mg_tape *t) {
   mg_small_free(t, sizeof *t);
 }
 
-void mg_tape_stop (mg_tape *t) { deactivate(t); }
+void mg_tape_stop (mg_tape *t) { if (t) deactivate(t); }
 
 mg_status mg_tape_start (mg_tape *t) {
+  MG_CHECK_ARG("mg_tape_start", t, MG_ERR);
   if (!t->persistent && t->used)
     return mg_seterror("tape: a non-persistent tape cannot record after its gradient was taken");
   return activate(t);
 }
 
 void mg_tape_pause (mg_tape *t) {
+  if (t == NULL) return;
   t->paused++;
-  count_recording();
+  count_recording(&t->ctx->tapes);
 }
 
 void mg_tape_resume (mg_tape *t) {
+  if (t == NULL) return;
   if (t->paused > 0) t->paused--;
-  count_recording();
+  count_recording(&t->ctx->tapes);
 }
 
-int mg_tape_is_recording (const mg_tape *t) { return t->active && t->paused == 0; }
-size_t mg_tape_nnodes (const mg_tape *t) { return t->nnodes; }
-int mg_tape_nvariables (const mg_tape *t) { return t->nvars; }
-mg_variable *mg_tape_variable (const mg_tape *t, int i) { return t->vars[i]; }
+int mg_tapes_recording (void) { return tapes()->recording; }
+
+int mg_tape_is_recording (const mg_tape *t) { return t && t->active && t->paused == 0; }
+size_t mg_tape_nnodes (const mg_tape *t) { return t ? t->nnodes : 0; }
+int mg_tape_nvariables (const mg_tape *t) { return t ? t->nvars : 0; }
+
+mg_variable *mg_tape_variable (const mg_tape *t, int i) {
+  MG_CHECK_ARG("mg_tape_variable", t, NULL);
+  if (i < 0 || i >= t->nvars)
+    return mg_seterror("mg_tape_variable: index %d is out of range (the tape watches %d variables)",
+                       i, t->nvars), NULL;
+  return t->vars[i];
+}
 
 static mg_status track (mg_tape *t, uint64_t id) {
   return idmap_slot(&t->tracked, id) ? MG_OK : MG_ERR;
 }
 
-void mg_tape_watch (mg_tape *t, mg_tensor *x) {
-  if (x->var) {
-    mg_tape_watch_variable(t, x->var);
-    return;
-  }
-  if (mg_is_float(x->dtype)) track(t, x->id);
+mg_status mg_tape_watch (mg_tape *t, mg_tensor *x) {
+  MG_CHECK_ARG("mg_tape_watch", t, MG_ERR);
+  MG_CHECK_ARG("mg_tape_watch", x, MG_ERR);
+  if (x->var) return mg_tape_watch_variable(t, x->var);
+  return mg_is_float(x->dtype) ? track(t, x->id) : MG_OK;
 }
 
-/* adds v (retained) to a list unless it is there; false when it was, or
-** when there is no memory for it */
-static bool add_variable (mg_variable ***list, int *n, int *cap, mg_variable *v) {
-  for (int i = 0; i < *n; i++) if ((*list)[i] == v) return false;
+/* adds v (retained) to a list unless it is there; *added says whether it
+** was; MG_ERR when there is no memory for it */
+static mg_status add_variable (mg_variable ***list, int *n, int *cap, mg_variable *v, bool *added) {
+  *added = false;
+  for (int i = 0; i < *n; i++) if ((*list)[i] == v) return MG_OK;
   if (*n == *cap) {
     int c = *cap ? *cap * 2 : 8;
     mg_variable **a = (mg_variable **)realloc(*list, sizeof(mg_variable *) * (size_t)c);
-    if (a == NULL) return false;
+    if (a == NULL) return mg_seterror("out of memory watching a variable");
     *list = a;
     *cap = c;
   }
   (*list)[(*n)++] = mg_variable_retain(v);
-  return true;
+  *added = true;
+  return MG_OK;
 }
 
-void mg_tape_watch_variable (mg_tape *t, mg_variable *v) {
-  if (mg_is_float(v->value->dtype) && add_variable(&t->vars, &t->nvars, &t->capvars, v))
-    track(t, v->id);
+mg_status mg_tape_watch_variable (mg_tape *t, mg_variable *v) {
+  MG_CHECK_ARG("mg_tape_watch_variable", t, MG_ERR);
+  MG_CHECK_ARG("mg_tape_watch_variable", v, MG_ERR);
+  bool added;
+  if (!mg_is_float(v->value->dtype)) return MG_OK;
+  if (add_variable(&t->vars, &t->nvars, &t->capvars, v, &added) != MG_OK) return MG_ERR;
+  return added ? track(t, v->id) : MG_OK;
 }
 
 bool mg_any_tape_tracks (uint64_t id) {
-  for (int i = 0; i < nactive; i++)
-    if (idmap_has(&active[i]->tracked, id)) return true;
+  mg_tape_state *T = tapes();
+  for (int i = 0; i < T->nactive; i++)
+    if (idmap_has(&T->active[i]->tracked, id)) return true;
   return false;
 }
 
 /* Tapes paused by mg_pause_all, resumed by the matching mg_resume_all. */
-#define MAX_PAUSE_DEPTH 200
-static struct { mg_tape **t; int n; } pauses[MAX_PAUSE_DEPTH];
-static int npauses;
-
 mg_status mg_pause_all (void) {
-  if (npauses == MAX_PAUSE_DEPTH)
-    return mg_seterror("recompute_grad: nested more than %d deep", MAX_PAUSE_DEPTH);
+  mg_tape_state *T = tapes();
+  if (T->npauses == MG_MAX_PAUSE_DEPTH)
+    return mg_seterror("recompute_grad: nested more than %d deep", MG_MAX_PAUSE_DEPTH);
   mg_tape **ts = NULL;
-  if (nactive > 0 && (ts = (mg_tape **)malloc(sizeof(mg_tape *) * (size_t)nactive)) == NULL)
+  if (T->nactive > 0 && (ts = (mg_tape **)malloc(sizeof(mg_tape *) * (size_t)T->nactive)) == NULL)
     return mg_seterror("out of memory pausing tapes");
-  for (int i = 0; i < nactive; i++) {
-    ts[i] = mg_tape_retain(active[i]);
-    active[i]->paused++;
+  for (int i = 0; i < T->nactive; i++) {
+    ts[i] = mg_tape_retain(T->active[i]);
+    T->active[i]->paused++;
   }
-  pauses[npauses].t = ts;
-  pauses[npauses].n = nactive;
-  npauses++;
-  count_recording();
+  T->pauses[T->npauses].t = ts;
+  T->pauses[T->npauses].n = T->nactive;
+  T->npauses++;
+  count_recording(T);
   return MG_OK;
 }
 
 void mg_resume_all (void) {
-  if (npauses == 0) return;
-  npauses--;
-  for (int i = 0; i < pauses[npauses].n; i++) {
-    mg_tape_resume(pauses[npauses].t[i]);
-    mg_tape_release(pauses[npauses].t[i]);
+  mg_tape_state *T = tapes();
+  if (T->npauses == 0) return;
+  T->npauses--;
+  for (int i = 0; i < T->pauses[T->npauses].n; i++) {
+    mg_tape_resume(T->pauses[T->npauses].t[i]);
+    mg_tape_release(T->pauses[T->npauses].t[i]);
   }
-  free(pauses[npauses].t);
-  count_recording();
+  free(T->pauses[T->npauses].t);
+  count_recording(T);
 }
 
-void mg_recompute_enter (void) { recompute_depth++; }
-void mg_recompute_leave (void) { recompute_depth--; }
-int mg_is_recomputing (void) { return recompute_depth > 0; }
+void mg_recompute_enter (void) { tapes()->recompute_depth++; }
+void mg_recompute_leave (void) { tapes()->recompute_depth--; }
+int mg_is_recomputing (void) { return tapes()->recompute_depth > 0; }
 
 /* }========================================================== */
 
 
 /* {================ variable-read watchers =================== */
 
-static mg_var_watcher *watchers;
-
 void mg_watcher_push (mg_var_watcher *w) {
+  mg_tape_state *T = tapes();
   w->vars = NULL;
   w->n = w->cap = 0;
-  w->prev = watchers;
-  watchers = w;
-  mg_variable_watchers++;
+  w->failed = false;
+  w->prev = T->watchers;
+  T->watchers = w;
+  T->watching++;
+  T->on_read = note_variable_read;
 }
 
 void mg_watcher_pop (mg_var_watcher *w) {
-  mg_assert(watchers == w);
-  watchers = w->prev;
-  mg_variable_watchers--;
+  mg_tape_state *T = tapes();
+  mg_assert(T->watchers == w);
+  T->watchers = w->prev;
+  T->watching--;
 }
 
 void mg_watcher_free (mg_var_watcher *w) {
@@ -340,15 +263,19 @@ void mg_watcher_free (mg_var_watcher *w) {
 }
 
 static void watcher_add (mg_var_watcher *w, mg_variable *v) {
-  add_variable(&w->vars, &w->n, &w->cap, v);
+  bool added;
+  if (add_variable(&w->vars, &w->n, &w->cap, v, &added) != MG_OK) w->failed = true;
 }
 
-/* a read of v: every watcher sees it; tapes that watch accessed variables watch it */
-void mg_note_variable_read (mg_variable *v) {
-  for (mg_var_watcher *w = watchers; w; w = w->prev) watcher_add(w, v);
+/* a read of v (variables call it through the context's on_read, so the
+** core below the tapes never calls up into them): every watcher sees it;
+** tapes that watch accessed variables watch it */
+static void note_variable_read (mg_variable *v) {
+  mg_tape_state *T = tapes();
+  for (mg_var_watcher *w = T->watchers; w; w = w->prev) watcher_add(w, v);
   if (!v->trainable) return;
-  for (int i = 0; i < nactive; i++)
-    if (active[i]->paused == 0 && active[i]->watch_accessed) mg_tape_watch_variable(active[i], v);
+  for (int i = 0; i < T->nactive; i++)
+    if (T->active[i]->paused == 0 && T->active[i]->watch_accessed) mg_tape_watch_variable(T->active[i], v);
 }
 
 /* }========================================================== */
@@ -396,7 +323,7 @@ static mg_node *node_new (const mg_opdef *def, int nin, mg_tensor *const *in, in
   size_t size = sizeof(mg_node) + (size_t)(nin + nout) * (sizeof(mg_meta) + sizeof(mg_tensor *))
                 + dims * sizeof(int64_t) + (attr ? sizeof(mg_attr) : 0) + (size_t)nin * sizeof(bool);
   mg_node *n = (mg_node *)mg_small_alloc(size);
-  if (n == NULL) return mg_seterror("out of memory recording '%s'", def->name), NULL;
+  if (n == NULL) return mg_seterror("out of memory recording '%s'", def->info.name), NULL;
   n->size = size;
   n->refcount = 0;
   n->def = def;
@@ -442,7 +369,7 @@ static mg_status append (mg_tape *t, mg_node *n) {
   if (t->nnodes == t->capnodes) {
     size_t cap = t->capnodes ? t->capnodes * 2 : 64;
     mg_node **a = (mg_node **)realloc(t->nodes, sizeof(mg_node *) * cap);
-    if (a == NULL) return mg_seterror("out of memory recording '%s'", n->def->name);
+    if (a == NULL) return mg_seterror("out of memory recording '%s'", n->def->info.name);
     t->nodes = a;
     t->capnodes = cap;
   }
@@ -473,13 +400,14 @@ mg_status mg_record_ex (const mg_opdef *def, int nin, mg_tensor *const *in, int 
                         mg_tensor *const *out, const mg_attr *attr, void *ext, mg_node **node) {
   mg_node *n = NULL;
   mg_status st = MG_OK;
+  mg_tape_state *T = tapes();
   if (node) *node = NULL;
-  if (mg_variable_watchers > 0)
+  if (T->watching > 0)
     for (int j = 0; j < nin; j++)
       if (in[j]->var)
-        for (mg_var_watcher *w = watchers; w; w = w->prev) watcher_add(w, in[j]->var);
-  for (int i = 0; i < nactive && st == MG_OK; i++) {
-    mg_tape *t = active[i];
+        for (mg_var_watcher *w = T->watchers; w; w = w->prev) watcher_add(w, in[j]->var);
+  for (int i = 0; i < T->nactive && st == MG_OK; i++) {
+    mg_tape *t = T->active[i];
     if (t->paused || !tape_wants(t, nin, in)) continue;
     if (n == NULL && (n = node_new(def, nin, in, nout, out, attr, ext)) == NULL) {
       st = MG_ERR;
@@ -524,6 +452,7 @@ mg_tensor *mg_finish (const mg_opdef *def, int nin, mg_tensor *const *in, mg_ten
 /* the bytes only this tape's nodes keep alive: variables' values are
 ** theirs, not the tape's */
 size_t mg_tape_saved_bytes (const mg_tape *t) {
+  if (t == NULL) return 0;
   idmap seen = {0};       /* storages counted once, keyed by address */
   size_t total = 0;
   for (size_t i = 0; i < t->nnodes; i++) {
@@ -560,7 +489,7 @@ mg_status mg_accumulate (mg_tensor **acc, mg_tensor *g) {
   return MG_OK;
 }
 
-static void release_grads (idmap *g) {
+void mg_release_grads (idmap *g) {
   for (size_t i = 0; i < g->cap; i++) mg_tensor_release((mg_tensor *)g->vals[i]);
   idmap_free(g);
 }
@@ -577,14 +506,21 @@ static mg_status check_seed (const mg_tensor *target, const mg_tensor *seed, int
   return MG_OK;
 }
 
+/* "tape:gradient: in the backward of 'mul': <why>": where a rule failed */
+static mg_status locate (const char *fn, const mg_node *n) {
+  char msg[512];
+  snprintf(msg, sizeof msg, "%s", mg_errmsg());
+  return mg_seterror("tape:%s: in the backward of '%s': %s", fn, n->def->info.name, msg);
+}
+
 /* runs node n's backward rule and adds what it gives to the map */
-static mg_status step_back (mg_node *n, idmap *grads, const idmap *dep) {
+static mg_status step_back (mg_node *n, idmap *grads, const idmap *dep, const char *fn) {
   mg_tensor *dout_small[4], *din_small[8];
   mg_tensor **dout = n->nout <= 4 ? dout_small : (mg_tensor **)malloc(sizeof(mg_tensor *) * (size_t)n->nout);
   mg_tensor **din = n->nin <= 8 ? din_small : (mg_tensor **)calloc((size_t)n->nin, sizeof(mg_tensor *));
   mg_status st = MG_OK;
   if (dout == NULL || din == NULL) {
-    st = mg_seterror("out of memory in the backward of '%s'", n->def->name);
+    st = mg_seterror("out of memory in the backward of '%s'", n->def->info.name);
     goto done;
   }
   for (int i = 0; i < n->nout; i++) dout[i] = (mg_tensor *)idmap_get(grads, n->out_meta[i].id);
@@ -593,24 +529,18 @@ static mg_status step_back (mg_node *n, idmap *grads, const idmap *dep) {
     n->needs[j] = mg_is_float(n->in_meta[j].dtype) && idmap_has(dep, n->in_meta[j].id);
   }
   st = n->def->backward(n, dout, din);
-  if (st != MG_OK && strncmp(mg_errmsg(), n->def->name, strlen(n->def->name)) != 0) {
-    char msg[512];                           /* say where, unless the text already does */
-    snprintf(msg, sizeof msg, "%s", mg_errmsg());
-    st = mg_seterror("tape:gradient: in the backward of '%s': %s", n->def->name, msg);
-  }
+  if (st != MG_OK) st = locate(fn, n);
   for (int j = 0; j < n->nin && st == MG_OK; j++) {
     if (!n->needs[j]) continue;
     if (din[j] == NULL) {
-      char msg[512];
-      snprintf(msg, sizeof msg, "%s", mg_errmsg());
-      st = mg_seterror("tape:gradient: in the backward of '%s': %s", n->def->name, msg);
+      st = locate(fn, n);
       break;
     }
     const mg_meta *m = &n->in_meta[j];
     if (!mg_same_shape(din[j]->shape, din[j]->ndim, m->shape, m->ndim) || din[j]->dtype != m->dtype) {
       char a[160], b[160];
-      st = mg_seterror("tape:gradient: the backward of '%s' gave input %d a gradient %s %s for %s %s",
-                       n->def->name, j + 1, mg_shape_str(a, sizeof a, din[j]->shape, din[j]->ndim),
+      st = mg_seterror("tape:%s: the backward of '%s' gave input %d a gradient %s %s for %s %s",
+                       fn, n->def->info.name, j + 1, mg_shape_str(a, sizeof a, din[j]->shape, din[j]->ndim),
                        mg_dtype_name(din[j]->dtype), mg_shape_str(b, sizeof b, m->shape, m->ndim),
                        mg_dtype_name(m->dtype));
       break;
@@ -637,9 +567,9 @@ done:
 ** soon as the walk is past it, so saved tensors are freed during the
 ** backward pass rather than after it, which lowers its peak.
 */
-static mg_status walk (mg_tape *t, int ntargets, mg_tensor *const *targets,
-                       mg_tensor *const *seeds, int nsources, mg_tensor *const *sources,
-                       idmap *grads, bool free_as_you_go) {
+mg_status mg_walk (mg_tape *t, int ntargets, mg_tensor *const *targets,
+                   mg_tensor *const *seeds, int nsources, mg_tensor *const *sources,
+                   idmap *grads, bool free_as_you_go, const char *fn) {
   idmap dep = {0}, keep_ids = {0};
   bool *relevant = NULL, small_relevant[256];
   mg_status st = MG_OK;
@@ -659,7 +589,10 @@ static mg_status walk (mg_tape *t, int ntargets, mg_tensor *const *targets,
   }
   for (int k = 0; k < ntargets; k++) {         /* seeds */
     const mg_tensor *y = targets[k];
-    if (!mg_is_float(y->dtype)) continue;
+    /* a target this tape never recorded (computed before it started, after
+    ** it stopped, or from nothing it watches) reaches no source: as in
+    ** TensorFlow, its sources are unconnected, not an error */
+    if (!mg_is_float(y->dtype) || !idmap_has(&t->tracked, y->id)) continue;
     mg_tensor *seed = seeds && seeds[k] ? mg_tensor_retain(seeds[k])
                                         : mg_full(y->shape, y->ndim, y->dtype, 1.0);
     if (seed == NULL) { st = MG_ERR; goto done; }
@@ -674,7 +607,7 @@ static mg_status walk (mg_tape *t, int ntargets, mg_tensor *const *targets,
     bool any = false;
     for (int k = 0; relevant[i] && k < n->nout && !any; k++)
       any = idmap_get(grads, n->out_meta[k].id) != NULL;
-    if (any && (st = step_back(n, grads, &dep)) != MG_OK) goto done;
+    if (any && (st = step_back(n, grads, &dep, fn)) != MG_OK) goto done;
     for (int k = 0; any && k < n->nout; k++) {   /* passed on: drop unless asked for */
       uint64_t id = n->out_meta[k].id;
       if (idmap_has(&keep_ids, id)) continue;
@@ -685,6 +618,11 @@ static mg_status walk (mg_tape *t, int ntargets, mg_tensor *const *targets,
       t->nodes[i] = NULL;
       node_release(n);
     }
+    if (any && mg_interrupted()) {
+      st = mg_seterror("tape:%s: interrupted", fn);
+      goto done;
+    }
+    if (any) mg_memory_safe_point();
   }
 done:
   if (relevant != small_relevant) free(relevant);
@@ -693,23 +631,16 @@ done:
   return st;
 }
 
-static mg_status check_usable (const mg_tape *t, const char *fn) {
+mg_status mg_tape_check_usable (const mg_tape *t, const char *fn) {
   if (!t->persistent && t->used)
     return mg_seterror("tape:%s: a non-persistent tape can only compute one gradient; "
                        "create it with mg.tape{persistent=true} to call it again", fn);
   return MG_OK;
 }
 
-static mg_status check_target (const mg_tape *t, const mg_tensor *y, const char *fn) {
-  if (mg_is_float(y->dtype) && !idmap_has(&t->tracked, y->id))
-    return mg_seterror("tape:%s: the target was not recorded by this tape (computed before the "
-                       "tape started, after tape:stop(), or from nothing it watches?)", fn);
-  return MG_OK;
-}
-
 /* after a gradient, a non-persistent tape lets go of everything it saved
 ** (it still lists the variables it watched) */
-static void consume (mg_tape *t) {
+void mg_tape_consume (mg_tape *t) {
   if (t->persistent) return;
   t->used = true;
   deactivate(t);
@@ -730,135 +661,66 @@ static mg_status collect (idmap *map, int nsources, mg_tensor *const *sources, i
   return MG_OK;
 }
 
+/* n tensors of an argument array: present, and not NULL */
+static mg_status check_array (const char *fn, const char *name, int n, mg_tensor *const *xs) {
+  if (n < 0) return mg_seterror("%s: the count for '%s' is negative (%d)", fn, name, n);
+  if (n > 0 && xs == NULL) return mg_null_arg(fn, name);
+  for (int i = 0; i < n; i++)
+    if (xs[i] == NULL) return mg_seterror("%s: %s[%d] is NULL", fn, name, i);
+  return MG_OK;
+}
+
+mg_status mg_walk_begin (mg_held *h, mg_tape *t, const char *fn, int na, mg_tensor *const *a,
+                             int nb, mg_tensor *const *b, int nc, mg_tensor *const *c) {
+  if (t->walking)
+    return mg_seterror("tape:%s: called while this tape's gradient is being computed", fn);
+  h->xs = (mg_tensor **)malloc(sizeof(mg_tensor *) * (size_t)(na + nb + nc + 1));
+  if (h->xs == NULL) return mg_seterror("out of memory in tape:%s", fn);
+  h->n = 0;
+  for (int i = 0; i < na; i++) h->xs[h->n++] = mg_tensor_retain(a[i]);
+  for (int i = 0; i < nb; i++) h->xs[h->n++] = mg_tensor_retain(b[i]);
+  for (int i = 0; c && i < nc; i++) if (c[i]) h->xs[h->n++] = mg_tensor_retain(c[i]);
+  h->t = mg_tape_retain(t);
+  t->walking++;
+  mg_tape_pause(t);                  /* its own backward pass is not its business */
+  return MG_OK;
+}
+
+void mg_walk_end (mg_held *h) {
+  mg_tape_resume(h->t);
+  h->t->walking--;
+  for (int i = 0; i < h->n; i++) mg_tensor_release(h->xs[i]);
+  free(h->xs);
+  mg_tape_release(h->t);
+}
+
 mg_status mg_tape_gradient (mg_tape *t, int ntargets, mg_tensor *const *targets, int nsources,
                             mg_tensor *const *sources, mg_tensor *const *out_grads,
                             int unconnected_zero, mg_tensor **grads) {
+  const char *fn = "mg_tape_gradient";
+  if (grads == NULL && nsources > 0) return mg_null_arg(fn, "grads");
   for (int s = 0; s < nsources; s++) grads[s] = NULL;
-  if (check_usable(t, "gradient") != MG_OK) return MG_ERR;
+  MG_CHECK_ARG(fn, t, MG_ERR);
+  if (check_array(fn, "targets", ntargets, targets) != MG_OK ||
+      check_array(fn, "sources", nsources, sources) != MG_OK)
+    return MG_ERR;
+  if (mg_tape_check_usable(t, "gradient") != MG_OK) return MG_ERR;
   for (int k = 0; k < ntargets; k++) {
-    if (check_target(t, targets[k], "gradient") != MG_OK) return MG_ERR;
     if (out_grads && out_grads[k] && check_seed(targets[k], out_grads[k], k) != MG_OK) return MG_ERR;
   }
+  mg_held h = {0};
+  if (mg_walk_begin(&h, t, "gradient", ntargets, targets, nsources, sources, ntargets, out_grads) != MG_OK)
+    return MG_ERR;
   idmap map = {0};
-  mg_tape_pause(t);                  /* its own backward pass is not its business */
   mg_memory_span("backward", 1);
-  mg_status st = walk(t, ntargets, targets, out_grads, nsources, sources, &map, !t->persistent);
+  mg_status st = mg_walk(t, ntargets, targets, out_grads, nsources, sources, &map, !t->persistent,
+                      "gradient");
   mg_memory_span("backward", 0);
-  mg_tape_resume(t);
   if (st == MG_OK) st = collect(&map, nsources, sources, unconnected_zero, grads);
-  release_grads(&map);
-  consume(t);                        /* even after a failure: its nodes may be gone */
+  mg_release_grads(&map);
+  mg_tape_consume(t);                        /* even after a failure: its nodes may be gone */
+  mg_walk_end(&h);                      /* last: it may drop the final reference to t */
   return st;
-}
-
-/* a fresh seed: one-hot at element j of every batch row (batch >= 1) */
-static mg_tensor *one_hot (const mg_tensor *target, int64_t j, int64_t batch) {
-  mg_tensor *seed = mg_full(target->shape, target->ndim, target->dtype, 0.0);
-  if (seed == NULL) return NULL;
-  int64_t per = seed->numel / batch;
-  for (int64_t b = 0; b < batch; b++) {
-    int64_t i = b * per + j;
-    if (seed->dtype == MG_FLOAT32) ((float *)mg_ptr(seed))[i] = 1;
-    else ((double *)mg_ptr(seed))[i] = 1;
-  }
-  return seed;
-}
-
-/*
-** Rows of a jacobian: for j in [0, rows), the gradient of target seeded with
-** one-hot j (in each of `batch` rows), stacked along a new first axis.
-** *out stays NULL when source is unconnected and !zero. The tape is
-** consumed once, at the end.
-*/
-static mg_status jacobian_rows (mg_tape *t, mg_tensor *target, mg_tensor *source, int zero,
-                                int64_t rows, int64_t batch, const char *fn, mg_tensor **out) {
-  *out = NULL;
-  if (check_usable(t, fn) != MG_OK || check_target(t, target, fn) != MG_OK) return MG_ERR;
-  if (rows > (1 << 20))
-    return mg_seterror("tape:%s: target is too large (%lld elements)", fn, (long long)rows);
-  bool differentiable = mg_is_float(target->dtype) && mg_is_float(source->dtype);
-  mg_tensor **parts = (mg_tensor **)calloc((size_t)(rows > 0 ? rows : 1), sizeof(mg_tensor *));
-  mg_status st = parts ? MG_OK : mg_seterror("out of memory in tape:%s", fn);
-  bool connected = false;
-  mg_tape_pause(t);
-  for (int64_t j = 0; j < rows && st == MG_OK; j++) {
-    idmap map = {0};
-    mg_tensor *seed = differentiable ? one_hot(target, j, batch) : NULL;
-    if (differentiable)
-      st = seed ? walk(t, 1, &target, &seed, 1, &source, &map, false) : MG_ERR;
-    mg_tensor_release(seed);
-    mg_tensor *g = st == MG_OK ? (mg_tensor *)idmap_get(&map, source->id) : NULL;
-    connected |= g != NULL;
-    if (st == MG_OK)
-      parts[j] = g ? mg_tensor_retain(g) : mg_full(source->shape, source->ndim, source->dtype, 0.0);
-    if (st == MG_OK && parts[j] == NULL) st = MG_ERR;
-    release_grads(&map);
-  }
-  mg_tape_resume(t);
-  if (st == MG_OK && (connected || zero)) {
-    if (rows > 0) {
-      *out = mg_stack(parts, (int)rows, 0);
-    } else {
-      int64_t sh[MG_MAX_DIMS + 1] = {0};
-      memcpy(sh + 1, source->shape, sizeof(int64_t) * (size_t)source->ndim);
-      *out = mg_full(sh, source->ndim + 1, source->dtype, 0.0);
-    }
-    if (*out == NULL) st = MG_ERR;
-  }
-  for (int64_t j = 0; parts && j < rows; j++) mg_tensor_release(parts[j]);
-  free(parts);
-  if (st == MG_OK) consume(t);
-  return st;
-}
-
-/* rows (n, ...) reshaped to shape; takes over rows */
-static mg_status reshape_rows (mg_tensor **r, const int64_t *shape, int nd, const char *fn) {
-  if (*r == NULL) return MG_OK;
-  mg_tensor *x = nd > MG_MAX_DIMS ? NULL : mg_reshape(*r, shape, nd);
-  if (nd > MG_MAX_DIMS)
-    mg_seterror("tape:%s: the result would have %d dimensions (at most %d)", fn, nd, MG_MAX_DIMS);
-  mg_tensor_release(*r);
-  *r = x;
-  return x ? MG_OK : MG_ERR;
-}
-
-mg_status mg_tape_jacobian (mg_tape *t, mg_tensor *target, mg_tensor *source, int zero,
-                            mg_tensor **out) {
-  if (jacobian_rows(t, target, source, zero, target->numel, 1, "jacobian", out) != MG_OK)
-    return MG_ERR;
-  int64_t shape[2 * MG_MAX_DIMS];
-  int nd = 0;
-  for (int i = 0; i < target->ndim; i++) shape[nd++] = target->shape[i];
-  for (int i = 0; i < source->ndim; i++) shape[nd++] = source->shape[i];
-  return reshape_rows(out, shape, nd, "jacobian");
-}
-
-mg_status mg_tape_batch_jacobian (mg_tape *t, mg_tensor *target, mg_tensor *source, int zero,
-                                  mg_tensor **out) {
-  char a[160], b[160];
-  *out = NULL;
-  if (target->ndim < 1 || source->ndim < 1 || target->shape[0] != source->shape[0])
-    return mg_seterror("tape:batch_jacobian: target %s and source %s need the same first (batch) "
-                       "dimension", mg_shape_str(a, sizeof a, target->shape, target->ndim),
-                       mg_shape_str(b, sizeof b, source->shape, source->ndim));
-  int64_t batch = target->shape[0], per = batch ? target->numel / batch : 0;
-  if (jacobian_rows(t, target, source, zero, per, batch ? batch : 1, "batch_jacobian", out) != MG_OK)
-    return MG_ERR;
-  if (*out == NULL) return MG_OK;
-  /* rows: (T, B, S...) -> (B, T, S...) -> (B, target rest..., source rest...) */
-  int perm[MG_MAX_DIMS];
-  for (int i = 0; i < (*out)->ndim; i++) perm[i] = i;
-  perm[0] = 1;
-  perm[1] = 0;
-  mg_tensor *p = mg_permute(*out, perm);
-  mg_tensor_release(*out);
-  *out = p;
-  int64_t shape[2 * MG_MAX_DIMS];
-  int nd = 0;
-  shape[nd++] = batch;
-  for (int i = 1; i < target->ndim; i++) shape[nd++] = target->shape[i];
-  for (int i = 1; i < source->ndim; i++) shape[nd++] = source->shape[i];
-  return p ? reshape_rows(out, shape, nd, "batch_jacobian") : MG_ERR;
 }
 
 /* }========================================================== */

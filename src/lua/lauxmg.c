@@ -11,7 +11,9 @@
 
 #include "lbinding.h"
 
-lua_State *mgL_running = NULL;
+/* Per thread, as the library's contexts: a Lua state runs on one thread
+** at a time, and two states on two threads must not share these. */
+_Thread_local lua_State *mgL_running = NULL;
 
 /* The tensor and variable metatables are also kept in the registry under
 ** these addresses: finding one by light userdata costs a pointer hash,
@@ -21,7 +23,7 @@ static const char tensor_key = 'T', variable_key = 'V';
 /* The metatables' addresses, to recognise tensors and variables with one
 ** pointer compare. Only a first guess: a miss falls back to the registry,
 ** and the state's closing (a finalizer on a sentinel) forgets them. */
-static const void *tensor_mt, *variable_mt;
+static _Thread_local const void *tensor_mt, *variable_mt;
 
 static int forget_metatables (lua_State *L) {
   MG_UNUSED(L);
@@ -59,7 +61,17 @@ static void *udata_with (lua_State *L, int idx, const char *key) {
   return p;
 }
 
+/* Lua runs no finalizer for an object made while lua_close runs the
+** finalizers, so a tensor made then would never be released. Inside a
+** finalizer (where lua_gc answers -1) making tensors, variables or tapes is
+** therefore an error. */
+void mgL_checkfinalizer (lua_State *L) {
+  if (lua_gc(L, LUA_GCISRUNNING) < 0)
+    luaL_error(L, "moongrad: tensors, variables and tapes cannot be made inside a finalizer (__gc)");
+}
+
 ltensor *mgL_newbox (lua_State *L) {
+  mgL_checkfinalizer(L);
   ltensor *b = (ltensor *)lua_newuserdatauv(L, sizeof(ltensor), 0);
   b->t = NULL;
   lua_rawgetp(L, LUA_REGISTRYINDEX, &tensor_key);
@@ -90,19 +102,23 @@ void mgL_pushtensor (lua_State *L, mg_tensor *t) {
   mgL_newbox(L)->t = t;
 }
 
+/* A box whose __gc ran (called by hand, or resurrected by a finalizer)
+** holds nothing: using it is an error, never a crash. */
 mg_variable *mgL_testvariable (lua_State *L, int arg) {
   lvariable *b = (lvariable *)udata_with(L, arg, &variable_key);
+  if (b && b->v == NULL) luaL_error(L, "variable has been released");
   return b ? b->v : NULL;
 }
 
 mg_variable *mgL_checkvariable (lua_State *L, int arg) {
-  lvariable *b = (lvariable *)udata_with(L, arg, &variable_key);
-  if (b == NULL) luaL_checkudata(L, arg, MG_VARIABLE_MT);     /* raises the usual message */
-  return b->v;
+  mg_variable *v = mgL_testvariable(L, arg);
+  if (v == NULL) luaL_checkudata(L, arg, MG_VARIABLE_MT);     /* raises the usual message */
+  return v;
 }
 
 mg_tensor *mgL_testtensor (lua_State *L, int arg) {
   ltensor *b = (ltensor *)udata_with(L, arg, &tensor_key);
+  if (b && b->t == NULL) luaL_error(L, "tensor has been released");
   if (b) return b->t;
   mg_variable *v = mgL_testvariable(L, arg);
   return v ? mg_variable_peek(v) : NULL;
@@ -167,40 +183,84 @@ mg_dtype mgL_likedtype (lua_State *L, int a, int b, mg_dtype fallback) {
   return fallback;
 }
 
-mg_dtype mgL_optdtype (lua_State *L, int arg, mg_dtype def) {
-  if (lua_isnoneornil(L, arg)) return def;
-  const char *name = luaL_checkstring(L, arg);
-  int dt = mg_dtype_from_name(name);
+mg_dtype mgL_dtypeat (lua_State *L, int idx, int arg, const char *what) {
+  const char *name = lua_type(L, idx) == LUA_TSTRING ? lua_tostring(L, idx) : NULL;
+  int dt = name ? mg_dtype_from_name(name) : -1;
+  if (name == NULL)
+    luaL_argerror(L, arg, lua_pushfstring(L, "%s%sa dtype name expected, got %s", what ? what : "",
+                                          what ? ": " : "", luaL_typename(L, idx)));
   if (dt < 0)
-    luaL_argerror(L, arg, lua_pushfstring(L, "unknown dtype '%s' (use float32, float64, int64 or bool)", name));
+    luaL_argerror(L, arg, lua_pushfstring(L, "%s%sunknown dtype '%s' (use float32, float64, int64 or bool)",
+                                          what ? what : "", what ? ": " : "", name));
   return (mg_dtype)dt;
 }
 
-static int64_t checkdim (lua_State *L, int arg, int i) {
+mg_dtype mgL_optdtype (lua_State *L, int arg, mg_dtype def) {
+  if (lua_isnoneornil(L, arg)) return def;
+  return mgL_dtypeat(L, arg, arg, NULL);
+}
+
+int mgL_optionfield (lua_State *L, int arg, const char *key, int type) {
+  int t = lua_getfield(L, arg, key);
+  if (t != LUA_TNIL && t != type)
+    luaL_argerror(L, arg, lua_pushfstring(L, "option '%s' must be a %s, got %s", key,
+                                          lua_typename(L, type), luaL_typename(L, -1)));
+  return t;
+}
+
+/* what the value at idx is, for messages: "1.5", "NaN", "a string" */
+static const char *describe (lua_State *L, int idx) {
+  if (lua_type(L, idx) != LUA_TNUMBER) return lua_pushfstring(L, "a %s", luaL_typename(L, idx));
+  lua_Number v = lua_tonumber(L, idx);
+  if (v != v) return lua_pushliteral(L, "NaN");
+  return lua_pushfstring(L, "%s", lua_tostring(L, idx));
+}
+
+lua_Integer mgL_intat (lua_State *L, int idx, int arg, const char *what) {
   int isint;
-  lua_Integer d = lua_tointegerx(L, -1, &isint);
-  if (!isint) {
-    if (lua_type(L, -1) == LUA_TNUMBER && lua_tonumber(L, -1) != lua_tonumber(L, -1))
-      luaL_argerror(L, arg, lua_pushfstring(L, "dimension %d is NaN, not an integer", i));
-    if (lua_type(L, -1) == LUA_TNUMBER)
-      luaL_argerror(L, arg, lua_pushfstring(L, "dimension %d is %s, not an integer", i,
-                                            lua_tostring(L, -1)));
-    luaL_argerror(L, arg, lua_pushfstring(L, "dimension %d is a %s, not an integer", i,
-                                          luaL_typename(L, -1)));
+  lua_Integer v = lua_tointegerx(L, idx, &isint);    /* 2.0 counts, 2.5 and 2^63 do not */
+  if (!isint)
+    luaL_argerror(L, arg, lua_pushfstring(L, "%s is %s, not an integer", what, describe(L, idx)));
+  return v;
+}
+
+int mgL_axisat (lua_State *L, int idx, int arg, int ndim, const char *what) {
+  lua_Integer a = mgL_intat(L, idx, arg, what);
+  if (a == 0 || a > ndim || a < -ndim) {
+    if (ndim == 0)
+      luaL_argerror(L, arg, lua_pushfstring(L, "%s %I is out of range for a 0-d tensor", what, a));
+    luaL_argerror(L, arg, lua_pushfstring(L, "%s %I is out of range for %d dimensions (use 1..%d or -%d..-1)",
+                                          what, a, ndim, ndim, ndim));
   }
-  if (d < 0) luaL_argerror(L, arg, lua_pushfstring(L, "dimension %d is negative (%d)", i, (int)d));
-  return (int64_t)d;
+  return a > 0 ? (int)a - 1 : (int)a + ndim;
+}
+
+int mgL_checklist (lua_State *L, int idx, int arg, const char *what) {
+  idx = lua_absindex(L, idx);
+  lua_Integer n = (lua_Integer)lua_rawlen(L, idx);
+  lua_pushnil(L);
+  while (lua_next(L, idx)) {
+    lua_pop(L, 1);
+    int isint;
+    lua_Integer k = lua_tointegerx(L, -1, &isint);
+    if (lua_type(L, -1) != LUA_TNUMBER || !isint || k < 1 || k > n) {
+      const char *key = lua_type(L, -1) == LUA_TSTRING ? lua_pushfstring(L, "'%s'", lua_tostring(L, -1))
+                                                       : luaL_tolstring(L, -1, NULL);
+      luaL_argerror(L, arg, lua_pushfstring(L, "%s must be a list, but has the key %s", what, key));
+    }
+  }
+  return (int)(n > INT32_MAX ? INT32_MAX : n);
 }
 
 int mgL_checkshape (lua_State *L, int arg, int64_t *shape, bool varargs) {
   int nd = 0;
   if (lua_istable(L, arg)) {
-    lua_Integer n = luaL_len(L, arg);
+    int n = mgL_checklist(L, arg, arg, "the shape");
     if (n > MG_MAX_DIMS)
-      luaL_argerror(L, arg, lua_pushfstring(L, "%d dimensions given, at most %d allowed", (int)n, MG_MAX_DIMS));
-    for (nd = 0; nd < (int)n; nd++) {
+      luaL_argerror(L, arg, lua_pushfstring(L, "%d dimensions given, at most %d allowed", n, MG_MAX_DIMS));
+    for (nd = 0; nd < n; nd++) {
       lua_geti(L, arg, nd + 1);
-      shape[nd] = checkdim(L, arg, nd + 1);
+      shape[nd] = mgL_dimat(L, -1, arg, nd + 1);
       lua_pop(L, 1);
     }
     return nd;
@@ -211,32 +271,32 @@ int mgL_checkshape (lua_State *L, int arg, int64_t *shape, bool varargs) {
   for (int a = arg; a <= top && lua_type(L, a) == LUA_TNUMBER; a++) {
     if (nd == MG_MAX_DIMS)
       luaL_argerror(L, a, lua_pushfstring(L, "at most %d dimensions allowed", MG_MAX_DIMS));
-    lua_pushvalue(L, a);
-    shape[nd] = checkdim(L, a, nd + 1);
-    lua_pop(L, 1);
+    shape[nd] = mgL_dimat(L, a, a, nd + 1);
     nd++;
   }
   return nd;
 }
 
+int64_t mgL_dimat (lua_State *L, int idx, int arg, int i) {
+  char what[32];
+  snprintf(what, sizeof what, "dimension %d", i);
+  lua_Integer d = mgL_intat(L, idx, arg, what);
+  if (d < 0) luaL_argerror(L, arg, lua_pushfstring(L, "dimension %d is negative (%I)", i, d));
+  return (int64_t)d;
+}
+
 int mgL_optaxis (lua_State *L, int arg, int ndim) {
   if (lua_isnoneornil(L, arg)) return MG_ALL_AXES;
-  int isint;
-  lua_Integer a = lua_tointegerx(L, arg, &isint);
-  if (!isint) {
-    if (lua_type(L, arg) == LUA_TNUMBER && lua_tonumber(L, arg) != lua_tonumber(L, arg))
-      luaL_argerror(L, arg, "axis is NaN, not an integer");
-    if (lua_type(L, arg) == LUA_TNUMBER)
-      luaL_argerror(L, arg, lua_pushfstring(L, "axis %s is not an integer", lua_tostring(L, arg)));
+  if (lua_type(L, arg) != LUA_TNUMBER)
     luaL_argerror(L, arg, lua_pushfstring(L, "axis expected (an integer), got %s", luaL_typename(L, arg)));
-  }
-  if (a == 0 || a > ndim || a < -ndim) {
-    if (ndim == 0)
-      luaL_argerror(L, arg, lua_pushfstring(L, "axis %d is out of range for a 0-d tensor", (int)a));
-    luaL_argerror(L, arg, lua_pushfstring(L, "axis %d is out of range for %d dimensions (use 1..%d or -%d..-1)",
-                                          (int)a, ndim, ndim, ndim));
-  }
-  return a > 0 ? (int)a - 1 : (int)a + ndim;
+  return mgL_axisat(L, arg, arg, ndim, "axis");
+}
+
+bool mgL_optboolean (lua_State *L, int arg, const char *what) {
+  if (lua_isnoneornil(L, arg)) return false;
+  if (!lua_isboolean(L, arg))
+    luaL_argerror(L, arg, lua_pushfstring(L, "%s must be a boolean, got %s", what, luaL_typename(L, arg)));
+  return lua_toboolean(L, arg);
 }
 
 void mgL_pushshape (lua_State *L, const int64_t *shape, int ndim) {
@@ -270,8 +330,27 @@ typedef struct fillstate {
   const int64_t *shape;
   int nd;
   const char *fn;
+  int arg;                  /* the user's argument, for messages */
   char path[128];           /* "[2][1]" for messages */
 } fillstate;
+
+/* the dtype a table of numbers and booleans makes: float32 when any leaf
+** is a number (as NumPy makes floats of [True, 2, 0.5]), bool when all are
+** booleans; leaves that are neither are left to the fill to report */
+static mg_dtype leaf_dtype (lua_State *L, int idx, int depth) {
+  if (lua_type(L, idx) == LUA_TBOOLEAN) return MG_BOOL;
+  if (!lua_istable(L, idx) || depth > MG_MAX_DIMS) return MG_FLOAT32;
+  lua_Integer n = (lua_Integer)lua_rawlen(L, idx);
+  bool any = false;
+  for (lua_Integer i = 1; i <= n; i++) {
+    lua_rawgeti(L, idx, i);
+    mg_dtype d = leaf_dtype(L, lua_gettop(L), depth + 1);
+    lua_pop(L, 1);
+    if (d != MG_BOOL) return MG_FLOAT32;
+    any = true;
+  }
+  return any ? MG_BOOL : MG_FLOAT32;
+}
 
 static void store (lua_State *L, fillstate *f) {
   int t = lua_type(L, -1);
@@ -305,7 +384,9 @@ static void fill_nested (lua_State *L, fillstate *f, int d) {
   if (!lua_istable(L, -1))
     luaL_error(L, "%s: ragged nested table: expected a table at %s, got %s", f->fn, f->path,
                luaL_typename(L, -1));
-  lua_Integer n = luaL_len(L, -1);
+  char what[160];
+  snprintf(what, sizeof what, "the table at %s", f->path[0] ? f->path : "the top");
+  lua_Integer n = mgL_checklist(L, -1, f->arg, what);
   if (n != f->shape[d])
     luaL_error(L, "%s: ragged nested table: %s has %d entries, expected %d", f->fn,
                f->path[0] ? f->path : "the top table", (int)n, (int)f->shape[d]);
@@ -333,18 +414,10 @@ mg_tensor *mgL_pushconstant (lua_State *L, int arg, mg_dtype dt, bool dtype_give
                                           luaL_typename(L, arg)));
   int64_t shape[MG_MAX_DIMS];
   int nd = nested_shape(L, arg, shape, fn);
-  if (!dtype_given) {     /* booleans make bool tensors; numbers float32 */
-    lua_pushvalue(L, arg);
-    for (int d = 0; d < nd && shape[d] > 0; d++) {
-      lua_geti(L, -1, 1);
-      lua_remove(L, -2);
-    }
-    dt = lua_isboolean(L, -1) ? MG_BOOL : MG_FLOAT32;
-    lua_pop(L, 1);
-  }
+  if (!dtype_given) dt = leaf_dtype(L, arg, 0);
   ltensor *box = mgL_newbox(L);
   mgL_fill(L, box, mg_empty(shape, nd, dt));
-  fillstate f = {(char *)mg_ptr(box->t), dt, shape, nd, fn, ""};
+  fillstate f = {(char *)mg_tensor_data(box->t), dt, shape, nd, fn, arg, ""};
   lua_pushvalue(L, arg);
   fill_nested(L, &f, 0);
   lua_pop(L, 1);
@@ -477,3 +550,62 @@ void mgL_rebuild (lua_State *L, int idx, int acc, int *k) {
 }
 
 /* }========================================================== */
+
+/* edit distance of two short strings, for "did you mean" */
+static int distance (const char *a, const char *b) {
+  size_t la = strlen(a), lb = strlen(b);
+  if (la > 63 || lb > 63) return 99;
+  int d[64];
+  for (size_t j = 0; j <= lb; j++) d[j] = (int)j;
+  for (size_t i = 1; i <= la; i++) {
+    int diag = d[0];
+    d[0] = (int)i;
+    for (size_t j = 1; j <= lb; j++) {
+      int up = d[j], best = diag + (a[i - 1] != b[j - 1]);
+      if (up + 1 < best) best = up + 1;
+      if (d[j - 1] + 1 < best) best = d[j - 1] + 1;
+      diag = up;
+      d[j] = best;
+    }
+  }
+  return d[lb];
+}
+
+/* raises for the unknown key at the top: names it, the known ones, and
+** the closest one when it looks like a typo */
+static void unknown_option (lua_State *L, int arg, const char *const keys[]) {
+  int k = lua_gettop(L);
+  const char *key = lua_type(L, k) == LUA_TSTRING ? lua_tostring(L, k) : NULL;
+  luaL_Buffer b;
+  luaL_buffinit(L, &b);
+  if (key) lua_pushfstring(L, "unknown option '%s'", key);
+  else lua_pushfstring(L, "unexpected %s key in the options", luaL_typename(L, k));
+  luaL_addvalue(&b);
+  const char *near = NULL;
+  int best = 3;                            /* at most 2 edits away */
+  for (int i = 0; key && keys[i]; i++) {
+    int dist = distance(key, keys[i]);
+    if (dist < best) { best = dist; near = keys[i]; }
+  }
+  if (near) { luaL_addstring(&b, " (did you mean '"); luaL_addstring(&b, near); luaL_addstring(&b, "'?)"); }
+  luaL_addstring(&b, "; known: ");
+  for (int i = 0; keys[i]; i++) {
+    if (i) luaL_addstring(&b, ", ");
+    luaL_addstring(&b, keys[i]);
+  }
+  luaL_pushresult(&b);
+  luaL_argerror(L, arg, lua_tostring(L, -1));
+}
+
+void mgL_checkoptions (lua_State *L, int arg, const char *const keys[]) {
+  if (lua_isnoneornil(L, arg)) return;
+  luaL_checktype(L, arg, LUA_TTABLE);
+  lua_pushnil(L);
+  while (lua_next(L, arg)) {
+    lua_pop(L, 1);
+    bool known = false;
+    if (lua_type(L, -1) == LUA_TSTRING)
+      for (int i = 0; keys[i] && !known; i++) known = strcmp(lua_tostring(L, -1), keys[i]) == 0;
+    if (!known) unknown_option(L, arg, keys);
+  }
+}

@@ -15,6 +15,8 @@ typedef struct ltape { mg_tape *t; } ltape;
 
 /* an empty tensor box on the stack, safe to collect, before any work */
 ltensor   *mgL_newbox      (lua_State *L);
+/* raises inside a finalizer: what is made there may never be released */
+void       mgL_checkfinalizer (lua_State *L);
 /* the tensor box at arg, or NULL */
 ltensor   *mgL_testbox     (lua_State *L, int arg);
 /* keeps the tensor and variable metatables where the fast checks find them */
@@ -34,12 +36,28 @@ void       mgL_checkoperandkind (lua_State *L, int arg);
 mg_dtype   mgL_likedtype   (lua_State *L, int a, int b, mg_dtype fallback);
 /* optional dtype name at arg ("float32", ...) */
 mg_dtype   mgL_optdtype    (lua_State *L, int arg, mg_dtype def);
+/* the dtype name at stack index idx; errors name argument arg and `what`
+** (an option's name, or NULL) */
+mg_dtype   mgL_dtypeat     (lua_State *L, int idx, int arg, const char *what);
+/* pushes options[key] from the table at arg and returns its type, raising
+** unless it is nil or of `type` (LUA_TBOOLEAN, LUA_TSTRING ...) */
+int        mgL_optionfield (lua_State *L, int arg, const char *key, int type);
 /* a shape given as a table {2,3}, or as integers from arg on when varargs;
 ** returns ndim */
 int        mgL_checkshape  (lua_State *L, int arg, int64_t *shape, bool varargs);
 /* 1-based axis (negative counts from the end) into 0-based; nil gives
 ** MG_ALL_AXES; raises on a bad axis */
 int        mgL_optaxis     (lua_State *L, int arg, int ndim);
+/* Values read from stack index idx, with errors naming argument arg (a
+** table's entries are checked at a stack index of their own, but the
+** user's argument is the table) and `what` ("axis", "dimension 2"). */
+lua_Integer mgL_intat      (lua_State *L, int idx, int arg, const char *what);
+int        mgL_axisat      (lua_State *L, int idx, int arg, int ndim, const char *what);
+int64_t    mgL_dimat       (lua_State *L, int idx, int arg, int i);    /* a size >= 0 */
+/* the length of the list at idx, raising when it has other keys */
+int        mgL_checklist   (lua_State *L, int idx, int arg, const char *what);
+/* nil (false) or a boolean; anything else raises */
+bool       mgL_optboolean  (lua_State *L, int arg, const char *what);
 mg_variable *mgL_testvariable  (lua_State *L, int arg);
 mg_variable *mgL_checkvariable (lua_State *L, int arg);
 /* pushes a table {d1, d2, ...} */
@@ -68,9 +86,17 @@ void       mgL_rebuild     (lua_State *L, int idx, int acc, int *k);
 /* collects garbage tensors when tensor memory has grown enough (after each
 ** new tensor) */
 void       mgL_gc_pressure (lua_State *L);
+/* the context's safe-point hook: collects on mgL_running */
+void       mgL_pressure_during_gradient (void);
 
-/* the lua_State a gradient walk runs in, for backward rules written in Lua */
-extern lua_State *mgL_running;
+/* the lua_State a gradient walk runs in, for the collector's safe points */
+extern _Thread_local lua_State *mgL_running;
+/* around a gradient computation asked for from L: Lua callbacks of L's
+** state (custom gradients, recompute) run on L; returns what to restore */
+lua_State *mgL_enter (lua_State *L);
+void       mgL_leave (lua_State *L, lua_State *prev);
+/* raises unless the table at arg (if not nil) has only these string keys */
+void       mgL_checkoptions (lua_State *L, int arg, const char *const keys[]);
 
 void mgL_open_tensor    (lua_State *L);    /* each adds its functions to the table at -1 */
 void mgL_open_variable  (lua_State *L);
@@ -78,8 +104,7 @@ void mgL_open_tape      (lua_State *L);
 void mgL_open_memory    (lua_State *L);
 void mgL_open_trace     (lua_State *L);    /* into the memory table at -1 */
 void mgL_open_random    (lua_State *L);
-void mgL_open_custom    (lua_State *L);
-void mgL_open_recompute (lua_State *L);
+void mgL_open_functions (lua_State *L);   /* custom_gradient, recompute_grad */
 
 /* Lua sources of the .lua files of lua/moongrad/ compiled into the library */
 typedef struct mgL_embedded { const char *name; const unsigned char *src; size_t len; } mgL_embedded;

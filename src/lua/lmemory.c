@@ -11,13 +11,14 @@
 
 #define GC_MIN_GROWTH ((size_t)16 << 20)
 
-static int gc_pause = 200;               /* percent, as lua_gc's setpause */
-static size_t gc_min_growth = GC_MIN_GROWTH;
-static size_t gc_mark = 0;               /* allocated_bytes at the last collection */
-static size_t gc_allowance = GC_MIN_GROWTH;
+/* per thread, as the contexts whose bytes they pace */
+static _Thread_local int gc_pause = 200;     /* percent, as lua_gc's setpause */
+static _Thread_local size_t gc_min_growth = GC_MIN_GROWTH;
+static _Thread_local size_t gc_mark = 0;     /* allocated_bytes at the last collection */
+static _Thread_local size_t gc_allowance = GC_MIN_GROWTH;
 
 void mgL_gc_pressure (lua_State *L) {
-  static bool collecting = false;
+  static _Thread_local bool collecting = false;
   if (collecting || mg_memory_allocated_bytes() - gc_mark <= gc_allowance) return;
   collecting = true;
   lua_gc(L, LUA_GCCOLLECT);
@@ -33,7 +34,7 @@ void mgL_gc_pressure (lua_State *L) {
 ** the forward pass's garbage boxes still pin tensors the tape has let go
 ** of: collect from the allocator then, on the thread that asked for the
 ** gradient (the only one it is safe to run finalizers on). */
-static void pressure_during_gradient (void) {
+void mgL_pressure_during_gradient (void) {
   if (mgL_running != NULL) mgL_gc_pressure(mgL_running);
 }
 
@@ -53,6 +54,7 @@ static int l_stats (lua_State *L) {
   setfield_int(L, "variable_bytes", (int64_t)st.variable_bytes);
   setfield_int(L, "peak_saved_bytes", (int64_t)st.peak_saved_bytes);
   setfield_int(L, "cached_bytes", (int64_t)st.cached_bytes);
+  setfield_int(L, "cache_limit", (int64_t)st.cache_limit);
   setfield_int(L, "live_tensors", st.live_tensors);
   setfield_int(L, "live_storages", st.live_storages);
   setfield_int(L, "allocations", st.allocations);
@@ -97,14 +99,23 @@ static int l_set_cache_limit (lua_State *L) {
   return 0;
 }
 
+/* fail_after(n): for tests, the n-th allocation from now fails as if out
+** of memory (0 turns it off) */
+static int l_fail_after (lua_State *L) {
+  lua_Integer n = mgL_intat(L, 1, 1, "n");
+  luaL_argcheck(L, n >= 0, 1, "n must not be negative");
+  mg_memory_fail_after((int64_t)n);
+  return 0;
+}
+
 static const luaL_Reg memory_funcs[] = {
-  {"set_cache_limit", l_set_cache_limit},
+  {"set_cache_limit", l_set_cache_limit}, {"fail_after", l_fail_after},
   {"stats", l_stats}, {"reset_peak", l_reset_peak}, {"release_cache", l_release_cache},
   {"setpause", l_setpause}, {NULL, NULL}
 };
 
 void mgL_open_memory (lua_State *L) {
-  mg_memory_set_pressure_hook(pressure_during_gradient);
+  mg_memory_set_pressure_hook(mgL_pressure_during_gradient);
   luaL_newlib(L, memory_funcs);
   mgL_open_trace(L);
   lua_setfield(L, -2, "memory");
@@ -127,9 +138,11 @@ static int l_get_state (lua_State *L) {
 
 static int l_set_state (lua_State *L) {
   luaL_checktype(L, 1, LUA_TTABLE);
+  static const char *const keys[] = {"seed", "offset", NULL};
+  mgL_checkoptions(L, 1, keys);
   lua_getfield(L, 1, "seed");
   lua_getfield(L, 1, "offset");
-  mg_rng_state s = {(uint64_t)luaL_checkinteger(L, -2), (uint64_t)luaL_checkinteger(L, -1)};
+  mg_rng_state s = {(uint64_t)mgL_intat(L, -2, 1, "state.seed"), (uint64_t)mgL_intat(L, -1, 1, "state.offset")};
   mg_random_set_state(s);
   return 0;
 }

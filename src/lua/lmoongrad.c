@@ -72,7 +72,8 @@ static void register_preloads (lua_State *L) {
 
 static int l_set_num_threads (lua_State *L) {
   lua_Integer n = luaL_checkinteger(L, 1);
-  luaL_argcheck(L, n >= 1, 1, "thread count must be at least 1");
+  luaL_argcheck(L, n >= 1 && n <= MG_MAX_THREADS, 1,
+                lua_pushfstring(L, "thread count must be between 1 and %d, got %I", MG_MAX_THREADS, n));
   mg_set_num_threads((int)n);
   return 0;
 }
@@ -98,8 +99,7 @@ int luaopen_moongrad (lua_State *L) {
   mgL_open_variable(L);
   mgL_remember_metatables(L);
   mgL_open_tape(L);
-  mgL_open_custom(L);
-  mgL_open_recompute(L);
+  mgL_open_functions(L);
   mgL_open_memory(L);
   mgL_open_random(L);
   lua_pushcfunction(L, l_set_num_threads);

@@ -12,7 +12,7 @@
 
 static const char tape_key = 'P';       /* the metatable, by address (see lauxmg.c) */
 
-static ltape *checktape (lua_State *L, int arg) {
+static ltape *tapebox (lua_State *L, int arg) {
   ltape *b = (ltape *)lua_touserdata(L, arg);
   if (b != NULL && lua_getmetatable(L, arg)) {
     lua_rawgetp(L, LUA_REGISTRYINDEX, &tape_key);
@@ -23,15 +23,22 @@ static ltape *checktape (lua_State *L, int arg) {
   return (ltape *)luaL_checkudata(L, arg, MG_TAPE_MT);    /* raises the usual message */
 }
 
+/* a tape whose __gc ran (by hand, or resurrected by a finalizer) is dead */
+static ltape *checktape (lua_State *L, int arg) {
+  ltape *b = tapebox(L, arg);
+  if (b->t == NULL) luaL_error(L, "tape has been released");
+  return b;
+}
+
 static int tape_gc (lua_State *L) {
-  ltape *b = checktape(L, 1);
+  ltape *b = tapebox(L, 1);
   mg_tape_release(b->t);
   b->t = NULL;
   return 0;
 }
 
 static int tape_close (lua_State *L) {       /* end of a <close> scope: stop */
-  mg_tape_stop(checktape(L, 1)->t);
+  mg_tape_stop(tapebox(L, 1)->t);
   return 0;
 }
 
@@ -39,11 +46,13 @@ static int tape_close (lua_State *L) {       /* end of a <close> scope: stop */
 static int l_tape (lua_State *L) {
   bool persistent = false, watch = true;
   if (!lua_isnoneornil(L, 1)) {
-    luaL_checktype(L, 1, LUA_TTABLE);
-    if (lua_getfield(L, 1, "persistent") != LUA_TNIL) persistent = lua_toboolean(L, -1);
-    if (lua_getfield(L, 1, "watch_accessed_variables") != LUA_TNIL) watch = lua_toboolean(L, -1);
+    static const char *const keys[] = {"persistent", "watch_accessed_variables", NULL};
+    mgL_checkoptions(L, 1, keys);
+    if (mgL_optionfield(L, 1, "persistent", LUA_TBOOLEAN) != LUA_TNIL) persistent = lua_toboolean(L, -1);
+    if (mgL_optionfield(L, 1, "watch_accessed_variables", LUA_TBOOLEAN) != LUA_TNIL) watch = lua_toboolean(L, -1);
     lua_pop(L, 2);
   }
+  mgL_checkfinalizer(L);
   ltape *b = (ltape *)lua_newuserdatauv(L, sizeof(ltape), 0);
   b->t = NULL;
   lua_rawgetp(L, LUA_REGISTRYINDEX, &tape_key);
@@ -67,8 +76,8 @@ static int l_watch (lua_State *L) {
   for (int i = 1; i <= n; i++) {
     lua_geti(L, 3, i);
     mg_variable *v = mgL_testvariable(L, -1);
-    if (v) mg_tape_watch_variable(t, v);
-    else mg_tape_watch(t, mgL_testtensor(L, -1));
+    if ((v ? mg_tape_watch_variable(t, v) : mg_tape_watch(t, mgL_testtensor(L, -1))) != MG_OK)
+      return mgL_error(L);
     lua_pop(L, 1);
   }
   return 0;
@@ -86,7 +95,7 @@ static int l_watched_variables (lua_State *L) {
 }
 
 static int l_reset (lua_State *L) {
-  mg_tape_reset(checktape(L, 1)->t);
+  if (mg_tape_reset(checktape(L, 1)->t) != MG_OK) return mgL_error(L);
   return 0;
 }
 
@@ -103,9 +112,10 @@ static int l_is_recording (lua_State *L) {
 /* "none" (default) or "zero" from opts.unconnected at arg */
 static int unconnected_zero (lua_State *L, int arg) {
   if (lua_isnoneornil(L, arg)) return 0;
-  luaL_checktype(L, arg, LUA_TTABLE);
-  lua_getfield(L, arg, "unconnected");
-  const char *u = luaL_optstring(L, -1, "none");
+  static const char *const keys[] = {"unconnected", NULL};
+  mgL_checkoptions(L, arg, keys);
+  mgL_optionfield(L, arg, "unconnected", LUA_TSTRING);
+  const char *u = lua_isnil(L, -1) ? "none" : lua_tostring(L, -1);
   lua_pop(L, 1);
   if (strcmp(u, "zero") == 0) return 1;
   if (strcmp(u, "none") != 0)
@@ -127,10 +137,9 @@ static mg_tensor **leaves (lua_State *L, int acc, int n) {
 /* runs a gradient computation with mgL_running set for Lua backward rules */
 static mg_status run_gradient (lua_State *L, mg_tape *t, int nt, mg_tensor **targets, int ns,
                                mg_tensor **sources, mg_tensor **seeds, int zero, mg_tensor **grads) {
-  lua_State *saved = mgL_running;
-  mgL_running = L;
+  lua_State *prev = mgL_enter(L);
   mg_status st = mg_tape_gradient(t, nt, targets, ns, sources, seeds, zero, grads);
-  mgL_running = saved;
+  mgL_leave(L, prev);
   return st;
 }
 
@@ -237,10 +246,9 @@ static int jacobian (lua_State *L, jacobian_fn fn) {
   mg_tensor *y = mgL_checktensor(L, 2), *x = mgL_checktensor(L, 3);
   int zero = unconnected_zero(L, 4);
   ltensor *box = mgL_newbox(L);
-  lua_State *saved = mgL_running;
-  mgL_running = L;
+  lua_State *prev = mgL_enter(L);
   mg_status st = fn(t, y, x, zero, &box->t);
-  mgL_running = saved;
+  mgL_leave(L, prev);
   if (st != MG_OK) return mgL_error(L);
   if (box->t == NULL) lua_pushnil(L);
   return 1;

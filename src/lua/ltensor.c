@@ -52,7 +52,7 @@ int mgL_index_first_axis (lua_State *L, mg_tensor *t, lua_Integer i) {
   int64_t n = mg_tensor_shape(t)[0];
   int64_t k = i > 0 ? i - 1 : n + i;
   if (i == 0 || k < 0 || k >= n)
-    return luaL_error(L, "index %d is out of bounds for dimension 1 of size %d", (int)i, (int)n);
+    return luaL_error(L, "index %I is out of bounds for dimension 1 of size %I", i, (lua_Integer)n);
   ltensor *box = mgL_newbox(L);
   return mgL_fill(L, box, mg_select(t, 0, k));
 }
@@ -70,7 +70,8 @@ static int tensor_index (lua_State *L) {
     else lua_pushnil(L);
     return 1;
   }
-  if (lua_isinteger(L, 2)) return mgL_index_first_axis(L, t, lua_tointeger(L, 2));
+  if (lua_type(L, 2) == LUA_TNUMBER)          /* x[1.0] is x[1], as for Lua tables */
+    return mgL_index_first_axis(L, t, mgL_intat(L, 2, 2, "index"));
   lua_pushnil(L);
   return 1;
 }
@@ -114,6 +115,11 @@ static int l_full (lua_State *L) {
   int nd = mgL_checkshape(L, 1, shape, false);
   double v = lua_isboolean(L, 2) ? lua_toboolean(L, 2) : luaL_checknumber(L, 2);
   mg_dtype dt = mgL_optdtype(L, 3, lua_isboolean(L, 2) ? MG_BOOL : MG_FLOAT32);
+  if (dt == MG_INT64 && lua_type(L, 2) == LUA_TNUMBER) {   /* exact, not through double */
+    lua_Integer iv = mgL_intat(L, 2, 2, "the value for an int64 tensor");
+    ltensor *box = mgL_newbox(L);
+    return mgL_fill(L, box, mg_full_int64(shape, nd, (int64_t)iv));
+  }
   ltensor *box = mgL_newbox(L);
   return mgL_fill(L, box, mg_full(shape, nd, dt, v));
 }
@@ -135,6 +141,12 @@ static int l_arange (lua_State *L) {
   while (n < 3 && lua_type(L, n + 1) == LUA_TNUMBER) { v[n] = lua_tonumber(L, n + 1); n++; }
   if (n == 0) luaL_argerror(L, 1, lua_pushfstring(L, "number expected, got %s", luaL_typename(L, 1)));
   mg_dtype dt = mgL_optdtype(L, n + 1, MG_FLOAT32);
+  if (dt == MG_INT64) {                        /* exact for every int64 */
+    lua_Integer iv[3] = {0, 0, 1};
+    for (int k = 0; k < n; k++) iv[n == 1 ? 1 : k] = mgL_intat(L, k + 1, k + 1, "an int64 bound or step");
+    ltensor *box = mgL_newbox(L);
+    return mgL_fill(L, box, mg_arange_int64(iv[0], iv[1], iv[2]));
+  }
   double start = n >= 2 ? v[0] : 0, stop = n >= 2 ? v[1] : v[0], step = n == 3 ? v[2] : 1;
   ltensor *box = mgL_newbox(L);
   return mgL_fill(L, box, mg_arange(start, stop, step, dt));
@@ -157,7 +169,7 @@ static int l_eye (lua_State *L) {
 static int l_item (lua_State *L) {
   mg_tensor *t = mgL_checktensor(L, 1);
   if (mg_tensor_numel(t) != 1)
-    return luaL_error(L, "item: tensor has %d elements, expected 1", (int)mg_tensor_numel(t));
+    return luaL_error(L, "item: tensor has %I elements, expected 1", (lua_Integer)mg_tensor_numel(t));
   int64_t idx[MG_MAX_DIMS] = {0};
   switch (mg_tensor_dtype(t)) {
     case MG_INT64: {
@@ -172,13 +184,44 @@ static int l_item (lua_State *L) {
   return 1;
 }
 
+/* a Lua table holds at most 2^31 entries: refuse at once what cannot fit */
+#define MAX_TOTABLE ((int64_t)1 << 31)
+
 static int l_totable (lua_State *L) {
-  mgL_pushvalues(L, mgL_checktensor(L, 1));
+  mg_tensor *t = mgL_checktensor(L, 1);
+  if (mg_tensor_numel(t) > MAX_TOTABLE)
+    return luaL_error(L, "totable: %I elements are too many for Lua tables (at most %I)",
+                      (lua_Integer)mg_tensor_numel(t), (lua_Integer)MAX_TOTABLE);
+  mgL_pushvalues(L, t);
   return 1;
 }
 
 static int l_numel (lua_State *L) {
   lua_pushinteger(L, (lua_Integer)mg_tensor_numel(mgL_checktensor(L, 1)));
+  return 1;
+}
+
+static void setfield_str (lua_State *L, const char *k, const char *v) {
+  if (v == NULL) return;
+  lua_pushstring(L, v);
+  lua_setfield(L, -2, k);
+}
+
+/* ops(): the op registry, {name=, kind=, symbol=, metamethod=, doc=} per op */
+static int l_ops (lua_State *L) {
+  static const char *const kinds[] = {"unary", "binary", "reduce", "other"};
+  int n = mg_op_count();
+  lua_createtable(L, n, 0);
+  for (int i = 0; i < n; i++) {
+    const mg_opinfo *op = mg_op_info(i);
+    lua_createtable(L, 0, 5);
+    setfield_str(L, "name", op->name);
+    setfield_str(L, "kind", kinds[op->kind]);
+    setfield_str(L, "symbol", op->symbol);
+    setfield_str(L, "metamethod", op->metamethod);
+    setfield_str(L, "doc", op->doc);
+    lua_rawseti(L, -2, i + 1);
+  }
   return 1;
 }
 
@@ -220,18 +263,10 @@ static int l_print (lua_State *L) {
 
 /* {================ binary and unary ops ==================== */
 
-typedef mg_tensor *(*binary_fn)(mg_tensor *, mg_tensor *);
-
-static const struct { const char *name, *verb; binary_fn fn; } BINOPS[] = {
-  {"add", "add", mg_add}, {"sub", "subtract", mg_sub}, {"mul", "multiply", mg_mul},
-  {"div", "divide", mg_div}, {"pow", "exponentiate", mg_pow},
-  {"floordiv", "floor-divide", mg_floordiv}, {"mod", "take the modulo of", mg_mod},
-  {"maximum", NULL, mg_maximum}, {"minimum", NULL, mg_minimum},
-  {"equal", NULL, mg_equal}, {"not_equal", NULL, mg_not_equal}, {"less", NULL, mg_less},
-  {"less_equal", NULL, mg_less_equal}, {"greater", NULL, mg_greater},
-  {"greater_equal", NULL, mg_greater_equal}, {"logical_and", NULL, mg_logical_and},
-  {"logical_or", NULL, mg_logical_or}, {"matmul", NULL, mg_matmul},
-};
+/* the registry row a closure was made for (upvalue 1) */
+static const mg_opinfo *row (lua_State *L) {
+  return (const mg_opinfo *)lua_touserdata(L, lua_upvalueindex(1));
+}
 
 /* a value's type for messages: its metatable's __name when it has one */
 static const char *type_name (lua_State *L, int idx) {
@@ -243,50 +278,42 @@ static const char *type_name (lua_State *L, int idx) {
   return luaL_typename(L, idx);
 }
 
-/* raises the error for a bad operand of binary op i */
-static int bad_operand (lua_State *L, int i, bool meta) {
-  if (meta)
-    return luaL_error(L, "attempt to %s a '%s' with a '%s'", BINOPS[i].verb, type_name(L, 1),
+/* raises the error for a bad operand of a binary op */
+static int bad_operand (lua_State *L, const mg_opinfo *op, bool meta) {
+  if (meta && op->verb)
+    return luaL_error(L, "attempt to %s a '%s' with a '%s'", op->verb, type_name(L, 1),
                       type_name(L, 2));
   mgL_checkoperandkind(L, 1);
   mgL_checkoperandkind(L, 2);
   return 0;
 }
 
-/* upvalue 1: index into BINOPS; upvalue 2: true when called as a metamethod */
+/* upvalue 1: the registry row; upvalue 2: true when called as a metamethod */
 static int l_binary (lua_State *L) {
-  int i = (int)lua_tointeger(L, lua_upvalueindex(1));
+  const mg_opinfo *op = row(L);
   mg_tensor *a = mgL_testtensor(L, 1), *b = mgL_testtensor(L, 2);
   if (a && b) {                                  /* the common case, checked once */
     ltensor *box = mgL_newbox(L);
-    return mgL_fill(L, box, BINOPS[i].fn(a, b));
+    return mgL_fill(L, box, op->fn.binary(a, b));
   }
   if ((!a && mgL_operandkind(L, 1) == MGL_OTHER) || (!b && mgL_operandkind(L, 2) == MGL_OTHER))
-    return bad_operand(L, i, lua_toboolean(L, lua_upvalueindex(2)));
-  mg_dtype like = a ? a->dtype : b ? b->dtype : mgL_likedtype(L, 1, 2, MG_FLOAT32);
+    return bad_operand(L, op, lua_toboolean(L, lua_upvalueindex(2)));
+  mg_dtype like = a ? mg_tensor_dtype(a) : b ? mg_tensor_dtype(b) : mgL_likedtype(L, 1, 2, MG_FLOAT32);
   ltensor *box = mgL_newbox(L);
   bool oa = false, ob = false;
-  if (!a) a = mgL_operand(L, 1, like, &oa, BINOPS[i].name);
-  if (a && !b) b = mgL_operand(L, 2, like, &ob, BINOPS[i].name);
-  mg_tensor *r = a && b ? BINOPS[i].fn(a, b) : NULL;
+  if (!a) a = mgL_operand(L, 1, like, &oa, op->name);
+  if (a && !b) b = mgL_operand(L, 2, like, &ob, op->name);
+  mg_tensor *r = a && b ? op->fn.binary(a, b) : NULL;
   if (oa) mg_tensor_release(a);
   if (ob) mg_tensor_release(b);
   return mgL_fill(L, box, r);
 }
 
-typedef mg_tensor *(*unary_fn)(mg_tensor *);
-
-static const struct { const char *name; unary_fn fn; } UNOPS[] = {
-  {"neg", mg_neg}, {"exp", mg_exp}, {"log", mg_log}, {"sqrt", mg_sqrt}, {"abs", mg_abs},
-  {"sign", mg_sign}, {"tanh", mg_tanh}, {"sigmoid", mg_sigmoid}, {"relu", mg_relu},
-  {"logical_not", mg_logical_not},
-};
-
 static int l_unary (lua_State *L) {
-  int i = (int)lua_tointeger(L, lua_upvalueindex(1));
+  const mg_opinfo *op = row(L);
   mg_tensor *x = mgL_checktensor(L, 1);
   ltensor *box = mgL_newbox(L);
-  return mgL_fill(L, box, UNOPS[i].fn(x));
+  return mgL_fill(L, box, op->fn.unary(x));
 }
 
 static int l_where (lua_State *L) {
@@ -319,19 +346,17 @@ static int l_cast (lua_State *L) {
 
 typedef mg_tensor *(*reduce_fn)(mg_tensor *, int, int);
 
-static const struct { const char *name; reduce_fn fn; } REDOPS[] = {
-  {"sum", mg_sum}, {"mean", mg_mean}, {"max", mg_max}, {"min", mg_min},
-};
-
-/* reduces x over the axes in the table at arg, one at a time */
+/* reduces x over the axes in the list at arg, one at a time */
 static mg_tensor *reduce_axes (lua_State *L, int arg, mg_tensor *x, reduce_fn fn, int keepdims) {
-  int nd = mg_tensor_ndim(x), n = (int)luaL_len(L, arg);
+  int nd = mg_tensor_ndim(x), n = mgL_checklist(L, arg, arg, "the axes");
   bool gone[MG_MAX_DIMS] = {false};
   for (int k = 1; k <= n; k++) {
     lua_geti(L, arg, k);
-    int a = mgL_optaxis(L, lua_gettop(L), nd);
+    char what[32];
+    snprintf(what, sizeof what, "axis %d in the list", k);
+    int a = mgL_axisat(L, -1, arg, nd, what);
     lua_pop(L, 1);
-    if (a == MG_ALL_AXES || gone[a]) luaL_argerror(L, arg, "axes must be distinct integers");
+    if (gone[a]) luaL_argerror(L, arg, "axes must be distinct");
     gone[a] = true;
   }
   ltensor *tmp = mgL_newbox(L);            /* anchors the intermediate results */
@@ -351,11 +376,11 @@ static mg_tensor *reduce_axes (lua_State *L, int arg, mg_tensor *x, reduce_fn fn
   return r;
 }
 
-/* upvalue 1: index into REDOPS.  f(x [, axis or {axes}] [, keepdims]) */
+/* upvalue 1: the registry row.  f(x [, axis or {axes}] [, keepdims]) */
 static int l_reduce (lua_State *L) {
-  reduce_fn fn = REDOPS[lua_tointeger(L, lua_upvalueindex(1))].fn;
+  reduce_fn fn = row(L)->fn.reduce;
   mg_tensor *x = mgL_checktensor(L, 1);
-  int keepdims = lua_toboolean(L, 3);
+  int keepdims = mgL_optboolean(L, 3, "keepdims");
   if (lua_istable(L, 2)) {
     mg_tensor *r = reduce_axes(L, 2, x, fn, keepdims);
     ltensor *box = mgL_newbox(L);
@@ -370,7 +395,7 @@ static int l_reduce (lua_State *L) {
 static int arg_extreme (lua_State *L, reduce_fn fn) {
   mg_tensor *x = mgL_checktensor(L, 1);
   int axis = mgL_optaxis(L, 2, mg_tensor_ndim(x));
-  int keepdims = lua_toboolean(L, 3);
+  int keepdims = mgL_optboolean(L, 3, "keepdims");
   ltensor *box = mgL_newbox(L);
   mg_tensor *i0 = fn(x, axis, keepdims), *one = i0 ? mg_scalar(1, MG_INT64) : NULL;
   mg_tensor *r = one ? mg_add(i0, one) : NULL;
@@ -391,18 +416,26 @@ static int l_reshape (lua_State *L) {
   mg_tensor *x = mgL_checktensor(L, 1);
   int64_t shape[MG_MAX_DIMS];
   int nd = 0;
+  char what[32];
   if (lua_istable(L, 2)) {                    /* -1 allowed: read by hand */
-    int n = (int)luaL_len(L, 2);
-    if (n > MG_MAX_DIMS) luaL_argerror(L, 2, "too many dimensions");
+    int n = mgL_checklist(L, 2, 2, "the shape");
+    if (n > MG_MAX_DIMS)
+      luaL_argerror(L, 2, lua_pushfstring(L, "%d dimensions given, at most %d allowed", n, MG_MAX_DIMS));
     for (; nd < n; nd++) {
       lua_geti(L, 2, nd + 1);
-      int isint;
-      shape[nd] = (int64_t)lua_tointegerx(L, -1, &isint);
-      if (!isint) luaL_argerror(L, 2, lua_pushfstring(L, "dimension %d is not an integer", nd + 1));
+      snprintf(what, sizeof what, "dimension %d", nd + 1);
+      shape[nd] = (int64_t)mgL_intat(L, -1, 2, what);
       lua_pop(L, 1);
     }
   } else {
-    for (int a = 2; lua_type(L, a) == LUA_TNUMBER && nd < MG_MAX_DIMS; a++) shape[nd++] = luaL_checkinteger(L, a);
+    int top = lua_gettop(L);
+    if (top - 1 > MG_MAX_DIMS)
+      luaL_argerror(L, 2 + MG_MAX_DIMS, lua_pushfstring(L, "%d dimensions given, at most %d allowed",
+                                                        top - 1, MG_MAX_DIMS));
+    for (int a = 2; a <= top; a++, nd++) {
+      snprintf(what, sizeof what, "dimension %d", nd + 1);
+      shape[nd] = (int64_t)mgL_intat(L, a, a, what);
+    }
     if (nd == 0) luaL_argerror(L, 2, lua_pushfstring(L, "shape expected, got %s", luaL_typename(L, 2)));
   }
   ltensor *box = mgL_newbox(L);
@@ -417,12 +450,14 @@ static int l_transpose (lua_State *L) {
     for (int i = 0; i < nd; i++) perm[i] = nd - 1 - i;
   } else {
     luaL_checktype(L, 2, LUA_TTABLE);
-    if ((int)luaL_len(L, 2) != nd)
-      luaL_argerror(L, 2, lua_pushfstring(L, "permutation has %d entries for %d dimensions",
-                                          (int)luaL_len(L, 2), nd));
+    int n = mgL_checklist(L, 2, 2, "the permutation");
+    if (n != nd)
+      luaL_argerror(L, 2, lua_pushfstring(L, "permutation has %d entries for %d dimensions", n, nd));
     for (int i = 0; i < nd; i++) {
       lua_geti(L, 2, i + 1);
-      perm[i] = mgL_optaxis(L, lua_gettop(L), nd);
+      char what[40];
+      snprintf(what, sizeof what, "permutation entry %d", i + 1);
+      perm[i] = mgL_axisat(L, -1, 2, nd, what);
       lua_pop(L, 1);
     }
   }
@@ -466,8 +501,8 @@ static int l_broadcast_to (lua_State *L) {
 static int64_t position (lua_State *L, int arg, lua_Integer v, int64_t n, int dim, const char *what) {
   int64_t k = v > 0 ? v - 1 : n + v;
   if (v == 0 || k < 0 || k >= n)
-    luaL_argerror(L, arg, lua_pushfstring(L, "%s %d is out of range for dimension %d of size %d",
-                                          what, (int)v, dim, (int)n));
+    luaL_argerror(L, arg, lua_pushfstring(L, "%s %I is out of range for dimension %d of size %I",
+                                          what, v, dim, (lua_Integer)n));
   return k;
 }
 
@@ -487,26 +522,30 @@ static int l_slice (lua_State *L) {
     int64_t n = mg_tensor_shape(x)[d];
     start[d] = 0; stop[d] = n; step[d] = 1;
     if (d >= nspec || lua_isnil(L, arg)) { shape[kept++] = n; continue; }
-    if (lua_isinteger(L, arg)) {
-      start[d] = position(L, arg, lua_tointeger(L, arg), n, d + 1, "index");
+    if (lua_type(L, arg) == LUA_TNUMBER) {
+      start[d] = position(L, arg, mgL_intat(L, arg, arg, "index"), n, d + 1, "index");
       stop[d] = start[d] + 1;
       continue;                                   /* dimension dropped */
     }
     luaL_argcheck(L, lua_istable(L, arg), arg, "integer or {start, stop, step} expected");
+    if (mgL_checklist(L, arg, arg, "a {start, stop, step} range") > 3)
+      luaL_argerror(L, arg, "a {start, stop, step} range has at most 3 entries");
     lua_geti(L, arg, 3);
-    step[d] = lua_isnil(L, -1) ? 1 : (int64_t)luaL_checkinteger(L, -1);
+    step[d] = lua_isnil(L, -1) ? 1 : (int64_t)mgL_intat(L, -1, arg, "step");
     lua_pop(L, 1);
     luaL_argcheck(L, step[d] != 0, arg, "step must not be 0");
     lua_geti(L, arg, 1);
     lua_geti(L, arg, 2);
     bool fwd = step[d] > 0;
-    start[d] = lua_isnil(L, -2) ? (fwd ? 0 : n - 1) : position(L, arg, luaL_checkinteger(L, -2), n, d + 1, "start");
-    int64_t last = lua_isnil(L, -1) ? (fwd ? n - 1 : 0) : position(L, arg, luaL_checkinteger(L, -1), n, d + 1, "stop");
+    start[d] = lua_isnil(L, -2) ? (fwd ? 0 : n - 1) : position(L, arg, mgL_intat(L, -2, arg, "start"), n, d + 1, "start");
+    int64_t last = lua_isnil(L, -1) ? (fwd ? n - 1 : 0) : position(L, arg, mgL_intat(L, -1, arg, "stop"), n, d + 1, "stop");
     lua_pop(L, 2);
     stop[d] = fwd ? last + 1 : last - 1;           /* exclusive */
     if (fwd ? stop[d] < start[d] : stop[d] > start[d]) stop[d] = start[d];   /* empty */
-    int64_t cnt = fwd ? (stop[d] - start[d] + step[d] - 1) / step[d] : (start[d] - stop[d] - step[d] - 1) / -step[d];
-    shape[kept++] = cnt;
+    /* entries in [start, stop) by |step|, in unsigned arithmetic: any step is fine */
+    uint64_t span = fwd ? (uint64_t)(stop[d] - start[d]) : (uint64_t)(start[d] - stop[d]);
+    uint64_t mag = fwd ? (uint64_t)step[d] : 0 - (uint64_t)step[d];
+    shape[kept++] = span ? (int64_t)((span - 1) / mag + 1) : 0;
   }
   ltensor *box = mgL_newbox(L);
   mg_tensor *s = mg_slice(x, start, stop, step);
@@ -518,7 +557,7 @@ static int l_slice (lua_State *L) {
 /* the tensors in the list at arg, borrowed; n returned */
 static mg_tensor **tensor_list (lua_State *L, int arg, int *n) {
   luaL_checktype(L, arg, LUA_TTABLE);
-  int len = (int)luaL_len(L, arg);
+  int len = mgL_checklist(L, arg, arg, "the tensors");
   luaL_argcheck(L, len >= 1, arg, "a list of at least one tensor expected");
   mg_tensor **xs = (mg_tensor **)lua_newuserdatauv(L, sizeof(mg_tensor *) * (size_t)len, 0);
   for (int k = 0; k < len; k++) {
@@ -593,27 +632,39 @@ static const luaL_Reg module_funcs[] = {        /* mg.f only */
   {"constant", l_constant}, {"tensor", l_constant}, {"zeros", l_zeros}, {"ones", l_ones},
   {"full", l_full}, {"zeros_like", l_zeros_like}, {"ones_like", l_ones_like},
   {"arange", l_arange}, {"eye", l_eye}, {"concat", l_concat}, {"stack", l_stack},
-  {"print", l_print}, {"is_tensor", l_is_tensor},
+  {"print", l_print}, {"is_tensor", l_is_tensor}, {"ops", l_ops},
   {NULL, NULL}
 };
 
-/* sets f[name] = closure(fn, i, extra) in the tables at module and methods */
-static void add_closure (lua_State *L, int module, int methods, const char *name, lua_CFunction fn,
-                         lua_Integer i) {
-  lua_pushinteger(L, i);
+/* sets module[name] and methods[name] to a closure of fn over the row */
+static void add_op (lua_State *L, int module, int methods, const mg_opinfo *op, lua_CFunction fn) {
+  lua_pushlightuserdata(L, (void *)op);
   lua_pushboolean(L, 0);
   lua_pushcclosure(L, fn, 2);
   lua_pushvalue(L, -1);
-  lua_setfield(L, module, name);
-  if (methods) lua_setfield(L, methods, name);
-  else lua_pop(L, 1);
+  lua_setfield(L, module, op->name);
+  lua_setfield(L, methods, op->name);
 }
 
-static void set_meta (lua_State *L, int mt, const char *event, int binop) {
-  lua_pushinteger(L, binop);
+/* mt[op->metamethod] = the op, as a metamethod (its errors say "attempt to ...") */
+static void add_metamethod (lua_State *L, int mt, const mg_opinfo *op) {
+  lua_pushlightuserdata(L, (void *)op);
   lua_pushboolean(L, 1);
-  lua_pushcclosure(L, l_binary, 2);
-  lua_setfield(L, mt, event);
+  lua_pushcclosure(L, op->kind == MG_OP_UNARY ? l_unary : l_binary, 2);
+  lua_setfield(L, mt, op->metamethod);
+}
+
+/* every unary, binary and reduction op of the registry, as mg.f and x:f() */
+static void add_registry (lua_State *L, int module, int methods) {
+  for (int i = 0, n = mg_op_count(); i < n; i++) {
+    const mg_opinfo *op = mg_op_info(i);
+    switch (op->kind) {
+      case MG_OP_UNARY: add_op(L, module, methods, op, l_unary); break;
+      case MG_OP_BINARY: add_op(L, module, methods, op, l_binary); break;
+      case MG_OP_REDUCE: add_op(L, module, methods, op, l_reduce); break;
+      default: break;                          /* bound by hand above */
+    }
+  }
 }
 
 /* the table at -1 is the module; adds tensor functions and the metatable */
@@ -624,12 +675,7 @@ void mgL_open_tensor (lua_State *L) {
   lua_newtable(L);                             /* methods */
   int methods = lua_gettop(L);
   luaL_setfuncs(L, tensor_funcs, 0);
-  for (size_t i = 0; i < sizeof BINOPS / sizeof BINOPS[0]; i++)
-    add_closure(L, module, methods, BINOPS[i].name, l_binary, (lua_Integer)i);
-  for (size_t i = 0; i < sizeof UNOPS / sizeof UNOPS[0]; i++)
-    add_closure(L, module, methods, UNOPS[i].name, l_unary, (lua_Integer)i);
-  for (size_t i = 0; i < sizeof REDOPS / sizeof REDOPS[0]; i++)
-    add_closure(L, module, methods, REDOPS[i].name, l_reduce, (lua_Integer)i);
+  add_registry(L, module, methods);
   for (int logf = 0; logf < 2; logf++) {
     lua_pushboolean(L, logf);
     lua_pushcclosure(L, l_softmax, 1);
@@ -645,12 +691,8 @@ void mgL_open_tensor (lua_State *L) {
     {"__newindex", tensor_newindex}, {NULL, NULL}
   };
   luaL_setfuncs(L, meta, 0);
-  static const struct { const char *event; int binop; } arith[] = {
-    {"__add", 0}, {"__sub", 1}, {"__mul", 2}, {"__div", 3}, {"__pow", 4}, {"__idiv", 5}, {"__mod", 6},
-  };
-  for (size_t i = 0; i < sizeof arith / sizeof arith[0]; i++) set_meta(L, mt, arith[i].event, arith[i].binop);
-  lua_getfield(L, module, "neg");
-  lua_setfield(L, mt, "__unm");
+  for (int i = 0, n = mg_op_count(); i < n; i++)
+    if (mg_op_info(i)->metamethod) add_metamethod(L, mt, mg_op_info(i));
   lua_pushvalue(L, methods);
   lua_pushcclosure(L, tensor_index, 1);
   lua_setfield(L, mt, "__index");

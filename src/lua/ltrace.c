@@ -11,6 +11,8 @@
 #include <string.h>
 #include <time.h>
 
+#include <cjson/cJSON.h>
+
 #include "lbinding.h"
 
 #define MAX_COUNTER_EVENTS 2000000      /* beyond this, counters stop (the file says so) */
@@ -25,7 +27,7 @@ typedef struct tracer {
   size_t last[3];
 } tracer;
 
-static tracer *active;
+static _Thread_local tracer *active;      /* per thread: a trace follows its context */
 
 static double now_us (void) {
   struct timespec ts;
@@ -33,9 +35,19 @@ static double now_us (void) {
   return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec / 1e3;
 }
 
+/* a name as a JSON string, quotes included (cJSON escapes it) */
+static void put_string (FILE *f, const char *s) {
+  cJSON *j = cJSON_CreateString(s);
+  char *text = j ? cJSON_PrintUnformatted(j) : NULL;
+  fputs(text ? text : "\"?\"", f);
+  cJSON_free(text);
+  cJSON_Delete(j);
+}
+
 static void event (tracer *tr, const char *name, char ph, int tid) {
-  fprintf(tr->f, ",\n{\"name\":\"%s\",\"ph\":\"%c\",\"ts\":%.3f,\"pid\":1,\"tid\":%d}", name, ph,
-          now_us() - tr->t0, tid);
+  fputs(",\n{\"name\":", tr->f);
+  put_string(tr->f, name);
+  fprintf(tr->f, ",\"ph\":\"%c\",\"ts\":%.3f,\"pid\":1,\"tid\":%d}", ph, now_us() - tr->t0, tid);
 }
 
 static void on_change (void *ud) {

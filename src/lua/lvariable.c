@@ -13,7 +13,7 @@
 
 #define BOXES "moongrad.variable_boxes"     /* weak: mg_variable* -> box */
 
-static int variable_gc (lua_State *L) {
+static int variable_gc (lua_State *L) {     /* may run twice: by hand, then by Lua */
   lvariable *b = (lvariable *)luaL_checkudata(L, 1, MG_VARIABLE_MT);   /* rare: no fast path */
   mg_variable_release(b->v);
   b->v = NULL;
@@ -22,7 +22,7 @@ static int variable_gc (lua_State *L) {
 
 void mgL_pushvariable (lua_State *L, mg_variable *v) {
   lua_getfield(L, LUA_REGISTRYINDEX, BOXES);
-  if (lua_rawgetp(L, -1, v) != LUA_TNIL) {
+  if (lua_rawgetp(L, -1, v) != LUA_TNIL && ((lvariable *)lua_touserdata(L, -1))->v != NULL) {
     lua_remove(L, -2);
     return;
   }
@@ -42,12 +42,17 @@ static int l_variable (lua_State *L) {
   bool trainable = true, given = false;
   mg_dtype dt = MG_FLOAT32;
   if (!lua_isnoneornil(L, 2)) {
-    luaL_checktype(L, 2, LUA_TTABLE);
-    if (lua_getfield(L, 2, "name") != LUA_TNIL) name = luaL_checkstring(L, -1);
-    if (lua_getfield(L, 2, "trainable") != LUA_TNIL) trainable = lua_toboolean(L, -1);
-    if (lua_getfield(L, 2, "dtype") != LUA_TNIL) { dt = mgL_optdtype(L, -1, MG_FLOAT32); given = true; }
+    static const char *const keys[] = {"name", "trainable", "dtype", NULL};
+    mgL_checkoptions(L, 2, keys);
+    if (mgL_optionfield(L, 2, "name", LUA_TSTRING) != LUA_TNIL) name = lua_tostring(L, -1);
+    if (mgL_optionfield(L, 2, "trainable", LUA_TBOOLEAN) != LUA_TNIL) trainable = lua_toboolean(L, -1);
+    if (mgL_optionfield(L, 2, "dtype", LUA_TSTRING) != LUA_TNIL) {
+      dt = mgL_dtypeat(L, -1, 2, "option 'dtype'");
+      given = true;
+    }
     lua_pop(L, 3);
   }
+  mgL_checkfinalizer(L);
   mg_tensor *init = mgL_pushconstant(L, 1, dt, given, "Variable");
   lvariable *b = (lvariable *)lua_newuserdatauv(L, sizeof(lvariable), 0);
   b->v = NULL;
@@ -163,11 +168,16 @@ void mgL_open_variable (lua_State *L) {
   luaL_setfuncs(L, meta, 0);
   /* arithmetic and comparison behave as on the value: share the tensor's */
   luaL_getmetatable(L, MG_TENSOR_MT);
-  static const char *const shared[] = {"__add", "__sub", "__mul", "__div", "__pow", "__idiv", "__mod",
-                                       "__unm", "__len", "__lt", "__le", NULL};
+  static const char *const shared[] = {"__len", "__lt", "__le", NULL};
   for (int i = 0; shared[i]; i++) {
     lua_getfield(L, -1, shared[i]);
     lua_setfield(L, mt, shared[i]);
+  }
+  for (int i = 0, n = mg_op_count(); i < n; i++) {    /* the ops' metamethods, from the registry */
+    const char *event = mg_op_info(i)->metamethod;
+    if (event == NULL) continue;
+    lua_getfield(L, -1, event);
+    lua_setfield(L, mt, event);
   }
   lua_pop(L, 1);
   static const luaL_Reg methods[] = {

@@ -32,11 +32,22 @@ mg_tensor *mg_full (const int64_t *shape, int ndim, mg_dtype dt, double value) {
   return t;
 }
 
+mg_tensor *mg_full_int64 (const int64_t *shape, int ndim, int64_t value) {
+  mg_tensor *t = mg_empty(shape, ndim, MG_INT64);
+  if (t) FILL(int64_t, value);
+  return t;
+}
+
+mg_tensor *mg_zeros_meta (const mg_meta *m) {
+  return mg_full(m->shape, m->ndim, m->dtype, 0.0);
+}
+
 mg_tensor *mg_scalar (double value, mg_dtype dt) {
   return mg_full(NULL, 0, dt, value);
 }
 
 mg_tensor *mg_from_doubles (const double *values, const int64_t *shape, int ndim, mg_dtype dt) {
+  MG_CHECK_ARG("mg_from_doubles", values, NULL);
   mg_tensor *t = mg_empty(shape, ndim, dt);
   if (t == NULL) return NULL;
   for (int64_t i = 0; i < t->numel; i++)
@@ -70,6 +81,25 @@ mg_tensor *mg_arange (double start, double stop, double step, mg_dtype dt) {
   return t;
 }
 
+/* exact for every int64 (the double version loses integers above 2^53);
+** the count is computed in unsigned arithmetic so no bound overflows */
+mg_tensor *mg_arange_int64 (int64_t start, int64_t stop, int64_t step) {
+  if (step == 0) return mg_seterror("arange: step must not be 0"), NULL;
+  bool up = step > 0;
+  uint64_t span = up ? (stop > start ? (uint64_t)stop - (uint64_t)start : 0)
+                     : (start > stop ? (uint64_t)start - (uint64_t)stop : 0);
+  uint64_t mag = up ? (uint64_t)step : 0 - (uint64_t)step;
+  uint64_t count = span ? (span - 1) / mag + 1 : 0;
+  if (count > ((uint64_t)1 << 50))
+    return mg_seterror("arange: %llu elements is too many", (unsigned long long)count), NULL;
+  int64_t n = (int64_t)count;
+  mg_tensor *t = mg_empty(&n, 1, MG_INT64);
+  if (t == NULL) return NULL;
+  int64_t *d = (int64_t *)mg_ptr(t);
+  for (int64_t i = 0; i < n; i++) d[i] = (int64_t)((uint64_t)start + (uint64_t)i * (uint64_t)step);
+  return t;
+}
+
 mg_tensor *mg_eye (int64_t n, int64_t m, mg_dtype dt) {
   int64_t shape[2] = {n, m};
   mg_tensor *t = mg_full(shape, 2, dt, 0.0);
@@ -94,7 +124,7 @@ static const mg_opdef cast_op;
 /* cast: x converted to dt (floats truncate toward zero into int64).
 ** grad: float -> float casts pass dout back, cast to x's dtype */
 mg_tensor *mg_cast (mg_tensor *x, mg_dtype dt) {
-  if (x == NULL) return NULL;
+  MG_CHECK_ARG("mg_cast", x, NULL);
   if ((unsigned)dt >= MG_DTYPE__COUNT) return mg_seterror("cast: unknown dtype"), NULL;
   if (x->dtype == dt) return mg_tensor_retain(x);
   mg_tensor *out = mg_empty(x->shape, x->ndim, dt);
@@ -108,6 +138,10 @@ static mg_status cast_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **
   din[0] = mg_cast(dout[0], n->in_meta[0].dtype);
   return MG_OK;
 }
-static const mg_opdef cast_op = {"cast", 0, cast_backward, NULL};
+static const mg_opdef cast_op = {.info = {.name = "cast", .kind = MG_OP_OTHER, .doc = "x converted to another dtype (float to float is differentiable)"}, .backward = cast_backward};
 
 /* }========================================================== */
+
+static const mg_opdef *const rows[] = {&cast_op};
+_Static_assert(sizeof rows / sizeof rows[0] == 1, "create.c: a row is missing from rows[]");
+const mg_opfamily mg_create_ops = {rows, sizeof rows / sizeof rows[0]};

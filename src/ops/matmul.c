@@ -132,7 +132,10 @@ static mg_tensor *matmul_nd (mg_tensor *a, mg_tensor *b) {
                        mg_shape_str(sb, sizeof sb, b->shape, b->ndim)), NULL;
   int64_t bshape[MG_MAX_DIMS], shape[MG_MAX_DIMS];
   int nb = mg_broadcast_shapes("matmul", "@", a->shape, a->ndim - 2, b->shape, b->ndim - 2, bshape);
-  if (nb < 0) return NULL;
+  if (nb < 0)
+    return mg_seterror("matmul: batch dimensions do not broadcast: %s @ %s",
+                       mg_shape_str(sa, sizeof sa, a->shape, a->ndim),
+                       mg_shape_str(sb, sizeof sb, b->shape, b->ndim)), NULL;
   if (nb + 2 > MG_MAX_DIMS) return mg_seterror("matmul: too many dimensions"), NULL;
   memcpy(shape, bshape, sizeof(int64_t) * (size_t)nb);
   shape[nb] = M;
@@ -183,7 +186,8 @@ static mg_tensor *matmul_nd (mg_tensor *a, mg_tensor *b) {
 /* matmul: out = a @ b.  grad: da = dout @ b^T, db = a^T @ dout, each summed
 ** over broadcast batch dimensions */
 mg_tensor *mg_matmul (mg_tensor *a, mg_tensor *b) {
-  if (a == NULL || b == NULL) return NULL;
+  MG_CHECK_ARG("mg_matmul", a, NULL);
+  MG_CHECK_ARG("mg_matmul", b, NULL);
   if (a->dtype != b->dtype)
     return mg_seterror("matmul: dtypes differ: %s @ %s", mg_dtype_name(a->dtype),
                        mg_dtype_name(b->dtype)), NULL;
@@ -217,4 +221,8 @@ static mg_status matmul_backward (mg_node *n, mg_tensor *const *dout, mg_tensor 
   mg_scope_end(&sc);
   return MG_OK;
 }
-static const mg_opdef matmul_op = {"matmul", MG_SAVE_IN(0) | MG_SAVE_IN(1), matmul_backward, NULL};
+static const mg_opdef matmul_op = {.info = {.name = "matmul", .kind = MG_OP_BINARY, .symbol = "@", .doc = "the matrix product a @ b (batched, broadcast, vectors)", .fn.binary = mg_matmul}, .saves = MG_SAVE_IN(0) | MG_SAVE_IN(1), .backward = matmul_backward};
+
+static const mg_opdef *const rows[] = {&matmul_op};
+_Static_assert(sizeof rows / sizeof rows[0] == 1, "matmul.c: a row is missing from rows[]");
+const mg_opfamily mg_matmul_ops = {rows, sizeof rows / sizeof rows[0]};

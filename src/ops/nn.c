@@ -33,7 +33,7 @@
 static const mg_opdef softmax_op, log_softmax_op;
 
 static mg_tensor *softmax_forward (mg_tensor *x, int axis, bool log_form) {
-  if (x == NULL) return NULL;
+  MG_CHECK_ARG(log_form ? "mg_log_softmax" : "mg_softmax", x, NULL);
   const char *fn = log_form ? "log_softmax" : "softmax";
   if (!mg_is_float(x->dtype))
     return mg_seterror("%s: needs a float tensor, got %s", fn, mg_dtype_name(x->dtype)), NULL;
@@ -69,7 +69,7 @@ static mg_status softmax_backward (mg_node *n, mg_tensor *const *dout, mg_tensor
   mg_scope_end(&sc);
   return MG_OK;
 }
-static const mg_opdef softmax_op = {"softmax", MG_SAVE_OUT(0), softmax_backward, NULL};
+static const mg_opdef softmax_op = {.info = {.name = "softmax", .kind = MG_OP_OTHER, .doc = "exp(x) / sum(exp(x)) along an axis, computed stably"}, .saves = MG_SAVE_OUT(0), .backward = softmax_backward};
 
 /* log_softmax: y = x - max - log(sum(exp(x - max))) over axis.
 ** grad: dx = dout - exp(y) * sum(dout, axis) */
@@ -83,4 +83,8 @@ static mg_status log_softmax_backward (mg_node *n, mg_tensor *const *dout, mg_te
   mg_scope_end(&sc);
   return MG_OK;
 }
-static const mg_opdef log_softmax_op = {"log_softmax", MG_SAVE_OUT(0), log_softmax_backward, NULL};
+static const mg_opdef log_softmax_op = {.info = {.name = "log_softmax", .kind = MG_OP_OTHER, .doc = "log(softmax(x)) along an axis, computed stably"}, .saves = MG_SAVE_OUT(0), .backward = log_softmax_backward};
+
+static const mg_opdef *const rows[] = {&softmax_op, &log_softmax_op};
+_Static_assert(sizeof rows / sizeof rows[0] == 2, "nn.c: a row is missing from rows[]");
+const mg_opfamily mg_nn_ops = {rows, sizeof rows / sizeof rows[0]};

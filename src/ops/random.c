@@ -13,10 +13,9 @@
 
 #define INIT_STREAM_KEY 0x6A09E667F3BCC908ULL
 
-static mg_rng_state rng = {0x2545F4914F6CDD1DULL, 0};
-/* a second stream for initial values, so building a layer never shifts the
-** main stream (that recompute_grad replays); seeded along with it */
-static mg_rng_state init_rng = {0x2545F4914F6CDD1DULL ^ INIT_STREAM_KEY, 0};
+/* The streams are the context's: rng.main, and a second one for initial
+** values (rng.init), so building a layer never shifts the main stream that
+** recompute_grad replays; both are seeded together. */
 
 typedef struct { uint32_t v[4]; } philox_block;
 
@@ -43,20 +42,20 @@ static philox_block philox (uint64_t seed, uint64_t counter) {
 }
 
 void mg_random_seed (uint64_t seed) {
-  rng.seed = seed;
-  rng.offset = 0;
-  init_rng.seed = seed ^ INIT_STREAM_KEY;
-  init_rng.offset = 0;
+  mg_context *c = mg_ctx();
+  c->rng.main = (mg_rng_state){seed, 0};
+  c->rng.init = (mg_rng_state){seed ^ INIT_STREAM_KEY, 0};
 }
 
 void mg_random_swap_streams (void) {
-  mg_rng_state t = rng;
-  rng = init_rng;
-  init_rng = t;
+  mg_context *c = mg_ctx();
+  mg_rng_state t = c->rng.main;
+  c->rng.main = c->rng.init;
+  c->rng.init = t;
 }
 
-mg_rng_state mg_random_get_state (void) { return rng; }
-void mg_random_set_state (mg_rng_state s) { rng = s; }
+mg_rng_state mg_random_get_state (void) { return mg_ctx()->rng.main; }
+void mg_random_set_state (mg_rng_state s) { mg_ctx()->rng.main = s; }
 
 /* [0, 1) from 24 or 53 random bits */
 static inline double u24 (uint32_t x) { return (double)(x >> 8) * (1.0 / 16777216.0); }
@@ -79,7 +78,8 @@ static mg_tensor *draw (const char *fn, const int64_t *shape, int ndim, mg_dtype
   if (t == NULL) return NULL;
   int per = dt == MG_FLOAT32 ? 4 : 2;
   int64_t n = t->numel, blocks = (n + per - 1) / per;
-  uint64_t seed = rng.seed, base = rng.offset;
+  mg_rng_state *rng = &mg_ctx()->rng.main;
+  uint64_t seed = rng->seed, base = rng->offset;
   #pragma omp parallel for if (n > 65536)
   for (int64_t b = 0; b < blocks; b++) {
     philox_block r = philox(seed, base + (uint64_t)b);
@@ -106,7 +106,7 @@ static mg_tensor *draw (const char *fn, const int64_t *shape, int ndim, mg_dtype
       }
     }
   }
-  rng.offset = base + (uint64_t)blocks;
+  rng->offset = base + (uint64_t)blocks;
   return t;
 }
 

@@ -8,13 +8,12 @@
 ** long sums accurate at no cost a memory-bound loop would notice.
 */
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "moongrad_impl.h"
 
 typedef enum redop { R_SUM, R_MAX, R_MIN, R_ARGMAX, R_ARGMIN } redop;
-
-static const char *const RNAME[] = {"sum", "max", "min", "argmax", "argmin"};
 
 #define LANES 16
 #define BLOCK 4096
@@ -59,7 +58,9 @@ static const char *const RNAME[] = {"sum", "max", "min", "argmax", "argmin"};
     *out = best;                                                           \
   } while (0)
 
-#define REDUCE_BODY(T, ACC)                                                \
+/* ADD(a, b): T's addition; int64 sums wrap around, as NumPy's, instead of
+** overflowing (undefined in C) */
+#define REDUCE_BODY(T, ACC, ADD)                                           \
     for (int64_t o = 0; o < outer; o++) {                                  \
       const T *x0 = xs + o * n * inner;                                    \
       if (op == R_ARGMAX || op == R_ARGMIN) {                              \
@@ -75,27 +76,47 @@ static const char *const RNAME[] = {"sum", "max", "min", "argmax", "argmin"};
         if (op == R_SUM) ROW_SUM(T, ACC);                                  \
         else if (op == R_MAX) ROW_EXTREME(T, v > m || v != v);             \
         else ROW_EXTREME(T, v < m || v != v);                              \
-      } else if (op == R_SUM) COLS(T, 0, m + v);                           \
+      } else if (op == R_SUM) COLS(T, 0, ADD(m, v));                       \
       else if (op == R_MAX) COLS(T, x[i], (v > m || v != v) ? v : m);      \
       else COLS(T, x[i], (v < m || v != v) ? v : m);                       \
     }
 
+#define PLAIN_ADD(a, b) ((a) + (b))
+#define WRAP_ADD(a, b)  ((int64_t)((uint64_t)(a) + (uint64_t)(b)))
+
 static void reduce_f32 (redop op, const float *xs, void *outs, int64_t outer, int64_t n,
                         int64_t inner) {
-  REDUCE_BODY(float, double)
+  REDUCE_BODY(float, double, PLAIN_ADD)
 }
 
 static void reduce_f64 (redop op, const double *xs, void *outs, int64_t outer, int64_t n,
                         int64_t inner) {
-  REDUCE_BODY(double, double)
+  REDUCE_BODY(double, double, PLAIN_ADD)
 }
 
 static void reduce_i64 (redop op, const int64_t *xs, void *outs, int64_t outer, int64_t n,
                         int64_t inner) {
-  REDUCE_BODY(int64_t, int64_t)
+  REDUCE_BODY(int64_t, uint64_t, WRAP_ADD)
 }
 
-static const mg_opdef sum_op, max_op, min_op;
+/* the kernel of every reduction, one switch per call; the rows' kernels below */
+static void reduce_any (redop op, mg_dtype dt, const void *x, void *out, int64_t outer, int64_t n,
+                        int64_t inner) {
+  if (dt == MG_FLOAT32) reduce_f32(op, (const float *)x, out, outer, n, inner);
+  else if (dt == MG_FLOAT64) reduce_f64(op, (const double *)x, out, outer, n, inner);
+  else reduce_i64(op, (const int64_t *)x, out, outer, n, inner);
+}
+
+#define REDUCE_KERNEL(NAME, OP)                                                          \
+  static void NAME (mg_dtype dt, const void *x, void *out, int64_t outer, int64_t n,     \
+                    int64_t inner) { reduce_any(OP, dt, x, out, outer, n, inner); }
+REDUCE_KERNEL(sum_kernel, R_SUM)
+REDUCE_KERNEL(max_kernel, R_MAX)
+REDUCE_KERNEL(min_kernel, R_MIN)
+REDUCE_KERNEL(argmax_kernel, R_ARGMAX)
+REDUCE_KERNEL(argmin_kernel, R_ARGMIN)
+
+static const mg_opdef sum_op;
 
 /* the shape left after reducing `axis` (all axes when MG_ALL_AXES) */
 static int reduced_shape (const mg_tensor *x, int axis, int keepdims, int64_t *shape) {
@@ -108,13 +129,19 @@ static int reduced_shape (const mg_tensor *x, int axis, int keepdims, int64_t *s
   return nd;
 }
 
-static mg_tensor *reduce (redop op, mg_tensor *x, int axis, int keepdims) {
-  if (x == NULL) return NULL;
-  const char *fn = RNAME[op];
+/* the common path: checks, the kernel over (outer, n, inner), the record */
+static mg_tensor *reduce (const mg_opdef *op, mg_tensor *x, int axis, int keepdims) {
+  const char *fn = op->info.name;
+  bool index = op->result == MG_RESULT_INDEX;
+  if (x == NULL) {
+    char cfn[32];
+    snprintf(cfn, sizeof cfn, "mg_%s", fn);
+    return mg_null_arg(cfn, "x"), NULL;
+  }
   if (axis != MG_ALL_AXES && (axis = mg_check_axis(fn, axis, x->ndim)) < 0) return NULL;
   mg_dtype dt = x->dtype;
-  if (dt == MG_BOOL) {
-    if (op != R_SUM) return mg_seterror("%s: not defined for bool tensors", fn), NULL;
+  if (dt == MG_BOOL) {                        /* only sum counts trues */
+    if (op != &sum_op) return mg_seterror("%s: not defined for bool tensors", fn), NULL;
     mg_tensor *xi = mg_cast(x, MG_INT64), *r = reduce(op, xi, axis, keepdims);
     mg_tensor_release(xi);
     return r;
@@ -125,11 +152,11 @@ static mg_tensor *reduce (redop op, mg_tensor *x, int axis, int keepdims) {
     for (int i = 0; i < axis; i++) outer *= x->shape[i];
     for (int i = axis + 1; i < x->ndim; i++) inner *= x->shape[i];
   }
-  if (n == 0 && op != R_SUM)
+  if (n == 0 && op != &sum_op)
     return mg_seterror("%s: cannot reduce over an empty axis", fn), NULL;
   int64_t shape[MG_MAX_DIMS];
   int nd = reduced_shape(x, axis, keepdims, shape);
-  mg_tensor *out = mg_empty(shape, nd, op >= R_ARGMAX ? MG_INT64 : dt);
+  mg_tensor *out = mg_empty(shape, nd, index ? MG_INT64 : dt);
   mg_tensor *xc = mg_contiguous(x);
   if (out == NULL || xc == NULL) {
     mg_tensor_release(out);
@@ -138,16 +165,14 @@ static mg_tensor *reduce (redop op, mg_tensor *x, int axis, int keepdims) {
   }
   if (n == 0)
     memset(mg_ptr(out), 0, (size_t)out->numel * mg_dtype_size(out->dtype));
-  else if (dt == MG_FLOAT32) reduce_f32(op, (const float *)mg_ptr(xc), mg_ptr(out), outer, n, inner);
-  else if (dt == MG_FLOAT64) reduce_f64(op, (const double *)mg_ptr(xc), mg_ptr(out), outer, n, inner);
-  else reduce_i64(op, (const int64_t *)mg_ptr(xc), mg_ptr(out), outer, n, inner);
+  else
+    op->reduce(dt, mg_ptr(xc), mg_ptr(out), outer, n, inner);
   mg_tensor_release(xc);
-  if (!mg_is_float(dt) || op >= R_ARGMAX) return out;
+  if (!mg_is_float(dt) || op->backward == NULL) return out;
   mg_attr attr = {0};
   attr.axis = axis;
   attr.keepdims = keepdims;
-  const mg_opdef *def = op == R_SUM ? &sum_op : op == R_MAX ? &max_op : &min_op;
-  return mg_finish(def, 1, &x, out, &attr);
+  return mg_finish(op, 1, &x, out, &attr);
 }
 
 /* the reduced shape with the reduced axes kept as 1s */
@@ -166,7 +191,6 @@ static mg_tensor *spread (mg_node *n, mg_tensor *dout, mg_scope *sc) {
 }
 
 /* sum: out = sum of x over axis.  grad: dx = dout broadcast back (a view) */
-mg_tensor *mg_sum (mg_tensor *x, int axis, int keepdims) { return reduce(R_SUM, x, axis, keepdims); }
 
 static mg_status sum_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **din) {
   mg_scope sc = {0};
@@ -174,7 +198,12 @@ static mg_status sum_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **d
   mg_scope_end(&sc);
   return MG_OK;
 }
-static const mg_opdef sum_op = {"sum", 0, sum_backward, NULL};
+static const mg_opdef sum_op = {
+  .info = {.name = "sum", .kind = MG_OP_REDUCE, .doc = "the sum over all axes, an axis, or a list of axes",
+           .fn.reduce = mg_sum},
+  .reduce = sum_kernel, .backward = sum_backward,
+};
+mg_tensor *mg_sum (mg_tensor *x, int axis, int keepdims) { return reduce(&sum_op, x, axis, keepdims); }
 
 /* max/min: out = extreme of x over axis.  grad: dout shared evenly among
 ** the positions that reach the extreme (TensorFlow's rule) */
@@ -191,17 +220,42 @@ static mg_status extreme_backward (mg_node *n, mg_tensor *const *dout, mg_tensor
   mg_scope_end(&sc);
   return MG_OK;
 }
-static const mg_opdef max_op = {"max", MG_SAVE_IN(0) | MG_SAVE_OUT(0), extreme_backward, NULL};
-static const mg_opdef min_op = {"min", MG_SAVE_IN(0) | MG_SAVE_OUT(0), extreme_backward, NULL};
+static const mg_opdef max_op = {
+  .info = {.name = "max", .kind = MG_OP_REDUCE,
+           .doc = "the largest value (ties share the gradient)", .fn.reduce = mg_max},
+  .reduce = max_kernel, .saves = MG_SAVE_IN(0) | MG_SAVE_OUT(0), .backward = extreme_backward,
+};
+mg_tensor *mg_max (mg_tensor *x, int axis, int keepdims) { return reduce(&max_op, x, axis, keepdims); }
 
-mg_tensor *mg_max (mg_tensor *x, int axis, int keepdims) { return reduce(R_MAX, x, axis, keepdims); }
-mg_tensor *mg_min (mg_tensor *x, int axis, int keepdims) { return reduce(R_MIN, x, axis, keepdims); }
-mg_tensor *mg_argmax (mg_tensor *x, int axis, int keepdims) { return reduce(R_ARGMAX, x, axis, keepdims); }
-mg_tensor *mg_argmin (mg_tensor *x, int axis, int keepdims) { return reduce(R_ARGMIN, x, axis, keepdims); }
+static const mg_opdef min_op = {
+  .info = {.name = "min", .kind = MG_OP_REDUCE,
+           .doc = "the smallest value (ties share the gradient)", .fn.reduce = mg_min},
+  .reduce = min_kernel, .saves = MG_SAVE_IN(0) | MG_SAVE_OUT(0), .backward = extreme_backward,
+};
+mg_tensor *mg_min (mg_tensor *x, int axis, int keepdims) { return reduce(&min_op, x, axis, keepdims); }
+
+/* argmax/argmin: the first position of the extreme (NaN wins), int64. No gradient */
+static const mg_opdef argmax_op = {
+  .info = {.name = "argmax", .kind = MG_OP_OTHER, .doc = "the position of the largest value (int64)"},
+  .reduce = argmax_kernel, .result = MG_RESULT_INDEX,
+};
+mg_tensor *mg_argmax (mg_tensor *x, int axis, int keepdims) { return reduce(&argmax_op, x, axis, keepdims); }
+
+static const mg_opdef argmin_op = {
+  .info = {.name = "argmin", .kind = MG_OP_OTHER, .doc = "the position of the smallest value (int64)"},
+  .reduce = argmin_kernel, .result = MG_RESULT_INDEX,
+};
+mg_tensor *mg_argmin (mg_tensor *x, int axis, int keepdims) { return reduce(&argmin_op, x, axis, keepdims); }
+
 
 /* mean = sum / n (a composite: its gradient comes from sum and div) */
+static const mg_opdef mean_op = {
+  .info = {.name = "mean", .kind = MG_OP_REDUCE, .doc = "the mean (int64 and bool give float64)",
+           .fn.reduce = mg_mean},
+};
+
 mg_tensor *mg_mean (mg_tensor *x, int axis, int keepdims) {
-  if (x == NULL) return NULL;
+  MG_CHECK_ARG("mg_mean", x, NULL);
   if (x->dtype == MG_INT64 || x->dtype == MG_BOOL) {
     mg_tensor *xf = mg_cast(x, MG_FLOAT64), *r = mg_mean(xf, axis, keepdims);
     mg_tensor_release(xf);
@@ -223,7 +277,8 @@ mg_tensor *mg_mean (mg_tensor *x, int axis, int keepdims) {
 ** Returns x itself (retained) when nothing needs summing.
 */
 mg_tensor *mg_sum_to_shape (mg_tensor *x, const int64_t *shape, int ndim) {
-  if (x == NULL) return NULL;
+  MG_CHECK_ARG("mg_sum_to_shape", x, NULL);
+  if (mg_shape_numel("mg_sum_to_shape", shape, ndim) < 0) return NULL;
   if (mg_same_shape(x->shape, x->ndim, shape, ndim)) return mg_tensor_retain(x);
   int lead = x->ndim - ndim;
   if (lead < 0) {
@@ -244,3 +299,7 @@ mg_tensor *mg_sum_to_shape (mg_tensor *x, const int64_t *shape, int ndim) {
   mg_tensor_release(cur);
   return r;
 }
+
+static const mg_opdef *const rows[] = {&sum_op, &mean_op, &max_op, &min_op, &argmax_op, &argmin_op};
+_Static_assert(sizeof rows / sizeof rows[0] == 6, "reduce.c: a row is missing from rows[]");
+const mg_opfamily mg_reduce_ops = {rows, sizeof rows / sizeof rows[0]};

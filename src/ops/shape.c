@@ -12,7 +12,6 @@
 
 #include "moongrad_impl.h"
 
-#define SHAPE_OF(n, j)  (n)->in_meta[j].shape, (n)->in_meta[j].ndim
 
 static char *shape_s (char *buf, size_t n, const mg_tensor *t) {
   return mg_shape_str(buf, n, t->shape, t->ndim);
@@ -31,10 +30,11 @@ static const mg_opdef reshape_op;
 /* reshape: a view when x is contiguous, else a copy.  grad: dout reshaped
 ** back to x's shape */
 mg_tensor *mg_reshape (mg_tensor *x, const int64_t *shape_in, int ndim) {
-  if (x == NULL) return NULL;
+  MG_CHECK_ARG("mg_reshape", x, NULL);
   int64_t shape[MG_MAX_DIMS], known = 1;
   int infer = -1;
-  if (ndim > MG_MAX_DIMS)
+  if (ndim > 0) MG_CHECK_ARG("mg_reshape", shape_in, NULL);
+  if (ndim < 0 || ndim > MG_MAX_DIMS)
     return mg_seterror("reshape: %d dimensions given, at most %d allowed", ndim, MG_MAX_DIMS), NULL;
   for (int i = 0; i < ndim; i++) {
     shape[i] = shape_in[i];
@@ -43,6 +43,9 @@ mg_tensor *mg_reshape (mg_tensor *x, const int64_t *shape_in, int ndim) {
       infer = i;
     } else if (shape[i] < 0) {
       return mg_seterror("reshape: dimension %d has negative size %lld", i + 1, (long long)shape[i]), NULL;
+    } else if (shape[i] > 0 && known > INT64_MAX / shape[i]) {
+      char b[160];
+      return mg_seterror("reshape: shape %s has too many elements", mg_shape_str(b, sizeof b, shape_in, ndim)), NULL;
     } else {
       known *= shape[i];
     }
@@ -69,10 +72,10 @@ static mg_status reshape_backward (mg_node *n, mg_tensor *const *dout, mg_tensor
   din[0] = mg_reshape(dout[0], SHAPE_OF(n, 0));
   return MG_OK;
 }
-static const mg_opdef reshape_op = {"reshape", 0, reshape_backward, NULL};
+static const mg_opdef reshape_op = {.info = {.name = "reshape", .kind = MG_OP_OTHER, .doc = "the same values in another shape (one size may be -1)"}, .backward = reshape_backward};
 
 mg_tensor *mg_expand_dims (mg_tensor *x, int axis) {
-  if (x == NULL) return NULL;
+  MG_CHECK_ARG("mg_expand_dims", x, NULL);
   int a = mg_check_axis("expand_dims", axis, x->ndim + 1);
   if (a < 0) return NULL;
   int64_t shape[MG_MAX_DIMS + 1];
@@ -81,7 +84,7 @@ mg_tensor *mg_expand_dims (mg_tensor *x, int axis) {
 }
 
 mg_tensor *mg_squeeze (mg_tensor *x, int axis) {
-  if (x == NULL) return NULL;
+  MG_CHECK_ARG("mg_squeeze", x, NULL);
   int64_t shape[MG_MAX_DIMS];
   int nd = 0;
   if (axis != MG_ALL_AXES) {
@@ -104,7 +107,8 @@ static const mg_opdef permute_op;
 
 /* permute: out dim i is x dim perm[i] (a view).  grad: the inverse permutation */
 mg_tensor *mg_permute (mg_tensor *x, const int *perm) {
-  if (x == NULL) return NULL;
+  MG_CHECK_ARG("mg_permute", x, NULL);
+  if (x->ndim > 0) MG_CHECK_ARG("mg_permute", perm, NULL);
   int64_t shape[MG_MAX_DIMS], strides[MG_MAX_DIMS];
   bool seen[MG_MAX_DIMS] = {false};
   mg_attr attr = {0};
@@ -127,10 +131,10 @@ static mg_status permute_backward (mg_node *n, mg_tensor *const *dout, mg_tensor
   din[0] = mg_permute(dout[0], inv);
   return MG_OK;
 }
-static const mg_opdef permute_op = {"permute", 0, permute_backward, NULL};
+static const mg_opdef permute_op = {.info = {.name = "permute", .kind = MG_OP_OTHER, .doc = "the axes reordered (transpose with a permutation)"}, .backward = permute_backward};
 
 mg_tensor *mg_transpose (mg_tensor *x, int axis1, int axis2) {
-  if (x == NULL) return NULL;
+  MG_CHECK_ARG("mg_transpose", x, NULL);
   if (x->ndim < 2 && axis1 == -2 && axis2 == -1) return mg_tensor_retain(x);  /* vectors */
   int a = mg_check_axis("transpose", axis1, x->ndim), b = a < 0 ? -1 : mg_check_axis("transpose", axis2, x->ndim);
   if (a < 0 || b < 0) return NULL;
@@ -150,7 +154,7 @@ static const mg_opdef broadcast_op;
 
 /* broadcast_to: a stride-0 view.  grad: dout summed back to x's shape */
 mg_tensor *mg_broadcast_to (mg_tensor *x, const int64_t *shape, int ndim) {
-  if (x == NULL) return NULL;
+  MG_CHECK_ARG("mg_broadcast_to", x, NULL);
   if (mg_shape_numel("broadcast_to", shape, ndim) < 0) return NULL;
   if (ndim < x->ndim) goto mismatch;
   int64_t strides[MG_MAX_DIMS];
@@ -175,7 +179,7 @@ static mg_status broadcast_backward (mg_node *n, mg_tensor *const *dout, mg_tens
   din[0] = mg_sum_to_shape(dout[0], SHAPE_OF(n, 0));
   return MG_OK;
 }
-static const mg_opdef broadcast_op = {"broadcast_to", 0, broadcast_backward, NULL};
+static const mg_opdef broadcast_op = {.info = {.name = "broadcast_to", .kind = MG_OP_OTHER, .doc = "a broadcast view with a larger shape"}, .backward = broadcast_backward};
 
 /* }========================================================== */
 
@@ -184,27 +188,45 @@ static const mg_opdef broadcast_op = {"broadcast_to", 0, broadcast_backward, NUL
 
 static const mg_opdef slice_op, unslice_op;
 
+/* entries of start, start+step, ... before stop; unsigned, so no step or
+** bound overflows */
 static int64_t slice_count (int64_t start, int64_t stop, int64_t step) {
-  int64_t c = step > 0 ? (stop - start + step - 1) / step : (start - stop - step - 1) / -step;
-  return c > 0 ? c : 0;
+  bool up = step > 0;
+  if (up ? stop <= start : stop >= start) return 0;
+  uint64_t span = up ? (uint64_t)stop - (uint64_t)start : (uint64_t)start - (uint64_t)stop;
+  uint64_t mag = up ? (uint64_t)step : 0 - (uint64_t)step;
+  return (int64_t)((span - 1) / mag + 1);
+}
+
+/* do count entries from start by step stay inside [0, n)? */
+static bool inside (int64_t start, int64_t count, int64_t step, int64_t n) {
+  if (count == 0) return true;
+  if (start < 0 || start >= n) return false;
+  __int128 last = (__int128)start + (__int128)(count - 1) * step;
+  return last >= 0 && last < n;
 }
 
 /* slice: x[start:stop:step] per axis, a view (steps may be negative).
 ** grad: unslice(dout) puts it back in place among zeros */
 mg_tensor *mg_slice (mg_tensor *x, const int64_t *start, const int64_t *stop, const int64_t *step) {
-  if (x == NULL) return NULL;
+  MG_CHECK_ARG("mg_slice", x, NULL);
+  if (x->ndim > 0) {
+    MG_CHECK_ARG("mg_slice", start, NULL);
+    MG_CHECK_ARG("mg_slice", stop, NULL);
+    MG_CHECK_ARG("mg_slice", step, NULL);
+  }
   int64_t shape[MG_MAX_DIMS], strides[MG_MAX_DIMS], offset = x->offset;
   mg_attr attr = {0};
   for (int i = 0; i < x->ndim; i++) {
     if (step[i] == 0) return mg_seterror("slice: step of dimension %d is 0", i + 1), NULL;
     shape[i] = slice_count(start[i], stop[i], step[i]);
-    if (shape[i] > 0 && (start[i] < 0 || start[i] >= x->shape[i] ||
-                         start[i] + (shape[i] - 1) * step[i] >= x->shape[i] ||
-                         start[i] + (shape[i] - 1) * step[i] < 0))
+    if (!inside(start[i], shape[i], step[i], x->shape[i]))
       return mg_seterror("slice: range %lld..%lld is out of bounds for dimension %d of size %lld",
                          (long long)start[i] + 1, (long long)stop[i], i + 1,
                          (long long)x->shape[i]), NULL;
-    strides[i] = x->strides[i] * step[i];
+    /* with two entries or more |step| < size, so the product fits; with one,
+    ** the stride is never used (and step may be huge) */
+    strides[i] = shape[i] > 1 ? x->strides[i] * step[i] : x->strides[i];
     if (shape[i] > 0) offset += start[i] * x->strides[i];
     attr.a[i] = start[i];
     attr.c[i] = step[i];
@@ -217,17 +239,31 @@ static mg_status slice_backward (mg_node *n, mg_tensor *const *dout, mg_tensor *
   din[0] = mg_unslice(dout[0], n->in_meta[0].shape, n->attr->a, n->attr->c);
   return MG_OK;
 }
-static const mg_opdef slice_op = {"slice", 0, slice_backward, NULL};
+static const mg_opdef slice_op = {.info = {.name = "slice", .kind = MG_OP_OTHER, .doc = "a view of start..stop by step along each axis"}, .backward = slice_backward};
 
 /* unslice: zeros of `shape` with x at start::step.  grad: slice(dout) */
 mg_tensor *mg_unslice (mg_tensor *x, const int64_t *shape, const int64_t *start, const int64_t *step) {
-  if (x == NULL) return NULL;
+  MG_CHECK_ARG("mg_unslice", x, NULL);
+  if (x->ndim > 0) {
+    MG_CHECK_ARG("mg_unslice", shape, NULL);
+    MG_CHECK_ARG("mg_unslice", start, NULL);
+    MG_CHECK_ARG("mg_unslice", step, NULL);
+  }
+  for (int i = 0; i < x->ndim; i++)
+    if (step[i] == 0 || !inside(start[i], x->shape[i], step[i], shape[i]) ||
+        (x->shape[i] > 0 && shape[i] < 0)) {
+      char a[160], b[160];
+      return mg_seterror("mg_unslice: %s at start %lld step %lld does not fit in dimension %d of %s",
+                         shape_s(a, sizeof a, x), (long long)start[i] + 1, (long long)step[i], i + 1,
+                         mg_shape_str(b, sizeof b, shape, x->ndim)), NULL;
+    }
   mg_tensor *out = mg_full(shape, x->ndim, x->dtype, 0.0);
   if (out == NULL) return NULL;
   int64_t stop[MG_MAX_DIMS];
   mg_attr attr = {0};
-  for (int i = 0; i < x->ndim; i++) {
-    stop[i] = start[i] + x->shape[i] * step[i];
+  for (int i = 0; i < x->ndim; i++) {   /* just past the last entry: no overflow for any step */
+    int64_t n = x->shape[i];
+    stop[i] = n == 0 ? start[i] : start[i] + (n - 1) * (n > 1 ? step[i] : 0) + (step[i] > 0 ? 1 : -1);
     attr.a[i] = start[i];
     attr.b[i] = stop[i];
     attr.c[i] = step[i];
@@ -235,7 +271,7 @@ mg_tensor *mg_unslice (mg_tensor *x, const int64_t *shape, const int64_t *start,
   /* a view into the fresh output, written through */
   int64_t strides[MG_MAX_DIMS], offset = 0;
   for (int i = 0; i < x->ndim; i++) {
-    strides[i] = out->strides[i] * step[i];
+    strides[i] = x->shape[i] > 1 ? out->strides[i] * step[i] : out->strides[i];
     if (x->shape[i] > 0) offset += start[i] * out->strides[i];
   }
   mg_tensor *region = mg_tensor_view(out->storage, x->dtype, x->shape, x->ndim, strides, offset);
@@ -252,11 +288,11 @@ static mg_status unslice_backward (mg_node *n, mg_tensor *const *dout, mg_tensor
   din[0] = mg_slice(dout[0], n->attr->a, n->attr->b, n->attr->c);
   return MG_OK;
 }
-static const mg_opdef unslice_op = {"unslice", 0, unslice_backward, NULL};
+static const mg_opdef unslice_op = {.info = {.name = "unslice", .kind = MG_OP_OTHER, .doc = "zeros with x placed at start..stop by step (slice's adjoint)"}, .backward = unslice_backward};
 
 /* select: x[..., index, ...] along axis, dropping it (slice + reshape) */
 mg_tensor *mg_select (mg_tensor *x, int axis, int64_t index) {
-  if (x == NULL) return NULL;
+  MG_CHECK_ARG("mg_select", x, NULL);
   int a = mg_check_axis("select", axis, x->ndim);
   if (a < 0) return NULL;
   if (index < 0 || index >= x->shape[a])
@@ -295,8 +331,9 @@ static void copy_block (mg_tensor *dst, const mg_tensor *src, int axis, int64_t 
 
 /* concat: xs joined along axis.  grad: dout sliced back into pieces */
 mg_tensor *mg_concat (mg_tensor *const *xs, int n, int axis) {
+  MG_CHECK_ARG("mg_concat", xs, NULL);
   if (n < 1) return mg_seterror("concat: needs at least one tensor"), NULL;
-  for (int k = 0; k < n; k++) if (xs[k] == NULL) return NULL;
+  for (int k = 0; k < n; k++) if (xs[k] == NULL) return mg_null_arg("mg_concat", "xs[k]"), NULL;
   const mg_tensor *x0 = xs[0];
   int a = mg_check_axis("concat", axis, x0->ndim);
   if (a < 0) return NULL;
@@ -351,12 +388,13 @@ static mg_status concat_backward (mg_node *n, mg_tensor *const *dout, mg_tensor 
   }
   return MG_OK;
 }
-static const mg_opdef concat_op = {"concat", 0, concat_backward, NULL};
+static const mg_opdef concat_op = {.info = {.name = "concat", .kind = MG_OP_OTHER, .doc = "tensors joined along an axis"}, .backward = concat_backward};
 
 /* stack: expand each at axis, then concat (a composite) */
 mg_tensor *mg_stack (mg_tensor *const *xs, int n, int axis) {
   if (n < 1) return mg_seterror("stack: needs at least one tensor"), NULL;
-  for (int k = 0; k < n; k++) if (xs[k] == NULL) return NULL;
+  MG_CHECK_ARG("mg_stack", xs, NULL);
+  for (int k = 0; k < n; k++) if (xs[k] == NULL) return mg_null_arg("mg_stack", "xs[k]"), NULL;
   int a = mg_check_axis("stack", axis, xs[0]->ndim + 1);
   if (a < 0) return NULL;
   for (int k = 1; k < n; k++)
@@ -390,14 +428,15 @@ static mg_status check_indices (const char *fn, const mg_tensor *idx, int64_t si
   for (int64_t j = 0; j < idx->numel; j++)
     if (v[j] < 0 || v[j] >= size)
       return mg_seterror("%s: index %lld is out of bounds for dimension %d of size %lld", fn,
-                         (long long)v[j] + 1, axis + 1, (long long)size);
+                         (long long)((uint64_t)v[j] + 1), axis + 1, (long long)size);  /* 1-based, wrapping */
   return MG_OK;
 }
 
 /* gather: out[..., j..., ...] = x[..., indices[j...], ...] along axis.
 ** grad: scatter_add(dout) adds each row back where it came from */
 mg_tensor *mg_gather (mg_tensor *x, mg_tensor *indices, int axis) {
-  if (x == NULL || indices == NULL) return NULL;
+  MG_CHECK_ARG("mg_gather", x, NULL);
+  MG_CHECK_ARG("mg_gather", indices, NULL);
   int a = mg_check_axis("gather", axis, x->ndim);
   if (a < 0) return NULL;
   if (x->ndim - 1 + indices->ndim > MG_MAX_DIMS)
@@ -433,7 +472,7 @@ static mg_status gather_backward (mg_node *n, mg_tensor *const *dout, mg_tensor 
   din[0] = mg_scatter_add(dout[0], n->in[1], n->attr->axis, SHAPE_OF(n, 0));
   return MG_OK;
 }
-static const mg_opdef gather_op = {"gather", MG_SAVE_IN(1), gather_backward, NULL};
+static const mg_opdef gather_op = {.info = {.name = "gather", .kind = MG_OP_OTHER, .doc = "slices of x along an axis at integer indices"}, .saves = MG_SAVE_IN(1), .backward = gather_backward};
 
 #define SCATTER_ADD(T) do {                                                         \
     T *o_ = (T *)mg_ptr(out); const T *s_ = (const T *)mg_ptr(sc);                 \
@@ -448,7 +487,9 @@ static const mg_opdef gather_op = {"gather", MG_SAVE_IN(1), gather_backward, NUL
 ** axis.  grad: gather(dout) */
 mg_tensor *mg_scatter_add (mg_tensor *src, mg_tensor *indices, int axis, const int64_t *shape,
                            int ndim) {
-  if (src == NULL || indices == NULL) return NULL;
+  MG_CHECK_ARG("mg_scatter_add", src, NULL);
+  MG_CHECK_ARG("mg_scatter_add", indices, NULL);
+  if (mg_shape_numel("mg_scatter_add", shape, ndim) < 0) return NULL;
   int a = mg_check_axis("scatter_add", axis, ndim);
   if (a < 0) return NULL;
   mg_tensor *idx = mg_contiguous(indices), *sc = mg_contiguous(src), *out = NULL;
@@ -488,6 +529,10 @@ static mg_status scatter_add_backward (mg_node *n, mg_tensor *const *dout, mg_te
   mg_tensor_release(g);
   return MG_OK;
 }
-static const mg_opdef scatter_add_op = {"scatter_add", MG_SAVE_IN(1), scatter_add_backward, NULL};
+static const mg_opdef scatter_add_op = {.info = {.name = "scatter_add", .kind = MG_OP_OTHER, .doc = "zeros with slices added at indices (gather's adjoint)"}, .saves = MG_SAVE_IN(1), .backward = scatter_add_backward};
 
 /* }========================================================== */
+
+static const mg_opdef *const rows[] = {&reshape_op, &permute_op, &broadcast_op, &slice_op, &unslice_op, &concat_op, &gather_op, &scatter_add_op};
+_Static_assert(sizeof rows / sizeof rows[0] == 8, "shape.c: a row is missing from rows[]");
+const mg_opfamily mg_shape_ops = {rows, sizeof rows / sizeof rows[0]};

@@ -1,0 +1,258 @@
+--- moongrad.check: argument checks shared by the pure-Lua modules (nn, optim,
+-- progress, test), so that every message has one form:
+--   SGD: option 'momentum' must be a number in [0, 1), got 1
+--   Adam: unknown option 'betta1' (did you mean 'beta1'? known: learning_rate, beta1, ...)
+--   Sequential: layer 2 is nil (a hole in the list)
+-- Errors point at the first caller outside moongrad's own Lua modules (the
+-- user's line), however deep inside nn.lua the check ran.
+-- @module moongrad.check
+local mg = require "moongrad"
+
+local check = {}
+
+-- {======================= raising errors ======================
+
+local getinfo = debug and debug.getinfo
+
+local function internal (source)
+  return source:find("moongrad/[%w_]+%.lua$") ~= nil
+end
+
+-- error's level for the first function outside these modules (0: none, no position)
+local function user_level ()
+  if not getinfo then return 2 end
+  local level = 3                                   -- 1 is user_level, 2 is fail
+  local info = getinfo(level, "S")
+  while info and internal(info.source) do
+    level = level + 1
+    info = getinfo(level, "S")
+  end
+  return info and level - 1 or 0                    -- counted from fail, as error counts
+end
+
+--- Raises "who: <fmt formatted>" at the user's line.
+function check.fail (who, fmt, ...)
+  error(who .. ": " .. fmt:format(...), user_level())
+end
+
+-- }=============================================================
+
+
+-- {===================== describing values =====================
+
+function check.shape (shape) return "(" .. table.concat(shape, ",") .. ")" end
+
+function check.same_shape (a, b)
+  if #a ~= #b then return false end
+  for i = 1, #a do if a[i] ~= b[i] then return false end end
+  return true
+end
+
+function check.is_array (v) return mg.is_tensor(v) or mg.is_variable(v) end
+
+local nouns = {nn = "layer", optim = "optimizer"}
+
+-- the class of a moongrad Lua object and what it is: "Dense", "layer"; or nil
+local function class_name (v)
+  local mt = getmetatable(v)
+  local name = type(mt) == "table" and rawget(mt, "__name")
+  local module, class = (type(name) == "string" and name or ""):match("^moongrad%.(%a+)%.(%w+)$")
+  if class then return class, nouns[module] or "object" end
+end
+
+--- What v is, for "layer 1 is a number": "nil", "a string", "a tensor", "a Dense layer".
+function check.kind (v)
+  if v == nil then return "nil" end
+  if mg.is_tensor(v) then return "a tensor" end
+  if mg.is_variable(v) then return "a Variable" end
+  local name, noun = class_name(v)
+  if name then
+    local an = name:find("^[AEIOU]") or name:find("^[FHLMNRSX]%u")       -- "an SGD optimizer"
+    return ("%s %s %s"):format(an and "an" or "a", name, noun)
+  end
+  return "a " .. type(v)
+end
+
+--- v for "got ...": numbers and strings by value, anything else by kind.
+function check.show (v)
+  if type(v) == "number" then return v ~= v and "nan" or tostring(v) end
+  if type(v) == "string" then return ("'%s'"):format(#v > 40 and v:sub(1, 37) .. "..." or v) end
+  if type(v) == "boolean" then return tostring(v) end
+  if check.is_array(v) then return ("%s %s %s"):format(check.kind(v), check.shape(v.shape), v.dtype) end
+  return check.kind(v)
+end
+
+function check.is_callable (v)
+  if type(v) == "function" then return true end
+  local mt = (type(v) == "table" or type(v) == "userdata") and getmetatable(v)
+  return type(mt) == "table" and mt.__call ~= nil
+end
+
+-- }=============================================================
+
+
+-- {=========================== rules ===========================
+-- A rule is what a value must be: {desc = "a positive integer", test = fn}.
+-- Range tests are written so that NaN fails them.
+
+local function rule (desc, test) return {desc = desc, test = test} end
+check.rule = rule
+
+local function finite (v) return type(v) == "number" and v > -math.huge and v < math.huge end
+
+check.positive = rule("a positive finite number", function(v) return finite(v) and v > 0 end)
+check.nonnegative = rule("a finite number >= 0", function(v) return finite(v) and v >= 0 end)
+check.fraction = rule("a number in [0, 1)", function(v) return type(v) == "number" and v >= 0 and v < 1 end)
+check.unit = rule("a number in [0, 1]", function(v) return type(v) == "number" and v >= 0 and v <= 1 end)
+check.positive_integer = rule("a positive integer", function(v) return math.type(v) == "integer" and v >= 1 end)
+check.integer = rule("an integer", function(v) return math.type(v) == "integer" end)
+check.boolean = rule("true or false", function(v) return type(v) == "boolean" end)
+check.string = rule("a string", function(v) return type(v) == "string" end)
+check.callable = rule("a function (or a callable table)", check.is_callable)
+
+--- Returns v if it passes r, else raises "who: what must be <r.desc>, got <v>".
+function check.value (who, what, v, r)
+  if not r.test(v) then check.fail(who, "%s must be %s, got %s", what, r.desc, check.show(v)) end
+  return v
+end
+
+--- x if it is a float tensor or Variable, else raises "who: what must be a float tensor, got int64".
+function check.float_tensor (who, what, x)
+  if not check.is_array(x) then check.fail(who, "%s must be a float tensor, got %s", what, check.show(x)) end
+  local dtype = x.dtype
+  if dtype ~= "float32" and dtype ~= "float64" then
+    check.fail(who, "%s must be a float tensor, got %s", what, dtype)
+  end
+  return x
+end
+
+-- }=============================================================
+
+
+-- {=========================== lists ===========================
+
+--- The length of t, a list whose every key is a position 1..n with no gaps.
+-- what names the list ("the list of layers"), item one entry ("layer %d").
+-- skip is a key allowed besides the positions (table.pack's "n").
+function check.list (who, t, what, item, skip)
+  local n, count = 0, 0
+  for k in pairs(t) do
+    if k ~= skip then
+      if math.type(k) ~= "integer" or k < 1 then
+        check.fail(who, "%s has a key %s; entries go at positions 1, 2, ...", what, check.show(k))
+      end
+      count, n = count + 1, math.max(n, k)
+    end
+  end
+  if count < n then
+    for i = 1, n do
+      if t[i] == nil then check.fail(who, item .. " is nil (a hole in the list)", i) end
+    end
+  end
+  return n
+end
+
+-- }=============================================================
+
+
+-- {========================== options ==========================
+
+-- spellings from other libraries, suggested when the key is not close to a known one
+local other_names = {lr = "learning_rate", eps = "epsilon", epsilon = "eps"}
+
+-- optimal string alignment distance (an adjacent swap costs 1), case-blind
+local function distance (a, b)
+  a, b = a:lower(), b:lower()
+  local d = {}
+  for i = 0, #a do d[i] = {[0] = i} end
+  for j = 0, #b do d[0][j] = j end
+  for i = 1, #a do
+    for j = 1, #b do
+      local cost = a:byte(i) == b:byte(j) and 0 or 1
+      d[i][j] = math.min(d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + cost)
+      if i > 1 and j > 1 and a:byte(i) == b:byte(j - 1) and a:byte(i - 1) == b:byte(j) then
+        d[i][j] = math.min(d[i][j], d[i - 2][j - 2] + 1)
+      end
+    end
+  end
+  return d[#a][#b]
+end
+
+--- The name in names closest to key, if close enough to be a likely typo.
+function check.closest (key, names)
+  local best, best_d = nil, math.max(1, #key // 3) + 1
+  for _, name in ipairs(names) do
+    local d = distance(key, name)
+    if #key >= 2 and name:sub(1, #key) == key then d = 1 end     -- a prefix: "learning"
+    if d < best_d then best, best_d = name, d end
+  end
+  if best then return best end
+  local other = other_names[key]
+  for _, name in ipairs(names) do if name == other then return other end end
+end
+
+--- Raises "who: unknown <what> 'key' (did you mean 'x'? known: a, b, c)".
+function check.unknown (who, what, key, names, candidates)
+  local guess = check.closest(key, candidates or names)
+  check.fail(who, "unknown %s '%s' (%sknown: %s)", what, key,
+             guess and ("did you mean '%s'? "):format(guess) or "", table.concat(names, ", "))
+end
+
+local function sorted_keys (t)
+  local keys = {}
+  for k in pairs(t) do keys[#keys + 1] = k end
+  table.sort(keys, function(a, b)
+    if type(a) ~= type(b) then return type(a) < type(b) end
+    return type(a) == "number" and a < b or tostring(a) < tostring(b)
+  end)
+  return keys
+end
+
+--- Checks opts (nil or a table of name = value) against spec, a list of
+-- {name, rule, default [, alias = "other_spelling"]}, and returns a new table
+-- with every option under its name: the given value, or the default.
+function check.options (who, opts, spec)
+  if opts == nil then opts = {} end
+  if type(opts) ~= "table" or check.is_callable(opts) or class_name(opts) then
+    check.fail(who, "options must be a table {name = value, ...}, got %s", check.show(opts))
+  end
+  local by_key, names, candidates = {}, {}, {}
+  for i, o in ipairs(spec) do
+    by_key[o[1]], names[i], candidates[#candidates + 1] = o, o[1], o[1]
+    if o.alias then by_key[o.alias], candidates[#candidates + 1] = o, o.alias end
+  end
+  local out, given = {}, {}
+  for _, k in ipairs(sorted_keys(opts)) do
+    local o = by_key[k]
+    if type(k) ~= "string" then
+      check.fail(who, "options are named (name = value), got a value at [%s]", check.show(k))
+    end
+    if not o then check.unknown(who, "option", k, names, candidates) end
+    if given[o] then check.fail(who, "options '%s' and '%s' are the same option; give one", given[o], k) end
+    given[o] = k
+    out[o[1]] = check.value(who, ("option '%s'"):format(k), opts[k], o[2])
+  end
+  for _, o in ipairs(spec) do
+    if out[o[1]] == nil then out[o[1]] = o[3] end
+  end
+  return out
+end
+
+--- Re-checks the fields of obj that options set (users may change them
+-- between calls: opt.learning_rate = ...): "who: learning_rate must be ...".
+function check.fields (who, obj, spec)
+  for _, o in ipairs(spec) do
+    if o[3] ~= nil or obj[o[1]] ~= nil then check.value(who, o[1], obj[o[1]], o[2]) end
+  end
+end
+
+--- Checks that self is an object of cls, as when a method is called with a dot.
+function check.self (who, self, cls, example)
+  if getmetatable(self) ~= cls then
+    check.fail(who, "call it as a method, with a colon (%s), got self = %s", example, check.show(self))
+  end
+end
+
+-- }=============================================================
+
+return check

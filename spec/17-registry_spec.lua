@@ -1,0 +1,51 @@
+-- The op registry: one row per op, which the binding walks.
+local mg = require "moongrad"
+
+-- the registry as Lua sees it
+local function ops () return mg.ops() end
+
+describe("the op registry", function()
+  it("lists every op once, with a kind and a description", function()
+    local seen = {}
+    for _, op in ipairs(ops()) do
+      assert.is_nil(seen[op.name], "twice: " .. op.name)
+      seen[op.name] = true
+      assert.truthy(({unary = 1, binary = 1, reduce = 1, other = 1})[op.kind], op.name)
+      assert.is_string(op.doc, op.name)
+    end
+    assert.is_true(seen.add and seen.softplus and seen.matmul and seen.sum and true)
+  end)
+
+  it("every op is reachable from Lua, as mg.f and (unary, binary, reduce) as x:f()", function()
+    local c_only = {unslice = true, scatter_add = true, permute = true}   -- Lua: slice's and gather's gradients, transpose
+    local x = mg.ones{2}
+    for _, op in ipairs(ops()) do
+      if not c_only[op.name] then
+        assert.is_function(mg[op.name], op.name)
+        if op.kind ~= "other" then assert.is_function(x[op.name], op.name) end
+      end
+    end
+  end)
+
+  it("metamethods come from the rows, for tensors and variables alike", function()
+    local v = mg.Variable({1, 2})
+    for _, op in ipairs(ops()) do
+      if op.metamethod then
+        assert.is_function(getmetatable(mg.ones{1})[op.metamethod], op.name)
+        assert.is_function(getmetatable(v)[op.metamethod], op.name)
+      end
+    end
+    assert.same({2, 4}, (v + v + v - v):totable())
+  end)
+end)
+
+describe("the C sources", function()
+  it("only src/lua/ and src/main.c include lua.h", function()
+    local p = io.popen("grep -rlE '#include [<\"](lua|lauxlib|lualib)\\.h' src")
+    local files = p:read("a")
+    p:close()
+    for f in files:gmatch("[^\n]+") do
+      assert.truthy(f:match("^src/lua/") or f == "src/main.c", f .. " includes Lua")
+    end
+  end)
+end)

@@ -1,0 +1,156 @@
+/*
+** c_api_test.c — bad arguments through the C API are errors with a
+** message naming the function and the argument, never crashes; and a
+** C-owned tape outlives the Lua state that recorded Lua callbacks on it.
+**
+**   make build/c_api_test && build/c_api_test      (make test runs it)
+*/
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <lua.h>
+#include <lauxlib.h>
+#include <lualib.h>
+
+#include "moongrad.h"
+
+static int failures = 0, checks = 0;
+
+/* the last failure's message must contain `want` */
+static void says (const char *what, int failed, const char *want) {
+  checks++;
+  if (!failed) {
+    fprintf(stderr, "c_api_test: %s: did not fail\n", what);
+    failures++;
+  } else if (strstr(mg_errmsg(), want) == NULL) {
+    fprintf(stderr, "c_api_test: %s: message \"%s\" lacks \"%s\"\n", what, mg_errmsg(), want);
+    failures++;
+  }
+}
+
+static void null_arguments (void) {
+  int64_t s2[1] = {2};
+  mg_tensor *x = mg_full(s2, 1, MG_FLOAT32, 1.0);
+  says("ndim(NULL)", mg_tensor_ndim(NULL) == -1, "mg_tensor_ndim: argument 't' is NULL");
+  says("shape(NULL)", mg_tensor_shape(NULL) == NULL, "mg_tensor_shape");
+  says("numel(NULL)", mg_tensor_numel(NULL) == -1, "mg_tensor_numel");
+  says("data(NULL)", mg_tensor_data(NULL) == NULL, "mg_tensor_data");
+  says("full(NULL, 2)", mg_full(NULL, 2, MG_FLOAT32, 0) == NULL, "argument 'shape' is NULL");
+  says("full bad dtype", mg_full(s2, 1, (mg_dtype)42, 0) == NULL, "unknown dtype 42");
+  says("add(NULL, x)", mg_add(NULL, x) == NULL, "mg_add: argument 'a' is NULL");
+  says("exp(NULL)", mg_exp(NULL) == NULL, "mg_exp: argument 'x' is NULL");
+  says("sum(NULL)", mg_sum(NULL, MG_ALL_AXES, 0) == NULL, "mg_sum: argument 'x' is NULL");
+  says("matmul(x, NULL)", mg_matmul(x, NULL) == NULL, "mg_matmul: argument 'b' is NULL");
+  says("reshape(x, NULL, 1)", mg_reshape(x, NULL, 1) == NULL, "mg_reshape: argument 'shape_in' is NULL");
+  says("reshape 99 dims", mg_reshape(x, s2, 99) == NULL, "99 dimensions");
+  says("concat(NULL)", mg_concat(NULL, 2, 0) == NULL, "mg_concat: argument 'xs' is NULL");
+  mg_tensor *two[2] = {x, NULL};
+  says("concat with NULL", mg_concat(two, 2, 0) == NULL, "mg_concat");
+  says("permute(x, NULL)", mg_permute(x, NULL) == NULL, "mg_permute: argument 'perm' is NULL");
+  says("where(NULL..)", mg_where(NULL, x, x) == NULL, "mg_where: argument 'cond' is NULL");
+  says("sum_to_shape NULL", mg_sum_to_shape(x, NULL, 1) == NULL, "argument 'shape' is NULL");
+  says("variable_new(NULL)", mg_variable_new(NULL, "v", 1) == NULL, "mg_variable_new");
+  says("variable_read(NULL)", mg_variable_read(NULL) == NULL, "mg_variable_read");
+  says("assign(NULL)", mg_variable_assign(NULL, x) == MG_ERR, "mg_variable_assign");
+  mg_tensor *grad = x;
+  says("tape_gradient(NULL)", mg_tape_gradient(NULL, 1, &x, 1, &x, NULL, 0, &grad) == MG_ERR && grad == NULL,
+       "mg_tape_gradient: argument 't' is NULL");
+  says("tape_watch(NULL)", mg_tape_watch(NULL, x) == MG_ERR, "mg_tape_watch");
+  says("tape_reset(NULL)", mg_tape_reset(NULL) == MG_ERR, "mg_tape_reset");
+  mg_tensor *out = x;
+  says("jacobian(NULL)", mg_tape_jacobian(NULL, x, x, 0, &out) == MG_ERR && out == NULL,
+       "mg_tape_jacobian");
+  says("custom_call(NULL)", mg_custom_call(NULL, NULL, 0, NULL, NULL) == MG_ERR, "mg_custom_call");
+  says("list_push(NULL)", mg_list_push(NULL, mg_tensor_retain(x)) == MG_ERR, "mg_list_push");
+  /* a chain keeps the failure that started it */
+  int64_t s3[1] = {3};
+  mg_tensor *y = mg_full(s3, 1, MG_FLOAT32, 1.0);
+  mg_tensor *r = mg_exp(mg_add(x, y));
+  says("exp(add(bad))", r == NULL, "shapes do not broadcast");
+  mg_tensor_release(y);
+  mg_tensor_release(x);
+}
+
+static void out_of_range (void) {
+  int64_t s23[2] = {2, 3};
+  mg_tensor *x = mg_full(s23, 2, MG_FLOAT64, 1.0);
+  int64_t bad[2] = {1, 3}, neg[2] = {-1, 0};
+  says("get past the end", isnan(mg_tensor_get(x, bad)), "index[1] = 3 is out of range");
+  says("get negative", isnan(mg_tensor_get(x, neg)), "index[0] = -1");
+  says("get NULL index", isnan(mg_tensor_get(x, NULL)), "argument 'index' is NULL");
+  mg_tape *t = mg_tape_new(0, 1);
+  says("tape_variable(t, 99)", mg_tape_variable(t, 99) == NULL, "index 99 is out of range");
+  says("tape_variable(t, -1)", mg_tape_variable(t, -1) == NULL, "index -1");
+  mg_tape_release(t);
+  int64_t start[2] = {5, 0}, step[2] = {1, 1}, shape[2] = {2, 3};
+  says("unslice past the shape", mg_unslice(x, shape, start, step) == NULL, "does not fit");
+  int64_t zero[2] = {1, 0};
+  says("unslice step 0", mg_unslice(x, shape, start, zero) == NULL, "does not fit");
+  int64_t s0[2] = {0, 0}, stop[2] = {2, 3}, huge[2] = {INT64_MAX, 1};
+  mg_tensor *s = mg_slice(x, s0, stop, huge);          /* counts without overflow */
+  checks++;
+  if (s == NULL || mg_tensor_shape(s)[0] != 1) {
+    fprintf(stderr, "c_api_test: slice with a huge step: %s\n", s ? "wrong shape" : mg_errmsg());
+    failures++;
+  }
+  mg_tensor_release(s);
+  says("set_num_threads(0)", mg_set_num_threads(0) == MG_ERR, "out of range");
+  says("set_num_threads(1000000)", mg_set_num_threads(1000000) == MG_ERR, "out of range");
+  mg_tensor_release(x);
+}
+
+/* A Lua custom gradient recorded on a tape the host owns, then lua_close:
+** the gradient is an error naming the closed state, and releasing the
+** tape afterwards touches nothing of it. */
+static void tape_outlives_state (void) {
+  lua_State *L = luaL_newstate();
+  luaL_openlibs(L);
+  luaL_requiref(L, "moongrad", luaopen_moongrad, 0);
+  lua_setglobal(L, "mg");
+  int64_t s2[1] = {2};
+  mg_tensor *x = mg_full(s2, 1, MG_FLOAT64, 3.0);
+  mg_tape *t = mg_tape_new(1, 1);
+  mg_tape_watch(t, x);
+  mgL_pushtensor(L, mg_tensor_retain(x));
+  lua_setglobal(L, "x");
+  if (luaL_dostring(L, "f = mg.custom_gradient(function(v) return v * v, function(d) return d * 2 * v end end)\n"
+                       "y = f(x)") != LUA_OK) {
+    fprintf(stderr, "c_api_test: %s\n", lua_tostring(L, -1));
+    failures++;
+  }
+  lua_getglobal(L, "y");
+  mg_tensor *y = mg_tensor_retain(mgL_checktensor(L, -1));
+  lua_pop(L, 1);
+  mg_tensor *g = NULL;
+  checks++;
+  if (mg_tape_gradient(t, 1, &y, 1, &x, NULL, 0, &g) != MG_OK) {
+    fprintf(stderr, "c_api_test: gradient while the state lives: %s\n", mg_errmsg());
+    failures++;
+  }
+  mg_tensor_release(g);
+  lua_close(L);
+  says("gradient after lua_close", mg_tape_gradient(t, 1, &y, 1, &x, NULL, 0, &g) == MG_ERR,
+       "the Lua state that defined this function has been closed");
+  mg_tape_release(t);                                   /* frees the node: no Lua touched */
+  mg_tensor_release(y);
+  mg_tensor_release(x);
+}
+
+int main (void) {
+  null_arguments();
+  out_of_range();
+  tape_outlives_state();
+  mg_memory_stats st = mg_memory_stats_get();
+  checks++;
+  if (st.live_tensors != 0) {
+    fprintf(stderr, "c_api_test: %lld tensors left alive\n", (long long)st.live_tensors);
+    failures++;
+  }
+  if (failures) {
+    fprintf(stderr, "c_api_test: %d of %d checks failed\n", failures, checks);
+    return 1;
+  }
+  printf("c_api_test: all %d checks passed\n", checks);
+  return 0;
+}

@@ -1,0 +1,88 @@
+/*
+** autodiff.h — what the files of src/autodiff/ share: id maps, the tape's
+** layout, and the reverse walk (tape.c) that jacobian.c drives row by row.
+*/
+#ifndef AUTODIFF_H
+#define AUTODIFF_H
+
+#include "moongrad_impl.h"
+
+/* {======================= id maps (idmap.c) ================== */
+/* Open addressing keyed by tensor id (never 0); a map entry is cleared by
+** setting its value, nothing is deleted. Small maps live inline. */
+
+#define IDMAP_INLINE 16                 /* most maps never need the heap */
+
+typedef struct idmap {
+  uint64_t *keys;
+  void **vals;
+  size_t cap, n;                        /* cap 0: empty, not started */
+  uint64_t ikeys[IDMAP_INLINE];
+  void *ivals[IDMAP_INLINE];
+} idmap;                                /* never copied once used: keys may point inside */
+
+/* the value slot for id, created (NULL) if absent; NULL when out of memory */
+void **idmap_slot (idmap *m, uint64_t id);
+void   idmap_free (idmap *m);
+
+/* lookups are on every recorded op's path: inline */
+static inline size_t slot_of (const idmap *m, uint64_t id) {
+  size_t i = (size_t)(id * 0x9E3779B97F4A7C15ULL) & (m->cap - 1);
+  while (m->keys[i] != 0 && m->keys[i] != id) i = (i + 1) & (m->cap - 1);
+  return i;
+}
+
+static inline bool idmap_has (const idmap *m, uint64_t id) {
+  return m->cap > 0 && m->keys[slot_of(m, id)] == id;
+}
+
+/* NULL if absent */
+static inline void *idmap_get (const idmap *m, uint64_t id) {
+  if (m->cap == 0) return NULL;
+  size_t s = slot_of(m, id);
+  return m->keys[s] == id ? m->vals[s] : NULL;
+}
+
+/* }========================================================== */
+
+
+/* {=========================== tapes ========================== */
+
+struct mg_tape {
+  mg_context *ctx;            /* whose active list it is in */
+  int refcount;
+  bool persistent, watch_accessed;
+  bool active;                /* in the active list: recording unless paused */
+  int paused;                 /* nested pauses */
+  bool used;                  /* a non-persistent tape gave its gradient */
+  int walking;                /* gradients of this tape being computed now */
+  idmap tracked;              /* ids this tape follows (values unused) */
+  mg_node **nodes;
+  size_t nnodes, capnodes;
+  mg_variable **vars;         /* watched variables, retained */
+  int nvars, capvars;
+};
+
+/* A walk runs host code (custom gradients, recompute) that may drop its
+** own references to the tape and to the tensors it asked about, or ask
+** this tape for another gradient: the walk holds references of its own,
+** and a tape being walked refuses to walk or reset again. */
+typedef struct mg_held { mg_tape *t; mg_tensor **xs; int n; } mg_held;
+
+mg_status mg_walk_begin (mg_held *h, mg_tape *t, const char *fn, int na, mg_tensor *const *a,
+                         int nb, mg_tensor *const *b, int nc, mg_tensor *const *c);
+void      mg_walk_end   (mg_held *h);    /* last: it may drop the final reference to t */
+
+/* grads gets d(sum of targets . seeds)/d source for each source the tape
+** reaches; fn names the caller in messages ("gradient", "jacobian") */
+mg_status mg_walk (mg_tape *t, int ntargets, mg_tensor *const *targets, mg_tensor *const *seeds,
+                   int nsources, mg_tensor *const *sources, idmap *grads, bool free_as_you_go,
+                   const char *fn);
+void      mg_release_grads (idmap *g);   /* releases the gradients a walk left */
+mg_status mg_tape_check_usable (const mg_tape *t, const char *fn);
+/* after a gradient: a non-persistent tape lets go of what it saved */
+void      mg_tape_consume (mg_tape *t);
+
+/* }========================================================== */
+
+#endif

@@ -1,0 +1,625 @@
+/*
+** lfunction.c — mg.custom_gradient and mg.recompute_grad: Lua functions
+** as C callbacks for mg_custom_call and mg_recompute_call.
+**
+** Each call gets a `lfn`, the user data of its callbacks: the Lua values
+** it needs (f, grad_fn, the argument template) live in a registry table,
+** and an anchor says which Lua state they belong to. The anchor outlives
+** the state: when lua_close runs, its finalizer clears the state pointer,
+** so a C-owned tape that asks for the gradient later gets an error, not a
+** dead state. Callbacks run Lua in protected mode: a Lua error must never
+** unwind through the C walk.
+**
+** recompute_grad captures its arguments at the call: their table
+** structure is copied (a template whose tensor leaves are replaced by the
+** node's saved inputs at the re-run), so the re-run gets exactly what the
+** forward got whatever the caller does to its tables afterwards. Variables
+** are kept as themselves (f may use their methods); the C side shows them
+** with the values they had at the call.
+*/
+#include <stdlib.h>
+#include <string.h>
+
+#include "lbinding.h"
+
+/* {======================== anchors ========================= */
+
+typedef struct mgL_anchor {
+  lua_State *L;                /* the main thread; NULL once the state closed */
+  lua_State *running;          /* the thread asking for a gradient now, if any */
+  int refs;                    /* the state, plus one per live lfn */
+  int *dead, ndead, capdead;   /* registry refs of released lfns, to unref */
+} mgL_anchor;
+
+static const char anchor_key = 'A';
+
+static void anchor_release (mgL_anchor *a) {
+  if (--a->refs > 0) return;
+  free(a->dead);
+  free(a);
+}
+
+static int anchor_gc (lua_State *L) {
+  mgL_anchor **box = (mgL_anchor **)lua_touserdata(L, 1);
+  if (*box) {
+    (*box)->L = NULL;
+    (*box)->running = NULL;
+    anchor_release(*box);
+    *box = NULL;
+  }
+  return 0;
+}
+
+/* the anchor of L's state, made on first use */
+static mgL_anchor *anchor_of (lua_State *L) {
+  if (lua_rawgetp(L, LUA_REGISTRYINDEX, &anchor_key) == LUA_TUSERDATA) {
+    mgL_anchor *a = *(mgL_anchor **)lua_touserdata(L, -1);
+    lua_pop(L, 1);
+    return a;
+  }
+  lua_pop(L, 1);
+  mgL_anchor **box = (mgL_anchor **)lua_newuserdatauv(L, sizeof(mgL_anchor *), 0);
+  *box = NULL;
+  lua_createtable(L, 0, 1);
+  lua_pushcfunction(L, anchor_gc);
+  lua_setfield(L, -2, "__gc");
+  lua_setmetatable(L, -2);
+  mgL_anchor *a = (mgL_anchor *)calloc(1, sizeof(mgL_anchor));
+  if (a == NULL) luaL_error(L, "out of memory");
+  lua_rawgeti(L, LUA_REGISTRYINDEX, LUA_RIDX_MAINTHREAD);
+  a->L = lua_tothread(L, -1);
+  a->refs = 1;
+  lua_pop(L, 1);
+  *box = a;
+  lua_rawsetp(L, LUA_REGISTRYINDEX, &anchor_key);
+  return a;
+}
+
+/* the registry refs of released lfns go now, on a thread that runs */
+static void sweep (lua_State *L, mgL_anchor *a) {
+  while (a->ndead > 0) luaL_unref(L, LUA_REGISTRYINDEX, a->dead[--a->ndead]);
+}
+
+lua_State *mgL_enter (lua_State *L) {
+  mgL_anchor *a = anchor_of(L);
+  lua_State *prev = a->running;
+  a->running = L;
+  mgL_running = L;
+  mg_memory_set_pressure_hook(mgL_pressure_during_gradient);   /* this thread's context */
+  return prev;
+}
+
+void mgL_leave (lua_State *L, lua_State *prev) {
+  mgL_anchor *a = anchor_of(L);
+  a->running = prev;
+  mgL_running = prev;
+  sweep(L, a);
+}
+
+/* }========================================================== */
+
+
+/* {==================== callbacks' user data ================= */
+
+/* The first run of f, from the binding's own stack frame: f and its
+** arguments are there, and f's results (or its error) stay there. */
+typedef struct first_run {
+  lua_State *L;
+  int f, args, nargs;          /* stack indices of f and its first argument; the count */
+  int results, nresults;       /* f's results, after the run */
+  int error;                   /* the error object's index, 0 if none */
+} first_run;
+
+typedef struct lfn {
+  mgL_anchor *a;
+  int ref;                     /* registry: {f=, grad_fn=, template=, kinds=} */
+  bool pass_flag;              /* recompute_grad(f, {pass_is_recomputing=true}) */
+  first_run *first;            /* the call in progress; NULL after it */
+} lfn;
+
+/* Called by the C core: during a gradient (the walk frees nodes as it
+** passes them) the asking thread runs, and the registry ref goes at once,
+** so what the call captured is garbage as soon as the node is; otherwise
+** (a finalizer, maybe on another thread) no Lua state is touched and the
+** ref waits for the next sweep. */
+static void lfn_release (void *ud) {
+  lfn *u = (lfn *)ud;
+  mgL_anchor *a = u->a;
+  if (a->running != NULL) {
+    luaL_unref(a->running, LUA_REGISTRYINDEX, u->ref);
+  } else if (a->L != NULL) {
+    if (a->ndead == a->capdead) {
+      int cap = a->capdead ? a->capdead * 2 : 16;
+      int *d = (int *)realloc(a->dead, sizeof(int) * (size_t)cap);
+      if (d) { a->dead = d; a->capdead = cap; }
+    }
+    if (a->ndead < a->capdead) a->dead[a->ndead++] = u->ref;   /* else: one leaked ref */
+  }
+  anchor_release(a);
+  free(u);
+}
+
+/* a new lfn for the registry table at the top (popped) */
+static lfn *lfn_new (lua_State *L, bool pass_flag, first_run *first) {
+  mgL_anchor *a = anchor_of(L);
+  sweep(L, a);
+  lfn *u = (lfn *)malloc(sizeof(lfn));
+  if (u == NULL) luaL_error(L, "out of memory");
+  u->a = a;
+  a->refs++;
+  u->ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  u->pass_flag = pass_flag;
+  u->first = first;
+  return u;
+}
+
+/* the thread callbacks of u run on, or NULL + error when its state closed */
+static lua_State *lfn_thread (const lfn *u, const char *what) {
+  if (u->a->L == NULL)
+    return mg_seterror("%s: the Lua state that defined this function has been closed", what), NULL;
+  return u->a->running ? u->a->running : u->a->L;
+}
+
+/* runs body(L) protected, with ud as a light userdata argument; a Lua error
+** becomes MG_ERR with its text */
+static mg_status protected (lua_State *L, lua_CFunction body, void *ud) {
+  if (!lua_checkstack(L, 4)) return mg_seterror("Lua stack overflow in a gradient callback");
+  int top = lua_gettop(L);
+  lua_pushcfunction(L, body);
+  lua_pushlightuserdata(L, ud);
+  int st = lua_pcall(L, 1, 0, 0);
+  if (st != LUA_OK) {
+    const char *msg = lua_tostring(L, -1);
+    mg_seterror("%s", msg ? msg : "(error object is not a string)");
+  }
+  lua_settop(L, top);
+  return st == LUA_OK ? MG_OK : MG_ERR;
+}
+
+/* pushes t as a new tensor box holding one more reference */
+static void push_tensor (lua_State *L, mg_tensor *t) {
+  ltensor *box = mgL_newbox(L);
+  box->t = mg_tensor_retain(t);
+}
+
+/* }========================================================== */
+
+
+/* {===================== running f ========================== */
+
+typedef struct forward_args {
+  lfn *u;
+  int nin;
+  mg_tensor *const *in;
+  mg_list *out;
+  const char *who;
+} forward_args;
+
+/* the tensors among f's results first..last, strictly, into fa->out */
+static void collect_outputs (lua_State *L, int first, int last, forward_args *fa) {
+  if (last < first) luaL_error(L, "%s: f returned nothing; it must return tensors", fa->who);
+  lua_newtable(L);
+  int list = lua_gettop(L), n = 0;
+  for (int i = first; i <= last; i++) {
+    char what[64];
+    snprintf(what, sizeof what, "%s: result %d of f", fa->who, i - first + 1);
+    n = mgL_flatten(L, i, list, n, true, what);
+  }
+  if (n == 0) luaL_error(L, "%s: f returned no tensors", fa->who);
+  for (int i = 1; i <= n; i++) {
+    lua_geti(L, list, i);
+    if (mg_list_push(fa->out, mg_tensor_retain(mgL_testtensor(L, -1))) != MG_OK) mgL_error(L);
+    lua_pop(L, 1);
+  }
+  lua_pop(L, 1);
+}
+
+/* pushes the flag table of recompute_grad(f, {pass_is_recomputing=true}) */
+static int push_flag (lua_State *L, bool pass_flag) {
+  if (!pass_flag) return 0;
+  lua_createtable(L, 0, 1);
+  lua_pushboolean(L, mg_is_recomputing());
+  lua_setfield(L, -2, "is_recomputing");
+  return 1;
+}
+
+/* Runs body(fa, f, args...) protected in the binding's frame; body
+** leaves f's results, which stay on the stack; an error object stays too,
+** for the binding to raise as it is. */
+static mg_status run_first (forward_args *fa, lua_CFunction body) {
+  first_run *r = fa->u->first;
+  lua_State *L = r->L;
+  if (!lua_checkstack(L, r->nargs + 8)) return mg_seterror("%s: too many arguments", fa->who);
+  int top = lua_gettop(L);
+  lua_pushcfunction(L, body);
+  lua_pushlightuserdata(L, fa);
+  lua_pushvalue(L, r->f);
+  for (int i = 0; i < r->nargs; i++) lua_pushvalue(L, r->args + i);
+  if (lua_pcall(L, r->nargs + 2, LUA_MULTRET, 0) != LUA_OK) {
+    r->error = top + 1;
+    const char *msg = lua_tostring(L, -1);
+    return mg_seterror("%s", msg ? msg : "(error object is not a string)");
+  }
+  r->results = top + 1;
+  r->nresults = lua_gettop(L) - top;
+  return MG_OK;
+}
+
+/* recompute's first run: (fa, f, args...) -> f's results */
+static int recompute_first_body (lua_State *L) {
+  forward_args *fa = (forward_args *)lua_touserdata(L, 1);
+  int n = lua_gettop(L) - 2 + push_flag(L, fa->u->pass_flag);
+  lua_call(L, n, LUA_MULTRET);
+  collect_outputs(L, 2, lua_gettop(L), fa);
+  return lua_gettop(L) - 1;
+}
+
+/* A re-run: the arguments are rebuilt from the template with the tensors
+** the node kept (in the template's own leaf order) and the variables. */
+static int rerun_body (lua_State *L) {
+  forward_args *fa = (forward_args *)lua_touserdata(L, 1);
+  lua_settop(L, 0);
+  lua_rawgeti(L, LUA_REGISTRYINDEX, fa->u->ref);           /* 1: the lfn table */
+  lua_getfield(L, 1, "kinds");                             /* 2 */
+  lua_createtable(L, fa->nin, 0);                          /* 3: the leaves */
+  for (int k = 0; k < fa->nin; k++) {
+    if (lua_geti(L, 2, k + 1) == LUA_TBOOLEAN) {           /* false: a tensor */
+      lua_pop(L, 1);
+      push_tensor(L, fa->in[k]);
+    }
+    lua_rawseti(L, 3, k + 1);
+  }
+  lua_getfield(L, 1, "f");                                 /* 4 */
+  lua_getfield(L, 1, "template");                          /* 5 */
+  lua_Integer nargs = (lua_getfield(L, 5, "n"), lua_tointeger(L, -1));
+  lua_pop(L, 1);
+  luaL_checkstack(L, (int)nargs + 8, "too many arguments");
+  lua_pushvalue(L, 4);
+  int fidx = lua_gettop(L), k = 0;
+  for (lua_Integer i = 1; i <= nargs; i++) {
+    lua_geti(L, 5, i);
+    mgL_rebuild(L, -1, 3, &k);
+    lua_remove(L, -2);
+  }
+  lua_call(L, (int)nargs + push_flag(L, fa->u->pass_flag), LUA_MULTRET);
+  collect_outputs(L, fidx, lua_gettop(L), fa);
+  return 0;
+}
+
+/* }========================================================== */
+
+
+/* {===================== recompute_grad ===================== */
+
+#define RECOMPUTE_MT "moongrad.recompute_grad"
+
+typedef struct lrecompute { bool pass_flag; } lrecompute;   /* uservalue 1: f */
+
+static mg_status recompute_forward (void *ud, int nin, mg_tensor *const *in, mg_list *out) {
+  lfn *u = (lfn *)ud;
+  forward_args fa = {u, nin, in, out, "recompute_grad"};
+  if (u->first) {                                /* the call itself; later ones re-run */
+    mg_status st = run_first(&fa, recompute_first_body);
+    u->first = NULL;
+    return st;
+  }
+  lua_State *L = lfn_thread(u, "recompute_grad");
+  return L ? protected(L, rerun_body, &fa) : MG_ERR;
+}
+
+static const mg_function recompute_fn = {"recompute_grad", recompute_forward, NULL, lfn_release};
+
+/* Pushes the template of the n arguments from `first`: {n=, ...} with plain
+** tables copied and leaves kept; then its leaves in its own order, then
+** their kinds (the variable, or false for a tensor). Returns the count. */
+static int capture (lua_State *L, int first, int n, int *leaves, int *kinds) {
+  lua_createtable(L, n, 1);
+  int tmpl = lua_gettop(L);
+  lua_createtable(L, n, 0);                 /* the arguments as a list, to copy */
+  int orig = lua_gettop(L);
+  for (int i = 0; i < n; i++) {
+    lua_pushvalue(L, first + i);
+    lua_rawseti(L, orig, i + 1);
+  }
+  lua_newtable(L);                          /* its leaves, to put back as they are */
+  mgL_flatten(L, orig, orig + 1, 0, false, "recompute_grad: argument");
+  int k = 0;
+  for (int i = 1; i <= n; i++) {
+    lua_geti(L, orig, i);
+    mgL_rebuild(L, -1, orig + 1, &k);
+    lua_rawseti(L, tmpl, i);
+    lua_pop(L, 1);
+  }
+  lua_pushinteger(L, n);
+  lua_setfield(L, tmpl, "n");
+  lua_settop(L, tmpl);
+  lua_newtable(L);                          /* the template's leaves, in its order */
+  *leaves = lua_gettop(L);
+  int nl = 0;
+  for (int i = 1; i <= n; i++) {
+    lua_geti(L, tmpl, i);
+    nl = mgL_flatten(L, -1, *leaves, nl, false, "recompute_grad: argument");
+    lua_pop(L, 1);
+  }
+  lua_createtable(L, nl, 0);
+  *kinds = lua_gettop(L);
+  for (int i = 1; i <= nl; i++) {
+    lua_geti(L, *leaves, i);
+    if (mgL_testvariable(L, -1) == NULL) {
+      lua_pop(L, 1);
+      lua_pushboolean(L, 0);
+    }
+    lua_rawseti(L, *kinds, i);
+  }
+  return nl;
+}
+
+/* the tensors at list[1..n] as a C array in a userdata pushed on the stack */
+static mg_tensor **tensor_array (lua_State *L, int list, int n) {
+  mg_tensor **xs = (mg_tensor **)lua_newuserdatauv(L, sizeof(mg_tensor *) * (size_t)(n + 1), 0);
+  for (int i = 0; i < n; i++) {
+    lua_geti(L, list, i + 1);
+    xs[i] = mgL_checktensor(L, -1);
+    lua_pop(L, 1);
+  }
+  return xs;
+}
+
+/* raises after a failed call: f's own error object when it raised one */
+static int raise_call_error (lua_State *L, const first_run *r) {
+  if (r->error == 0) return mgL_error(L);
+  lua_pushvalue(L, r->error);
+  return lua_error(L);
+}
+
+/* the outputs in out, as new boxes in a list pushed on the stack; the
+** boxes take over out's references */
+static int push_outputs (lua_State *L, mg_list *out) {
+  lua_createtable(L, out->n, 0);
+  int list = lua_gettop(L);
+  for (int i = 0; i < out->n; i++) {
+    ltensor *box = mgL_newbox(L);
+    box->t = out->t[i];
+    out->t[i] = NULL;
+    lua_rawseti(L, list, i + 1);
+  }
+  mg_list_clear(out);
+  return list;
+}
+
+/* g(...): f(...) with one node on the tapes instead of f's insides */
+static int recompute_call (lua_State *L) {
+  lrecompute *r = (lrecompute *)luaL_checkudata(L, 1, RECOMPUTE_MT);
+  bool pass_flag = r->pass_flag;
+  int nargs = lua_gettop(L) - 1;
+  luaL_checkstack(L, nargs + 8, "too many arguments");
+  lua_getiuservalue(L, 1, 1);                      /* f */
+  int fidx = lua_gettop(L);
+  if (mg_tapes_recording() == 0) {                 /* nothing to save memory from */
+    for (int i = 0; i < nargs; i++) lua_pushvalue(L, 2 + i);
+    lua_call(L, nargs + push_flag(L, pass_flag), LUA_MULTRET);
+    return lua_gettop(L) - fidx + 1;
+  }
+  int leaves, kinds;
+  int nl = capture(L, 2, nargs, &leaves, &kinds);
+  int tmpl = leaves - 1;
+  mg_tensor **in = tensor_array(L, leaves, nl);
+  lua_createtable(L, 0, 3);                        /* the lfn table */
+  lua_pushvalue(L, fidx);
+  lua_setfield(L, -2, "f");
+  lua_pushvalue(L, tmpl);
+  lua_setfield(L, -2, "template");
+  lua_pushvalue(L, kinds);
+  lua_setfield(L, -2, "kinds");
+  first_run first = {L, fidx, 2, nargs, 0, 0, 0};
+  lfn *u = lfn_new(L, pass_flag, &first);
+  mg_list out = {0};
+  mg_status st = mg_recompute_call(&recompute_fn, u, nl, in, &out);
+  /* u may be gone by now (when no tape recorded the call): only `first` is read */
+  if (st != MG_OK) return raise_call_error(L, &first);
+  int outs = push_outputs(L, &out), k = 0;
+  for (int i = 0; i < first.nresults; i++) mgL_rebuild(L, first.results + i, outs, &k);
+  return first.nresults;
+}
+
+static int recompute_index (lua_State *L) {
+  luaL_checkudata(L, 1, RECOMPUTE_MT);
+  lua_getiuservalue(L, 1, 1);
+  if (lua_type(L, 2) == LUA_TSTRING && strcmp(lua_tostring(L, 2), "__wrapped__") == 0) return 1;
+  if (!lua_istable(L, -1) && !lua_isuserdata(L, -1)) {
+    lua_pushnil(L);
+    return 1;
+  }
+  lua_pushvalue(L, 2);
+  lua_gettable(L, -2);                             /* f[k], metamethods included */
+  return 1;
+}
+
+static int recompute_tostring (lua_State *L) {
+  luaL_checkudata(L, 1, RECOMPUTE_MT);
+  lua_getiuservalue(L, 1, 1);
+  lua_pushfstring(L, "%s(%s)", RECOMPUTE_MT, luaL_tolstring(L, -1, NULL));
+  return 1;
+}
+
+static bool callable (lua_State *L, int idx) {
+  if (lua_isfunction(L, idx)) return true;
+  if (luaL_getmetafield(L, idx, "__call") == LUA_TNIL) return false;
+  lua_pop(L, 1);
+  return true;
+}
+
+/* recompute_grad(f [, {pass_is_recomputing=false}]) */
+static int l_recompute_grad (lua_State *L) {
+  luaL_checkany(L, 1);
+  if (!callable(L, 1))
+    return luaL_argerror(L, 1, lua_pushfstring(L, "f must be callable (a function, or a table with "
+                                                  "__call), got %s", luaL_typename(L, 1)));
+  bool pass = false;
+  if (!lua_isnoneornil(L, 2)) {
+    static const char *const keys[] = {"pass_is_recomputing", NULL};
+    mgL_checkoptions(L, 2, keys);
+    lua_getfield(L, 2, "pass_is_recomputing");
+    pass = lua_toboolean(L, -1);
+    lua_pop(L, 1);
+  }
+  lrecompute *r = (lrecompute *)lua_newuserdatauv(L, sizeof(lrecompute), 1);
+  r->pass_flag = pass;
+  luaL_setmetatable(L, RECOMPUTE_MT);
+  lua_pushvalue(L, 1);
+  lua_setiuservalue(L, -2, 1);
+  return 1;
+}
+
+/* }========================================================== */
+
+
+/* {==================== custom_gradient ===================== */
+
+/* custom's first run: (fa, f, args...) -> outputs; f's last result,
+** grad_fn, goes to the lfn table for the backward */
+static int custom_first_body (lua_State *L) {
+  forward_args *fa = (forward_args *)lua_touserdata(L, 1);
+  lua_call(L, lua_gettop(L) - 2, LUA_MULTRET);
+  int first = 2, last = lua_gettop(L);
+  if (last - first < 1 || !lua_isfunction(L, last))
+    return luaL_error(L, "custom_gradient: f must return its outputs and then a gradient function");
+  for (int i = first; i < last; i++) {
+    mg_tensor *t = mgL_testtensor(L, i);
+    if (t == NULL)
+      return luaL_error(L, "custom_gradient: output %d of f is a %s, not a tensor", i - first + 1,
+                        luaL_typename(L, i));
+    if (mg_list_push(fa->out, mg_tensor_retain(t)) != MG_OK) return mgL_error(L);
+  }
+  lua_rawgeti(L, LUA_REGISTRYINDEX, fa->u->ref);
+  lua_pushvalue(L, last);
+  lua_setfield(L, -2, "grad_fn");
+  return 0;
+}
+
+static mg_status custom_forward (void *ud, int nin, mg_tensor *const *in, mg_list *out) {
+  lfn *u = (lfn *)ud;
+  forward_args fa = {u, nin, in, out, "custom_gradient"};
+  mg_status st = run_first(&fa, custom_first_body);
+  u->first = NULL;
+  return st;
+}
+
+typedef struct backward_args { lfn *u; const mg_grad_args *g; } backward_args;
+
+/* din[j] from the value at idx (nil: zeros, left to the C side) */
+static void take_grad (lua_State *L, int idx, const mg_grad_args *g, int j) {
+  if (!g->needs[j] || lua_isnil(L, idx)) return;
+  mg_tensor *t = mgL_testtensor(L, idx);
+  if (t == NULL)
+    luaL_error(L, "grad_fn must return tensors or nil, got a %s for input %d", luaL_typename(L, idx),
+               j + 1);
+  g->din[j] = mg_tensor_retain(t);
+}
+
+/* the list of variable gradients at vt: one per variable, nil allowed
+** inside it ({g1, nil, g3}) or at the end with n set ({g1, nil, n = 2}) */
+static void take_var_grads (lua_State *L, int vt, const mg_grad_args *g) {
+  if (!lua_istable(L, vt))
+    luaL_error(L, "grad_fn must return a list of variable gradients after the input gradients "
+                  "(f read %d variables), got a %s", g->nvars, luaL_typename(L, vt));
+  lua_Integer n = (lua_Integer)lua_rawlen(L, vt);
+  if (lua_getfield(L, vt, "n") == LUA_TNUMBER) n = lua_tointeger(L, -1);
+  lua_pop(L, 1);
+  if (n != g->nvars)
+    luaL_error(L, "grad_fn returned %I variable gradients for the %d variables f read (use nil for "
+                  "none; a trailing nil needs n = %d in the list)", n, g->nvars, g->nvars);
+  for (int k = 0; k < g->nvars; k++) {
+    lua_geti(L, vt, k + 1);
+    take_grad(L, lua_gettop(L), g, g->nin + k);
+    lua_pop(L, 1);
+  }
+}
+
+/* calls grad_fn(dy1, ..., dyk [, variables]) and takes what it returns */
+static int custom_backward_body (lua_State *L) {
+  backward_args *b = (backward_args *)lua_touserdata(L, 1);
+  const mg_grad_args *g = b->g;
+  lua_settop(L, 0);
+  luaL_checkstack(L, g->nout + g->nin + 8, "too many outputs");
+  lua_rawgeti(L, LUA_REGISTRYINDEX, b->u->ref);
+  lua_getfield(L, 1, "grad_fn");
+  for (int i = 0; i < g->nout; i++) push_tensor(L, g->dout[i]);
+  if (g->nvars > 0) {
+    lua_createtable(L, g->nvars, 0);
+    for (int k = 0; k < g->nvars; k++) {
+      mgL_pushvariable(L, g->vars[k]);
+      lua_rawseti(L, -2, k + 1);
+    }
+  }
+  int want = g->nin + (g->nvars > 0), top = lua_gettop(L) - (g->nout + (g->nvars > 0)) - 1;
+  lua_call(L, g->nout + (g->nvars > 0), LUA_MULTRET);
+  int got = lua_gettop(L) - top, base = top + 1;
+  if (got != want)                   /* a forgotten gradient must not become a silent zero */
+    return luaL_error(L, "grad_fn returned %d values; it must return %d: one gradient per tensor "
+                         "argument (nil for none)%s", got, want,
+                      g->nvars > 0 ? ", then a list of the gradients of the variables f read" : "");
+  for (int j = 0; j < g->nin; j++) take_grad(L, base + j, g, j);
+  if (g->nvars > 0) take_var_grads(L, base + g->nin, g);
+  return 0;
+}
+
+static mg_status custom_backward (void *ud, const mg_grad_args *g) {
+  lfn *u = (lfn *)ud;
+  lua_State *L = lfn_thread(u, "custom_gradient");
+  backward_args b = {u, g};
+  return L ? protected(L, custom_backward_body, &b) : MG_ERR;
+}
+
+static const mg_function custom_fn = {"custom_gradient", custom_forward, custom_backward,
+                                      lfn_release};
+
+/* g(...): upvalue 1 is f */
+static int custom_call (lua_State *L) {
+  int nargs = lua_gettop(L);
+  luaL_checkstack(L, nargs + 8, "too many arguments");
+  lua_pushvalue(L, lua_upvalueindex(1));
+  int fidx = lua_gettop(L);
+  lua_newtable(L);                                 /* the tensor arguments */
+  int list = lua_gettop(L), ntensors = 0;
+  for (int i = 1; i <= nargs; i++)
+    if (mgL_isleaf(L, i)) {
+      lua_pushvalue(L, i);
+      lua_rawseti(L, list, ++ntensors);
+    }
+  mg_tensor **in = tensor_array(L, list, ntensors);
+  lua_newtable(L);                                 /* the lfn table */
+  first_run first = {L, fidx, 1, nargs, 0, 0, 0};
+  lfn *u = lfn_new(L, false, &first);
+  mg_list out = {0};
+  mg_status st = mg_custom_call(&custom_fn, u, ntensors, in, &out);
+  if (st != MG_OK) return raise_call_error(L, &first);
+  int outs = push_outputs(L, &out), n = (int)lua_rawlen(L, outs);
+  for (int i = 1; i <= n; i++) lua_geti(L, outs, i);
+  return n;
+}
+
+/* custom_gradient(f): g with g(...) == first results of f(...) */
+static int l_custom_gradient (lua_State *L) {
+  luaL_checktype(L, 1, LUA_TFUNCTION);
+  lua_settop(L, 1);
+  lua_pushcclosure(L, custom_call, 1);
+  return 1;
+}
+
+/* }========================================================== */
+
+void mgL_open_functions (lua_State *L) {
+  lua_pushcfunction(L, l_custom_gradient);
+  lua_setfield(L, -2, "custom_gradient");
+  lua_pushcfunction(L, l_recompute_grad);
+  lua_setfield(L, -2, "recompute_grad");
+  luaL_newmetatable(L, RECOMPUTE_MT);
+  static const luaL_Reg meta[] = {
+    {"__call", recompute_call}, {"__index", recompute_index}, {"__tostring", recompute_tostring},
+    {NULL, NULL}
+  };
+  luaL_setfuncs(L, meta, 0);
+  lua_pop(L, 1);
+  anchor_of(L);
+}

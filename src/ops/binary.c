@@ -1,0 +1,505 @@
+/*
+** binary.c — broadcasting binary ops (arithmetic, comparisons, logic) and
+** where.
+**
+** Each op is one block: its kernels, its backward rule, its registry row
+** and its entry point. A kernel handles one innermost run of one dtype
+** (see iter.c), with the contiguous and broadcast cases split out so the
+** compiler vectorises them; binary() does the checks, the broadcast and the
+** recording for every op alike.
+*/
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "moongrad_impl.h"
+#include "vecmath.h"
+
+/* {=================== kernels and checks =================== */
+
+/* one innermost run of out[i] = EXPR(x = a[i], y = b[i]), strides 0 or 1
+** split out so the common cases vectorise */
+#define LOOP2(TI, TO, EXPR) do {                                             \
+    const TI *A_ = (const TI *)p[1], *B_ = (const TI *)p[2];                \
+    TO *O_ = (TO *)p[0];                                                     \
+    int64_t sa_ = s[1], sb_ = s[2];                                          \
+    if (sa_ == 1 && sb_ == 1)                                                \
+      for (int64_t i = 0; i < n; i++) { TI x = A_[i], y = B_[i]; O_[i] = (TO)(EXPR); } \
+    else if (sa_ == 0 && sb_ == 1) {                                         \
+      TI x = A_[0];                                                          \
+      for (int64_t i = 0; i < n; i++) { TI y = B_[i]; O_[i] = (TO)(EXPR); } \
+    } else if (sa_ == 1 && sb_ == 0) {                                       \
+      TI y = B_[0];                                                          \
+      for (int64_t i = 0; i < n; i++) { TI x = A_[i]; O_[i] = (TO)(EXPR); } \
+    } else                                                                   \
+      for (int64_t i = 0; i < n; i++) {                                      \
+        TI x = A_[i * sa_], y = B_[i * sb_]; O_[i] = (TO)(EXPR);             \
+      }                                                                      \
+  } while (0)
+
+#define KERNEL(NAME, TI, TO, EXPR) \
+  static void NAME (int64_t n, char **p, const int64_t *s) { LOOP2(TI, TO, EXPR); }
+
+/* float32 and float64 kernels of one expression (libm through _Generic) */
+#define FLOAT_KERNELS(OP, EXPR) \
+  KERNEL(OP##_f32, float, float, EXPR) KERNEL(OP##_f64, double, double, EXPR)
+/* comparisons: any dtype in, bool out */
+#define COMPARE_KERNELS(OP, EXPR) \
+  KERNEL(OP##_f32, float, uint8_t, EXPR) KERNEL(OP##_f64, double, uint8_t, EXPR) \
+  KERNEL(OP##_i64, int64_t, uint8_t, EXPR) KERNEL(OP##_b, uint8_t, uint8_t, EXPR)
+
+#define POW(x, y)   _Generic((x), float: powf, default: pow)(x, y)
+#define FLOOR(x)    _Generic((x), float: floorf, default: floor)(x)
+#define FMOD(x, y)  _Generic((x), float: fmodf, default: fmod)(x, y)
+
+/* floor-mod as Lua's %: the result has the divisor's sign */
+#define MOD_FLOOR(x, y) \
+  ((FMOD(x, y) != 0 && ((FMOD(x, y) < 0) != (y < 0))) ? FMOD(x, y) + y : FMOD(x, y))
+
+/* integer floor division and modulo as Lua does them (b != 0 checked before) */
+static inline int64_t idiv_floor (int64_t a, int64_t b) {
+  if (b == -1) return (int64_t)(0u - (uint64_t)a);
+  int64_t q = a / b;
+  return ((a % b != 0) && ((a ^ b) < 0)) ? q - 1 : q;
+}
+static inline int64_t imod_floor (int64_t a, int64_t b) {
+  if (b == -1) return 0;
+  int64_t m = a % b;
+  return (m != 0 && (m ^ b) < 0) ? m + b : m;
+}
+static inline int64_t ipow (int64_t a, int64_t e) {   /* e >= 0, checked before */
+  uint64_t r = 1, base = (uint64_t)a;
+  while (e > 0) {
+    if (e & 1) r *= base;
+    base *= base;
+    e >>= 1;
+  }
+  return (int64_t)r;
+}
+
+static bool any_int (const mg_tensor *t, bool (*bad)(int64_t)) {
+  mg_tensor *c = mg_contiguous((mg_tensor *)t);
+  bool found = false;
+  if (c == NULL) return false;
+  const int64_t *v = (const int64_t *)mg_ptr(c);
+  for (int64_t i = 0; i < c->numel && !found; i++) found = bad(v[i]);
+  mg_tensor_release(c);
+  return found;
+}
+static bool is_zero (int64_t v) { return v == 0; }
+static bool is_negative (int64_t v) { return v < 0; }
+
+/* integer // and %: a zero divisor would trap */
+static mg_status check_int_divisor (const mg_opdef *op, const mg_tensor *a, const mg_tensor *b) {
+  if (a->dtype == MG_INT64 && any_int(b, is_zero))
+    return mg_seterror("%s: integer division by zero", op->info.name);
+  return MG_OK;
+}
+
+static mg_status check_int_power (const mg_opdef *op, const mg_tensor *a, const mg_tensor *b) {
+  MG_UNUSED(op);
+  if (a->dtype == MG_INT64 && any_int(b, is_negative))
+    return mg_seterror("pow: integers to negative integer powers are not allowed; cast to float first");
+  return MG_OK;
+}
+
+/* }========================================================== */
+
+
+/* {===================== the common path ==================== */
+
+typedef struct { mg_kernel k; } kernel_ud;
+
+static void run_kernel (int64_t n, char **p, const int64_t *s, void *ud) {
+  ((const kernel_ud *)ud)->k(n, p, s);
+}
+
+static mg_tensor *null_operand (const mg_opdef *op, const char *arg) {
+  char fn[32];
+  snprintf(fn, sizeof fn, "mg_%s", op->info.name);
+  mg_null_arg(fn, arg);
+  return NULL;
+}
+
+/* "logical_and: needs bool tensors, got float32" and the like */
+static mg_status unsupported (const mg_opdef *op, mg_dtype dt) {
+  const char *fn = op->info.name;
+  bool only_bool = op->kernel[MG_BOOL] && !op->kernel[MG_FLOAT32];
+  if (only_bool) return mg_seterror("%s: needs bool tensors, got %s", fn, mg_dtype_name(dt));
+  if (dt == MG_BOOL) return mg_seterror("%s: not defined for bool tensors; cast them first", fn);
+  return mg_seterror("%s: not defined for %s tensors; cast to float first", fn, mg_dtype_name(dt));
+}
+
+static mg_dtype result_dtype (const mg_opdef *op, mg_dtype dt) {
+  switch (op->result) {
+    case MG_RESULT_BOOL: return MG_BOOL;
+    case MG_RESULT_FLOAT: return dt == MG_INT64 ? MG_FLOAT64 : dt;
+    default: return dt;
+  }
+}
+
+static mg_tensor *binary (const mg_opdef *op, mg_tensor *a, mg_tensor *b) {
+  if (a == NULL) return null_operand(op, "a");
+  if (b == NULL) return null_operand(op, "b");
+  const char *fn = op->info.name;
+  if (a->dtype != b->dtype)
+    return mg_seterror("%s: dtypes differ: %s %s %s", fn, mg_dtype_name(a->dtype),
+                       op->info.symbol, mg_dtype_name(b->dtype)), NULL;
+  mg_kernel k = op->kernel[a->dtype];
+  if (k == NULL) return unsupported(op, a->dtype), NULL;
+  if (op->check && op->check(op, a, b) != MG_OK) return NULL;
+  int64_t shape[MG_MAX_DIMS];
+  int nd = mg_broadcast_shapes(fn, op->info.symbol, a->shape, a->ndim, b->shape, b->ndim, shape);
+  if (nd < 0) return NULL;
+  mg_tensor *out = mg_empty(shape, nd, result_dtype(op, a->dtype));
+  if (out == NULL) return NULL;
+  char *base[3] = {mg_ptr(out), mg_ptr(a), mg_ptr(b)};
+  int64_t n = out->numel;
+  bool ca = mg_tensor_is_contiguous(a), cb = mg_tensor_is_contiguous(b);
+  if (n < MG_PARALLEL_MIN && ca && cb && (a->numel == n || a->numel == 1) && (b->numel == n || b->numel == 1)) {
+    int64_t st[3] = {1, a->numel == n, b->numel == n};    /* one run: no iterator to set up */
+    k(n, base, st);
+  } else {
+    mg_iter it;
+    const mg_tensor *ops[3] = {out, a, b};
+    mg_iter_init(&it, shape, nd, 3, ops);
+    size_t sz[3] = {mg_dtype_size(out->dtype), mg_dtype_size(a->dtype), mg_dtype_size(b->dtype)};
+    kernel_ud ud = {k};
+    mg_iter_run(&it, base, sz, run_kernel, &ud);
+  }
+  mg_tensor *in[2] = {a, b};
+  return op->backward && mg_is_float(out->dtype) ? mg_finish(op, 2, in, out, NULL) : out;
+}
+
+/* }========================================================== */
+
+
+/* {================ arithmetic and its gradients ============= */
+/* Every rule sums its result back to the input's shape (broadcasting's
+** adjoint) with mg_sum_to_shape; SHAPE_OF(n, j) names input j's shape. */
+
+static mg_tensor *zero_like_dtype (const mg_tensor *t) {
+  return t ? mg_scalar(0.0, t->dtype) : NULL;
+}
+
+/* add: out = a + b.  grad: da = dout, db = dout */
+FLOAT_KERNELS(add, x + y)
+KERNEL(add_i64, int64_t, int64_t, (uint64_t)x + (uint64_t)y)    /* wraps, as Lua's */
+static mg_status add_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **din) {
+  for (int j = 0; j < 2; j++)
+    if (n->needs[j]) din[j] = mg_sum_to_shape(dout[0], SHAPE_OF(n, j));
+  return MG_OK;
+}
+static const mg_opdef add_op = {
+  .info = {.name = "add", .kind = MG_OP_BINARY, .symbol = "+", .metamethod = "__add",
+           .verb = "add", .doc = "a + b, elementwise with broadcasting", .fn.binary = mg_add},
+  .kernel = {[MG_FLOAT32] = add_f32, [MG_FLOAT64] = add_f64, [MG_INT64] = add_i64},
+  .backward = add_backward,
+};
+mg_tensor *mg_add (mg_tensor *a, mg_tensor *b) { return binary(&add_op, a, b); }
+
+/* sub: out = a - b.  grad: da = dout, db = -dout */
+FLOAT_KERNELS(sub, x - y)
+KERNEL(sub_i64, int64_t, int64_t, (uint64_t)x - (uint64_t)y)
+static mg_status sub_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **din) {
+  mg_scope sc = {0};
+  if (n->needs[0]) din[0] = mg_sum_to_shape(dout[0], SHAPE_OF(n, 0));
+  if (n->needs[1]) din[1] = mg_sum_to_shape(mg_tmp(&sc, mg_neg(dout[0])), SHAPE_OF(n, 1));
+  mg_scope_end(&sc);
+  return MG_OK;
+}
+static const mg_opdef sub_op = {
+  .info = {.name = "sub", .kind = MG_OP_BINARY, .symbol = "-", .metamethod = "__sub",
+           .verb = "subtract", .doc = "a - b", .fn.binary = mg_sub},
+  .kernel = {[MG_FLOAT32] = sub_f32, [MG_FLOAT64] = sub_f64, [MG_INT64] = sub_i64},
+  .backward = sub_backward,
+};
+mg_tensor *mg_sub (mg_tensor *a, mg_tensor *b) { return binary(&sub_op, a, b); }
+
+/* mul: out = a * b.  grad: da = dout * b, db = dout * a */
+FLOAT_KERNELS(mul, x * y)
+KERNEL(mul_i64, int64_t, int64_t, (uint64_t)x * (uint64_t)y)
+static mg_status mul_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **din) {
+  mg_scope sc = {0};
+  if (n->needs[0]) din[0] = mg_sum_to_shape(mg_tmp(&sc, mg_mul(dout[0], n->in[1])), SHAPE_OF(n, 0));
+  if (n->needs[1]) din[1] = mg_sum_to_shape(mg_tmp(&sc, mg_mul(dout[0], n->in[0])), SHAPE_OF(n, 1));
+  mg_scope_end(&sc);
+  return MG_OK;
+}
+static const mg_opdef mul_op = {
+  .info = {.name = "mul", .kind = MG_OP_BINARY, .symbol = "*", .metamethod = "__mul",
+           .verb = "multiply", .doc = "a * b, elementwise (the matrix product is matmul)",
+           .fn.binary = mg_mul},
+  .kernel = {[MG_FLOAT32] = mul_f32, [MG_FLOAT64] = mul_f64, [MG_INT64] = mul_i64},
+  .saves = MG_SAVE_IN(0) | MG_SAVE_IN(1), .backward = mul_backward,
+};
+mg_tensor *mg_mul (mg_tensor *a, mg_tensor *b) { return binary(&mul_op, a, b); }
+
+/* div: out = a / b (int64 / int64 gives float64).  grad: da = dout / b,
+** db = -dout * out / b */
+FLOAT_KERNELS(div, x / y)
+KERNEL(div_i64, int64_t, double, (double)x / (double)y)
+static mg_status div_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **din) {
+  mg_scope sc = {0};
+  mg_tensor *g = mg_tmp(&sc, mg_div(dout[0], n->in[1]));    /* dout / b */
+  if (n->needs[0]) din[0] = mg_sum_to_shape(g, SHAPE_OF(n, 0));
+  if (n->needs[1])
+    din[1] = mg_sum_to_shape(mg_tmp(&sc, mg_neg(mg_tmp(&sc, mg_mul(g, n->out[0])))), SHAPE_OF(n, 1));
+  mg_scope_end(&sc);
+  return MG_OK;
+}
+static const mg_opdef div_op = {
+  .info = {.name = "div", .kind = MG_OP_BINARY, .symbol = "/", .metamethod = "__div",
+           .verb = "divide", .doc = "a / b (int64 / int64 gives float64)", .fn.binary = mg_div},
+  .kernel = {[MG_FLOAT32] = div_f32, [MG_FLOAT64] = div_f64, [MG_INT64] = div_i64},
+  .result = MG_RESULT_FLOAT,
+  .saves = MG_SAVE_IN(1) | MG_SAVE_OUT(0), .backward = div_backward,
+};
+mg_tensor *mg_div (mg_tensor *a, mg_tensor *b) { return binary(&div_op, a, b); }
+
+/* pow: out = a ^ b.  grad: da = dout * b * a^(b-1), 0 where b = 0 (as
+** PyTorch: no 0 * 0^-1 = NaN at a = 0); db = dout * out * log(a) where
+** a > 0, else 0 (as TensorFlow) */
+FLOAT_KERNELS(pow, POW(x, y))
+KERNEL(pow_i64, int64_t, int64_t, ipow(x, y))
+static mg_status pow_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **din) {
+  mg_scope sc = {0};
+  mg_tensor *a = n->in[0], *b = n->in[1];
+  mg_tensor *one = mg_tmp(&sc, mg_scalar(1.0, a->dtype)), *zero = mg_tmp(&sc, zero_like_dtype(a));
+  if (n->needs[0]) {
+    mg_tensor *p = mg_tmp(&sc, mg_pow(a, mg_tmp(&sc, mg_sub(b, one))));
+    mg_tensor *d = mg_tmp(&sc, mg_where(mg_tmp(&sc, mg_equal(b, zero)), zero, mg_tmp(&sc, mg_mul(b, p))));
+    din[0] = mg_sum_to_shape(mg_tmp(&sc, mg_mul(dout[0], d)), SHAPE_OF(n, 0));
+  }
+  if (n->needs[1]) {
+    mg_tensor *pos = mg_tmp(&sc, mg_greater(a, zero));
+    mg_tensor *safe = mg_tmp(&sc, mg_where(pos, a, one));          /* log(1) = 0 elsewhere */
+    mg_tensor *lg = mg_tmp(&sc, mg_where(pos, mg_tmp(&sc, mg_log(safe)), zero));
+    mg_tensor *g = mg_tmp(&sc, mg_mul(dout[0], mg_tmp(&sc, mg_mul(n->out[0], lg))));
+    din[1] = mg_sum_to_shape(g, SHAPE_OF(n, 1));
+  }
+  mg_scope_end(&sc);
+  return MG_OK;
+}
+static const mg_opdef pow_op = {
+  .info = {.name = "pow", .kind = MG_OP_BINARY, .symbol = "^", .metamethod = "__pow",
+           .verb = "exponentiate", .doc = "a ^ b", .fn.binary = mg_pow},
+  .kernel = {[MG_FLOAT32] = pow_f32, [MG_FLOAT64] = pow_f64, [MG_INT64] = pow_i64},
+  .check = check_int_power,
+  .saves = MG_SAVE_IN(0) | MG_SAVE_IN(1) | MG_SAVE_OUT(0), .backward = pow_backward,
+};
+mg_tensor *mg_pow (mg_tensor *a, mg_tensor *b) { return binary(&pow_op, a, b); }
+
+/* floordiv: out = floor(a / b), as Lua's //.  Not differentiable */
+FLOAT_KERNELS(floordiv, FLOOR(x / y))
+KERNEL(floordiv_i64, int64_t, int64_t, idiv_floor(x, y))
+static const mg_opdef floordiv_op = {
+  .info = {.name = "floordiv", .kind = MG_OP_BINARY, .symbol = "//", .metamethod = "__idiv",
+           .verb = "floor-divide", .doc = "floor(a / b), as Lua's // (not differentiable)",
+           .fn.binary = mg_floordiv},
+  .kernel = {[MG_FLOAT32] = floordiv_f32, [MG_FLOAT64] = floordiv_f64, [MG_INT64] = floordiv_i64},
+  .check = check_int_divisor,
+};
+mg_tensor *mg_floordiv (mg_tensor *a, mg_tensor *b) { return binary(&floordiv_op, a, b); }
+
+/* mod: out = a - floor(a / b) * b (floor-mod, as Lua's %).
+** grad: da = dout, db = -dout * floor(a / b) (TensorFlow's FloorMod rule) */
+FLOAT_KERNELS(mod, MOD_FLOOR(x, y))
+KERNEL(mod_i64, int64_t, int64_t, imod_floor(x, y))
+static mg_status mod_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **din) {
+  mg_scope sc = {0};
+  if (n->needs[0]) din[0] = mg_sum_to_shape(dout[0], SHAPE_OF(n, 0));
+  if (n->needs[1]) {
+    mg_tensor *q = mg_tmp(&sc, mg_floordiv(n->in[0], n->in[1]));
+    din[1] = mg_sum_to_shape(mg_tmp(&sc, mg_neg(mg_tmp(&sc, mg_mul(dout[0], q)))), SHAPE_OF(n, 1));
+  }
+  mg_scope_end(&sc);
+  return MG_OK;
+}
+static const mg_opdef mod_op = {
+  .info = {.name = "mod", .kind = MG_OP_BINARY, .symbol = "%", .metamethod = "__mod",
+           .verb = "take the modulo of", .doc = "a % b, the floor-modulo (as Lua's %)",
+           .fn.binary = mg_mod},
+  .kernel = {[MG_FLOAT32] = mod_f32, [MG_FLOAT64] = mod_f64, [MG_INT64] = mod_i64},
+  .check = check_int_divisor,
+  .saves = MG_SAVE_IN(0) | MG_SAVE_IN(1), .backward = mod_backward,
+};
+mg_tensor *mg_mod (mg_tensor *a, mg_tensor *b) { return binary(&mod_op, a, b); }
+
+/* maximum/minimum: the gradient goes to a where a wins (ties go to a),
+** else to b, as TensorFlow's _MaximumMinimumGrad; NaN wins */
+static mg_status pick_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **din,
+                                mg_tensor *(*a_wins)(mg_tensor *, mg_tensor *)) {
+  mg_scope sc = {0};
+  mg_tensor *mask = mg_tmp(&sc, a_wins(n->in[0], n->in[1]));
+  mg_tensor *zero = mg_tmp(&sc, zero_like_dtype(dout[0]));
+  if (n->needs[0])
+    din[0] = mg_sum_to_shape(mg_tmp(&sc, mg_where(mask, dout[0], zero)), SHAPE_OF(n, 0));
+  if (n->needs[1])
+    din[1] = mg_sum_to_shape(mg_tmp(&sc, mg_where(mask, zero, dout[0])), SHAPE_OF(n, 1));
+  mg_scope_end(&sc);
+  return MG_OK;
+}
+
+FLOAT_KERNELS(maximum, (x >= y || x != x) ? x : y)
+KERNEL(maximum_i64, int64_t, int64_t, x >= y ? x : y)
+static mg_status maximum_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **din) {
+  return pick_backward(n, dout, din, mg_greater_equal);
+}
+static const mg_opdef maximum_op = {
+  .info = {.name = "maximum", .kind = MG_OP_BINARY, .symbol = ",",
+           .doc = "the larger of a and b, elementwise (ties: the gradient goes to a)",
+           .fn.binary = mg_maximum},
+  .kernel = {[MG_FLOAT32] = maximum_f32, [MG_FLOAT64] = maximum_f64, [MG_INT64] = maximum_i64},
+  .saves = MG_SAVE_IN(0) | MG_SAVE_IN(1), .backward = maximum_backward,
+};
+mg_tensor *mg_maximum (mg_tensor *a, mg_tensor *b) { return binary(&maximum_op, a, b); }
+
+FLOAT_KERNELS(minimum, (x <= y || x != x) ? x : y)
+KERNEL(minimum_i64, int64_t, int64_t, x <= y ? x : y)
+static mg_status minimum_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **din) {
+  return pick_backward(n, dout, din, mg_less_equal);
+}
+static const mg_opdef minimum_op = {
+  .info = {.name = "minimum", .kind = MG_OP_BINARY, .symbol = ",",
+           .doc = "the smaller of a and b, elementwise (ties: the gradient goes to a)",
+           .fn.binary = mg_minimum},
+  .kernel = {[MG_FLOAT32] = minimum_f32, [MG_FLOAT64] = minimum_f64, [MG_INT64] = minimum_i64},
+  .saves = MG_SAVE_IN(0) | MG_SAVE_IN(1), .backward = minimum_backward,
+};
+mg_tensor *mg_minimum (mg_tensor *a, mg_tensor *b) { return binary(&minimum_op, a, b); }
+
+/* relu_grad: out = y > 0 ? d : 0 (relu's backward as a primitive, so that
+** it can be differentiated again).  grad: dd = relu_grad(dout, y); dy = 0 */
+FLOAT_KERNELS(relu_grad, y > 0 ? x : 0)
+static mg_status relu_grad_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **din) {
+  mg_scope sc = {0};
+  if (n->needs[0]) din[0] = mg_sum_to_shape(mg_tmp(&sc, mg_relu_grad(dout[0], n->in[1])), SHAPE_OF(n, 0));
+  if (n->needs[1]) din[1] = mg_zeros_meta(&n->in_meta[1]);
+  mg_scope_end(&sc);
+  return MG_OK;
+}
+static const mg_opdef relu_grad_op = {
+  .info = {.name = "relu_grad", .kind = MG_OP_BINARY, .symbol = ",",
+           .doc = "relu_grad(d, y) = y > 0 ? d : 0, relu's backward", .fn.binary = mg_relu_grad},
+  .kernel = {[MG_FLOAT32] = relu_grad_f32, [MG_FLOAT64] = relu_grad_f64},
+  .saves = MG_SAVE_IN(1), .backward = relu_grad_backward,
+};
+mg_tensor *mg_relu_grad (mg_tensor *d, mg_tensor *y) { return binary(&relu_grad_op, d, y); }
+
+/* }========================================================== */
+
+
+/* {=============== comparisons and logic (no gradient) ======== */
+
+#define COMPARE_OP(OP, SYM, EXPR, DOC)                                              \
+  COMPARE_KERNELS(OP, EXPR)                                                         \
+  static const mg_opdef OP##_op = {                                                 \
+    .info = {.name = #OP, .kind = MG_OP_BINARY, .symbol = SYM, .doc = DOC,          \
+             .fn.binary = mg_##OP},                                                 \
+    .kernel = {[MG_FLOAT32] = OP##_f32, [MG_FLOAT64] = OP##_f64,                    \
+               [MG_INT64] = OP##_i64, [MG_BOOL] = OP##_b},                          \
+    .result = MG_RESULT_BOOL,                                                       \
+  };                                                                                \
+  mg_tensor *mg_##OP (mg_tensor *a, mg_tensor *b) { return binary(&OP##_op, a, b); }
+
+COMPARE_OP(equal, "==", x == y, "a == b, elementwise (bool)")
+COMPARE_OP(not_equal, "~=", x != y, "a ~= b, elementwise (bool)")
+COMPARE_OP(less, "<", x < y, "a < b, elementwise (bool)")
+COMPARE_OP(less_equal, "<=", x <= y, "a <= b, elementwise (bool)")
+COMPARE_OP(greater, ">", x > y, "a > b, elementwise (bool)")
+COMPARE_OP(greater_equal, ">=", x >= y, "a >= b, elementwise (bool)")
+
+KERNEL(logical_and_b, uint8_t, uint8_t, x && y)
+static const mg_opdef logical_and_op = {
+  .info = {.name = "logical_and", .kind = MG_OP_BINARY, .symbol = "and",
+           .doc = "a and b, elementwise on bool tensors", .fn.binary = mg_logical_and},
+  .kernel = {[MG_BOOL] = logical_and_b}, .result = MG_RESULT_BOOL,
+};
+mg_tensor *mg_logical_and (mg_tensor *a, mg_tensor *b) { return binary(&logical_and_op, a, b); }
+
+KERNEL(logical_or_b, uint8_t, uint8_t, x || y)
+static const mg_opdef logical_or_op = {
+  .info = {.name = "logical_or", .kind = MG_OP_BINARY, .symbol = "or",
+           .doc = "a or b, elementwise on bool tensors", .fn.binary = mg_logical_or},
+  .kernel = {[MG_BOOL] = logical_or_b}, .result = MG_RESULT_BOOL,
+};
+mg_tensor *mg_logical_or (mg_tensor *a, mg_tensor *b) { return binary(&logical_or_op, a, b); }
+
+/* }========================================================== */
+
+
+/* {========================== where ========================= */
+
+static void where_run (int64_t n, char **p, const int64_t *s, void *ud) {
+  size_t sz = *(size_t *)ud;
+  const uint8_t *c = (const uint8_t *)p[1];
+  if (sz == 4 && s[1] == 1 && s[2] == 1 && s[3] == 1) {
+    const float *a = (const float *)p[2], *b = (const float *)p[3];
+    float *o = (float *)p[0];
+    for (int64_t i = 0; i < n; i++) o[i] = c[i] ? a[i] : b[i];
+  } else if (sz == 8 && s[1] == 1 && s[2] == 1 && s[3] == 1) {
+    const double *a = (const double *)p[2], *b = (const double *)p[3];
+    double *o = (double *)p[0];
+    for (int64_t i = 0; i < n; i++) o[i] = c[i] ? a[i] : b[i];
+  } else {
+    for (int64_t i = 0; i < n; i++)
+      memcpy(p[0] + (size_t)i * sz, c[i * s[1]] ? p[2] + i * s[2] * (int64_t)sz
+                                               : p[3] + i * s[3] * (int64_t)sz, sz);
+  }
+}
+
+/* where: out = cond ? a : b.  grad: da = where(cond, dout, 0),
+** db = where(cond, 0, dout); cond gets none */
+static mg_status where_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **din) {
+  mg_scope sc = {0};
+  mg_tensor *zero = mg_tmp(&sc, zero_like_dtype(dout[0]));
+  if (n->needs[1])
+    din[1] = mg_sum_to_shape(mg_tmp(&sc, mg_where(n->in[0], dout[0], zero)), SHAPE_OF(n, 1));
+  if (n->needs[2])
+    din[2] = mg_sum_to_shape(mg_tmp(&sc, mg_where(n->in[0], zero, dout[0])), SHAPE_OF(n, 2));
+  mg_scope_end(&sc);
+  return MG_OK;
+}
+static const mg_opdef where_op = {
+  .info = {.name = "where", .kind = MG_OP_OTHER,
+           .doc = "where(cond, a, b): a where cond is true, else b (all three broadcast)"},
+  .saves = MG_SAVE_IN(0), .backward = where_backward,
+};
+
+mg_tensor *mg_where (mg_tensor *cond, mg_tensor *a, mg_tensor *b) {
+  MG_CHECK_ARG("mg_where", cond, NULL);
+  MG_CHECK_ARG("mg_where", a, NULL);
+  MG_CHECK_ARG("mg_where", b, NULL);
+  if (cond->dtype != MG_BOOL)
+    return mg_seterror("where: condition must be a bool tensor, got %s", mg_dtype_name(cond->dtype)), NULL;
+  if (a->dtype != b->dtype)
+    return mg_seterror("where: dtypes differ: %s vs %s", mg_dtype_name(a->dtype),
+                       mg_dtype_name(b->dtype)), NULL;
+  int64_t s1[MG_MAX_DIMS], shape[MG_MAX_DIMS];
+  int n1 = mg_broadcast_shapes("where", ",", a->shape, a->ndim, b->shape, b->ndim, s1);
+  if (n1 < 0) return NULL;
+  int nd = mg_broadcast_shapes("where", "and", cond->shape, cond->ndim, s1, n1, shape);
+  if (nd < 0) return NULL;
+  mg_tensor *out = mg_empty(shape, nd, a->dtype);
+  if (out == NULL) return NULL;
+  mg_iter it;
+  const mg_tensor *ops[4] = {out, cond, a, b};
+  mg_iter_init(&it, shape, nd, 4, ops);
+  char *base[4] = {mg_ptr(out), mg_ptr(cond), mg_ptr(a), mg_ptr(b)};
+  size_t esz = mg_dtype_size(a->dtype), sz[4] = {esz, 1, esz, esz};
+  mg_iter_run(&it, base, sz, where_run, &esz);
+  mg_tensor *in[3] = {cond, a, b};
+  return mg_is_float(a->dtype) ? mg_finish(&where_op, 3, in, out, NULL) : out;
+}
+
+/* }========================================================== */
+
+
+static const mg_opdef *const rows[] = {
+  &add_op, &sub_op, &mul_op, &div_op, &pow_op, &floordiv_op, &mod_op, &maximum_op, &minimum_op,
+  &relu_grad_op, &equal_op, &not_equal_op, &less_op, &less_equal_op, &greater_op,
+  &greater_equal_op, &logical_and_op, &logical_or_op, &where_op,
+};
+_Static_assert(sizeof rows / sizeof rows[0] == 19, "binary.c: a row is missing from rows[]");
+const mg_opfamily mg_binary_ops = {rows, sizeof rows / sizeof rows[0]};

@@ -1,0 +1,239 @@
+/*
+** unary.c — elementwise maths of one tensor: neg, exp, log, sqrt, abs,
+** sign, tanh, sigmoid, relu, softplus, logical_not.
+**
+** Each op is one block: its kernels, its backward rule, its registry row
+** and its entry point. exp, log and tanh go through glibc's vector maths
+** (vecmath.h), so their loops run 8 or 16 values at a time.
+*/
+#include <math.h>
+#include <stdio.h>
+
+#include "moongrad_impl.h"
+#include "vecmath.h"
+
+/* {=================== kernels and the common path =========== */
+
+#define LOOP1(TI, TO, EXPR) do {                                              \
+    const TI *X_ = (const TI *)p[1];                                          \
+    TO *O_ = (TO *)p[0];                                                      \
+    int64_t sx_ = s[1];                                                       \
+    if (sx_ == 1) for (int64_t i = 0; i < n; i++) { TI x = X_[i]; O_[i] = (TO)(EXPR); } \
+    else for (int64_t i = 0; i < n; i++) { TI x = X_[i * sx_]; O_[i] = (TO)(EXPR); } \
+  } while (0)
+
+#define KERNEL(NAME, TI, TO, EXPR) \
+  static void NAME (int64_t n, char **p, const int64_t *s) { LOOP1(TI, TO, EXPR); }
+#define FLOAT_KERNELS(OP, EXPR) \
+  KERNEL(OP##_f32, float, float, EXPR) KERNEL(OP##_f64, double, double, EXPR)
+
+#define EXP(x)    _Generic((x), float: expf, default: exp)(x)
+#define LOG(x)    _Generic((x), float: logf, default: log)(x)
+#define LOG1P(x)  _Generic((x), float: log1pf, default: log1p)(x)
+#define SQRT(x)   _Generic((x), float: sqrtf, default: sqrt)(x)
+#define FABS(x)   _Generic((x), float: fabsf, default: fabs)(x)
+#define TANH(x)   _Generic((x), float: tanhf, default: tanh)(x)
+
+typedef struct { mg_kernel k; } kernel_ud;
+
+static void run_kernel (int64_t n, char **p, const int64_t *s, void *ud) {
+  ((const kernel_ud *)ud)->k(n, p, s);
+}
+
+static mg_tensor *unary (const mg_opdef *op, mg_tensor *x) {
+  const char *fn = op->info.name;
+  if (x == NULL) {
+    char cfn[32];
+    snprintf(cfn, sizeof cfn, "mg_%s", fn);
+    return mg_null_arg(cfn, "x"), NULL;
+  }
+  mg_kernel k = op->kernel[x->dtype];
+  if (k == NULL) {
+    if (op->kernel[MG_BOOL]) return mg_seterror("%s: needs a bool tensor, got %s", fn, mg_dtype_name(x->dtype)), NULL;
+    if (x->dtype == MG_BOOL) return mg_seterror("%s: not defined for bool tensors; cast first", fn), NULL;
+    return mg_seterror("%s: not defined for int64 tensors; cast to float first", fn), NULL;
+  }
+  mg_tensor *out = mg_empty(x->shape, x->ndim, x->dtype);
+  if (out == NULL) return NULL;
+  mg_iter it;
+  const mg_tensor *ops[2] = {out, x};
+  mg_iter_init(&it, x->shape, x->ndim, 2, ops);
+  char *base[2] = {mg_ptr(out), mg_ptr(x)};
+  size_t sz[2] = {mg_dtype_size(x->dtype), mg_dtype_size(x->dtype)};
+  kernel_ud ud = {k};
+  mg_iter_run(&it, base, sz, run_kernel, &ud);
+  return op->backward && mg_is_float(x->dtype) ? mg_finish(op, 1, &x, out, NULL) : out;
+}
+
+/* }========================================================== */
+
+
+/* {==================== ops and gradients =================== */
+
+/* neg: out = -x.  grad: dx = -dout */
+FLOAT_KERNELS(neg, -x)
+KERNEL(neg_i64, int64_t, int64_t, 0u - (uint64_t)x)          /* wraps, as Lua's */
+static mg_status neg_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **din) {
+  MG_UNUSED(n);
+  din[0] = mg_neg(dout[0]);
+  return MG_OK;
+}
+static const mg_opdef neg_op = {
+  .info = {.name = "neg", .kind = MG_OP_UNARY, .symbol = "-", .metamethod = "__unm",
+           .doc = "-x", .fn.unary = mg_neg},
+  .kernel = {[MG_FLOAT32] = neg_f32, [MG_FLOAT64] = neg_f64, [MG_INT64] = neg_i64},
+  .backward = neg_backward,
+};
+mg_tensor *mg_neg (mg_tensor *x) { return unary(&neg_op, x); }
+
+/* exp: out = e^x.  grad: dx = dout * out */
+FLOAT_KERNELS(exp, EXP(x))
+static mg_status exp_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **din) {
+  din[0] = mg_mul(dout[0], n->out[0]);
+  return MG_OK;
+}
+static const mg_opdef exp_op = {
+  .info = {.name = "exp", .kind = MG_OP_UNARY, .doc = "e^x", .fn.unary = mg_exp},
+  .kernel = {[MG_FLOAT32] = exp_f32, [MG_FLOAT64] = exp_f64},
+  .saves = MG_SAVE_OUT(0), .backward = exp_backward,
+};
+mg_tensor *mg_exp (mg_tensor *x) { return unary(&exp_op, x); }
+
+/* log: out = ln x.  grad: dx = dout / x */
+FLOAT_KERNELS(log, LOG(x))
+static mg_status log_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **din) {
+  din[0] = mg_div(dout[0], n->in[0]);
+  return MG_OK;
+}
+static const mg_opdef log_op = {
+  .info = {.name = "log", .kind = MG_OP_UNARY, .doc = "the natural logarithm", .fn.unary = mg_log},
+  .kernel = {[MG_FLOAT32] = log_f32, [MG_FLOAT64] = log_f64},
+  .saves = MG_SAVE_IN(0), .backward = log_backward,
+};
+mg_tensor *mg_log (mg_tensor *x) { return unary(&log_op, x); }
+
+/* sqrt: out = sqrt(x).  grad: dx = dout * 0.5 / out */
+FLOAT_KERNELS(sqrt, SQRT(x))
+static mg_status sqrt_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **din) {
+  mg_scope sc = {0};
+  mg_tensor *half = mg_tmp(&sc, mg_scalar(0.5, dout[0]->dtype));
+  din[0] = mg_div(mg_tmp(&sc, mg_mul(dout[0], half)), n->out[0]);
+  mg_scope_end(&sc);
+  return MG_OK;
+}
+static const mg_opdef sqrt_op = {
+  .info = {.name = "sqrt", .kind = MG_OP_UNARY, .doc = "the square root", .fn.unary = mg_sqrt},
+  .kernel = {[MG_FLOAT32] = sqrt_f32, [MG_FLOAT64] = sqrt_f64},
+  .saves = MG_SAVE_OUT(0), .backward = sqrt_backward,
+};
+mg_tensor *mg_sqrt (mg_tensor *x) { return unary(&sqrt_op, x); }
+
+/* abs: out = |x|.  grad: dx = dout * sign(x) (0 at 0) */
+FLOAT_KERNELS(abs, FABS(x))
+KERNEL(abs_i64, int64_t, int64_t, x < 0 ? 0u - (uint64_t)x : (uint64_t)x)
+static mg_status abs_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **din) {
+  mg_scope sc = {0};
+  din[0] = mg_mul(dout[0], mg_tmp(&sc, mg_sign(n->in[0])));
+  mg_scope_end(&sc);
+  return MG_OK;
+}
+static const mg_opdef abs_op = {
+  .info = {.name = "abs", .kind = MG_OP_UNARY, .doc = "|x|", .fn.unary = mg_abs},
+  .kernel = {[MG_FLOAT32] = abs_f32, [MG_FLOAT64] = abs_f64, [MG_INT64] = abs_i64},
+  .saves = MG_SAVE_IN(0), .backward = abs_backward,
+};
+mg_tensor *mg_abs (mg_tensor *x) { return unary(&abs_op, x); }
+
+/* sign: -1, 0 or 1 (NaN stays NaN).  Not differentiable */
+FLOAT_KERNELS(sign, (x > 0) - (x < 0) + (x != x ? x : 0))
+KERNEL(sign_i64, int64_t, int64_t, (x > 0) - (x < 0))
+static const mg_opdef sign_op = {
+  .info = {.name = "sign", .kind = MG_OP_UNARY, .doc = "-1, 0 or 1 (not differentiable)",
+           .fn.unary = mg_sign},
+  .kernel = {[MG_FLOAT32] = sign_f32, [MG_FLOAT64] = sign_f64, [MG_INT64] = sign_i64},
+};
+mg_tensor *mg_sign (mg_tensor *x) { return unary(&sign_op, x); }
+
+/* tanh: out = tanh(x).  grad: dx = dout * (1 - out^2); keeps the output only */
+FLOAT_KERNELS(tanh, TANH(x))
+static mg_status tanh_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **din) {
+  mg_scope sc = {0};
+  mg_tensor *y = n->out[0], *one = mg_tmp(&sc, mg_scalar(1.0, y->dtype));
+  mg_tensor *d = mg_tmp(&sc, mg_sub(one, mg_tmp(&sc, mg_mul(y, y))));
+  din[0] = mg_mul(dout[0], d);
+  mg_scope_end(&sc);
+  return MG_OK;
+}
+static const mg_opdef tanh_op = {
+  .info = {.name = "tanh", .kind = MG_OP_UNARY, .doc = "the hyperbolic tangent", .fn.unary = mg_tanh},
+  .kernel = {[MG_FLOAT32] = tanh_f32, [MG_FLOAT64] = tanh_f64},
+  .saves = MG_SAVE_OUT(0), .backward = tanh_backward,
+};
+mg_tensor *mg_tanh (mg_tensor *x) { return unary(&tanh_op, x); }
+
+/* sigmoid: out = 1 / (1 + e^-x).  grad: dx = dout * out * (1 - out) */
+FLOAT_KERNELS(sigmoid, 1 / (1 + EXP(-x)))
+static mg_status sigmoid_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **din) {
+  mg_scope sc = {0};
+  mg_tensor *y = n->out[0], *one = mg_tmp(&sc, mg_scalar(1.0, y->dtype));
+  mg_tensor *d = mg_tmp(&sc, mg_mul(y, mg_tmp(&sc, mg_sub(one, y))));
+  din[0] = mg_mul(dout[0], d);
+  mg_scope_end(&sc);
+  return MG_OK;
+}
+static const mg_opdef sigmoid_op = {
+  .info = {.name = "sigmoid", .kind = MG_OP_UNARY, .doc = "1 / (1 + e^-x)", .fn.unary = mg_sigmoid},
+  .kernel = {[MG_FLOAT32] = sigmoid_f32, [MG_FLOAT64] = sigmoid_f64},
+  .saves = MG_SAVE_OUT(0), .backward = sigmoid_backward,
+};
+mg_tensor *mg_sigmoid (mg_tensor *x) { return unary(&sigmoid_op, x); }
+
+/* relu: out = max(x, 0), NaN kept.  grad: dx = relu_grad(dout, out), one pass */
+FLOAT_KERNELS(relu, (x > 0 || x != x) ? x : 0)
+KERNEL(relu_i64, int64_t, int64_t, x > 0 ? x : 0)
+static mg_status relu_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **din) {
+  din[0] = mg_relu_grad(dout[0], n->out[0]);
+  return MG_OK;
+}
+static const mg_opdef relu_op = {
+  .info = {.name = "relu", .kind = MG_OP_UNARY, .doc = "max(x, 0)", .fn.unary = mg_relu},
+  .kernel = {[MG_FLOAT32] = relu_f32, [MG_FLOAT64] = relu_f64, [MG_INT64] = relu_i64},
+  .saves = MG_SAVE_OUT(0), .backward = relu_backward,
+};
+mg_tensor *mg_relu (mg_tensor *x) { return unary(&relu_op, x); }
+
+/* softplus: out = log(1 + e^x), as max(x, 0) + log1p(e^-|x|) so that it
+** neither overflows nor loses the small values.  grad: dx = dout * sigmoid(x) */
+FLOAT_KERNELS(softplus, (x > 0 ? x : 0) + LOG1P(EXP(-FABS(x))))
+static mg_status softplus_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **din) {
+  mg_scope sc = {0};
+  din[0] = mg_mul(dout[0], mg_tmp(&sc, mg_sigmoid(n->in[0])));
+  mg_scope_end(&sc);
+  return MG_OK;
+}
+static const mg_opdef softplus_op = {
+  .info = {.name = "softplus", .kind = MG_OP_UNARY, .doc = "log(1 + e^x), computed stably",
+           .fn.unary = mg_softplus},
+  .kernel = {[MG_FLOAT32] = softplus_f32, [MG_FLOAT64] = softplus_f64},
+  .saves = MG_SAVE_IN(0), .backward = softplus_backward,
+};
+mg_tensor *mg_softplus (mg_tensor *x) { return unary(&softplus_op, x); }
+
+/* logical_not: not x, on bool tensors.  Not differentiable */
+KERNEL(logical_not_b, uint8_t, uint8_t, !x)
+static const mg_opdef logical_not_op = {
+  .info = {.name = "logical_not", .kind = MG_OP_UNARY, .symbol = "not",
+           .doc = "not x, elementwise on a bool tensor", .fn.unary = mg_logical_not},
+  .kernel = {[MG_BOOL] = logical_not_b},
+};
+mg_tensor *mg_logical_not (mg_tensor *x) { return unary(&logical_not_op, x); }
+
+/* }========================================================== */
+
+
+static const mg_opdef *const rows[] = {
+  &neg_op, &exp_op, &log_op, &sqrt_op, &abs_op, &sign_op, &tanh_op, &sigmoid_op, &relu_op,
+  &softplus_op, &logical_not_op,
+};
+_Static_assert(sizeof rows / sizeof rows[0] == 11, "unary.c: a row is missing from rows[]");
+const mg_opfamily mg_unary_ops = {rows, sizeof rows / sizeof rows[0]};
