@@ -216,8 +216,8 @@ end
 local BINMETA = {"+", "-", "*", "/", "^", "//", "%"}
 local BINFN = {"add", "sub", "mul", "div", "pow", "floordiv", "mod", "maximum", "minimum", "equal",
                "not_equal", "less", "less_equal", "greater", "greater_equal", "logical_and",
-               "logical_or", "matmul"}
-local UNFN = {"neg", "exp", "log", "sqrt", "abs", "sign", "tanh", "sigmoid", "relu", "logical_not"}
+               "logical_or", "matmul", "relu_grad"}
+local UNFN = {"neg", "exp", "log", "sqrt", "abs", "sign", "tanh", "sigmoid", "relu", "logical_not", "softplus"}
 local REDFN = {"sum", "mean", "max", "min", "argmax", "argmin"}
 
 local function creation ()
@@ -505,13 +505,14 @@ end
 local function layer_expr ()
   return wpick{
     5, function() return fmt("mg.nn.Dense(%s, {activation = %s, use_bias = %s})", wpick{10, small_int, 1, "1.5", 1, "(1<<40)", 1, "nil", 1, '"3"', 0.5, "(1<<20)"}, act(), pick{"true", "false", "nil"}) end,
+    2, function() return fmt("mg.nn.Dense(%s, %s%s)", small_int(), act(), pick{"", ", {use_bias = false}", ", {activation = 'relu'}", ", {bogus = 1}", ", 5"}) end,
     2, function() return fmt("mg.nn.Sequential{%s, nil, %s}", Fk(), Fk()) end,
     2, function() return fmt("mg.nn.Sequential{%s, %s}", Fk(), Fk()) end,
     1, function() return fmt("mg.nn.Sequential(%s)", pick{"{1}", "'x'", "{}", "{mg.nn.Dense(2), 'x'}", "{print}"}) end,
     2, function() return fmt("mg.nn.Lambda(function(x, ...) %s end)", pick{"return x * 2", "return mg.relu(x)", "return x", "error('lam')", "return nil", "return x, x", "collectgarbage(); return x + 1"}) end,
     1, function() return fmt("mg.nn.Lambda(%s)", weird_value()) end,
-    2, function() return fmt("mg.nn.Dropout(%s)", pick{"0", "0.5", "0.99", "1", "-0.1", "(0/0)", "'x'", "nil"}) end,
-    2, function() return fmt("mg.nn.BatchNorm(%s)", pick{"nil", "{momentum = 0.9}", "{epsilon = 0}", "{momentum = 0/0}", "{epsilon = -1}", "'x'"}) end,
+    2, function() return fmt("mg.nn.Dropout(%s%s)", pick{"0", "0.5", "0.99", "1", "-0.1", "(0/0)", "'x'", "nil"}, pick{"", ", {training = false}", ", {training = 1}"}) end,
+    2, function() return fmt("mg.nn.BatchNorm(%s)", pick{"nil", "{momentum = 0.9}", "{epsilon = 0}", "{momentum = 0/0}", "{epsilon = -1}", "'x'", "{training = false}", "{momentum = 0.5, training = true}"}) end,
     2, function() return fmt("mg.nn.RevBlock(%s, %s, %s)", pick{Fk(), "function(x) return x * 2 end", "mg.nn.Dense(2)", "{" .. Fk() .. "}", "mg.tanh"},
                              pick{Fk(), "function(x) return mg.tanh(x) end", "mg.nn.Dense(2)", "mg.relu"},
                              pick{"nil", "{num_layers = 2}", "{num_layers = 3}", "{num_layers = 0}", "{num_layers = 1.5}", "{num_layers = 50}"}) end,
@@ -531,7 +532,7 @@ local function nn_stmt (depth)
     3, function() return assign(fmt("mg.nn.softmax_cross_entropy(%s, %s)", operand(),
          pick{'mg.constant({1, 2}, "int64")', 'mg.constant({1}, "int64")', 'mg.constant({{1}, {2}}, "int64")', 'mg.constant({0, 99}, "int64")',
               'mg.constant({1, 2, 3, 1, 2, 3, 1, 2}, "int64")', "mg.constant({1, 2})", 'mg.constant({}, "int64")', 'mg.constant(1, "int64")', "V[2]", "{1, 2}",
-              'mg.constant({math.maxinteger, math.mininteger}, "int64")'})) end,
+              'mg.constant({math.maxinteger, math.mininteger}, "int64")', "mg.softmax(V[2])", "mg.ones_like(V[1])", "mg.zeros{2, 3}"})) end,
     1, function() return assign(fmt("mg.nn.mean_squared_error(%s, %s)", operand(), operand())) end,
     1, function() return assign(fmt("mg.nn.glorot_uniform(%s, %s)", pick{"{2, 3}", "{}", "{0, 0}", "{3}", "{1, 1, 1}", "{1<<40, 2}", "{2, -1}"}, dtype_lit())) end,
     2, function()      -- a training step
@@ -545,7 +546,8 @@ local function optim_stmt ()
   local o = fmt("O[%d]", R(1, NO))
   return wpick{
     3, function() return fmt("%s = mg.optim.SGD(%s)", o, pick{"nil", "{learning_rate = 0.1}", "{momentum = 0.9}", "{momentum = 0.9, nesterov = true}", "{learning_rate = 0/0}", "{learning_rate = 'x'}"}) end,
-    3, function() return fmt("%s = mg.optim.Adam(%s)", o, pick{"nil", "{learning_rate = 0.01}", "{beta1 = 1}", "{epsilon = 0}", "{beta2 = 2}"}) end,
+    3, function() return fmt("%s = mg.optim.Adam(%s)", o, pick{"nil", "{learning_rate = 0.01}", "{beta1 = 1}", "{epsilon = 0}", "{beta2 = 2}", "{beta_1 = 0.5, beta_2 = 0.9}", "0.1", "{beta1 = 0.5, beta_1 = 0.6}"}) end,
+    2, function() return fmt("%s:apply_gradients({{%s, %s}, {%s, %s}})", o, V(), V(), V(), V()) end,
     5, function() return fmt("%s:apply_gradients(%s, %s)", o,
          pick{fmt("{%s, nil, %s}", V(), V()), fmt("{%s}", V()), "{}", "{nil}", fmt("{%s, %s}", V(), V()), "'g'", fmt("{%s:transpose()}", V())},
          pick{fmt("{%s, %s, %s}", V(), V(), V()), fmt("{%s}", V()), "{}", fmt("{%s, %s}", V(), V()), "nil", "{1}"}) end,
@@ -623,6 +625,9 @@ end
 
 local function misc_stmt ()
   return wpick{
+    3, function() return fmt("mg.memory.fail_after(%d); %s; mg.memory.fail_after(0)", R(1, 80), body(1)) end,
+    1, function() return fmt("mg.memory.fail_after(%d); %s", R(1, 400), pick{"collectgarbage()", gradient_call(Tk()), "V[1] = first(F[2](A[1], V[2]))", "V[1] = first(F[3](V[1]))"}) end,
+    0.5, "local ops = mg.ops(); for i = 1, #ops do local o = ops[i]; local _ = o.name, o.kind, o.doc end",
     1, function() return fmt("local t = mg.tape(%s); local x = %s; t:watch(x); local y = x; for i = 1, %d do y = %s end; t:stop(); V[%d] = first(t:gradient(y, x))",
                              pick{"", "{persistent = true}"}, operand(), pick{100, 300, 600}, pick{"y * 1.001", "mg.tanh(y) + y", "y + x", "(y - x) * 0.5"}, slot()) end,
     1, function() return fmt("local ts = {}; for i = 1, %d do ts[i] = mg.tape(%s) end; V[%d] = %s; for i = 1, #ts, 7 do %s end",
