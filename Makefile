@@ -33,7 +33,7 @@ CFLAGS  = -std=c11 -D_POSIX_C_SOURCE=200809L $(OPT) $(MARCH) -fno-math-errno -fP
 LIBS    = -ldnnl -lcjson -lmvec -lm -fopenmp
 
 # Debian packages the build and the tests need
-DEPS = lua5.4 liblua5.4-dev lua-busted libreadline-dev libdnnl-dev libcjson-dev tmux luarocks
+DEPS = lua5.4 liblua5.4-dev lua-busted libreadline-dev libdnnl-dev libcjson-dev libdlpack-dev tmux luarocks
 
 LIB_SRC = $(wildcard src/*.c src/ops/*.c src/autodiff/*.c src/lua/*.c)
 LIB_SRC := $(filter-out src/main.c,$(LIB_SRC))

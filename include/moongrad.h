@@ -120,7 +120,8 @@ MG_API uint64_t     mg_tensor_id       (const mg_tensor *t);  /* unique per tens
 MG_API int          mg_tensor_is_contiguous (const mg_tensor *t);
 /* a contiguous tensor with the same values (t itself, retained, if it is one) */
 MG_API mg_tensor   *mg_contiguous      (mg_tensor *t);
-/* first element of a contiguous tensor: float*, double*, int64_t* or uint8_t* */
+/* its first element: float*, double*, int64_t* or uint8_t*; step through
+** the others with mg_tensor_strides (in elements), or mg_contiguous first */
 MG_API void        *mg_tensor_data     (const mg_tensor *t);
 /* one element as a double, index 0-based; NaN + error when out of range */
 MG_API double       mg_tensor_get      (const mg_tensor *t, const int64_t *index);
@@ -423,6 +424,29 @@ MG_API mg_status mg_recompute_call (const mg_function *fn, void *ud, int nin,
 /* }============================================================== */
 
 
+/* {=================== exchange without copies ==================== */
+/* A tensor over a host's buffer, as torch.from_blob: no byte is copied.
+** strides in elements (NULL: contiguous); release(ud) runs when the last
+** tensor viewing the buffer goes, or at once when this fails. The buffer
+** must stay valid and unchanged until then (tensors are immutable); its
+** bytes count in the memory stats while tensors view it. */
+MG_API mg_tensor *mg_from_blob (void *data, const int64_t *shape, int ndim,
+                                const int64_t *strides, mg_dtype dt,
+                                void (*release)(void *ud), void *ud);
+
+/* DLPack (dlpack/dlpack.h, Debian's libdlpack-dev), the exchange format of
+** NumPy, PyTorch and JAX, on CPU memory. mg_to_dlpack shares t's data and
+** holds a reference until the consumer calls the deleter. mg_from_dlpack
+** takes over m (its deleter runs when the last tensor viewing the data
+** goes, or at once when the layout is refused); it refuses other devices
+** and dtypes with m left to the caller. bool travels as uint8. */
+struct DLManagedTensor;
+MG_API struct DLManagedTensor *mg_to_dlpack   (mg_tensor *t);
+MG_API mg_tensor              *mg_from_dlpack (struct DLManagedTensor *m);
+
+/* }============================================================== */
+
+
 /* {=========================== memory =========================== */
 /* Live bytes are split by role: a storage held by a variable counts as
 ** variable bytes, one saved by a tape node as saved bytes, any other as
@@ -440,6 +464,8 @@ typedef struct mg_memory_stats {
 } mg_memory_stats;
 
 MG_API mg_memory_stats mg_memory_stats_get (void);
+/* bytes ever allocated (cheaper than the stats: a host paces its collector by it) */
+MG_API size_t          mg_memory_allocated_bytes (void);
 MG_API void            mg_memory_reset_peak (void);
 MG_API void            mg_memory_release_cache (void);             /* free() what is cached */
 /* at most min(bytes, 16 MiB + peak/4) wait for reuse; default 256 MiB, 0: no cache */

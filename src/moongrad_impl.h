@@ -51,11 +51,15 @@ typedef struct mg_storage {
   mg_role role;           /* derived from the two counts above */
   size_t nbytes;
   size_t bucket;          /* capacity, for the reuse cache */
-  void *data;             /* 64-byte aligned */
+  void *data;             /* 64-byte aligned, unless a host's */
+  void (*release)(void *ud);   /* a host's buffer (mg_from_blob): how to give it back */
+  void *release_ud;
 } mg_storage;
 
 mg_storage *mg_storage_new     (size_t nbytes);       /* NULL + error on failure */
-size_t      mg_memory_allocated_bytes (void);         /* ever, for GC pacing */
+/* a storage over a host's buffer, counted like the others; release(ud)
+** runs when the last tensor viewing it goes */
+mg_storage *mg_storage_wrap    (void *data, size_t nbytes, void (*release)(void *ud), void *ud);
 /* blocks for small C objects (nodes, tapes), recycled by size; free with the same size */
 void       *mg_small_alloc (size_t size);
 void        mg_small_free  (void *p, size_t size);

@@ -7,7 +7,8 @@
 #include <lua.h>
 #include <lauxlib.h>
 
-#include "../moongrad_impl.h"
+#include <stdbool.h>
+#include "moongrad.h"
 
 typedef struct ltensor { mg_tensor *t; } ltensor;       /* one reference, or NULL */
 typedef struct lvariable { mg_variable *v; } lvariable;

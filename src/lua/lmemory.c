@@ -63,13 +63,13 @@ static int l_stats (lua_State *L) {
 }
 
 static int l_reset_peak (lua_State *L) {
-  MG_UNUSED(L);
+  (void)L;
   mg_memory_reset_peak();
   return 0;
 }
 
 static int l_release_cache (lua_State *L) {
-  MG_UNUSED(L);
+  (void)L;
   mg_memory_release_cache();
   return 0;
 }
