@@ -290,6 +290,18 @@ MG_API mg_tensor *mg_log_softmax (mg_tensor *x, int axis);
 /* }============================================================== */
 
 
+/* {================ ops: more maths and reductions =============== */
+/* (src/ops/maths.c) */
+
+/* }============================================================== */
+
+
+/* {============== ops: indexing, sorting, rearranging ============ */
+/* (src/ops/index.c, src/ops/sort.c) */
+
+/* }============================================================== */
+
+
 /* {======================== ops: random ========================= */
 /* A counter-based generator (Philox4x32-10): the state is (seed, offset),
 ** and each draw advances the offset by the number of values drawn. Saving

@@ -100,6 +100,8 @@ int luaopen_moongrad (lua_State *L) {
   mgL_remember_metatables(L);
   mgL_open_tape(L);
   mgL_open_functions(L);
+  mgL_open_maths(L);
+  mgL_open_index(L);
   mgL_open_memory(L);
   mgL_open_random(L);
   lua_pushcfunction(L, l_set_num_threads);
