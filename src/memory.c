@@ -309,7 +309,7 @@ void mg_memory_fail_after (int64_t n) {
   m->fail_countdown = n > 0 ? n : 0;
 }
 
-bool mg_alloc_should_fail (void) {
+bool mg_alloc_fail_slow (void) {
   mg_memory_state *m = mem();
   int64_t *left = &m->fail_countdown;      /* -1: not read from the environment yet */
   if (*left < 0) {

@@ -64,8 +64,10 @@ mg_storage *mg_storage_wrap    (void *data, size_t nbytes, void (*release)(void 
 void       *mg_small_alloc (size_t size);
 void        mg_small_free  (void *p, size_t size);
 void        mg_storage_release (mg_storage *s);
-/* true when an injected allocation failure is due (mg_memory_fail_after) */
-bool        mg_alloc_should_fail (void);
+/* true when an injected allocation failure is due (mg_memory_fail_after);
+** the test is on every allocation's path, so its common answer is inline */
+bool        mg_alloc_fail_slow (void);
+#define mg_alloc_should_fail() (mg_ctx()->memory.fail_countdown != 0 && mg_alloc_fail_slow())
 /* between nodes of a backward walk: lets the host collect garbage */
 void        mg_memory_safe_point (void);
 void        mg_memory_release_small (void);  /* free() the recycled small blocks */

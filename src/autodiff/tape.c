@@ -674,7 +674,8 @@ mg_status mg_walk_begin (mg_held *h, mg_tape *t, const char *fn, int na, mg_tens
                              int nb, mg_tensor *const *b, int nc, mg_tensor *const *c) {
   if (t->walking)
     return mg_seterror("tape:%s: called while this tape's gradient is being computed", fn);
-  h->xs = (mg_tensor **)malloc(sizeof(mg_tensor *) * (size_t)(na + nb + nc + 1));
+  int most = na + nb + nc;
+  h->xs = most <= 8 ? h->small : (mg_tensor **)malloc(sizeof(mg_tensor *) * (size_t)most);
   if (h->xs == NULL) return mg_seterror("out of memory in tape:%s", fn);
   h->n = 0;
   for (int i = 0; i < na; i++) h->xs[h->n++] = mg_tensor_retain(a[i]);
@@ -690,7 +691,7 @@ void mg_walk_end (mg_held *h) {
   mg_tape_resume(h->t);
   h->t->walking--;
   for (int i = 0; i < h->n; i++) mg_tensor_release(h->xs[i]);
-  free(h->xs);
+  if (h->xs != h->small) free(h->xs);
   mg_tape_release(h->t);
 }
 

@@ -94,8 +94,9 @@ void       mgL_pressure_during_gradient (void);
 extern _Thread_local lua_State *mgL_running;
 /* around a gradient computation asked for from L: Lua callbacks of L's
 ** state (custom gradients, recompute) run on L; returns what to restore */
-lua_State *mgL_enter (lua_State *L);
-void       mgL_leave (lua_State *L, lua_State *prev);
+typedef struct mgL_call { void *anchor; lua_State *prev; } mgL_call;
+mgL_call   mgL_enter (lua_State *L);
+void       mgL_leave (lua_State *L, mgL_call c);
 /* raises unless the table at arg (if not nil) has only these string keys */
 void       mgL_checkoptions (lua_State *L, int arg, const char *const keys[]);
 

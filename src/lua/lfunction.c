@@ -80,20 +80,20 @@ static void sweep (lua_State *L, mgL_anchor *a) {
   while (a->ndead > 0) luaL_unref(L, LUA_REGISTRYINDEX, a->dead[--a->ndead]);
 }
 
-lua_State *mgL_enter (lua_State *L) {
+mgL_call mgL_enter (lua_State *L) {
   mgL_anchor *a = anchor_of(L);
-  lua_State *prev = a->running;
+  mgL_call c = {a, a->running};
   a->running = L;
   mgL_running = L;
   mg_memory_set_pressure_hook(mgL_pressure_during_gradient);   /* this thread's context */
-  return prev;
+  return c;
 }
 
-void mgL_leave (lua_State *L, lua_State *prev) {
-  mgL_anchor *a = anchor_of(L);
-  a->running = prev;
-  mgL_running = prev;
-  sweep(L, a);
+void mgL_leave (lua_State *L, mgL_call c) {
+  mgL_anchor *a = (mgL_anchor *)c.anchor;
+  a->running = c.prev;
+  mgL_running = c.prev;
+  if (a->ndead > 0) sweep(L, a);
 }
 
 /* }========================================================== */
