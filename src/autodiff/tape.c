@@ -441,6 +441,10 @@ mg_status mg_record (const mg_opdef *def, int nin, mg_tensor *const *in, int nou
 mg_tensor *mg_finish (const mg_opdef *def, int nin, mg_tensor *const *in, mg_tensor *out,
                       const mg_attr *attr) {
   if (out == NULL) return NULL;
+  if (mg_ctx()->replay.recording && mg_replay_note(def, out) != MG_OK) {   /* a save policy */
+    mg_tensor_release(out);
+    return NULL;
+  }
   if (!mg_anyone_listening()) return out;
   if (mg_record(def, nin, in, 1, &out, attr) != MG_OK) {
     mg_tensor_release(out);
@@ -457,8 +461,12 @@ size_t mg_tape_saved_bytes (const mg_tape *t) {
   size_t total = 0;
   for (size_t i = 0; i < t->nnodes; i++) {
     mg_node *n = t->nodes[i];
-    for (int k = 0; n && k < n->nin + n->nout; k++) {
-      mg_tensor *x = k < n->nin ? n->in[k] : n->out[k - n->nin];
+    int ntotal = n ? n->nin + n->nout : 0;
+    for (int k = 0; n && (k < ntotal || n->def->saved_extra); k++) {
+      /* the saved inputs and outputs, then what the op keeps besides */
+      mg_tensor *x = k < n->nin ? n->in[k] : k < ntotal ? n->out[k - n->nin]
+                                           : n->def->saved_extra(n, k - ntotal);
+      if (k >= ntotal && x == NULL) break;
       if (x == NULL || x->storage->var_refs > 0) continue;   /* variables hold it anyway */
       void **slot = idmap_slot(&seen, (uint64_t)(uintptr_t)x->storage);
       if (slot == NULL || *slot != NULL) continue;
