@@ -33,7 +33,7 @@ CFLAGS  = -std=c11 -D_POSIX_C_SOURCE=200809L $(OPT) $(MARCH) -fno-math-errno -fP
 LIBS    = -ldnnl -lcjson -lmvec -lm -fopenmp
 
 # Debian packages the build and the tests need
-DEPS = lua5.4 liblua5.4-dev lua-busted libreadline-dev libdnnl-dev libcjson-dev tmux luarocks
+DEPS = lua5.4 liblua5.4-dev lua-busted libreadline-dev libdnnl-dev libcjson-dev libdlpack-dev tmux luarocks
 
 LIB_SRC = $(wildcard src/*.c src/ops/*.c src/autodiff/*.c src/lua/*.c)
 LIB_SRC := $(filter-out src/main.c,$(LIB_SRC))
@@ -41,7 +41,7 @@ LUA_MODS = $(wildcard lua/moongrad/*.lua)
 LIB_OBJ = $(patsubst src/%.c,$(BUILD)/obj/%.o,$(LIB_SRC)) $(BUILD)/obj/embedded.o
 HEADERS = $(wildcard include/*.h src/*.h src/*/*.h)
 
-.PHONY: all deps test demo asan asan-build fuzz run-c-tests bench install clean check sz
+.PHONY: all deps test demo asan asan-build tsan fuzz run-c-tests bench install clean check sz
 
 all: $(BUILD)/moongrad $(BUILD)/moongrad.so $(BUILD)/libmoongrad.a
 
@@ -73,13 +73,13 @@ $(BUILD)/obj/main.o: src/main.c $(HEADERS)
 
 # C programs on the public API: a host embedding Lua (examples/embed_host.c),
 # recompute from C alone (examples/recompute_host.c), bad C arguments (spec/)
-C_TESTS = $(BUILD)/embed_host $(BUILD)/recompute_host $(BUILD)/c_api_test
+C_TESTS = $(BUILD)/embed_host $(BUILD)/recompute_host $(BUILD)/c_api_test $(BUILD)/threads_test
 
 $(BUILD)/%: examples/%.c $(BUILD)/libmoongrad.a
 	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libmoongrad.a $(LUA_LIB) $(LIBS)
 
 $(BUILD)/%: spec/%.c $(BUILD)/libmoongrad.a
-	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libmoongrad.a $(LUA_LIB) $(LIBS)
+	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libmoongrad.a $(LUA_LIB) $(LIBS) -lpthread
 
 run-c-tests: $(C_TESTS)
 	@for t in $(C_TESTS); do $$t || exit 1; done
@@ -128,6 +128,13 @@ asan: asan-build
 	$(ASAN_MAKE) run-c-tests
 	MOONGRAD_BIN=build-asan/moongrad build-asan/moongrad /usr/bin/busted
 
+# ThreadSanitizer: two Lua states on two threads (spec/threads_test.c). One
+# OpenMP thread each: libgomp is not instrumented, and would be all noise.
+tsan: deps
+	$(MAKE) BUILD=build-tsan OPT="-O1 -g" MYCFLAGS="-fsanitize=thread" \
+	  LIBS="-ldnnl -lcjson -lmvec -lm -fopenmp -fsanitize=thread" build-tsan/threads_test
+	OMP_NUM_THREADS=1 TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 build-tsan/threads_test
+
 # random programs over the whole API under the sanitizers (spec/fuzz/):
 # FUZZ_SECONDS=600 by default, FUZZ_SEED= to replay a run
 fuzz: asan-build
@@ -149,4 +156,4 @@ sz:
 	@wc -l include/*.h src/*.c src/*.h src/*/*.c src/*/*.h lua/moongrad/*.lua | sort -n
 
 clean:
-	rm -rf build build-asan
+	rm -rf build build-asan build-tsan

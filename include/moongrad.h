@@ -120,7 +120,8 @@ MG_API uint64_t     mg_tensor_id       (const mg_tensor *t);  /* unique per tens
 MG_API int          mg_tensor_is_contiguous (const mg_tensor *t);
 /* a contiguous tensor with the same values (t itself, retained, if it is one) */
 MG_API mg_tensor   *mg_contiguous      (mg_tensor *t);
-/* first element of a contiguous tensor: float*, double*, int64_t* or uint8_t* */
+/* its first element: float*, double*, int64_t* or uint8_t*; step through
+** the others with mg_tensor_strides (in elements), or mg_contiguous first */
 MG_API void        *mg_tensor_data     (const mg_tensor *t);
 /* one element as a double, index 0-based; NaN + error when out of range */
 MG_API double       mg_tensor_get      (const mg_tensor *t, const int64_t *index);
@@ -289,6 +290,97 @@ MG_API mg_tensor *mg_log_softmax (mg_tensor *x, int axis);
 /* }============================================================== */
 
 
+/* {================ ops: more maths and reductions =============== */
+/* (src/ops/maths.c) Axes as in the reductions above: 0-based, MG_ALL_AXES
+** for all; int64 and bool give float64 except in prod and cumsum. */
+
+MG_API mg_tensor *mg_sin   (mg_tensor *x);                  /* radians */
+MG_API mg_tensor *mg_cos   (mg_tensor *x);
+MG_API mg_tensor *mg_log1p (mg_tensor *x);                  /* log(1 + x), exact near 0 */
+MG_API mg_tensor *mg_expm1 (mg_tensor *x);                  /* e^x - 1, exact near 0 */
+MG_API mg_tensor *mg_erf   (mg_tensor *x);                  /* the error function */
+/* no gradient (as sign); int64 passes through unchanged */
+MG_API mg_tensor *mg_floor (mg_tensor *x);
+MG_API mg_tensor *mg_ceil  (mg_tensor *x);
+MG_API mg_tensor *mg_round (mg_tensor *x);                  /* halves to even: 0.5 -> 0, 1.5 -> 2 */
+/* out = min(max(x, lo), hi), the three broadcast, one dtype (one-sided:
+** pass -inf or +inf). grad as PyTorch: x where lo <= x <= hi, lo where
+** x < lo < hi, hi where x > hi or hi < lo */
+MG_API mg_tensor *mg_clamp (mg_tensor *x, mg_tensor *lo, mg_tensor *hi);
+MG_API mg_tensor *mg_prod      (mg_tensor *x, int axis, int keepdims);  /* 1 over nothing */
+MG_API mg_tensor *mg_logsumexp (mg_tensor *x, int axis, int keepdims);  /* log(sum(e^x)), stably */
+/* sum((x - mean)^2) / (n - ddof); ddof 0 is NumPy's default and TF's reduce_variance */
+MG_API mg_tensor *mg_var   (mg_tensor *x, int axis, int keepdims, double ddof);
+MG_API mg_tensor *mg_std   (mg_tensor *x, int axis, int keepdims, double ddof);  /* sqrt(var) */
+/* ord 1: sum |x|, 2: sqrt(sum x^2), INFINITY: max |x|; gradient 0 at 0 */
+MG_API mg_tensor *mg_norm  (mg_tensor *x, int axis, int keepdims, double ord);
+/* running sums along axis (MG_ALL_AXES: the flattened x, 1-D); exclusive
+** leaves out x[k] itself, reverse sums from the end (TensorFlow's cumsum) */
+MG_API mg_tensor *mg_cumsum (mg_tensor *x, int axis, int exclusive, int reverse);
+
+/* }============================================================== */
+
+
+/* {============== ops: indexing, sorting, rearranging ============ */
+/* (src/ops/index.c, src/ops/sort.c, src/ops/einsum.c) Indices are int64
+** and 0-based; a negative one counts from the end (-1 is the last), as in
+** NumPy. Gradients flow to float inputs, never to indices. */
+
+/* Stable sort along axis: equal values keep their order. NaN sorts above
+** every number (last ascending, first descending), -0 equals 0. *values
+** gets the sorted values, *indices where each came from; either pointer may
+** be NULL. A 0-d x is one entry.  grad: dvalues put back where they came from */
+MG_API mg_status  mg_sort    (mg_tensor *x, int axis, int descending, mg_tensor **values,
+                              mg_tensor **indices);
+MG_API mg_tensor *mg_argsort (mg_tensor *x, int axis, int descending);   /* sort's indices */
+/* the k largest (largest = 1) or smallest entries along axis, best first
+** (sorted = 1) or in their order in x; ties: the earlier position first */
+MG_API mg_status  mg_topk    (mg_tensor *x, int64_t k, int axis, int largest, int sorted,
+                              mg_tensor **values, mg_tensor **indices);
+/* out = x reversed along axes[0..naxes) (NULL: every axis); a view */
+MG_API mg_tensor *mg_flip    (mg_tensor *x, const int *axes, int naxes);
+/* x repeated reps[d] times along each dimension, as NumPy's tile (the
+** shorter of x's shape and reps gets leading 1s) */
+MG_API mg_tensor *mg_tile    (mg_tensor *x, const int64_t *reps, int nreps);
+/* each entry along axis repeated (np.repeat, torch.repeat_interleave):
+** repeats[0] times when nrepeats is 1, else repeats[i] times entry i;
+** axis MG_ALL_AXES: of the flattened x (Lua's `repeat` is a keyword) */
+MG_API mg_tensor *mg_repeat_interleave (mg_tensor *x, const int64_t *repeats, int64_t nrepeats,
+                                        int axis);
+/* NumPy's pad modes: value; x mirrored without / with the edge entry; the
+** edge entry repeated; x repeated periodically */
+typedef enum mg_pad_mode {
+  MG_PAD_CONSTANT, MG_PAD_REFLECT, MG_PAD_SYMMETRIC, MG_PAD_EDGE, MG_PAD_WRAP
+} mg_pad_mode;
+/* before[d] and after[d] entries added around dimension d (>= 0, any width) */
+MG_API mg_tensor *mg_pad     (mg_tensor *x, const int64_t *before, const int64_t *after,
+                              mg_pad_mode mode, double value);
+/* the last two axes' lower (j <= i + k) / upper (j >= i + k) triangle, zeros elsewhere */
+MG_API mg_tensor *mg_tril    (mg_tensor *x, int64_t k);
+MG_API mg_tensor *mg_triu    (mg_tensor *x, int64_t k);
+/* out = mask ? value : x; mask (bool) broadcasts to x's shape, value is 0-d */
+MG_API mg_tensor *mg_masked_fill (mg_tensor *x, mg_tensor *mask, mg_tensor *value);
+/* out[..., j, ...] = x[..., indices[..., j, ...], ...] along axis (NumPy's
+** take_along_axis, torch.gather): indices have x's ndim and broadcast
+** against x outside axis */
+MG_API mg_tensor *mg_take_along_axis (mg_tensor *x, mg_tensor *indices, int axis);
+/* x with values put at indices along axis (its adjoint): add = 0 writes
+** (NumPy's put_along_axis; where two go to one place the last wins),
+** add = 1 adds (torch.scatter_add); indices: sizes of x or 1 outside axis;
+** values broadcast to the indices' shape */
+MG_API mg_tensor *mg_put_along_axis  (mg_tensor *x, mg_tensor *indices, mg_tensor *values,
+                                      int axis, int add);
+/* NumPy's einsum for one or two operands: "ij,jk->ik", "bhqd,bhkd->bhqk",
+** "ii->i", "ij->" ...; no ellipsis. Made of permute, reshape, gather, sum
+** and one batched matmul, whose rules give its gradient */
+MG_API mg_tensor *mg_einsum  (const char *spec, int n, mg_tensor *const *xs);
+/* 1-based indices (as Lua's) made 0-based: i > 0 gives i - 1, negative
+** ones stay, 0 is an error naming fn */
+MG_API mg_tensor *mg_indices_from_1based (mg_tensor *indices, const char *fn);
+
+/* }============================================================== */
+
+
 /* {======================== ops: random ========================= */
 /* A counter-based generator (Philox4x32-10): the state is (seed, offset),
 ** and each draw advances the offset by the number of values drawn. Saving
@@ -420,6 +512,42 @@ MG_API mg_status mg_custom_call    (const mg_function *fn, void *ud, int nin,
 MG_API mg_status mg_recompute_call (const mg_function *fn, void *ud, int nin,
                                     mg_tensor *const *in, mg_list *out);
 
+/* A save policy (JAX's checkpoint policies): while the function first
+** runs, save(ud, op, out) says whether to keep an op's output; the node
+** holds what it keeps (as saved bytes), and the re-run takes those outputs
+** instead of computing those ops again. mg_save_dots keeps the matrix
+** products (and convolutions): the costly ops, with cheap ones between.
+** A policy answers 1 (keep), 0, or -1 with mg_seterror (the op fails). */
+typedef int (*mg_save_policy)(void *ud, const mg_opinfo *op, const mg_tensor *out);
+MG_API int       mg_save_dots (void *ud, const mg_opinfo *op, const mg_tensor *out);
+/* mg_recompute_call with a policy (NULL: keep nothing, as mg_recompute_call) */
+MG_API mg_status mg_recompute_call_saving (const mg_function *fn, void *ud, int nin,
+                                           mg_tensor *const *in, mg_list *out,
+                                           mg_save_policy save, void *save_ud);
+
+/* }============================================================== */
+
+
+/* {=================== exchange without copies ==================== */
+/* A tensor over a host's buffer, as torch.from_blob: no byte is copied.
+** strides in elements (NULL: contiguous); release(ud) runs when the last
+** tensor viewing the buffer goes, or at once when this fails. The buffer
+** must stay valid and unchanged until then (tensors are immutable); its
+** bytes count in the memory stats while tensors view it. */
+MG_API mg_tensor *mg_from_blob (void *data, const int64_t *shape, int ndim,
+                                const int64_t *strides, mg_dtype dt,
+                                void (*release)(void *ud), void *ud);
+
+/* DLPack (dlpack/dlpack.h, Debian's libdlpack-dev), the exchange format of
+** NumPy, PyTorch and JAX, on CPU memory. mg_to_dlpack shares t's data and
+** holds a reference until the consumer calls the deleter. mg_from_dlpack
+** takes over m (its deleter runs when the last tensor viewing the data
+** goes, or at once when the layout is refused); it refuses other devices
+** and dtypes with m left to the caller. bool travels as uint8. */
+struct DLManagedTensor;
+MG_API struct DLManagedTensor *mg_to_dlpack   (mg_tensor *t);
+MG_API mg_tensor              *mg_from_dlpack (struct DLManagedTensor *m);
+
 /* }============================================================== */
 
 
@@ -440,6 +568,8 @@ typedef struct mg_memory_stats {
 } mg_memory_stats;
 
 MG_API mg_memory_stats mg_memory_stats_get (void);
+/* bytes ever allocated (cheaper than the stats: a host paces its collector by it) */
+MG_API size_t          mg_memory_allocated_bytes (void);
 MG_API void            mg_memory_reset_peak (void);
 MG_API void            mg_memory_release_cache (void);             /* free() what is cached */
 /* at most min(bytes, 16 MiB + peak/4) wait for reuse; default 256 MiB, 0: no cache */

@@ -426,3 +426,61 @@ describe("recompute_grad errors", function()
     assert.equal(4, t:gradient(y, x):item())
   end)
 end)
+
+describe("recompute_grad's save policies", function()
+  mg.random.seed(5)
+  local blocks, vars = {}, {}
+  for i = 1, 3 do
+    blocks[i] = mg.nn.Sequential{mg.nn.Dense(16, {activation = "tanh"}), mg.nn.Dense(8, {activation = "tanh"})}
+  end
+  local x = mg.random.normal{4, 8}
+  do local h = x for _, b in ipairs(blocks) do h = b(h) end end
+  for _, b in ipairs(blocks) do for _, v in ipairs(b.trainable_variables) do vars[#vars + 1] = v end end
+
+  -- gradients, what the tape held, and the bytes the gradient allocated
+  local function run (policy)
+    local t = mg.tape()
+    local h = x
+    for _, b in ipairs(blocks) do
+      h = (policy == nil and b or mg.recompute_grad(b, {policy = policy}))(h)
+    end
+    local loss = mg.sum(h ^ 2)
+    t:stop()
+    local held = t:saved_bytes()
+    local before = mg.memory.stats().allocated_bytes
+    local g = t:gradient(loss, vars)
+    return g, held, mg.memory.stats().allocated_bytes - before
+  end
+
+  it("give the plain tape's gradients, whatever they keep", function()
+    local ref = run(nil)
+    local asked = {}
+    for _, policy in ipairs{"nothing", "dots", "everything",
+                            function(op, shape, dtype) asked[#asked + 1] = {op, #shape, dtype}; return op == "tanh" end} do
+      local g = run(policy)
+      for i = 1, #ref do h.assert_close(g[i], ref[i], 0) end      -- the same ops, bit for bit
+    end
+    assert.is_true(#asked > 0)
+    assert.same("float32", asked[1][3])
+  end)
+
+  it("keep what they say, and the re-run takes it instead of computing it again", function()
+    local _, plain_held = run(nil)
+    local _, nothing_held, nothing_alloc = run("nothing")
+    local _, dots_held, dots_alloc = run("dots")
+    local _, everything_held = run("everything")
+    assert.equal(plain_held, everything_held)           -- everything: the plain tape
+    assert.is_true(nothing_held < dots_held)             -- dots keeps the matmul outputs ...
+    assert.is_true(dots_alloc < nothing_alloc)           -- ... and the re-run skips them
+  end)
+
+  it("reject unknown policies, and a failing policy fails the call", function()
+    assert.has_error(function() mg.recompute_grad(mg.tanh, {policy = "dot"}) end,
+      "bad argument #2 to 'recompute_grad' (option 'policy' must be \"nothing\", \"dots\", \"everything\" or a function, got \"dot\")")
+    local f = mg.recompute_grad(function(v) return mg.tanh(v) * 2 end, {policy = function() error("no", 0) end})
+    local t = mg.tape()
+    t:watch(x)
+    assert.has_error(function() f(x) end, "recompute_grad: the policy failed: no")
+    t:stop()
+  end)
+end)

@@ -13,6 +13,8 @@
 #include <lauxlib.h>
 #include <lualib.h>
 
+#include <dlpack/dlpack.h>
+
 #include "moongrad.h"
 
 static int failures = 0, checks = 0;
@@ -137,8 +139,56 @@ static void tape_outlives_state (void) {
   mg_tensor_release(x);
 }
 
+static int released = 0;
+static void count_release (void *ud) { released += *(int *)ud; }
+
+/* a host's buffer and DLPack: the tensors view the very bytes, and the
+** owners hear when the last view goes */
+static void exchange (void) {
+  double host[6] = {1, 2, 3, 4, 5, 6};
+  int64_t shape[2] = {2, 3}, tr[2] = {1, 3};
+  int one = 1;
+  size_t before = mg_memory_allocated_bytes();
+  mg_tensor *x = mg_from_blob(host, shape, 2, NULL, MG_FLOAT64, count_release, &one);
+  int64_t s32[2] = {3, 2};
+  mg_tensor *xt = mg_from_blob(host, s32, 2, tr, MG_FLOAT64, count_release, &one);   /* a transposed view */
+  int64_t i12[2] = {1, 2}, i21[2] = {2, 1};
+  checks++;
+  if (x == NULL || xt == NULL || mg_tensor_data(x) != (void *)host || mg_tensor_get(x, i12) != 6 ||
+      mg_tensor_get(xt, i21) != 6 || mg_memory_allocated_bytes() != before) {
+    fprintf(stderr, "c_api_test: from_blob does not view the host's bytes\n");
+    failures++;
+  }
+  struct DLManagedTensor *m = mg_to_dlpack(xt);
+  mg_tensor *back = m ? mg_from_dlpack(m) : NULL;      /* takes over m */
+  checks++;
+  if (back == NULL || mg_tensor_data(back) != mg_tensor_data(xt) || mg_tensor_get(back, i21) != 6 ||
+      mg_tensor_strides(back)[1] != 3 || mg_memory_allocated_bytes() != before) {
+    fprintf(stderr, "c_api_test: DLPack round trip copied or changed: %s\n", mg_errmsg());
+    failures++;
+  }
+  mg_tensor_release(x);
+  mg_tensor_release(xt);                               /* back still holds xt's data */
+  checks++;
+  if (released != 1) { fprintf(stderr, "c_api_test: released %d times, want 1\n", released); failures++; }
+  mg_tensor_release(back);                             /* the deleter releases xt's storage */
+  checks++;
+  if (released != 2) { fprintf(stderr, "c_api_test: released %d times, want 2\n", released); failures++; }
+  int64_t neg[1] = {-1}, s3[1] = {3};
+  mg_tensor *rev = mg_from_blob(host + 2, s3, 1, neg, MG_FLOAT64, NULL, NULL);   /* 3, 2, 1 */
+  int64_t i0[1] = {0};
+  checks++;
+  if (rev == NULL || mg_tensor_get(rev, i0) != 3) { fprintf(stderr, "c_api_test: negative strides\n"); failures++; }
+  mg_tensor_release(rev);
+  says("from_blob NULL data", mg_from_blob(NULL, shape, 2, NULL, MG_FLOAT32, count_release, &one) == NULL &&
+       released == 3, "argument 'data' is NULL");
+  DLManagedTensor gpu = {.dl_tensor = {.device = {kDLCUDA, 0}, .dtype = {kDLFloat, 32, 1}}};
+  says("from_dlpack on a GPU", mg_from_dlpack(&gpu) == NULL, "on device type 2");
+}
+
 int main (void) {
   null_arguments();
+  exchange();
   out_of_range();
   tape_outlives_state();
   mg_memory_stats st = mg_memory_stats_get();

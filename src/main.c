@@ -850,7 +850,7 @@ static void doREPL (lua_State *L) {
 
 /* }========================================================== */
 
-/* mg and the names DESIGN.md makes global in the interpreter */
+/* mg, and the names the README lists as the interpreter's globals */
 static void open_moongrad (lua_State *L) {
   luaL_requiref(L, "moongrad", luaopen_moongrad, 0);
   lua_pushvalue(L, -1);

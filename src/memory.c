@@ -180,6 +180,30 @@ static mg_storage *fresh_block (size_t nbytes) {
   return s;
 }
 
+/* a new storage s of nbytes in context c: its fields and the live
+** counters; `allocated` only counts what this allocator allocated */
+static mg_storage *count_new (mg_context *c, mg_storage *s, size_t nbytes, bool ours) {
+  mg_memory_state *m = &c->memory;
+  s->ctx = c;
+  s->refcount = 1;
+  s->tape_refs = s->var_refs = 0;
+  s->role = MG_ROLE_TENSOR;
+  s->nbytes = nbytes;
+  s->bucket = nbytes;
+  s->release = NULL;
+  s->release_ud = NULL;
+  m->role_bytes[MG_ROLE_TENSOR] += nbytes;
+  m->current += nbytes;
+  if (m->current > m->peak) m->peak = m->current;
+  m->live_storages++;
+  if (ours) {
+    m->allocations++;
+    m->allocated += nbytes;
+  }
+  notify(m);
+  return s;
+}
+
 /*
 ** A storage of nbytes, counted in the current context. Fails with "out of
 ** memory allocating ..." rather than aborting.
@@ -190,21 +214,9 @@ mg_storage *mg_storage_new (size_t nbytes) {
   mg_memory_state *m = &c->memory;
   mg_storage *s = cache_take(m, nbytes);
   if (s == NULL && (s = fresh_block(nbytes)) == NULL) return out_of_memory(nbytes, "");
-  s->ctx = c;
-  s->refcount = 1;
-  s->tape_refs = s->var_refs = 0;
-  s->role = MG_ROLE_TENSOR;
-  s->nbytes = nbytes;
-  s->bucket = nbytes;
-  m->role_bytes[MG_ROLE_TENSOR] += nbytes;
-  m->current += nbytes;
-  if (m->current > m->peak) m->peak = m->current;
-  m->live_storages++;
-  m->allocations++;
-  m->allocated += nbytes;
-  notify(m);
-  return s;
+  return count_new(c, s, nbytes, true);
 }
+
 
 /* back to the context that made it: its counters, its cache */
 void mg_storage_release (mg_storage *s) {
@@ -214,8 +226,24 @@ void mg_storage_release (mg_storage *s) {
   m->role_bytes[s->role] -= s->nbytes;
   m->current -= s->nbytes;
   m->live_storages--;
-  if (!cache_put(m, s)) free(s);
+  if (s->release) {                           /* a host's buffer goes back to the host */
+    s->release(s->release_ud);
+    free(s);
+  } else if (!cache_put(m, s)) {
+    free(s);
+  }
   notify(m);
+}
+
+mg_storage *mg_storage_wrap (void *data, size_t nbytes, void (*release)(void *ud), void *ud) {
+  if (mg_alloc_should_fail()) return out_of_memory(sizeof(mg_storage), " (injected failure)");
+  mg_storage *s = (mg_storage *)malloc(sizeof(mg_storage));
+  if (s == NULL) return out_of_memory(sizeof(mg_storage), "");
+  count_new(mg_ctx(), s, nbytes, false);
+  s->data = data;
+  s->release = release;
+  s->release_ud = ud;
+  return s;
 }
 
 /* a tape node (tape_delta) or a variable (var_delta) took or dropped s */
@@ -281,7 +309,7 @@ void mg_memory_fail_after (int64_t n) {
   m->fail_countdown = n > 0 ? n : 0;
 }
 
-bool mg_alloc_should_fail (void) {
+bool mg_alloc_fail_slow (void) {
   mg_memory_state *m = mem();
   int64_t *left = &m->fail_countdown;      /* -1: not read from the environment yet */
   if (*left < 0) {

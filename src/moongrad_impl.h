@@ -51,17 +51,23 @@ typedef struct mg_storage {
   mg_role role;           /* derived from the two counts above */
   size_t nbytes;
   size_t bucket;          /* capacity, for the reuse cache */
-  void *data;             /* 64-byte aligned */
+  void *data;             /* 64-byte aligned, unless a host's */
+  void (*release)(void *ud);   /* a host's buffer (mg_from_blob): how to give it back */
+  void *release_ud;
 } mg_storage;
 
 mg_storage *mg_storage_new     (size_t nbytes);       /* NULL + error on failure */
-size_t      mg_memory_allocated_bytes (void);         /* ever, for GC pacing */
+/* a storage over a host's buffer, counted like the others; release(ud)
+** runs when the last tensor viewing it goes */
+mg_storage *mg_storage_wrap    (void *data, size_t nbytes, void (*release)(void *ud), void *ud);
 /* blocks for small C objects (nodes, tapes), recycled by size; free with the same size */
 void       *mg_small_alloc (size_t size);
 void        mg_small_free  (void *p, size_t size);
 void        mg_storage_release (mg_storage *s);
-/* true when an injected allocation failure is due (mg_memory_fail_after) */
-bool        mg_alloc_should_fail (void);
+/* true when an injected allocation failure is due (mg_memory_fail_after);
+** the test is on every allocation's path, so its common answer is inline */
+bool        mg_alloc_fail_slow (void);
+#define mg_alloc_should_fail() (mg_ctx()->memory.fail_countdown != 0 && mg_alloc_fail_slow())
 /* between nodes of a backward walk: lets the host collect garbage */
 void        mg_memory_safe_point (void);
 void        mg_memory_release_small (void);  /* free() the recycled small blocks */
@@ -109,6 +115,16 @@ typedef struct mg_tape_state {
   void (*on_read)(mg_variable *v);          /* installed by the tapes: a variable was read */
 } mg_tape_state;
 
+/* the outputs a save policy kept for a recompute (replay.c) */
+typedef struct mg_replay mg_replay;
+
+typedef struct mg_replay_state {
+  mg_replay *recording;                     /* a first run under a policy */
+  mg_save_policy save;
+  void *save_ud;
+  mg_replay *playing;                       /* a re-run: take kept outputs */
+} mg_replay_state;
+
 struct mg_context {
   struct { char msg[512], cause[400]; bool null_chain; } error;
   struct { uint64_t next, end; } ids;       /* a block of ids taken from the process */
@@ -116,6 +132,7 @@ struct mg_context {
   mg_memory_state memory;
   struct { mg_rng_state main, init; } rng;
   mg_tape_state tapes;
+  mg_replay_state replay;
 };
 
 extern _Thread_local mg_context *mg_current_context;
@@ -252,12 +269,15 @@ typedef struct mg_opdef {
   unsigned saves;                       /* MG_SAVE_IN(j) | MG_SAVE_OUT(i) */
   mg_status (*backward)(mg_node *n, mg_tensor *const *dout, mg_tensor **din);  /* NULL: none */
   void (*free_ext)(mg_node *n);         /* for ops with private data; may be NULL */
+  /* tensors the op keeps besides its saved inputs and outputs (recompute's
+  ** kept outputs): the i-th, or NULL past the last; may be NULL */
+  mg_tensor *(*saved_extra)(const mg_node *n, int i);
 } mg_opdef;
 
 /* an op family's rows, for the registry */
 typedef struct mg_opfamily { const mg_opdef *const *rows; int n; } mg_opfamily;
 extern const mg_opfamily mg_unary_ops, mg_binary_ops, mg_reduce_ops, mg_matmul_ops, mg_shape_ops,
-                         mg_nn_ops, mg_create_ops;
+                         mg_nn_ops, mg_create_ops, mg_maths_ops, mg_index_ops;
 
 #define MG_SAVE_IN(j)    (1u << (j))
 #define MG_SAVE_OUT(i)   (1u << (16 + (i)))
@@ -343,6 +363,16 @@ mg_status mg_call_forward (const mg_function *f, void *ud, int nin, mg_tensor *c
                            mg_list *out, mg_var_watcher *w);
 mg_status mg_call_fresh_outputs (mg_list *out, mg_tensor *const *inputs, int ninputs);
 void mg_call_drop_passed (mg_var_watcher *w, int nin, mg_tensor *const *in);
+
+/* save policies (replay.c) */
+mg_replay *mg_replay_new (void);
+void       mg_replay_free (mg_replay *r);
+size_t     mg_replay_count (const mg_replay *r);
+mg_status  mg_replay_note (const mg_opdef *op, mg_tensor *out);   /* mg_finish, first runs */
+void       mg_replay_rewind (mg_replay *r);
+mg_tensor *mg_replay_kept (const mg_replay *r, int i);   /* the i-th kept output, or NULL */
+/* the kept output an op may take instead of computing (new to the tapes), or NULL */
+mg_tensor *mg_replay_take (const mg_opdef *op, const int64_t *shape, int ndim, mg_dtype dt);
 
 /* add-or-set: *acc = *acc ? *acc + g : g; takes over g */
 mg_status mg_accumulate (mg_tensor **acc, mg_tensor *g);

@@ -85,8 +85,8 @@ local function collect (layer, out, seen)
     if not seen[v] then seen[v] = true; out[#out + 1] = v end
   end
   for _, sub in ipairs(rawget(layer, "_layers") or {}) do
-    local ok, vars = pcall(function() return sub.variables end)
-    if ok and type(vars) == "table" then
+    local vars = sub.variables            -- a sublayer's own error is the user's to see
+    if type(vars) == "table" then
       for _, v in ipairs(vars) do
         if not seen[v] then seen[v] = true; out[#out + 1] = v end
       end

@@ -21,9 +21,8 @@ typedef struct idmap {
   void *ivals[IDMAP_INLINE];
 } idmap;                                /* never copied once used: keys may point inside */
 
-/* the value slot for id, created (NULL) if absent; NULL when out of memory */
-void **idmap_slot (idmap *m, uint64_t id);
-void   idmap_free (idmap *m);
+mg_status idmap_grow (idmap *m);          /* to 4x, or into the inline arrays first */
+void      idmap_free (idmap *m);
 
 /* lookups are on every recorded op's path: inline */
 static inline size_t slot_of (const idmap *m, uint64_t id) {
@@ -34,6 +33,18 @@ static inline size_t slot_of (const idmap *m, uint64_t id) {
 
 static inline bool idmap_has (const idmap *m, uint64_t id) {
   return m->cap > 0 && m->keys[slot_of(m, id)] == id;
+}
+
+/* the value slot for id, created (NULL) if absent; NULL when out of memory */
+static inline void **idmap_slot (idmap *m, uint64_t id) {
+  if ((m->n + 1) * 4 > m->cap * 3 && idmap_grow(m) != MG_OK) return NULL;
+  size_t s = slot_of(m, id);
+  if (m->keys[s] == 0) {
+    m->keys[s] = id;
+    m->vals[s] = NULL;
+    m->n++;
+  }
+  return &m->vals[s];
 }
 
 /* NULL if absent */
@@ -67,7 +78,7 @@ struct mg_tape {
 ** own references to the tape and to the tensors it asked about, or ask
 ** this tape for another gradient: the walk holds references of its own,
 ** and a tape being walked refuses to walk or reset again. */
-typedef struct mg_held { mg_tape *t; mg_tensor **xs; int n; } mg_held;
+typedef struct mg_held { mg_tape *t; mg_tensor **xs; int n; mg_tensor *small[8]; } mg_held;
 
 mg_status mg_walk_begin (mg_held *h, mg_tape *t, const char *fn, int na, mg_tensor *const *a,
                          int nb, mg_tensor *const *b, int nc, mg_tensor *const *c);

@@ -15,7 +15,7 @@
 /* Open addressing, linear probing; id 0 never occurs, so it marks empty.
 ** Nothing is ever deleted: a map entry is cleared by setting its value. */
 
-static mg_status idmap_grow (idmap *m) {
+mg_status idmap_grow (idmap *m) {
   if (m->cap == 0) {                    /* start in the inline arrays */
     memset(m->ikeys, 0, sizeof m->ikeys);
     memset(m->ivals, 0, sizeof m->ivals);
@@ -52,16 +52,6 @@ static mg_status idmap_grow (idmap *m) {
 }
 
 /* the value slot for id, created (NULL) if absent; NULL when out of memory */
-void **idmap_slot (idmap *m, uint64_t id) {
-  if ((m->n + 1) * 4 > m->cap * 3 && idmap_grow(m) != MG_OK) return NULL;
-  size_t s = slot_of(m, id);
-  if (m->keys[s] == 0) {
-    m->keys[s] = id;
-    m->vals[s] = NULL;
-    m->n++;
-  }
-  return &m->vals[s];
-}
 
 
 void idmap_free (idmap *m) {

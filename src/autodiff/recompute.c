@@ -26,6 +26,7 @@ typedef struct recompute_ext {
   int *argmap;                 /* ... input k is node input argmap[k] */
   int ninputs;                 /* node inputs: the distinct tensors, then variables */
   mg_variable **var_of;        /* [ninputs]: the variable whose value input j was, retained */
+  mg_replay *kept;             /* outputs a save policy kept, or NULL */
 } recompute_ext;
 
 static void recompute_free (mg_node *n) {
@@ -34,6 +35,7 @@ static void recompute_free (mg_node *n) {
   for (int j = 0; e->var_of && j < e->ninputs; j++) mg_variable_release(e->var_of[j]);
   free(e->var_of);
   free(e->argmap);
+  mg_replay_free(e->kept);
   free(e);
 }
 
@@ -110,9 +112,14 @@ static mg_status rerun (mg_node *n, recompute_ext *e, mg_tape *tape, mg_list *ou
   }
   for (int k = 0; k < e->nargs; k++) in[k] = n->in[e->argmap[k]];
   for (int j = 0; j < n->nin; j++) mg_tape_watch(tape, n->in[j]);
+  mg_replay_state *rs = &mg_ctx()->replay;
+  mg_replay *was_playing = rs->playing;
+  mg_replay_rewind(e->kept);
+  rs->playing = e->kept;                         /* the policy's outputs, taken again */
   swap_values(n, e, kept, false);
   mg_status st = e->fn->forward(e->ud, e->nargs, in, out);
   swap_values(n, e, kept, true);
+  rs->playing = was_playing;
   mg_tape_stop(tape);
   free(in);
   free(kept);
@@ -139,7 +146,15 @@ static mg_status recompute_backward (mg_node *n, mg_tensor *const *dout, mg_tens
   return st;
 }
 
-static const mg_opdef recompute_op = {.info = {.name = "recompute_grad", .kind = MG_OP_OTHER}, .saves = MG_SAVE_INPUTS, .backward = recompute_backward, .free_ext = recompute_free};
+static mg_tensor *recompute_kept (const mg_node *n, int i) {
+  return mg_replay_kept(((const recompute_ext *)n->ext)->kept, i);
+}
+
+static const mg_opdef recompute_op = {
+  .info = {.name = "recompute_grad", .kind = MG_OP_OTHER},
+  .saves = MG_SAVE_INPUTS, .backward = recompute_backward, .free_ext = recompute_free,
+  .saved_extra = recompute_kept,
+};
 
 /* }========================================================== */
 
@@ -176,8 +191,37 @@ static mg_tensor **node_inputs (recompute_ext *e, int nin, mg_tensor *const *in,
   return inputs;
 }
 
+/* the first run under a save policy: what it keeps goes to *kept */
+static mg_status first_run (const mg_function *fn, void *ud, int nin, mg_tensor *const *in,
+                            mg_list *out, mg_var_watcher *w, mg_save_policy save, void *save_ud,
+                            mg_replay **kept) {
+  *kept = NULL;
+  if (save == NULL) return mg_call_forward(fn, ud, nin, in, out, w);
+  if ((*kept = mg_replay_new()) == NULL) return MG_ERR;
+  mg_replay_state was = mg_ctx()->replay;
+  mg_replay_state *rs = &mg_ctx()->replay;
+  rs->recording = *kept;
+  rs->save = save;
+  rs->save_ud = save_ud;
+  mg_status st = mg_call_forward(fn, ud, nin, in, out, w);
+  rs->recording = was.recording;
+  rs->save = was.save;
+  rs->save_ud = was.save_ud;
+  if (st != MG_OK) {
+    mg_replay_free(*kept);
+    *kept = NULL;
+  }
+  return st;
+}
+
 mg_status mg_recompute_call (const mg_function *fn, void *ud, int nin, mg_tensor *const *in,
                              mg_list *out) {
+  return mg_recompute_call_saving(fn, ud, nin, in, out, NULL, NULL);
+}
+
+mg_status mg_recompute_call_saving (const mg_function *fn, void *ud, int nin,
+                                    mg_tensor *const *in, mg_list *out, mg_save_policy save,
+                                    void *save_ud) {
   if (mg_call_check("mg_recompute_call", fn, nin, in, out) != MG_OK) {
     if (fn && fn->release) fn->release(ud);
     return MG_ERR;
@@ -190,7 +234,8 @@ mg_status mg_recompute_call (const mg_function *fn, void *ud, int nin, mg_tensor
   }
   mg_rng_state rng = mg_random_get_state();
   mg_var_watcher w;
-  if (mg_call_forward(fn, ud, nin, in, out, &w) != MG_OK) {
+  mg_replay *kept;
+  if (first_run(fn, ud, nin, in, out, &w, save, save_ud, &kept) != MG_OK) {
     if (fn->release) fn->release(ud);
     return MG_ERR;
   }
@@ -201,8 +246,9 @@ mg_status mg_recompute_call (const mg_function *fn, void *ud, int nin, mg_tensor
   if (e == NULL) {
     mg_seterror("%s: out of memory", fn->name);
     if (fn->release) fn->release(ud);
+    mg_replay_free(kept);
   } else {
-    *e = (recompute_ext){.fn = fn, .ud = ud, .rng = rng, .nargs = nin};
+    *e = (recompute_ext){.fn = fn, .ud = ud, .rng = rng, .nargs = nin, .kept = kept};
     inputs = node_inputs(e, nin, in, &w);
     st = inputs ? mg_call_fresh_outputs(out, inputs, e->ninputs) : MG_ERR;
     if (st == MG_OK)

@@ -441,6 +441,10 @@ mg_status mg_record (const mg_opdef *def, int nin, mg_tensor *const *in, int nou
 mg_tensor *mg_finish (const mg_opdef *def, int nin, mg_tensor *const *in, mg_tensor *out,
                       const mg_attr *attr) {
   if (out == NULL) return NULL;
+  if (mg_ctx()->replay.recording && mg_replay_note(def, out) != MG_OK) {   /* a save policy */
+    mg_tensor_release(out);
+    return NULL;
+  }
   if (!mg_anyone_listening()) return out;
   if (mg_record(def, nin, in, 1, &out, attr) != MG_OK) {
     mg_tensor_release(out);
@@ -457,8 +461,12 @@ size_t mg_tape_saved_bytes (const mg_tape *t) {
   size_t total = 0;
   for (size_t i = 0; i < t->nnodes; i++) {
     mg_node *n = t->nodes[i];
-    for (int k = 0; n && k < n->nin + n->nout; k++) {
-      mg_tensor *x = k < n->nin ? n->in[k] : n->out[k - n->nin];
+    int ntotal = n ? n->nin + n->nout : 0;
+    for (int k = 0; n && (k < ntotal || n->def->saved_extra); k++) {
+      /* the saved inputs and outputs, then what the op keeps besides */
+      mg_tensor *x = k < n->nin ? n->in[k] : k < ntotal ? n->out[k - n->nin]
+                                           : n->def->saved_extra(n, k - ntotal);
+      if (k >= ntotal && x == NULL) break;
       if (x == NULL || x->storage->var_refs > 0) continue;   /* variables hold it anyway */
       void **slot = idmap_slot(&seen, (uint64_t)(uintptr_t)x->storage);
       if (slot == NULL || *slot != NULL) continue;
@@ -674,7 +682,8 @@ mg_status mg_walk_begin (mg_held *h, mg_tape *t, const char *fn, int na, mg_tens
                              int nb, mg_tensor *const *b, int nc, mg_tensor *const *c) {
   if (t->walking)
     return mg_seterror("tape:%s: called while this tape's gradient is being computed", fn);
-  h->xs = (mg_tensor **)malloc(sizeof(mg_tensor *) * (size_t)(na + nb + nc + 1));
+  int most = na + nb + nc;
+  h->xs = most <= 8 ? h->small : (mg_tensor **)malloc(sizeof(mg_tensor *) * (size_t)most);
   if (h->xs == NULL) return mg_seterror("out of memory in tape:%s", fn);
   h->n = 0;
   for (int i = 0; i < na; i++) h->xs[h->n++] = mg_tensor_retain(a[i]);
@@ -690,7 +699,7 @@ void mg_walk_end (mg_held *h) {
   mg_tape_resume(h->t);
   h->t->walking--;
   for (int i = 0; i < h->n; i++) mg_tensor_release(h->xs[i]);
-  free(h->xs);
+  if (h->xs != h->small) free(h->xs);
   mg_tape_release(h->t);
 }
 

@@ -26,7 +26,7 @@ static const char tensor_key = 'T', variable_key = 'V';
 static _Thread_local const void *tensor_mt, *variable_mt;
 
 static int forget_metatables (lua_State *L) {
-  MG_UNUSED(L);
+  (void)L;
   tensor_mt = variable_mt = NULL;
   return 0;
 }
@@ -161,7 +161,7 @@ mg_tensor *mgL_operand (lua_State *L, int arg, mg_dtype like, bool *owned, const
       lua_Integer iv = lua_tointegerx(L, arg, &isint);   /* 2.0 counts as an integer */
       if (like == MG_INT64 && isint) {                     /* exact, whatever its size */
         mg_tensor *t = mg_empty(NULL, 0, MG_INT64);
-        if (t) *(int64_t *)mg_ptr(t) = (int64_t)iv;
+        if (t) *(int64_t *)mg_tensor_data(t) = (int64_t)iv;
         return t;
       }
       if (like == MG_INT64 || like == MG_BOOL) {
@@ -436,21 +436,22 @@ static void push_element (lua_State *L, const mg_tensor *t, const char *p) {
 }
 
 static void push_level (lua_State *L, const mg_tensor *t, int d, const char *p) {
-  if (d == t->ndim) {
+  const int64_t *shape = mg_tensor_shape(t);
+  if (d == mg_tensor_ndim(t)) {
     push_element(L, t, p);
     return;
   }
   luaL_checkstack(L, 4, "tensor too deep");
-  lua_createtable(L, (int)t->shape[d], 0);
-  int64_t step = t->strides[d] * (int64_t)mg_dtype_size(t->dtype);
-  for (int64_t i = 0; i < t->shape[d]; i++) {
+  lua_createtable(L, (int)shape[d], 0);
+  int64_t step = mg_tensor_strides(t)[d] * (int64_t)mg_dtype_size(mg_tensor_dtype(t));
+  for (int64_t i = 0; i < shape[d]; i++) {
     push_level(L, t, d + 1, p + i * step);
     lua_rawseti(L, -2, (lua_Integer)i + 1);
   }
 }
 
 void mgL_pushvalues (lua_State *L, const mg_tensor *t) {
-  push_level(L, t, 0, mg_ptr(t));
+  push_level(L, t, 0, (const char *)mg_tensor_data(t));
 }
 
 /* {================ nested structures of tensors ============ */

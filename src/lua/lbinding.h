@@ -7,7 +7,8 @@
 #include <lua.h>
 #include <lauxlib.h>
 
-#include "../moongrad_impl.h"
+#include <stdbool.h>
+#include "moongrad.h"
 
 typedef struct ltensor { mg_tensor *t; } ltensor;       /* one reference, or NULL */
 typedef struct lvariable { mg_variable *v; } lvariable;
@@ -93,8 +94,9 @@ void       mgL_pressure_during_gradient (void);
 extern _Thread_local lua_State *mgL_running;
 /* around a gradient computation asked for from L: Lua callbacks of L's
 ** state (custom gradients, recompute) run on L; returns what to restore */
-lua_State *mgL_enter (lua_State *L);
-void       mgL_leave (lua_State *L, lua_State *prev);
+typedef struct mgL_call { void *anchor; lua_State *prev; } mgL_call;
+mgL_call   mgL_enter (lua_State *L);
+void       mgL_leave (lua_State *L, mgL_call c);
 /* raises unless the table at arg (if not nil) has only these string keys */
 void       mgL_checkoptions (lua_State *L, int arg, const char *const keys[]);
 
@@ -105,6 +107,8 @@ void mgL_open_memory    (lua_State *L);
 void mgL_open_trace     (lua_State *L);    /* into the memory table at -1 */
 void mgL_open_random    (lua_State *L);
 void mgL_open_functions (lua_State *L);   /* custom_gradient, recompute_grad */
+void mgL_open_maths     (lua_State *L);   /* lmaths.c: more maths and reductions */
+void mgL_open_index     (lua_State *L);   /* lindex.c: indexing, sorting, rearranging */
 
 /* Lua sources of the .lua files of lua/moongrad/ compiled into the library */
 typedef struct mgL_embedded { const char *name; const unsigned char *src; size_t len; } mgL_embedded;

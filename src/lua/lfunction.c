@@ -80,20 +80,20 @@ static void sweep (lua_State *L, mgL_anchor *a) {
   while (a->ndead > 0) luaL_unref(L, LUA_REGISTRYINDEX, a->dead[--a->ndead]);
 }
 
-lua_State *mgL_enter (lua_State *L) {
+mgL_call mgL_enter (lua_State *L) {
   mgL_anchor *a = anchor_of(L);
-  lua_State *prev = a->running;
+  mgL_call c = {a, a->running};
   a->running = L;
   mgL_running = L;
   mg_memory_set_pressure_hook(mgL_pressure_during_gradient);   /* this thread's context */
-  return prev;
+  return c;
 }
 
-void mgL_leave (lua_State *L, lua_State *prev) {
-  mgL_anchor *a = anchor_of(L);
-  a->running = prev;
-  mgL_running = prev;
-  sweep(L, a);
+void mgL_leave (lua_State *L, mgL_call c) {
+  mgL_anchor *a = (mgL_anchor *)c.anchor;
+  a->running = c.prev;
+  mgL_running = c.prev;
+  if (a->ndead > 0) sweep(L, a);
 }
 
 /* }========================================================== */
@@ -293,7 +293,46 @@ static int rerun_body (lua_State *L) {
 
 #define RECOMPUTE_MT "moongrad.recompute_grad"
 
-typedef struct lrecompute { bool pass_flag; } lrecompute;   /* uservalue 1: f */
+/* what a save policy is: keep nothing (recompute all), keep the matrix
+** products, keep everything (no recompute: the plain tape), or ask a Lua
+** function (uservalue 2) */
+typedef enum { KEEP_NOTHING, KEEP_DOTS, KEEP_EVERYTHING, KEEP_ASK } keep_rule;
+
+typedef struct lrecompute { bool pass_flag; keep_rule policy; } lrecompute;  /* uservalues: f, policy */
+
+/* a policy written in Lua: policy(op_name, out_shape, dtype) -> boolean.
+** It is asked from inside ops, whose frames are above the caller's: the
+** function is reached through the registry, not a stack index. */
+typedef struct lua_policy { lua_State *L; int ref; } lua_policy;
+
+static int ask_body (lua_State *L) {
+  const mg_opinfo *op = (const mg_opinfo *)lua_touserdata(L, 2);
+  const mg_tensor *out = (const mg_tensor *)lua_touserdata(L, 3);
+  lua_settop(L, 1);                                /* the policy */
+  lua_pushstring(L, op->name);
+  mgL_pushshape(L, mg_tensor_shape(out), mg_tensor_ndim(out));
+  lua_pushstring(L, mg_dtype_name(mg_tensor_dtype(out)));
+  lua_call(L, 3, 1);
+  return 1;
+}
+
+static int ask_lua (void *ud, const mg_opinfo *op, const mg_tensor *out) {
+  lua_policy *p = (lua_policy *)ud;
+  lua_State *L = p->L;
+  if (!lua_checkstack(L, 8)) return mg_seterror("recompute_grad: Lua stack overflow in the policy"), -1;
+  lua_pushcfunction(L, ask_body);
+  lua_rawgeti(L, LUA_REGISTRYINDEX, p->ref);
+  lua_pushlightuserdata(L, (void *)op);
+  lua_pushlightuserdata(L, (void *)out);
+  if (lua_pcall(L, 3, 1, 0) != LUA_OK) {
+    mg_seterror("recompute_grad: the policy failed: %s", lua_tostring(L, -1));
+    lua_pop(L, 1);
+    return -1;
+  }
+  int keep = lua_toboolean(L, -1);
+  lua_pop(L, 1);
+  return keep;
+}
 
 static mg_status recompute_forward (void *ud, int nin, mg_tensor *const *in, mg_list *out) {
   lfn *u = (lfn *)ud;
@@ -391,11 +430,14 @@ static int push_outputs (lua_State *L, mg_list *out) {
 static int recompute_call (lua_State *L) {
   lrecompute *r = (lrecompute *)luaL_checkudata(L, 1, RECOMPUTE_MT);
   bool pass_flag = r->pass_flag;
+  keep_rule policy = r->policy;
   int nargs = lua_gettop(L) - 1;
   luaL_checkstack(L, nargs + 8, "too many arguments");
+  lua_policy ask = {L, LUA_NOREF};
   lua_getiuservalue(L, 1, 1);                      /* f */
   int fidx = lua_gettop(L);
-  if (mg_tapes_recording() == 0) {                 /* nothing to save memory from */
+  /* nothing to save memory from, or a policy that keeps everything: f as it is */
+  if (mg_tapes_recording() == 0 || policy == KEEP_EVERYTHING) {
     for (int i = 0; i < nargs; i++) lua_pushvalue(L, 2 + i);
     lua_call(L, nargs + push_flag(L, pass_flag), LUA_MULTRET);
     return lua_gettop(L) - fidx + 1;
@@ -414,7 +456,14 @@ static int recompute_call (lua_State *L) {
   first_run first = {L, fidx, 2, nargs, 0, 0, 0};
   lfn *u = lfn_new(L, pass_flag, &first);
   mg_list out = {0};
-  mg_status st = mg_recompute_call(&recompute_fn, u, nl, in, &out);
+  if (policy == KEEP_ASK) {
+    lua_getiuservalue(L, 1, 2);
+    ask.ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  }
+  mg_status st = mg_recompute_call_saving(&recompute_fn, u, nl, in, &out,
+                                          policy == KEEP_DOTS ? mg_save_dots
+                                          : policy == KEEP_ASK ? ask_lua : NULL, &ask);
+  luaL_unref(L, LUA_REGISTRYINDEX, ask.ref);
   /* u may be gone by now (when no tape recorded the call): only `first` is read */
   if (st != MG_OK) return raise_call_error(L, &first);
   int outs = push_outputs(L, &out), k = 0;
@@ -449,25 +498,47 @@ static bool callable (lua_State *L, int idx) {
   return true;
 }
 
-/* recompute_grad(f [, {pass_is_recomputing=false}]) */
+/* the policy option at the top: a name or a function (left on the stack) */
+static keep_rule policy_of (lua_State *L, int arg) {
+  if (lua_isnil(L, -1)) return KEEP_NOTHING;
+  if (lua_isfunction(L, -1)) return KEEP_ASK;
+  static const char *const names[] = {"nothing", "dots", "everything", NULL};
+  const char *s = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : NULL;
+  for (int i = 0; s && names[i]; i++)
+    if (strcmp(s, names[i]) == 0) return (keep_rule)i;
+  return (keep_rule)luaL_argerror(L, arg, lua_pushfstring(L, "option 'policy' must be \"nothing\", "
+                                  "\"dots\", \"everything\" or a function, got %s",
+                                  s ? lua_pushfstring(L, "\"%s\"", s) : luaL_typename(L, -1)));
+}
+
+/* recompute_grad(f [, {pass_is_recomputing=false, policy="nothing"}]) */
 static int l_recompute_grad (lua_State *L) {
   luaL_checkany(L, 1);
   if (!callable(L, 1))
     return luaL_argerror(L, 1, lua_pushfstring(L, "f must be callable (a function, or a table with "
                                                   "__call), got %s", luaL_typename(L, 1)));
   bool pass = false;
-  if (!lua_isnoneornil(L, 2)) {
-    static const char *const keys[] = {"pass_is_recomputing", NULL};
+  lua_settop(L, 2);
+  lua_pushnil(L);                                  /* 3: the policy */
+  if (!lua_isnil(L, 2)) {
+    static const char *const keys[] = {"pass_is_recomputing", "policy", NULL};
     mgL_checkoptions(L, 2, keys);
-    lua_getfield(L, 2, "pass_is_recomputing");
-    pass = lua_toboolean(L, -1);
+    if (mgL_optionfield(L, 2, "pass_is_recomputing", LUA_TBOOLEAN) != LUA_TNIL) pass = lua_toboolean(L, -1);
     lua_pop(L, 1);
+    lua_getfield(L, 2, "policy");
+    lua_replace(L, 3);
   }
-  lrecompute *r = (lrecompute *)lua_newuserdatauv(L, sizeof(lrecompute), 1);
+  lua_pushvalue(L, 3);
+  keep_rule policy = policy_of(L, 2);
+  lua_pop(L, 1);
+  lrecompute *r = (lrecompute *)lua_newuserdatauv(L, sizeof(lrecompute), 2);
   r->pass_flag = pass;
+  r->policy = policy;
   luaL_setmetatable(L, RECOMPUTE_MT);
   lua_pushvalue(L, 1);
   lua_setiuservalue(L, -2, 1);
+  lua_pushvalue(L, 3);
+  lua_setiuservalue(L, -2, 2);
   return 1;
 }
 

@@ -2,32 +2,65 @@
 ** lmemory.c — mg.memory (the allocator's counters) and mg.random.
 **
 ** Lua's collector sees a tensor as a few bytes of userdata, not the
-** megabytes behind it, so garbage tensors could pile up between cycles.
-** mgL_gc_pressure closes the gap the way Lua paces its own heap: once the
-** tensor bytes allocated since the last collection exceed (pause - 100)%
-** of what was alive after it (and at least min_bytes), it collects.
+** megabytes behind it, so garbage tensors would pile up between its cycles
+** and inflate the peak well past what is live. mgL_gc_pressure paces
+** collections by tensor bytes instead, at the safe points the binding
+** offers (after each op, between the nodes of a backward walk):
+**   - once tensor bytes allocated since the last collection exceed
+**     (pause - 100)% of the bytes then live (and at least min_bytes), a
+**     young collection runs: in Lua's generational mode (set when the
+**     module opens) it costs in proportion to the objects made since, and
+**     most garbage tensors are young: the temporaries of the last ops;
+**   - when the tensor bytes no tape and no variable holds grow by that
+**     much over their floor, the collection is a full one, which finds the
+**     garbage that had grown old (last step's gradients, a loss kept in a
+**     local) without making a forward pass (whose growth is saved bytes)
+**     pay for full collections.
+** So the peak stays within about pause% of the live set: bench/timeliness.lua
+** measures it against a collection before every allocation.
 */
 #include "lbinding.h"
 
-#define GC_MIN_GROWTH ((size_t)16 << 20)
+#define GC_PAUSE 110                         /* percent */
+#define GC_MIN_BYTES ((size_t)256 << 10)
 
 /* per thread, as the contexts whose bytes they pace */
-static _Thread_local int gc_pause = 200;     /* percent, as lua_gc's setpause */
-static _Thread_local size_t gc_min_growth = GC_MIN_GROWTH;
-static _Thread_local size_t gc_mark = 0;     /* allocated_bytes at the last collection */
-static _Thread_local size_t gc_allowance = GC_MIN_GROWTH;
+static _Thread_local struct {
+  int pause;                 /* percent, as lua_gc's setpause */
+  size_t min_bytes;
+  size_t mark;               /* allocated bytes at the last collection */
+  size_t allowance;          /* bytes to allocate before the next one */
+  size_t floor;              /* the fewest loose tensor bytes since the last full collection */
+} gc = {GC_PAUSE, GC_MIN_BYTES, 0, 0, 0};
 
+static size_t allowance_for (size_t live) {
+  size_t grow = live / 100 * (size_t)(gc.pause - 100);
+  return grow > gc.min_bytes ? grow : gc.min_bytes;
+}
+
+/* Young collections find the new garbage. The old garbage is in the tensor
+** role (held by no tape and no variable): when those bytes grow by the
+** allowance over their floor, a full collection looks for it. Activations
+** a tape saved grow in the saved role, so a forward pass does not pay for
+** full collections. */
 void mgL_gc_pressure (lua_State *L) {
   static _Thread_local bool collecting = false;
-  if (collecting || mg_memory_allocated_bytes() - gc_mark <= gc_allowance) return;
+  if (collecting || mg_memory_allocated_bytes() - gc.mark <= gc.allowance) return;
   collecting = true;
-  lua_gc(L, LUA_GCCOLLECT);
-  lua_gc(L, LUA_GCSTEP, 0);      /* in generational mode, finalizers run only at a step */
-  collecting = false;
+  lua_gc(L, LUA_GCSTEP, 0);      /* a young collection; finalizers run at a step */
   mg_memory_stats st = mg_memory_stats_get();
-  size_t grow = st.current_bytes / 100 * (size_t)(gc_pause - 100);
-  gc_mark = st.allocated_bytes;
-  gc_allowance = grow > gc_min_growth ? grow : gc_min_growth;
+  bool full = gc.pause == 100 || st.tensor_bytes > gc.floor + gc.allowance;
+  if (full) {
+    lua_gc(L, LUA_GCCOLLECT);
+    lua_gc(L, LUA_GCSTEP, 0);
+    st = mg_memory_stats_get();
+  }
+  collecting = false;
+  gc.mark = st.allocated_bytes;
+  /* garbage is measured against what is live besides the variables: the
+  ** model's weights must not buy its activations room for garbage */
+  gc.allowance = allowance_for(st.tensor_bytes + st.saved_bytes);
+  if (full || st.tensor_bytes < gc.floor) gc.floor = st.tensor_bytes;
 }
 
 /* While a gradient runs, the walk is C code that never returns to Lua, yet
@@ -63,31 +96,31 @@ static int l_stats (lua_State *L) {
 }
 
 static int l_reset_peak (lua_State *L) {
-  MG_UNUSED(L);
+  (void)L;
   mg_memory_reset_peak();
   return 0;
 }
 
 static int l_release_cache (lua_State *L) {
-  MG_UNUSED(L);
+  (void)L;
   mg_memory_release_cache();
   return 0;
 }
 
-/* setpause(percent [, min_bytes]): tensor memory may grow to percent of
-** what lived after the last collection, and by at least min_bytes (16 MiB),
-** before a collection; returns the old pair. setpause(100, 0) collects
-** whenever memory grows, which makes peaks exact (and slow). */
+/* setpause(percent [, min_bytes]): a collection once tensor bytes allocated
+** since the last one exceed (percent - 100)% of the live bytes (and at
+** least min_bytes; defaults 110 and 256 KiB); returns the old pair.
+** setpause(100, 0) collects before every allocation: exact peaks, slowly. */
 static int l_setpause (lua_State *L) {
   lua_Integer p = luaL_checkinteger(L, 1);
-  lua_Integer m = luaL_optinteger(L, 2, (lua_Integer)GC_MIN_GROWTH);
+  lua_Integer m = luaL_optinteger(L, 2, (lua_Integer)GC_MIN_BYTES);
   luaL_argcheck(L, p >= 100 && p <= 100000, 1, "pause must be between 100 and 100000 (percent)");
   luaL_argcheck(L, m >= 0, 2, "min_bytes must not be negative");
-  lua_pushinteger(L, gc_pause);
-  lua_pushinteger(L, (lua_Integer)gc_min_growth);
-  gc_pause = (int)p;
-  gc_min_growth = (size_t)m;
-  gc_allowance = 0;                    /* re-derive at the next allocation */
+  lua_pushinteger(L, gc.pause);
+  lua_pushinteger(L, (lua_Integer)gc.min_bytes);
+  gc.pause = (int)p;
+  gc.min_bytes = (size_t)m;
+  gc.allowance = gc.floor = 0;         /* re-derive at the next allocation */
   return 2;
 }
 

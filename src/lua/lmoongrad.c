@@ -94,12 +94,18 @@ static int l_clock (lua_State *L) {
 
 int luaopen_moongrad (lua_State *L) {
   luaL_checkversion(L);
+  /* Lua's generational collector: a young collection costs in proportion
+  ** to the objects made since the last one, which is what pacing the
+  ** collector by tensor bytes needs (lmemory.c) */
+  lua_gc(L, LUA_GCGEN, 0, 0);
   lua_newtable(L);
   mgL_open_tensor(L);
   mgL_open_variable(L);
   mgL_remember_metatables(L);
   mgL_open_tape(L);
   mgL_open_functions(L);
+  mgL_open_maths(L);
+  mgL_open_index(L);
   mgL_open_memory(L);
   mgL_open_random(L);
   lua_pushcfunction(L, l_set_num_threads);

@@ -137,7 +137,7 @@ static mg_tensor **leaves (lua_State *L, int acc, int n) {
 /* runs a gradient computation with mgL_running set for Lua backward rules */
 static mg_status run_gradient (lua_State *L, mg_tape *t, int nt, mg_tensor **targets, int ns,
                                mg_tensor **sources, mg_tensor **seeds, int zero, mg_tensor **grads) {
-  lua_State *prev = mgL_enter(L);
+  mgL_call prev = mgL_enter(L);
   mg_status st = mg_tape_gradient(t, nt, targets, ns, sources, seeds, zero, grads);
   mgL_leave(L, prev);
   return st;
@@ -246,7 +246,7 @@ static int jacobian (lua_State *L, jacobian_fn fn) {
   mg_tensor *y = mgL_checktensor(L, 2), *x = mgL_checktensor(L, 3);
   int zero = unconnected_zero(L, 4);
   ltensor *box = mgL_newbox(L);
-  lua_State *prev = mgL_enter(L);
+  mgL_call prev = mgL_enter(L);
   mg_status st = fn(t, y, x, zero, &box->t);
   mgL_leave(L, prev);
   if (st != MG_OK) return mgL_error(L);

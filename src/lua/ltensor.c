@@ -172,12 +172,7 @@ static int l_item (lua_State *L) {
     return luaL_error(L, "item: tensor has %I elements, expected 1", (lua_Integer)mg_tensor_numel(t));
   int64_t idx[MG_MAX_DIMS] = {0};
   switch (mg_tensor_dtype(t)) {
-    case MG_INT64: {
-      int64_t off = 0;
-      for (int i = 0; i < t->ndim; i++) off += idx[i] * t->strides[i];
-      lua_pushinteger(L, (lua_Integer)((const int64_t *)mg_ptr(t))[off]);
-      break;
-    }
+    case MG_INT64: lua_pushinteger(L, (lua_Integer)*(const int64_t *)mg_tensor_data(t)); break;   /* exact */
     case MG_BOOL: lua_pushboolean(L, mg_tensor_get(t, idx) != 0); break;
     default: lua_pushnumber(L, mg_tensor_get(t, idx)); break;
   }

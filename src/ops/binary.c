@@ -151,6 +151,9 @@ static mg_tensor *binary (const mg_opdef *op, mg_tensor *a, mg_tensor *b) {
   int64_t shape[MG_MAX_DIMS];
   int nd = mg_broadcast_shapes(fn, op->info.symbol, a->shape, a->ndim, b->shape, b->ndim, shape);
   if (nd < 0) return NULL;
+  mg_tensor *in[2] = {a, b};
+  mg_tensor *kept = op->backward ? mg_replay_take(op, shape, nd, result_dtype(op, a->dtype)) : NULL;
+  if (kept) return mg_finish(op, 2, in, kept, NULL);          /* a save policy's */
   mg_tensor *out = mg_empty(shape, nd, result_dtype(op, a->dtype));
   if (out == NULL) return NULL;
   char *base[3] = {mg_ptr(out), mg_ptr(a), mg_ptr(b)};
@@ -167,7 +170,6 @@ static mg_tensor *binary (const mg_opdef *op, mg_tensor *a, mg_tensor *b) {
     kernel_ud ud = {k};
     mg_iter_run(&it, base, sz, run_kernel, &ud);
   }
-  mg_tensor *in[2] = {a, b};
   return op->backward && mg_is_float(out->dtype) ? mg_finish(op, 2, in, out, NULL) : out;
 }
 

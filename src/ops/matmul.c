@@ -140,6 +140,9 @@ static mg_tensor *matmul_nd (mg_tensor *a, mg_tensor *b) {
   memcpy(shape, bshape, sizeof(int64_t) * (size_t)nb);
   shape[nb] = M;
   shape[nb + 1] = N;
+  mg_tensor *in[2] = {a, b};
+  mg_tensor *kept = mg_replay_take(&matmul_op, shape, nb + 2, a->dtype);   /* a save policy's */
+  if (kept) return mg_finish(&matmul_op, 2, in, kept, NULL);
   mg_tensor *out = mg_empty(shape, nb + 2, a->dtype);
   if (out == NULL) return NULL;
   int64_t batch = 1;
@@ -179,7 +182,6 @@ static mg_tensor *matmul_nd (mg_tensor *a, mg_tensor *b) {
     mg_tensor_release(out);
     return NULL;
   }
-  mg_tensor *in[2] = {a, b};
   return mg_is_float(a->dtype) ? mg_finish(&matmul_op, 2, in, out, NULL) : out;
 }
 

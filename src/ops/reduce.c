@@ -156,6 +156,15 @@ static mg_tensor *reduce (const mg_opdef *op, mg_tensor *x, int axis, int keepdi
     return mg_seterror("%s: cannot reduce over an empty axis", fn), NULL;
   int64_t shape[MG_MAX_DIMS];
   int nd = reduced_shape(x, axis, keepdims, shape);
+  if (op->backward && mg_is_float(dt)) {
+    mg_tensor *kept = mg_replay_take(op, shape, nd, dt);      /* a save policy's */
+    if (kept) {
+      mg_attr attr = {0};
+      attr.axis = axis;
+      attr.keepdims = keepdims;
+      return mg_finish(op, 1, &x, kept, &attr);
+    }
+  }
   mg_tensor *out = mg_empty(shape, nd, index ? MG_INT64 : dt);
   mg_tensor *xc = mg_contiguous(x);
   if (out == NULL || xc == NULL) {

@@ -53,6 +53,8 @@ static mg_tensor *unary (const mg_opdef *op, mg_tensor *x) {
     if (x->dtype == MG_BOOL) return mg_seterror("%s: not defined for bool tensors; cast first", fn), NULL;
     return mg_seterror("%s: not defined for int64 tensors; cast to float first", fn), NULL;
   }
+  mg_tensor *kept = op->backward ? mg_replay_take(op, x->shape, x->ndim, x->dtype) : NULL;
+  if (kept) return mg_finish(op, 1, &x, kept, NULL);          /* a save policy's */
   mg_tensor *out = mg_empty(x->shape, x->ndim, x->dtype);
   if (out == NULL) return NULL;
   mg_iter it;

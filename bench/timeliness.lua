@@ -1,0 +1,91 @@
+-- bench/timeliness.lua: how close the memory peak stays to the live set.
+-- For each case, one training step (forward, gradient, SGD update) runs
+-- three ways: with the library's default collector pacing, with the
+-- ideal (a full collection before every allocation: the peak is then the
+-- live set), and with the old pacing (setpause(200, 16 MiB), the default
+-- before the timeliness work). Prints default peak / ideal peak and the
+-- step time against the old pacing.
+--   build/moongrad bench/timeliness.lua [width] [batch] [layers] [repeats]
+local mg = mg or require "moongrad"
+
+local W = tonumber(arg and arg[1]) or 1024
+local B = tonumber(arg and arg[2]) or 512
+local N = tonumber(arg and arg[3]) or 16
+local REPEATS = tonumber(arg and arg[4]) or 5
+
+local median = require("bench.util").median
+
+local function chains ()
+  mg.random.seed(1)
+  local dense, blocks = {}, {}
+  for i = 1, N do
+    dense[i] = mg.nn.Dense(W, {activation = "tanh"})
+    blocks[i] = mg.nn.Sequential{mg.nn.Dense(W, {activation = "tanh"}), mg.nn.Dense(W // 4, {activation = "tanh"})}
+  end
+  local rev = mg.nn.RevBlock(mg.nn.Dense(W // 2, {activation = "tanh"}),
+                             mg.nn.Dense(W // 2, {activation = "tanh"}), {num_layers = N})
+  local segments = math.max(1, math.floor(math.sqrt(N) + 0.5))
+  local function plain (layers) return function(h) for _, l in ipairs(layers) do h = l(h) end return h end end
+  local function every (layers)
+    return function(h) for _, l in ipairs(layers) do h = mg.recompute_grad(l)(h) end return h end
+  end
+  local function vars (layers)
+    local out = {}
+    for _, l in ipairs(layers) do for _, v in ipairs(l.trainable_variables) do out[#out + 1] = v end end
+    return out
+  end
+  local x1, x2 = mg.random.normal{B, W}, mg.random.normal{B, W // 4}
+  plain(dense)(x1)
+  plain(blocks)(x2)
+  rev(x1)
+  return {
+    {"dense+tanh, plain", plain(dense), x1, vars(dense)},
+    {"dense+tanh, recompute every layer", every(dense), x1, vars(dense)},
+    {"dense+tanh, checkpoint_sequential", function(h) return mg.nn.checkpoint_sequential(dense, segments, h) end,
+     x1, vars(dense)},
+    {"dense+tanh, RevBlock", rev, x1, rev.trainable_variables},
+    {"MLP block, plain", plain(blocks), x2, vars(blocks)},
+    {"MLP block, recompute every layer", every(blocks), x2, vars(blocks)},
+  }
+end
+
+local function step (run, x, vars)
+  local t = mg.tape()
+  local loss = mg.mean(run(x) ^ 2)
+  t:stop()
+  local grads = t:gradient(loss, vars)
+  for i, v in ipairs(vars) do v:assign_sub(grads[i], 1e-3) end
+end
+
+-- median step time and the peak above the start, under a pacing
+local function measure (case, pause, min_bytes)
+  local old, oldmin = mg.memory.setpause(pause, min_bytes)
+  local times, peak = {}, 0
+  step(case[2], case[3], case[4])                  -- warm up
+  for k = 1, REPEATS do
+    collectgarbage()
+    collectgarbage()
+    local base = mg.memory.stats().current_bytes
+    mg.memory.reset_peak()
+    local t0 = mg.clock()
+    step(case[2], case[3], case[4])
+    times[k] = (mg.clock() - t0) * 1000
+    peak = math.max(peak, mg.memory.stats().peak_bytes - base)
+  end
+  mg.memory.setpause(old, oldmin)
+  return median(times), peak
+end
+
+print(("%s, %d threads; width %d, batch %d, %d layers; medians of %d steps"):format(
+  mg.version, mg.get_num_threads(), W, B, N, REPEATS))
+print(("%-36s %9s %9s %7s %9s %9s %7s"):format("case", "peak MiB", "ideal", "ratio", "step ms",
+                                                  "old ms", "cost"))
+local default_pause, default_min = mg.memory.setpause(200, 16 << 20)
+mg.memory.setpause(default_pause, default_min)
+for _, case in ipairs(chains()) do
+  local ms, peak = measure(case, default_pause, default_min)
+  local _, ideal = measure(case, 100, 0)
+  local old_ms = measure(case, 200, 16 << 20)
+  print(("%-36s %9.1f %9.1f %6.2fx %9.1f %9.1f %6.2fx"):format(case[1], peak / 2^20, ideal / 2^20,
+    peak / ideal, ms, old_ms, ms / old_ms))
+end

@@ -1,0 +1,99 @@
+/*
+** replay.c — save policies for recompute (JAX's checkpoint policies).
+**
+** While a recomputed function first runs, the policy picks ops whose
+** outputs to keep (the matrix products, say: expensive to compute, cheap
+** to keep); the node holds them as saved bytes. When the function runs
+** again for a gradient, each of those ops takes its kept output instead of
+** computing it: op k of a kind in the re-run is op k of that kind in the
+** first run, since the function is deterministic. Ops that cannot take a
+** kept output just compute it again, which is always right.
+*/
+#include <stdlib.h>
+#include <string.h>
+
+#include "moongrad_impl.h"
+
+typedef struct kept { const mg_opdef *op; mg_tensor *t; bool taken; } kept;
+
+struct mg_replay {
+  kept *items;                    /* in the order the first run made them */
+  int n, cap;
+};
+
+mg_replay *mg_replay_new (void) {
+  mg_replay *r = (mg_replay *)calloc(1, sizeof(mg_replay));
+  if (r == NULL) mg_seterror("out of memory keeping outputs for recompute");
+  return r;
+}
+
+void mg_replay_free (mg_replay *r) {
+  if (r == NULL) return;
+  for (int i = 0; i < r->n; i++) {
+    mg_storage_add_refs(r->items[i].t->storage, -1, 0);
+    mg_tensor_release(r->items[i].t);
+  }
+  free(r->items);
+  free(r);
+}
+
+size_t mg_replay_count (const mg_replay *r) { return r ? (size_t)r->n : 0; }
+
+mg_tensor *mg_replay_kept (const mg_replay *r, int i) {
+  return r && i >= 0 && i < r->n ? r->items[i].t : NULL;
+}
+
+/* {====================== the first run ======================= */
+
+/* called by mg_finish for every op's output while a policy records */
+mg_status mg_replay_note (const mg_opdef *op, mg_tensor *out) {
+  mg_replay_state *s = &mg_ctx()->replay;
+  int keep = s->save(s->save_ud, &op->info, out);
+  if (keep <= 0) return keep < 0 ? MG_ERR : MG_OK;           /* < 0: the policy failed */
+  mg_replay *r = s->recording;
+  if (r->n == r->cap) {
+    int cap = r->cap ? r->cap * 2 : 16;
+    kept *a = (kept *)realloc(r->items, sizeof(kept) * (size_t)cap);
+    if (a == NULL) return mg_seterror("out of memory keeping outputs for recompute");
+    r->items = a;
+    r->cap = cap;
+  }
+  mg_storage_add_refs(out->storage, 1, 0);          /* saved bytes, as a tape's */
+  r->items[r->n++] = (kept){op, mg_tensor_retain(out), false};
+  return MG_OK;
+}
+
+/* }========================================================== */
+
+
+/* {======================== the re-run ======================== */
+
+/* The kept output for the next op of this kind, as a fresh tensor (new to
+** the tapes), if its shape and dtype are what the op is about to make. */
+mg_tensor *mg_replay_take (const mg_opdef *op, const int64_t *shape, int ndim, mg_dtype dt) {
+  mg_replay *r = mg_ctx()->replay.playing;
+  if (r == NULL) return NULL;
+  for (int i = 0; i < r->n; i++) {
+    kept *k = &r->items[i];
+    if (k->op != op || k->taken) continue;
+    k->taken = true;                                /* used or not, this slot is op's */
+    mg_tensor *t = k->t;
+    if (t->dtype != dt || !mg_same_shape(t->shape, t->ndim, shape, ndim)) return NULL;
+    return mg_tensor_view(t->storage, t->dtype, t->shape, t->ndim, t->strides, t->offset);
+  }
+  return NULL;
+}
+
+/* a re-run starts: every kept output is there to take again */
+void mg_replay_rewind (mg_replay *r) {
+  for (int i = 0; r && i < r->n; i++) r->items[i].taken = false;
+}
+
+/* }========================================================== */
+
+int mg_save_dots (void *ud, const mg_opinfo *op, const mg_tensor *out) {
+  MG_UNUSED(ud);
+  MG_UNUSED(out);
+  return strcmp(op->name, "matmul") == 0 || strcmp(op->name, "conv2d") == 0 ||
+         strcmp(op->name, "einsum") == 0;
+}
