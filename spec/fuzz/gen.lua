@@ -480,18 +480,34 @@ local function mutate_table (a)
   }
 end
 
+-- save policies (JAX's checkpoint policies); a Lua one is called from inside ops
+local function policy ()
+  return wpick{
+    3, function() return pick{"'nothing'", "'dots'", "'everything'"} end,
+    1, function() return pick{"'bogus'", "5", "true", "{}"} end,
+    4, function() return "function(op, shape, dtype) " .. pick{
+         "return true", "return op == 'matmul'", "return #shape > 1", "return nil", "return 'x'", "error('policy')",
+         "collectgarbage(); return true", "local _ = mg.ones{2} + 1; return true", "T[1]:reset(); return true",
+         "getmetatable(T[1]).__gc(T[1]); return false", "coroutine.yield(); return true", "V[1]:assign(V[1]); return true",
+         "mg.memory.fail_after(1); return true", "mg.random.seed(1); return true", "return first(F[2](A[1]))",
+         "local t = mg.tape(); t:watch(V[1]); local y = V[1] * 2; t:gradient(y, V[1]); return true",
+         "setmetatable({}, {__gc = function() T[2]:reset() end}); collectgarbage(); return dtype == 'float64'"} .. " end" end,
+  }
+end
+
 local function recompute_stmt (depth)
   local f, a = Fk(), Ak()
   return wpick{
     4, function() return fmt("%s = mg.recompute_grad(function(tbl, b, flag) %s end%s)", f, recompute_body(depth),
-                             chance(0.3) and ", {pass_is_recomputing = true}" or "") end,
+                             wpick{5, "", 2, ", {pass_is_recomputing = true}", 3, function() return fmt(", {policy = %s}", policy()) end,
+                                   1, function() return fmt(", {policy = %s, pass_is_recomputing = true}", policy()) end}) end,
     1, function() return fmt("%s = mg.recompute_grad(%s)", f, pick{Fk(), "mg.nn.Dense(2)", "mg.tanh", "5", "nil", "{}", "setmetatable({}, {__call = function(_, x) return x * 2 end})", "setmetatable({}, {__call = function() error('c') end})"}) end,
     3, function() return fmt("%s = %s", a, table_arg()) end,
     5, function() return assign(fmt("first(%s(%s, %s))", f, chance(0.8) and a or table_arg(), operand())) end,
     4, function() return mutate_table(a) end,
     1, function() return fmt("local _ = %s.__wrapped__, %s.variables, %s.foo, tostring(%s)", f, f, f, f) end,
     3, function()      -- a whole scenario: record, mutate, gradient
-      return fmt("local t = mg.tape(%s); local g = mg.recompute_grad(function(tbl, b, flag) %s end); local args = %s; t:watch(args); local y = first(g(args, %s)); %s; V[%d] = y; V[%d] = first(t:gradient(y, %s))",
+      return fmt("local t = mg.tape(%s); local g = mg.recompute_grad(function(tbl, b, flag) %s end" .. (chance(0.4) and (", {policy = " .. policy() .. "}") or "") .. "); local args = %s; t:watch(args); local y = first(g(args, %s)); %s; V[%d] = y; V[%d] = first(t:gradient(y, %s))",
                  pick{"", "{persistent = true}"}, recompute_body(depth), table_arg(), V(), mutate_table("args"), slot(), slot(),
                  pick{"args", "V[1]", "{args, V[2]}", "args[1]"})
     end,
@@ -778,7 +794,8 @@ oracle_kinds = function ()
     end,
     2, function()      -- recompute_grad against the plain function, with dropout replayed
       local drop = chance(0.4) and "x = mg.nn.dropout(x, 0.5); " or ""
-      return fmt("local x = %s; local function f(x) %sreturn %s end; local s = mg.random.get_state(); local t1 = mg.tape(); t1:watch(x); local ok1, a = pcall(f, x); t1:stop(); if not ok1 then return end; mg.random.set_state(s); local t2 = mg.tape(); t2:watch(x); local b = mg.recompute_grad(f)(x); t2:stop(); CHECK('recompute-forward', a, b, 0); CHECK('recompute-gradient', t1:gradient(a, x), t2:gradient(b, x), 1e-12)", x, drop, e)
+      return fmt("local x = %s; local function f(x) %sreturn %s end; local s = mg.random.get_state(); local t1 = mg.tape(); t1:watch(x); local ok1, a = pcall(f, x); t1:stop(); if not ok1 then return end; mg.random.set_state(s); local t2 = mg.tape(); t2:watch(x); local b = mg.recompute_grad(f, {policy = %s})(x); t2:stop(); CHECK('recompute-forward', a, b, 0); CHECK('recompute-gradient', t1:gradient(a, x), t2:gradient(b, x), 1e-12)", x, drop, e,
+                 pick{"'nothing'", "'dots'", "'everything'", "function(op) return op == 'tanh' end", "function(op, shape) return #shape == 0 end"})
     end,
     1, function()      -- jacobian summed over y's axes = gradient of sum(y)
       return fmt("local x = %s; local t = mg.tape({persistent = true}); t:watch(x); local ok, y = pcall(function(x) return %s end, x); t:stop(); if not ok or y:numel() > 16 then return end; local j = t:jacobian(y, x, {unconnected = 'zero'}); local axes = {}; for i = 1, y.ndim do axes[i] = i end; local js = #axes > 0 and mg.sum(j, axes) or j; CHECK('jacobian-vs-gradient', js, t:gradient(y, x, {unconnected = 'zero'}), 1e-9)", x, e)
