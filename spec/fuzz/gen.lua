@@ -795,7 +795,14 @@ oracle_kinds = function ()
     2, function()      -- recompute_grad against the plain function, with dropout replayed
       local drop = chance(0.4) and "x = mg.nn.dropout(x, 0.5); " or ""
       return fmt("local x = %s; local function f(x) %sreturn %s end; local s = mg.random.get_state(); local t1 = mg.tape(); t1:watch(x); local ok1, a = pcall(f, x); t1:stop(); if not ok1 then return end; mg.random.set_state(s); local t2 = mg.tape(); t2:watch(x); local b = mg.recompute_grad(f, {policy = %s})(x); t2:stop(); CHECK('recompute-forward', a, b, 0); CHECK('recompute-gradient', t1:gradient(a, x), t2:gradient(b, x), 1e-12)", x, drop, e,
-                 pick{"'nothing'", "'dots'", "'everything'", "function(op) return op == 'tanh' end", "function(op, shape) return #shape == 0 end"})
+                 wpick{3, function() return pick{"'nothing'", "'dots'", "'everything'"} end,
+                       1, "function(op, shape) return #shape == 0 end", 1, "function(op, shape, dtype) return #shape > 0 end",
+                       4, function()
+                         local ops = {"mul", "add", "sub", "tanh", "sigmoid", "sum", "mean", "max", "exp", "pow", "matmul", "transpose",
+                                      "slice", "concat", "div", "neg", "softmax", "log_softmax", "where", "maximum", "reshape", "sqrt", "log"}
+                         local a, b = pick(ops), pick(ops)
+                         return fmt("function(op, shape) return (op == '%s' or op == '%s')%s end", a, b, pick{"", " and #shape == 0", " and #shape > 0"})
+                       end})
     end,
     1, function()      -- jacobian summed over y's axes = gradient of sum(y)
       return fmt("local x = %s; local t = mg.tape({persistent = true}); t:watch(x); local ok, y = pcall(function(x) return %s end, x); t:stop(); if not ok or y:numel() > 16 then return end; local j = t:jacobian(y, x, {unconnected = 'zero'}); local axes = {}; for i = 1, y.ndim do axes[i] = i end; local js = #axes > 0 and mg.sum(j, axes) or j; CHECK('jacobian-vs-gradient', js, t:gradient(y, x, {unconnected = 'zero'}), 1e-9)", x, e)
