@@ -309,7 +309,7 @@ mg_status mg_sort (mg_tensor *x, int axis, int descending, mg_tensor **values, m
 }
 const mg_opdef mg_sort_op = {
   .info = {.name = "sort", .kind = MG_OP_OTHER,
-           .doc = "values sorted along an axis (stable; NaN last) and where they came from"},
+           .doc = "values sorted along an axis (stable; NaN above every number) and where they came from"},
   .saves = MG_SAVE_OUT(1), .backward = sort_backward,
 };
 
