@@ -326,6 +326,12 @@ MG_API mg_tensor *mg_cumsum (mg_tensor *x, int axis, int exclusive, int reverse)
 /* }============================================================== */
 
 
+/* {============== ops: convolution and pooling (NHWC) ============= */
+/* (src/ops/conv.c) */
+
+/* }============================================================== */
+
+
 /* {============== ops: indexing, sorting, rearranging ============ */
 /* (src/ops/index.c, src/ops/sort.c, src/ops/einsum.c) Indices are int64
 ** and 0-based; a negative one counts from the end (-1 is the last), as in
@@ -550,6 +556,12 @@ MG_API const mg_saved_hooks mg_hooks_float16, mg_hooks_bfloat16, mg_hooks_offloa
 /* the ud for mg_hooks_offload: a copy of dir (where the files go; they are
 ** unlinked at once, so nothing is left behind) */
 MG_API void     *mg_hooks_offload_dir (const char *dir);
+
+/* }============================================================== */
+
+
+/* {============ files: safetensors, IDX and CSV datasets ========== */
+/* (src/io/) */
 
 /* }============================================================== */
 
