@@ -30,12 +30,13 @@ WARN = -Wall -Wextra \
 CFLAGS  = -std=c11 -D_POSIX_C_SOURCE=200809L $(OPT) $(MARCH) -fno-math-errno -fPIC -fopenmp \
           -Iinclude -Isrc -I$(LUA_INC) $(WARN) $(MYCFLAGS)
 # CFLAGS += -DMG_ASSERT_ON      (internal invariants)
-LIBS    = -ldnnl -lcjson -lmvec -lm -fopenmp
+LIBS    = -ldnnl -lcjson -lz -lmvec -lm -fopenmp
 
 # Debian packages the build and the tests need
-DEPS = lua5.4 liblua5.4-dev lua-busted libreadline-dev libdnnl-dev libcjson-dev libdlpack-dev tmux luarocks
+DEPS = lua5.4 liblua5.4-dev lua-busted libreadline-dev libdnnl-dev libcjson-dev libdlpack-dev zlib1g-dev \
+       gnuplot-nox tmux luarocks
 
-LIB_SRC = $(wildcard src/*.c src/ops/*.c src/autodiff/*.c src/lua/*.c)
+LIB_SRC = $(wildcard src/*.c src/ops/*.c src/autodiff/*.c src/io/*.c src/lua/*.c)
 LIB_SRC := $(filter-out src/main.c,$(LIB_SRC))
 LUA_MODS = $(wildcard lua/moongrad/*.lua)
 LIB_OBJ = $(patsubst src/%.c,$(BUILD)/obj/%.o,$(LIB_SRC)) $(BUILD)/obj/embedded.o
@@ -118,7 +119,7 @@ demo: deps
 # busted itself; the C programs run instrumented too
 ASAN_MAKE = $(MAKE) BUILD=build-asan OPT="-O1 -g -fno-omit-frame-pointer" \
   MYCFLAGS="-fsanitize=address,undefined -fno-sanitize-recover=undefined" \
-  LIBS="-ldnnl -lcjson -lmvec -lm -fopenmp -fsanitize=address,undefined"
+  LIBS="-ldnnl -lcjson -lz -lmvec -lm -fopenmp -fsanitize=address,undefined"
 export ASAN_OPTIONS ?= allocator_may_return_null=1:detect_leaks=1
 
 asan-build: deps
@@ -132,7 +133,7 @@ asan: asan-build
 # OpenMP thread each: libgomp is not instrumented, and would be all noise.
 tsan: deps
 	$(MAKE) BUILD=build-tsan OPT="-O1 -g" MYCFLAGS="-fsanitize=thread" \
-	  LIBS="-ldnnl -lcjson -lmvec -lm -fopenmp -fsanitize=thread" build-tsan/threads_test
+	  LIBS="-ldnnl -lcjson -lz -lmvec -lm -fopenmp -fsanitize=thread" build-tsan/threads_test
 	OMP_NUM_THREADS=1 TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 build-tsan/threads_test
 
 # random programs over the whole API under the sanitizers (spec/fuzz/):

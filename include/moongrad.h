@@ -64,6 +64,8 @@ typedef enum mg_dtype {
   MG_FLOAT64,                      /* for gradient checks and precision */
   MG_INT64,                        /* indices and counts; never differentiated */
   MG_BOOL,                         /* results of comparisons; 1 byte */
+  MG_FLOAT16,                      /* IEEE half: storage only (cast to compute) */
+  MG_BFLOAT16,                     /* bfloat16: storage only (cast to compute) */
   MG_DTYPE__COUNT
 } mg_dtype;
 
@@ -128,6 +130,9 @@ MG_API double       mg_tensor_get      (const mg_tensor *t, const int64_t *index
 MG_API const char  *mg_dtype_name      (mg_dtype dt);    /* "float32" ... */
 MG_API int          mg_dtype_from_name (const char *name);  /* -1 if unknown */
 MG_API size_t       mg_dtype_size      (mg_dtype dt);
+/* n values of src (dtype sdt) into dst (dtype ddt), contiguous both; floats
+** to int64 truncate toward zero and saturate, NaN gives 0 */
+MG_API void         mg_convert         (void *dst, mg_dtype ddt, const void *src, mg_dtype sdt, int64_t n);
 /* "(2,3)" into buf; returns buf */
 MG_API char        *mg_shape_str       (char *buf, size_t n, const int64_t *shape, int ndim);
 /* readable values with a footer "moongrad.Tensor(2,3) float32"; free() it */
@@ -317,6 +322,12 @@ MG_API mg_tensor *mg_norm  (mg_tensor *x, int axis, int keepdims, double ord);
 /* running sums along axis (MG_ALL_AXES: the flattened x, 1-D); exclusive
 ** leaves out x[k] itself, reverse sums from the end (TensorFlow's cumsum) */
 MG_API mg_tensor *mg_cumsum (mg_tensor *x, int axis, int exclusive, int reverse);
+
+/* }============================================================== */
+
+
+/* {============== ops: convolution and pooling (NHWC) ============= */
+/* (src/ops/conv.c) */
 
 /* }============================================================== */
 
@@ -525,6 +536,33 @@ MG_API mg_status mg_recompute_call_saving (const mg_function *fn, void *ud, int 
                                            mg_tensor *const *in, mg_list *out,
                                            mg_save_policy save, void *save_ud);
 
+/* Saved-tensor hooks (PyTorch's saved_tensors_hooks): while pushed, each
+** tensor a tape saves for the backward goes through pack, and the node
+** keeps what pack returns (a float16 copy, a tensor over a file); when the
+** backward needs it, unpack gives back a tensor of the dtype and shape it
+** had. Not for variables' values (variables hold those anyway), nor for the
+** inputs of recompute and custom gradients (they need the tensors
+** themselves). ud is released when the last node packed with it goes. */
+typedef struct mg_saved_hooks {
+  mg_tensor *(*pack)   (void *ud, mg_tensor *t);                   /* new ref; NULL: error */
+  mg_tensor *(*unpack) (void *ud, mg_tensor *packed, mg_dtype dt); /* new ref; NULL: error */
+  void       (*release)(void *ud);                                  /* may be NULL */
+} mg_saved_hooks;
+MG_API mg_status mg_saved_hooks_push (const mg_saved_hooks *h, void *ud);
+MG_API void      mg_saved_hooks_pop  (void);
+/* ready to push: saved activations as float16 or bfloat16 (about half
+** the bytes, at their rounding), or in files of a directory, mapped */
+MG_API const mg_saved_hooks mg_hooks_float16, mg_hooks_bfloat16, mg_hooks_offload;
+/* the ud for mg_hooks_offload: a copy of dir (where the files go; they are
+** unlinked at once, so nothing is left behind) */
+MG_API void     *mg_hooks_offload_dir (const char *dir);
+
+/* }============================================================== */
+
+
+/* {============ files: safetensors, IDX and CSV datasets ========== */
+/* (src/io/) */
+
 /* }============================================================== */
 
 
@@ -533,7 +571,7 @@ MG_API mg_status mg_recompute_call_saving (const mg_function *fn, void *ud, int 
 ** strides in elements (NULL: contiguous); release(ud) runs when the last
 ** tensor viewing the buffer goes, or at once when this fails. The buffer
 ** must stay valid and unchanged until then (tensors are immutable); its
-** bytes count in the memory stats while tensors view it. */
+** bytes are not this allocator's: stats count them as external_bytes. */
 MG_API mg_tensor *mg_from_blob (void *data, const int64_t *shape, int ndim,
                                 const int64_t *strides, mg_dtype dt,
                                 void (*release)(void *ud), void *ud);
@@ -562,6 +600,7 @@ typedef struct mg_memory_stats {
   size_t peak_saved_bytes;
   size_t cached_bytes;                       /* freed, kept for reuse */
   size_t cache_limit;                        /* at most this many; 0 under AddressSanitizer */
+  size_t external_bytes;                     /* host buffers and mapped files tensors view */
   int64_t live_tensors, live_storages;
   int64_t allocations;                       /* storages created, ever */
   size_t allocated_bytes;                    /* their bytes, ever */

@@ -60,7 +60,7 @@ static int fmt_value (char *buf, size_t n, const style *st, const char *p) {
     case MG_BOOL: return snprintf(buf, n, "%s", *(const uint8_t *)p ? "true" : "false");
     default: break;
   }
-  double v = st->t->dtype == MG_FLOAT32 ? *(const float *)p : *(const double *)p;
+  double v = mg_load_double(p, st->t->dtype);
   if (isnan(v)) return snprintf(buf, n, "nan");
   if (isinf(v)) return snprintf(buf, n, v > 0 ? "inf" : "-inf");
   if (st->kind == F_INTEGRAL) return snprintf(buf, n, "%.1f", v);
@@ -91,7 +91,7 @@ typedef struct { double maxabs, minabs; bool integral; } range;
 
 static void scan_value (style *st, const char *p, void *ud) {
   range *r = (range *)ud;
-  double v = st->t->dtype == MG_FLOAT32 ? *(const float *)p : *(const double *)p;
+  double v = mg_load_double(p, st->t->dtype);
   if (!isfinite(v)) return;
   double a = fabs(v);
   if (a > r->maxabs) r->maxabs = a;
@@ -138,7 +138,7 @@ char *mg_tensor_format (const mg_tensor *t) {
   sbuf b = {NULL, 0, 0, false};
   style st = {t, t->numel > SUMMARY_OVER, F_FIXED, 1};
   int64_t idx[MG_MAX_DIMS] = {0};
-  if (mg_is_float(t->dtype)) {
+  if (mg_is_float(t->dtype) || t->dtype == MG_FLOAT16 || t->dtype == MG_BFLOAT16) {
     range r = {0, INFINITY, true};
     visit(&st, 0, idx, scan_value, &r);
     if (r.integral && r.maxabs < 1e15) st.kind = F_INTEGRAL;

@@ -140,7 +140,7 @@ static mg_role role_of (const mg_storage *s) {
 /* moves s's bytes to the counter of the role its references give it now */
 static void update_role (mg_storage *s) {
   mg_role r = role_of(s);
-  if (r == s->role) return;
+  if (r == s->role || s->external) return;
   mg_memory_state *m = &s->ctx->memory;
   m->role_bytes[s->role] -= s->nbytes;
   m->role_bytes[r] += s->nbytes;
@@ -190,16 +190,19 @@ static mg_storage *count_new (mg_context *c, mg_storage *s, size_t nbytes, bool 
   s->role = MG_ROLE_TENSOR;
   s->nbytes = nbytes;
   s->bucket = nbytes;
+  s->external = !ours;
   s->release = NULL;
   s->release_ud = NULL;
+  if (!ours) {                     /* not memory of ours: counted apart, in no role */
+    m->external += nbytes;
+    return s;
+  }
   m->role_bytes[MG_ROLE_TENSOR] += nbytes;
   m->current += nbytes;
   if (m->current > m->peak) m->peak = m->current;
   m->live_storages++;
-  if (ours) {
-    m->allocations++;
-    m->allocated += nbytes;
-  }
+  m->allocations++;
+  m->allocated += nbytes;
   notify(m);
   return s;
 }
@@ -223,13 +226,16 @@ void mg_storage_release (mg_storage *s) {
   if (s == NULL || --s->refcount > 0) return;
   mg_assert(s->tape_refs == 0 && s->var_refs == 0);
   mg_memory_state *m = &s->ctx->memory;
+  if (s->external) {                          /* a host's buffer goes back to the host */
+    m->external -= s->nbytes;
+    if (s->release) s->release(s->release_ud);
+    free(s);
+    return;
+  }
   m->role_bytes[s->role] -= s->nbytes;
   m->current -= s->nbytes;
   m->live_storages--;
-  if (s->release) {                           /* a host's buffer goes back to the host */
-    s->release(s->release_ud);
-    free(s);
-  } else if (!cache_put(m, s)) {
+  if (!cache_put(m, s)) {
     free(s);
   }
   notify(m);
@@ -268,6 +274,7 @@ mg_memory_stats mg_memory_stats_get (void) {
   st.peak_saved_bytes = m->peak_saved;
   st.cached_bytes = m->cached;
   st.cache_limit = MG_POOLS ? m->cache_limit : 0;
+  st.external_bytes = m->external;
   st.live_tensors = mg_ctx()->tensors.live;
   st.live_storages = m->live_storages;
   st.allocations = m->allocations;

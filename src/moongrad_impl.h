@@ -52,7 +52,8 @@ typedef struct mg_storage {
   size_t nbytes;
   size_t bucket;          /* capacity, for the reuse cache */
   void *data;             /* 64-byte aligned, unless a host's */
-  void (*release)(void *ud);   /* a host's buffer (mg_from_blob): how to give it back */
+  bool external;          /* a host's buffer or a mapped file: not this allocator's bytes */
+  void (*release)(void *ud);   /* how to give such a buffer back; may be NULL */
   void *release_ud;
 } mg_storage;
 
@@ -99,6 +100,7 @@ typedef struct mg_memory_state {
   void (*pressure)(void);                   /* safe points (mg_memory_set_pressure_hook) */
   mg_storage *cache[MG_CACHE_BUCKETS];      /* free storages by size; next in ->data's first word */
   size_t cached, cache_limit;
+  size_t external;                          /* bytes of host buffers and mapped files tensors view */
   struct { void *head; int n; } small[MG_SMALL_CLASSES];
   int64_t fail_countdown;                   /* injected failures; -1: not read from the env */
 } mg_memory_state;
@@ -113,6 +115,8 @@ typedef struct mg_tape_state {
   struct { mg_tape **t; int n; } pauses[MG_MAX_PAUSE_DEPTH];
   int npauses;
   void (*on_read)(mg_variable *v);          /* installed by the tapes: a variable was read */
+  struct mg_hooks_ref *hooks;               /* saved-tensor hooks pushed, innermost */
+  bool in_hooks;                            /* a pack or unpack runs: no hooks inside */
 } mg_tape_state;
 
 /* the outputs a save policy kept for a recompute (replay.c) */
@@ -175,15 +179,20 @@ int        mg_check_axis  (const char *fn, int axis, int ndim);
 bool       mg_is_float    (mg_dtype dt);
 /* bytes per element, inline for the hot paths */
 static inline size_t mg_dtype_bytes (mg_dtype dt) {
-  return dt == MG_FLOAT32 ? 4 : dt == MG_BOOL ? 1 : 8;
+  return dt == MG_FLOAT32 ? 4 : dt == MG_BOOL ? 1 : dt >= MG_FLOAT16 ? 2 : 8;
 }
+/* float16 and bfloat16 are storage formats: ops other than casts and
+** rearrangements refuse them ("fn: not defined for float16 tensors; cast to
+** float32 first"); MG_OK for the dtypes that compute */
+mg_status mg_check_computable (const char *fn, mg_dtype dt);
+/* one element at p as a double, whatever its dtype */
+double    mg_load_double (const void *p, mg_dtype dt);
 /* pointer to t's first element */
 static inline char *mg_ptr (const mg_tensor *t) {
   return (char *)t->storage->data + (size_t)t->offset * mg_dtype_bytes(t->dtype);
 }
 mg_status  mg_copy_into   (mg_tensor *dst, const mg_tensor *src);  /* same shape, any layout */
-/* n values of src (dtype sdt) into dst (dtype ddt), contiguous both */
-void       mg_convert     (void *dst, mg_dtype ddt, const void *src, mg_dtype sdt, int64_t n);
+
 
 /* }========================================================== */
 
@@ -277,7 +286,7 @@ typedef struct mg_opdef {
 /* an op family's rows, for the registry */
 typedef struct mg_opfamily { const mg_opdef *const *rows; int n; } mg_opfamily;
 extern const mg_opfamily mg_unary_ops, mg_binary_ops, mg_reduce_ops, mg_matmul_ops, mg_shape_ops,
-                         mg_nn_ops, mg_create_ops, mg_maths_ops, mg_index_ops;
+                         mg_nn_ops, mg_create_ops, mg_maths_ops, mg_index_ops, mg_conv_ops;
 
 #define MG_SAVE_IN(j)    (1u << (j))
 #define MG_SAVE_OUT(i)   (1u << (16 + (i)))
@@ -308,7 +317,21 @@ struct mg_node {
   bool *needs;                          /* [nin], set by the walk */
   const mg_attr *attr;                  /* what the op recorded; all zero if nothing */
   void *ext;                            /* op-private data (custom, recompute) */
+  struct mg_hooks_ref *hooks;           /* saved-tensor hooks its saved tensors went through */
+  unsigned packed;                      /* which slots (in, then out) hold packed stand-ins */
 };
+
+/* saved-tensor hooks, pushed (hooks.c); nodes hold a reference */
+typedef struct mg_hooks_ref mg_hooks_ref;
+void mg_hooks_retain  (mg_hooks_ref *r);
+void mg_hooks_release (mg_hooks_ref *r);
+/* pack t through r (no hooks apply while they run); a tensor saved by two
+** nodes (tanh's output, the next matmul's input) is packed once. NULL +
+** error on failure */
+mg_tensor *mg_hooks_pack   (mg_hooks_ref *r, mg_tensor *t);
+/* a node lets go of packed, the stand-in of the tensor with id src */
+void       mg_hooks_forget (mg_hooks_ref *r, uint64_t src, mg_tensor *packed);
+mg_tensor *mg_hooks_unpack (mg_hooks_ref *r, mg_tensor *packed, const mg_meta *m);
 
 /* Records an op on every recording tape that tracks one of its inputs, and
 ** lets variable watchers see the variables read. Cheap when nothing

@@ -12,8 +12,15 @@
 
 
 static const struct { const char *name; size_t size; } dtypes[MG_DTYPE__COUNT] = {
-  {"float32", 4}, {"float64", 8}, {"int64", 8}, {"bool", 1}
+  {"float32", 4}, {"float64", 8}, {"int64", 8}, {"bool", 1}, {"float16", 2}, {"bfloat16", 2}
 };
+
+mg_status mg_check_computable (const char *fn, mg_dtype dt) {
+  if (dt == MG_FLOAT16 || dt == MG_BFLOAT16)
+    return mg_seterror("%s: not defined for %s tensors (a storage format); cast to float32 first",
+                       fn, mg_dtype_name(dt));
+  return MG_OK;
+}
 
 const char *mg_dtype_name (mg_dtype dt) {
   return (unsigned)dt < MG_DTYPE__COUNT ? dtypes[dt].name : "?";
@@ -215,47 +222,83 @@ double mg_tensor_get (const mg_tensor *t, const int64_t *index) {
                          "(0-based)", i, (long long)index[i], i, (long long)t->shape[i]), NAN;
     off += index[i] * t->strides[i];
   }
-  char *p = mg_ptr(t) + off * (int64_t)mg_dtype_size(t->dtype);
-  switch (t->dtype) {
-    case MG_FLOAT32: return *(float *)p;
-    case MG_FLOAT64: return *(double *)p;
-    case MG_INT64: return (double)*(int64_t *)p;
-    default: return *(uint8_t *)p;
-  }
+  return mg_load_double(mg_ptr(t) + off * (int64_t)mg_dtype_size(t->dtype), t->dtype);
 }
 
 /* {================= conversion and copies ================== */
 
-#define CONVERT_LOOP(DT, ST) \
-  do { DT *d = (DT *)dst; const ST *s = (const ST *)src; \
-       for (int64_t i = 0; i < n; i++) d[i] = (DT)s[i]; } while (0)
+/* bfloat16 is float32's top half, rounded to nearest even (NaN stays NaN) */
+static inline uint16_t to_bf16 (float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  if (f != f) return 0x7FC0;
+  return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+static inline float from_bf16 (uint16_t h) {
+  uint32_t u = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
 
-#define CONVERT_FROM(DT) \
-  switch (sdt) { \
-    case MG_FLOAT32: CONVERT_LOOP(DT, float); break; \
-    case MG_FLOAT64: CONVERT_LOOP(DT, double); break; \
-    case MG_INT64: CONVERT_LOOP(DT, int64_t); break; \
-    default: CONVERT_LOOP(DT, uint8_t); break; \
+/* a float to int64: toward zero, saturating, NaN gives 0 (C leaves the
+** out-of-range cases undefined) */
+static inline int64_t sat_i64 (double v) {
+  if (v != v) return 0;
+  if (v >= 9223372036854775807.0) return INT64_MAX;
+  if (v <= -9223372036854775808.0) return INT64_MIN;
+  return (int64_t)v;
+}
+
+double mg_load_double (const void *p, mg_dtype dt) {
+  switch (dt) {
+    case MG_FLOAT32: return *(const float *)p;
+    case MG_FLOAT64: return *(const double *)p;
+    case MG_INT64: return (double)*(const int64_t *)p;
+    case MG_BOOL: return *(const uint8_t *)p;
+    case MG_FLOAT16: return (double)*(const _Float16 *)p;
+    default: return from_bf16(*(const uint16_t *)p);
   }
+}
 
+static inline void store_double (void *p, mg_dtype dt, double v) {
+  switch (dt) {
+    case MG_FLOAT32: *(float *)p = (float)v; break;
+    case MG_FLOAT64: *(double *)p = v; break;
+    case MG_INT64: *(int64_t *)p = sat_i64(v); break;
+    case MG_BOOL: *(uint8_t *)p = v != 0; break;
+    case MG_FLOAT16: *(_Float16 *)p = (_Float16)v; break;
+    default: *(uint16_t *)p = to_bf16((float)v); break;
+  }
+}
+
+#define CONVERT_LOOP(DT, ST, EXPR) \
+  do { DT *d = (DT *)dst; const ST *s = (const ST *)src; \
+       for (int64_t i = 0; i < n; i++) d[i] = (DT)(EXPR); } while (0)
+
+/* the conversions training needs fast are typed loops the compiler
+** vectorises (float16 with F16C where the CPU has it); the rest go through
+** double one at a time */
 void mg_convert (void *dst, mg_dtype ddt, const void *src, mg_dtype sdt, int64_t n) {
+  if (n <= 0 || dst == NULL || src == NULL) return;
   if (ddt == sdt) {
     memcpy(dst, src, (size_t)n * mg_dtype_size(ddt));
     return;
   }
-  if (ddt == MG_BOOL) {   /* nonzero is true, as in C */
-    uint8_t *d = (uint8_t *)dst;
-    switch (sdt) {
-      case MG_FLOAT32: for (int64_t i = 0; i < n; i++) d[i] = ((const float *)src)[i] != 0; break;
-      case MG_FLOAT64: for (int64_t i = 0; i < n; i++) d[i] = ((const double *)src)[i] != 0; break;
-      default: for (int64_t i = 0; i < n; i++) d[i] = ((const int64_t *)src)[i] != 0; break;
-    }
-    return;
-  }
-  switch (ddt) {
-    case MG_FLOAT32: CONVERT_FROM(float); break;
-    case MG_FLOAT64: CONVERT_FROM(double); break;
-    default: CONVERT_FROM(int64_t); break;
+  if (sdt == MG_FLOAT32 && ddt == MG_FLOAT64) CONVERT_LOOP(double, float, s[i]);
+  else if (sdt == MG_FLOAT64 && ddt == MG_FLOAT32) CONVERT_LOOP(float, double, s[i]);
+  else if (sdt == MG_INT64 && ddt == MG_FLOAT32) CONVERT_LOOP(float, int64_t, s[i]);
+  else if (sdt == MG_INT64 && ddt == MG_FLOAT64) CONVERT_LOOP(double, int64_t, s[i]);
+  else if (sdt == MG_BOOL && ddt == MG_INT64) CONVERT_LOOP(int64_t, uint8_t, s[i]);
+  else if (sdt == MG_BOOL && ddt == MG_FLOAT32) CONVERT_LOOP(float, uint8_t, s[i]);
+  else if (sdt == MG_FLOAT32 && ddt == MG_FLOAT16) CONVERT_LOOP(_Float16, float, s[i]);
+  else if (sdt == MG_FLOAT16 && ddt == MG_FLOAT32) CONVERT_LOOP(float, _Float16, s[i]);
+  else if (sdt == MG_FLOAT32 && ddt == MG_BFLOAT16) CONVERT_LOOP(uint16_t, float, to_bf16(s[i]));
+  else if (sdt == MG_BFLOAT16 && ddt == MG_FLOAT32) CONVERT_LOOP(float, uint16_t, from_bf16(s[i]));
+  else {
+    size_t dsz = mg_dtype_size(ddt), ssz = mg_dtype_size(sdt);
+    for (int64_t i = 0; i < n; i++)
+      store_double((char *)dst + (size_t)i * dsz, ddt, mg_load_double((const char *)src + (size_t)i * ssz, sdt));
   }
 }
 

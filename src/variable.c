@@ -149,6 +149,7 @@ mg_status mg_variable_axpy (mg_variable *v, double alpha, mg_tensor *x) {
     return mg_seterror("assign_add: dtype %s does not match the variable's %s", mg_dtype_name(x->dtype),
                        mg_dtype_name(cur->dtype));
   if (cur->dtype == MG_BOOL) return mg_seterror("assign_add: not defined for bool variables");
+  if (mg_check_computable("assign_add", cur->dtype) != MG_OK) return MG_ERR;
   bool same = mg_same_shape(x->shape, x->ndim, cur->shape, cur->ndim);
   if (!same && x->ndim != 0) {        /* one number (0-d), or exactly v's shape: no broadcast */
     char a[160], b[160];

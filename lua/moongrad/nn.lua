@@ -598,4 +598,9 @@ end
 
 -- }=============================================================
 
+-- training (compile, fit, evaluate, predict) and checkpoints (save_weights,
+-- load_weights) are methods of every layer, kept in modules of their own
+require("moongrad.fit").install(nn)
+require("moongrad.checkpoint").install(nn)
+
 return nn

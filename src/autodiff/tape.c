@@ -315,6 +315,36 @@ static const mg_attr no_attr;
 ** attributes (only when the op has some) and the needs flags, so a node
 ** costs what its op records and no more.
 */
+/* slot k of n: an input, then an output */
+static mg_tensor **slot_at (mg_node *n, int k) { return k < n->nin ? &n->in[k] : &n->out[k - n->nin]; }
+static const mg_meta *meta_at (const mg_node *n, int k) {
+  return k < n->nin ? &n->in_meta[k] : &n->out_meta[k - n->nin];
+}
+
+/* the hooks a node's saved tensors go through: the innermost pushed, for
+** ops whose backward needs values only (not recompute's or custom inputs) */
+static mg_hooks_ref *hooks_for (const mg_opdef *def) {
+  mg_tape_state *T = &mg_ctx()->tapes;
+  if (T->hooks == NULL || T->in_hooks || def->free_ext != NULL || def->backward == NULL) return NULL;
+  return T->hooks;
+}
+
+/* slot k of n holds t: through the hooks when they apply (a variable's
+** value stays as it is: the variable holds it anyway) */
+static mg_status keep_slot (mg_node *n, mg_tensor **slot, mg_tensor *t, int k) {
+  mg_hooks_ref *h = n->hooks;
+  if (h == NULL || k >= 32 || t->storage->var_refs > 0) {
+    keep(slot, t);
+    return MG_OK;
+  }
+  mg_tensor *p = mg_hooks_pack(h, t);
+  if (p == NULL) return MG_ERR;
+  keep(slot, p);
+  mg_tensor_release(p);
+  n->packed |= 1u << k;
+  return MG_OK;
+}
+
 static mg_node *node_new (const mg_opdef *def, int nin, mg_tensor *const *in, int nout,
                           mg_tensor *const *out, const mg_attr *attr, void *ext) {
   size_t dims = 0;
@@ -330,21 +360,27 @@ static mg_node *node_new (const mg_opdef *def, int nin, mg_tensor *const *in, in
   n->nin = nin;
   n->nout = nout;
   n->ext = ext;
+  n->hooks = hooks_for(def);
+  n->packed = 0;
+  if (n->hooks) mg_hooks_retain(n->hooks);
   n->in_meta = (mg_meta *)(n + 1);
   n->out_meta = n->in_meta + nin;
   n->in = (mg_tensor **)(n->out_meta + nout);
   n->out = n->in + nin;
   int64_t *shapes = (int64_t *)(n->out + nout);
+  mg_status st = MG_OK;
   for (int j = 0; j < nin; j++) {
     meta_of(&n->in_meta[j], in[j], &shapes);
     n->in[j] = NULL;
-    if (saves_input(def, j)) keep(&n->in[j], in[j]);
   }
   for (int i = 0; i < nout; i++) {
     meta_of(&n->out_meta[i], out[i], &shapes);
     n->out[i] = NULL;
-    if (i < 16 && (def->saves & MG_SAVE_OUT(i))) keep(&n->out[i], out[i]);
   }
+  for (int j = 0; j < nin && st == MG_OK; j++)
+    if (saves_input(def, j)) st = keep_slot(n, &n->in[j], in[j], j);
+  for (int i = 0; i < nout && st == MG_OK; i++)
+    if (i < 16 && (def->saves & MG_SAVE_OUT(i))) st = keep_slot(n, &n->out[i], out[i], nin + i);
   n->attr = &no_attr;
   if (attr) {
     mg_attr *a = (mg_attr *)shapes;
@@ -354,13 +390,22 @@ static mg_node *node_new (const mg_opdef *def, int nin, mg_tensor *const *in, in
   }
   n->needs = (bool *)shapes;
   memset(n->needs, 0, (size_t)nin * sizeof(bool));
+  if (st != MG_OK) {                     /* a pack failed: the node goes (ext is the caller's) */
+    n->ext = NULL;
+    n->refcount = 1;
+    node_release(n);
+    return NULL;
+  }
   return n;
 }
 
 static void node_release (mg_node *n) {
   if (n == NULL || --n->refcount > 0) return;
+  for (int k = 0; n->packed && k < n->nin + n->nout && k < 32; k++)
+    if (n->packed & (1u << k)) mg_hooks_forget(n->hooks, meta_at(n, k)->id, *slot_at(n, k));
   for (int j = 0; j < n->nin; j++) unkeep(n->in[j]);
   for (int i = 0; i < n->nout; i++) unkeep(n->out[i]);
+  mg_hooks_release(n->hooks);
   if (n->def->free_ext) n->def->free_ext(n);
   mg_small_free(n, n->size);
 }
@@ -467,7 +512,7 @@ size_t mg_tape_saved_bytes (const mg_tape *t) {
       mg_tensor *x = k < n->nin ? n->in[k] : k < ntotal ? n->out[k - n->nin]
                                            : n->def->saved_extra(n, k - ntotal);
       if (k >= ntotal && x == NULL) break;
-      if (x == NULL || x->storage->var_refs > 0) continue;   /* variables hold it anyway */
+      if (x == NULL || x->storage->var_refs > 0 || x->storage->external) continue;  /* not the tape's */
       void **slot = idmap_slot(&seen, (uint64_t)(uintptr_t)x->storage);
       if (slot == NULL || *slot != NULL) continue;
       *slot = x->storage;
@@ -521,6 +566,33 @@ static mg_status locate (const char *fn, const mg_node *n) {
   return mg_seterror("tape:%s: in the backward of '%s': %s", fn, n->def->info.name, msg);
 }
 
+/* the backward rule sees the tensors themselves: each packed slot holds its
+** unpacked tensor while the rule runs (packed[k] keeps the stand-in) */
+static mg_status unpack_all (mg_node *n, mg_tensor **packed) {
+  for (int k = 0; k < n->nin + n->nout && k < 32; k++) {
+    if (!(n->packed & (1u << k))) continue;
+    mg_tensor **slot = slot_at(n, k);
+    mg_tensor *t = mg_hooks_unpack(n->hooks, *slot, meta_at(n, k));
+    if (t == NULL) {
+      while (k-- > 0)
+        if (n->packed & (1u << k)) { mg_tensor_release(*slot_at(n, k)); *slot_at(n, k) = packed[k]; }
+      return MG_ERR;
+    }
+    packed[k] = *slot;
+    *slot = t;
+  }
+  return MG_OK;
+}
+
+static void repack_all (mg_node *n, mg_tensor **packed) {
+  for (int k = 0; k < n->nin + n->nout && k < 32; k++) {
+    if (!(n->packed & (1u << k))) continue;
+    mg_tensor **slot = slot_at(n, k);
+    mg_tensor_release(*slot);
+    *slot = packed[k];
+  }
+}
+
 /* runs node n's backward rule and adds what it gives to the map */
 static mg_status step_back (mg_node *n, idmap *grads, const idmap *dep, const char *fn) {
   mg_tensor *dout_small[4], *din_small[8];
@@ -536,7 +608,12 @@ static mg_status step_back (mg_node *n, idmap *grads, const idmap *dep, const ch
     din[j] = NULL;
     n->needs[j] = mg_is_float(n->in_meta[j].dtype) && idmap_has(dep, n->in_meta[j].id);
   }
-  st = n->def->backward(n, dout, din);
+  mg_tensor *packed[32];
+  st = n->packed ? unpack_all(n, packed) : MG_OK;
+  if (st == MG_OK) {
+    st = n->def->backward(n, dout, din);
+    if (n->packed) repack_all(n, packed);
+  }
   if (st != MG_OK) st = locate(fn, n);
   for (int j = 0; j < n->nin && st == MG_OK; j++) {
     if (!n->needs[j]) continue;

@@ -190,7 +190,7 @@ mg_dtype mgL_dtypeat (lua_State *L, int idx, int arg, const char *what) {
     luaL_argerror(L, arg, lua_pushfstring(L, "%s%sa dtype name expected, got %s", what ? what : "",
                                           what ? ": " : "", luaL_typename(L, idx)));
   if (dt < 0)
-    luaL_argerror(L, arg, lua_pushfstring(L, "%s%sunknown dtype '%s' (use float32, float64, int64 or bool)",
+    luaL_argerror(L, arg, lua_pushfstring(L, "%s%sunknown dtype '%s' (use float32, float64, int64, bool, float16 or bfloat16)",
                                           what ? what : "", what ? ": " : "", name));
   return (mg_dtype)dt;
 }
@@ -370,7 +370,8 @@ static void store (lua_State *L, fillstate *f) {
       *(int64_t *)f->p = (int64_t)v;
       break;
     }
-    default: *(uint8_t *)f->p = num != 0; break;
+    case MG_BOOL: *(uint8_t *)f->p = num != 0; break;
+    default: mg_convert(f->p, f->dt, &num, MG_FLOAT64, 1); break;     /* float16, bfloat16 */
   }
   f->p += mg_dtype_size(f->dt);
 }
@@ -431,7 +432,13 @@ static void push_element (lua_State *L, const mg_tensor *t, const char *p) {
     case MG_FLOAT32: lua_pushnumber(L, *(const float *)p); break;
     case MG_FLOAT64: lua_pushnumber(L, *(const double *)p); break;
     case MG_INT64: lua_pushinteger(L, (lua_Integer)*(const int64_t *)p); break;
-    default: lua_pushboolean(L, *(const uint8_t *)p); break;
+    case MG_BOOL: lua_pushboolean(L, *(const uint8_t *)p); break;
+    default: {                                   /* float16, bfloat16 */
+      double d;
+      mg_convert(&d, MG_FLOAT64, p, mg_tensor_dtype(t), 1);
+      lua_pushnumber(L, d);
+      break;
+    }
   }
 }
 

@@ -109,6 +109,8 @@ void mgL_open_random    (lua_State *L);
 void mgL_open_functions (lua_State *L);   /* custom_gradient, recompute_grad */
 void mgL_open_maths     (lua_State *L);   /* lmaths.c: more maths and reductions */
 void mgL_open_index     (lua_State *L);   /* lindex.c: indexing, sorting, rearranging */
+void mgL_open_conv      (lua_State *L);   /* lconv.c: convolution and pooling */
+void mgL_open_io        (lua_State *L);   /* lio.c: safetensors, dataset readers */
 
 /* Lua sources of the .lua files of lua/moongrad/ compiled into the library */
 typedef struct mgL_embedded { const char *name; const unsigned char *src; size_t len; } mgL_embedded;

@@ -88,6 +88,7 @@ static int l_stats (lua_State *L) {
   setfield_int(L, "peak_saved_bytes", (int64_t)st.peak_saved_bytes);
   setfield_int(L, "cached_bytes", (int64_t)st.cached_bytes);
   setfield_int(L, "cache_limit", (int64_t)st.cache_limit);
+  setfield_int(L, "external_bytes", (int64_t)st.external_bytes);
   setfield_int(L, "live_tensors", st.live_tensors);
   setfield_int(L, "live_storages", st.live_storages);
   setfield_int(L, "allocations", st.allocations);

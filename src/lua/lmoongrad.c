@@ -106,6 +106,8 @@ int luaopen_moongrad (lua_State *L) {
   mgL_open_functions(L);
   mgL_open_maths(L);
   mgL_open_index(L);
+  mgL_open_conv(L);
+  mgL_open_io(L);
   mgL_open_memory(L);
   mgL_open_random(L);
   lua_pushcfunction(L, l_set_num_threads);

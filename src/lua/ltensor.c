@@ -578,7 +578,8 @@ static int joined (lua_State *L, mg_tensor *(*fn)(mg_tensor *const *, int, int),
 static int l_concat (lua_State *L) { return joined(L, mg_concat, 0); }
 static int l_stack (lua_State *L) { return joined(L, mg_stack, 1); }
 
-/* pushes the indices at arg (int64 tensor or integers, 1-based) made 0-based */
+/* pushes the indices at arg (int64 tensor or integers, 1-based, negative
+** from the end) made 0-based (negative ones stay: C counts them from the end too) */
 static mg_tensor *push_zero_based (lua_State *L, int arg, const char *fn) {
   mg_tensor *idx = mgL_testtensor(L, arg);
   if (idx == NULL) {
@@ -589,10 +590,8 @@ static mg_tensor *push_zero_based (lua_State *L, int arg, const char *fn) {
   if (mg_tensor_dtype(idx) != MG_INT64)
     luaL_argerror(L, arg, lua_pushfstring(L, "indices must be int64, got %s", mg_dtype_name(mg_tensor_dtype(idx))));
   ltensor *box = mgL_newbox(L);
-  mg_tensor *one = mg_scalar(1, MG_INT64), *r = one ? mg_sub(idx, one) : NULL;
-  mg_tensor_release(one);
-  mgL_fill(L, box, r);
-  return r;
+  mgL_fill(L, box, mg_indices_from_1based(idx, fn));
+  return box->t;
 }
 
 /* gather(x, indices [, axis]): entries of x at indices along axis (default 1) */

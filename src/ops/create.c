@@ -14,7 +14,13 @@ static void fill (mg_tensor *t, double value) {
     case MG_FLOAT32: FILL(float, value); break;
     case MG_FLOAT64: FILL(double, value); break;
     case MG_INT64: FILL(int64_t, value); break;
-    default: FILL(uint8_t, value != 0); break;
+    case MG_BOOL: FILL(uint8_t, value != 0); break;
+    default: {                                   /* float16, bfloat16: one conversion */
+      uint16_t bits;
+      mg_convert(&bits, t->dtype, &value, MG_FLOAT64, 1);
+      FILL(uint16_t, bits);
+      break;
+    }
   }
 }
 
@@ -61,6 +67,7 @@ mg_tensor *mg_from_doubles (const double *values, const int64_t *shape, int ndim
 
 /* start, start+step, ... while < stop (> stop for a negative step) */
 mg_tensor *mg_arange (double start, double stop, double step, mg_dtype dt) {
+  if (mg_check_computable("arange", dt) != MG_OK) return NULL;
   if (step == 0 || step != step || start != start || stop != stop)
     return mg_seterror("arange: step must be a nonzero number, and bounds numbers"), NULL;
   double count = ceil((stop - start) / step);
@@ -101,6 +108,7 @@ mg_tensor *mg_arange_int64 (int64_t start, int64_t stop, int64_t step) {
 }
 
 mg_tensor *mg_eye (int64_t n, int64_t m, mg_dtype dt) {
+  if (mg_check_computable("eye", dt) != MG_OK) return NULL;
   int64_t shape[2] = {n, m};
   mg_tensor *t = mg_full(shape, 2, dt, 0.0);
   if (t == NULL) return NULL;

@@ -194,6 +194,7 @@ mg_tensor *mg_matmul (mg_tensor *a, mg_tensor *b) {
     return mg_seterror("matmul: dtypes differ: %s @ %s", mg_dtype_name(a->dtype),
                        mg_dtype_name(b->dtype)), NULL;
   if (a->dtype == MG_BOOL) return mg_seterror("matmul: not defined for bool tensors"), NULL;
+  if (mg_check_computable("matmul", a->dtype) != MG_OK) return NULL;
   if (a->ndim == 0 || b->ndim == 0)
     return mg_seterror("matmul: needs tensors with at least 1 dimension, got a 0-d tensor "
                        "(use * for scalars)"), NULL;

@@ -140,6 +140,7 @@ static mg_tensor *reduce (const mg_opdef *op, mg_tensor *x, int axis, int keepdi
   }
   if (axis != MG_ALL_AXES && (axis = mg_check_axis(fn, axis, x->ndim)) < 0) return NULL;
   mg_dtype dt = x->dtype;
+  if (mg_check_computable(fn, dt) != MG_OK) return NULL;
   if (dt == MG_BOOL) {                        /* only sum counts trues */
     if (op != &sum_op) return mg_seterror("%s: not defined for bool tensors", fn), NULL;
     mg_tensor *xi = mg_cast(x, MG_INT64), *r = reduce(op, xi, axis, keepdims);

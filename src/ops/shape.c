@@ -432,7 +432,33 @@ static mg_status check_indices (const char *fn, const mg_tensor *idx, int64_t si
   return MG_OK;
 }
 
-/* gather: out[..., j..., ...] = x[..., indices[j...], ...] along axis.
+/* gather's indices, contiguous, with the negative ones (counting from the
+** end) made non-negative; NULL + error when one is outside [-size, size) */
+static mg_tensor *gather_indices (mg_tensor *indices, int64_t size, int axis) {
+  if (indices->dtype != MG_INT64)
+    return mg_seterror("gather: indices must be int64, got %s", mg_dtype_name(indices->dtype)), NULL;
+  mg_tensor *idx = mg_contiguous(indices), *wrapped = NULL;
+  if (idx == NULL) return NULL;
+  const int64_t *v = (const int64_t *)mg_ptr(idx);
+  bool negative = false;
+  for (int64_t j = 0; j < idx->numel; j++) {
+    if (v[j] < -size || v[j] >= size) {
+      mg_seterror("gather: index %lld is out of bounds for dimension %d of size %lld",   /* as Lua wrote it */
+                  v[j] >= 0 ? (long long)v[j] + 1 : (long long)v[j], axis + 1, (long long)size);
+      mg_tensor_release(idx);
+      return NULL;
+    }
+    negative = negative || v[j] < 0;
+  }
+  if (!negative) return idx;
+  if ((wrapped = mg_empty(idx->shape, idx->ndim, MG_INT64)) != NULL)
+    for (int64_t j = 0; j < idx->numel; j++) ((int64_t *)mg_ptr(wrapped))[j] = v[j] < 0 ? v[j] + size : v[j];
+  mg_tensor_release(idx);
+  return wrapped;
+}
+
+/* gather: out[..., j..., ...] = x[..., indices[j...], ...] along axis;
+** a negative index counts from the end.
 ** grad: scatter_add(dout) adds each row back where it came from */
 mg_tensor *mg_gather (mg_tensor *x, mg_tensor *indices, int axis) {
   MG_CHECK_ARG("mg_gather", x, NULL);
@@ -441,9 +467,9 @@ mg_tensor *mg_gather (mg_tensor *x, mg_tensor *indices, int axis) {
   if (a < 0) return NULL;
   if (x->ndim - 1 + indices->ndim > MG_MAX_DIMS)
     return mg_seterror("gather: result would have more than %d dimensions", MG_MAX_DIMS), NULL;
-  mg_tensor *idx = mg_contiguous(indices), *xc = mg_contiguous(x);
+  mg_tensor *idx = gather_indices(indices, x->shape[a], a), *xc = idx ? mg_contiguous(x) : NULL;
   mg_tensor *out = NULL;
-  if (idx == NULL || xc == NULL || check_indices("gather", idx, x->shape[a], a) != MG_OK) goto done;
+  if (idx == NULL || xc == NULL) goto done;
   int64_t shape[MG_MAX_DIMS], outer = 1, inner = 1, esz = (int64_t)mg_dtype_size(x->dtype);
   int nd = 0;
   for (int i = 0; i < a; i++) { shape[nd++] = x->shape[i]; outer *= x->shape[i]; }
@@ -459,7 +485,7 @@ mg_tensor *mg_gather (mg_tensor *x, mg_tensor *indices, int axis) {
   if (mg_is_float(x->dtype)) {
     mg_attr attr = {0};
     attr.axis = a;
-    mg_tensor *in[2] = {x, indices};
+    mg_tensor *in[2] = {x, idx};                /* scatter_add gets them non-negative */
     out = mg_finish(&gather_op, 2, in, out, &attr);
   }
 done:
@@ -490,6 +516,7 @@ mg_tensor *mg_scatter_add (mg_tensor *src, mg_tensor *indices, int axis, const i
   MG_CHECK_ARG("mg_scatter_add", src, NULL);
   MG_CHECK_ARG("mg_scatter_add", indices, NULL);
   if (mg_shape_numel("mg_scatter_add", shape, ndim) < 0) return NULL;
+  if (mg_check_computable("scatter_add", src->dtype) != MG_OK) return NULL;
   int a = mg_check_axis("scatter_add", axis, ndim);
   if (a < 0) return NULL;
   mg_tensor *idx = mg_contiguous(indices), *sc = mg_contiguous(src), *out = NULL;

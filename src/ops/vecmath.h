@@ -27,6 +27,14 @@ double tanh  (double) MG_SIMD;
 double pow   (double, double) MG_SIMD;
 double sin   (double) MG_SIMD;
 double cos   (double) MG_SIMD;
+#if __GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 35)     /* libmvec has them since 2.35 */
+float  log1pf (float) MG_SIMD;
+float  expm1f (float) MG_SIMD;
+float  erff   (float) MG_SIMD;
+double log1p  (double) MG_SIMD;
+double expm1  (double) MG_SIMD;
+double erf    (double) MG_SIMD;
+#endif
 #endif
 
 #endif

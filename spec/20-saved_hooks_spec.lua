@@ -1,0 +1,102 @@
+-- Saved-tensor hooks (PyTorch's saved_tensors_hooks), float16/bfloat16 as
+-- storage formats, and offloading saved tensors to a mapped file.
+local mg = require "moongrad"
+local h = require "helpers"
+
+local function model ()
+  mg.random.seed(2)
+  local layers, vars = {}, {}
+  for i = 1, 4 do layers[i] = mg.nn.Dense(32, {activation = "tanh"}) end
+  local x = mg.random.normal{16, 32}
+  local function run (v) for _, l in ipairs(layers) do v = l(v) end return v end
+  run(x)
+  for _, l in ipairs(layers) do for _, v in ipairs(l.trainable_variables) do vars[#vars + 1] = v end end
+  -- the gradients of a loss recorded inside wrap(f), and what the tape held
+  return function (wrap)
+    local t = mg.tape()
+    local y = wrap(function() return mg.sum(run(x) ^ 2) end)
+    t:stop()
+    local held = t:saved_bytes()
+    return t:gradient(y, vars), held
+  end
+end
+
+describe("float16 and bfloat16", function()
+  it("are storage formats: made, cast, printed, read; ops ask for a cast", function()
+    local x = mg.constant({1.5, -2.25, 65504, 1e-8}, "float16")
+    assert.equal("float16", x.dtype)
+    assert.same({1.5, -2.25, 65504, 0}, x:totable())
+    assert.equal(1.5, x[1]:item())
+    local b = mg.cast(mg.constant{3.14159, -1e30}, "bfloat16"):totable()
+    assert.equal(3.140625, b[1])                                 -- 8 bits of mantissa
+    assert.is_true(math.abs(b[2] / -1e30 - 1) < 1e-2)            -- float32's range
+    assert.truthy(tostring(x):find("moongrad.Tensor(4) float16", 1, true))
+    assert.same({2.5, 2.5}, mg.full({2}, 2.5, "bfloat16"):totable())
+    local before = mg.memory.stats().current_bytes
+    local z = mg.zeros({4}, "float16")
+    assert.equal(before + 8, mg.memory.stats().current_bytes)    -- 2 bytes an element
+    z = nil
+    assert.has_error(function() return mg.sum(x) end,
+      "sum: not defined for float16 tensors (a storage format); cast to float32 first")
+    assert.has_error(function() return mg.matmul(x:reshape{2, 2}, x:reshape{2, 2}) end,
+      "matmul: not defined for float16 tensors (a storage format); cast to float32 first")
+    assert.same({1.5, -2.25}, x:slice({1, 2}):cast("float64"):totable())   -- views work
+  end)
+end)
+
+describe("saved_tensors_hooks", function()
+  local grads = model()
+  local ref, plain_held = grads(function(f) return f() end)
+
+  it("with identity hooks, give the plain gradients bit for bit", function()
+    local packed, unpacked = 0, 0
+    local g, held = grads(function(f)
+      return mg.saved_tensors_hooks(function(t) packed = packed + 1; return t end,
+                                    function(t) unpacked = unpacked + 1; return t end, f)
+    end)
+    for i = 1, #ref do h.assert_close(g[i], ref[i], 0) end
+    assert.equal(plain_held, held)
+    assert.is_true(packed > 0 and unpacked > 0)
+  end)
+
+  it("as float16 or bfloat16, halve the bytes held, within their rounding", function()
+    for name, tol in pairs{float16 = 2e-3, bfloat16 = 2e-2} do
+      local g, held = grads(function(f) return mg.saved_tensors_hooks(name, f) end)
+      assert.is_true(math.abs(held - plain_held / 2) <= 4, name .. " held " .. held)
+      for i = 1, #ref do h.assert_close(g[i], ref[i], tol) end
+    end
+  end)
+
+  it("offloaded to a mapped file, leave nothing on the tape and give the same gradients", function()
+    local dir = os.tmpname()
+    os.remove(dir)
+    os.execute("mkdir -p " .. dir)
+    local during
+    local g, held = grads(function(f)
+      return mg.saved_tensors_hooks({offload = dir}, function()
+        local y = f()
+        during = mg.memory.stats().external_bytes
+        return y
+      end)
+    end)
+    for i = 1, #ref do h.assert_close(g[i], ref[i], 0) end
+    assert.equal(0, held)
+    assert.is_true(during > 0)
+    local left = io.popen("ls " .. dir):read("a")
+    os.execute("rm -rf " .. dir)
+    assert.equal("", left)                                 -- the files were unlinked at once
+  end)
+
+  it("check what unpack gives, and name the hook that failed", function()
+    assert.has_error(function()
+      grads(function(f) return mg.saved_tensors_hooks(function(t) return t end, function(t) return t:reshape{-1} end, f) end)
+    end)
+    assert.has_error(function()
+      grads(function(f) return mg.saved_tensors_hooks(function() return 1 end, function(t) return t end, f) end)
+    end, "saved_tensors_hooks: pack must return a tensor, got number")
+    assert.has_error(function() mg.saved_tensors_hooks("float8", print) end,
+      "bad argument #1 to 'saved_tensors_hooks' (\"float16\", \"bfloat16\", {offload = dir} or a pack function expected, got \"float8\")")
+    local g = grads(function(f) return f() end)         -- the stack is clean again
+    for i = 1, #ref do h.assert_close(g[i], ref[i], 0) end
+  end)
+end)

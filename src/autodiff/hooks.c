@@ -1,0 +1,182 @@
+/*
+** hooks.c — saved-tensor hooks: what a tape keeps for the backward can be
+** packed (to half precision, to a file) and unpacked when it is needed.
+**
+** The pushed hooks form a stack in the context; a node records the hooks
+** its tensors went through (a counted reference), so they outlive the push
+** while nodes need them. Ready-made hooks: float16, bfloat16, and offload to
+** a file mapped with mmap (the bytes leave the process's tensor memory and
+** come back page by page when the backward reads them).
+*/
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "autodiff.h"
+
+struct mg_hooks_ref {
+  const mg_saved_hooks *h;
+  void *ud;
+  int refs;
+  struct mg_hooks_ref *prev;            /* the ones pushed before */
+  idmap packed;                         /* source tensor id -> its stand-in, retained */
+};
+
+/* {====================== the hook stack ====================== */
+
+mg_status mg_saved_hooks_push (const mg_saved_hooks *h, void *ud) {
+  MG_CHECK_ARG("mg_saved_hooks_push", h, MG_ERR);
+  if (h->pack == NULL || h->unpack == NULL)
+    return mg_seterror("mg_saved_hooks_push: pack and unpack must both be given");
+  mg_hooks_ref *r = (mg_hooks_ref *)malloc(sizeof(mg_hooks_ref));
+  if (r == NULL) {
+    if (h->release) h->release(ud);
+    return mg_seterror("out of memory pushing saved-tensor hooks");
+  }
+  mg_tape_state *T = &mg_ctx()->tapes;
+  memset(r, 0, sizeof *r);
+  r->h = h;
+  r->ud = ud;
+  r->refs = 1;
+  r->prev = T->hooks;
+  T->hooks = r;
+  return MG_OK;
+}
+
+void mg_saved_hooks_pop (void) {
+  mg_tape_state *T = &mg_ctx()->tapes;
+  mg_hooks_ref *r = T->hooks;
+  if (r == NULL) return;
+  T->hooks = r->prev;
+  mg_hooks_release(r);
+}
+
+void mg_hooks_retain (mg_hooks_ref *r) { r->refs++; }
+
+void mg_hooks_release (mg_hooks_ref *r) {
+  if (r == NULL || --r->refs > 0) return;
+  for (size_t i = 0; i < r->packed.cap; i++) mg_tensor_release((mg_tensor *)r->packed.vals[i]);
+  idmap_free(&r->packed);
+  if (r->h->release) r->h->release(r->ud);
+  free(r);
+}
+
+void mg_hooks_forget (mg_hooks_ref *r, uint64_t src, mg_tensor *packed) {
+  if (!idmap_has(&r->packed, src)) return;
+  void **slot = idmap_slot(&r->packed, src);
+  /* the map and this node are the last holders: the stand-in can go */
+  if (slot && *slot == packed && packed->refcount <= 2) {
+    mg_tensor_release(packed);
+    *slot = NULL;
+  }
+}
+
+/* a pack or unpack may run ops: none of them goes through the hooks again */
+mg_tensor *mg_hooks_pack (mg_hooks_ref *r, mg_tensor *t) {
+  mg_tensor *known = (mg_tensor *)idmap_get(&r->packed, t->id);
+  if (known) return mg_tensor_retain(known);
+  mg_tape_state *T = &mg_ctx()->tapes;
+  T->in_hooks = true;
+  mg_tensor *p = r->h->pack(r->ud, t);
+  T->in_hooks = false;
+  void **slot = p ? idmap_slot(&r->packed, t->id) : NULL;
+  if (slot) *slot = mg_tensor_retain(p);
+  if (p == NULL && strstr(mg_errmsg(), "pack") == NULL) {
+    char msg[400];
+    snprintf(msg, sizeof msg, "%s", mg_errmsg());
+    mg_seterror("saved-tensor hooks: pack failed: %s", msg);
+  }
+  return p;
+}
+
+mg_tensor *mg_hooks_unpack (mg_hooks_ref *r, mg_tensor *packed, const mg_meta *m) {
+  mg_tape_state *T = &mg_ctx()->tapes;
+  T->in_hooks = true;
+  mg_tensor *t = r->h->unpack(r->ud, packed, m->dtype);
+  T->in_hooks = false;
+  if (t != NULL && (t->dtype != m->dtype || !mg_same_shape(t->shape, t->ndim, m->shape, m->ndim))) {
+    char a[160], b[160];
+    mg_seterror("saved-tensor hooks: unpack gave %s %s for a tensor saved as %s %s",
+                mg_shape_str(a, sizeof a, t->shape, t->ndim), mg_dtype_name(t->dtype),
+                mg_shape_str(b, sizeof b, m->shape, m->ndim), mg_dtype_name(m->dtype));
+    mg_tensor_release(t);
+    return NULL;
+  }
+  return t;
+}
+
+/* }========================================================== */
+
+
+/* {==================== ready-made hooks ====================== */
+
+static mg_tensor *pack_f16 (void *ud, mg_tensor *t) { MG_UNUSED(ud); return mg_cast(t, MG_FLOAT16); }
+static mg_tensor *pack_bf16 (void *ud, mg_tensor *t) { MG_UNUSED(ud); return mg_cast(t, MG_BFLOAT16); }
+static mg_tensor *unpack_cast (void *ud, mg_tensor *p, mg_dtype dt) { MG_UNUSED(ud); return mg_cast(p, dt); }
+
+const mg_saved_hooks mg_hooks_float16 = {pack_f16, unpack_cast, NULL};
+const mg_saved_hooks mg_hooks_bfloat16 = {pack_bf16, unpack_cast, NULL};
+
+typedef struct mapping { void *addr; size_t len; } mapping;
+
+static void unmap (void *ud) {
+  mapping *m = (mapping *)ud;
+  munmap(m->addr, m->len);
+  free(m);
+}
+
+/* the bytes of t written to a new file in dir, mapped back read-only and
+** the file unlinked at once: the mapping keeps it until the last view goes */
+static mg_tensor *pack_file (void *ud, mg_tensor *t) {
+  const char *dir = (const char *)ud;
+  mg_tensor *c = mg_contiguous(t);
+  if (c == NULL) return NULL;
+  size_t len = (size_t)c->numel * mg_dtype_size(c->dtype);
+  char path[4096];
+  snprintf(path, sizeof path, "%s/moongrad-saved-XXXXXX", dir);
+  int fd = mkstemp(path);
+  mg_tensor *out = NULL;
+  if (fd < 0) {
+    mg_seterror("offload: cannot make a file in %s", dir);
+    goto done;
+  }
+  unlink(path);
+  const char *p = (const char *)mg_ptr(c);
+  for (size_t done = 0; done < len;) {
+    ssize_t w = write(fd, p + done, len - done);
+    if (w <= 0) { mg_seterror("offload: cannot write %zu bytes to %s", len, dir); goto done; }
+    done += (size_t)w;
+  }
+  mapping *m = (mapping *)malloc(sizeof(mapping));
+  void *addr = len ? mmap(NULL, len, PROT_READ, MAP_SHARED, fd, 0) : NULL;
+  if (m == NULL || addr == MAP_FAILED) {
+    free(m);
+    mg_seterror("offload: cannot map the file of %zu bytes", len);
+    goto done;
+  }
+  *m = (mapping){addr, len};
+  out = mg_from_blob(addr ? addr : (void *)m, c->shape, c->ndim, NULL, c->dtype, unmap, m);
+done:
+  if (fd >= 0) close(fd);
+  mg_tensor_release(c);
+  return out;
+}
+
+static mg_tensor *unpack_file (void *ud, mg_tensor *p, mg_dtype dt) {
+  MG_UNUSED(ud);
+  MG_UNUSED(dt);
+  return mg_tensor_retain(p);
+}
+
+const mg_saved_hooks mg_hooks_offload = {pack_file, unpack_file, free};
+
+void *mg_hooks_offload_dir (const char *dir) {
+  MG_CHECK_ARG("mg_hooks_offload_dir", dir, NULL);
+  char *d = strdup(dir);
+  if (d == NULL) mg_seterror("out of memory");
+  return d;
+}
+
+/* }========================================================== */
