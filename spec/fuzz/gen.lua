@@ -82,7 +82,7 @@ local function small_int () return tostring(wpick{8, function() return R(1, 4) e
 
 local function dtype_lit ()
   return wpick{10, '"float32"', 6, '"float64"', 4, '"int64"', 3, '"bool"',
-               1, '"float16"', 1, "nil", 0.5, "1", 0.5, "{}", 0.3, '"Float32"'}
+               1.5, '"float16"', 1.5, '"bfloat16"', 1, "nil", 0.5, "1", 0.5, "{}", 0.3, '"Float32"', 0.3, '"float8"'}
 end
 
 local function fdtype () return chance(0.85) and fmt("%q", FDT) or dtype_lit() end
@@ -217,8 +217,9 @@ local BINMETA = {"+", "-", "*", "/", "^", "//", "%"}
 local BINFN = {"add", "sub", "mul", "div", "pow", "floordiv", "mod", "maximum", "minimum", "equal",
                "not_equal", "less", "less_equal", "greater", "greater_equal", "logical_and",
                "logical_or", "matmul", "relu_grad"}
-local UNFN = {"neg", "exp", "log", "sqrt", "abs", "sign", "tanh", "sigmoid", "relu", "logical_not", "softplus"}
-local REDFN = {"sum", "mean", "max", "min", "argmax", "argmin"}
+local UNFN = {"neg", "exp", "log", "sqrt", "abs", "sign", "tanh", "sigmoid", "relu", "logical_not", "softplus",
+              "sin", "cos", "log1p", "expm1", "erf", "floor", "ceil", "round"}
+local REDFN = {"sum", "mean", "max", "min", "argmax", "argmin", "prod", "logsumexp", "var", "std", "norm", "cumsum"}
 
 local function creation ()
   return wpick{
@@ -276,6 +277,24 @@ local function shape_op ()
     2, function() return fmt("mg.cast(%s, %s)", x, dtype_lit()) end,
     2, function() return fmt("mg.where(%s, %s, %s)", pick{fmt("mg.greater(%s, 0)", V()), V(), "mg.constant({true, false})", "true"}, operand(), operand()) end,
     2, function() return fmt("mg.%s(%s%s)", pick{"softmax", "log_softmax"}, x, chance(0.5) and ", " .. axis() or "") end,
+    -- indexing, sorting and friends
+    2, function() return fmt("first(mg.%s(%s%s))", pick{"sort", "argsort"}, x, pick{"", ", " .. axis(), ", " .. axis() .. ", {descending = true}", ", nil, {descending = 1}", ", 1, {bogus = 1}"}) end,
+    2, function() return fmt("first(mg.topk(%s, %s%s))", x, pick{"1", "2", "0", "-1", "99", "(1<<40)", "1.5", "nil"}, pick{"", ", " .. axis(), ", -1, {largest = false, sorted = false}", ", 1, {largest = 'x'}"}) end,
+    2, function() return fmt("mg.take_along_axis(%s, %s, %s)", x, pick{fmt("mg.argsort(%s, -1)", V()), 'mg.constant({{1}}, "int64")', "mg.constant({{-1, 1}}, 'int64')", "{1, 2}", "V[2]", "mg.constant({{math.maxinteger}}, 'int64')", "mg.constant({{0}}, 'int64')"}, axis()) end,
+    2, function() return fmt("mg.put_along_axis(%s, %s, %s, %s%s)", x, pick{'mg.constant({{1}}, "int64")', "mg.constant({{-1, 1}}, 'int64')", fmt("mg.argsort(%s, -1)", V()), "mg.constant({{99}}, 'int64')", "mg.constant({{math.mininteger}}, 'int64')"},
+                             operand(), axis(), pick{"", ", {mode = 'add'}", ", {mode = 'set'}", ", {mode = 'x'}"}) end,
+    2, function() return fmt("mg.flip(%s%s)", x, chance(0.6) and ", " .. axis() or "") end,
+    2, function() return fmt("mg.tile(%s, %s)", x, pick{"{2, 1}", "{1, 3}", "{2}", "{0, 2}", "{1, 1, 1, 1, 1, 1, 1, 1, 1}", "{1 << 40, 1}", "{-1}", "{}", "2", "{1, 1 << 31, 1 << 31}"}) end,
+    2, function() return fmt("mg.pad(%s, %s%s)", x, pick{"{{1, 1}}", "{{0, 2}, {1, 0}}", "{{1, 1}, {1, 1}, {1, 1}}", "{{-1, 0}}", "{{1 << 40, 0}}", "{}", "{{3, 3}}", "1"},
+                             pick{"", ", {mode = 'reflect'}", ", {mode = 'symmetric'}", ", {mode = 'edge'}", ", {mode = 'wrap'}", ", {mode = 'constant', value = 0/0}", ", {mode = 'bogus'}", ", {value = 'x'}"}) end,
+    2, function() return fmt("mg.%s(%s%s)", pick{"tril", "triu"}, x, pick{"", ", 1", ", -1", ", (1<<62)", ", math.mininteger", ", 0.5"}) end,
+    2, function() return fmt("mg.masked_fill(%s, %s, %s)", x, pick{fmt("mg.greater(%s, 0)", V()), "mg.constant({true, false})", "V[2]", "true"}, pick{"0", "(0/0)", "1e308", "V[1]", "'x'"}) end,
+    2, function() return fmt("mg.repeat_interleave(%s, %s%s)", x, pick{"2", "0", "-1", "(1<<40)", "{1, 2}", "mg.constant({1, 0, 2}, 'int64')", "1.5"}, chance(0.6) and ", " .. axis() or "") end,
+    2, function() return fmt("mg.einsum(%s, %s%s)", pick{"'ij,jk->ik'", "'ij->ji'", "'ii->i'", "'ij->'", "'i,i->'", "'ijk,ikl->ijl'", "'ab,bc'", "'...'", "''", "'ij,jk->ikz'", "'aaaaaaaaa->a'"}, x, chance(0.7) and ", " .. operand() or "") end,
+    2, function() return fmt("mg.%s(%s, %s, %s)", pick{"clamp", "clip_by_value"}, x, pick{"nil", "-0.5", "0", "(0/0)", "V[2]", "1"}, pick{"nil", "0.5", "-1", "(1/0)", "V[3]"}) end,
+    2, function() return fmt("mg.%s(%s, %s, %s, %s)", pick{"var", "std", "norm"}, x, pick{"nil", axis()}, pick{"false", "true", "nil"},
+                             pick{"{ddof = 1}", "{ddof = -1}", "{ddof = 99}", "{unbiased = true}", "{ord = 1}", "{ord = math.huge}", "{ord = 3}", "{ord = 0/0}", "nil", "{bogus = 1}"}) end,
+    2, function() return fmt("mg.cumsum(%s%s%s)", x, chance(0.6) and ", " .. axis() or ", nil", pick{"", ", {exclusive = true}", ", {reverse = true}", ", {exclusive = true, reverse = true}", ", {exclusive = 1}"}) end,
   }
 end
 
@@ -639,6 +658,33 @@ local function big_stmt ()
              pick{"", ", 1", ", -1", ", 1, true"})
 end
 
+-- saved_tensors_hooks: Lua pack/unpack called when a tape saves a tensor and when
+-- the backward needs it back; also the ready-made float16/bfloat16/offload kinds
+local function hook_fn ()
+  return pick{"function(t) return t end", "function(t) return mg.cast(t, 'float16') end", "function(t) return t * 1 end",
+              "function(t) return mg.ones{7, 7} end", "function(t) return 'x' end", "function(t) return {t} end", "function(t) return nil end",
+              "function(t) error('hook') end", "function(t) T[1]:reset(); return t end", "function(t) collectgarbage(); return t end",
+              "function(t) getmetatable(t).__gc(t); return t end", "function(t) coroutine.yield(); return t end",
+              "function(t) return V[1] end", "function(t) local z = mg.tanh(t); return z end", "function(t) mg.memory.fail_after(1); return t end",
+              "function(t) getmetatable(T[1]).__gc(T[1]); return t end", "function(t) return t:transpose() end", "function(t) return mg.cast(t, 'int64') end"}
+end
+
+local function hooks_stmt (depth)
+  local kind = wpick{
+    4, function() return fmt("%s, %s", hook_fn(), hook_fn()) end,
+    2, function() return "function(t) return t end, function(t) return t end" end,
+    2, function() return pick{"'float16'", "'bfloat16'"} end,
+    2, function() return pick{"{offload = TMP}", "{offload = TMP}", "{offload = '/nonexistent/dir'}", "{offload = 5}", "{offload = TMP, bogus = 1}"} end,
+    1, function() return pick{"'float8'", "5", "nil", "print"} end,
+  }
+  return wpick{
+    5, function() return fmt("local t = mg.tape(%s); local x = %s; t:watch(x); local y = mg.saved_tensors_hooks(%s, function() return %s end); t:stop(); %s; V[%d] = y; V[%d] = first(t:gradient(y, x))",
+                             pick{"", "{persistent = true}"}, operand(), kind, (tensor_expr(1):gsub("V%[%d+%]", "x", 1)), pick{"", "collectgarbage()", "t:reset()", "getmetatable(t).__gc(t)"}, slot(), slot()) end,
+    3, function() return fmt("mg.saved_tensors_hooks(%s, function() %s end)", kind, body(depth + 1)) end,
+    1, function() return fmt("mg.saved_tensors_hooks(%s, function() mg.saved_tensors_hooks(%s, function() %s end) end)", kind, kind, body(depth + 1)) end,
+  }
+end
+
 local function misc_stmt ()
   return wpick{
     3, function() return fmt("mg.memory.fail_after(%d); %s; mg.memory.fail_after(0)", R(1, 80), body(1)) end,
@@ -690,6 +736,9 @@ local function gexpr (e, s, depth)
     2, function() return fmt("(%s) + (%s)", inner, (gexpr(e, s, depth - 1))), sh end,
     1, function() return fmt("mg.where(mg.greater(%s, 0), %s, (%s) * 0.5)", inner, inner, inner), sh end,
     1, function() return fmt("mg.maximum(%s, mg.tanh(%s) * 0.3)", inner, inner), sh end,
+    2, function() return pick{fmt("mg.sin(%s)", inner), fmt("mg.cos(%s)", inner), fmt("mg.log1p(%s * %s)", inner, inner),
+                              fmt("mg.expm1(mg.tanh(%s))", inner), fmt("mg.erf(%s)", inner), fmt("mg.clamp(%s, -0.7, 0.9)", inner),
+                              fmt("mg.cumsum(%s)", inner)}, (function() return sh end)() end,
   }
   local function add (w, f) options[#options + 1] = w; options[#options + 1] = f end
   -- broadcasting against a constant of a suffix shape
@@ -710,7 +759,15 @@ local function gexpr (e, s, depth)
       local a = R(1, nd); local keep = chance(0.3); local out = {}
       for i = 1, nd do if i ~= a then out[#out + 1] = sh[i] elseif keep then out[#out + 1] = 1 end end
       return fmt("mg.%s(%s, %d%s)", pick{"sum", "mean", "sum", "max", "min"}, inner, pick{a, a - nd - 1}, keep and ", true" or ""), out end)
-    add(1, function() return fmt("mg.%s(%s)", pick{"sum", "mean"}, inner), {} end)
+    add(1, function() return fmt("mg.%s(%s)", pick{"sum", "mean", "logsumexp", "prod", "norm", "var", "std"}, inner), {} end)
+    add(1, function() local a = R(1, nd); local out = copy(sh); table.remove(out, a)
+      return fmt("mg.%s(%s, %d)", pick{"logsumexp", "prod", "var", "std", "norm"}, inner, a), out end)
+    add(1, function() return fmt("mg.flip(%s, %d)", inner, R(1, nd)), sh end)
+    add(1, function() return fmt("first(mg.sort(%s, %d))", inner, R(1, nd)), sh end)
+    add(1, function() local out = copy(sh); out[1] = 2 * sh[1]; return fmt("mg.tile(%s, {2%s})", inner, string.rep(", 1", nd - 1)), out end)
+    add(1, function() local out = copy(sh); out[nd] = sh[nd] + 2; return fmt("mg.pad(%s, {%s{1, 1}}, {mode = '%s'})", inner, string.rep("{0, 0}, ", nd - 1), sh[nd] >= 2 and pick{"constant", "edge", "reflect", "wrap"} or "constant"), out end)
+    if nd == 2 then add(1, function() return fmt("mg.%s(%s)", pick{"tril", "triu"}, inner), sh end)
+                    add(1, function() return fmt("mg.einsum('ij,kj->ik', %s, %s)", inner, inner), {sh[1], sh[1]} end) end
     add(2, function() local out = {}; for i = 1, nd do out[i] = sh[nd + 1 - i] end; return fmt("mg.transpose(%s)", inner), out end)
     add(1, function() return fmt("mg.reshape(%s, {-1})", inner), {numel_of(sh)} end)
     add(2, function() if sh[nd] == 0 then return inner, sh end
@@ -813,6 +870,10 @@ oracle_kinds = function ()
                        "mg.optim.Adam{learning_rate = 1}:apply_gradients({v:value()}, {v})"}
       return fmt("local x = %s; local v = mg.Variable(mg.random.normal(x.shape, 0, 1, 'float64')); local old = mg.constant(v:value():totable(), 'float64'); local t = mg.tape({persistent = true}); t:watch(x); local y = mg.sum(v * x); local y2 = mg.sum(mg.tanh(v:value()) * x); t:stop(); %s; CHECK('mutation-after-record', t:gradient(y, x), old, 0); CHECK('mutation-after-record-tanh', t:gradient(y2, x), mg.tanh(old), 0)", x, how)
     end,
+    2, function()      -- identity saved_tensors_hooks give the plain gradient bit for bit; float16 ones are close
+      local k = pick{"function(t) return t end, function(t) return t end", "{offload = TMP}", "function(t) return {t} end, function(p) return p[1] end"}
+      return fmt("local x = %s; local function f(x) return %s end; local t1 = mg.tape(); t1:watch(x); local ok, a = pcall(f, x); t1:stop(); if not ok then return end; local t2 = mg.tape(); t2:watch(x); local b = mg.saved_tensors_hooks(%s, f, x); t2:stop(); CHECK('hooks-forward', a, b, 0); CHECK('hooks-gradient', t1:gradient(a, x), t2:gradient(b, x), 0)", x, e, k)
+    end,
     1, function()      -- a persistent tape asked twice; a non-persistent tape refuses
       return fmt("local x = %s; local t = mg.tape({persistent = true}); t:watch(x); local ok, y = pcall(function(x) return %s end, x); t:stop(); if not ok then return end; local g1 = t:gradient(y, x); local g2 = t:gradient(y, x); CHECK('persistent-twice', g1, g2, 0)", x, e)
     end,
@@ -843,6 +904,7 @@ body = function (depth)
     2, function() return coroutine_stmt(depth) end,
     1.5, misc_stmt,
     0.7, big_stmt,
+    2.5, function() return hooks_stmt(depth) end,
     ORACLE_WEIGHT, oracle_stmt,
   }
 end
