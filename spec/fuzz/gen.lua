@@ -905,7 +905,7 @@ body = function (depth)
     1.5, misc_stmt,
     0.7, big_stmt,
     2.5, function() return hooks_stmt(depth) end,
-    ORACLE_WEIGHT, oracle_stmt,
+    depth == 0 and ORACLE_WEIGHT or 0, oracle_stmt,     -- not inside hooks, traces, records ...
   }
 end
 
