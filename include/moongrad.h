@@ -278,7 +278,8 @@ MG_API mg_tensor *mg_unslice     (mg_tensor *x, const int64_t *shape, const int6
 MG_API mg_tensor *mg_select      (mg_tensor *x, int axis, int64_t index);  /* drops axis */
 MG_API mg_tensor *mg_concat      (mg_tensor *const *xs, int n, int axis);
 MG_API mg_tensor *mg_stack       (mg_tensor *const *xs, int n, int axis);
-/* out = x gathered along axis at int64 indices (any shape, 0-based) */
+/* out = x gathered along axis at int64 indices (any shape, 0-based; a
+** negative index counts from the end, -1 the last) */
 MG_API mg_tensor *mg_gather      (mg_tensor *x, mg_tensor *indices, int axis);
 /* the adjoint of mg_gather: zeros of x-like `shape`, src rows added at indices */
 MG_API mg_tensor *mg_scatter_add (mg_tensor *src, mg_tensor *indices, int axis,

@@ -114,6 +114,34 @@ describe("views", function()
     assert.same({1, 4}, m:slice(nil, 2):totable())
   end)
 
+  it("copies of permuted, flipped and broadcast views hold the right elements, every dtype", function()
+    -- the copy walks tiles when the source's unit stride is on another axis
+    local function flat (t, out)
+      out = out or {}
+      if type(t) ~= "table" then out[#out + 1] = t return out end
+      for _, v in ipairs(t) do flat(v, out) end
+      return out
+    end
+    local cases = {
+      {{33, 70}, {2, 1}}, {{64, 64}, {2, 1}}, {{3, 40, 50}, {1, 3, 2}}, {{40, 3, 50}, {3, 2, 1}},
+      {{40, 50, 3}, {2, 3, 1}}, {{2, 35, 3, 37}, {4, 3, 1, 2}}, {{2, 35, 3, 37}, {1, 4, 3, 2}},
+    }
+    for _, dt in ipairs{"float32", "float64", "int64", "float16", "bool"} do
+      for _, c in ipairs(cases) do
+        local n = 1
+        for _, d in ipairs(c[1]) do n = n * d end
+        local v = mg.arange(n):reshape(c[1]):cast(dt):transpose(c[2])
+        assert.same(flat(v:totable()), v:reshape{-1}:totable(), dt)
+        local f = mg.flip(v, 1)
+        assert.same(flat(f:totable()), f:reshape{-1}:totable(), dt)
+        local as64 = v:cast(dt == "bool" and "int64" or "float64")   -- strided and converted
+        assert.same(flat(v:cast("float64"):totable()), flat(as64:cast("float64"):totable()), dt)
+      end
+    end
+    local b = mg.broadcast_to(mg.arange(40):reshape{40, 1}, {40, 40})
+    assert.same(flat(b:totable()), mg.transpose(b):transpose():reshape{-1}:totable())
+  end)
+
   it("tensors are immutable", function()
     local a = mg.ones{2}
     assert.has_error(function() a.x = 1 end,

@@ -107,7 +107,7 @@ describe("more maths", function()
 
     it("refuse integers and booleans", function()
       fails(function() return mg.sin(c({1}, "int64")) end, "sin: not defined for int64 tensors; cast to float first")
-      fails(function() return mg.erf(c({true})) end, "erf: not defined for bool tensors; cast first")
+      fails(function() return mg.erf(c({true})) end, "erf: not defined for bool tensors; cast them first")
       fails(function() return mg.log1p() end, "bad argument #1 to 'log1p' (moongrad.Tensor expected, got no value)")
     end)
   end)
@@ -163,7 +163,7 @@ describe("more maths", function()
         assert.equal("int64", y.dtype)
         assert.same({math.maxinteger, -3, 0}, y:totable())
       end
-      fails(function() return mg.round(c({true})) end, "round: not defined for bool tensors; cast first")
+      fails(function() return mg.round(c({true})) end, "round: not defined for bool tensors; cast them first")
     end)
 
     it("are not differentiable: no gradient (TensorFlow's None), as sign and //", function()

@@ -42,6 +42,37 @@ describe("float16 and bfloat16", function()
       "matmul: not defined for float16 tensors (a storage format); cast to float32 first")
     assert.same({1.5, -2.25}, x:slice({1, 2}):cast("float64"):totable())   -- views work
   end)
+
+  it("every op that computes refuses them by name; every op that moves data keeps them", function()
+    for _, dt in ipairs{"float16", "bfloat16"} do
+      local x32 = mg.constant{{1.5, -2, 3}, {4, 5, -6}}
+      local x = x32:cast(dt)
+      local computes = {
+        sin = mg.sin, floor = mg.floor, exp = mg.exp, abs = mg.abs, relu = mg.relu, neg = mg.neg,
+        sum = mg.sum, mean = mg.mean, max = mg.max, argmax = mg.argmax, prod = mg.prod,
+        cumsum = mg.cumsum, logsumexp = mg.logsumexp, var = mg.var, std = mg.std, norm = mg.norm,
+        add = function(a) return a + 1 end, matmul = function(a) return mg.matmul(mg.transpose(a), a) end,
+        clamp = function(a) return mg.clamp(a, -1, 1) end,
+      }
+      for name, f in pairs(computes) do
+        local ok, err = pcall(f, x)
+        assert.is_false(ok, name)
+        assert.truthy(tostring(err):find(name .. ": not defined for " .. dt .. " tensors (a storage format)", 1, true),
+                      name .. ": " .. tostring(err))
+      end
+      local moves = {
+        function(a) return mg.flip(a, 1) end, function(a) return mg.tile(a, {2, 1}) end,
+        function(a) return mg.pad(a, {{1, 1}, {0, 0}}) end, function(a) return a:reshape{3, 2} end,
+        function(a) return mg.concat({a, a}) end, function(a) return mg.tril(a) end,
+        function(a) return mg.repeat_interleave(a, 2, 1) end, function(a) return mg.transpose(a) end,
+      }
+      for i, f in ipairs(moves) do
+        local got, want = f(x), f(x32)
+        assert.equal(dt, got.dtype, i)
+        assert.same(want:totable(), got:cast("float32"):totable(), i)
+      end
+    end
+  end)
 end)
 
 describe("saved_tensors_hooks", function()

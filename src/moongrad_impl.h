@@ -185,6 +185,7 @@ static inline size_t mg_dtype_bytes (mg_dtype dt) {
 ** rearrangements refuse them ("fn: not defined for float16 tensors; cast to
 ** float32 first"); MG_OK for the dtypes that compute */
 mg_status mg_check_computable (const char *fn, mg_dtype dt);
+mg_status mg_refuse_dtype (const char *fn, mg_dtype dt, int bool_only);  /* always MG_ERR */
 /* one element at p as a double, whatever its dtype */
 double    mg_load_double (const void *p, mg_dtype dt);
 /* pointer to t's first element */

@@ -22,6 +22,14 @@ mg_status mg_check_computable (const char *fn, mg_dtype dt) {
   return MG_OK;
 }
 
+/* why an elementwise op has no kernel for dt, in words */
+mg_status mg_refuse_dtype (const char *fn, mg_dtype dt, int bool_only) {
+  if (mg_check_computable(fn, dt) != MG_OK) return MG_ERR;
+  if (bool_only) return mg_seterror("%s: needs bool tensors, got %s", fn, mg_dtype_name(dt));
+  if (dt == MG_BOOL) return mg_seterror("%s: not defined for bool tensors; cast them first", fn);
+  return mg_seterror("%s: not defined for %s tensors; cast to float first", fn, mg_dtype_name(dt));
+}
+
 const char *mg_dtype_name (mg_dtype dt) {
   return (unsigned)dt < MG_DTYPE__COUNT ? dtypes[dt].name : "?";
 }
@@ -304,23 +312,81 @@ void mg_convert (void *dst, mg_dtype ddt, const void *src, mg_dtype sdt, int64_t
 
 typedef struct { mg_dtype ddt, sdt; } convert_ud;
 
+/* n elements of `size` bytes, dst[i * sd] = src[i * ss] (strides in
+** elements); memcpy of a constant size is one load and one store */
+#define STRIDED(SIZE) for (int64_t i = 0; i < n; i++) memcpy(dst + i * sd * SIZE, src + i * ss * SIZE, SIZE)
+static void strided_copy (size_t size, int64_t n, char *dst, int64_t sd, const char *src, int64_t ss) {
+  switch (size) {
+    case 8: STRIDED(8); break;
+    case 4: STRIDED(4); break;
+    case 2: STRIDED(2); break;
+    default: STRIDED(1); break;
+  }
+}
+#undef STRIDED
+
 static void convert_run (int64_t n, char **p, const int64_t *s, void *ud) {
   convert_ud *c = (convert_ud *)ud;
   if (s[0] == 1 && s[1] == 1) {
     mg_convert(p[0], c->ddt, p[1], c->sdt, n);
     return;
   }
-  int64_t dsz = (int64_t)mg_dtype_size(c->ddt), ssz = (int64_t)mg_dtype_size(c->sdt);
+  size_t dsz = mg_dtype_size(c->ddt), ssz = mg_dtype_size(c->sdt);
   if (c->ddt == c->sdt) {
-    for (int64_t i = 0; i < n; i++) memcpy(p[0] + i * s[0] * dsz, p[1] + i * s[1] * ssz, (size_t)dsz);
+    strided_copy(dsz, n, p[0], s[0], p[1], s[1]);
     return;
   }
-  for (int64_t i = 0; i < n; i++)
-    mg_convert(p[0] + i * s[0] * dsz, c->ddt, p[1] + i * s[1] * ssz, c->sdt, 1);
+  enum { CHUNK = 512 };                 /* strided to contiguous, convert, back */
+  double sbuf[CHUNK], dbuf[CHUNK];
+  for (int64_t i0 = 0; i0 < n; i0 += CHUNK) {
+    int64_t len = n - i0 < CHUNK ? n - i0 : CHUNK;
+    strided_copy(ssz, len, (char *)sbuf, 1, p[1] + i0 * s[1] * (int64_t)ssz, s[1]);
+    mg_convert(dbuf, c->ddt, sbuf, c->sdt, len);
+    strided_copy(dsz, len, p[0] + i0 * s[0] * (int64_t)dsz, s[0], (const char *)dbuf, 1);
+  }
+}
+
+/* A transpose-like copy: dst is contiguous, src's unit stride lies on axis
+** k, not the last. Walking dst in order would read src a cache line per
+** element; tiles of TILE x TILE keep both sides in cache. Returns 0 when
+** the case is not this one. */
+static int tiled_copy (mg_tensor *dst, const mg_tensor *src) {
+  enum { TILE = 32 };
+  int nd = src->ndim, k = -1;
+  if (nd < 2 || dst->dtype != src->dtype || !mg_tensor_is_contiguous(dst)) return 0;
+  const int64_t *sh = src->shape, *ss = src->strides;
+  if (ss[nd - 1] == 1 || sh[nd - 1] < TILE) return 0;
+  for (int i = nd - 2; i >= 0 && k < 0; i--) if (ss[i] == 1 && sh[i] >= TILE) k = i;
+  if (k < 0) return 0;
+  int64_t ds[MG_MAX_DIMS], idx[MG_MAX_DIMS] = {0};
+  mg_contiguous_strides(sh, nd, ds);
+  size_t size = mg_dtype_size(src->dtype);
+  char *d0 = mg_ptr(dst);
+  const char *s0 = mg_ptr(src);
+  int64_t rows = sh[k], cols = sh[nd - 1], dk = ds[k], sl = ss[nd - 1];
+  for (;;) {                            /* each plane (axis k, last axis) */
+    int64_t doff = 0, soff = 0;
+    for (int i = 0; i < nd; i++) doff += idx[i] * ds[i], soff += idx[i] * ss[i];
+    for (int64_t r0 = 0; r0 < rows; r0 += TILE)
+      for (int64_t c0 = 0; c0 < cols; c0 += TILE) {
+        int64_t rn = rows - r0 < TILE ? rows - r0 : TILE, cn = cols - c0 < TILE ? cols - c0 : TILE;
+        for (int64_t r = r0; r < r0 + rn; r++)
+          strided_copy(size, cn, d0 + (doff + r * dk + c0) * (int64_t)size, 1,
+                       s0 + (soff + r + c0 * sl) * (int64_t)size, sl);
+      }
+    int i = nd - 2;                     /* next plane: odometer over the other axes */
+    for (; i >= 0; i--) {
+      if (i == k) continue;
+      if (++idx[i] < sh[i]) break;
+      idx[i] = 0;
+    }
+    if (i < 0) return 1;
+  }
 }
 
 /* dst (any layout, not aliasing src) gets src's values, converting dtype if needed */
 mg_status mg_copy_into (mg_tensor *dst, const mg_tensor *src) {
+  if (tiled_copy(dst, src)) return MG_OK;
   mg_iter it;
   const mg_tensor *ops[2] = {dst, src};
   mg_iter_init(&it, dst->shape, dst->ndim, 2, ops);

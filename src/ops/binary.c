@@ -121,15 +121,6 @@ static mg_tensor *null_operand (const mg_opdef *op, const char *arg) {
   return NULL;
 }
 
-/* "logical_and: needs bool tensors, got float32" and the like */
-static mg_status unsupported (const mg_opdef *op, mg_dtype dt) {
-  const char *fn = op->info.name;
-  bool only_bool = op->kernel[MG_BOOL] && !op->kernel[MG_FLOAT32];
-  if (only_bool) return mg_seterror("%s: needs bool tensors, got %s", fn, mg_dtype_name(dt));
-  if (dt == MG_BOOL) return mg_seterror("%s: not defined for bool tensors; cast them first", fn);
-  return mg_seterror("%s: not defined for %s tensors; cast to float first", fn, mg_dtype_name(dt));
-}
-
 static mg_dtype result_dtype (const mg_opdef *op, mg_dtype dt) {
   switch (op->result) {
     case MG_RESULT_BOOL: return MG_BOOL;
@@ -146,7 +137,7 @@ static mg_tensor *binary (const mg_opdef *op, mg_tensor *a, mg_tensor *b) {
     return mg_seterror("%s: dtypes differ: %s %s %s", fn, mg_dtype_name(a->dtype),
                        op->info.symbol, mg_dtype_name(b->dtype)), NULL;
   mg_kernel k = op->kernel[a->dtype];
-  if (k == NULL) return unsupported(op, a->dtype), NULL;
+  if (k == NULL) return mg_refuse_dtype(op->info.name, a->dtype, !op->kernel[MG_FLOAT32]), NULL;
   if (op->check && op->check(op, a, b) != MG_OK) return NULL;
   int64_t shape[MG_MAX_DIMS];
   int nd = mg_broadcast_shapes(fn, op->info.symbol, a->shape, a->ndim, b->shape, b->ndim, shape);

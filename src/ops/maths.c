@@ -82,10 +82,7 @@ static mg_tensor *unary (const mg_opdef *op, mg_tensor *x) {
     return mg_null_arg(cfn, "x"), NULL;
   }
   mg_kernel k = op->kernel[x->dtype];
-  if (k == NULL) {
-    if (x->dtype == MG_BOOL) return mg_seterror("%s: not defined for bool tensors; cast first", fn), NULL;
-    return mg_seterror("%s: not defined for int64 tensors; cast to float first", fn), NULL;
-  }
+  if (k == NULL) return mg_refuse_dtype(fn, x->dtype, 0), NULL;
   mg_tensor *out = mg_empty(x->shape, x->ndim, x->dtype);
   if (out == NULL) return NULL;
   mg_iter it;
@@ -291,6 +288,7 @@ mg_tensor *mg_clamp (mg_tensor *x, mg_tensor *lo, mg_tensor *hi) {
   MG_CHECK_ARG("mg_clamp", lo, NULL);
   MG_CHECK_ARG("mg_clamp", hi, NULL);
   if (x->dtype == MG_BOOL) return mg_seterror("clamp: not defined for bool tensors"), NULL;
+  if (mg_check_computable("clamp", x->dtype) != MG_OK) return NULL;
   if (lo->dtype != x->dtype || hi->dtype != x->dtype)
     return mg_seterror("clamp: dtypes differ: x is %s, lo is %s, hi is %s", mg_dtype_name(x->dtype),
                        mg_dtype_name(lo->dtype), mg_dtype_name(hi->dtype)), NULL;
@@ -365,6 +363,7 @@ typedef struct rview {
 } rview;
 
 static int reduce_view (const char *fn, const mg_tensor *x, int axis, int keepdims, rview *v) {
+  if (mg_check_computable(fn, x->dtype) != MG_OK) return -1;
   if (axis != MG_ALL_AXES && (axis = mg_check_axis(fn, axis, x->ndim)) < 0) return -1;
   v->axis = axis;
   v->outer = 1, v->n = x->numel, v->inner = 1;

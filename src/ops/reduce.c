@@ -271,11 +271,12 @@ mg_tensor *mg_mean (mg_tensor *x, int axis, int keepdims) {
     mg_tensor_release(xf);
     return r;
   }
+  if (mg_check_computable("mean", x->dtype) != MG_OK) return NULL;
   int a = axis == MG_ALL_AXES ? axis : mg_check_axis("mean", axis, x->ndim);
   if (a != MG_ALL_AXES && a < 0) return NULL;
   double count = a == MG_ALL_AXES ? (double)x->numel : (double)x->shape[a];
-  mg_tensor *s = mg_sum(x, a, keepdims), *c = mg_scalar(count, x->dtype);
-  mg_tensor *r = mg_div(s, c);
+  mg_tensor *s = mg_sum(x, a, keepdims), *c = s ? mg_scalar(count, x->dtype) : NULL;
+  mg_tensor *r = c ? mg_div(s, c) : NULL;
   mg_tensor_release(s);
   mg_tensor_release(c);
   return r;

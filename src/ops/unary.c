@@ -48,11 +48,7 @@ static mg_tensor *unary (const mg_opdef *op, mg_tensor *x) {
     return mg_null_arg(cfn, "x"), NULL;
   }
   mg_kernel k = op->kernel[x->dtype];
-  if (k == NULL) {
-    if (op->kernel[MG_BOOL]) return mg_seterror("%s: needs a bool tensor, got %s", fn, mg_dtype_name(x->dtype)), NULL;
-    if (x->dtype == MG_BOOL) return mg_seterror("%s: not defined for bool tensors; cast first", fn), NULL;
-    return mg_seterror("%s: not defined for int64 tensors; cast to float first", fn), NULL;
-  }
+  if (k == NULL) return mg_refuse_dtype(fn, x->dtype, op->kernel[MG_BOOL] != NULL), NULL;
   mg_tensor *kept = op->backward ? mg_replay_take(op, x->shape, x->ndim, x->dtype) : NULL;
   if (kept) return mg_finish(op, 1, &x, kept, NULL);          /* a save policy's */
   mg_tensor *out = mg_empty(x->shape, x->ndim, x->dtype);
