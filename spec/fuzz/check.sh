@@ -19,7 +19,13 @@ export ASAN_OPTIONS="detect_leaks=1:allocator_may_return_null=1:abort_on_error=0
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:exitcode=24${UBSAN_OPTIONS:+:$UBSAN_OPTIONS}"
 export OMP_WAIT_POLICY=passive
 
-timeout -k 5 "$limit" "$bin" "$prog" > "$prog.out" 2> "$prog.err"
+# absolute paths, and the program runs in FUZZ_TMP: a file it writes under a
+# relative name (mg.memory.trace(5, f) writes "5") lands there, not in the checkout
+bin=$(cd "$(dirname "$bin")" && pwd)/$(basename "$bin")
+prog=$(cd "$(dirname "$prog")" && pwd)/$(basename "$prog")
+mkdir -p "$FUZZ_TMP"
+export FUZZ_TMP=$(cd "$FUZZ_TMP" && pwd)
+(cd "$FUZZ_TMP" && exec timeout -k 5 "$limit" "$bin" "$prog") > "$prog.out" 2> "$prog.err"
 rc=$?
 err=$prog.err
 trap 'truncate -s "<1M" "$prog.out" "$prog.err"' EXIT
