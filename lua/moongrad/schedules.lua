@@ -114,9 +114,9 @@ function LinearWarmup:value (step)
   return a + (at(self.after, 0) - a) * step / w
 end
 
---- PiecewiseConstantDecay{boundaries=, values=}: values[1] while step < boundaries[1],
--- values[i] while step < boundaries[i], values[#boundaries + 1] after (Keras' rule:
--- a step equal to a boundary still takes the earlier value).
+--- PiecewiseConstantDecay{boundaries=, values=}: values[i] for the first i with
+-- step <= boundaries[i], values[#boundaries + 1] past the last (Keras' rule: a
+-- step equal to a boundary still takes the earlier value).
 local PiecewiseConstantDecay = class("PiecewiseConstantDecay")
 local list_rule = check.rule("a list of numbers", function(v)
   if type(v) ~= "table" or getmetatable(v) ~= nil then return false end
