@@ -328,7 +328,49 @@ MG_API mg_tensor *mg_cumsum (mg_tensor *x, int axis, int exclusive, int reverse)
 
 
 /* {============== ops: convolution and pooling (NHWC) ============= */
-/* (src/ops/conv.c) */
+/* (src/ops/conv.c) As TensorFlow: images are NHWC, (batch, height, width,
+** channels), and filters HWIO, (KH, KW, Cin, Cout). float32 runs on
+** oneDNN's convolution and pooling primitives; float64 on plain C loops
+** (the reference, and what gradient checks use). Backward passes are ops
+** too (the *_backward_* rows below), so gradients of any order exist. */
+
+/* TensorFlow's paddings: VALID adds none; SAME pads so that out =
+** ceil(in / stride), the odd pixel after; EXPLICIT takes pads (top,
+** bottom, left, right), for convolutions only */
+typedef enum mg_padding { MG_PADDING_VALID, MG_PADDING_SAME, MG_PADDING_EXPLICIT } mg_padding;
+
+/* the geometry of a convolution or pool; all zero is the default (NULL too) */
+typedef struct mg_conv_params {
+  int64_t strides[2];      /* (height, width); 0: 1 for convolutions, the window for pools */
+  int64_t dilation[2];     /* 0 or 1: none; d spreads the taps d pixels apart */
+  mg_padding padding;      /* MG_PADDING_VALID by default */
+  int64_t pads[4];         /* MG_PADDING_EXPLICIT: top, bottom, left, right */
+} mg_conv_params;
+
+/* out[n,i,j,o] = b[o] + sum_{u,v,c} x[n, i*sh + u*dh - top, j*sw + v*dw - left, c] w[u,v,c,o];
+** x: (N,H,W,C), w: (KH,KW,C,O), b: (O) or NULL -> (N,OH,OW,O).
+** grad: dx = conv2d_backward_input(dout, w), dw = conv2d_backward_filter(x, dout),
+** db = dout summed over N, OH, OW */
+MG_API mg_tensor *mg_conv2d (mg_tensor *x, mg_tensor *w, mg_tensor *b, const mg_conv_params *p);
+/* the gradient of conv2d with respect to x (its transpose, TensorFlow's
+** conv2d_transpose): dy (N,OH,OW,O), w (KH,KW,C,O) -> input_shape (N,H,W,C) */
+MG_API mg_tensor *mg_conv2d_backward_input  (mg_tensor *dy, mg_tensor *w, const int64_t input_shape[4],
+                                             const mg_conv_params *p);
+/* the gradient of conv2d with respect to w: x (N,H,W,C), dy (N,OH,OW,O) ->
+** filter_shape (KH,KW,C,O) */
+MG_API mg_tensor *mg_conv2d_backward_filter (mg_tensor *x, mg_tensor *dy, const int64_t filter_shape[4],
+                                             const mg_conv_params *p);
+/* the maximum / mean of each window (KH,KW) = window: x (N,H,W,C) ->
+** (N,OH,OW,C). Padding VALID or SAME; the mean counts only the pixels of x
+** in the window (TensorFlow's SAME). grad: the *_backward ops below */
+MG_API mg_tensor *mg_max_pool2d (mg_tensor *x, const int64_t window[2], const mg_conv_params *p);
+MG_API mg_tensor *mg_avg_pool2d (mg_tensor *x, const int64_t window[2], const mg_conv_params *p);
+/* dx: each dy to the position of its window's maximum in x (the first, at ties) */
+MG_API mg_tensor *mg_max_pool2d_backward (mg_tensor *x, mg_tensor *dy, const int64_t window[2],
+                                          const mg_conv_params *p);
+/* dx (input_shape): each dy shared evenly among its window's pixels in x */
+MG_API mg_tensor *mg_avg_pool2d_backward (mg_tensor *dy, const int64_t input_shape[4],
+                                          const int64_t window[2], const mg_conv_params *p);
 
 /* }============================================================== */
 
@@ -562,7 +604,56 @@ MG_API void     *mg_hooks_offload_dir (const char *dir);
 
 
 /* {============ files: safetensors, IDX and CSV datasets ========== */
-/* (src/io/) */
+/* (src/io/) Errors name the function, the file and the problem:
+** "load_safetensors: 'w.safetensors': the header length 4096 runs past the
+** end of the file (120 bytes; truncated, or not a safetensors file?)". */
+
+/* safetensors (Hugging Face's format): an 8-byte little-endian header
+** length, a JSON header {"name": {"dtype": "F32", "shape": [2,3],
+** "data_offsets": [begin, end]}, "__metadata__": {"key": "value"}}, then
+** the raw little-endian bytes. Dtypes: F32 F64 I64 BOOL F16 BF16. The
+** header lists the tensors in the order given (unique names, UTF-8). The
+** write is atomic: a temporary file beside path, fsync, rename; a failure
+** or a crash leaves the previous file as it was. nmeta pairs of strings go
+** in "__metadata__" (0 and NULLs for none). */
+MG_API mg_status mg_save_safetensors (const char *path, int n, const char *const *names,
+                                      mg_tensor *const *tensors, int nmeta,
+                                      const char *const *meta_keys,
+                                      const char *const *meta_values);
+/* what mg_load_safetensors returns: the tensors in the header's order,
+** which the struct owns (mg_tensor_retain one to keep it) */
+typedef struct mg_named_tensors {
+  int n;
+  char **names;
+  mg_tensor **tensors;
+  int nmeta;                                 /* "__metadata__" */
+  char **meta_keys, **meta_values;
+} mg_named_tensors;
+/* Reads every tensor, or none: the header is checked whole first (JSON,
+** dtypes, shapes against offsets, offsets that tile the data with no gap
+** or overlap, unique names); NULL + error on any problem. */
+MG_API mg_named_tensors *mg_load_safetensors (const char *path);
+MG_API void              mg_named_tensors_free (mg_named_tensors *f);   /* NULL is fine */
+
+/* An IDX file (MNIST's format: magic 0x0000TTDD for type and dimensions,
+** 0x00000803 for images, then big-endian 32-bit sizes, then
+** u8/i8/i16/i32/f32/f64 big-endian elements), gzipped or not. Values are
+** kept (pixels 0..255): dtype -1 gives int64 for 1-D files of u8, i8 or
+** i16 (labels), float32 for those with more dimensions (images), int64
+** for i32, float32 for f32, float64 for f64; any other dtype but bool
+** converts to it. */
+MG_API mg_tensor *mg_read_idx (const char *path, int dtype);
+
+/* A numeric CSV file, gzipped or not, as a (rows, columns) tensor. Blank
+** lines are skipped; a field not a number, an empty field or a ragged row
+** is an error naming the line and the column. A zeroed struct (or NULL)
+** gives the defaults. */
+typedef struct mg_csv_options {
+  char delimiter;                            /* 0: ',' */
+  int header;                                /* nonzero: skip the first line */
+  mg_dtype dtype;                            /* MG_FLOAT32 (0) or MG_FLOAT64 */
+} mg_csv_options;
+MG_API mg_tensor *mg_read_csv (const char *path, const mg_csv_options *opts);
 
 /* }============================================================== */
 

@@ -10,6 +10,9 @@ local function f64 (data) return mg.constant(data, "float64") end
 
 -- {====================== options tables =======================
 
+-- the options every optimizer has after its own
+local CLIPS = "weight_decay, clipnorm, clipvalue, global_clipnorm, name"
+
 -- every entry point that takes an options table: who, a call with opts, the known names
 local with_options = {
   {"Dense", function(o) return nn.Dense(3, nil, o) end, "activation, use_bias, name"},
@@ -19,16 +22,18 @@ local with_options = {
   {"BatchNorm", function(o) return nn.BatchNorm(o) end, "momentum, epsilon, training, name"},
   {"RevBlock", function(o) return nn.RevBlock(mg.tanh, mg.tanh, o) end, "num_layers, name"},
   {"Layer:add_variable", function(o) return nn.Dense(2):add_variable("w", mg.ones{2}, o) end, "trainable"},
-  {"SGD", function(o) return mg.optim.SGD(o) end, "learning_rate, momentum, nesterov, name"},
-  {"Adam", function(o) return mg.optim.Adam(o) end, "learning_rate, beta1, beta2, epsilon, name"},
-  {"progress", function(o) return mg.progress(3, o) end, "label, out"},
+  {"SGD", function(o) return mg.optim.SGD(o) end, "learning_rate, momentum, nesterov, " .. CLIPS},
+  {"Adam", function(o) return mg.optim.Adam(o) end, "learning_rate, beta1, beta2, epsilon, " .. CLIPS},
+  {"AdamW", function(o) return mg.optim.AdamW(o) end, "learning_rate, beta1, beta2, epsilon, " .. CLIPS},
+  {"RMSprop", function(o) return mg.optim.RMSprop(o) end, "learning_rate, rho, momentum, epsilon, centered, " .. CLIPS},
+  {"progress", function(o) return mg.progress(3, o) end, "label, out, tty, width, interval, unit, verbose"},
   {"gradcheck", function(o) return mg.test.gradcheck(mg.tanh, {f64{0.5}}, o) end, "eps, atol, rtol, seed"},
 }
 
 -- the public functions and classes that take no options table
 local without_options = {
   Layer = true, dropout = true, glorot_uniform = true, softmax_cross_entropy = true,
-  mean_squared_error = true, checkpoint_sequential = true,
+  mean_squared_error = true, checkpoint_sequential = true, get = true, schedules = true,
 }
 
 describe("options tables", function()
@@ -58,17 +63,23 @@ describe("options tables", function()
   it("suggest the closest known name for a typo or another library's spelling", function()
     local cases = {
       {function() mg.optim.SGD{learning_rat = 0.5} end, "SGD: unknown option 'learning_rat' "
-        .. "(did you mean 'learning_rate'? known: learning_rate, momentum, nesterov, name)"},
+        .. "(did you mean 'learning_rate'? known: learning_rate, momentum, nesterov, "
+        .. "weight_decay, clipnorm, clipvalue, global_clipnorm, name)"},
       {function() mg.optim.SGD{lr = 0.5} end, "SGD: unknown option 'lr' "
-        .. "(did you mean 'learning_rate'? known: learning_rate, momentum, nesterov, name)"},
+        .. "(did you mean 'learning_rate'? known: learning_rate, momentum, nesterov, "
+        .. "weight_decay, clipnorm, clipvalue, global_clipnorm, name)"},
       {function() mg.optim.SGD{Momentum = 0.5} end, "SGD: unknown option 'Momentum' "
-        .. "(did you mean 'momentum'? known: learning_rate, momentum, nesterov, name)"},
+        .. "(did you mean 'momentum'? known: learning_rate, momentum, nesterov, "
+        .. "weight_decay, clipnorm, clipvalue, global_clipnorm, name)"},
       {function() mg.optim.Adam{betta1 = 0.5} end, "Adam: unknown option 'betta1' "
-        .. "(did you mean 'beta1'? known: learning_rate, beta1, beta2, epsilon, name)"},
+        .. "(did you mean 'beta1'? known: learning_rate, beta1, beta2, epsilon, "
+        .. "weight_decay, clipnorm, clipvalue, global_clipnorm, name)"},
       {function() mg.optim.Adam{eps = 1e-8} end, "Adam: unknown option 'eps' "
-        .. "(did you mean 'epsilon'? known: learning_rate, beta1, beta2, epsilon, name)"},
+        .. "(did you mean 'epsilon'? known: learning_rate, beta1, beta2, epsilon, "
+        .. "weight_decay, clipnorm, clipvalue, global_clipnorm, name)"},
       {function() mg.optim.Adam{amsgrad = true} end, "Adam: unknown option 'amsgrad' "
-        .. "(known: learning_rate, beta1, beta2, epsilon, name)"},
+        .. "(known: learning_rate, beta1, beta2, epsilon, "
+        .. "weight_decay, clipnorm, clipvalue, global_clipnorm, name)"},
       {function() nn.Dense(3, {activaton = "relu"}) end, "Dense: unknown option 'activaton' "
         .. "(did you mean 'activation'? known: activation, use_bias, name)"},
       {function() nn.Dense(3, {use_bais = false}) end, "Dense: unknown option 'use_bais' "
@@ -82,7 +93,7 @@ describe("options tables", function()
       {function() nn.Sequential({}, {nme = "x"}) end, "Sequential: unknown option 'nme' "
         .. "(did you mean 'name'? known: name)"},
       {function() mg.progress(10, {lable = "x"}) end, "progress: unknown option 'lable' "
-        .. "(did you mean 'label'? known: label, out)"},
+        .. "(did you mean 'label'? known: label, out, tty, width, interval, unit, verbose)"},
       {function() mg.test.gradcheck(mg.tanh, {f64{1}}, {epsilon = 1}) end, "gradcheck: unknown option "
         .. "'epsilon' (did you mean 'eps'? known: eps, atol, rtol, seed)"},
       {function() nn.Dense(2):add_variable("w", 1, {trainble = false}) end, "Layer:add_variable: "
@@ -102,12 +113,13 @@ describe("options tables", function()
 
   it("check the values' types and ranges (NaN included)", function()
     local nan, inf = 0 / 0, math.huge
+    local LR = "SGD: option 'learning_rate' must be a positive finite number or a schedule, got "
     local cases = {
-      {function() mg.optim.SGD{learning_rate = 0} end, "SGD: option 'learning_rate' must be a positive finite number, got 0"},
-      {function() mg.optim.SGD{learning_rate = -1} end, "SGD: option 'learning_rate' must be a positive finite number, got -1"},
-      {function() mg.optim.SGD{learning_rate = nan} end, "SGD: option 'learning_rate' must be a positive finite number, got nan"},
-      {function() mg.optim.SGD{learning_rate = inf} end, "SGD: option 'learning_rate' must be a positive finite number, got inf"},
-      {function() mg.optim.SGD{learning_rate = "0.1"} end, "SGD: option 'learning_rate' must be a positive finite number, got '0.1'"},
+      {function() mg.optim.SGD{learning_rate = 0} end, LR .. "0"},
+      {function() mg.optim.SGD{learning_rate = -1} end, LR .. "-1"},
+      {function() mg.optim.SGD{learning_rate = nan} end, LR .. "nan"},
+      {function() mg.optim.SGD{learning_rate = inf} end, LR .. "inf"},
+      {function() mg.optim.SGD{learning_rate = "0.1"} end, LR .. "'0.1'"},
       {function() mg.optim.SGD{momentum = 1} end, "SGD: option 'momentum' must be a number in [0, 1), got 1"},
       {function() mg.optim.SGD{momentum = -0.1} end, "SGD: option 'momentum' must be a number in [0, 1), got -0.1"},
       {function() mg.optim.SGD{momentum = nan} end, "SGD: option 'momentum' must be a number in [0, 1), got nan"},
@@ -158,7 +170,7 @@ describe("options tables", function()
     local opt = mg.optim.SGD{learning_rate = 0.1}
     opt.learning_rate = nil
     err(function() opt:apply_gradients({mg.constant({1.0})}, {v}) end,
-        "SGD: learning_rate must be a positive finite number, got nil")
+        "SGD: learning_rate must be a positive finite number or a schedule, got nil")
     local adam = mg.optim.Adam()
     adam.beta1 = 1
     err(function() adam:apply_gradients({mg.constant({1.0})}, {v}) end, "Adam: beta1 must be a number in [0, 1), got 1")

@@ -1,11 +1,760 @@
 --- moongrad.fit: Keras-style training for every layer and model:
--- model:compile{...}, model:fit(x, y, {...}), model:evaluate, model:predict.
+--   model:compile{optimizer = "adam", loss = "sparse_categorical_crossentropy", metrics = {"accuracy"}}
+--   local history = model:fit(x, y, {epochs = 5, batch_size = 32, validation_split = 0.1})
+--   model:evaluate(x_test, y_test)      --> {loss = 0.09, accuracy = 0.97}
+--   model:predict(x_test)               --> the outputs, batch by batch, concatenated
+-- and the callbacks (mg.callbacks: EarlyStopping, LambdaCallback, TerminateOnNaN,
+-- ProgbarLogger, History).
+--
+-- Numbers are 1-based as everywhere in moongrad: epochs count 1..epochs,
+-- batches 1..steps. fit{initial_epoch = 2, epochs = 5} runs epochs 3, 4, 5.
+--
+-- The callback protocol. A callback is a table (or an object) with any of
+-- these methods, called with a colon (self first), in the order of the list:
+--   cb:set_model(model)                  before training: the model being fit
+--   cb:set_params(params)                {epochs=, steps=, verbose=, metrics = {"loss", ..., "val_loss", ...}}
+--   cb:on_train_begin(logs)              logs = {}
+--   cb:on_epoch_begin(epoch, logs)       logs = {}
+--   cb:on_batch_begin(batch, logs)       logs = {}
+--   cb:on_batch_end(batch, logs)         logs: the epoch's running means so far {loss =, accuracy =, ...}
+--   cb:on_epoch_end(epoch, logs)         logs: the epoch's means, and val_loss, val_... with validation;
+--                                        callbacks may add entries (History, last, records them)
+--   cb:on_train_end(logs)                logs: the last epoch's
+-- Setting model.stop_training = true (in any hook) stops training: after the
+-- current batch (the epoch still ends: validation, on_epoch_end), or after the
+-- current epoch. fit sets it to false when it starts. A plain table whose key
+-- starting with "on_" is not one of the hooks is an error (a typo would never run).
+-- The list fit uses is: the progress bar (unless a ProgbarLogger is given or
+-- verbose = 0), the given callbacks, then the History that fit returns.
+--
+-- Shuffling and resuming. With shuffle (the default) each epoch visits the
+-- training samples in the order mg.random.permutation draws from the seed
+-- mix(seed, epoch): seed is fit's seed= option, or else the seed of mg.random's
+-- state when fit starts (what mg.random.seed(s) set). The order depends on
+-- (seed, epoch) alone, and drawing it leaves mg.random's stream where it was
+-- (dropout masks come from that stream). So fit{initial_epoch = 2, epochs = 5}
+-- on a model whose weights, optimizer state (opt:get_state/set_state) and
+-- mg.random state are those at the end of epoch 2 gives epochs 3 to 5 bit for
+-- bit as the uninterrupted run.
+--
+-- Inference mode. evaluate, predict and the validation pass set every layer
+-- of the model that has a boolean `training` field (Dropout, BatchNorm) to
+-- false while they run, and restore it after (PyTorch's model.eval()); the
+-- model is called with one argument.
 -- @module moongrad.fit
+local mg = require "moongrad"
+local check = require "moongrad.check"
+
+local fail, show = check.fail, check.show
+
 local fit = {}
+
+-- {========================== classes ==========================
+
+local callbacks = {}
+fit.callbacks = callbacks
+
+local function class (name)
+  local cls = {__name = "moongrad.callbacks." .. name}
+  cls.__index = cls
+  callbacks[name] = cls
+  return cls
+end
+
+-- }=============================================================
+
+
+-- {======================= inference mode ======================
+
+-- the layers of model (itself included) that have a boolean `training` field
+local function training_layers (layer, seen, out)
+  if seen[layer] then return out end
+  seen[layer] = true
+  if type(layer) == "userdata" then                      -- a recompute_grad wrapper
+    local ok, inner = pcall(function() return layer.__wrapped__ end)
+    if ok and inner ~= nil then training_layers(inner, seen, out) end
+    return out
+  end
+  if type(layer) ~= "table" then return out end
+  if type(rawget(layer, "training")) == "boolean" then out[#out + 1] = layer end
+  for _, key in ipairs({"_layers", "layers"}) do
+    local subs = rawget(layer, key)
+    if type(subs) == "table" then
+      for _, sub in ipairs(subs) do training_layers(sub, seen, out) end
+    end
+  end
+  return out
+end
+
+--- Runs fn(...) with every `training` flag of the model false; restores them after.
+function fit.inference (model, fn, ...)
+  local layers = training_layers(model, {}, {})
+  local saved = {}
+  for i, l in ipairs(layers) do saved[i] = l.training; l.training = false end
+  local result = table.pack(pcall(fn, ...))
+  for i, l in ipairs(layers) do l.training = saved[i] end
+  if not result[1] then error(result[2], 0) end
+  return table.unpack(result, 2, result.n)
+end
+
+-- }=============================================================
+
+
+-- {=========================== checks ==========================
+
+local function is_plain (v) return type(v) == "table" and getmetatable(v) == nil end
+
+-- x or y: a tensor with a first (sample) axis
+local function check_data (who, what, v)
+  if not check.is_array(v) then fail(who, "%s must be a tensor, got %s", what, show(v)) end
+  if v.ndim == 0 then fail(who, "%s must have a first axis of samples, got shape ()", what) end
+  return mg.is_variable(v) and v:value() or v
+end
+
+local function check_pair (who, x, y, what_x, what_y)
+  x = check_data(who, what_x, x)
+  y = check_data(who, what_y, y)
+  if x.shape[1] ~= y.shape[1] then
+    fail(who, "%s has %d samples but %s has %d (their first axes must match)", what_x, x.shape[1], what_y, y.shape[1])
+  end
+  return x, y
+end
+
+local hooks = {"set_model", "set_params", "on_train_begin", "on_train_end", "on_epoch_begin", "on_epoch_end",
+               "on_batch_begin", "on_batch_end"}
+local is_hook = {}
+for _, h in ipairs(hooks) do is_hook[h] = true end
+
+local function check_callbacks (who, list)
+  if list == nil then return {} end
+  if not is_plain(list) then fail(who, "option 'callbacks' must be a list of callbacks, got %s", show(list)) end
+  local n = check.list(who, list, "the list of callbacks", "callbacks[%d]")
+  for i = 1, n do
+    local cb = list[i]
+    if type(cb) ~= "table" then
+      fail(who, "callbacks[%d] must be a callback (a table with on_epoch_end, ... methods), got %s", i, show(cb))
+    end
+    for _, h in ipairs(hooks) do
+      local f = cb[h]
+      if f ~= nil and not check.is_callable(f) then fail(who, "callbacks[%d].%s must be a function, got %s", i, h, show(f)) end
+    end
+    if is_plain(cb) then
+      for k in pairs(cb) do
+        if type(k) == "string" and k:find("^on_") and not is_hook[k] then
+          local guess = check.closest(k, hooks)
+          fail(who, "callbacks[%d] has '%s', which is not a hook (%sknown: %s)", i, k,
+               guess and ("did you mean '%s'? "):format(guess) or "", table.concat(hooks, ", ", 3))
+        end
+      end
+    end
+  end
+  return table.move(list, 1, n, 1, {})
+end
+
+local function call (cbs, hook, ...)
+  for _, cb in ipairs(cbs) do
+    local f = cb[hook]
+    if f ~= nil then f(cb, ...) end
+  end
+end
+
+local verbose_rule = check.rule("0, 1, 2 or 'auto'", function(v) return v == 0 or v == 1 or v == 2 or v == "auto" end)
+local split_rule = check.rule("a number in [0, 1)", check.fraction.test)
+local validation_rule = check.rule("a list {x, y} of tensors", function(v)
+  return is_plain(v) and check.is_array(v[1]) and check.is_array(v[2])
+end)
+
+-- }=============================================================
+
+
+-- {========================== compile ==========================
+
+local function loss_rule_test (v) return type(v) == "string" or check.is_callable(v) end
+local metrics_rule = check.rule("a list of metric names and functions", function(v)
+  return type(v) == "string" or check.is_callable(v) or is_plain(v)
+end)
+local optimizer_rule = check.rule("an optimizer or its name", function(v)
+  return type(v) == "string" or type(v) == "table"
+end)
+
+local COMPILE = {{"optimizer", optimizer_rule, "rmsprop"}, {"loss", check.rule("a loss name or a function(y_true, y_pred)",
+                 loss_rule_test)}, {"metrics", metrics_rule}}
+
+--- model:compile{optimizer="rmsprop", loss=, metrics={}}: what fit trains with.
+-- optimizer: an optimizer (mg.optim.Adam{...}) or a name ("adam", "sgd",
+-- "adamw", "rmsprop"); loss: a name of mg.losses ("mse",
+-- "sparse_categorical_crossentropy", ...), a loss object
+-- (mg.losses.SparseCategoricalCrossentropy{from_logits = true}) or a
+-- function(y_true, y_pred) returning a scalar tensor; metrics: a list of
+-- names ("accuracy", "mae", ...) and functions(y_true, y_pred); name = fn
+-- entries name a function's column (unnamed functions are metric_1, ...).
+-- Sets model.optimizer.
+local function compile (self, opts)
+  local who = "compile"
+  opts = check.options(who, opts, COMPILE)
+  local optimizer = require("moongrad.optim").get(opts.optimizer, who)
+  local c = {metrics = {}}
+  if opts.loss ~= nil then
+    c.loss, c.loss_name, c.from_logits = require("moongrad.losses").get(opts.loss, who)
+  end
+  local metrics = require "moongrad.metrics"
+  local list = opts.metrics
+  if list ~= nil and not is_plain(list) then list = {list} end
+  local seen = {loss = true}
+  local function add (name, spec)
+    if seen[name] then fail(who, "two metrics are named '%s'; name them apart: metrics = {other_name = fn}", name) end
+    seen[name] = true
+    c.metrics[#c.metrics + 1] = {name, metrics.get(spec, c.loss_name, c.from_logits, who)}
+  end
+  if list then
+    local n = 0
+    for k in pairs(list) do
+      if math.type(k) == "integer" and k >= 1 then n = math.max(n, k)
+      elseif type(k) ~= "string" then fail(who, "metrics has a key %s; give a list, or name = fn entries", show(k)) end
+    end
+    for i = 1, n do
+      local m = list[i]
+      if m == nil then fail(who, "metric %d is nil (a hole in the list)", i) end
+      local name = type(m) == "string" and m or (type(m) == "table" and type(m.name) == "string" and m.name)
+                   or ("metric_%d"):format(i)
+      add(name, m)
+    end
+    local named = {}
+    for k in pairs(list) do if type(k) == "string" then named[#named + 1] = k end end
+    table.sort(named)
+    for _, k in ipairs(named) do add(k, list[k]) end
+  end
+  self._compiled = c
+  self.optimizer = optimizer
+  return self
+end
+
+local function compiled (self, who)
+  local c = rawget(self, "_compiled")
+  if not c then fail(who, "the model is not compiled; call model:compile{optimizer =, loss =} first") end
+  return c
+end
+
+-- the metric columns' names: loss, then the metrics in compile's order
+local function metric_names (c)
+  local names = {"loss"}
+  for _, m in ipairs(c.metrics) do names[#names + 1] = m[1] end
+  return names
+end
+
+local function number_of (who, what, v)
+  if check.is_array(v) then
+    if v:numel() ~= 1 then fail(who, "%s gave a tensor of shape %s; it must give one number", what, check.shape(v.shape)) end
+    return (mg.is_variable(v) and v:value() or v):item()
+  end
+  if type(v) ~= "number" then fail(who, "%s gave %s; it must give a number or a one-element tensor", what, show(v)) end
+  return v
+end
+
+-- the loss and the metrics of one batch, as numbers
+local function batch_logs (self, c, who, loss, y, y_pred)
+  local logs = {loss = number_of(who, "the loss", loss)}
+  for _, m in ipairs(c.metrics) do logs[m[1]] = number_of(who, ("metric '%s'"):format(m[1]), m[2](y, y_pred)) end
+  return logs
+end
+
+-- }=============================================================
+
+
+-- {==================== train_step, test_step ==================
+
+--- model:train_step(x, y): one step on a batch: forward (under recompute_grad
+-- when fit was asked to), the loss, its gradients, the optimizer's update.
+-- Returns the batch's logs {loss =, <metric> =} (numbers). Override it for a
+-- custom step (fit averages whatever it returns, weighted by batch size).
+local function train_step (self, x, y)
+  local who = "fit"
+  local c = compiled(self, who)
+  if not c.loss then fail(who, "the model was compiled without a loss; compile{loss = ...} or override train_step") end
+  local forward = rawget(self, "_train_forward") or self
+  local t = mg.tape()
+  local ok, y_pred, loss = pcall(function()
+    local out = forward(x)
+    return out, c.loss(y, out)
+  end)
+  t:stop()
+  if not ok then error(y_pred, 0) end
+  if not check.is_array(loss) then fail(who, "the loss gave %s; it must give a scalar tensor", show(loss)) end
+  local vars = self.trainable_variables
+  self.optimizer:apply_gradients(t:gradient(loss, vars), vars)
+  return batch_logs(self, c, who, loss, y, y_pred)
+end
+
+--- model:test_step(x, y): the logs of one batch, without training (evaluate
+-- and validation call it in inference mode).
+local function test_step (self, x, y)
+  local who = "evaluate"
+  local c = compiled(self, who)
+  if not c.loss then fail(who, "the model was compiled without a loss") end
+  local y_pred = self(x)
+  return batch_logs(self, c, who, c.loss(y, y_pred), y, y_pred)
+end
+
+-- }=============================================================
+
+
+-- {=========================== batches ==========================
+
+-- rows a..b of t (a view)
+local function rows (t, a, b) return t:slice({a, b}) end
+
+-- batch i of size bs from n samples, in `order` (an int64 permutation) or in order
+local function batch (x, y, i, bs, n, order)
+  local a, b = (i - 1) * bs + 1, math.min(i * bs, n)
+  if order then
+    local idx = order:slice({a, b})
+    return mg.gather(x, idx), y and mg.gather(y, idx), b - a + 1
+  end
+  return rows(x, a, b), y and rows(y, a, b), b - a + 1
+end
+
+-- running means of batch logs, weighted by batch size
+local function meter ()
+  local sums, seen, order = {}, 0, {}
+  local m = {}
+  function m.add (logs, size)
+    for k, v in pairs(logs) do
+      if sums[k] == nil then sums[k] = 0; order[#order + 1] = k end
+      sums[k] = sums[k] + v * size
+    end
+    seen = seen + size
+  end
+  function m.means ()
+    local out = {}
+    for _, k in ipairs(order) do out[k] = sums[k] / seen end
+    return out
+  end
+  return m
+end
+
+-- splitmix64's finaliser over (seed, epoch): the seed of an epoch's order
+local function mix (seed, epoch)
+  local z = seed ~ (epoch * -7046029254386353131)            -- 0x9E3779B97F4A7C15
+  z = (z ~ (z >> 30)) * -4658895280553007687                 -- 0xBF58476D1CE4E5B9
+  z = (z ~ (z >> 27)) * -7723592293110705685                 -- 0x94D049BB133111EB
+  return z ~ (z >> 31)
+end
+fit.mix = mix
+
+--- The order of n samples in epoch `epoch` for `seed`: mg.random.permutation(n)
+-- from the state {seed = mix(seed, epoch), offset = 0}, mg.random's own state
+-- left as it was.
+function fit.epoch_order (n, seed, epoch)
+  local saved = mg.random.get_state()
+  mg.random.set_state({seed = mix(seed, epoch), offset = 0})
+  local ok, p = pcall(mg.random.permutation, n)
+  mg.random.set_state(saved)
+  if not ok then error(p, 0) end
+  return p
+end
+
+-- runs test_step over x, y in batches, in inference mode; the means
+local function evaluate_batches (self, x, y, bs, on_batch)
+  local n = x.shape[1]
+  local steps = (n + bs - 1) // bs
+  local m = meter()
+  fit.inference(self, function()
+    for i = 1, steps do
+      local xb, yb, size = batch(x, y, i, bs, n)
+      m.add(self:test_step(xb, yb), size)
+      if on_batch then on_batch(i, m.means()) end
+    end
+  end)
+  return m.means()
+end
+
+-- }=============================================================
+
+
+-- {========================= callbacks =========================
+
+--- History: records the logs of each epoch; fit returns it (and sets model.history).
+--   history.history.loss[i], history.history.val_accuracy[i], ...: per epoch
+--   history.epoch: the epoch numbers (1-based; 3, 4, 5 for a run resumed at 2)
+--   history.params: {epochs =, steps =, verbose =, metrics =}
+--   history:plot([path] [, opts]): the curves (see mg.plot)
+local History = class("History")
+
+setmetatable(History, {__call = function() return setmetatable({history = {}, epoch = {}, params = {}}, History) end})
+
+function History:set_model (model) self.model = model end
+function History:set_params (params) self.params = params end
+
+function History:on_epoch_end (epoch, logs)
+  self.epoch[#self.epoch + 1] = epoch
+  local keys = {}
+  for k in pairs(logs) do keys[#keys + 1] = k end
+  table.sort(keys)
+  for _, k in ipairs(keys) do
+    local list = self.history[k]
+    if not list then list = {}; self.history[k] = list end
+    list[#list + 1] = logs[k]
+  end
+end
+
+--- history:plot([path] [, {title=, ...}]): the loss curves (and the metrics'
+-- in a second panel) against the epoch, by mg.plot: to a PNG or SVG file at
+-- path, or as text (returned) without one.
+function History:plot (path, opts)
+  check.self("History:plot", self, History, "history:plot(path)")
+  if type(path) == "table" and opts == nil then path, opts = nil, path end
+  return require("moongrad.plot").history(self, path, opts)
+end
+
+function History:__tostring ()
+  local keys = {}
+  for k in pairs(self.history) do keys[#keys + 1] = k end
+  table.sort(keys)
+  return ("moongrad.callbacks.History (%d epochs: %s)"):format(#self.epoch, table.concat(keys, ", "))
+end
+
+--- ProgbarLogger{out=io.stdout, tty=<detected>, verbose=1}: the progress bar
+-- fit shows ("Epoch 1/5", then the Keras bar); give one in callbacks to
+-- choose where it writes (fit then adds none of its own).
+local ProgbarLogger = class("ProgbarLogger")
+local PROGBAR = {{"out", check.rule("a file or an object with write and flush methods", function(v)
+                  return type(v) == "userdata" or type(v) == "table" end)}, {"tty", check.boolean},
+                 {"verbose", check.rule("1 or 2", function(v) return v == 1 or v == 2 end), 1}}
+
+setmetatable(ProgbarLogger, {__call = function(_, opts)
+  opts = check.options("ProgbarLogger", opts, PROGBAR)
+  return setmetatable({out = opts.out or io.stdout, tty = opts.tty, verbose = opts.verbose}, ProgbarLogger)
+end})
+
+function ProgbarLogger:set_params (params) self.params = params end
+
+-- logs as a list of pairs in the params' column order, then any others by name
+local function in_order (names, logs)
+  local list, done = {}, {}
+  for _, k in ipairs(names or {}) do
+    if logs[k] ~= nil then list[#list + 1] = {k, logs[k]}; done[k] = true end
+  end
+  local rest = {}
+  for k in pairs(logs) do if not done[k] and type(k) == "string" then rest[#rest + 1] = k end end
+  table.sort(rest)
+  for _, k in ipairs(rest) do list[#list + 1] = {k, logs[k]} end
+  return list
+end
+
+function ProgbarLogger:start (steps)
+  self.bar = mg.progress(steps, {out = self.out, tty = self.tty, verbose = self.verbose})
+  self.last = 0
+end
+
+function ProgbarLogger:on_epoch_begin (epoch)
+  local p = self.params or {}
+  if p.epochs then
+    self.out:write(("Epoch %d/%d\n"):format(epoch, p.epochs))
+    self.out:flush()                                  -- a log shows which epoch is running
+  end
+  self:start(p.steps or 0)
+end
+
+function ProgbarLogger:on_batch_end (b, logs)
+  self.last = b
+  self.bar:update(b, in_order((self.params or {}).metrics, logs))
+end
+
+function ProgbarLogger:on_epoch_end (_, logs)
+  if self.last < self.bar.total then self.bar:stop() end
+  self.bar:finish(in_order((self.params or {}).metrics, logs))
+end
+
+--- EarlyStopping{monitor="val_loss", min_delta=0, patience=0, mode="auto",
+-- baseline=nil, restore_best_weights=false, start_from_epoch=0, verbose=0}:
+-- stops training when `monitor` has not improved by more than min_delta for
+-- patience epochs (Keras' rule). mode "auto" maximises names with "acc" or
+-- "auc" in them, minimises the others. With restore_best_weights the model
+-- ends with the variables of its best epoch, whether training stopped early
+-- or ran every epoch. A monitor missing from the logs is an error naming the
+-- ones there (no validation data for val_loss, a typo).
+local EarlyStopping = class("EarlyStopping")
+local EARLY = {{"monitor", check.string, "val_loss"}, {"min_delta", check.nonnegative, 0},
+               {"patience", check.rule("an integer >= 0", function(v) return math.type(v) == "integer" and v >= 0 end), 0},
+               {"mode", check.rule("'auto', 'min' or 'max'", function(v) return v == "auto" or v == "min" or v == "max" end),
+                "auto"},
+               {"baseline", check.rule("a finite number", function(v) return type(v) == "number" and v == v
+                 and math.abs(v) < math.huge end)},
+               {"restore_best_weights", check.boolean, false},
+               {"start_from_epoch", check.rule("an integer >= 0", function(v) return math.type(v) == "integer" and v >= 0 end), 0},
+               {"verbose", check.rule("0 or 1", function(v) return v == 0 or v == 1 end), 0}}
+
+setmetatable(EarlyStopping, {__call = function(_, opts)
+  local o = check.options("EarlyStopping", opts, EARLY)
+  if o.mode == "auto" then o.mode = (o.monitor:find("acc") or o.monitor:find("auc")) and "max" or "min" end
+  return setmetatable(o, EarlyStopping)
+end})
+
+function EarlyStopping:set_model (model) self.model = model end
+
+local function snapshot (model)
+  local values = {}
+  for i, v in ipairs(model.variables) do values[i] = v:value() end
+  return values
+end
+
+local function restore (model, values)
+  for i, v in ipairs(model.variables) do if values[i] then v:assign(values[i]) end end
+end
+
+function EarlyStopping:on_train_begin ()
+  self.wait, self.stopped_epoch, self.best_epoch, self.best_weights, self.seen = 0, nil, nil, nil, 0
+  self.best = self.mode == "min" and math.huge or -math.huge
+end
+
+function EarlyStopping:improves (current, reference)
+  if self.mode == "min" then return current < reference - self.min_delta end
+  return current > reference + self.min_delta
+end
+
+function EarlyStopping:on_epoch_end (epoch, logs)
+  local current = logs[self.monitor]
+  if current == nil then
+    local names = {}
+    for k in pairs(logs) do names[#names + 1] = k end
+    table.sort(names)
+    fail("EarlyStopping", "monitor '%s' is not in the logs (they have: %s)%s", self.monitor, table.concat(names, ", "),
+         self.monitor:find("^val_") and "; fit needs validation_data or validation_split for it" or "")
+  end
+  if epoch <= self.start_from_epoch then return end
+  self.seen = self.seen + 1
+  self.last_epoch = epoch
+  if self.restore_best_weights and not self.best_weights then self.best_weights = snapshot(self.model) end
+  self.wait = self.wait + 1
+  if self:improves(current, self.best) then
+    self.best, self.best_epoch = current, epoch
+    if self.restore_best_weights then self.best_weights = snapshot(self.model) end
+    if self.baseline == nil or self:improves(current, self.baseline) then self.wait = 0 end
+    return
+  end
+  if self.wait >= self.patience and self.seen > 1 then
+    self.stopped_epoch = epoch
+    self.model.stop_training = true
+  end
+end
+
+function EarlyStopping:on_train_end ()
+  if self.stopped_epoch and self.verbose > 0 then io.stdout:write(("Epoch %d: early stopping\n"):format(self.stopped_epoch)) end
+  if self.restore_best_weights and self.best_weights and self.best_epoch and self.best_epoch ~= self.last_epoch then
+    if self.verbose > 0 then
+      io.stdout:write(("Restoring model weights from the end of the best epoch: %d.\n"):format(self.best_epoch))
+    end
+    restore(self.model, self.best_weights)
+  end
+end
+
+--- LambdaCallback{on_epoch_begin=, on_epoch_end=, on_batch_begin=, on_batch_end=,
+-- on_train_begin=, on_train_end=}: plain functions, called as fn(epoch, logs),
+-- fn(batch, logs), fn(logs) (no self).
+local LambdaCallback = class("LambdaCallback")
+local LAMBDA = {}
+for _, h in ipairs(hooks) do
+  if h:find("^on_") then LAMBDA[#LAMBDA + 1] = {h, check.callable} end
+end
+
+setmetatable(LambdaCallback, {__call = function(_, opts)
+  local o = check.options("LambdaCallback", opts, LAMBDA)
+  local self = setmetatable({}, LambdaCallback)
+  for _, s in ipairs(LAMBDA) do
+    local fn = o[s[1]]
+    if fn then self[s[1]] = function(_, ...) return fn(...) end end
+  end
+  return self
+end})
+
+--- TerminateOnNaN{verbose=1}: stops training at the first batch whose loss is
+-- NaN or infinite ("Batch 3: invalid loss, terminating training").
+local TerminateOnNaN = class("TerminateOnNaN")
+
+setmetatable(TerminateOnNaN, {__call = function(_, opts)
+  local o = check.options("TerminateOnNaN", opts, {{"verbose", check.rule("0 or 1", function(v)
+    return v == 0 or v == 1 end), 1}})
+  return setmetatable({verbose = o.verbose}, TerminateOnNaN)
+end})
+
+function TerminateOnNaN:set_model (model) self.model = model end
+
+function TerminateOnNaN:on_batch_end (b, logs)
+  local loss = logs.loss
+  if loss and (loss ~= loss or math.abs(loss) == math.huge) then
+    if self.verbose > 0 then io.stdout:write(("Batch %d: invalid loss, terminating training\n"):format(b)) end
+    self.model.stop_training = true
+  end
+end
+
+-- }=============================================================
+
+
+-- {=================== fit, evaluate, predict ==================
+
+local batch_size_rule = check.positive_integer
+local epoch_rule = check.rule("an integer >= 0", function(v) return math.type(v) == "integer" and v >= 0 end)
+
+local FIT = {{"epochs", check.positive_integer, 1}, {"batch_size", batch_size_rule, 32},
+             {"validation_data", validation_rule}, {"validation_split", split_rule, 0},
+             {"validation_batch_size", batch_size_rule}, {"shuffle", check.boolean, true},
+             {"callbacks", check.rule("a list of callbacks", is_plain)}, {"recompute", check.boolean, false},
+             {"verbose", verbose_rule, "auto"}, {"initial_epoch", epoch_rule, 0}, {"seed", check.integer}}
+
+local function has_progbar (cbs)
+  for _, cb in ipairs(cbs) do if getmetatable(cb) == ProgbarLogger then return true end end
+  return false
+end
+
+local function run_fit (self, x, y, o, c)
+  local who = "fit"
+  local n = x.shape[1]
+  local xv, yv
+  if o.validation_data then
+    xv, yv = check_pair(who, o.validation_data[1], o.validation_data[2], "validation_data[1]", "validation_data[2]")
+  elseif o.validation_split > 0 then
+    local keep = math.floor(n * (1 - o.validation_split))     -- Keras: the last samples, before shuffling
+    if keep < 1 or keep >= n then
+      fail(who, "validation_split %s of %d samples leaves %d for training and %d for validation; both need one", o.validation_split,
+           n, keep, n - keep)
+    end
+    xv, yv = rows(x, keep + 1, n), rows(y, keep + 1, n)
+    x, y, n = rows(x, 1, keep), rows(y, 1, keep), keep
+  end
+  local bs = o.batch_size
+  local steps = (n + bs - 1) // bs
+  local verbose = o.verbose == "auto" and 1 or o.verbose
+  local names = metric_names(c)
+  local columns = table.move(names, 1, #names, 1, {})
+  if xv then for _, k in ipairs(names) do columns[#columns + 1] = "val_" .. k end end
+
+  local cbs = check_callbacks(who, o.callbacks)
+  if verbose > 0 and not has_progbar(cbs) then table.insert(cbs, 1, ProgbarLogger{verbose = verbose}) end
+  local history = History()
+  cbs[#cbs + 1] = history
+  local params = {epochs = o.epochs, steps = steps, verbose = verbose, metrics = columns}
+  for _, cb in ipairs(cbs) do
+    if cb.set_model then cb:set_model(self) end
+    if cb.set_params then cb:set_params(params) end
+  end
+
+  local seed = o.seed or mg.random.get_state().seed
+  self.stop_training = false
+  self.history = history
+  local logs = {}
+  call(cbs, "on_train_begin", {})
+  for epoch = o.initial_epoch + 1, o.epochs do
+    call(cbs, "on_epoch_begin", epoch, {})
+    local order = o.shuffle and fit.epoch_order(n, seed, epoch) or nil
+    local m = meter()
+    for i = 1, steps do
+      call(cbs, "on_batch_begin", i, {})
+      local xb, yb, size = batch(x, y, i, bs, n, order)
+      local step_logs = self:train_step(xb, yb)
+      if not is_plain(step_logs) then fail(who, "train_step must return a table of logs, got %s", show(step_logs)) end
+      m.add(step_logs, size)
+      call(cbs, "on_batch_end", i, m.means())
+      if self.stop_training then break end
+    end
+    logs = m.means()
+    if xv then
+      local val = evaluate_batches(self, xv, yv, o.validation_batch_size or bs)
+      for k, v in pairs(val) do logs["val_" .. k] = v end
+    end
+    call(cbs, "on_epoch_end", epoch, logs)
+    if self.stop_training then break end
+  end
+  call(cbs, "on_train_end", logs)
+  return history
+end
+
+--- model:fit(x, y [, {epochs=1, batch_size=32, validation_data={x, y} | validation_split=0,
+-- validation_batch_size=, shuffle=true, callbacks={}, recompute=false, verbose="auto",
+-- initial_epoch=0, seed=}]): trains on x, y (tensors whose first axes are the
+-- samples) and returns a History (history.history.loss, ...). recompute runs
+-- the model's forward under mg.recompute_grad (the tape keeps only the input).
+-- verbose: 0 silent, 1 the progress bar, 2 one line per epoch.
+local function fit_method (self, x, y, opts)
+  local who = "fit"
+  local c = compiled(self, who)
+  x, y = check_pair(who, x, y, "x", "y")
+  local o = check.options(who, opts, FIT)
+  if o.validation_data and o.validation_split > 0 then fail(who, "give validation_data or validation_split, not both") end
+  if x.shape[1] == 0 then fail(who, "x has no samples") end
+  if o.initial_epoch >= o.epochs then
+    fail(who, "initial_epoch (%d) must be below epochs (%d): epochs is the last epoch's number, not a count",
+         o.initial_epoch, o.epochs)
+  end
+  rawset(self, "_train_forward", o.recompute and mg.recompute_grad(self) or nil)
+  local ok, history = pcall(run_fit, self, x, y, o, c)
+  rawset(self, "_train_forward", nil)
+  if not ok then error(history, 0) end
+  return history
+end
+
+local EVALUATE = {{"batch_size", batch_size_rule, 32}, {"verbose", verbose_rule, "auto"}}
+
+--- model:evaluate(x, y [, {batch_size=32, verbose="auto"}]): the loss and the
+-- metrics over x, y in inference mode, as a table {loss =, accuracy =, ...}
+-- (Keras' return_dict form). verbose 1 draws a bar, 2 one line, 0 nothing.
+local function evaluate (self, x, y, opts)
+  local who = "evaluate"
+  local c = compiled(self, who)
+  x, y = check_pair(who, x, y, "x", "y")
+  local o = check.options(who, opts, EVALUATE)
+  if x.shape[1] == 0 then fail(who, "x has no samples") end
+  local verbose = o.verbose == "auto" and 1 or o.verbose
+  local steps = (x.shape[1] + o.batch_size - 1) // o.batch_size
+  local bar
+  if verbose > 0 then
+    bar = ProgbarLogger{verbose = verbose}
+    bar:set_params({steps = steps, verbose = verbose, metrics = metric_names(c)})
+    bar:start(steps)
+  end
+  local logs = evaluate_batches(self, x, y, o.batch_size, bar and function(i, running) bar:on_batch_end(i, running) end)
+  if bar then bar:on_epoch_end(nil, logs) end
+  return logs
+end
+
+local PREDICT = {{"batch_size", batch_size_rule, 32}, {"verbose", verbose_rule, 0}}
+
+--- model:predict(x [, {batch_size=32, verbose=0}]): the model's outputs for x,
+-- batch by batch in inference mode, concatenated along the first axis.
+local function predict (self, x, opts)
+  local who = "predict"
+  x = check_data(who, "x", x)
+  local o = check.options(who, opts, PREDICT)
+  local n = x.shape[1]
+  if n == 0 then fail(who, "x has no samples") end
+  local bs = o.batch_size
+  local steps = (n + bs - 1) // bs
+  local verbose = o.verbose == "auto" and 1 or o.verbose
+  local bar = verbose > 0 and mg.progress(steps, {verbose = verbose}) or nil
+  local outs = {}
+  fit.inference(self, function()
+    for i = 1, steps do
+      local xb = batch(x, nil, i, bs, n)
+      local out = self(xb)
+      if not check.is_array(out) then fail(who, "the model gave %s; predict needs a tensor", show(out)) end
+      outs[i] = mg.is_variable(out) and out:value() or out
+      if bar then bar:update(i) end
+    end
+  end)
+  if bar then bar:finish() end
+  return #outs == 1 and outs[1] or mg.concat(outs, 1)
+end
+
+-- }=============================================================
 
 --- installs the methods on mg.nn's classes (nn.lua calls it once)
 function fit.install (nn)
-  local _ = nn
+  local Layer = nn.Layer
+  Layer.compile = compile
+  Layer.fit = fit_method
+  Layer.evaluate = evaluate
+  Layer.predict = predict
+  Layer.train_step = train_step
+  Layer.test_step = test_step
 end
 
 return fit

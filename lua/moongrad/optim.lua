@@ -6,6 +6,28 @@
 -- Every pair is checked before any variable or slot moves, so a bad call
 -- leaves the optimizer and the variables as they were. Updates run outside
 -- any tape's view: they are not recorded.
+--
+-- SGD, Adam, AdamW and RMSprop share these options:
+--   learning_rate     a positive number, or a schedule (mg.schedules, or any
+--                     function(step) -> rate) read at opt.iterations, the
+--                     number of steps taken (0 at the first update, as Keras)
+--   weight_decay = 0  L2 decay added to the gradient (g + wd * w), as PyTorch's
+--                     SGD, Adam and RMSprop; AdamW's is decoupled (w -= lr * wd * w)
+--   clipnorm          each gradient is scaled to a norm of at most clipnorm
+--   clipvalue         each gradient entry is clipped to [-clipvalue, clipvalue]
+--   global_clipnorm   all gradients are scaled together to a global norm of at
+--                     most global_clipnorm (at most one of the three clips)
+--   name
+-- Clipping comes first, then the weight decay, then the update.
+--
+-- State for checkpoints: opt:get_state() returns plain tables of tensors,
+--   {optimizer = "Adam", iterations = 12, slots = {m = {t1, t2, ...}, v = {...}}}
+-- with slots[name][i] for the i-th variable (zeros for a variable not yet
+-- updated); opt:set_state(state) restores it exactly. The variables are the
+-- ones the optimizer has seen, in the order it first saw them (the lists given
+-- to apply_gradients), or those given: opt:get_state(vars), opt:set_state(state,
+-- vars), opt:build(vars) to fix the order before the first step (a fresh
+-- optimizer being restored needs one of these).
 -- @module moongrad.optim
 local mg = require "moongrad"
 local check = require "moongrad.check"
@@ -13,6 +35,8 @@ local check = require "moongrad.check"
 local fail, show = check.fail, check.show
 
 local optim = {}
+
+optim.schedules = require "moongrad.schedules"
 
 -- {================== checking apply_gradients ==================
 
@@ -88,16 +112,25 @@ end
 -- }=============================================================
 
 
--- {============================ SGD ============================
+-- {==================== the shared machinery ====================
 
---- SGD{learning_rate=0.01, momentum=0, nesterov=false, name=}; SGD(0.1) is
--- SGD{learning_rate = 0.1}, as Keras' first positional argument.
-local SGD = {__name = "moongrad.optim.SGD"}
-SGD.__index = SGD
-optim.SGD = SGD
+local lr_rule = check.rule("a positive finite number or a schedule", function(v)
+  return (type(v) == "number" and v > 0 and v < math.huge) or check.is_callable(v)
+end)
+local optional_positive = check.rule("a positive finite number", function(v)
+  return v == nil or (type(v) == "number" and v > 0 and v < math.huge)
+end)
 
-local SGD_OPTIONS = {{"learning_rate", check.positive, 0.01}, {"momentum", check.fraction, 0},
-                     {"nesterov", check.boolean, false}, {"name", check.string}}
+-- options every optimizer takes after its own
+local function common (weight_decay)
+  return {{"weight_decay", check.nonnegative, weight_decay or 0}, {"clipnorm", optional_positive},
+          {"clipvalue", optional_positive}, {"global_clipnorm", optional_positive}, {"name", check.string}}
+end
+
+local function spec_of (own, weight_decay)
+  local spec = table.move(own, 1, #own, 1, {})
+  return table.move(common(weight_decay), 1, 5, #spec + 1, spec)
+end
 
 -- opts, with a number first argument taken as the learning rate
 local function options (who, spec, lr, opts)
@@ -111,79 +144,356 @@ local function options (who, spec, lr, opts)
   return o
 end
 
-local function check_nesterov (who, self)
-  if self.nesterov and self.momentum == 0 then fail(who, "nesterov needs a momentum above 0") end
+-- the settings a user may have changed by hand since the last call
+local function check_settings (self, who, spec)
+  check.fields(who, self, spec)
+  local clips = (self.clipnorm and 1 or 0) + (self.clipvalue and 1 or 0) + (self.global_clipnorm and 1 or 0)
+  if clips > 1 then fail(who, "clipnorm, clipvalue and global_clipnorm: give at most one") end
+  local extra = getmetatable(self).check
+  if extra then extra(self, who) end
 end
 
-setmetatable(SGD, {__call = function(_, lr, opts)
-  local o = options("SGD", SGD_OPTIONS, lr, opts)
-  check_nesterov("SGD", o)
-  return setmetatable({learning_rate = o.learning_rate, momentum = o.momentum, nesterov = o.nesterov,
-                       name = o.name or "SGD", slots = setmetatable({}, {__mode = "k"}), iterations = 0}, SGD)
-end})
+local Optimizer = {}          -- the methods every optimizer class gets, called as method(cls, self, ...)
 
-function SGD:apply_gradients (grads, vars)
-  check.self("SGD", self, SGD, "opt:apply_gradients(grads, vars)")
-  check.fields("SGD", self, SGD_OPTIONS)
-  check_nesterov("SGD", self)
-  local gs, vs, n = updates("SGD", grads, vars)
-  local lr, mu = self.learning_rate, self.momentum
+--- The learning rate of the next step: the number, or the schedule at opt.iterations.
+function Optimizer.get_learning_rate (cls, self)
+  local who = cls.who
+  check.self(who .. ":get_learning_rate", self, cls, "opt:get_learning_rate()")
+  local lr = self.learning_rate
+  if type(lr) == "number" then return lr end
+  local ok, value = pcall(lr, self.iterations)
+  if not ok then fail(who, "the learning-rate schedule failed at step %d: %s", self.iterations, tostring(value)) end
+  if type(value) ~= "number" or not (value >= 0 and value < math.huge) then
+    fail(who, "the learning-rate schedule gave %s at step %d; it must be a finite number >= 0", show(value),
+         self.iterations)
+  end
+  return value
+end
+
+-- registers vars (in order of first sight): the variables get_state describes
+local function register (self, vars, n)
+  local known, list = self._index, self._variables
+  for i = 1, n do
+    local v = vars[i]
+    if not known[v] then
+      list[#list + 1] = v
+      known[v] = #list
+    end
+  end
+end
+
+--- opt:build(vars): fixes the variables (and their order) that get_state and
+-- set_state describe, as Keras' optimizer.build(var_list).
+function Optimizer.build (cls, self, vars)
+  local who = cls.who
+  check.self(who .. ":build", self, cls, "opt:build(variables)")
+  if type(vars) ~= "table" or check.kind(vars) ~= "a table" then
+    fail(who .. ":build", "variables must be a list of Variables, got %s", show(vars))
+  end
+  local n = check.list(who .. ":build", vars, "the list of variables", "variables[%d]")
+  for i = 1, n do
+    if not mg.is_variable(vars[i]) then fail(who .. ":build", "variables[%d] is %s, not a Variable", i, check.kind(vars[i])) end
+  end
+  register(self, vars, n)
+  return self
+end
+
+-- the gradients after clipping (clipnorm, clipvalue, global_clipnorm)
+local function clip (self, gs, n)
+  local c = self.clipnorm
+  if c then
+    for i = 1, n do
+      local g = gs[i]
+      if g ~= nil then
+        local norm = mg.norm(g):item()
+        if norm > c then gs[i] = g * (c / norm) end
+      end
+    end
+  elseif self.clipvalue then
+    c = self.clipvalue
+    for i = 1, n do if gs[i] ~= nil then gs[i] = mg.clamp(gs[i], -c, c) end end
+  elseif self.global_clipnorm then
+    c = self.global_clipnorm
+    local sq = 0
+    for i = 1, n do if gs[i] ~= nil then sq = sq + mg.sum(mg.cast(gs[i], "float64") ^ 2):item() end end
+    local norm = math.sqrt(sq)
+    if norm > c then                                   -- Keras' clip_by_global_norm: g * c / max(norm, c)
+      for i = 1, n do if gs[i] ~= nil then gs[i] = gs[i] * (c / norm) end end
+    end
+  end
+end
+
+-- the slot tables of this optimizer: slot name -> (variable -> tensor)
+local function slot_table (self, name)
+  local t = self._slots[name]
+  if not t then
+    t = setmetatable({}, {__mode = "k"})
+    self._slots[name] = t
+  end
+  return t
+end
+
+local function apply_gradients (cls, self, grads, vars)
+  local who = cls.who
+  check.self(who, self, cls, "opt:apply_gradients(grads, vars)")
+  check_settings(self, who, cls.spec)
+  local gs, vs, n = updates(who, grads, vars)
+  local lr = self:get_learning_rate()
+  register(self, vs, n)
+  clip(self, gs, n)
+  local wd = self.weight_decay
   for i = 1, n do
     local g, v = gs[i], vs[i]
     if g ~= nil then
-      if mu == 0 then
-        v:assign_sub(g, lr)                                   -- one pass, in place
-      else
-        local m = self.slots[v]
-        m = m and m * mu + g or g
-        self.slots[v] = m
-        v:assign_sub(self.nesterov and g + m * mu or m, lr)
+      if wd > 0 and not cls.decoupled then g = g + v:value() * wd end
+      cls.update(self, v, g, lr)
+    end
+  end
+  self.iterations = self.iterations + 1
+end
+
+local state_rule = check.rule("a table {optimizer =, iterations =, slots = {...}}", function(v)
+  return type(v) == "table" and getmetatable(v) == nil
+end)
+
+local function variables_for (self, who, vars)
+  if vars == nil then return self._variables, #self._variables end
+  if type(vars) ~= "table" or check.kind(vars) ~= "a table" then
+    fail(who, "variables must be a list of Variables, got %s", show(vars))
+  end
+  local n = check.list(who, vars, "the list of variables", "variables[%d]")
+  for i = 1, n do
+    if not mg.is_variable(vars[i]) then fail(who, "variables[%d] is %s, not a Variable", i, check.kind(vars[i])) end
+  end
+  return vars, n
+end
+
+--- opt:get_state([vars]): {optimizer =, iterations =, slots = {name = {tensor per variable}}}.
+function Optimizer.get_state (cls, self, vars)
+  local who = cls.who .. ":get_state"
+  check.self(who, self, cls, "opt:get_state()")
+  local vs, n = variables_for(self, who, vars)
+  local slots = {}
+  for _, name in ipairs(cls.slot_names(self)) do
+    local t, list = slot_table(self, name), {}
+    for i = 1, n do list[i] = t[vs[i]] or mg.zeros_like(vs[i]:value()) end
+    slots[name] = list
+  end
+  return {optimizer = cls.who, iterations = self.iterations, slots = slots}
+end
+
+--- opt:set_state(state [, vars]): restores what get_state returned; the whole
+-- state is checked against the variables before anything changes.
+function Optimizer.set_state (cls, self, state, vars)
+  local who = cls.who .. ":set_state"
+  check.self(who, self, cls, "opt:set_state(state)")
+  check.value(who, "state", state, state_rule)
+  if state.optimizer ~= nil and state.optimizer ~= cls.who then
+    fail(who, "the state is %s's, not %s's", show(state.optimizer), cls.who)
+  end
+  local iterations = state.iterations
+  if math.type(iterations) ~= "integer" then
+    if type(iterations) == "number" and math.tointeger(iterations) then
+      iterations = math.tointeger(iterations)
+    else
+      fail(who, "state.iterations must be an integer >= 0, got %s", show(iterations))
+    end
+  end
+  if iterations < 0 then fail(who, "state.iterations must be an integer >= 0, got %d", iterations) end
+  local vs, n = variables_for(self, who, vars)
+  if vars == nil and n == 0 and next(state.slots or {}) ~= nil then
+    fail(who, "the optimizer has no variables yet; give them: opt:set_state(state, model.trainable_variables)")
+  end
+  local slots = state.slots
+  if type(slots) ~= "table" then fail(who, "state.slots must be a table of slot lists, got %s", show(slots)) end
+  local names, want = cls.slot_names(self), {}
+  for _, name in ipairs(names) do want[name] = true end
+  for name in pairs(slots) do
+    if not want[name] then
+      fail(who, "state.slots has '%s', which %s does not keep (its slots: %s)", tostring(name), cls.who,
+           #names > 0 and table.concat(names, ", ") or "none with these settings")
+    end
+  end
+  for _, name in ipairs(names) do
+    local list = slots[name]
+    if type(list) ~= "table" then fail(who, "state.slots.%s is missing", name) end
+    if #list ~= n then fail(who, "state.slots.%s has %d tensors for %d variables", name, #list, n) end
+    for i = 1, n do
+      local t, v = list[i], vs[i]
+      if not check.is_array(t) or t.dtype ~= v.dtype or not check.same_shape(t.shape, v.shape) then
+        fail(who, "state.slots.%s[%d] must be a %s tensor of shape %s (variable '%s'), got %s", name, i, v.dtype,
+             check.shape(v.shape), v.name, show(t))
       end
     end
   end
-  self.iterations = self.iterations + 1
-end
-
--- }=============================================================
-
-
--- {============================ Adam ===========================
-
---- Adam{learning_rate=0.001, beta1=0.9, beta2=0.999, epsilon=1e-7, name=}
--- (Kingma & Ba). beta_1 and beta_2, Keras' spellings, are accepted too.
-local Adam = {__name = "moongrad.optim.Adam"}
-Adam.__index = Adam
-optim.Adam = Adam
-
-local ADAM_OPTIONS = {{"learning_rate", check.positive, 1e-3}, {"beta1", check.fraction, 0.9, alias = "beta_1"},
-                      {"beta2", check.fraction, 0.999, alias = "beta_2"}, {"epsilon", check.positive, 1e-7},
-                      {"name", check.string}}
-
-setmetatable(Adam, {__call = function(_, lr, opts)
-  local o = options("Adam", ADAM_OPTIONS, lr, opts)
-  return setmetatable({learning_rate = o.learning_rate, beta1 = o.beta1, beta2 = o.beta2, epsilon = o.epsilon,
-                       name = o.name or "Adam", m = setmetatable({}, {__mode = "k"}),
-                       v = setmetatable({}, {__mode = "k"}), iterations = 0}, Adam)
-end})
-
-function Adam:apply_gradients (grads, vars)
-  check.self("Adam", self, Adam, "opt:apply_gradients(grads, vars)")
-  check.fields("Adam", self, ADAM_OPTIONS)
-  local gs, vs, n = updates("Adam", grads, vars)
-  self.iterations = self.iterations + 1
-  local t, b1, b2 = self.iterations, self.beta1, self.beta2
-  local step = self.learning_rate * math.sqrt(1 - b2 ^ t) / (1 - b1 ^ t)
-  for i = 1, n do
-    local g, var = gs[i], vs[i]
-    if g ~= nil then
-      local m = (self.m[var] or mg.zeros_like(g)) * b1 + g * (1 - b1)
-      local v = (self.v[var] or mg.zeros_like(g)) * b2 + g * g * (1 - b2)
-      self.m[var], self.v[var] = m, v
-      var:assign_sub(m / (mg.sqrt(v) + self.epsilon), step)
+  register(self, vs, n)
+  for _, name in ipairs(names) do
+    local t = slot_table(self, name)
+    for i = 1, n do
+      local s = slots[name][i]
+      t[vs[i]] = mg.is_variable(s) and s:value() or s
     end
   end
+  self.iterations = iterations
+  return self
+end
+
+-- a class named `who` with option spec `spec`; update(self, var, grad, lr)
+-- does one variable's step, slot_names(self) lists the slots kept
+local function optimizer_class (who, spec, def)
+  local cls = {__name = "moongrad.optim." .. who, who = who, spec = spec}
+  for k, v in pairs(def) do cls[k] = v end
+  for k, method in pairs(Optimizer) do cls[k] = function(...) return method(cls, ...) end end
+  cls.apply_gradients = function(...) return apply_gradients(cls, ...) end
+  cls.__index = cls
+  cls.__tostring = function(self) return ("moongrad.optim.%s (learning_rate=%s, iterations=%d)"):format(who,
+    tostring(self.learning_rate), self.iterations) end
+  setmetatable(cls, {__call = function(_, lr, opts)
+    local o = options(who, spec, lr, opts)
+    local self = setmetatable({iterations = 0, _slots = {}, _variables = {}, _index = setmetatable({}, {__mode = "k"})},
+                              cls)
+    for _, s in ipairs(spec) do self[s[1]] = o[s[1]] end
+    self.name = o.name or who
+    check_settings(self, who, spec)
+    if cls.init then cls.init(self) end
+    return self
+  end})
+  optim[who] = cls
+  return cls
 end
 
 -- }=============================================================
+
+
+-- {============================ SGD ============================
+
+--- SGD{learning_rate=0.01, momentum=0, nesterov=false, weight_decay=0, clip..., name=};
+-- SGD(0.1) is SGD{learning_rate = 0.1}, as Keras' first positional argument.
+-- PyTorch's rule: buf = momentum * buf + g; w -= lr * buf (nesterov: lr * (g + momentum * buf)).
+-- Its slot is "momentum" (opt.slots[var]).
+optimizer_class("SGD", spec_of({{"learning_rate", lr_rule, 0.01}, {"momentum", check.fraction, 0},
+                                {"nesterov", check.boolean, false}}), {
+  init = function(self) self.slots = slot_table(self, "momentum") end,
+  check = function(self, who)
+    if self.nesterov and self.momentum == 0 then fail(who, "nesterov needs a momentum above 0") end
+  end,
+  slot_names = function(self) return self.momentum > 0 and {"momentum"} or {} end,
+  update = function(self, v, g, lr)
+    local mu = self.momentum
+    if mu == 0 then
+      v:assign_sub(g, lr)                                     -- one pass, in place
+    else
+      local slots = slot_table(self, "momentum")
+      local m = slots[v]
+      m = m and m * mu + g or g
+      slots[v] = m
+      v:assign_sub(self.nesterov and g + m * mu or m, lr)
+    end
+  end,
+})
+
+-- }=============================================================
+
+
+-- {======================== Adam, AdamW ========================
+
+-- Kingma & Ba's step, in Keras' form (epsilon outside the bias correction):
+-- m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2;
+-- w -= lr sqrt(1 - b2^t) / (1 - b1^t) * m / (sqrt(v) + epsilon)
+local function adam_update (self, var, g, lr)
+  local t, b1, b2 = self.iterations + 1, self.beta1, self.beta2
+  if getmetatable(self).decoupled and self.weight_decay > 0 then var:assign_sub(var:value(), lr * self.weight_decay) end
+  local ms, vs = slot_table(self, "m"), slot_table(self, "v")
+  local m = (ms[var] or mg.zeros_like(g)) * b1 + g * (1 - b1)
+  local v = (vs[var] or mg.zeros_like(g)) * b2 + g * g * (1 - b2)
+  ms[var], vs[var] = m, v
+  var:assign_sub(m / (mg.sqrt(v) + self.epsilon), lr * math.sqrt(1 - b2 ^ t) / (1 - b1 ^ t))
+end
+
+local function adam_spec (weight_decay)
+  return spec_of({{"learning_rate", lr_rule, 1e-3}, {"beta1", check.fraction, 0.9, alias = "beta_1"},
+                  {"beta2", check.fraction, 0.999, alias = "beta_2"}, {"epsilon", check.positive, 1e-7}},
+                 weight_decay)
+end
+
+local function adam_init (self) self.m, self.v = slot_table(self, "m"), slot_table(self, "v") end
+local function adam_slots () return {"m", "v"} end
+
+--- Adam{learning_rate=0.001, beta1=0.9, beta2=0.999, epsilon=1e-7, weight_decay=0, clip..., name=}
+-- (Kingma & Ba). beta_1 and beta_2, Keras' spellings, are accepted too. Its
+-- weight_decay is L2 (added to the gradient), as PyTorch's Adam; use AdamW
+-- for decoupled decay. Slots "m" and "v" (opt.m[var], opt.v[var]).
+optimizer_class("Adam", adam_spec(0), {init = adam_init, slot_names = adam_slots, update = adam_update})
+
+--- AdamW{..., weight_decay=0.01}: Adam with decoupled weight decay (Loshchilov &
+-- Hutter): w -= lr * weight_decay * w before each Adam step, lr the scheduled
+-- rate, as PyTorch's AdamW.
+optimizer_class("AdamW", adam_spec(0.01), {decoupled = true, init = adam_init, slot_names = adam_slots,
+                                           update = adam_update})
+
+-- }=============================================================
+
+
+-- {========================== RMSprop ==========================
+
+--- RMSprop{learning_rate=0.001, rho=0.9, momentum=0, epsilon=1e-7, centered=false,
+-- weight_decay=0, clip..., name=}, Keras' rule: v = rho v + (1 - rho) g^2 (centered:
+-- minus the square of a = rho a + (1 - rho) g); step = lr g / sqrt(v + epsilon);
+-- with momentum, buf = momentum buf + step and w -= buf, else w -= step.
+-- Slots "velocity", "momentum" (momentum > 0), "average_gradient" (centered).
+optimizer_class("RMSprop", spec_of({{"learning_rate", lr_rule, 1e-3}, {"rho", check.fraction, 0.9},
+                                    {"momentum", check.fraction, 0}, {"epsilon", check.positive, 1e-7},
+                                    {"centered", check.boolean, false}}), {
+  slot_names = function(self)
+    local names = {"velocity"}
+    if self.momentum > 0 then names[#names + 1] = "momentum" end
+    if self.centered then names[#names + 1] = "average_gradient" end
+    return names
+  end,
+  update = function(self, var, g, lr)
+    local rho = self.rho
+    local vs = slot_table(self, "velocity")
+    local v = (vs[var] or mg.zeros_like(g)) * rho + g * g * (1 - rho)
+    vs[var] = v
+    local denom = v + self.epsilon
+    if self.centered then
+      local as = slot_table(self, "average_gradient")
+      local a = (as[var] or mg.zeros_like(g)) * rho + g * (1 - rho)
+      as[var] = a
+      denom = v - a * a + self.epsilon
+    end
+    local step = g / mg.sqrt(denom)
+    if self.momentum > 0 then
+      local bs = slot_table(self, "momentum")
+      local buf = (bs[var] or mg.zeros_like(g)) * self.momentum + step * lr
+      bs[var] = buf
+      var:assign_sub(buf)
+    else
+      var:assign_sub(step, lr)
+    end
+  end,
+})
+
+-- }=============================================================
+
+
+--- get(spec): an optimizer for compile: an optimizer object (anything with
+-- apply_gradients), or a name ("sgd", "adam", "adamw", "rmsprop") for one with
+-- the default settings.
+local by_name = {sgd = "SGD", adam = "Adam", adamw = "AdamW", rmsprop = "RMSprop"}
+
+function optim.get (spec, who)
+  who = who or "optim.get"
+  if type(spec) == "string" then
+    local name = by_name[spec:lower()]
+    if not name then check.unknown(who, "optimizer", spec, {"sgd", "adam", "adamw", "rmsprop"}) end
+    return optim[name]()
+  end
+  local ok, method = pcall(function() return spec.apply_gradients end)
+  if not (ok and check.is_callable(method)) then
+    fail(who, "optimizer must be an optimizer (mg.optim.Adam{...}) or its name ('adam', 'sgd', ...), got %s", show(spec))
+  end
+  return spec
+end
 
 return optim
