@@ -1,5 +1,6 @@
---- moongrad.nn: layers and models in the Keras style, dropout, and the
--- memory-saving blocks (checkpoint_sequential, RevBlock).
+--- moongrad.nn: layers and models in the Keras style (dense, convolution and
+-- pooling on NHWC images, reshaping, normalization), summary(), dropout, and
+-- the memory-saving blocks (checkpoint_sequential, RevBlock).
 --
 -- A layer is a callable table: `layer(x)` runs `layer:call(x)`, building its
 -- variables on the first call from the input's shape. `layer.variables`
@@ -26,6 +27,16 @@ end
 local properties = {}
 local classes = {}        -- class -> name, to catch Sequential{Dense}: a class, not a layer
 
+-- a layer remembers the shape of what its last call returned, for summary()
+local function note_shape (self, y, ...)
+  if select("#", ...) > 0 and mg.is_tensor((...)) then
+    rawset(self, "_output_shape", "multiple")
+  elseif mg.is_tensor(y) then
+    rawset(self, "_output_shape", y.shape)
+  end
+  return y, ...
+end
+
 local function class (name, parent)
   local cls = {__name = "moongrad.nn." .. name, __parent = parent}
   classes[cls] = name
@@ -34,7 +45,7 @@ local function class (name, parent)
     if prop then return prop(self) end
     return lookup(cls, k)
   end
-  cls.__call = function(self, ...) return self:call(...) end
+  cls.__call = function(self, ...) return note_shape(self, self:call(...)) end
   cls.__tostring = function(self) return self:describe() end
   return cls
 end
@@ -128,24 +139,57 @@ end
 
 local size_rule = check.rule("an integer >= 0", function(v) return math.type(v) == "integer" and v >= 0 end)
 
---- Glorot (Xavier) uniform: U(-l, l), l = sqrt(6 / (fan_in + fan_out)).
-function nn.glorot_uniform (shape, dtype)
-  local who = "glorot_uniform"
+-- the checks of an initializer's arguments; returns (fan_in, fan_out) as
+-- Keras computes them: a conv kernel (KH,KW,Cin,Cout) counts its receptive
+-- field, fan_in = KH*KW*Cin and fan_out = KH*KW*Cout
+local function fans (who, shape, dtype)
   if type(shape) ~= "table" or check.kind(shape) ~= "a table" then
     fail(who, "shape must be a list of sizes, got %s", show(shape))
   end
-  for i = 1, check.list(who, shape, "shape", "shape[%d]") do
+  local n = check.list(who, shape, "shape", "shape[%d]")
+  for i = 1, n do
     check.value(who, ("shape[%d]"):format(i), shape[i], size_rule)
   end
   if dtype ~= nil and dtype ~= "float32" and dtype ~= "float64" then
     fail(who, "dtype must be 'float32' or 'float64', got %s", show(dtype))
   end
-  local fan_in, fan_out = shape[#shape - 1] or shape[1], shape[#shape]
+  local receptive = 1
+  for i = 1, n - 2 do receptive = receptive * shape[i] end
+  local fan_in, fan_out = (shape[n - 1] or shape[1]), shape[n]
   if not fan_in or fan_in + fan_out == 0 then
     fail(who, "shape must have at least 1 dimension and a nonzero fan, got %s", check.shape(shape))
   end
+  return fan_in * receptive, fan_out * receptive
+end
+
+--- Glorot (Xavier) uniform: U(-l, l), l = sqrt(6 / (fan_in + fan_out)).
+function nn.glorot_uniform (shape, dtype)
+  local fan_in, fan_out = fans("glorot_uniform", shape, dtype)
   local limit = math.sqrt(6 / (fan_in + fan_out))
   return mg.random.with_init_stream(mg.random.uniform, shape, -limit, limit, dtype)
+end
+
+-- He uniform (for relu layers): U(-l, l), l = sqrt(6 / fan_in)
+local function he_uniform (shape, dtype)
+  local fan_in = fans("he_uniform", shape, dtype)
+  local limit = fan_in > 0 and math.sqrt(6 / fan_in) or 0
+  return mg.random.with_init_stream(mg.random.uniform, shape, -limit, limit, dtype)
+end
+
+local initializers = {glorot_uniform = nn.glorot_uniform, he_uniform = he_uniform,
+                      zeros = function(shape, dtype) return mg.zeros(shape, dtype) end}
+local initializer_names = {"glorot_uniform", "he_uniform", "zeros"}
+
+local initializer_rule = check.rule("an initializer name or a function(shape, dtype)",
+                                    function(v) return type(v) == "string" or check.is_callable(v) end)
+
+-- the initializer named or given for layer `who`: a function(shape, dtype)
+-- drawing from the initializers' stream
+local function initializer_of (who, init)
+  if type(init) == "string" then
+    return initializers[init] or check.unknown(who, "kernel_initializer", init, initializer_names)
+  end
+  return function(shape, dtype) return mg.random.with_init_stream(init, shape, dtype) end
 end
 
 -- }=============================================================
@@ -185,9 +229,9 @@ local activation_names = {"tanh", "relu", "sigmoid", "softmax", "linear"}
 local activation_rule = check.rule("an activation name or a function",
                                    function(v) return type(v) == "string" or check.is_callable(v) end)
 
-local function activation_of (a)
+local function activation_of (who, a)
   if a == nil or check.is_callable(a) then return a end
-  return activations[a] or check.unknown("Dense", "activation", a, activation_names)
+  return activations[a] or check.unknown(who, "activation", a, activation_names)
 end
 
 --- Dense(units, {activation=, use_bias=true, name=}): y = activation(x @ kernel + bias).
@@ -213,7 +257,7 @@ function Dense.new (units, activation, opts)
     fail("Dense", "activation given twice (argument 2 and option 'activation')")
   end
   return new_layer(Dense, {name = opts.name, units = units, use_bias = opts.use_bias,
-                           activation = activation_of(activation or opts.activation)}, "dense")
+                           activation = activation_of("Dense", activation or opts.activation)}, "dense")
 end
 setmetatable(Dense, {__call = function(_, ...) return Dense.new(...) end})
 
@@ -288,7 +332,14 @@ function Sequential:add (layer)
 end
 
 function Sequential:call (x, ...)
-  for _, layer in ipairs(self.layers) do x = layer(x, ...) end
+  for i, layer in ipairs(self.layers) do
+    x = layer(x, ...)
+    if type(layer) == "function" and mg.is_tensor(x) then     -- layers note their own (note_shape)
+      local shapes = rawget(self, "_fn_shapes") or {}
+      shapes[i] = x.shape
+      self._fn_shapes = shapes
+    end
+  end
   return x
 end
 
@@ -298,6 +349,343 @@ function Sequential:describe ()
     parts[i] = "  " .. (type(l) == "table" and tostring(l) or tostring(l)):gsub("\n", "\n  ")
   end
   return ("moongrad.nn.Sequential '%s' {\n%s\n}"):format(self.name, table.concat(parts, "\n"))
+end
+
+-- }=============================================================
+
+
+-- {================= convolution and pooling ===================
+-- Images are NHWC, (batch, height, width, channels), as TensorFlow has them.
+
+local function is_size (v) return math.type(v) == "integer" and v >= 1 end
+
+local pair_rule = check.rule("a positive integer or a pair {height, width} of them", function(v)
+  if is_size(v) then return true end
+  if type(v) ~= "table" or getmetatable(v) ~= nil then return false end
+  local n = 0
+  for _ in pairs(v) do n = n + 1 end
+  return n == 2 and is_size(v[1]) and is_size(v[2])
+end)
+
+local padding_rule = check.rule("'valid' or 'same'", function(v)
+  return type(v) == "string" and (v:lower() == "valid" or v:lower() == "same")
+end)
+
+local function pair (v) return type(v) == "table" and {v[1], v[2]} or {v, v} end
+
+-- x must be a float tensor (batch, height, width, channels)
+local function check_image (who, x)
+  check.float_tensor(who, "input", x)
+  if x.ndim ~= 4 then
+    fail(who, "input must have 4 dimensions (batch, height, width, channels), got shape %s", check.shape(x.shape))
+  end
+end
+
+--- Conv2D(filters, kernel_size, {strides=1, padding="valid", dilation_rate=1,
+-- activation=, use_bias=true, kernel_initializer="glorot_uniform", name=}):
+-- y = activation(conv2d(x, kernel) + bias) on NHWC images. kernel_size,
+-- strides and dilation_rate are an integer or a {height, width} pair; the
+-- kernel (KH,KW,Cin,filters) is built on the first call from the input's
+-- channels (glorot-uniform with Keras' fans, or "he_uniform", "zeros", or a
+-- function(shape, dtype)), the bias is zero.
+local Conv2D = class("Conv2D", Layer)
+nn.Conv2D = Conv2D
+
+local CONV2D_OPTIONS = {{"strides", pair_rule, 1}, {"padding", padding_rule, "valid"}, {"dilation_rate", pair_rule, 1},
+                        {"activation", activation_rule}, {"use_bias", check.boolean, true},
+                        {"kernel_initializer", initializer_rule, "glorot_uniform"}, {"name", check.string}}
+
+setmetatable(Conv2D, {__call = function(_, filters, kernel_size, opts)
+  check.value("Conv2D", "filters", filters, check.positive_integer)
+  check.value("Conv2D", "kernel_size", kernel_size, pair_rule)
+  opts = check.options("Conv2D", opts, CONV2D_OPTIONS)
+  local self = new_layer(Conv2D, {name = opts.name, filters = filters, kernel_size = pair(kernel_size),
+                                  strides = pair(opts.strides), padding = opts.padding:lower(),
+                                  dilation_rate = pair(opts.dilation_rate), use_bias = opts.use_bias,
+                                  activation = activation_of("Conv2D", opts.activation)}, "conv2d")
+  self._init = initializer_of("Conv2D", opts.kernel_initializer)
+  self._opts = {strides = self.strides, padding = self.padding, dilation_rate = self.dilation_rate}
+  return self
+end})
+
+function Conv2D:build (x)
+  local shape, dtype = {self.kernel_size[1], self.kernel_size[2], x.shape[4], self.filters}, x.dtype
+  local k = self._init(shape, dtype)
+  if not (check.is_array(k) and check.same_shape(k.shape, shape) and k.dtype == dtype) then
+    fail("Conv2D", "kernel_initializer gave %s for shape %s %s", show(k), check.shape(shape), dtype)
+  end
+  self.kernel = self:add_variable("kernel", k)
+  if self.use_bias then self.bias = self:add_variable("bias", mg.zeros({self.filters}, dtype)) end
+end
+
+function Conv2D:call (x)
+  check_image("Conv2D", x)
+  local k = self.kernel
+  if k == nil then
+    self:build(x)
+  elseif x.dtype ~= k.dtype then
+    fail("Conv2D", "input is %s, the layer was built for %s", x.dtype, k.dtype)
+  elseif x.shape[4] ~= k.shape[3] then
+    fail("Conv2D", "input has %d channels, the layer was built for %d", x.shape[4], k.shape[3])
+  end
+  local y = mg.conv2d(x, self.kernel, self.bias, self._opts)
+  if self.activation then y = self.activation(y) end
+  return y
+end
+
+function Conv2D:describe ()
+  return ("moongrad.nn.Conv2D '%s' (filters=%d, kernel_size=%dx%d)"):format(self.name, self.filters,
+                                                                            self.kernel_size[1], self.kernel_size[2])
+end
+
+local POOL_OPTIONS = {{"pool_size", pair_rule}, {"strides", pair_rule}, {"padding", padding_rule, "valid"},
+                      {"name", check.string}}
+
+-- a pooling layer class: MaxPool2D([pool_size] [, {strides=, padding=, name=}])
+local function pool_class (name, base, op)
+  local cls = class(name, Layer)
+  nn[name] = cls
+  setmetatable(cls, {__call = function(_, pool_size, opts)
+    if type(pool_size) == "table" and not pair_rule.test(pool_size) and pool_size[1] == nil then
+      if opts ~= nil then fail(name, "options given twice; write %s([pool_size] [, options])", name) end
+      pool_size, opts = nil, pool_size                       -- MaxPool2D{pool_size = 3}
+    end
+    if pool_size ~= nil then check.value(name, "pool_size", pool_size, pair_rule) end
+    opts = check.options(name, opts, POOL_OPTIONS)
+    if pool_size ~= nil and opts.pool_size ~= nil then
+      fail(name, "pool_size given twice (argument 1 and option 'pool_size')")
+    end
+    local size = pair(pool_size or opts.pool_size or 2)
+    local strides = opts.strides and pair(opts.strides) or size
+    local self = new_layer(cls, {name = opts.name, pool_size = size, strides = strides,
+                                 padding = opts.padding:lower()}, base)
+    self._opts = {pool_size = size, strides = strides, padding = self.padding}
+    return self
+  end})
+  cls.call = function(self, x)
+    check_image(name, x)
+    return op(x, self._opts)
+  end
+  cls.describe = function(self)
+    return ("moongrad.nn.%s '%s' (pool_size=%dx%d)"):format(name, self.name, self.pool_size[1], self.pool_size[2])
+  end
+  return cls
+end
+
+--- MaxPool2D([pool_size=2] [, {strides=pool_size, padding="valid", name=}]): the
+-- maximum of each window. AvgPool2D: the mean (padding not counted, as Keras).
+pool_class("MaxPool2D", "max_pooling2d", mg.max_pool2d)
+pool_class("AvgPool2D", "average_pooling2d", mg.avg_pool2d)
+
+--- GlobalAveragePooling2D{keepdims=false, name=}: the mean over height and
+-- width, (N,H,W,C) -> (N,C) (or (N,1,1,C) with keepdims).
+local GlobalAveragePooling2D = class("GlobalAveragePooling2D", Layer)
+nn.GlobalAveragePooling2D = GlobalAveragePooling2D
+
+local GAP_OPTIONS = {{"keepdims", check.boolean, false}, {"name", check.string}}
+
+setmetatable(GlobalAveragePooling2D, {__call = function(_, opts)
+  opts = check.options("GlobalAveragePooling2D", opts, GAP_OPTIONS)
+  return new_layer(GlobalAveragePooling2D, {keepdims = opts.keepdims, name = opts.name}, "global_average_pooling2d")
+end})
+
+function GlobalAveragePooling2D:call (x)
+  check_image("GlobalAveragePooling2D", x)
+  return mg.mean(x, {2, 3}, self.keepdims)
+end
+
+-- }=============================================================
+
+
+-- {========================= reshaping =========================
+
+--- Flatten{name=}: (N, ...) -> (N, the product of the rest).
+local Flatten = class("Flatten", Layer)
+nn.Flatten = Flatten
+
+setmetatable(Flatten, {__call = function(_, opts)
+  opts = check.options("Flatten", opts, NAME_ONLY)
+  return new_layer(Flatten, {name = opts.name}, "flatten")
+end})
+
+function Flatten:call (x)
+  check_input("Flatten", x, 1)
+  local shape, size = x.shape, 1
+  for i = 2, #shape do size = size * shape[i] end
+  return mg.reshape(x, {shape[1], size})
+end
+
+--- Reshape(target_shape, {name=}): (N, ...) -> (N, target_shape...); one entry
+-- of target_shape may be -1 (worked out from the others).
+local Reshape = class("Reshape", Layer)
+nn.Reshape = Reshape
+
+local target_rule = check.rule("a positive integer or -1", function(v) return is_size(v) or v == -1 end)
+
+setmetatable(Reshape, {__call = function(_, target, opts)
+  if type(target) ~= "table" or check.kind(target) ~= "a table" then
+    fail("Reshape", "target_shape must be a list of sizes (the batch axis left out), got %s", show(target))
+  end
+  local n, unknown = check.list("Reshape", target, "target_shape", "target_shape[%d]"), 0
+  for i = 1, n do
+    check.value("Reshape", ("target_shape[%d]"):format(i), target[i], target_rule)
+    if target[i] == -1 then unknown = unknown + 1 end
+  end
+  if unknown > 1 then fail("Reshape", "target_shape may have one -1, got %d", unknown) end
+  opts = check.options("Reshape", opts, NAME_ONLY)
+  return new_layer(Reshape, {target_shape = table.move(target, 1, n, 1, {}), name = opts.name}, "reshape")
+end})
+
+function Reshape:call (x)
+  check_input("Reshape", x, 1)
+  local shape, size, known, out = x.shape, 1, 1, {x.shape[1]}
+  for i = 2, #shape do size = size * shape[i] end
+  for i, d in ipairs(self.target_shape) do
+    out[i + 1] = d
+    if d ~= -1 then known = known * d end
+  end
+  local fits, free = known == size, false
+  for i, d in ipairs(self.target_shape) do
+    if d == -1 then
+      fits, free = known > 0 and size % known == 0, true
+      out[i + 1] = fits and size // known or -1
+    end
+  end
+  if not fits then
+    fail("Reshape", "cannot reshape %s into (None,%s): %d values per sample, the target holds %s%d",
+         check.shape(shape), table.concat(self.target_shape, ","), size, free and "a multiple of " or "", known)
+  end
+  return mg.reshape(x, out)
+end
+
+-- }=============================================================
+
+
+-- {========================== summary ==========================
+
+local LINE, POSITIONS = 65, {29, 55, 65}      -- Keras' columns for a sequential model
+
+-- one row as Keras' print_row writes it: each field cut at its column, a
+-- space before the next (trailing spaces dropped)
+local function row (fields)
+  local line = ""
+  for i, f in ipairs(fields) do
+    if i > 1 then line = line:sub(1, -2) .. " " end
+    line = (line .. f):sub(1, POSITIONS[i])
+    line = line .. (" "):rep(POSITIONS[i] - #line)
+  end
+  return (line:gsub("%s+$", ""))
+end
+
+local function with_commas (n)
+  local s = tostring(n)
+  while true do
+    local k
+    s, k = s:gsub("^(%d+)(%d%d%d)", "%1,%2")
+    if k == 0 then return s end
+  end
+end
+
+local function shape_text (s)
+  if s == "multiple" then return s end
+  local parts = {"None"}
+  for i = 2, #s do parts[i] = tostring(s[i]) end
+  return #parts == 1 and "(None,)" or "(" .. table.concat(parts, ", ") .. ")"
+end
+
+local function count (vars)
+  local n = 0
+  for _, v in ipairs(vars) do
+    local size = 1
+    for _, d in ipairs(v.shape) do size = size * d end
+    n = n + size
+  end
+  return n
+end
+
+-- the layer inside a recompute_grad wrapper (a userdata), or l itself
+local function unwrap (l)
+  if type(l) == "userdata" then
+    local ok, inner = pcall(function() return l.__wrapped__ end)
+    if ok and inner ~= nil then return inner end
+  end
+  return l
+end
+
+-- the summary's rows: {name, type, shape (or nil: unknown), params}
+local function summary_rows (self)
+  local list = getmetatable(self) == Sequential and self.layers or {self}
+  local fn_shapes = rawget(self, "_fn_shapes") or {}
+  local rows = {}
+  for i, l in ipairs(list) do
+    local inner = unwrap(l)
+    local is_layer = type(inner) == "table" and classes[getmetatable(inner)] ~= nil
+    rows[i] = {name = is_layer and inner.name or type(inner), type = is_layer and classes[getmetatable(inner)] or type(inner),
+               shape = is_layer and rawget(inner, "_output_shape") or fn_shapes[i],
+               params = is_layer and count(inner.variables) or 0}
+  end
+  return rows
+end
+
+-- runs the model once on zeros of (1, input_shape...), every `training` flag off
+local function build_pass (self, input_shape)
+  local shape = {1}
+  for i, d in ipairs(input_shape) do shape[i + 1] = d end
+  local flags, seen = {}, {}
+  local function walk (l)
+    l = unwrap(l)
+    if type(l) ~= "table" or seen[l] then return end
+    seen[l] = true
+    if type(rawget(l, "training")) == "boolean" then flags[l] = l.training; l.training = false end
+    for _, sub in ipairs(rawget(l, "_layers") or {}) do walk(sub) end
+  end
+  walk(self)
+  local ok, err = pcall(self, mg.zeros(shape))
+  for l, v in pairs(flags) do l.training = v end
+  if not ok then error(err, 0) end
+end
+
+local SUMMARY_OPTIONS = {{"input_shape", check.rule("a list of sizes (the batch axis left out)", function(v)
+  return type(v) == "table" and check.kind(v) == "a table"
+end)}, {"print_fn", check.callable}}
+
+--- model:summary{input_shape=, print_fn=print}: prints Keras' table of the
+-- layers (name and type, output shape with None for the batch, parameters)
+-- and the totals, one line at a time through print_fn, and returns the text.
+-- The shapes are those of the last call; a model that never ran needs
+-- input_shape (without the batch axis) for one build pass on zeros, run with
+-- every `training` flag off.
+function Layer:summary (opts)
+  local who = "summary"
+  opts = check.options(who, opts, SUMMARY_OPTIONS)
+  local rows = summary_rows(self)
+  local unknown = false
+  for _, r in ipairs(rows) do unknown = unknown or r.shape == nil end
+  if unknown and opts.input_shape then
+    for i = 1, check.list(who, opts.input_shape, "input_shape", "input_shape[%d]") do
+      check.value(who, ("input_shape[%d]"):format(i), opts.input_shape[i], size_rule)
+    end
+    build_pass(self, opts.input_shape)
+    rows = summary_rows(self)
+  elseif unknown then
+    fail(who, "'%s' has not run yet, so its output shapes are unknown; call it on a batch first, or give "
+         .. "the input shape without the batch axis: model:summary{input_shape = {28, 28, 1}}", self.name)
+  end
+  local lines = {('Model: "%s"'):format(self.name), ("_"):rep(LINE), row{"Layer (type)", "Output Shape", "Param #"},
+                 ("="):rep(LINE)}
+  for i, r in ipairs(rows) do
+    lines[#lines + 1] = row{("%s (%s)"):format(r.name, r.type), shape_text(r.shape), with_commas(r.params)}
+    lines[#lines + 1] = (i == #rows and "=" or "_"):rep(LINE)
+  end
+  if #rows == 0 then lines[#lines + 1] = ("="):rep(LINE) end
+  local total, trainable = count(self.variables), count(self.trainable_variables)
+  lines[#lines + 1] = "Total params: " .. with_commas(total)
+  lines[#lines + 1] = "Trainable params: " .. with_commas(trainable)
+  lines[#lines + 1] = "Non-trainable params: " .. with_commas(total - trainable)
+  lines[#lines + 1] = ("_"):rep(LINE)
+  local out = opts.print_fn or print
+  for _, l in ipairs(lines) do out(l) end
+  return table.concat(lines, "\n") .. "\n"
 end
 
 -- }=============================================================
@@ -338,7 +726,8 @@ function Dropout:call (x, training)
 end
 
 --- BatchNorm{momentum=0.99, epsilon=1e-3, training=true, name=}: normalizes
--- over every axis but the last. While training it uses the batch's statistics
+-- over every axis but the last: features of (N, F), channels of NHWC images
+-- (over batch, height and width, as Keras' BatchNormalization after a Conv2D). While training it uses the batch's statistics
 -- and moves its running averages, but not while recompute_grad re-runs it
 -- (mg.is_recomputing()), so the averages move once per step.
 local BatchNorm = class("BatchNorm", Layer)

@@ -1,8 +1,1191 @@
 /*
 ** conv.c — convolution and pooling on NHWC tensors, through oneDNN's
 ** primitives, with a float64 reference path.
+**
+** Images are (N,H,W,C) and filters (KH,KW,C,O), as TensorFlow has them.
+** float32 goes to oneDNN: activations stay NHWC (its jit kernels read and
+** write that layout directly), and only the filters, which are small, are
+** reordered to the layout the kernel wants, on every call (a variable's
+** values share one id, so a reordered copy could not be cached safely).
+** float64, and any case oneDNN declines, runs direct C loops: they are the
+** reference the specs hold float32 to, and what gradient checks use.
+**
+** Seven rows, closed under differentiation, so gradients of any order exist:
+**   conv2d(x, w [, b])            grad: backward_input, backward_filter, sum
+**   conv2d_backward_input(dy, w)  bilinear: grad conv2d, backward_filter
+**   conv2d_backward_filter(x, dy) bilinear: grad backward_input, conv2d
+**   max_pool2d(x)                 grad: max_pool2d_backward
+**   max_pool2d_backward(x, dy)    linear in dy: grad take_along_axis at the maxima
+**   avg_pool2d(x) / avg_pool2d_backward(dy), each the other's adjoint
+**
+** oneDNN's engine, stream and primitive descriptors live per thread (made
+** on first use, freed when the thread ends), keyed by the geometry and the
+** thread count: a descriptor costs about 100 us to make, a step reuses it.
 */
+#include <limits.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <dnnl.h>
+#include <omp.h>
+
 #include "moongrad_impl.h"
 
-static const mg_opdef *const rows[] = {NULL};
-const mg_opfamily mg_conv_ops = {rows, 0};
+
+/* {========================= geometry ========================== */
+
+/* everything a convolution or pool needs to know of its shapes */
+typedef struct geom {
+  int64_t N, H, W, C;        /* input (N,H,W,C) */
+  int64_t KH, KW, O;         /* filters (KH,KW,C,O); pools: the window, O = C */
+  int64_t OH, OW;            /* output (N,OH,OW,O) */
+  int64_t sh, sw, dh, dw;    /* strides, dilation (1: none) */
+  int64_t pt, pb, pl, pr;    /* padding: top, bottom, left, right */
+} geom;
+
+#define GEOM_MAX (INT64_C(1) << 30)    /* bound on strides, dilation and pads */
+
+static char *shape_s (char *buf, size_t n, const int64_t *shape, int ndim) {
+  return mg_shape_str(buf, n, shape, ndim);
+}
+
+/* the extent of k taps d apart, or -1 when it does not fit an int64 */
+static int64_t extent (int64_t k, int64_t d) {
+  return k - 1 > (INT64_MAX / 4) / d ? -1 : (k - 1) * d + 1;
+}
+
+/* one spatial dimension: in pixels, window k dilated by d, stride s ->
+** pads and the output size (-1 + error when the window does not fit) */
+static int64_t out_size (const char *fn, const char *dim, int64_t in, int64_t k, int64_t s, int64_t d,
+                         mg_padding padding, int64_t *before, int64_t *after) {
+  int64_t ext = extent(k, d);
+  if (ext < 0) return mg_seterror("%s: the %s extent of the window is too large", fn, dim), -1;
+  if (padding == MG_PADDING_SAME) {          /* TensorFlow's: out = ceil(in / s) */
+    int64_t out = in / s + (in % s != 0);
+    int64_t total = out > 0 ? (out - 1) * s + ext - in : 0;
+    if (total < 0) total = 0;
+    *before = total / 2;
+    *after = total - *before;
+    return out;
+  }
+  if (padding == MG_PADDING_VALID) *before = *after = 0;
+  int64_t padded = in + *before + *after;
+  if (padded < ext)
+    return mg_seterror("%s: the window's %s (%lld, dilated: %lld) is larger than the padded input's (%lld)",
+                       fn, dim, (long long)k, (long long)ext, (long long)padded), -1;
+  return (padded - ext) / s + 1;
+}
+
+/* Fills g for an input of shape xs (N,H,W,C) and a window (KH,KW) with O
+** outputs; pool: strides default to the window and explicit pads are
+** refused. MG_ERR + error naming fn. */
+static mg_status geom_init (const char *fn, geom *g, const int64_t *xs, int64_t KH, int64_t KW, int64_t O,
+                            const mg_conv_params *p, bool pool) {
+  static const mg_conv_params none;
+  if (p == NULL) p = &none;
+  g->N = xs[0]; g->H = xs[1]; g->W = xs[2]; g->C = xs[3];
+  g->KH = KH; g->KW = KW; g->O = O;
+  g->sh = p->strides[0] ? p->strides[0] : pool ? KH : 1;
+  g->sw = p->strides[1] ? p->strides[1] : pool ? KW : 1;
+  g->dh = p->dilation[0] ? p->dilation[0] : 1;
+  g->dw = p->dilation[1] ? p->dilation[1] : 1;
+  if (g->sh < 1 || g->sw < 1 || g->sh > GEOM_MAX || g->sw > GEOM_MAX)
+    return mg_seterror("%s: strides must be 1 to 2^30, got (%lld,%lld)", fn, (long long)g->sh, (long long)g->sw);
+  if (g->dh < 1 || g->dw < 1 || g->dh > GEOM_MAX || g->dw > GEOM_MAX)
+    return mg_seterror("%s: dilation must be 1 to 2^30, got (%lld,%lld)", fn, (long long)g->dh, (long long)g->dw);
+  if (KH < 1 || KW < 1)
+    return mg_seterror("%s: the window must be at least 1x1, got %lldx%lld", fn, (long long)KH, (long long)KW);
+  if ((unsigned)p->padding > MG_PADDING_EXPLICIT)
+    return mg_seterror("%s: padding %d is not valid, same or explicit", fn, (int)p->padding);
+  g->pt = g->pb = g->pl = g->pr = 0;
+  if (p->padding == MG_PADDING_EXPLICIT) {
+    if (pool) return mg_seterror("%s: padding must be valid or same (explicit pads are for convolutions)", fn);
+    for (int i = 0; i < 4; i++)
+      if (p->pads[i] < 0 || p->pads[i] > GEOM_MAX)
+        return mg_seterror("%s: pads must be 0 to 2^30, got (%lld,%lld,%lld,%lld)", fn, (long long)p->pads[0],
+                           (long long)p->pads[1], (long long)p->pads[2], (long long)p->pads[3]);
+    g->pt = p->pads[0]; g->pb = p->pads[1]; g->pl = p->pads[2]; g->pr = p->pads[3];
+  }
+  if ((g->OH = out_size(fn, "height", g->H, KH, g->sh, g->dh, p->padding, &g->pt, &g->pb)) < 0) return MG_ERR;
+  if ((g->OW = out_size(fn, "width", g->W, KW, g->sw, g->dw, p->padding, &g->pl, &g->pr)) < 0) return MG_ERR;
+  return MG_OK;
+}
+
+/* the geometry travels in the node's attributes, for the backward rules */
+static void geom_to_attr (const geom *g, mg_attr *a) {
+  memset(a, 0, sizeof *a);
+  int64_t v[] = {g->N, g->H, g->W, g->C, g->KH, g->KW, g->O, g->OH, g->OW,
+                 g->sh, g->sw, g->dh, g->dw, g->pt, g->pb, g->pl, g->pr};
+  memcpy(a->a, v, sizeof(int64_t) * 8);
+  memcpy(a->b, v + 8, sizeof(int64_t) * 8);
+  a->c[0] = v[16];
+}
+
+static void geom_from_attr (geom *g, const mg_attr *a) {
+  int64_t v[17];
+  memcpy(v, a->a, sizeof(int64_t) * 8);
+  memcpy(v + 8, a->b, sizeof(int64_t) * 8);
+  v[16] = a->c[0];
+  g->N = v[0]; g->H = v[1]; g->W = v[2]; g->C = v[3]; g->KH = v[4]; g->KW = v[5]; g->O = v[6];
+  g->OH = v[7]; g->OW = v[8]; g->sh = v[9]; g->sw = v[10]; g->dh = v[11]; g->dw = v[12];
+  g->pt = v[13]; g->pb = v[14]; g->pl = v[15]; g->pr = v[16];
+}
+
+static int64_t out_numel (const geom *g) { return g->N * g->OH * g->OW * g->O; }
+
+/* checks shared by every entry: t is a float32/float64 tensor with 4 dims */
+static mg_status check_image (const char *fn, const char *what, const char *dims, const mg_tensor *t) {
+  char s[160];
+  if (!mg_is_float(t->dtype) || mg_check_computable(fn, t->dtype) != MG_OK)
+    return mg_seterror("%s: %s must be float32 or float64, got %s", fn, what, mg_dtype_name(t->dtype));
+  if (t->ndim != 4)
+    return mg_seterror("%s: %s must have 4 dimensions %s, got shape %s", fn, what, dims,
+                       shape_s(s, sizeof s, t->shape, t->ndim));
+  return MG_OK;
+}
+
+static mg_status check_same_dtype (const char *fn, const char *a, const mg_tensor *x, const char *b,
+                                   const mg_tensor *y) {
+  if (x->dtype == y->dtype) return MG_OK;
+  return mg_seterror("%s: dtypes differ: %s is %s, %s is %s", fn, a, mg_dtype_name(x->dtype), b,
+                     mg_dtype_name(y->dtype));
+}
+
+/* a shape given by the caller (input_shape, filter_shape): 4 sizes >= 0 */
+static mg_status check_shape4 (const char *fn, const char *what, const int64_t *s) {
+  if (s == NULL) return mg_seterror("%s: %s is NULL", fn, what);
+  for (int i = 0; i < 4; i++)
+    if (s[i] < 0) return mg_seterror("%s: %s has a negative size (%lld)", fn, what, (long long)s[i]);
+  return mg_shape_numel(fn, s, 4) < 0 ? MG_ERR : MG_OK;
+}
+
+/* }============================================================= */
+
+
+/* {================= reference loops (any float) ================= */
+/* Direct loops over NHWC: the float64 path, and float32 wherever oneDNN
+** declines. Each output element is written by one thread. */
+
+/* y (N,OH,OW,O) = conv(x (N,H,W,C), w (KH,KW,C,O)) + b */
+#define CONV_FWD(T) do {                                                            \
+    const T *X = (const T *)x, *Wt = (const T *)w, *B = (const T *)b; T *Y = (T *)y; \
+    _Pragma("omp parallel for collapse(2) if (out_numel(g) * g->C * g->KH * g->KW > 65536)") \
+    for (int64_t n = 0; n < g->N; n++)                                              \
+      for (int64_t oh = 0; oh < g->OH; oh++)                                        \
+        for (int64_t ow = 0; ow < g->OW; ow++) {                                    \
+          T *yp = Y + ((n * g->OH + oh) * g->OW + ow) * g->O;                       \
+          for (int64_t o = 0; o < g->O; o++) yp[o] = B ? B[o] : 0;                  \
+          for (int64_t u = 0; u < g->KH; u++) {                                     \
+            int64_t ih = oh * g->sh + u * g->dh - g->pt;                            \
+            if (ih < 0 || ih >= g->H) continue;                                     \
+            for (int64_t v = 0; v < g->KW; v++) {                                   \
+              int64_t iw = ow * g->sw + v * g->dw - g->pl;                          \
+              if (iw < 0 || iw >= g->W) continue;                                   \
+              const T *xp = X + ((n * g->H + ih) * g->W + iw) * g->C;               \
+              const T *wp = Wt + (u * g->KW + v) * g->C * g->O;                     \
+              for (int64_t c = 0; c < g->C; c++) {                                  \
+                T xv = xp[c]; const T *wr = wp + c * g->O;                          \
+                for (int64_t o = 0; o < g->O; o++) yp[o] += xv * wr[o];             \
+              }                                                                     \
+            }                                                                       \
+          }                                                                         \
+        }                                                                           \
+  } while (0)
+
+/* dx (N,H,W,C) = the transpose of conv applied to dy (N,OH,OW,O); one image per thread */
+#define CONV_BWD_INPUT(T) do {                                                      \
+    const T *DY = (const T *)dy, *Wt = (const T *)w; T *DX = (T *)dx;               \
+    _Pragma("omp parallel for if (out_numel(g) * g->C * g->KH * g->KW > 65536)")   \
+    for (int64_t n = 0; n < g->N; n++) {                                            \
+      T *dxn = DX + n * g->H * g->W * g->C;                                         \
+      for (int64_t i = 0; i < g->H * g->W * g->C; i++) dxn[i] = 0;                  \
+      for (int64_t oh = 0; oh < g->OH; oh++)                                        \
+        for (int64_t ow = 0; ow < g->OW; ow++) {                                    \
+          const T *dyp = DY + ((n * g->OH + oh) * g->OW + ow) * g->O;               \
+          for (int64_t u = 0; u < g->KH; u++) {                                     \
+            int64_t ih = oh * g->sh + u * g->dh - g->pt;                            \
+            if (ih < 0 || ih >= g->H) continue;                                     \
+            for (int64_t v = 0; v < g->KW; v++) {                                   \
+              int64_t iw = ow * g->sw + v * g->dw - g->pl;                          \
+              if (iw < 0 || iw >= g->W) continue;                                   \
+              T *dxp = dxn + (ih * g->W + iw) * g->C;                               \
+              const T *wp = Wt + (u * g->KW + v) * g->C * g->O;                     \
+              for (int64_t c = 0; c < g->C; c++) {                                  \
+                const T *wr = wp + c * g->O; T s = 0;                               \
+                for (int64_t o = 0; o < g->O; o++) s += wr[o] * dyp[o];             \
+                dxp[c] += s;                                                        \
+              }                                                                     \
+            }                                                                       \
+          }                                                                         \
+        }                                                                           \
+    }                                                                               \
+  } while (0)
+
+/* dw (KH,KW,C,O) = sum over n, oh, ow of x (the tap's pixel) outer dy; one tap per thread */
+#define CONV_BWD_FILTER(T) do {                                                     \
+    const T *X = (const T *)x, *DY = (const T *)dy; T *DW = (T *)dw;                \
+    _Pragma("omp parallel for if (out_numel(g) * g->C * g->KH * g->KW > 65536)")   \
+    for (int64_t uv = 0; uv < g->KH * g->KW; uv++) {                                \
+      int64_t u = uv / g->KW, v = uv % g->KW;                                       \
+      T *dwp = DW + uv * g->C * g->O;                                               \
+      for (int64_t i = 0; i < g->C * g->O; i++) dwp[i] = 0;                         \
+      for (int64_t n = 0; n < g->N; n++)                                            \
+        for (int64_t oh = 0; oh < g->OH; oh++) {                                    \
+          int64_t ih = oh * g->sh + u * g->dh - g->pt;                              \
+          if (ih < 0 || ih >= g->H) continue;                                       \
+          for (int64_t ow = 0; ow < g->OW; ow++) {                                  \
+            int64_t iw = ow * g->sw + v * g->dw - g->pl;                            \
+            if (iw < 0 || iw >= g->W) continue;                                     \
+            const T *xp = X + ((n * g->H + ih) * g->W + iw) * g->C;                 \
+            const T *dyp = DY + ((n * g->OH + oh) * g->OW + ow) * g->O;             \
+            for (int64_t c = 0; c < g->C; c++) {                                    \
+              T xv = xp[c]; T *dr = dwp + c * g->O;                                 \
+              for (int64_t o = 0; o < g->O; o++) dr[o] += xv * dyp[o];              \
+            }                                                                       \
+          }                                                                         \
+        }                                                                           \
+    }                                                                               \
+  } while (0)
+
+/* the window of output (oh, ow): its rows [u0, u1) and columns [v0, v1) in
+** taps, clipped to the image */
+#define WINDOW(g, oh, ow)                                                           \
+  int64_t ih0 = (oh) * (g)->sh - (g)->pt, iw0 = (ow) * (g)->sw - (g)->pl;           \
+  int64_t u0 = ih0 >= 0 ? 0 : (-ih0 + (g)->dh - 1) / (g)->dh;                       \
+  int64_t v0 = iw0 >= 0 ? 0 : (-iw0 + (g)->dw - 1) / (g)->dw;                       \
+  int64_t u1 = (g)->KH, v1 = (g)->KW;                                               \
+  while (u1 > u0 && ih0 + (u1 - 1) * (g)->dh >= (g)->H) u1--;                       \
+  while (v1 > v0 && iw0 + (v1 - 1) * (g)->dw >= (g)->W) v1--
+
+/* y (N,OH,OW,C) = the maximum over each window's pixels (max, as a blend,
+** vectorises across the channels) */
+#define MAX_POOL_FWD(T) do {                                                        \
+    const T *X = (const T *)x; T *Y = (T *)y;                                       \
+    const int64_t C = g->C;                                                         \
+    _Pragma("omp parallel for collapse(2) if (out_numel(g) * g->KH * g->KW > 65536)") \
+    for (int64_t n = 0; n < g->N; n++)                                              \
+      for (int64_t oh = 0; oh < g->OH; oh++)                                        \
+        for (int64_t ow = 0; ow < g->OW; ow++) {                                    \
+          WINDOW(g, oh, ow);                                                        \
+          T *restrict yp = Y + ((n * g->OH + oh) * g->OW + ow) * C;                 \
+          const T *xn = X + n * g->H * g->W * C;                                    \
+          for (int64_t u = u0; u < u1; u++)                                         \
+            for (int64_t v = v0; v < v1; v++) {                                     \
+              const T *restrict xp = xn + ((ih0 + u * g->dh) * g->W + iw0 + v * g->dw) * C; \
+              if (u == u0 && v == v0) { for (int64_t c = 0; c < C; c++) yp[c] = xp[c]; } \
+              else { for (int64_t c = 0; c < C; c++) yp[c] = xp[c] > yp[c] ? xp[c] : yp[c]; } \
+            }                                                                       \
+        }                                                                           \
+  } while (0)
+
+/* dx (N,H,W,C): each dy added at its window's first maximum in x; one
+** image per thread, which keeps per channel the best value m and its tap k
+** (in scratch: a slice of each per thread, 64-byte aligned so that threads
+** share no cache line: sharing one made 2 threads 4x slower). When the windows tile the image
+** (stride = window, no padding, no dilation) every pixel of dx is written
+** once, dy or 0, with no zeroing pass; otherwise dx is zeroed and added to. */
+#define MAX_POOL_BWD(T) do {                                                        \
+    const T *X = (const T *)x, *DY = (const T *)dy; T *DX = (T *)dx;                \
+    const int64_t C = g->C, HWC = g->H * g->W * C;                                  \
+    const bool tiled = g->sh == g->KH && g->sw == g->KW && g->dh == 1 && g->dw == 1 \
+                       && g->pt == 0 && g->pl == 0;                                 \
+    _Pragma("omp parallel num_threads(nthreads)")                                   \
+    {                                                                               \
+      char *mine = (char *)scratch + (size_t)omp_get_thread_num() * 2 * slice;     \
+      T *restrict m = (T *)mine;                                                    \
+      int32_t *restrict k = (int32_t *)(mine + slice);                              \
+      _Pragma("omp for")                                                            \
+      for (int64_t n = 0; n < g->N; n++) {                                          \
+        T *dxn = DX + n * HWC;                                                      \
+        const T *xn = X + n * HWC;                                                  \
+        if (tiled) {                    /* the rows and columns no window covers */ \
+          for (int64_t i = g->OH * g->KH * g->W * C; i < HWC; i++) dxn[i] = 0;      \
+          for (int64_t r = 0; r < g->OH * g->KH && g->OW * g->KW < g->W; r++)       \
+            for (int64_t i = (r * g->W + g->OW * g->KW) * C; i < (r + 1) * g->W * C; i++) dxn[i] = 0; \
+        } else {                                                                    \
+          for (int64_t i = 0; i < HWC; i++) dxn[i] = 0;                             \
+        }                                                                           \
+        for (int64_t oh = 0; oh < g->OH; oh++)                                      \
+          for (int64_t ow = 0; ow < g->OW; ow++) {                                  \
+            WINDOW(g, oh, ow);                                                      \
+            int64_t origin = (ih0 * g->W + iw0) * C;                                \
+            for (int64_t u = u0; u < u1; u++)                                       \
+              for (int64_t v = v0; v < v1; v++) {                                   \
+                int32_t tap = (int32_t)(u * g->KW + v);                             \
+                const T *restrict xp = xn + origin + toff[tap];                     \
+                if (u == u0 && v == v0) {                                           \
+                  for (int64_t c = 0; c < C; c++) { m[c] = xp[c]; k[c] = tap; }     \
+                } else {                                                            \
+                  for (int64_t c = 0; c < C; c++) {                                 \
+                    bool gt = xp[c] > m[c];                                         \
+                    m[c] = gt ? xp[c] : m[c];                                       \
+                    k[c] = gt ? tap : k[c];                                         \
+                  }                                                                 \
+                }                                                                   \
+              }                                                                     \
+            const T *restrict dyp = DY + ((n * g->OH + oh) * g->OW + ow) * C;       \
+            if (tiled) {                                                            \
+              for (int32_t tap = 0; tap < (int32_t)(g->KH * g->KW); tap++) {        \
+                T *restrict dxp = dxn + origin + toff[tap];                         \
+                for (int64_t c = 0; c < C; c++) dxp[c] = k[c] == tap ? dyp[c] : 0;  \
+              }                                                                     \
+            } else {                                                                \
+              for (int64_t c = 0; c < C; c++) dxn[origin + toff[k[c]] + c] += dyp[c]; \
+            }                                                                       \
+          }                                                                         \
+      }                                                                             \
+    }                                                                               \
+  } while (0)
+
+/* y (N,OH,OW,C) = the mean over each window's pixels in x (padding not counted) */
+#define AVG_POOL_FWD(T) do {                                                        \
+    const T *X = (const T *)x; T *Y = (T *)y;                                       \
+    _Pragma("omp parallel for collapse(2) if (out_numel(g) * g->KH * g->KW > 65536)") \
+    for (int64_t n = 0; n < g->N; n++)                                              \
+      for (int64_t oh = 0; oh < g->OH; oh++)                                        \
+        for (int64_t ow = 0; ow < g->OW; ow++) {                                    \
+          WINDOW(g, oh, ow);                                                        \
+          T *yp = Y + ((n * g->OH + oh) * g->OW + ow) * g->C;                       \
+          T share = (T)1 / (T)((u1 - u0) * (v1 - v0));                              \
+          for (int64_t c = 0; c < g->C; c++) yp[c] = 0;                             \
+          for (int64_t u = u0; u < u1; u++)                                         \
+            for (int64_t v = v0; v < v1; v++) {                                     \
+              const T *xp = X + ((n * g->H + ih0 + u * g->dh) * g->W + iw0 + v * g->dw) * g->C; \
+              for (int64_t c = 0; c < g->C; c++) yp[c] += xp[c];                    \
+            }                                                                       \
+          for (int64_t c = 0; c < g->C; c++) yp[c] *= share;                        \
+        }                                                                           \
+  } while (0)
+
+/* dx (N,H,W,C): each dy shared evenly among its window's pixels; one image per thread */
+#define AVG_POOL_BWD(T) do {                                                        \
+    const T *DY = (const T *)dy; T *DX = (T *)dx;                                   \
+    _Pragma("omp parallel for if (out_numel(g) * g->KH * g->KW > 65536)")          \
+    for (int64_t n = 0; n < g->N; n++) {                                            \
+      T *dxn = DX + n * g->H * g->W * g->C;                                         \
+      for (int64_t i = 0; i < g->H * g->W * g->C; i++) dxn[i] = 0;                  \
+      for (int64_t oh = 0; oh < g->OH; oh++)                                        \
+        for (int64_t ow = 0; ow < g->OW; ow++) {                                    \
+          WINDOW(g, oh, ow);                                                        \
+          const T *dyp = DY + ((n * g->OH + oh) * g->OW + ow) * g->C;               \
+          T share = (T)1 / (T)((u1 - u0) * (v1 - v0));                              \
+          for (int64_t u = u0; u < u1; u++)                                         \
+            for (int64_t v = v0; v < v1; v++) {                                     \
+              T *dxp = dxn + ((ih0 + u * g->dh) * g->W + iw0 + v * g->dw) * g->C;   \
+              for (int64_t c = 0; c < g->C; c++) dxp[c] += dyp[c] * share;          \
+            }                                                                       \
+        }                                                                           \
+    }                                                                               \
+  } while (0)
+
+static void conv_fwd_ref (const geom *g, mg_dtype dt, const void *x, const void *w, const void *b, void *y) {
+  if (dt == MG_FLOAT32) CONV_FWD(float); else CONV_FWD(double);
+}
+static void conv_bwd_input_ref (const geom *g, mg_dtype dt, const void *dy, const void *w, void *dx) {
+  if (dt == MG_FLOAT32) CONV_BWD_INPUT(float); else CONV_BWD_INPUT(double);
+}
+static void conv_bwd_filter_ref (const geom *g, mg_dtype dt, const void *x, const void *dy, void *dw) {
+  if (dt == MG_FLOAT32) CONV_BWD_FILTER(float); else CONV_BWD_FILTER(double);
+}
+static void pool_fwd_ref (const geom *g, mg_dtype dt, bool is_max, const void *x, void *y) {
+  if (is_max) { if (dt == MG_FLOAT32) MAX_POOL_FWD(float); else MAX_POOL_FWD(double); }
+  else { if (dt == MG_FLOAT32) AVG_POOL_FWD(float); else AVG_POOL_FWD(double); }
+}
+static mg_status pool_bwd_ref (const char *fn, const geom *g, mg_dtype dt, bool is_max, const void *x,
+                               const void *dy, void *dx) {
+  if (!is_max) {
+    if (dt == MG_FLOAT32) AVG_POOL_BWD(float); else AVG_POOL_BWD(double);
+    return MG_OK;
+  }
+  int nthreads = out_numel(g) * g->KH * g->KW > 65536 ? omp_get_max_threads() : 1;
+  int64_t taps = g->KH * g->KW;
+  if (taps > INT32_MAX) return mg_seterror("%s: the window has too many pixels", fn);
+  /* the taps' offsets from a window's corner; per thread, C values and C taps */
+  size_t slice = ((size_t)g->C * sizeof(double) + 63) & ~(size_t)63;
+  int64_t *toff = (int64_t *)malloc(sizeof(int64_t) * (size_t)taps);
+  void *scratch = NULL;
+  if (toff == NULL || posix_memalign(&scratch, 64, (size_t)nthreads * 2 * slice + 64) != 0) {
+    free(toff);
+    return mg_seterror("%s: out of memory", fn);
+  }
+  for (int64_t u = 0; u < g->KH; u++)
+    for (int64_t v = 0; v < g->KW; v++) toff[u * g->KW + v] = (u * g->dh * g->W + v * g->dw) * g->C;
+  if (dt == MG_FLOAT32) MAX_POOL_BWD(float); else MAX_POOL_BWD(double);
+  free(scratch);
+  free(toff);
+  return MG_OK;
+}
+
+/* idx (N, OH*OW, C), int64: where in x, as ih*W + iw, each window's first
+** maximum is (max_pool2d_backward's gradient takes dout there) */
+#define POOL_ARGMAX(T) do {                                                         \
+    const T *X = (const T *)mg_ptr(xc);                                             \
+    for (int64_t n = 0; n < g->N; n++)                                              \
+      for (int64_t oh = 0; oh < g->OH; oh++)                                        \
+        for (int64_t ow = 0; ow < g->OW; ow++) {                                    \
+          WINDOW(g, oh, ow);                                                        \
+          int64_t *ip = I + ((n * g->OH + oh) * g->OW + ow) * g->C;                 \
+          const T *xn = X + n * g->H * g->W * g->C;                                 \
+          for (int64_t c = 0; c < g->C; c++) {                                      \
+            int64_t best = -1; T m = -(T)INFINITY;                                  \
+            for (int64_t u = u0; u < u1; u++)                                       \
+              for (int64_t v = v0; v < v1; v++) {                                   \
+                int64_t pix = (ih0 + u * g->dh) * g->W + iw0 + v * g->dw;           \
+                if (best < 0 || xn[pix * g->C + c] > m) { m = xn[pix * g->C + c]; best = pix; } \
+              }                                                                     \
+            ip[c] = best;                                                           \
+          }                                                                         \
+        }                                                                           \
+  } while (0)
+
+static mg_tensor *pool_argmax (const geom *g, mg_tensor *x) {
+  int64_t shape[3] = {g->N, g->OH * g->OW, g->C};
+  mg_tensor *xc = mg_contiguous(x), *idx = xc ? mg_empty(shape, 3, MG_INT64) : NULL;
+  if (idx != NULL) {
+    int64_t *I = (int64_t *)mg_ptr(idx);
+    if (x->dtype == MG_FLOAT32) POOL_ARGMAX(float); else POOL_ARGMAX(double);
+  }
+  mg_tensor_release(xc);
+  return idx;
+}
+
+/* }============================================================= */
+
+
+/* {================== oneDNN, one state per thread ================= */
+
+enum { P_CONV_FWD, P_CONV_BWD_DATA, P_CONV_BWD_WEIGHTS, P_POOL_FWD, P_POOL_BWD };
+
+typedef struct pkey {               /* compared with memcmp: no padding bytes */
+  int32_t kind, bias, nthr, zero;   /* what, with a bias, for how many threads */
+  geom g;
+} pkey;
+_Static_assert(sizeof(pkey) == 4 * sizeof(int32_t) + sizeof(geom), "conv.c: pkey has padding");
+
+/* a primitive made for one key, with the reorder of its filters */
+typedef struct prim {
+  pkey key;
+  dnnl_primitive_desc_t pd;
+  dnnl_primitive_t p;
+  dnnl_primitive_desc_t wpd;        /* HWIO filters to the primitive's layout (or back); NULL: the same */
+  dnnl_primitive_t wp;
+  size_t wbytes, scratch;           /* bytes of the reordered filters, of the scratchpad */
+} prim;
+
+#define NPRIMS 64
+
+typedef struct dnn {
+  dnnl_engine_t engine;
+  dnnl_stream_t stream;
+  int n;
+  prim p[NPRIMS];
+} dnn;
+
+static _Thread_local dnn *thread_dnn;
+static pthread_key_t dnn_key;
+static pthread_once_t dnn_once = PTHREAD_ONCE_INIT;
+
+static void prim_destroy (prim *e) {
+  if (e->wp) dnnl_primitive_destroy(e->wp);
+  if (e->wpd) dnnl_primitive_desc_destroy(e->wpd);
+  if (e->p) dnnl_primitive_destroy(e->p);
+  if (e->pd) dnnl_primitive_desc_destroy(e->pd);
+  memset(e, 0, sizeof *e);
+}
+
+/* every primitive goes at once (a backward descriptor was made with its
+** forward one as a hint, so they go together) */
+static void dnn_flush (dnn *d) {
+  for (int i = 0; i < d->n; i++) prim_destroy(&d->p[i]);
+  d->n = 0;
+}
+
+static void dnn_free (void *ud) {          /* when the thread ends */
+  dnn *d = (dnn *)ud;
+  if (d == NULL) return;
+  dnn_flush(d);
+  if (d->stream) dnnl_stream_destroy(d->stream);
+  if (d->engine) dnnl_engine_destroy(d->engine);
+  free(d);
+}
+
+static void dnn_key_make (void) { pthread_key_create(&dnn_key, dnn_free); }
+
+static mg_status dnn_fail (const char *fn, const char *what, dnnl_status_t st) {
+  return mg_seterror("%s: oneDNN failed to %s (status %d)", fn, what, (int)st);
+}
+
+/* this thread's oneDNN state, made on first use; NULL + error */
+static dnn *dnn_get (const char *fn) {
+  if (thread_dnn) return thread_dnn;
+  dnn *d = (dnn *)calloc(1, sizeof *d);
+  if (d == NULL) return mg_seterror("%s: out of memory", fn), NULL;
+  dnnl_status_t st = dnnl_engine_create(&d->engine, dnnl_cpu, 0);
+  if (st == dnnl_success) st = dnnl_stream_create(&d->stream, d->engine, dnnl_stream_default_flags);
+  if (st != dnnl_success) {
+    dnn_free(d);
+    return dnn_fail(fn, "make a CPU engine", st), NULL;
+  }
+  pthread_once(&dnn_once, dnn_key_make);
+  pthread_setspecific(dnn_key, d);
+  return thread_dnn = d;
+}
+
+static prim *dnn_find (dnn *d, const pkey *k) {
+  for (int i = 0; i < d->n; i++)
+    if (memcmp(&d->p[i].key, k, sizeof *k) == 0) return &d->p[i];
+  return NULL;
+}
+
+static void key_init (pkey *k, int kind, bool bias, const geom *g) {
+  memset(k, 0, sizeof *k);
+  k->kind = kind;
+  k->bias = bias;
+  k->nthr = omp_get_max_threads();
+  k->g = *g;
+}
+
+/* Finishes e (e->pd made): the primitive, its scratchpad size, and a
+** reorder of the filters between HWIO and the layout wmd (NULL: none) the
+** primitive wants; to_prim says which way. */
+static dnnl_status_t prim_finish (dnn *d, prim *e, const dnnl_memory_desc_t *hwio,
+                                  const dnnl_memory_desc_t *wmd, bool to_prim) {
+  dnnl_status_t st = dnnl_primitive_create(&e->p, e->pd);
+  const dnnl_memory_desc_t *sp = dnnl_primitive_desc_query_md(e->pd, dnnl_query_scratchpad_md, 0);
+  e->scratch = sp ? dnnl_memory_desc_get_size(sp) : 0;
+  if (st != dnnl_success || wmd == NULL || dnnl_memory_desc_equal(hwio, wmd)) return st;
+  e->wbytes = dnnl_memory_desc_get_size(wmd);
+  st = to_prim ? dnnl_reorder_primitive_desc_create(&e->wpd, hwio, d->engine, wmd, d->engine, NULL)
+               : dnnl_reorder_primitive_desc_create(&e->wpd, wmd, d->engine, hwio, d->engine, NULL);
+  if (st == dnnl_success) st = dnnl_primitive_create(&e->wp, e->wpd);
+  return st;
+}
+
+static dnnl_primitive_attr_t user_scratchpad (void) {
+  dnnl_primitive_attr_t attr = NULL;
+  if (dnnl_primitive_attr_create(&attr) != dnnl_success) return NULL;
+  dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user);
+  return attr;
+}
+
+/* the primitive of `kind` for geometry g: from the cache, or made; NULL +
+** error (*unimplemented set when oneDNN has no implementation for it) */
+static prim *conv_prim (const char *fn, dnn *d, int kind, const geom *g, bool bias, bool *unimplemented) {
+  pkey key;
+  key_init(&key, kind, bias, g);
+  prim *e = dnn_find(d, &key);
+  if (e) return e;
+  if (d->n >= NPRIMS - 1) dnn_flush(d);          /* room for this one and its hint */
+  prim *hint = kind == P_CONV_FWD ? NULL : conv_prim(fn, d, P_CONV_FWD, g, bias, unimplemented);
+  if (kind != P_CONV_FWD && hint == NULL) return NULL;
+  dnnl_memory_desc_t src, wei, bia, dst, hwio;
+  dnnl_dims_t sd = {g->N, g->C, g->H, g->W}, wd = {g->O, g->C, g->KH, g->KW}, bd = {g->O};
+  dnnl_dims_t dd = {g->N, g->O, g->OH, g->OW};
+  dnnl_dims_t strides = {g->sh, g->sw}, dil = {g->dh - 1, g->dw - 1};
+  dnnl_dims_t padl = {g->pt, g->pl}, padr = {g->pb, g->pr};
+  dnnl_memory_desc_init_by_tag(&src, 4, sd, dnnl_f32, dnnl_nhwc);
+  dnnl_memory_desc_init_by_tag(&wei, 4, wd, dnnl_f32, dnnl_format_tag_any);
+  dnnl_memory_desc_init_by_tag(&hwio, 4, wd, dnnl_f32, dnnl_hwio);
+  dnnl_memory_desc_init_by_tag(&bia, 1, bd, dnnl_f32, dnnl_x);
+  dnnl_memory_desc_init_by_tag(&dst, 4, dd, dnnl_f32, dnnl_nhwc);
+  dnnl_convolution_desc_t cd;
+  dnnl_status_t st;
+  if (kind == P_CONV_FWD)
+    st = dnnl_dilated_convolution_forward_desc_init(&cd, dnnl_forward_training, dnnl_convolution_direct, &src,
+                                                    &wei, bias ? &bia : NULL, &dst, strides, dil, padl, padr);
+  else if (kind == P_CONV_BWD_DATA)
+    st = dnnl_dilated_convolution_backward_data_desc_init(&cd, dnnl_convolution_direct, &src, &wei, &dst,
+                                                          strides, dil, padl, padr);
+  else
+    st = dnnl_dilated_convolution_backward_weights_desc_init(&cd, dnnl_convolution_direct, &src, &wei, NULL,
+                                                             &dst, strides, dil, padl, padr);
+  dnnl_primitive_attr_t attr = user_scratchpad();
+  e = &d->p[d->n];
+  memset(e, 0, sizeof *e);
+  if (st == dnnl_success) st = attr ? dnnl_primitive_desc_create(&e->pd, &cd, attr, d->engine, hint ? hint->pd : NULL)
+                                    : dnnl_out_of_memory;
+  dnnl_primitive_attr_destroy(attr);
+  if (st == dnnl_success) {
+    dnnl_query_t q = kind == P_CONV_BWD_WEIGHTS ? dnnl_query_diff_weights_md : dnnl_query_weights_md;
+    st = prim_finish(d, e, &hwio, dnnl_primitive_desc_query_md(e->pd, q, 0), kind != P_CONV_BWD_WEIGHTS);
+  }
+  if (st != dnnl_success) {
+    *unimplemented = st == dnnl_unimplemented;
+    prim_destroy(e);
+    return dnn_fail(fn, "make a convolution", st), NULL;
+  }
+  e->key = key;
+  d->n++;
+  return e;
+}
+
+/* mean pooling, excluding padding (TensorFlow's SAME) */
+static prim *pool_prim (const char *fn, dnn *d, int kind, const geom *g, bool *unimplemented) {
+  const dnnl_alg_kind_t alg = dnnl_pooling_avg_exclude_padding;
+  pkey key;
+  key_init(&key, kind, false, g);
+  prim *e = dnn_find(d, &key);
+  if (e) return e;
+  if (d->n >= NPRIMS - 1) dnn_flush(d);
+  prim *hint = kind == P_POOL_BWD ? pool_prim(fn, d, P_POOL_FWD, g, unimplemented) : NULL;
+  if (kind == P_POOL_BWD && hint == NULL) return NULL;
+  dnnl_memory_desc_t src, dst;
+  dnnl_dims_t sd = {g->N, g->C, g->H, g->W}, dd = {g->N, g->C, g->OH, g->OW};
+  dnnl_dims_t strides = {g->sh, g->sw}, kernel = {g->KH, g->KW}, dil = {g->dh - 1, g->dw - 1};
+  dnnl_dims_t padl = {g->pt, g->pl}, padr = {g->pb, g->pr};
+  dnnl_memory_desc_init_by_tag(&src, 4, sd, dnnl_f32, dnnl_nhwc);
+  dnnl_memory_desc_init_by_tag(&dst, 4, dd, dnnl_f32, dnnl_nhwc);
+  dnnl_pooling_v2_desc_t pdesc;
+  dnnl_status_t st;
+  if (kind == P_POOL_BWD)
+    st = dnnl_pooling_v2_backward_desc_init(&pdesc, alg, &src, &dst, strides, kernel, dil, padl, padr);
+  else
+    st = dnnl_pooling_v2_forward_desc_init(&pdesc, dnnl_forward_training, alg, &src, &dst, strides, kernel, dil,
+                                           padl, padr);
+  dnnl_primitive_attr_t attr = user_scratchpad();
+  e = &d->p[d->n];
+  memset(e, 0, sizeof *e);
+  if (st == dnnl_success) st = attr ? dnnl_primitive_desc_create(&e->pd, &pdesc, attr, d->engine, hint ? hint->pd : NULL)
+                                    : dnnl_out_of_memory;
+  dnnl_primitive_attr_destroy(attr);
+  if (st == dnnl_success) st = prim_finish(d, e, NULL, NULL, false);
+  if (st != dnnl_success) {
+    *unimplemented = st == dnnl_unimplemented;
+    prim_destroy(e);
+    return dnn_fail(fn, "make a pooling", st), NULL;
+  }
+  e->key = key;
+  d->n++;
+  return e;
+}
+
+/* Runs primitive p (of descriptor pd) on the buffers ptrs[i] for the
+** arguments args[i]; a scratchpad of `scratch` bytes is added when needed. */
+static mg_status execute (const char *fn, dnn *d, const_dnnl_primitive_desc_t pd, dnnl_primitive_t p,
+                          size_t scratch, int n, const int *args, void *const *ptrs) {
+  dnnl_exec_arg_t a[8];
+  mg_storage *sp = scratch ? mg_storage_new(scratch) : NULL;
+  if (scratch && sp == NULL) return MG_ERR;
+  int made = 0;
+  dnnl_status_t st = dnnl_success;
+  for (int i = 0; i <= n && st == dnnl_success; i++) {
+    int arg = i < n ? args[i] : DNNL_ARG_SCRATCHPAD;
+    void *ptr = i < n ? ptrs[i] : sp ? sp->data : NULL;
+    if (i == n && sp == NULL) break;
+    a[made].arg = arg;
+    st = dnnl_memory_create(&a[made].memory, dnnl_primitive_desc_query_md(pd, dnnl_query_exec_arg_md, arg),
+                            d->engine, ptr);
+    if (st == dnnl_success) made++;
+  }
+  if (st == dnnl_success) st = dnnl_primitive_execute(p, d->stream, made, a);
+  if (st == dnnl_success) st = dnnl_stream_wait(d->stream);
+  for (int i = 0; i < made; i++) dnnl_memory_destroy(a[i].memory);
+  mg_storage_release(sp);
+  return st == dnnl_success ? MG_OK : dnn_fail(fn, "run", st);
+}
+
+/* the filters w (HWIO) as e's primitive wants them: w itself, or a copy
+** in *tmp (to release) */
+static void *filters_in (const char *fn, dnn *d, prim *e, const void *w, mg_storage **tmp) {
+  *tmp = NULL;
+  if (e->wp == NULL) return (void *)w;
+  if ((*tmp = mg_storage_new(e->wbytes)) == NULL) return NULL;
+  int args[2] = {DNNL_ARG_FROM, DNNL_ARG_TO};
+  void *ptrs[2] = {(void *)w, (*tmp)->data};
+  if (execute(fn, d, e->wpd, e->wp, 0, 2, args, ptrs) != MG_OK) {
+    mg_storage_release(*tmp);
+    return *tmp = NULL;
+  }
+  return ptrs[1];
+}
+
+/* float32 on oneDNN; MG_ERR with *declined when it has no implementation */
+static mg_status conv_fwd_dnnl (const char *fn, const geom *g, const void *x, const void *w, const void *b,
+                                void *y, bool *declined) {
+  dnn *d = dnn_get(fn);
+  prim *e = d ? conv_prim(fn, d, P_CONV_FWD, g, b != NULL, declined) : NULL;
+  if (e == NULL) return MG_ERR;
+  mg_storage *tmp;
+  void *wp = filters_in(fn, d, e, w, &tmp);
+  if (wp == NULL) return MG_ERR;
+  int args[4] = {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST, DNNL_ARG_BIAS};
+  void *ptrs[4] = {(void *)x, wp, y, (void *)b};
+  mg_status st = execute(fn, d, e->pd, e->p, e->scratch, b ? 4 : 3, args, ptrs);
+  mg_storage_release(tmp);
+  return st;
+}
+
+static mg_status conv_bwd_input_dnnl (const char *fn, const geom *g, const void *dy, const void *w, void *dx,
+                                      bool *declined) {
+  dnn *d = dnn_get(fn);
+  prim *e = d ? conv_prim(fn, d, P_CONV_BWD_DATA, g, false, declined) : NULL;
+  if (e == NULL) return MG_ERR;
+  mg_storage *tmp;
+  void *wp = filters_in(fn, d, e, w, &tmp);
+  if (wp == NULL) return MG_ERR;
+  int args[3] = {DNNL_ARG_DIFF_DST, DNNL_ARG_WEIGHTS, DNNL_ARG_DIFF_SRC};
+  void *ptrs[3] = {(void *)dy, wp, dx};
+  mg_status st = execute(fn, d, e->pd, e->p, e->scratch, 3, args, ptrs);
+  mg_storage_release(tmp);
+  return st;
+}
+
+static mg_status conv_bwd_filter_dnnl (const char *fn, const geom *g, const void *x, const void *dy, void *dw,
+                                       bool *declined) {
+  dnn *d = dnn_get(fn);
+  prim *e = d ? conv_prim(fn, d, P_CONV_BWD_WEIGHTS, g, false, declined) : NULL;
+  if (e == NULL) return MG_ERR;
+  mg_storage *tmp = e->wp ? mg_storage_new(e->wbytes) : NULL;   /* the primitive's layout, then HWIO */
+  if (e->wp && tmp == NULL) return MG_ERR;
+  int args[3] = {DNNL_ARG_SRC, DNNL_ARG_DIFF_DST, DNNL_ARG_DIFF_WEIGHTS};
+  void *ptrs[3] = {(void *)x, (void *)dy, tmp ? tmp->data : dw};
+  mg_status st = execute(fn, d, e->pd, e->p, e->scratch, 3, args, ptrs);
+  if (st == MG_OK && tmp) {
+    int rargs[2] = {DNNL_ARG_FROM, DNNL_ARG_TO};
+    void *rptrs[2] = {tmp->data, dw};
+    st = execute(fn, d, e->wpd, e->wp, 0, 2, rargs, rptrs);
+  }
+  mg_storage_release(tmp);
+  return st;
+}
+
+/* mean pooling (max pooling is this file's own loop) */
+static mg_status pool_fwd_dnnl (const char *fn, const geom *g, const void *x, void *y, bool *declined) {
+  dnn *d = dnn_get(fn);
+  prim *e = d ? pool_prim(fn, d, P_POOL_FWD, g, declined) : NULL;
+  if (e == NULL) return MG_ERR;
+  int args[2] = {DNNL_ARG_SRC, DNNL_ARG_DST};
+  void *ptrs[2] = {(void *)x, y};
+  return execute(fn, d, e->pd, e->p, e->scratch, 2, args, ptrs);
+}
+
+static mg_status pool_bwd_dnnl (const char *fn, const geom *g, const void *dy, void *dx, bool *declined) {
+  dnn *d = dnn_get(fn);
+  prim *e = d ? pool_prim(fn, d, P_POOL_BWD, g, declined) : NULL;
+  if (e == NULL) return MG_ERR;
+  int args[2] = {DNNL_ARG_DIFF_DST, DNNL_ARG_DIFF_SRC};
+  void *ptrs[2] = {(void *)dy, dx};
+  return execute(fn, d, e->pd, e->p, e->scratch, 2, args, ptrs);
+}
+
+/* }============================================================= */
+
+
+/* {========================= the kernels ========================= */
+/* Each runs oneDNN for float32 (the reference loops when oneDNN declines,
+** or when a size is 0) and the loops for float64. Buffers are contiguous. */
+
+static bool use_dnnl (const geom *g, mg_dtype dt) {
+  return dt == MG_FLOAT32 && g->N > 0 && g->C > 0 && g->O > 0 && g->OH > 0 && g->OW > 0;
+}
+
+/* the oneDNN call (which sets `declined`), else the loops when it declined */
+#define DISPATCH(DNNL_CALL, REF_CALL) do {                                          \
+    bool declined = false;                                                          \
+    if (use_dnnl(g, dt)) {                                                          \
+      if ((DNNL_CALL) == MG_OK) return MG_OK;                                       \
+      if (!declined) return MG_ERR;                                                 \
+    }                                                                               \
+    REF_CALL;                                                                       \
+    return MG_OK;                                                                   \
+  } while (0)
+
+static mg_status conv_fwd (const char *fn, const geom *g, mg_dtype dt, const void *x, const void *w,
+                           const void *b, void *y) {
+  DISPATCH(conv_fwd_dnnl(fn, g, x, w, b, y, &declined), conv_fwd_ref(g, dt, x, w, b, y));
+}
+
+static mg_status conv_bwd_input (const char *fn, const geom *g, mg_dtype dt, const void *dy, const void *w,
+                                 void *dx) {
+  DISPATCH(conv_bwd_input_dnnl(fn, g, dy, w, dx, &declined), conv_bwd_input_ref(g, dt, dy, w, dx));
+}
+
+static mg_status conv_bwd_filter (const char *fn, const geom *g, mg_dtype dt, const void *x, const void *dy,
+                                  void *dw) {
+  DISPATCH(conv_bwd_filter_dnnl(fn, g, x, dy, dw, &declined), conv_bwd_filter_ref(g, dt, x, dy, dw));
+}
+
+/* max pooling is this file's own loop for both dtypes: oneDNN's (jit:avx2,
+** NHWC) measured 2x slower forward and 3x backward, where it must run the
+** forward again for its workspace; mean pooling is oneDNN's for float32 */
+static mg_status pool_fwd (const char *fn, const geom *g, mg_dtype dt, bool is_max, const void *x, void *y) {
+  if (is_max) {
+    pool_fwd_ref(g, dt, true, x, y);
+    return MG_OK;
+  }
+  DISPATCH(pool_fwd_dnnl(fn, g, x, y, &declined), pool_fwd_ref(g, dt, false, x, y));
+}
+
+static mg_status pool_bwd (const char *fn, const geom *g, mg_dtype dt, bool is_max, const void *x,
+                           const void *dy, void *dx) {
+  if (is_max) return pool_bwd_ref(fn, g, dt, true, x, dy, dx);
+  DISPATCH(pool_bwd_dnnl(fn, g, dy, dx, &declined), pool_bwd_ref(fn, g, dt, false, NULL, dy, dx));
+}
+
+/* }============================================================= */
+
+
+/* {=================== the ops, on a geometry ==================== */
+/* The entry points check their arguments and make the geometry; these
+** compute and record. Backward rules call them with the geometry their
+** node kept. */
+
+static const mg_opdef conv2d_op, conv2d_bi_op, conv2d_bf_op, max_pool_op, max_pool_bwd_op, avg_pool_op,
+                      avg_pool_bwd_op;
+
+/* runs kernel() on contiguous copies of in[] (NULL entries: an absent
+** bias) into a new tensor of `shape`, and records op with g in its
+** attributes; kept (a save policy's output) skips the computing */
+static mg_tensor *run_op (const mg_opdef *op, const geom *g, int nin, mg_tensor *const *in,
+                          const int64_t *shape, mg_tensor *kept,
+                          mg_status (*kernel)(const mg_opdef *op, const geom *g, mg_dtype dt,
+                                              void *const *p, void *out)) {
+  mg_attr attr;
+  geom_to_attr(g, &attr);
+  int recorded = nin;                             /* an absent bias is not an input */
+  while (recorded > 0 && in[recorded - 1] == NULL) recorded--;
+  if (kept) return mg_finish(op, recorded, in, kept, &attr);
+  if (mg_shape_numel(op->info.name, shape, 4) < 0) return NULL;   /* the error names the op */
+  mg_dtype dt = in[0]->dtype;
+  mg_tensor *c[3] = {NULL, NULL, NULL}, *out = mg_empty(shape, 4, dt);
+  mg_status st = out ? MG_OK : MG_ERR;
+  void *p[3] = {NULL, NULL, NULL};
+  for (int j = 0; j < nin && st == MG_OK; j++) {
+    if (in[j] == NULL) continue;                  /* no bias */
+    if ((c[j] = mg_contiguous(in[j])) == NULL) st = MG_ERR;
+    else p[j] = mg_ptr(c[j]);
+  }
+  if (st == MG_OK && out->numel > 0) st = kernel(op, g, dt, p, mg_ptr(out));
+  for (int j = 0; j < 3; j++) mg_tensor_release(c[j]);
+  if (st != MG_OK) {
+    mg_tensor_release(out);
+    return NULL;
+  }
+  return mg_finish(op, recorded, in, out, &attr);
+}
+
+static mg_status conv_kernel (const mg_opdef *op, const geom *g, mg_dtype dt, void *const *p, void *out) {
+  const char *fn = op->info.name;
+  if (op == &conv2d_op) return conv_fwd(fn, g, dt, p[0], p[1], p[2], out);
+  if (op == &conv2d_bi_op) return conv_bwd_input(fn, g, dt, p[0], p[1], out);
+  return conv_bwd_filter(fn, g, dt, p[0], p[1], out);
+}
+
+static mg_status pool_kernel (const mg_opdef *op, const geom *g, mg_dtype dt, void *const *p, void *out) {
+  const char *fn = op->info.name;
+  if (op == &max_pool_op) return pool_fwd(fn, g, dt, true, p[0], out);
+  if (op == &avg_pool_op) return pool_fwd(fn, g, dt, false, p[0], out);
+  if (op == &max_pool_bwd_op) return pool_bwd(fn, g, dt, true, p[0], p[1], out);
+  return pool_bwd(fn, g, dt, false, NULL, p[0], out);
+}
+
+static void in_shape (const geom *g, int64_t *s) { s[0] = g->N; s[1] = g->H; s[2] = g->W; s[3] = g->C; }
+static void out_shape (const geom *g, int64_t *s) { s[0] = g->N; s[1] = g->OH; s[2] = g->OW; s[3] = g->O; }
+
+static mg_tensor *conv2d_g (const geom *g, mg_tensor *x, mg_tensor *w, mg_tensor *b) {
+  int64_t shape[4];
+  out_shape(g, shape);
+  mg_tensor *in[3] = {x, w, b};
+  mg_tensor *kept = mg_replay_take(&conv2d_op, shape, 4, x->dtype);   /* a save policy's */
+  return run_op(&conv2d_op, g, 3, in, shape, kept, conv_kernel);
+}
+
+static mg_tensor *conv2d_bi_g (const geom *g, mg_tensor *dy, mg_tensor *w) {
+  int64_t shape[4];
+  in_shape(g, shape);
+  mg_tensor *in[2] = {dy, w};
+  return run_op(&conv2d_bi_op, g, 2, in, shape, NULL, conv_kernel);
+}
+
+static mg_tensor *conv2d_bf_g (const geom *g, mg_tensor *x, mg_tensor *dy) {
+  int64_t shape[4] = {g->KH, g->KW, g->C, g->O};
+  mg_tensor *in[2] = {x, dy};
+  return run_op(&conv2d_bf_op, g, 2, in, shape, NULL, conv_kernel);
+}
+
+static mg_tensor *pool_g (const mg_opdef *op, const geom *g, mg_tensor *x) {
+  int64_t shape[4];
+  out_shape(g, shape);
+  return run_op(op, g, 1, &x, shape, NULL, pool_kernel);
+}
+
+static mg_tensor *max_pool_bwd_g (const geom *g, mg_tensor *x, mg_tensor *dy) {
+  int64_t shape[4];
+  in_shape(g, shape);
+  mg_tensor *in[2] = {x, dy};
+  return run_op(&max_pool_bwd_op, g, 2, in, shape, NULL, pool_kernel);
+}
+
+static mg_tensor *avg_pool_bwd_g (const geom *g, mg_tensor *dy) {
+  int64_t shape[4];
+  in_shape(g, shape);
+  return run_op(&avg_pool_bwd_op, g, 1, &dy, shape, NULL, pool_kernel);
+}
+
+/* }============================================================= */
+
+
+/* {======================== convolution ========================= */
+
+/* conv2d: y = conv(x, w) + b.
+** grad: dx = backward_input(dout, w), dw = backward_filter(x, dout),
+** db = sum of dout over (N,OH,OW) */
+static mg_status conv2d_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **din) {
+  geom g;
+  geom_from_attr(&g, n->attr);
+  if (n->needs[0]) din[0] = conv2d_bi_g(&g, dout[0], n->in[1]);
+  if (n->needs[1]) din[1] = conv2d_bf_g(&g, n->in[0], dout[0]);
+  if (n->nin == 3 && n->needs[2]) {
+    int64_t rows2[2] = {g.N * g.OH * g.OW, g.O};
+    mg_tensor *r = mg_reshape(dout[0], rows2, 2);
+    din[2] = mg_sum(r, 0, 0);
+    mg_tensor_release(r);
+  }
+  return MG_OK;
+}
+static const mg_opdef conv2d_op = {
+  .info = {.name = "conv2d", .kind = MG_OP_OTHER,
+           .doc = "2-D convolution of NHWC images x with HWIO filters w, plus a bias (TensorFlow's conv2d)"},
+  .saves = MG_SAVE_IN(0) | MG_SAVE_IN(1), .backward = conv2d_backward,
+};
+
+mg_tensor *mg_conv2d (mg_tensor *x, mg_tensor *w, mg_tensor *b, const mg_conv_params *p) {
+  const char *fn = "conv2d";
+  char s1[160];
+  MG_CHECK_ARG("mg_conv2d", x, NULL);
+  MG_CHECK_ARG("mg_conv2d", w, NULL);
+  if (check_image(fn, "input", "(N,H,W,C)", x) != MG_OK) return NULL;
+  if (check_image(fn, "filters", "(KH,KW,Cin,Cout)", w) != MG_OK) return NULL;
+  if (check_same_dtype(fn, "input", x, "filters", w) != MG_OK) return NULL;
+  if (x->shape[3] != w->shape[2])
+    return mg_seterror("%s: input has %lld channel%s, the filters expect %lld", fn, (long long)x->shape[3],
+                       x->shape[3] == 1 ? "" : "s", (long long)w->shape[2]), NULL;
+  if (b != NULL) {
+    if (check_same_dtype(fn, "input", x, "bias", b) != MG_OK) return NULL;
+    if (b->ndim != 1 || b->shape[0] != w->shape[3])
+      return mg_seterror("%s: bias has shape %s, the filters have %lld output channel%s (expected (%lld))", fn,
+                         shape_s(s1, sizeof s1, b->shape, b->ndim), (long long)w->shape[3],
+                         w->shape[3] == 1 ? "" : "s", (long long)w->shape[3]), NULL;
+  }
+  geom g;
+  if (geom_init(fn, &g, x->shape, w->shape[0], w->shape[1], w->shape[3], p, false) != MG_OK) return NULL;
+  return conv2d_g(&g, x, w, b);
+}
+
+/* conv2d_backward_input: dx = J^T dy, bilinear in (dy, w).
+** grad: d(dy) = conv2d(dout, w), dw = backward_filter(dout, dy) */
+static mg_status conv2d_bi_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **din) {
+  geom g;
+  geom_from_attr(&g, n->attr);
+  if (n->needs[0]) din[0] = conv2d_g(&g, dout[0], n->in[1], NULL);
+  if (n->needs[1]) din[1] = conv2d_bf_g(&g, dout[0], n->in[0]);
+  return MG_OK;
+}
+static const mg_opdef conv2d_bi_op = {
+  .info = {.name = "conv2d_backward_input", .kind = MG_OP_OTHER,
+           .doc = "conv2d's gradient with respect to its input (TensorFlow's conv2d_transpose)"},
+  .saves = MG_SAVE_IN(0) | MG_SAVE_IN(1), .backward = conv2d_bi_backward,
+};
+
+/* the checks both backward entries make of dy against the geometry */
+static mg_status check_dy (const char *fn, const mg_tensor *dy, const geom *g, const char *from) {
+  char s1[160], s2[160];
+  int64_t want[4];
+  out_shape(g, want);
+  if (mg_same_shape(dy->shape, 4, want, 4)) return MG_OK;
+  return mg_seterror("%s: dy has shape %s, the convolution of %s gives %s", fn,
+                     shape_s(s1, sizeof s1, dy->shape, 4), from, shape_s(s2, sizeof s2, want, 4));
+}
+
+mg_tensor *mg_conv2d_backward_input (mg_tensor *dy, mg_tensor *w, const int64_t input_shape[4],
+                                     const mg_conv_params *p) {
+  const char *fn = "conv2d_backward_input";
+  char s1[160], s2[200];
+  MG_CHECK_ARG("mg_conv2d_backward_input", dy, NULL);
+  MG_CHECK_ARG("mg_conv2d_backward_input", w, NULL);
+  if (check_image(fn, "dy", "(N,OH,OW,Cout)", dy) != MG_OK) return NULL;
+  if (check_image(fn, "filters", "(KH,KW,Cin,Cout)", w) != MG_OK) return NULL;
+  if (check_same_dtype(fn, "dy", dy, "filters", w) != MG_OK) return NULL;
+  if (check_shape4(fn, "input_shape", input_shape) != MG_OK) return NULL;
+  if (input_shape[3] != w->shape[2])
+    return mg_seterror("%s: input_shape has %lld channels, the filters expect %lld", fn,
+                       (long long)input_shape[3], (long long)w->shape[2]), NULL;
+  geom g;
+  if (geom_init(fn, &g, input_shape, w->shape[0], w->shape[1], w->shape[3], p, false) != MG_OK) return NULL;
+  snprintf(s2, sizeof s2, "input_shape %s", shape_s(s1, sizeof s1, input_shape, 4));
+  if (check_dy(fn, dy, &g, s2) != MG_OK) return NULL;
+  return conv2d_bi_g(&g, dy, w);
+}
+
+/* conv2d_backward_filter: dw = d<conv2d(x, w), dy>/dw, bilinear in (x, dy).
+** grad: dx = backward_input(dy, dout), d(dy) = conv2d(x, dout) */
+static mg_status conv2d_bf_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **din) {
+  geom g;
+  geom_from_attr(&g, n->attr);
+  if (n->needs[0]) din[0] = conv2d_bi_g(&g, n->in[1], dout[0]);
+  if (n->needs[1]) din[1] = conv2d_g(&g, n->in[0], dout[0], NULL);
+  return MG_OK;
+}
+static const mg_opdef conv2d_bf_op = {
+  .info = {.name = "conv2d_backward_filter", .kind = MG_OP_OTHER,
+           .doc = "conv2d's gradient with respect to its filters"},
+  .saves = MG_SAVE_IN(0) | MG_SAVE_IN(1), .backward = conv2d_bf_backward,
+};
+
+mg_tensor *mg_conv2d_backward_filter (mg_tensor *x, mg_tensor *dy, const int64_t filter_shape[4],
+                                      const mg_conv_params *p) {
+  const char *fn = "conv2d_backward_filter";
+  char s1[160], s2[200];
+  MG_CHECK_ARG("mg_conv2d_backward_filter", x, NULL);
+  MG_CHECK_ARG("mg_conv2d_backward_filter", dy, NULL);
+  if (check_image(fn, "input", "(N,H,W,C)", x) != MG_OK) return NULL;
+  if (check_image(fn, "dy", "(N,OH,OW,Cout)", dy) != MG_OK) return NULL;
+  if (check_same_dtype(fn, "input", x, "dy", dy) != MG_OK) return NULL;
+  if (check_shape4(fn, "filter_shape", filter_shape) != MG_OK) return NULL;
+  if (filter_shape[2] != x->shape[3])
+    return mg_seterror("%s: input has %lld channels, filter_shape expects %lld", fn, (long long)x->shape[3],
+                       (long long)filter_shape[2]), NULL;
+  geom g;
+  if (geom_init(fn, &g, x->shape, filter_shape[0], filter_shape[1], filter_shape[3], p, false) != MG_OK)
+    return NULL;
+  snprintf(s2, sizeof s2, "the input %s", shape_s(s1, sizeof s1, x->shape, 4));
+  if (check_dy(fn, dy, &g, s2) != MG_OK) return NULL;
+  return conv2d_bf_g(&g, x, dy);
+}
+
+/* }============================================================= */
+
+
+/* {========================== pooling =========================== */
+
+/* the checks of a pool's input and window; fills g */
+static mg_status pool_geom (const char *fn, geom *g, const int64_t *xshape, const int64_t *window,
+                            const mg_conv_params *p) {
+  if (window == NULL) return mg_seterror("%s: window is NULL", fn);
+  if (window[0] < 1 || window[1] < 1)
+    return mg_seterror("%s: the window must be at least 1x1, got %lldx%lld", fn, (long long)window[0],
+                       (long long)window[1]);
+  return geom_init(fn, g, xshape, window[0], window[1], xshape[3], p, true);
+}
+
+/* max_pool2d: y = the maximum of each window.
+** grad: dx = max_pool2d_backward(x, dout) */
+static mg_status max_pool_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **din) {
+  geom g;
+  geom_from_attr(&g, n->attr);
+  din[0] = max_pool_bwd_g(&g, n->in[0], dout[0]);
+  return MG_OK;
+}
+static const mg_opdef max_pool_op = {
+  .info = {.name = "max_pool2d", .kind = MG_OP_OTHER, .doc = "the maximum of each window of NHWC images"},
+  .saves = MG_SAVE_IN(0), .backward = max_pool_backward,
+};
+
+mg_tensor *mg_max_pool2d (mg_tensor *x, const int64_t window[2], const mg_conv_params *p) {
+  MG_CHECK_ARG("mg_max_pool2d", x, NULL);
+  geom g;
+  if (check_image("max_pool2d", "input", "(N,H,W,C)", x) != MG_OK) return NULL;
+  if (pool_geom("max_pool2d", &g, x->shape, window, p) != MG_OK) return NULL;
+  return pool_g(&max_pool_op, &g, x);
+}
+
+/* max_pool2d_backward: dx = dy at each window's maximum in x, linear in dy.
+** grad: d(dy) = dout taken at those maxima; dx = 0 (the maxima move in jumps) */
+static mg_status max_pool_bwd_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **din) {
+  geom g;
+  geom_from_attr(&g, n->attr);
+  if (n->needs[0]) din[0] = mg_zeros_meta(&n->in_meta[0]);
+  if (n->needs[1]) {
+    mg_scope sc = {0};
+    int64_t flat[3] = {g.N, g.H * g.W, g.C}, shape[4];
+    out_shape(&g, shape);
+    mg_tensor *idx = mg_tmp(&sc, pool_argmax(&g, n->in[0]));
+    mg_tensor *d = mg_tmp(&sc, mg_reshape(dout[0], flat, 3));
+    din[1] = mg_reshape(mg_tmp(&sc, mg_take_along_axis(d, idx, 1)), shape, 4);
+    mg_scope_end(&sc);
+  }
+  return MG_OK;
+}
+static const mg_opdef max_pool_bwd_op = {
+  .info = {.name = "max_pool2d_backward", .kind = MG_OP_OTHER,
+           .doc = "max_pool2d's gradient: each dy to its window's maximum in x"},
+  .saves = MG_SAVE_IN(0), .backward = max_pool_bwd_backward,
+};
+
+mg_tensor *mg_max_pool2d_backward (mg_tensor *x, mg_tensor *dy, const int64_t window[2],
+                                   const mg_conv_params *p) {
+  const char *fn = "max_pool2d_backward";
+  char s1[160], s2[200];
+  MG_CHECK_ARG("mg_max_pool2d_backward", x, NULL);
+  MG_CHECK_ARG("mg_max_pool2d_backward", dy, NULL);
+  geom g;
+  if (check_image(fn, "input", "(N,H,W,C)", x) != MG_OK) return NULL;
+  if (check_image(fn, "dy", "(N,OH,OW,C)", dy) != MG_OK) return NULL;
+  if (check_same_dtype(fn, "input", x, "dy", dy) != MG_OK) return NULL;
+  if (pool_geom(fn, &g, x->shape, window, p) != MG_OK) return NULL;
+  snprintf(s2, sizeof s2, "the input %s", shape_s(s1, sizeof s1, x->shape, 4));
+  if (check_dy(fn, dy, &g, s2) != MG_OK) return NULL;
+  return max_pool_bwd_g(&g, x, dy);
+}
+
+/* avg_pool2d: y = the mean of each window's pixels (padding not counted).
+** grad: dx = avg_pool2d_backward(dout) */
+static mg_status avg_pool_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **din) {
+  geom g;
+  geom_from_attr(&g, n->attr);
+  din[0] = avg_pool_bwd_g(&g, dout[0]);
+  return MG_OK;
+}
+static const mg_opdef avg_pool_op = {
+  .info = {.name = "avg_pool2d", .kind = MG_OP_OTHER,
+           .doc = "the mean of each window of NHWC images (padding not counted)"},
+  .backward = avg_pool_backward,
+};
+
+mg_tensor *mg_avg_pool2d (mg_tensor *x, const int64_t window[2], const mg_conv_params *p) {
+  MG_CHECK_ARG("mg_avg_pool2d", x, NULL);
+  geom g;
+  if (check_image("avg_pool2d", "input", "(N,H,W,C)", x) != MG_OK) return NULL;
+  if (pool_geom("avg_pool2d", &g, x->shape, window, p) != MG_OK) return NULL;
+  return pool_g(&avg_pool_op, &g, x);
+}
+
+/* avg_pool2d_backward: dx = each dy shared among its window, linear; the
+** adjoint of avg_pool2d.  grad: d(dy) = avg_pool2d(dout) */
+static mg_status avg_pool_bwd_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **din) {
+  geom g;
+  geom_from_attr(&g, n->attr);
+  din[0] = pool_g(&avg_pool_op, &g, dout[0]);
+  return MG_OK;
+}
+static const mg_opdef avg_pool_bwd_op = {
+  .info = {.name = "avg_pool2d_backward", .kind = MG_OP_OTHER,
+           .doc = "avg_pool2d's gradient: each dy shared evenly among its window"},
+  .backward = avg_pool_bwd_backward,
+};
+
+mg_tensor *mg_avg_pool2d_backward (mg_tensor *dy, const int64_t input_shape[4], const int64_t window[2],
+                                   const mg_conv_params *p) {
+  const char *fn = "avg_pool2d_backward";
+  char s1[160], s2[200];
+  MG_CHECK_ARG("mg_avg_pool2d_backward", dy, NULL);
+  geom g;
+  if (check_image(fn, "dy", "(N,OH,OW,C)", dy) != MG_OK) return NULL;
+  if (check_shape4(fn, "input_shape", input_shape) != MG_OK) return NULL;
+  if (pool_geom(fn, &g, input_shape, window, p) != MG_OK) return NULL;
+  snprintf(s2, sizeof s2, "input_shape %s", shape_s(s1, sizeof s1, input_shape, 4));
+  if (check_dy(fn, dy, &g, s2) != MG_OK) return NULL;
+  return avg_pool_bwd_g(&g, dy);
+}
+
+/* }============================================================= */
+
+
+static const mg_opdef *const rows[] = {
+  &conv2d_op, &conv2d_bi_op, &conv2d_bf_op, &max_pool_op, &max_pool_bwd_op, &avg_pool_op, &avg_pool_bwd_op,
+};
+_Static_assert(sizeof rows / sizeof rows[0] == 7, "conv.c: a row is missing from rows[]");
+const mg_opfamily mg_conv_ops = {rows, sizeof rows / sizeof rows[0]};
