@@ -73,8 +73,10 @@ $(BUILD)/obj/main.o: src/main.c $(HEADERS)
 	$(CC) $(CFLAGS) -DMG_USE_READLINE -c $< -o $@
 
 # C programs on the public API: a host embedding Lua (examples/embed_host.c),
-# recompute from C alone (examples/recompute_host.c), bad C arguments (spec/)
-C_TESTS = $(BUILD)/embed_host $(BUILD)/recompute_host $(BUILD)/c_api_test $(BUILD)/threads_test
+# recompute from C alone (examples/recompute_host.c), bad C arguments, threads
+# and files (spec/)
+C_TESTS = $(BUILD)/embed_host $(BUILD)/recompute_host $(BUILD)/c_api_test $(BUILD)/threads_test \
+          $(BUILD)/io_test
 
 $(BUILD)/%: examples/%.c $(BUILD)/libmoongrad.a
 	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libmoongrad.a $(LUA_LIB) $(LIBS)
@@ -138,7 +140,9 @@ tsan: deps
 
 # random programs over the whole API under the sanitizers (spec/fuzz/):
 # FUZZ_SECONDS=600 by default, FUZZ_SEED= to replay a run
+# the fuzzer's minimal reproducers (each once a crash or a wrong result), then fuzzing
 fuzz: asan-build
+	bash spec/fuzz/repro.sh
 	bash spec/fuzz/run.sh
 
 bench: deps

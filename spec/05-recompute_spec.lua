@@ -483,4 +483,41 @@ describe("recompute_grad's save policies", function()
     assert.has_error(function() f(x) end, "recompute_grad: the policy failed: no")
     t:stop()
   end)
+
+  it("give the exact gradient whichever ops of a kind they keep, nested or not", function()
+    -- f(x) = m^3 with m = sum(2x): three muls, only the scalar ones kept;
+    -- the re-run must hand each op its own kept output (ordinal per kind)
+    local x = mg.constant({1, 2, 3}, "float64")
+    local function f (v) local m = mg.sum(v * 2); return (m * m) * m end
+    local want = 3 * 12 ^ 2 * 2
+    local policies = {
+      function(op, shape) return op == "mul" and #shape == 0 end,
+      function(op, shape) return op == "mul" and #shape == 1 end,
+      function(op) return op == "sum" end,
+      function(op, shape) return #shape == 0 end,
+      "everything", "nothing",
+    }
+    local function nested (p) return function(v) return mg.recompute_grad(f, {policy = p})(v) * 1 end end
+    for i, p in ipairs(policies) do
+      for _, g in ipairs{mg.recompute_grad(f, {policy = p}), mg.recompute_grad(nested(p), {policy = p})} do
+        local t = mg.tape()
+        t:watch(x)
+        local y = g(x)
+        t:stop()
+        assert.same({want, want, want}, t:gradient(y, x):totable(), "policy " .. i)
+      end
+    end
+  end)
+
+  it("a policy's own ops are not asked about", function()
+    local asked = 0
+    local f = mg.recompute_grad(function(v) return mg.tanh(v) * 2 end,
+                                {policy = function(op) asked = asked + 1; return mg.sum(x):item() > 0 end})
+    local t = mg.tape()
+    t:watch(x)
+    local y = f(x)
+    t:stop()
+    assert.equal(2, asked)
+    assert.is_true(mg.is_tensor(t:gradient(y, x)))
+  end)
 end)

@@ -16,6 +16,12 @@ local CLIPS = "weight_decay, clipnorm, clipvalue, global_clipnorm, name"
 -- every entry point that takes an options table: who, a call with opts, the known names
 local with_options = {
   {"Dense", function(o) return nn.Dense(3, nil, o) end, "activation, use_bias, name"},
+  {"Conv2D", function(o) return nn.Conv2D(2, 3, o) end, "strides, padding, dilation_rate, activation, use_bias, kernel_initializer, name"},
+  {"MaxPool2D", function(o) return nn.MaxPool2D(2, o) end, "pool_size, strides, padding, name"},
+  {"AvgPool2D", function(o) return nn.AvgPool2D(2, o) end, "pool_size, strides, padding, name"},
+  {"GlobalAveragePooling2D", function(o) return nn.GlobalAveragePooling2D(o) end, "keepdims, name"},
+  {"Flatten", function(o) return nn.Flatten(o) end, "name"},
+  {"Reshape", function(o) return nn.Reshape({-1}, o) end, "name"},
   {"Lambda", function(o) return nn.Lambda(mg.tanh, o) end, "name"},
   {"Sequential", function(o) return nn.Sequential({}, o) end, "name"},
   {"Dropout", function(o) return nn.Dropout(0.5, o) end, "training, name"},

@@ -172,6 +172,61 @@ describe("re-entrancy: callbacks that reach for the tape being walked", function
   end)
 end)
 
+describe("user code that releases what C is using", function()
+  -- each once a use after free, caught by the fuzzer (spec/fuzz/repro)
+  it("a tape released inside its own record or stop_recording", function()
+    local t = mg.tape()
+    t:stop_recording(function() getmetatable(t).__gc(t) end)
+    fails(function() t:stop() end, "tape has been released")
+    local t2 = mg.tape()
+    t2:stop()
+    t2:record(function() getmetatable(t2).__gc(t2) end)
+    fails(function() t2:stop() end, "tape has been released")
+    local x = mg.constant{2}
+    local t3 = mg.tape()
+    t3:watch(x)
+    local y = x * x
+    t3:stop()
+    assert.same({4}, t3:gradient(y, x):totable())
+  end)
+
+  it("a pack hook that releases another recording tape, or stops this one", function()
+    local other, x = mg.tape(), mg.Variable({1, 2})
+    local t = mg.tape()
+    local y = mg.saved_tensors_hooks(function(p) getmetatable(other).__gc(other); return p end,
+                                     function(p) return p end, function() return mg.sum(mg.tanh(x)) end)
+    t:stop()
+    assert.near(1 - math.tanh(1) ^ 2, t:gradient(y, x):totable()[1], 1e-6)
+    local t3 = mg.tape()
+    local y3 = mg.saved_tensors_hooks(function(p) t3:stop(); return p end, function(p) return p end,
+                                      function() return mg.sum(mg.tanh(x)) end)
+    assert.is_nil(t3:gradient(y3, x))          -- stopped before the op joined it
+  end)
+
+  it("a save policy that assigns the variable its op reads", function()
+    local v = mg.Variable({{1, 2}, {3, 4}})
+    local t = mg.tape()
+    local y = mg.recompute_grad(function(a) return mg.sum(a * a) end,
+                                {policy = function() v:assign(v:value() + 1); return true end})(v)
+    t:stop()
+    assert.is_true(mg.is_tensor(t:gradient(y, v)))
+  end)
+
+  it("a recomputed function that closes its own argument", function()
+    local x = mg.ones{4}
+    local g = mg.recompute_grad(function(a) local z <close> = x; return a * 2 end)
+    local t = mg.tape()
+    t:watch(x)
+    local y = g(x)
+    t:stop()
+    fails(function() return x + 1 end, "tensor has been released")
+    assert.same({2, 2, 2, 2}, y:totable())
+    local z = mg.ones{2}
+    local f = mg.custom_gradient(function(a) local w <close> = z; return a * 3, function(dy) return dy * 3 end end)
+    assert.same({3, 3}, f(z):totable())
+  end)
+end)
+
 describe("released objects", function()
   it("a tape, a variable or a tensor whose __gc ran raise on every use", function()
     local t = mg.tape()
@@ -322,6 +377,13 @@ describe("printing and converting huge tensors", function()
   it("totable refuses what no Lua table can hold", function()
     fails(function() return mg.broadcast_to(mg.ones{1}, {2^40}):totable() end,
           "totable: 1099511627776 elements are too many for Lua tables")
+    fails(function() return mg.zeros{1 << 40, 0}:totable() end,      -- 2^40 empty rows
+          "totable: a (1099511627776,0) tensor needs more than 2147483648 nested tables")
+    assert.same({{}, {}, {}}, mg.zeros{3, 0}:totable())
+  end)
+
+  it("an empty tensor with a huge dimension prints at once", function()
+    assert.equal("{}\nmoongrad.Tensor(1099511627776,0) float32", tostring(mg.zeros{1 << 40, 0}))
   end)
 end)
 
@@ -455,5 +517,8 @@ describe("overflow", function()
     local x = mg.constant({math.maxinteger, 4}, "int64")
     assert.equal(math.maxinteger + 4, mg.sum(x):item())          -- wraps, as NumPy
     assert.same({math.maxinteger + 4}, mg.sum(x:reshape{2, 1}, 1):totable())
+    local m = mg.constant({{math.maxinteger, 2}}, "int64")
+    assert.same({{math.maxinteger * math.maxinteger + 2 * 3}},
+                mg.matmul(m, mg.constant({{math.maxinteger}, {3}}, "int64")):totable())   -- wraps too
   end)
 end)

@@ -130,4 +130,39 @@ describe("saved_tensors_hooks", function()
     local g = grads(function(f) return f() end)         -- the stack is clean again
     for i = 1, #ref do h.assert_close(g[i], ref[i], 0) end
   end)
+
+  it("a nested call with bad arguments leaves no hooks installed", function()
+    for _, bad in ipairs{
+      function() mg.saved_tensors_hooks(print, function() end) end,   -- no fn
+      function() mg.saved_tensors_hooks("float16") end,
+      function() mg.saved_tensors_hooks({offload = "/tmp"}, 3) end,
+    } do
+      assert.is_false(pcall(mg.saved_tensors_hooks, "float16", bad))
+      local g = grads(function(f) return f() end)
+      for i = 1, #ref do h.assert_close(g[i], ref[i], 0) end
+    end
+  end)
+
+  it("second-order gradients flow through what the hooks kept", function()
+    local x = mg.constant({1, 2}, "float64")
+    local dir = os.tmpname()
+    os.remove(dir)
+    os.execute("mkdir -p " .. dir)
+    for _, hooks in ipairs{{"float16"}, {{offload = dir}}, {function(t) return t * 1 end, function(t) return t end}} do
+      local args = {table.unpack(hooks)}
+      args[#args + 1] = function()
+        local outer = mg.tape()
+        outer:watch(x)
+        local t = mg.tape()
+        t:watch(x)
+        local y = mg.sum(x * x * x)
+        t:stop()
+        local s = mg.sum(t:gradient(y, x))              -- 3x^2
+        outer:stop()
+        return outer:gradient(s, x)                     -- 6x
+      end
+      assert.same({6, 12}, mg.saved_tensors_hooks(table.unpack(args)):totable())
+    end
+    os.execute("rm -rf " .. dir)
+  end)
 end)

@@ -138,7 +138,8 @@ char *mg_tensor_format (const mg_tensor *t) {
   sbuf b = {NULL, 0, 0, false};
   style st = {t, t->numel > SUMMARY_OVER, F_FIXED, 1};
   int64_t idx[MG_MAX_DIMS] = {0};
-  if (mg_is_float(t->dtype) || t->dtype == MG_FLOAT16 || t->dtype == MG_BFLOAT16) {
+  bool floats = mg_is_float(t->dtype) || t->dtype == MG_FLOAT16 || t->dtype == MG_BFLOAT16;
+  if (floats && t->numel > 0) {         /* (an empty tensor may still have 2^40 rows) */
     range r = {0, INFINITY, true};
     visit(&st, 0, idx, scan_value, &r);
     if (r.integral && r.maxabs < 1e15) st.kind = F_INTEGRAL;

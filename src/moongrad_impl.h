@@ -381,6 +381,9 @@ void mg_recompute_leave (void);
 /* what custom gradients and recompute share (call.c) */
 mg_status mg_call_check (const char *fn, const mg_function *f, int nin, mg_tensor *const *in,
                          mg_list *out);
+/* a reference on each input for the call: user code may release what was lent */
+void mg_call_hold (int nin, mg_tensor *const *in);
+void mg_call_unhold (int nin, mg_tensor *const *in);
 /* runs f->forward with the tapes paused and w (pushed here, popped after)
 ** noting variable reads; on failure out and w are emptied */
 mg_status mg_call_forward (const mg_function *f, void *ud, int nin, mg_tensor *const *in,

@@ -56,6 +56,14 @@ mg_status mg_call_check (const char *fn, const mg_function *f, int nin, mg_tenso
   return MG_OK;
 }
 
+void mg_call_hold (int nin, mg_tensor *const *in) {
+  for (int i = 0; i < nin; i++) mg_tensor_retain(in[i]);
+}
+
+void mg_call_unhold (int nin, mg_tensor *const *in) {
+  for (int i = 0; i < nin; i++) mg_tensor_release(in[i]);
+}
+
 mg_status mg_call_forward (const mg_function *f, void *ud, int nin, mg_tensor *const *in,
                            mg_list *out, mg_var_watcher *w) {
   mg_watcher_push(w);

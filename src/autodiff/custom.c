@@ -105,20 +105,18 @@ mg_status mg_custom_call (const mg_function *fn, void *ud, int nin, mg_tensor *c
     if (fn && fn->release) fn->release(ud);
     return st;
   }
+  mg_call_hold(nin, in);                 /* the forward may release what the caller lent */
   mg_var_watcher w;
   if (mg_call_forward(fn, ud, nin, in, out, &w) != MG_OK) {
     release_ud(fn, ud);
-    return MG_ERR;
-  }
-  if (mg_recording_tapes == 0) {                 /* nobody will ask for the gradient */
+    st = MG_ERR;
+  } else if (mg_recording_tapes == 0) {          /* nobody will ask for the gradient */
     mg_watcher_free(&w);
     release_ud(fn, ud);
-    return MG_OK;
+  } else {
+    mg_call_drop_passed(&w, nin, in);
+    if ((st = record(fn, ud, nin, in, &w, out)) != MG_OK) mg_list_clear(out);
   }
-  mg_call_drop_passed(&w, nin, in);
-  if (record(fn, ud, nin, in, &w, out) != MG_OK) {
-    mg_list_clear(out);
-    return MG_ERR;
-  }
-  return MG_OK;
+  mg_call_unhold(nin, in);
+  return st;
 }

@@ -112,14 +112,14 @@ static mg_status rerun (mg_node *n, recompute_ext *e, mg_tape *tape, mg_list *ou
   }
   for (int k = 0; k < e->nargs; k++) in[k] = n->in[e->argmap[k]];
   for (int j = 0; j < n->nin; j++) mg_tape_watch(tape, n->in[j]);
-  mg_replay_state *rs = &mg_ctx()->replay;
-  mg_replay *was_playing = rs->playing;
+  mg_replay_state *rs = &mg_ctx()->replay, was = *rs;
   mg_replay_rewind(e->kept);
-  rs->playing = e->kept;                         /* the policy's outputs, taken again */
+  rs->playing = e->kept;                         /* the policy's outputs, taken again; */
+  rs->recording = NULL;                          /* an enclosing run's are not these ops' */
   swap_values(n, e, kept, false);
   mg_status st = e->fn->forward(e->ud, e->nargs, in, out);
   swap_values(n, e, kept, true);
-  rs->playing = was_playing;
+  *rs = was;
   mg_tape_stop(tape);
   free(in);
   free(kept);
@@ -198,15 +198,13 @@ static mg_status first_run (const mg_function *fn, void *ud, int nin, mg_tensor 
   *kept = NULL;
   if (save == NULL) return mg_call_forward(fn, ud, nin, in, out, w);
   if ((*kept = mg_replay_new()) == NULL) return MG_ERR;
-  mg_replay_state was = mg_ctx()->replay;
-  mg_replay_state *rs = &mg_ctx()->replay;
+  mg_replay_state *rs = &mg_ctx()->replay, was = *rs;
   rs->recording = *kept;
+  rs->playing = NULL;                            /* (an enclosing re-run's ops are not these) */
   rs->save = save;
   rs->save_ud = save_ud;
   mg_status st = mg_call_forward(fn, ud, nin, in, out, w);
-  rs->recording = was.recording;
-  rs->save = was.save;
-  rs->save_ud = was.save_ud;
+  *rs = was;
   if (st != MG_OK) {
     mg_replay_free(*kept);
     *kept = NULL;
@@ -219,6 +217,9 @@ mg_status mg_recompute_call (const mg_function *fn, void *ud, int nin, mg_tensor
   return mg_recompute_call_saving(fn, ud, nin, in, out, NULL, NULL);
 }
 
+static mg_status recompute_call (const mg_function *fn, void *ud, int nin, mg_tensor *const *in,
+                                 mg_list *out, mg_save_policy save, void *save_ud);
+
 mg_status mg_recompute_call_saving (const mg_function *fn, void *ud, int nin,
                                     mg_tensor *const *in, mg_list *out, mg_save_policy save,
                                     void *save_ud) {
@@ -226,6 +227,15 @@ mg_status mg_recompute_call_saving (const mg_function *fn, void *ud, int nin,
     if (fn && fn->release) fn->release(ud);
     return MG_ERR;
   }
+  mg_call_hold(nin, in);
+  mg_status st = recompute_call(fn, ud, nin, in, out, save, save_ud);
+  mg_call_unhold(nin, in);
+  return st;
+}
+
+/* the inputs are held: the forward may release what the caller lent */
+static mg_status recompute_call (const mg_function *fn, void *ud, int nin, mg_tensor *const *in,
+                                 mg_list *out, mg_save_policy save, void *save_ud) {
   if (mg_recording_tapes == 0) {                 /* nothing to save memory from */
     mg_status st = fn->forward(ud, nin, in, out);
     if (st != MG_OK) mg_list_clear(out);

@@ -6,19 +6,23 @@
 ** to keep); the node holds them as saved bytes. When the function runs
 ** again for a gradient, each of those ops takes its kept output instead of
 ** computing it: op k of a kind in the re-run is op k of that kind in the
-** first run, since the function is deterministic. Ops that cannot take a
-** kept output just compute it again, which is always right.
+** first run, since the function is deterministic (counted where each op
+** asks for its kept output, in both runs, kept or not). Ops that cannot
+** take a kept output just compute it again, which is always right.
 */
 #include <stdlib.h>
 #include <string.h>
 
 #include "moongrad_impl.h"
 
-typedef struct kept { const mg_opdef *op; mg_tensor *t; bool taken; } kept;
+typedef struct kept { const mg_opdef *op; int64_t ordinal; mg_tensor *t; } kept;
+typedef struct seen { const mg_opdef *op; int64_t count; } seen;
 
 struct mg_replay {
   kept *items;                    /* in the order the first run made them */
   int n, cap;
+  seen *ops;                      /* how many ops of each kind asked, this run */
+  int nops, capops;
 };
 
 mg_replay *mg_replay_new (void) {
@@ -34,7 +38,26 @@ void mg_replay_free (mg_replay *r) {
     mg_tensor_release(r->items[i].t);
   }
   free(r->items);
+  free(r->ops);
   free(r);
+}
+
+/* op's count in this run, after one more ask when `ask`; -1 when out of memory */
+static int64_t count_op (mg_replay *r, const mg_opdef *op, bool ask) {
+  int i = 0;
+  while (i < r->nops && r->ops[i].op != op) i++;
+  if (i == r->nops) {
+    if (!ask) return 0;
+    if (r->nops == r->capops) {
+      int cap = r->capops ? r->capops * 2 : 16;
+      seen *a = (seen *)realloc(r->ops, sizeof(seen) * (size_t)cap);
+      if (a == NULL) return -1;
+      r->ops = a;
+      r->capops = cap;
+    }
+    r->ops[r->nops++] = (seen){op, 0};
+  }
+  return ask ? ++r->ops[i].count : r->ops[i].count;
 }
 
 size_t mg_replay_count (const mg_replay *r) { return r ? (size_t)r->n : 0; }
@@ -48,9 +71,11 @@ mg_tensor *mg_replay_kept (const mg_replay *r, int i) {
 /* called by mg_finish for every op's output while a policy records */
 mg_status mg_replay_note (const mg_opdef *op, mg_tensor *out) {
   mg_replay_state *s = &mg_ctx()->replay;
-  int keep = s->save(s->save_ud, &op->info, out);
-  if (keep <= 0) return keep < 0 ? MG_ERR : MG_OK;           /* < 0: the policy failed */
   mg_replay *r = s->recording;
+  s->recording = NULL;                              /* the policy's own ops are not asked about */
+  int keep = s->save(s->save_ud, &op->info, out);
+  s->recording = r;
+  if (keep <= 0) return keep < 0 ? MG_ERR : MG_OK;           /* < 0: the policy failed */
   if (r->n == r->cap) {
     int cap = r->cap ? r->cap * 2 : 16;
     kept *a = (kept *)realloc(r->items, sizeof(kept) * (size_t)cap);
@@ -59,7 +84,7 @@ mg_status mg_replay_note (const mg_opdef *op, mg_tensor *out) {
     r->cap = cap;
   }
   mg_storage_add_refs(out->storage, 1, 0);          /* saved bytes, as a tape's */
-  r->items[r->n++] = (kept){op, mg_tensor_retain(out), false};
+  r->items[r->n++] = (kept){op, count_op(r, op, false) - 1, mg_tensor_retain(out)};
   return MG_OK;
 }
 
@@ -68,15 +93,18 @@ mg_status mg_replay_note (const mg_opdef *op, mg_tensor *out) {
 
 /* {======================== the re-run ======================== */
 
-/* The kept output for the next op of this kind, as a fresh tensor (new to
-** the tapes), if its shape and dtype are what the op is about to make. */
+/* The kept output for this op, as a fresh tensor (new to the tapes), if
+** the first run kept the same op of the same ordinal with this shape and
+** dtype. In the first run it only counts. */
 mg_tensor *mg_replay_take (const mg_opdef *op, const int64_t *shape, int ndim, mg_dtype dt) {
-  mg_replay *r = mg_ctx()->replay.playing;
+  mg_replay_state *s = &mg_ctx()->replay;
+  mg_replay *r = s->playing ? s->playing : s->recording;
   if (r == NULL) return NULL;
+  int64_t ordinal = count_op(r, op, true) - 1;
+  if (r != s->playing || ordinal < 0) return NULL;   /* (out of memory counting: compute) */
   for (int i = 0; i < r->n; i++) {
     kept *k = &r->items[i];
-    if (k->op != op || k->taken) continue;
-    k->taken = true;                                /* used or not, this slot is op's */
+    if (k->op != op || k->ordinal != ordinal) continue;
     mg_tensor *t = k->t;
     if (t->dtype != dt || !mg_same_shape(t->shape, t->ndim, shape, ndim)) return NULL;
     return mg_tensor_view(t->storage, t->dtype, t->shape, t->ndim, t->strides, t->offset);
@@ -84,9 +112,9 @@ mg_tensor *mg_replay_take (const mg_opdef *op, const int64_t *shape, int ndim, m
   return NULL;
 }
 
-/* a re-run starts: every kept output is there to take again */
+/* a re-run starts: the ops count again from the first */
 void mg_replay_rewind (mg_replay *r) {
-  for (int i = 0; r && i < r->n; i++) r->items[i].taken = false;
+  if (r) r->nops = 0;
 }
 
 /* }========================================================== */

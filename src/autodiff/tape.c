@@ -439,40 +439,63 @@ static bool tape_wants (mg_tape *t, int nin, mg_tensor *const *in) {
   return hit;
 }
 
+/* frees ext through the op's free_ext, for an op no tape recorded */
+static void free_unrecorded_ext (const mg_opdef *def, void *ext) {
+  if (ext == NULL || def->free_ext == NULL) return;
+  mg_node tmp;
+  memset(&tmp, 0, sizeof tmp);
+  tmp.attr = &no_attr;
+  tmp.def = def;
+  tmp.ext = ext;
+  def->free_ext(&tmp);
+}
+
 /* takes ownership of ext: the node owns it, or it is freed here when no
-** tape recorded the op */
+** tape recorded the op. Making the node may call user code (a pack hook)
+** that stops or releases tapes and tensors: the tapes that want the op and
+** its inputs are held until it is recorded. */
 mg_status mg_record_ex (const mg_opdef *def, int nin, mg_tensor *const *in, int nout,
                         mg_tensor *const *out, const mg_attr *attr, void *ext, mg_node **node) {
-  mg_node *n = NULL;
-  mg_status st = MG_OK;
   mg_tape_state *T = tapes();
   if (node) *node = NULL;
   if (T->watching > 0)
     for (int j = 0; j < nin; j++)
       if (in[j]->var)
         for (mg_var_watcher *w = T->watchers; w; w = w->prev) watcher_add(w, in[j]->var);
-  for (int i = 0; i < T->nactive && st == MG_OK; i++) {
+  enum { FEW = 8 };
+  mg_tape *few[FEW], **want = few;
+  int nwant = 0;
+  for (int i = 0; i < T->nactive; i++) {
     mg_tape *t = T->active[i];
     if (t->paused || !tape_wants(t, nin, in)) continue;
-    if (n == NULL && (n = node_new(def, nin, in, nout, out, attr, ext)) == NULL) {
-      st = MG_ERR;
-      break;
+    if (nwant == FEW && want == few) {
+      want = (mg_tape **)malloc(sizeof(mg_tape *) * (size_t)T->nactive);
+      if (want == NULL) return free_unrecorded_ext(def, ext), mg_seterror("out of memory recording '%s'", def->info.name);
+      memcpy(want, few, sizeof few);
     }
-    st = append(t, n);
-    for (int k = 0; k < nout && st == MG_OK; k++)
-      if (mg_is_float(out[k]->dtype)) st = track(t, out[k]->id);
+    want[nwant++] = mg_tape_retain(t);
   }
+  if (nwant == 0) return free_unrecorded_ext(def, ext), MG_OK;
+  for (int j = 0; j < nin; j++) mg_tensor_retain(in[j]);
+  mg_status st = MG_OK;
+  mg_node *n = node_new(def, nin, in, nout, out, attr, ext);
+  if (n == NULL) {
+    free_unrecorded_ext(def, ext);
+    st = MG_ERR;
+  }
+  for (int i = 0; i < nwant && st == MG_OK; i++) {
+    if (!want[i]->active) continue;     /* stopped by a hook meanwhile */
+    st = append(want[i], n);
+    for (int k = 0; k < nout && st == MG_OK; k++)
+      if (mg_is_float(out[k]->dtype)) st = track(want[i], out[k]->id);
+  }
+  for (int j = 0; j < nin; j++) mg_tensor_release(in[j]);
+  for (int i = 0; i < nwant; i++) mg_tape_release(want[i]);
+  if (want != few) free(want);
   if (n != NULL && n->refcount == 0) {     /* recorded nowhere after all */
     n->refcount = 1;
     node_release(n);
     n = NULL;
-  } else if (n == NULL && ext != NULL && def->free_ext) {
-    mg_node tmp;
-    memset(&tmp, 0, sizeof tmp);
-    tmp.attr = &no_attr;
-    tmp.def = def;
-    tmp.ext = ext;
-    def->free_ext(&tmp);
   }
   if (node && st == MG_OK) *node = n;
   return st;
@@ -483,15 +506,19 @@ mg_status mg_record (const mg_opdef *def, int nin, mg_tensor *const *in, int nou
   return mg_record_ex(def, nin, in, nout, out, attr, NULL, NULL);
 }
 
+/* out joins the tapes that listen (and a save policy's record). A save
+** policy may run user code that releases the op's inputs (assigning the
+** variable they are the value of): they are held until the op is recorded. */
 mg_tensor *mg_finish (const mg_opdef *def, int nin, mg_tensor *const *in, mg_tensor *out,
                       const mg_attr *attr) {
   if (out == NULL) return NULL;
-  if (mg_ctx()->replay.recording && mg_replay_note(def, out) != MG_OK) {   /* a save policy */
-    mg_tensor_release(out);
-    return NULL;
-  }
-  if (!mg_anyone_listening()) return out;
-  if (mg_record(def, nin, in, 1, &out, attr) != MG_OK) {
+  bool policy = mg_ctx()->replay.recording;
+  if (!policy && !mg_anyone_listening()) return out;
+  for (int j = 0; policy && j < nin; j++) mg_tensor_retain(in[j]);
+  mg_status st = policy ? mg_replay_note(def, out) : MG_OK;
+  if (st == MG_OK && mg_anyone_listening()) st = mg_record(def, nin, in, 1, &out, attr);
+  for (int j = 0; policy && j < nin; j++) mg_tensor_release(in[j]);
+  if (st != MG_OK) {
     mg_tensor_release(out);
     return NULL;
   }
@@ -566,13 +593,25 @@ static mg_status locate (const char *fn, const mg_node *n) {
   return mg_seterror("tape:%s: in the backward of '%s': %s", fn, n->def->info.name, msg);
 }
 
+/* what unpack gave, as the tensor that was saved: a view of it carrying the
+** saved tensor's id, so that a tape recording the backward (a higher-order
+** gradient) connects the rule's ops to the ops that made the saved tensor */
+static mg_tensor *as_saved (mg_tensor *t, uint64_t id) {
+  if (t == NULL || t->id == id) return t;
+  mg_tensor *v = mg_tensor_view(t->storage, t->dtype, t->shape, t->ndim, t->strides, t->offset);
+  mg_tensor_release(t);
+  if (v) v->id = id;
+  return v;
+}
+
 /* the backward rule sees the tensors themselves: each packed slot holds its
 ** unpacked tensor while the rule runs (packed[k] keeps the stand-in) */
 static mg_status unpack_all (mg_node *n, mg_tensor **packed) {
   for (int k = 0; k < n->nin + n->nout && k < 32; k++) {
     if (!(n->packed & (1u << k))) continue;
     mg_tensor **slot = slot_at(n, k);
-    mg_tensor *t = mg_hooks_unpack(n->hooks, *slot, meta_at(n, k));
+    const mg_meta *m = meta_at(n, k);
+    mg_tensor *t = as_saved(mg_hooks_unpack(n->hooks, *slot, m), m->id);
     if (t == NULL) {
       while (k-- > 0)
         if (n->packed & (1u << k)) { mg_tensor_release(*slot_at(n, k)); *slot_at(n, k) = packed[k]; }

@@ -721,10 +721,12 @@ static void lua_hooks_release (void *ud) { lfn_release(ud); }   /* lfn is lhooks
 
 static const mg_saved_hooks lua_hooks = {lua_pack, lua_unpack, lua_hooks_release};
 
-/* pushes the hooks named by the arguments from 1; returns where fn is */
+/* pushes the hooks named by the arguments from 1, once every argument is
+** checked (a bad call must leave no hooks behind); returns where fn is */
 static int push_hooks (lua_State *L) {
   if (lua_isfunction(L, 1)) {                       /* pack, unpack, fn, ... */
     luaL_checktype(L, 2, LUA_TFUNCTION);
+    luaL_checktype(L, 3, LUA_TFUNCTION);
     lua_createtable(L, 0, 2);
     lua_pushvalue(L, 1);
     lua_setfield(L, -2, "pack");
@@ -746,6 +748,7 @@ static int push_hooks (lua_State *L) {
     if (h == NULL)
       return luaL_argerror(L, 1, lua_pushfstring(L, "\"float16\", \"bfloat16\", {offload = dir} or a "
                                                     "pack function expected, got \"%s\"", name));
+    luaL_checktype(L, 2, LUA_TFUNCTION);
     if (mg_saved_hooks_push(h, NULL) != MG_OK) return mgL_error(L);
     return 2;
   }
@@ -754,6 +757,7 @@ static int push_hooks (lua_State *L) {
     mgL_checkoptions(L, 1, keys);
     if (mgL_optionfield(L, 1, "offload", LUA_TSTRING) == LUA_TNIL)
       return luaL_argerror(L, 1, "option 'offload' (a directory) expected");
+    luaL_checktype(L, 2, LUA_TFUNCTION);
     void *dir = mg_hooks_offload_dir(lua_tostring(L, -1));
     if (dir == NULL || mg_saved_hooks_push(&mg_hooks_offload, dir) != MG_OK) return mgL_error(L);
     lua_pop(L, 1);
@@ -767,7 +771,6 @@ static int push_hooks (lua_State *L) {
 ** tape saves going through the hooks; returns fn's results */
 static int l_saved_tensors_hooks (lua_State *L) {
   int f = push_hooks(L);
-  luaL_checktype(L, f, LUA_TFUNCTION);
   lua_pushvalue(L, f);
   lua_insert(L, f + 1);
   int base = f;                                     /* fn's copy sits at f + 1 */

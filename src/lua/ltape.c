@@ -269,8 +269,10 @@ static int l_record (lua_State *L) {
   luaL_checktype(L, 2, LUA_TFUNCTION);
   bool was = mg_tape_is_recording(t);
   if (!was && mg_tape_start(t) != MG_OK) return mgL_error(L);
+  mg_tape_retain(t);                    /* fn may release the tape's box */
   int st = pcall_rest(L);
   if (!was) mg_tape_stop(t);
+  mg_tape_release(t);
   if (st != LUA_OK) return lua_error(L);
   return lua_gettop(L) - 1;
 }
@@ -279,9 +281,10 @@ static int l_record (lua_State *L) {
 static int l_stop_recording (lua_State *L) {
   mg_tape *t = checktape(L, 1)->t;
   luaL_checktype(L, 2, LUA_TFUNCTION);
-  mg_tape_pause(t);
+  mg_tape_pause(mg_tape_retain(t));     /* fn may release the tape's box */
   int st = pcall_rest(L);
   mg_tape_resume(t);
+  mg_tape_release(t);
   if (st != LUA_OK) return lua_error(L);
   return lua_gettop(L) - 1;
 }

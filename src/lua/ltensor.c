@@ -182,11 +182,30 @@ static int l_item (lua_State *L) {
 /* a Lua table holds at most 2^31 entries: refuse at once what cannot fit */
 #define MAX_TOTABLE ((int64_t)1 << 31)
 
+/* the tables totable makes: one per index of each leading prefix of the
+** shape (an empty tensor of 2^40 rows would need 2^40 empty tables) */
+static int64_t tables_needed (const mg_tensor *t) {
+  int64_t total = 1, level = 1;
+  const int64_t *shape = mg_tensor_shape(t);
+  for (int d = 0; d + 1 < mg_tensor_ndim(t); d++) {
+    level = shape[d] > MAX_TOTABLE / level ? MAX_TOTABLE + 1 : level * shape[d];
+    total += level;
+    if (total > MAX_TOTABLE) return MAX_TOTABLE + 1;
+  }
+  return total;
+}
+
 static int l_totable (lua_State *L) {
   mg_tensor *t = mgL_checktensor(L, 1);
   if (mg_tensor_numel(t) > MAX_TOTABLE)
     return luaL_error(L, "totable: %I elements are too many for Lua tables (at most %I)",
                       (lua_Integer)mg_tensor_numel(t), (lua_Integer)MAX_TOTABLE);
+  if (tables_needed(t) > MAX_TOTABLE) {
+    char sh[160];
+    mg_shape_str(sh, sizeof sh, mg_tensor_shape(t), mg_tensor_ndim(t));
+    return luaL_error(L, "totable: a %s tensor needs more than %I nested tables", sh,
+                      (lua_Integer)MAX_TOTABLE);
+  }
   mgL_pushvalues(L, t);
   return 1;
 }

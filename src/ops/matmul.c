@@ -52,8 +52,9 @@ static void gemm_f64 (const void *a, const void *b, void *c, int64_t M, int64_t 
   SIMPLE_GEMM(double);
 }
 
+/* in unsigned arithmetic: overflow wraps (as NumPy's and the elementwise ops') */
 static void gemm_i64 (const void *a, const void *b, void *c, int64_t M, int64_t N, int64_t K) {
-  SIMPLE_GEMM(int64_t);
+  SIMPLE_GEMM(uint64_t);
 }
 
 #define SMALL_M 256
