@@ -72,6 +72,19 @@ describe("layers", function()
     local g = t:gradient(loss, m.trainable_variables)
     for i, v in ipairs(m.trainable_variables) do assert.same(v.shape, g[i].shape) end
   end)
+
+  it("a layer under recompute_grad inside Sequential is still the model's, and trains", function()
+    local block = nn.Sequential{nn.Dense(3, {activation = "tanh"}), nn.Dense(3)}
+    local m = nn.Sequential{mg.recompute_grad(block), nn.Dense(1)}
+    local x = mg.random.normal{4, 2}
+    m(x)
+    assert.equal(6, #m.trainable_variables)
+    assert.equal(block.trainable_variables[1], m.trainable_variables[1])
+    m:compile{optimizer = mg.optim.SGD{learning_rate = 0.1}, loss = "mean_squared_error"}
+    local before = block.trainable_variables[1]:value() * 1
+    m:fit(x, mg.ones{4, 1}, {epochs = 1, verbose = 0})
+    assert.is_true(mg.max(mg.abs(block.trainable_variables[1]:value() - before)):item() > 0)
+  end)
 end)
 
 describe("dropout", function()

@@ -429,7 +429,7 @@ describe("examples that train with fit", function()
 
   it("train_digits.lua reaches 97% on the digits' test split", function()
     local out, code = h.run(h.bin .. " examples/train_digits.lua")
-    if code ~= 0 and out:find("python3-sklearn is not installed", 1, true) then
+    if code ~= 0 and out:find("package python3-sklearn is not installed", 1, true) then
       pending("python3-sklearn is not installed and could not be fetched: " .. out:sub(-200))
       return
     end
@@ -437,5 +437,21 @@ describe("examples that train with fit", function()
     local last = out:match("([^\n]*)\n$")
     local acc = tonumber(last:match("^test accuracy: (0%.%d%d%d%d)$"))
     assert.is_true(acc ~= nil and acc >= 0.97, out)
+  end)
+
+  it("train_fashion_mnist.lua learns in one epoch, and measures what recompute saves", function()
+    -- the full run (8 epochs, over 90%) is in the README; one epoch here
+    local out, code = h.run(h.bin .. " examples/train_fashion_mnist.lua --recompute --epochs 1 | cat")
+    if code ~= 0 and out:find("package dataset-fashion-mnist is not installed", 1, true) then
+      pending("dataset-fashion-mnist is not installed and could not be fetched: " .. out:sub(-200))
+      return
+    end
+    assert.equal(0, code, out)
+    local plain, rec = out:match("the tape holds ([%d.]+) MiB plain, ([%d.]+) MiB recomputed")
+    assert.is_true(plain ~= nil and tonumber(plain) > 3 * tonumber(rec), out)
+    assert.truthy(out:find("training with the conv blocks under recompute_grad", 1, true), out)
+    assert.falsy(out:find("\r", 1, true), "a pipe gets no redraws")
+    local acc = tonumber(out:match("test accuracy: (0%.%d%d%d%d)\n$"))
+    assert.is_true(acc ~= nil and acc >= 0.8, out)
   end)
 end)

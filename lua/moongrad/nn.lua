@@ -85,9 +85,20 @@ function Layer:add_variable (name, init, opts)
   return v
 end
 
---- Registers a sublayer (or a callable) whose variables this layer owns too.
+-- the layer inside a recompute_grad wrapper (a userdata), or l itself
+local function unwrap (l)
+  if type(l) == "userdata" then
+    local ok, inner = pcall(function() return l.__wrapped__ end)
+    if ok and inner ~= nil then return inner end
+  end
+  return l
+end
+
+--- Registers a sublayer (or a callable) whose variables this layer owns too;
+-- a layer under recompute_grad is the layer's own.
 function Layer:track (layer)
-  if type(layer) == "table" then self._layers[#self._layers + 1] = layer end
+  local inner = unwrap(layer)
+  if type(inner) == "table" then self._layers[#self._layers + 1] = inner end
   return layer
 end
 
@@ -601,15 +612,6 @@ local function count (vars)
     n = n + size
   end
   return n
-end
-
--- the layer inside a recompute_grad wrapper (a userdata), or l itself
-local function unwrap (l)
-  if type(l) == "userdata" then
-    local ok, inner = pcall(function() return l.__wrapped__ end)
-    if ok and inner ~= nil then return inner end
-  end
-  return l
 end
 
 -- the summary's rows: {name, type, shape (or nil: unknown), params}
