@@ -99,6 +99,14 @@ MG_API mg_status   mg_seterror     (const char *fmt, ...);   /* always MG_ERR */
 #define MG_MAX_THREADS  1024       /* most threads mg_set_num_threads accepts */
 MG_API mg_status   mg_set_num_threads (int n);      /* 1 <= n <= MG_MAX_THREADS */
 MG_API int         mg_get_num_threads (void);
+/* float32 products go to oneDNN or OpenBLAS, whichever the first product of
+** a shape class measured fastest here (remembered in ~/.cache/moongrad/;
+** MOONGRAD_GEMM and MOONGRAD_GEMM_CACHE in the environment). "auto" (the
+** default), "dnnl" or "openblas" for every product from now on: */
+MG_API mg_status   mg_gemm_use (const char *backend);
+/* the choice for an (m,k) @ (k,n) product at the current thread count, as
+** "library/threads" (measuring it now if it is new); NULL + error when bad */
+MG_API const char *mg_gemm_choice (int transpose_a, int transpose_b, int64_t m, int64_t n, int64_t k);
 /* Asks the running computation to stop: long loops (printing, elementwise
 ** and reduction kernels, the backward walk) check the flag between chunks
 ** and fail with "interrupted". Async-signal-safe, so a SIGINT handler may

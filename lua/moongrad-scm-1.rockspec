@@ -8,7 +8,8 @@
 -- here, in lua/, and the top level stays as it is. The build goes to build/rock/ (its
 -- own objects: LuaRocks' CC and CFLAGS are not the plain `make`'s), and only
 -- moongrad.so is installed: nn, optim, test and progress are compiled into it, and
--- it needs libdnnl (Debian: libdnnl-dev), libmvec and OpenMP at run time.
+-- it needs libdnnl (Debian: libdnnl-dev), OpenBLAS' OpenMP build (libopenblas-openmp-dev),
+-- libmvec and OpenMP at run time.
 rockspec_format = "3.0"
 package = "moongrad"
 version = "scm-1"

@@ -378,6 +378,10 @@ void mg_resume_all (void);
 void mg_recompute_enter (void);
 void mg_recompute_leave (void);
 
+/* c (m,n) = op(a) @ op(b), row-major, ta/tb 'N' or 'T' (gemm.c) */
+mg_status mg_sgemm (char ta, char tb, int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
+                    const float *b, int64_t ldb, float *c);
+
 /* what custom gradients and recompute share (call.c) */
 mg_status mg_call_check (const char *fn, const mg_function *f, int nin, mg_tensor *const *in,
                          mg_list *out);

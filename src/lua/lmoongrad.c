@@ -83,6 +83,28 @@ static int l_get_num_threads (lua_State *L) {
   return 1;
 }
 
+/* gemm.use(name): "auto", "dnnl" or "openblas" for every float32 product */
+static int l_gemm_use (lua_State *L) {
+  if (mg_gemm_use(luaL_checkstring(L, 1)) != MG_OK) return mgL_error(L);
+  return 0;
+}
+
+/* gemm.choice(m, n, k [, {transpose_a=, transpose_b=}]): "library/threads" */
+static int l_gemm_choice (lua_State *L) {
+  static const char *const keys[] = {"transpose_a", "transpose_b", NULL};
+  lua_Integer m = mgL_intat(L, 1, 1, "m"), n = mgL_intat(L, 2, 2, "n"), k = mgL_intat(L, 3, 3, "k");
+  int ta = 0, tb = 0;
+  if (!lua_isnoneornil(L, 4)) {
+    mgL_checkoptions(L, 4, keys);
+    ta = mgL_optionfield(L, 4, "transpose_a", LUA_TBOOLEAN) != LUA_TNIL && lua_toboolean(L, -1);
+    tb = mgL_optionfield(L, 4, "transpose_b", LUA_TBOOLEAN) != LUA_TNIL && lua_toboolean(L, -1);
+  }
+  const char *r = mg_gemm_choice(ta, tb, (int64_t)m, (int64_t)n, (int64_t)k);
+  if (r == NULL) return mgL_error(L);
+  lua_pushstring(L, r);
+  return 1;
+}
+
 /* clock(): seconds on a monotonic wall clock (os.clock counts CPU time of
 ** every thread) */
 static int l_clock (lua_State *L) {
@@ -116,6 +138,9 @@ int luaopen_moongrad (lua_State *L) {
   lua_setfield(L, -2, "get_num_threads");
   lua_pushcfunction(L, l_clock);
   lua_setfield(L, -2, "clock");
+  static const luaL_Reg gemm[] = {{"use", l_gemm_use}, {"choice", l_gemm_choice}, {NULL, NULL}};
+  luaL_newlib(L, gemm);
+  lua_setfield(L, -2, "gemm");
   lua_pushliteral(L, MG_VERSION);
   lua_setfield(L, -2, "version");
   lua_createtable(L, 0, 1);

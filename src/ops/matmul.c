@@ -1,15 +1,13 @@
 /*
-** matmul.c — matrix products, batched and broadcast, through oneDNN's sgemm.
+** matmul.c — matrix products, batched and broadcast.
 **
-** float32 goes to dnnl_sgemm (row-major, AVX-512 kernels chosen at run
-** time), which is this machine's measured ceiling. Transposed views reach
-** it as 'T' flags rather than copies, and a batch of matrices times one
-** shared matrix is folded into a single tall GEMM. float64 and int64 use a
+** float32 goes to mg_sgemm (gemm.c: oneDNN or OpenBLAS, whichever is
+** fastest for the shape on this machine). Transposed views reach it as 'T'
+** flags rather than copies, and a batch of matrices times one shared
+** matrix is folded into a single tall GEMM. float64 and int64 use a
 ** cache-friendly C loop (gradient checks, indices), parallel over rows.
 */
 #include <string.h>
-
-#include <dnnl.h>
 
 #include "moongrad_impl.h"
 
@@ -57,44 +55,13 @@ static void gemm_i64 (const void *a, const void *b, void *c, int64_t M, int64_t 
   SIMPLE_GEMM(uint64_t);
 }
 
-#define SMALL_M 256
-
-/* out (M,N) = in (N,M) transposed, in tiles that stay in cache */
-static void transpose_into (float *out, const float *in, int64_t M, int64_t N) {
-  for (int64_t i0 = 0; i0 < M; i0 += 32)
-    for (int64_t j0 = 0; j0 < N; j0 += 32)
-      for (int64_t i = i0; i < i0 + 32 && i < M; i++)
-        for (int64_t j = j0; j < j0 + 32 && j < N; j++) out[i * N + j] = in[j * M + i];
-}
-
-/*
-** C = op(A) @ B^T with few rows in C: oneDNN runs this shape (every
-** backward's dout @ W^T) at a fifth of its speed, so compute
-** C^T = B @ op(A)^T, which it runs fast, and transpose the small result.
-*/
-static mg_status sgemm_small_m_bt (gemm_layout la, gemm_layout lb, const float *pa, const float *pb,
-                                   float *pc, int64_t M, int64_t N, int64_t K) {
-  mg_storage *tmp = mg_storage_new((size_t)(M * N) * sizeof(float));
-  if (tmp == NULL) return MG_ERR;
-  dnnl_status_t st = dnnl_sgemm('N', la.trans == 'N' ? 'T' : 'N', N, M, K, 1.0f, pb, lb.ld, pa,
-                                la.ld, 0.0f, (float *)tmp->data, M);
-  if (st == dnnl_success) transpose_into(pc, (const float *)tmp->data, M, N);
-  mg_storage_release(tmp);
-  return st == dnnl_success ? MG_OK : mg_seterror("matmul: oneDNN sgemm failed (status %d)", (int)st);
-}
-
 /* one (M,K) @ (K,N) product of matrix views a and b into contiguous c */
 static mg_status gemm (const mg_tensor *a, const char *pa, const mg_tensor *b, const char *pb,
                        char *pc, int64_t M, int64_t N, int64_t K) {
   gemm_layout la, lb;
-  if (a->dtype == MG_FLOAT32 && layout_of(a, &la) && layout_of(b, &lb)) {
-    if (lb.trans == 'T' && M <= SMALL_M && N > M)
-      return sgemm_small_m_bt(la, lb, (const float *)pa, (const float *)pb, (float *)pc, M, N, K);
-    dnnl_status_t st = dnnl_sgemm(la.trans, lb.trans, M, N, K, 1.0f, (const float *)pa, la.ld,
-                                  (const float *)pb, lb.ld, 0.0f, (float *)pc, N);
-    if (st != dnnl_success) return mg_seterror("matmul: oneDNN sgemm failed (status %d)", (int)st);
-    return MG_OK;
-  }
+  if (a->dtype == MG_FLOAT32 && layout_of(a, &la) && layout_of(b, &lb))
+    return mg_sgemm(la.trans, lb.trans, M, N, K, (const float *)pa, la.ld, (const float *)pb, lb.ld,
+                    (float *)pc);
   /* other dtypes and odd strides: contiguous copies of these two matrices */
   int64_t sa[2] = {M, K}, sb[2] = {K, N};
   int64_t sta[2] = {a->strides[a->ndim - 2], a->strides[a->ndim - 1]};
@@ -105,15 +72,13 @@ static mg_status gemm (const mg_tensor *a, const char *pa, const mg_tensor *b, c
   mg_tensor *ac = av ? mg_contiguous(av) : NULL, *bc = bv ? mg_contiguous(bv) : NULL;
   mg_status st = MG_ERR;
   if (ac && bc) {
-    if (a->dtype == MG_FLOAT32) {
-      dnnl_sgemm('N', 'N', M, N, K, 1.0f, (const float *)mg_ptr(ac), K, (const float *)mg_ptr(bc), N,
-                 0.0f, (float *)pc, N);
-    } else if (a->dtype == MG_FLOAT64) {
-      gemm_f64(mg_ptr(ac), mg_ptr(bc), pc, M, N, K);
-    } else {
-      gemm_i64(mg_ptr(ac), mg_ptr(bc), pc, M, N, K);
-    }
     st = MG_OK;
+    if (a->dtype == MG_FLOAT32)
+      st = mg_sgemm('N', 'N', M, N, K, (const float *)mg_ptr(ac), K, (const float *)mg_ptr(bc), N, (float *)pc);
+    else if (a->dtype == MG_FLOAT64)
+      gemm_f64(mg_ptr(ac), mg_ptr(bc), pc, M, N, K);
+    else
+      gemm_i64(mg_ptr(ac), mg_ptr(bc), pc, M, N, K);
   }
   mg_tensor_release(av); mg_tensor_release(bv);
   mg_tensor_release(ac); mg_tensor_release(bc);

@@ -1,0 +1,78 @@
+-- float32 products go to oneDNN or OpenBLAS (GEMM, GEMV for a row or a
+-- column, GER for k = 1), whichever the first product of a shape class
+-- measured fastest; every way must give the same numbers, and the choices
+-- are remembered in a file so that later processes choose alike.
+local mg = require "moongrad"
+local h = require "helpers"
+
+local function product (m, n, k, ta, tb)
+  local a = ta and mg.transpose(mg.random.normal{k, m}) or mg.random.normal{m, k}
+  local b = tb and mg.transpose(mg.random.normal{n, k}) or mg.random.normal{k, n}
+  return a, b
+end
+
+describe("GEMM dispatch", function()
+  after_each(function() mg.gemm.use("auto") end)
+
+  it("every library gives float64's product to float32 round-off, on every layout", function()
+    mg.random.seed(3)
+    for _, lib in ipairs{"auto", "dnnl", "openblas"} do
+      mg.gemm.use(lib)
+      for _, m in ipairs{1, 2, 33} do
+        for _, n in ipairs{1, 3, 17} do
+          for _, k in ipairs{1, 5, 40} do
+            for _, ta in ipairs{false, true} do
+              for _, tb in ipairs{false, true} do
+                local a, b = product(m, n, k, ta, tb)
+                local got = mg.matmul(a, b):cast("float64")
+                local want = mg.matmul(a:cast("float64"), b:cast("float64"))
+                assert.is_true(mg.max(mg.abs(got - want)):item() < 1e-4,
+                               ("%s %dx%dx%d %s %s"):format(lib, m, n, k, tostring(ta), tostring(tb)))
+              end
+            end
+          end
+        end
+      end
+    end
+  end)
+
+  it("batched and broadcast products go through it too", function()
+    local a, b = mg.random.normal{3, 4, 5}, mg.random.normal{5, 6}
+    local got = mg.matmul(a, b):cast("float64")
+    local want = mg.matmul(a:cast("float64"), b:cast("float64"))
+    assert.is_true(mg.max(mg.abs(got - want)):item() < 1e-4)
+  end)
+
+  it("remembers its choices in a file that a later process reads", function()
+    local path = os.tmpname()
+    os.remove(path)
+    local script = os.tmpname()
+    local f = io.open(script, "w")
+    f:write([[print(mg.gemm.choice(64, 96, 80)); print(mg.gemm.choice(1, 300, 20, {transpose_b = true}))]])
+    f:close()
+    local cmd = ("MOONGRAD_GEMM_CACHE=%s %s %s"):format(path, h.bin, script)
+    local first = h.run(cmd)
+    local lines = {}
+    for l in io.lines(path) do lines[#lines + 1] = l end
+    assert.equal(2, #lines)
+    for _, l in ipairs(lines) do assert.truthy(l:match("^%x+ [%a%-]+ %d+$"), l) end
+    local second = h.run(cmd)                     -- read back: the same, and nothing appended
+    assert.equal(first, second)
+    local n = 0
+    for _ in io.lines(path) do n = n + 1 end
+    assert.equal(2, n)
+    local forced = h.run(("MOONGRAD_GEMM=openblas MOONGRAD_GEMM_CACHE=off %s %s"):format(h.bin, script))
+    assert.truthy(forced:find("^openblas/%d+\nopenblas/%d+\n$"), forced)
+    os.remove(path)
+    os.remove(script)
+  end)
+
+  it("names what is wrong", function()
+    assert.has_error(function() mg.gemm.use("mkl") end,
+                     "gemm_use: unknown backend 'mkl' (use auto, dnnl or openblas)")
+    assert.has_error(function() mg.gemm.choice(0, 2, 2) end,
+                     "gemm_choice: sizes must be positive, got 0 x 2 x 2")
+    assert.has_error(function() mg.gemm.choice(2, 2, 2, {transpose = true}) end)
+    assert.truthy(mg.gemm.choice(8, 8, 8):match("^[%a%-]+/%d+$"))
+  end)
+end)

@@ -1,0 +1,351 @@
+/*
+** gemm.c — float32 GEMM through the library that is fastest for the shape
+** on this machine: oneDNN's dnnl_sgemm or OpenBLAS' cblas_sgemm (its OpenMP
+** build, so both share moongrad's thread pool), at the thread count asked
+** for or at one thread.
+**
+** No library wins everywhere: on AVX2 (AMD EPYC) OpenBLAS leads the square
+** products and oneDNN the thin ones, oneDNN's NN kernel runs at half speed
+** when B is 64-byte aligned (as every moongrad tensor is), and on AVX-512
+** Debian's OpenBLAS misdetects the CPU. So the first product of each shape
+** class (transposes, each size rounded to a half power of two, threads)
+** times the candidates on its own operands and keeps the fastest; the
+** choice is appended to a file under ~/.cache/moongrad/ named for the CPU,
+** so later processes (and runs to be resumed bit for bit) choose alike.
+** MOONGRAD_GEMM=dnnl|openblas forces a library, MOONGRAD_GEMM_CACHE=path
+** moves the file ("off": none).
+*/
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include <cblas.h>
+#include <dnnl.h>
+#include <omp.h>
+
+#include "moongrad_impl.h"
+
+/* {======================== the candidates ===================== */
+
+typedef enum { LIB_DNNL, LIB_OPENBLAS, LIB_DNNL_CT, LIB_GEMV, LIB_GER, LIB__COUNT } gemm_lib;
+static const char *const lib_names[LIB__COUNT] = {"dnnl", "openblas", "dnnl-ct", "openblas-gemv",
+                                                  "openblas-ger"};
+
+typedef struct { gemm_lib lib; int threads; } gemm_way;
+
+typedef struct {
+  char ta, tb;
+  int64_t m, n, k, lda, ldb;
+  const float *a, *b;
+  float *c;                       /* (m, n), leading dimension n */
+} gemm_call;
+
+/* c (m,n) = t (n,m) transposed, in tiles that stay in cache */
+static void transpose_into (float *c, const float *t, int64_t m, int64_t n) {
+  for (int64_t i0 = 0; i0 < m; i0 += 32)
+    for (int64_t j0 = 0; j0 < n; j0 += 32)
+      for (int64_t i = i0; i < i0 + 32 && i < m; i++)
+        for (int64_t j = j0; j < j0 + 32 && j < n; j++) c[i * n + j] = t[j * m + i];
+}
+
+/* C^T = op(B)^T op(A)^T, then transposed: oneDNN runs a few rows times a
+** transposed matrix (every backward's dout @ W^T) far below its speed on
+** some CPUs, and the transposed product at full speed */
+static mg_status dnnl_ct (const gemm_call *g) {
+  float *t = (float *)malloc(sizeof(float) * (size_t)(g->m * g->n));
+  if (t == NULL) return mg_seterror("matmul: out of memory");
+  dnnl_status_t st = dnnl_sgemm(g->tb == 'N' ? 'T' : 'N', g->ta == 'N' ? 'T' : 'N', g->n, g->m, g->k,
+                                1.0f, g->b, g->ldb, g->a, g->lda, 0.0f, t, g->m);
+  if (st == dnnl_success) transpose_into(g->c, t, g->m, g->n);
+  free(t);
+  return st == dnnl_success ? MG_OK : mg_seterror("matmul: oneDNN sgemm failed (status %d)", (int)st);
+}
+
+/* a product with one row or one column is a matrix times a vector: OpenBLAS'
+** sgemv, without GEMM's packing (the element stride of a vector view is
+** its leading dimension when it runs down a column) */
+static void gemv (const gemm_call *g) {
+  if (g->m == 1) {                      /* c^T = op(B)^T a^T */
+    int inca = g->ta == 'N' ? 1 : (int)g->lda;
+    if (g->tb == 'N')
+      cblas_sgemv(CblasRowMajor, CblasTrans, (blasint)g->k, (blasint)g->n, 1.0f, g->b, (blasint)g->ldb,
+                  g->a, inca, 0.0f, g->c, 1);
+    else
+      cblas_sgemv(CblasRowMajor, CblasNoTrans, (blasint)g->n, (blasint)g->k, 1.0f, g->b, (blasint)g->ldb,
+                  g->a, inca, 0.0f, g->c, 1);
+  } else {                              /* n == 1: c = op(A) b */
+    int incb = g->tb == 'N' ? (int)g->ldb : 1;
+    if (g->ta == 'N')
+      cblas_sgemv(CblasRowMajor, CblasNoTrans, (blasint)g->m, (blasint)g->k, 1.0f, g->a, (blasint)g->lda,
+                  g->b, incb, 0.0f, g->c, 1);
+    else
+      cblas_sgemv(CblasRowMajor, CblasTrans, (blasint)g->k, (blasint)g->m, 1.0f, g->a, (blasint)g->lda,
+                  g->b, incb, 0.0f, g->c, 1);
+  }
+}
+
+/* k == 1: an outer product, OpenBLAS' sger into zeros */
+static void ger (const gemm_call *g) {
+  memset(g->c, 0, sizeof(float) * (size_t)(g->m * g->n));
+  cblas_sger(CblasRowMajor, (blasint)g->m, (blasint)g->n, 1.0f, g->a, g->ta == 'N' ? (blasint)g->lda : 1,
+             g->b, g->tb == 'N' ? 1 : (blasint)g->ldb, g->c, (blasint)g->n);
+}
+
+/* whether lib can compute g at all */
+static bool lib_fits (gemm_lib lib, const gemm_call *g) {
+  switch (lib) {
+    case LIB_DNNL_CT: return g->tb == 'T' && g->m <= 256 && g->n > g->m;
+    case LIB_GEMV: return g->m == 1 || g->n == 1;
+    case LIB_GER: return g->k == 1;
+    default: return true;
+  }
+}
+
+static mg_status run_lib (gemm_lib lib, const gemm_call *g) {
+  switch (lib) {
+    case LIB_GEMV: gemv(g); return MG_OK;
+    case LIB_GER: ger(g); return MG_OK;
+    case LIB_OPENBLAS:
+      cblas_sgemm(CblasRowMajor, g->ta == 'N' ? CblasNoTrans : CblasTrans,
+                  g->tb == 'N' ? CblasNoTrans : CblasTrans, (blasint)g->m, (blasint)g->n,
+                  (blasint)g->k, 1.0f, g->a, (blasint)g->lda, g->b, (blasint)g->ldb, 0.0f, g->c,
+                  (blasint)g->n);
+      return MG_OK;
+    case LIB_DNNL_CT:
+      return dnnl_ct(g);
+    default: {
+      dnnl_status_t st = dnnl_sgemm(g->ta, g->tb, g->m, g->n, g->k, 1.0f, g->a, g->lda, g->b,
+                                    g->ldb, 0.0f, g->c, g->n);
+      return st == dnnl_success ? MG_OK : mg_seterror("matmul: oneDNN sgemm failed (status %d)", (int)st);
+    }
+  }
+}
+
+/* both libraries read the OpenMP thread count at each call */
+static mg_status run_way (gemm_way w, const gemm_call *g) {
+  int was = omp_get_max_threads();
+  if (w.threads != was) omp_set_num_threads(w.threads);
+  mg_status st = run_lib(w.lib, g);
+  if (w.threads != was) omp_set_num_threads(was);
+  return st;
+}
+
+/* }========================================================== */
+
+
+/* {========================= the choices ======================= */
+
+/* a shape class: the transposes, the sizes rounded to half powers of two,
+** the threads asked for */
+static uint64_t class_of (char ta, char tb, int64_t m, int64_t n, int64_t k, int threads) {
+  uint64_t key = (uint64_t)(ta == 'T') | (uint64_t)(tb == 'T') << 1 | (uint64_t)threads << 2;
+  const int64_t d[3] = {m, n, k};
+  for (int i = 0; i < 3; i++) {
+    int half = (int)ceil(2.0 * log2((double)d[i]));      /* 2^(half/2) >= d */
+    key |= (uint64_t)(half & 0xFF) << (16 + 8 * i);
+  }
+  return key;
+}
+
+#define MAX_CHOICES 4096
+static struct {
+  pthread_mutex_t lock;
+  bool loaded;
+  int forced;                                   /* a gemm_lib, or -1 */
+  int n;
+  struct { uint64_t key; gemm_way way; } c[MAX_CHOICES];
+  char path[640];                               /* "" when there is no file */
+} choices = {.lock = PTHREAD_MUTEX_INITIALIZER, .forced = -1};
+
+static gemm_lib lib_named (const char *s) {
+  for (int i = 0; i < LIB__COUNT; i++) if (strcmp(s, lib_names[i]) == 0) return (gemm_lib)i;
+  return LIB__COUNT;
+}
+
+static bool find_choice (uint64_t key, gemm_way *w) {
+  for (int i = 0; i < choices.n; i++)
+    if (choices.c[i].key == key) { *w = choices.c[i].way; return true; }
+  return false;
+}
+
+static void add_choice (uint64_t key, gemm_way w) {
+  gemm_way old;
+  if (choices.n < MAX_CHOICES && !find_choice(key, &old)) {
+    choices.c[choices.n].key = key;
+    choices.c[choices.n++].way = w;
+  }
+}
+
+/* the CPU's model name and ISA, as a file name */
+static void machine_name (char *buf, size_t n) {
+  char model[128] = "unknown-cpu", line[512];
+  FILE *f = fopen("/proc/cpuinfo", "r");
+  while (f && fgets(line, sizeof line, f))
+    if (strncmp(line, "model name", 10) == 0) {
+      char *p = strchr(line, ':');
+      if (p) snprintf(model, sizeof model, "%s", p + 2);
+      break;
+    }
+  if (f) fclose(f);
+  for (char *p = model; *p; p++)
+    if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9'))) *p = '-';
+  __builtin_cpu_init();
+  snprintf(buf, n, "%s-%s", model, __builtin_cpu_supports("avx512f") ? "avx512" : "avx2");
+}
+
+/* the environment, and the choices earlier processes made on this machine */
+static void load_choices (void) {
+  choices.loaded = true;
+  const char *force = getenv("MOONGRAD_GEMM");
+  if (force && *force && strcmp(force, "auto") != 0) {
+    gemm_lib l = lib_named(force);
+    if (l != LIB__COUNT) choices.forced = (int)l;
+  }
+  const char *path = getenv("MOONGRAD_GEMM_CACHE");
+  if (path && strcmp(path, "off") == 0) return;
+  char machine[200];
+  if (path && *path) {
+    snprintf(choices.path, sizeof choices.path, "%s", path);
+  } else {
+    const char *cache = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+    char dir[400];
+    if (cache && *cache) snprintf(dir, sizeof dir, "%s/moongrad", cache);
+    else if (home && *home) snprintf(dir, sizeof dir, "%s/.cache/moongrad", home);
+    else return;
+    machine_name(machine, sizeof machine);
+    mkdir(dir, 0777);                            /* may exist; failing to, there is no file */
+    snprintf(choices.path, sizeof choices.path, "%s/gemm-%s.tsv", dir, machine);
+  }
+  FILE *f = fopen(choices.path, "r");
+  char line[128], lib[32];
+  unsigned long long key;
+  int threads;
+  while (f && fgets(line, sizeof line, f))
+    if (sscanf(line, "%llx %31s %d", &key, lib, &threads) == 3 && lib_named(lib) != LIB__COUNT &&
+        threads >= 1 && threads <= MG_MAX_THREADS)
+      add_choice((uint64_t)key, (gemm_way){lib_named(lib), threads});
+  if (f) fclose(f);
+}
+
+/* one line appended: short writes to an O_APPEND file do not interleave */
+static void save_choice (uint64_t key, gemm_way w) {
+  if (choices.path[0] == '\0') return;
+  FILE *f = fopen(choices.path, "a");
+  if (f == NULL) return;
+  fprintf(f, "%llx %s %d\n", (unsigned long long)key, lib_names[w.lib], w.threads);
+  fclose(f);
+}
+
+/* }========================================================== */
+
+
+/* {========================= calibration ======================= */
+
+static double now (void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+/* reps calls of way w on g, timed: seconds per call */
+static double time_calls (gemm_way w, const gemm_call *g, int reps) {
+  double t0 = now();
+  for (int i = 0; i < reps; i++)
+    if (run_way(w, g) != MG_OK) return INFINITY;
+  return (now() - t0) / reps;
+}
+
+/* Each way runs once (oneDNN compiles its kernel, OpenMP wakes its threads),
+** then three rounds of a few milliseconds; its best round counts. A way's
+** rounds run back to back: changing the thread count between calls lets
+** the pool fall asleep, which would be timed against the many-thread ways. */
+static gemm_way calibrate (const gemm_call *g, int threads) {
+  gemm_way ways[2 * LIB__COUNT];
+  int n = 0;
+  double flop = 2.0 * (double)g->m * (double)g->n * (double)g->k;
+  for (int l = 0; l < LIB__COUNT; l++)
+    if (lib_fits((gemm_lib)l, g)) ways[n++] = (gemm_way){(gemm_lib)l, threads};
+  if (threads > 1 && flop < 2e8)                   /* small: one thread may win */
+    for (int i = 0, nt = n; i < nt; i++) ways[n++] = (gemm_way){ways[i].lib, 1};
+  int best = 0;
+  double best_t = INFINITY;
+  for (int i = 0; i < n; i++) {
+    double one = time_calls(ways[i], g, 1);
+    int reps = one >= 4e-3 ? 1 : (int)(4e-3 / (one > 1e-7 ? one : 1e-7)) + 1;
+    for (int r = 0; r < (flop > 2e10 ? 1 : 3); r++) {   /* a big product: once is enough */
+      double t = time_calls(ways[i], g, reps);
+      if (t < best_t) { best_t = t; best = i; }
+    }
+  }
+  return ways[best];
+}
+
+/* }========================================================== */
+
+
+/* the way for g at the current thread count: forced, known, or measured now */
+static gemm_way way_for (const gemm_call *g) {
+  int threads = omp_get_max_threads();
+  uint64_t key = class_of(g->ta, g->tb, g->m, g->n, g->k, threads);
+  gemm_way w;
+  pthread_mutex_lock(&choices.lock);
+  if (!choices.loaded) load_choices();
+  bool known = choices.forced >= 0 || find_choice(key, &w);
+  if (choices.forced >= 0) w = (gemm_way){(gemm_lib)choices.forced, threads};
+  if (known && !lib_fits(w.lib, g)) w.lib = LIB_DNNL;   /* (a file edited by hand) */
+  if (!known) {                           /* (held: two threads would time each other) */
+    w = calibrate(g, threads);
+    add_choice(key, w);
+    save_choice(key, w);
+  }
+  pthread_mutex_unlock(&choices.lock);
+  return w;
+}
+
+mg_status mg_sgemm (char ta, char tb, int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
+                    const float *b, int64_t ldb, float *c) {
+  gemm_call g = {ta, tb, m, n, k, lda, ldb, a, b, c};
+  return run_way(way_for(&g), &g);
+}
+
+mg_status mg_gemm_use (const char *backend) {
+  MG_CHECK_ARG("mg_gemm_use", backend, MG_ERR);
+  gemm_lib l = strcmp(backend, "auto") == 0 ? LIB__COUNT : lib_named(backend);
+  if (l == LIB__COUNT && strcmp(backend, "auto") != 0)
+    return mg_seterror("gemm_use: unknown backend '%s' (use auto, dnnl or openblas)", backend);
+  pthread_mutex_lock(&choices.lock);
+  if (!choices.loaded) load_choices();
+  choices.forced = l == LIB__COUNT ? -1 : (int)l;
+  pthread_mutex_unlock(&choices.lock);
+  return MG_OK;
+}
+
+const char *mg_gemm_choice (int transpose_a, int transpose_b, int64_t m, int64_t n, int64_t k) {
+  if (m <= 0 || n <= 0 || k <= 0)
+    return mg_seterror("gemm_choice: sizes must be positive, got %lld x %lld x %lld", (long long)m,
+                       (long long)n, (long long)k), NULL;
+  if (m * n > ((int64_t)1 << 28) || m * k > ((int64_t)1 << 28) || k * n > ((int64_t)1 << 28))
+    return mg_seterror("gemm_choice: %lld x %lld x %lld is too large to time", (long long)m,
+                       (long long)n, (long long)k), NULL;
+  float *a = (float *)calloc((size_t)(m * k), sizeof(float)), *b = (float *)calloc((size_t)(k * n), sizeof(float));
+  float *c = (float *)malloc(sizeof(float) * (size_t)(m * n));
+  const char *name = NULL;
+  if (a && b && c) {
+    gemm_call g = {transpose_a ? 'T' : 'N', transpose_b ? 'T' : 'N', m, n, k,
+                   transpose_a ? m : k, transpose_b ? k : n, a, b, c};
+    gemm_way w = way_for(&g);
+    static _Thread_local char buf[48];
+    snprintf(buf, sizeof buf, "%s/%d", lib_names[w.lib], w.threads);
+    name = buf;
+  } else {
+    mg_seterror("gemm_choice: out of memory");
+  }
+  free(a);
+  free(b);
+  free(c);
+  return name;
+}
