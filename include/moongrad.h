@@ -518,6 +518,13 @@ MG_API mg_status mg_tape_batch_jacobian (mg_tape *t, mg_tensor *target, mg_tenso
 /* nonzero while recompute_grad re-runs a function for a gradient */
 MG_API int       mg_is_recomputing (void);
 MG_API int       mg_tapes_recording (void);      /* tapes recording now */
+/* Loop helpers (a checkpointed loop) run their body between mg_loop_enter and
+** mg_loop_leave; mg_is_in_loop() is nonzero inside, and in the backward or
+** re-run of a custom gradient or recompute called there (the seed's
+** is_in_while_loop) */
+MG_API void      mg_loop_enter (void);
+MG_API void      mg_loop_leave (void);
+MG_API int       mg_is_in_loop (void);
 
 /* }============================================================== */
 
@@ -536,6 +543,9 @@ typedef struct mg_list { int n, cap; mg_tensor **t; } mg_list;
 MG_API mg_status mg_list_push  (mg_list *l, mg_tensor *t);
 MG_API void      mg_list_clear (mg_list *l);     /* releases the tensors, frees */
 
+/* One call of a custom gradient (PyTorch's ctx), made by mg_custom_call. */
+typedef struct mg_custom_ctx mg_custom_ctx;
+
 /* What a custom gradient's backward gets. Its inputs are the forward's
 ** inputs, then the trainable variables the forward read that were not
 ** inputs; din has one slot for each. */
@@ -546,6 +556,7 @@ typedef struct mg_grad_args {
   mg_variable *const *vars;
   const int *needs;              /* needs[j]: din[j] is wanted */
   mg_tensor **din;               /* set wanted ones (new references); left NULL: zeros */
+  mg_custom_ctx *ctx;            /* the call's: what its forward saved */
 } mg_grad_args;
 
 typedef struct mg_function {
@@ -565,6 +576,37 @@ typedef struct mg_function {
 ** failure. */
 MG_API mg_status mg_custom_call    (const mg_function *fn, void *ud, int nin,
                                     mg_tensor *const *in, mg_list *out);
+
+/* What a call's forward saves for its backward with mg_custom_save (PyTorch's
+** ctx.save_for_backward) is held by the call's node: counted as saved bytes
+** (mg_tape_saved_bytes, the saved role of mg_memory_stats) and let go with
+** the node. What a host's user data captures is invisible to the counters.
+** Saved tensors are not packed by saved-tensor hooks. */
+/* the context of the innermost custom-gradient forward running now
+** (borrowed), or NULL + error outside one */
+MG_API mg_custom_ctx *mg_custom_context     (void);
+MG_API mg_custom_ctx *mg_custom_ctx_retain  (mg_custom_ctx *c);
+MG_API void           mg_custom_ctx_release (mg_custom_ctx *c);
+/* appends ts[0..n) to what the call saves (a NULL keeps its place); only
+** while the call's forward runs */
+MG_API mg_status  mg_custom_save   (mg_custom_ctx *c, int n, mg_tensor *const *ts);
+MG_API int        mg_custom_nsaved (const mg_custom_ctx *c);
+/* saved tensor i (borrowed); NULL for a NULL saved, a forgotten one, or
+** after the node let go (and + error when i is out of range) */
+MG_API mg_tensor *mg_custom_saved  (const mg_custom_ctx *c, int i);
+/* lets go of saved tensor i before the node goes (a reversible layer whose
+** output the next layer will rebuild) */
+MG_API mg_status  mg_custom_forget (mg_custom_ctx *c, int i);
+/* 1 while a tape holds the call's node; 0 during its forward, when no tape
+** recorded it, and once the node is let go */
+MG_API int        mg_custom_recorded (const mg_custom_ctx *c);
+/* during the call's backward: 1 if input j's gradient is wanted, else 0;
+** -1 + error outside it or when j is out of range */
+MG_API int        mg_custom_needs_input_grad (const mg_custom_ctx *c, int j);
+/* runs fn(ud) as a re-run of the call's forward: mg_is_recomputing()
+** true, the random state as at the call (the current one back after), and
+** mg_is_in_loop() true if the call ran in a loop */
+MG_API mg_status  mg_custom_rerun  (mg_custom_ctx *c, mg_status (*fn)(void *ud), void *ud);
 /* Gradient checkpointing: runs fn->forward now, recording one node that
 ** holds only the inputs (and the values of the variables read); every
 ** gradient through it runs fn->forward again under a local tape, with the

@@ -27,6 +27,8 @@ local with_options = {
   {"Dropout", function(o) return nn.Dropout(0.5, o) end, "training, name"},
   {"BatchNorm", function(o) return nn.BatchNorm(o) end, "momentum, epsilon, training, name"},
   {"RevBlock", function(o) return nn.RevBlock(mg.tanh, mg.tanh, o) end, "num_layers, name"},
+  {"AffineCoupling", function(o) return nn.AffineCoupling(mg.tanh, o) end, "swap, clamp, name"},
+  {"InvertibleLinear", function(o) return nn.InvertibleLinear(o) end, "name"},
   {"Layer:add_variable", function(o) return nn.Dense(2):add_variable("w", mg.ones{2}, o) end, "trainable"},
   {"SGD", function(o) return mg.optim.SGD(o) end, "learning_rate, momentum, nesterov, " .. CLIPS},
   {"Adam", function(o) return mg.optim.Adam(o) end, "learning_rate, beta1, beta2, epsilon, " .. CLIPS},
@@ -40,6 +42,7 @@ local with_options = {
 local without_options = {
   Layer = true, dropout = true, glorot_uniform = true, softmax_cross_entropy = true,
   mean_squared_error = true, checkpoint_sequential = true, get = true, schedules = true,
+  RecomputeLayer = true, ReversibleLayer = true,
 }
 
 describe("options tables", function()

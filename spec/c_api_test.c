@@ -186,8 +186,66 @@ static void exchange (void) {
   says("from_dlpack on a GPU", mg_from_dlpack(&gpu) == NULL, "on device type 2");
 }
 
+/* mg_custom_save from C: what the forward saves is the tape's (counted,
+** let go with the node), and the backward finds it in a->ctx */
+static mg_status saving_forward (void *ud, int nin, mg_tensor *const *in, mg_list *out) {
+  (void)ud;
+  (void)nin;
+  mg_tensor *y = mg_exp(in[0]);
+  mg_custom_ctx *c = mg_custom_context();
+  if (y == NULL || c == NULL || mg_custom_save(c, 1, &y) != MG_OK) {
+    mg_tensor_release(y);
+    return MG_ERR;
+  }
+  return mg_list_push(out, y);
+}
+
+static mg_status saving_backward (void *ud, const mg_grad_args *a) {
+  (void)ud;
+  mg_tensor *y = mg_custom_saved(a->ctx, 0);
+  if (y == NULL || mg_custom_needs_input_grad(a->ctx, 0) != 1) return mg_seterror("nothing saved");
+  return (a->din[0] = mg_mul(a->dout[0], y)) ? MG_OK : MG_ERR;
+}
+
+static void custom_context (void) {
+  says("context outside a forward", mg_custom_context() == NULL, "no custom gradient's forward is running");
+  says("save(NULL)", mg_custom_save(NULL, 0, NULL) == MG_ERR, "mg_custom_save: argument 'c' is NULL");
+  static const mg_function fn = {"exp_saving", saving_forward, saving_backward, NULL};
+  int64_t s[1] = {1024}, first[1] = {0};
+  mg_tensor *x = mg_full(s, 1, MG_FLOAT32, 0.5), *g = NULL;
+  mg_tape *t = mg_tape_new(0, 1);
+  mg_tape_watch(t, x);
+  mg_list out = {0};
+  mg_status st = mg_custom_call(&fn, NULL, 1, &x, &out);
+  size_t held = mg_tape_saved_bytes(t);
+  mg_tensor *y = st == MG_OK ? mg_sum(out.t[0], MG_ALL_AXES, 0) : NULL;
+  mg_list_clear(&out);
+  mg_tape_stop(t);
+  st = y ? mg_tape_gradient(t, 1, &y, 1, &x, NULL, 0, &g) : MG_ERR;
+  checks++;
+  if (st != MG_OK || held != 4096 || fabs(mg_tensor_get(g, first) - exp(0.5)) > 1e-6 ||
+      mg_tape_saved_bytes(t) != 0) {
+    fprintf(stderr, "c_api_test: custom save: %s (held %zu)\n", st == MG_OK ? "wrong" : mg_errmsg(), held);
+    failures++;
+  }
+  mg_loop_enter();
+  int inside = mg_is_in_loop();
+  mg_loop_leave();
+  mg_loop_leave();                                 /* one too many: stays at 0 */
+  checks++;
+  if (!inside || mg_is_in_loop()) {
+    fprintf(stderr, "c_api_test: mg_is_in_loop\n");
+    failures++;
+  }
+  mg_tensor_release(g);
+  mg_tensor_release(y);
+  mg_tensor_release(x);
+  mg_tape_release(t);
+}
+
 int main (void) {
   null_arguments();
+  custom_context();
   exchange();
   out_of_range();
   tape_outlives_state();

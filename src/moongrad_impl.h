@@ -111,6 +111,8 @@ typedef struct mg_tape_state {
   int recording;                            /* active and not paused */
   int watching;                             /* variable-read watchers */
   int recompute_depth;
+  int loop_depth;                           /* loop helpers running (mg_loop_enter) */
+  struct mg_custom_ctx *custom;             /* custom-gradient forwards running, innermost */
   struct mg_var_watcher *watchers;
   struct { mg_tape **t; int n; } pauses[MG_MAX_PAUSE_DEPTH];
   int npauses;

@@ -731,7 +731,10 @@ end
 -- over every axis but the last: features of (N, F), channels of NHWC images
 -- (over batch, height and width, as Keras' BatchNormalization after a Conv2D). While training it uses the batch's statistics
 -- and moves its running averages, but not while recompute_grad re-runs it
--- (mg.is_recomputing()), so the averages move once per step.
+-- (mg.is_recomputing()), so the averages move once per step. Training is one
+-- custom gradient that saves x alone (ctx:save, so the tape counts it) where
+-- the ops would keep x - mean and the normalized x; its backward computes the
+-- statistics again from x with ops, so second-order gradients are exact.
 local BatchNorm = class("BatchNorm", Layer)
 nn.BatchNorm = BatchNorm
 
@@ -753,27 +756,55 @@ function BatchNorm:build (x)
   self.updates = 0
 end
 
+-- the batch's mean and (biased) variance over every axis but the last
+local function batch_moments (x)
+  local axes = {}
+  for i = 1, x.ndim - 1 do axes[i] = i end
+  local mean = mg.mean(x, axes)
+  return mean, mg.mean((x - mean) ^ 2, axes), axes
+end
+
+-- y = x_hat * gamma + beta, x_hat = (x - mean) * inv_std with the batch's
+-- statistics. The backward, for N values per channel:
+--   dbeta = sum(dy), dgamma = sum(dy * x_hat),
+--   dx = gamma * inv_std * (dy - dbeta / N - x_hat * dgamma / N)
+local function batch_norm_train (ctx, x, gamma, beta, epsilon, stats)
+  local mean, var = batch_moments(x)
+  stats.mean, stats.var = mean, var
+  ctx:save(x, gamma)                     -- gamma's value now, as the plain tape would keep it
+  local y = (x - mean) / mg.sqrt(var + epsilon) * gamma + beta
+  return y, function(dy)
+    local xs, g = ctx:saved()
+    local m, v, axes = batch_moments(xs)
+    local inv_std = 1 / mg.sqrt(v + epsilon)
+    local x_hat = (xs - m) * inv_std
+    local n = xs:numel() // xs.shape[xs.ndim]
+    local dbeta = mg.sum(dy, axes)
+    local dgamma = mg.sum(dy * x_hat, axes)
+    local dx = ctx:needs_input_grad(1) and (dy - dbeta / n - x_hat * (dgamma / n)) * (g * inv_std) or nil
+    return dx, dgamma, dbeta
+  end
+end
+
+local batch_norm_op = mg.custom_gradient(batch_norm_train, {context = true})
+
 function BatchNorm:call (x, training)
   check_input("BatchNorm", x, 2, rawget(self, "gamma"))
   check.value("BatchNorm", "training (argument 2)", training, optional_boolean)
   if not rawget(self, "gamma") then self:build(x) end
   if training == nil then training = self.training end
-  local mean, var
-  if training then
-    local axes = {}
-    for i = 1, x.ndim - 1 do axes[i] = i end
-    mean = mg.mean(x, axes)
-    var = mg.mean((x - mean) ^ 2, axes)
-    if not mg.is_recomputing() then
-      local m = self.momentum
-      self.moving_mean:assign(self.moving_mean * m + mean * (1 - m))
-      self.moving_variance:assign(self.moving_variance * m + var * (1 - m))
-      self.updates = self.updates + 1
-    end
-  else
-    mean, var = self.moving_mean, self.moving_variance
+  if not training then
+    return (x - self.moving_mean) / mg.sqrt(self.moving_variance + self.epsilon) * self.gamma + self.beta
   end
-  return (x - mean) / mg.sqrt(var + self.epsilon) * self.gamma + self.beta
+  local stats = {}
+  local y = batch_norm_op(x, self.gamma, self.beta, self.epsilon, stats)
+  if not mg.is_recomputing() then
+    local m = self.momentum
+    self.moving_mean:assign(self.moving_mean * m + stats.mean * (1 - m))
+    self.moving_variance:assign(self.moving_variance * m + stats.var * (1 - m))
+    self.updates = self.updates + 1
+  end
+  return y
 end
 
 -- }=============================================================
@@ -871,127 +902,12 @@ function nn.checkpoint_sequential (layers, segments, x)
   return x
 end
 
-local function is_list (v)
-  return type(v) == "table" and not check.is_callable(v) and check.kind(v) == "a table"
-end
-
-local fn_rule = check.rule("a function (or a callable table) or a list of them", check.is_callable)
-
--- f or g of a RevBlock: one callable shared by the n layers, or a list of n
-local function callables (v, n, what)
-  if is_list(v) then
-    local len = check.list("RevBlock", v, "the list " .. what, what .. "[%d]")
-    if len ~= n then fail("RevBlock", "%s has %d functions for %d layers", what, len, n) end
-    for i = 1, n do check.value("RevBlock", ("%s[%d]"):format(what, i), v[i], check.callable) end
-    return v
-  end
-  check.value("RevBlock", what, v, fn_rule)
-  local list = {}
-  for i = 1, n do list[i] = v end
-  return list
-end
-
---- RevBlock(f, g, {num_layers=1, name=}): reversible residual layers (RevNet; TF1's
--- rev_block). Each layer maps (x1, x2) to y1 = x1 + f(x2), y2 = x2 + g(y1).
--- The backward pass rebuilds each layer's inputs from its outputs
--- (x2 = y2 - g(y1), x1 = y1 - f(x2)) instead of keeping them, so the tape
--- holds nothing per layer. f and g are callables (shared by every layer)
--- or lists of num_layers callables (num_layers defaults to their length).
--- Call it as block(x1, x2) -> y1, y2, or block(x) with x split in halves
--- along its last axis -> concatenated y.
-local RevBlock = class("RevBlock", Layer)
-nn.RevBlock = RevBlock
-
-local REVBLOCK_OPTIONS = {{"num_layers", check.positive_integer}, {"name", check.string}}
-
-setmetatable(RevBlock, {__call = function(_, f, g, opts)
-  opts = check.options("RevBlock", opts, REVBLOCK_OPTIONS)
-  local n = opts.num_layers or (is_list(f) and #f) or (is_list(g) and #g) or 1
-  local self = new_layer(RevBlock, {num_layers = n, name = opts.name}, "rev_block")
-  self.f, self.g = callables(f, n, "f"), callables(g, n, "g")
-  local seen = {}
-  for i = 1, n do
-    for _, h in ipairs({self.f[i], self.g[i]}) do
-      if not seen[h] then seen[h] = true; self:track(h) end
-    end
-  end
-  self._step = mg.custom_gradient(function(x1, x2) return self:_forward(x1, x2) end)
-  return self
-end})
-
--- h's result, which must have the shape of the half it is added to (else the
--- sum broadcasts and the block is not reversible)
-local function residual (out, like, what, i)
-  if not (check.is_array(out) and check.same_shape(out.shape, like.shape)) then
-    fail("RevBlock", "%s of layer %d gave %s for a half of shape %s; it must keep the shape", what, i,
-         show(out), check.shape(like.shape))
-  end
-  return out
-end
-
-function RevBlock:_forward (x1, x2)
-  for i = 1, self.num_layers do
-    local y1 = x1 + residual(self.f[i](x2), x1, "f", i)
-    x2 = x2 + residual(self.g[i](y1), x2, "g", i)
-    x1 = y1
-  end
-  local y1, y2 = x1, x2
-  return y1, y2, function(dy1, dy2, variables)
-    return self:_backward(y1, y2, dy1, dy2, variables or {})
-  end
-end
-
--- gradient of h(x) seeded with dy, with respect to x and the variables
-local function vjp (h, x, dy, variables)
-  local t = mg.tape()
-  t:watch(x)
-  local out = h(x)
-  t:stop()
-  local g = t:gradient(out, {x, variables}, dy, {unconnected = "zero"})
-  return out, g[1], g[2]
-end
-
-function RevBlock:_backward (y1, y2, dy1, dy2, variables)
-  local dvars = {}
-  local function add_vars (gs)
-    for k, gk in ipairs(gs) do dvars[k] = dvars[k] and dvars[k] + gk or gk end
-  end
-  for i = self.num_layers, 1, -1 do
-    local gy1, dz, dgv = vjp(self.g[i], y1, dy2, variables)      -- through y2 = x2 + g(y1)
-    local x2 = y2 - gy1
-    local dy1_total = dy1 + dz
-    add_vars(dgv)
-    local fx2, dx2f, dfv = vjp(self.f[i], x2, dy1_total, variables)   -- through y1 = x1 + f(x2)
-    local x1 = y1 - fx2
-    add_vars(dfv)
-    dy1, dy2 = dy1_total, dy2 + dx2f
-    y1, y2 = x1, x2
-  end
-  return dy1, dy2, dvars
-end
-
-function RevBlock:call (x1, x2)
-  check_input("RevBlock", x1, 1)
-  if x2 ~= nil then
-    check.float_tensor("RevBlock", "x2", x2)
-    return self._step(x1, x2)
-  end
-  local n, d = x1.ndim, x1.shape[x1.ndim]
-  if d % 2 ~= 0 then fail("RevBlock", "the last dimension (%d) must be even to split in halves", d) end
-  local spec = {}                                   -- nil for every axis but the last
-  spec[n] = {1, d // 2}
-  local h1 = mg.slice(x1, table.unpack(spec, 1, n))
-  spec[n] = {d // 2 + 1, d}
-  local h2 = mg.slice(x1, table.unpack(spec, 1, n))
-  local y1, y2 = self._step(h1, h2)
-  return mg.concat({y1, y2}, -1)
-end
-
 -- }=============================================================
 
 -- training (compile, fit, evaluate, predict) and checkpoints (save_weights,
 -- load_weights) are methods of every layer, kept in modules of their own
 require("moongrad.fit").install(nn)
 require("moongrad.checkpoint").install(nn)
+require("moongrad.reversible").install(nn, {class = class, new_layer = new_layer, note_shape = note_shape, check_input = check_input, classes = classes})   -- Layer:subclass, RecomputeLayer, ReversibleLayer, RevBlock, AffineCoupling, InvertibleLinear
 
 return nn

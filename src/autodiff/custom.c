@@ -6,17 +6,151 @@
 ** node whose inputs are the forward's inputs plus those variables, and
 ** whose backward is the host's. Ops the host's backward runs are recorded
 ** by tapes still recording, so custom gradients can be differentiated again.
+**
+** Each call has a context (PyTorch's ctx): what the forward saves through it
+** is held by the node as saved tensors, so the counters see it (a closure's
+** captures they cannot), and goes with the node. The context also keeps the
+** random state and loop depth of the call, for re-runs in the backward.
 */
 #include <stdlib.h>
 #include <string.h>
 
 #include "moongrad_impl.h"
 
+/* {======================= the context ======================= */
+
+typedef enum { CTX_FORWARD, CTX_RECORDED, CTX_CLOSED } ctx_state;
+
+struct mg_custom_ctx {
+  int refcount;                /* the call, its node, the host's handles */
+  ctx_state state;
+  int n, cap;
+  mg_tensor **saved;           /* [n]: held as a node's saved tensors, or NULL */
+  mg_rng_state rng;            /* the random state when the call began */
+  int loop_depth;              /* mg_is_in_loop's depth then */
+  const mg_grad_args *args;    /* during the backward */
+  mg_custom_ctx *prev;         /* the enclosing forward's, while this one runs */
+};
+
+static mg_custom_ctx *ctx_new (void) {
+  mg_custom_ctx *c = (mg_custom_ctx *)calloc(1, sizeof(mg_custom_ctx));
+  if (c == NULL) return mg_seterror("custom_gradient: out of memory"), NULL;
+  c->refcount = 1;
+  c->rng = mg_random_get_state();
+  c->loop_depth = mg_ctx()->tapes.loop_depth;
+  return c;
+}
+
+/* a saved tensor counts as what tapes hold (the saved role) */
+static void unkeep (mg_tensor **slot) {
+  if (*slot == NULL) return;
+  mg_storage_add_refs((*slot)->storage, -1, 0);
+  mg_tensor_release(*slot);
+  *slot = NULL;
+}
+
+/* the node let go (or none was recorded): so does the context */
+static void ctx_close (mg_custom_ctx *c) {
+  for (int i = 0; i < c->n; i++) unkeep(&c->saved[i]);
+  c->state = CTX_CLOSED;
+}
+
+mg_custom_ctx *mg_custom_ctx_retain (mg_custom_ctx *c) {
+  if (c) c->refcount++;
+  return c;
+}
+
+void mg_custom_ctx_release (mg_custom_ctx *c) {
+  if (c == NULL || --c->refcount > 0) return;
+  ctx_close(c);
+  free(c->saved);
+  free(c);
+}
+
+mg_custom_ctx *mg_custom_context (void) {
+  mg_custom_ctx *c = mg_ctx()->tapes.custom;
+  if (c == NULL) mg_seterror("mg_custom_context: no custom gradient's forward is running");
+  return c;
+}
+
+mg_status mg_custom_save (mg_custom_ctx *c, int n, mg_tensor *const *ts) {
+  MG_CHECK_ARG("mg_custom_save", c, MG_ERR);
+  if (n < 0) return mg_seterror("mg_custom_save: n is negative (%d)", n);
+  if (n > 0 && ts == NULL) return mg_null_arg("mg_custom_save", "ts");
+  if (c->state != CTX_FORWARD)
+    return mg_seterror("mg_custom_save: only while the custom gradient's forward runs");
+  if (c->n + n > c->cap) {
+    int cap = c->cap ? c->cap : 4;
+    while (cap < c->n + n) cap *= 2;
+    mg_tensor **a = (mg_tensor **)realloc(c->saved, sizeof(mg_tensor *) * (size_t)cap);
+    if (a == NULL) return mg_seterror("mg_custom_save: out of memory");
+    c->saved = a;
+    c->cap = cap;
+  }
+  for (int i = 0; i < n; i++) {
+    mg_tensor *t = ts[i];
+    c->saved[c->n++] = t ? mg_tensor_retain(t) : NULL;
+    if (t) mg_storage_add_refs(t->storage, 1, 0);
+  }
+  return MG_OK;
+}
+
+int mg_custom_nsaved (const mg_custom_ctx *c) { return c ? c->n : 0; }
+
+mg_tensor *mg_custom_saved (const mg_custom_ctx *c, int i) {
+  MG_CHECK_ARG("mg_custom_saved", c, NULL);
+  if (i < 0 || i >= c->n)
+    return mg_seterror("mg_custom_saved: index %d is out of range (%d saved)", i, c->n), NULL;
+  return c->saved[i];
+}
+
+mg_status mg_custom_forget (mg_custom_ctx *c, int i) {
+  MG_CHECK_ARG("mg_custom_forget", c, MG_ERR);
+  if (i < 0 || i >= c->n)
+    return mg_seterror("mg_custom_forget: index %d is out of range (%d saved)", i, c->n);
+  unkeep(&c->saved[i]);
+  return MG_OK;
+}
+
+int mg_custom_recorded (const mg_custom_ctx *c) { return c && c->state == CTX_RECORDED; }
+
+int mg_custom_needs_input_grad (const mg_custom_ctx *c, int j) {
+  MG_CHECK_ARG("mg_custom_needs_input_grad", c, -1);
+  if (c->args == NULL)
+    return mg_seterror("needs_input_grad: only while the custom gradient's backward runs"), -1;
+  if (j < 0 || j >= c->args->nin)
+    return mg_seterror("needs_input_grad: input %d is out of range (the call had %d)", j + 1,
+                       c->args->nin), -1;
+  return c->args->needs[j] != 0;
+}
+
+mg_status mg_custom_rerun (mg_custom_ctx *c, mg_status (*fn)(void *ud), void *ud) {
+  MG_CHECK_ARG("mg_custom_rerun", c, MG_ERR);
+  MG_CHECK_ARG("mg_custom_rerun", fn, MG_ERR);
+  mg_tape_state *T = &mg_ctx()->tapes;
+  mg_rng_state now = mg_random_get_state();
+  int loops = T->loop_depth;
+  mg_random_set_state(c->rng);
+  T->loop_depth += c->loop_depth;
+  mg_recompute_enter();
+  mg_status st = fn(ud);
+  mg_recompute_leave();
+  T->loop_depth = loops;
+  mg_random_set_state(now);
+  return st;
+}
+
+/* }========================================================== */
+
+
+/* {======================= the node ========================== */
+
 typedef struct custom_ext {
   const mg_function *fn;
   void *ud;
   int nargs, nvars;            /* inputs: nargs tensors, then nvars variables */
   mg_variable **vars;          /* retained */
+  mg_custom_ctx *ctx;          /* retained */
 } custom_ext;
 
 static void release_ud (const mg_function *fn, void *ud) {
@@ -28,7 +162,17 @@ static void custom_free (mg_node *n) {
   release_ud(e->fn, e->ud);
   for (int k = 0; k < e->nvars; k++) mg_variable_release(e->vars[k]);
   free(e->vars);
+  if (e->ctx) ctx_close(e->ctx);               /* a host's handle may outlive the node */
+  mg_custom_ctx_release(e->ctx);
   free(e);
+}
+
+/* the tensors the forward saved, for mg_tape_saved_bytes: the i-th present */
+static mg_tensor *custom_saved (const mg_node *n, int i) {
+  const mg_custom_ctx *c = ((const custom_ext *)n->ext)->ctx;
+  for (int k = 0; c && k < c->n; k++)
+    if (c->saved[k] && i-- == 0) return c->saved[k];
+  return NULL;
 }
 
 /* zeros for the outputs no gradient reached: the host sees a tensor always */
@@ -49,8 +193,14 @@ static mg_status custom_backward (mg_node *n, mg_tensor *const *dout, mg_tensor 
                                : mg_seterror("out of memory in the backward of '%s'", e->fn->name);
   for (int j = 0; j < nin && needs; j++) needs[j] = n->needs[j];
   if (st == MG_OK) {
-    mg_grad_args a = {n->nout, full, e->nargs, e->nvars, e->vars, needs, din};
+    mg_grad_args a = {n->nout, full, e->nargs, e->nvars, e->vars, needs, din, e->ctx};
+    mg_tape_state *T = &mg_ctx()->tapes;
+    int loops = T->loop_depth;
+    T->loop_depth += e->ctx->loop_depth;         /* in a loop, as the call was */
+    e->ctx->args = &a;
     st = e->fn->backward(e->ud, &a);
+    e->ctx->args = NULL;
+    T->loop_depth = loops;
   }
   for (int j = 0; j < nin && st == MG_OK; j++) {
     if (!n->needs[j]) {                          /* not asked for: dropped */
@@ -68,11 +218,19 @@ static mg_status custom_backward (mg_node *n, mg_tensor *const *dout, mg_tensor 
   return st;
 }
 
-static const mg_opdef custom_op = {.info = {.name = "custom_gradient", .kind = MG_OP_OTHER}, .backward = custom_backward, .free_ext = custom_free};
+static const mg_opdef custom_op = {
+  .info = {.name = "custom_gradient", .kind = MG_OP_OTHER},
+  .backward = custom_backward, .free_ext = custom_free, .saved_extra = custom_saved,
+};
 
-/* records the node; takes over ud and the watcher's variables */
-static mg_status record (const mg_function *fn, void *ud, int nin, mg_tensor *const *in,
-                         mg_var_watcher *w, mg_list *out) {
+/* }========================================================== */
+
+
+/* {======================== the call ========================= */
+
+/* records the node; takes over ud, the context and the watcher's variables */
+static mg_status record (const mg_function *fn, void *ud, mg_custom_ctx *c, int nin,
+                         mg_tensor *const *in, mg_var_watcher *w, mg_list *out) {
   int ninputs = nin + w->n;
   custom_ext *e = (custom_ext *)calloc(1, sizeof(custom_ext));
   mg_tensor **inputs = (mg_tensor **)malloc(sizeof(mg_tensor *) * (size_t)(ninputs + 1));
@@ -81,14 +239,17 @@ static mg_status record (const mg_function *fn, void *ud, int nin, mg_tensor *co
     free(inputs);
     release_ud(fn, ud);
     mg_watcher_free(w);
+    ctx_close(c);
+    mg_custom_ctx_release(c);
     return mg_seterror("%s: out of memory", fn->name);
   }
   memcpy(inputs, in, sizeof(mg_tensor *) * (size_t)nin);
   for (int k = 0; k < w->n; k++) inputs[nin + k] = w->vars[k]->value;
-  *e = (custom_ext){fn, ud, nin, w->n, w->vars};
+  *e = (custom_ext){fn, ud, nin, w->n, w->vars, c};
   w->vars = NULL;                                /* the node owns them now */
   w->n = w->cap = 0;
   mg_status st = mg_call_fresh_outputs(out, inputs, ninputs);
+  c->state = CTX_RECORDED;                       /* closed again if no tape records it */
   if (st == MG_OK)
     st = mg_record_ex(&custom_op, ninputs, inputs, out->n, out->t, NULL, e, NULL);
   else
@@ -105,18 +266,30 @@ mg_status mg_custom_call (const mg_function *fn, void *ud, int nin, mg_tensor *c
     if (fn && fn->release) fn->release(ud);
     return st;
   }
+  mg_custom_ctx *c = ctx_new();
+  if (c == NULL) {
+    release_ud(fn, ud);
+    return MG_ERR;
+  }
   mg_call_hold(nin, in);                 /* the forward may release what the caller lent */
+  mg_tape_state *T = &mg_ctx()->tapes;
+  c->prev = T->custom;                           /* the forward finds it (mg_custom_context) */
+  T->custom = c;
   mg_var_watcher w;
-  if (mg_call_forward(fn, ud, nin, in, out, &w) != MG_OK) {
-    release_ud(fn, ud);
-    st = MG_ERR;
-  } else if (mg_recording_tapes == 0) {          /* nobody will ask for the gradient */
-    mg_watcher_free(&w);
-    release_ud(fn, ud);
-  } else {
+  st = mg_call_forward(fn, ud, nin, in, out, &w);
+  T->custom = c->prev;
+  c->prev = NULL;
+  if (st == MG_OK && mg_recording_tapes > 0) {
     mg_call_drop_passed(&w, nin, in);
-    if ((st = record(fn, ud, nin, in, &w, out)) != MG_OK) mg_list_clear(out);
+    if ((st = record(fn, ud, c, nin, in, &w, out)) != MG_OK) mg_list_clear(out);
+  } else {                                       /* failed, or nobody will ask for the gradient */
+    if (st == MG_OK) mg_watcher_free(&w);
+    release_ud(fn, ud);
+    ctx_close(c);
+    mg_custom_ctx_release(c);
   }
   mg_call_unhold(nin, in);
   return st;
 }
+
+/* }========================================================== */

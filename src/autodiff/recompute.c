@@ -27,6 +27,7 @@ typedef struct recompute_ext {
   int ninputs;                 /* node inputs: the distinct tensors, then variables */
   mg_variable **var_of;        /* [ninputs]: the variable whose value input j was, retained */
   mg_replay *kept;             /* outputs a save policy kept, or NULL */
+  int loop_depth;              /* mg_is_in_loop's depth at the call, for the re-run */
 } recompute_ext;
 
 static void recompute_free (mg_node *n) {
@@ -134,11 +135,14 @@ static mg_status recompute_backward (mg_node *n, mg_tensor *const *dout, mg_tens
   mg_rng_state now = mg_random_get_state();
   mg_random_set_state(e->rng);
   mg_recompute_enter();
+  int *loops = &mg_ctx()->tapes.loop_depth, was = *loops;
+  *loops += e->loop_depth;                       /* in a loop, as the call was */
   mg_memory_span("recompute", 1);
   mg_status st = rerun(n, e, tape, &out);
   if (st == MG_OK) st = check_outputs(n, &out);
   if (st == MG_OK) st = local_gradient(n, tape, &out, dout, din);
   mg_memory_span("recompute", 0);
+  *loops = was;
   mg_recompute_leave();
   mg_random_set_state(now);                      /* as if no recompute had happened */
   mg_list_clear(&out);
@@ -258,7 +262,8 @@ static mg_status recompute_call (const mg_function *fn, void *ud, int nin, mg_te
     if (fn->release) fn->release(ud);
     mg_replay_free(kept);
   } else {
-    *e = (recompute_ext){.fn = fn, .ud = ud, .rng = rng, .nargs = nin, .kept = kept};
+    *e = (recompute_ext){.fn = fn, .ud = ud, .rng = rng, .nargs = nin, .kept = kept,
+                         .loop_depth = mg_ctx()->tapes.loop_depth};
     inputs = node_inputs(e, nin, in, &w);
     st = inputs ? mg_call_fresh_outputs(out, inputs, e->ninputs) : MG_ERR;
     if (st == MG_OK)

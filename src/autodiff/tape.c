@@ -232,6 +232,12 @@ void mg_recompute_enter (void) { tapes()->recompute_depth++; }
 void mg_recompute_leave (void) { tapes()->recompute_depth--; }
 int mg_is_recomputing (void) { return tapes()->recompute_depth > 0; }
 
+/* loop helpers (a checkpointed loop) say when their body runs, so that a
+** layer can ask (the seed's is_in_while_loop) */
+void mg_loop_enter (void) { tapes()->loop_depth++; }
+void mg_loop_leave (void) { if (tapes()->loop_depth > 0) tapes()->loop_depth--; }
+int mg_is_in_loop (void) { return tapes()->loop_depth > 0; }
+
 /* }========================================================== */
 
 

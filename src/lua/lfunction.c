@@ -17,6 +17,7 @@
 ** are kept as themselves (f may use their methods); the C side shows them
 ** with the values they had at the call.
 */
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -113,7 +114,8 @@ typedef struct first_run {
 typedef struct lfn {
   mgL_anchor *a;
   int ref;                     /* registry: {f=, grad_fn=, template=, kinds=} */
-  bool pass_flag;              /* recompute_grad(f, {pass_is_recomputing=true}) */
+  bool pass_flag;              /* recompute_grad(f, {pass_is_recomputing=true}), or
+                               ** custom_gradient(f, {context=true}) */
   first_run *first;            /* the call in progress; NULL after it */
 } lfn;
 
@@ -547,10 +549,19 @@ static int l_recompute_grad (lua_State *L) {
 
 /* {==================== custom_gradient ===================== */
 
+static void push_ctx (lua_State *L, mg_custom_ctx *c);
+
 /* custom's first run: (fa, f, args...) -> outputs; f's last result,
-** grad_fn, goes to the lfn table for the backward */
+** grad_fn, goes to the lfn table for the backward. With {context = true}
+** (pass_flag) f gets the call's context first. */
 static int custom_first_body (lua_State *L) {
   forward_args *fa = (forward_args *)lua_touserdata(L, 1);
+  if (fa->u->pass_flag) {
+    mg_custom_ctx *c = mg_custom_context();
+    if (c == NULL) return mgL_error(L);
+    push_ctx(L, c);
+    lua_insert(L, 3);
+  }
   lua_call(L, lua_gettop(L) - 2, LUA_MULTRET);
   int first = 2, last = lua_gettop(L);
   if (last - first < 1 || !lua_isfunction(L, last))
@@ -645,7 +656,7 @@ static mg_status custom_backward (void *ud, const mg_grad_args *g) {
 static const mg_function custom_fn = {"custom_gradient", custom_forward, custom_backward,
                                       lfn_release};
 
-/* g(...): upvalue 1 is f */
+/* g(...): upvalue 1 is f, upvalue 2 whether f takes a context */
 static int custom_call (lua_State *L) {
   int nargs = lua_gettop(L);
   luaL_checkstack(L, nargs + 8, "too many arguments");
@@ -661,7 +672,7 @@ static int custom_call (lua_State *L) {
   mg_tensor **in = tensor_array(L, list, ntensors);
   lua_newtable(L);                                 /* the lfn table */
   first_run first = {L, fidx, 1, nargs, 0, 0, 0};
-  lfn *u = lfn_new(L, false, &first);
+  lfn *u = lfn_new(L, lua_toboolean(L, lua_upvalueindex(2)), &first);
   mg_list out = {0};
   mg_status st = mg_custom_call(&custom_fn, u, ntensors, in, &out);
   if (st != MG_OK) return raise_call_error(L, &first);
@@ -670,11 +681,183 @@ static int custom_call (lua_State *L) {
   return n;
 }
 
-/* custom_gradient(f): g with g(...) == first results of f(...) */
+/* custom_gradient(f [, {context = false}]): g with g(...) == first results
+** of f(...), or of f(ctx, ...) with a context */
 static int l_custom_gradient (lua_State *L) {
   luaL_checktype(L, 1, LUA_TFUNCTION);
+  bool context = false;
+  if (!lua_isnoneornil(L, 2)) {
+    static const char *const keys[] = {"context", NULL};
+    mgL_checkoptions(L, 2, keys);
+    if (mgL_optionfield(L, 2, "context", LUA_TBOOLEAN) != LUA_TNIL) context = lua_toboolean(L, -1);
+  }
   lua_settop(L, 1);
-  lua_pushcclosure(L, custom_call, 1);
+  lua_pushboolean(L, context);
+  lua_pushcclosure(L, custom_call, 2);
+  return 1;
+}
+
+/* }========================================================== */
+
+
+/* {================ custom gradient contexts ================= */
+/* ctx, the context of one custom_gradient call (PyTorch's ctx): save()
+** in the forward, saved() in the backward; what it saves is the node's,
+** counted by the tapes. */
+
+#define CTX_MT "moongrad.CustomContext"
+
+typedef struct lctx { mg_custom_ctx *c; } lctx;
+
+static void push_ctx (lua_State *L, mg_custom_ctx *c) {
+  lctx *b = (lctx *)lua_newuserdatauv(L, sizeof(lctx), 0);
+  b->c = NULL;
+  luaL_setmetatable(L, CTX_MT);
+  b->c = mg_custom_ctx_retain(c);
+}
+
+static mg_custom_ctx *checkctx (lua_State *L) {
+  lctx *b = (lctx *)luaL_checkudata(L, 1, CTX_MT);
+  luaL_argcheck(L, b->c != NULL, 1, "context has been released");
+  return b->c;
+}
+
+static int ctx_gc (lua_State *L) {
+  lctx *b = (lctx *)luaL_checkudata(L, 1, CTX_MT);
+  mg_custom_ctx_release(b->c);
+  b->c = NULL;
+  return 0;
+}
+
+/* the C core's last error, with its function name replaced by `who` */
+static int ctx_error (lua_State *L, const char *who) {
+  const char *msg = mg_errmsg(), *colon = strstr(msg, ": ");
+  return luaL_error(L, "%s: %s", who, colon ? colon + 2 : msg);
+}
+
+/* ctx:save(...): tensors (a variable: its value now; nil keeps its place)
+** for the backward */
+static int ctx_save (lua_State *L) {
+  mg_custom_ctx *c = checkctx(L);
+  int n = lua_gettop(L) - 1;
+  mg_tensor **ts = (mg_tensor **)lua_newuserdatauv(L, sizeof(mg_tensor *) * (size_t)(n + 1), 0);
+  for (int i = 0; i < n; i++) {
+    if (lua_isnil(L, i + 2)) {
+      ts[i] = NULL;
+    } else if ((ts[i] = mgL_testtensor(L, i + 2)) == NULL) {
+      return luaL_error(L, "ctx:save: argument %d is a %s, not a tensor (or nil)", i + 1,
+                        luaL_typename(L, i + 2));
+    }
+  }
+  return mg_custom_save(c, n, ts) == MG_OK ? 0 : ctx_error(L, "ctx:save");
+}
+
+/* ctx:saved(): what the forward saved, in order (nil where nil was saved,
+** or forgotten) */
+static int ctx_saved (lua_State *L) {
+  mg_custom_ctx *c = checkctx(L);
+  int n = mg_custom_nsaved(c);
+  if (n > 0 && !mg_custom_recorded(c))
+    return luaL_error(L, "ctx:saved: what this call saved is gone (no tape recorded the call, "
+                         "or its tape let go of it)");
+  luaL_checkstack(L, n, "too many saved tensors");
+  for (int i = 0; i < n; i++) {
+    mg_tensor *t = mg_custom_saved(c, i);
+    if (t) push_tensor(L, t);
+    else lua_pushnil(L);
+  }
+  return n;
+}
+
+/* ctx:forget(i): lets go of saved tensor i now */
+static int ctx_forget (lua_State *L) {
+  mg_custom_ctx *c = checkctx(L);
+  lua_Integer i = luaL_checkinteger(L, 2);
+  int n = mg_custom_nsaved(c);
+  if (i < 1 || i > n)
+    return luaL_argerror(L, 2, lua_pushfstring(L, "index %I is out of range (%d saved)", i, n));
+  return mg_custom_forget(c, (int)i - 1) == MG_OK ? 0 : ctx_error(L, "ctx:forget");
+}
+
+/* ctx:needs_input_grad(j): in the backward, whether tensor argument j's
+** gradient is wanted (nil may be returned for it when not) */
+static int ctx_needs_input_grad (lua_State *L) {
+  mg_custom_ctx *c = checkctx(L);
+  lua_Integer j = luaL_checkinteger(L, 2);
+  luaL_argcheck(L, j >= 1 && j <= INT_MAX, 2, "input numbers start at 1");
+  int r = mg_custom_needs_input_grad(c, (int)j - 1);
+  if (r < 0) return ctx_error(L, "ctx:needs_input_grad");
+  lua_pushboolean(L, r);
+  return 1;
+}
+
+static int ctx_is_recorded (lua_State *L) {
+  lua_pushboolean(L, mg_custom_recorded(checkctx(L)));
+  return 1;
+}
+
+typedef struct ctx_rerun_args { lua_State *L; int nargs, status; } ctx_rerun_args;
+
+static mg_status ctx_rerun_body (void *ud) {
+  ctx_rerun_args *r = (ctx_rerun_args *)ud;
+  r->status = lua_pcall(r->L, r->nargs, LUA_MULTRET, 0);
+  return r->status == LUA_OK ? MG_OK : MG_ERR;
+}
+
+/* ctx:recompute(fn, ...): fn(...) as a re-run of the forward:
+** mg.is_recomputing() true, the random state as at the call (dropout masks
+** match), is_in_loop() as at the call; returns fn's results */
+static int ctx_recompute (lua_State *L) {
+  mg_custom_ctx *c = checkctx(L);
+  luaL_checkany(L, 2);
+  ctx_rerun_args r = {L, lua_gettop(L) - 2, LUA_OK};
+  mg_status st = mg_custom_rerun(c, ctx_rerun_body, &r);
+  if (r.status != LUA_OK) return lua_error(L);     /* fn's own error, as it was */
+  if (st != MG_OK) return mgL_error(L);
+  return lua_gettop(L) - 1;
+}
+
+static int ctx_tostring (lua_State *L) {
+  mg_custom_ctx *c = checkctx(L);
+  lua_pushfstring(L, CTX_MT " (%d saved, %s)", mg_custom_nsaved(c),
+                  mg_custom_recorded(c) ? "recorded" : "not recorded");
+  return 1;
+}
+
+static void open_ctx (lua_State *L) {
+  static const luaL_Reg methods[] = {
+    {"save", ctx_save}, {"saved", ctx_saved}, {"forget", ctx_forget},
+    {"needs_input_grad", ctx_needs_input_grad}, {"is_recorded", ctx_is_recorded},
+    {"recompute", ctx_recompute}, {NULL, NULL}
+  };
+  luaL_newmetatable(L, CTX_MT);
+  luaL_newlib(L, methods);
+  lua_setfield(L, -2, "__index");
+  lua_pushcfunction(L, ctx_gc);
+  lua_setfield(L, -2, "__gc");
+  lua_pushcfunction(L, ctx_tostring);
+  lua_setfield(L, -2, "__tostring");
+  lua_pop(L, 1);
+}
+
+/* }========================================================== */
+
+
+/* {========================= loops =========================== */
+
+/* in_loop(fn, ...): runs fn(...) as a loop helper's body: mg.is_in_loop()
+** is true inside (and in the backward of what it records) */
+static int l_in_loop (lua_State *L) {
+  luaL_checkany(L, 1);
+  mg_loop_enter();
+  int st = lua_pcall(L, lua_gettop(L) - 1, LUA_MULTRET, 0);
+  mg_loop_leave();
+  if (st != LUA_OK) return lua_error(L);
+  return lua_gettop(L);
+}
+
+static int l_is_in_loop (lua_State *L) {
+  lua_pushboolean(L, mg_is_in_loop());
   return 1;
 }
 
@@ -783,6 +966,11 @@ static int l_saved_tensors_hooks (lua_State *L) {
 /* }========================================================== */
 
 void mgL_open_functions (lua_State *L) {
+  lua_pushcfunction(L, l_in_loop);
+  lua_setfield(L, -2, "in_loop");
+  lua_pushcfunction(L, l_is_in_loop);
+  lua_setfield(L, -2, "is_in_loop");
+  open_ctx(L);
   lua_pushcfunction(L, l_saved_tensors_hooks);
   lua_setfield(L, -2, "saved_tensors_hooks");
   lua_pushcfunction(L, l_custom_gradient);
