@@ -479,10 +479,12 @@ mg_status mg_record_ex (const mg_opdef *def, int nin, mg_tensor *const *in, int 
       if (want == NULL) return free_unrecorded_ext(def, ext), mg_seterror("out of memory recording '%s'", def->info.name);
       memcpy(want, few, sizeof few);
     }
-    want[nwant++] = mg_tape_retain(t);
+    want[nwant++] = t;
   }
   if (nwant == 0) return free_unrecorded_ext(def, ext), MG_OK;
-  for (int j = 0; j < nin; j++) mg_tensor_retain(in[j]);
+  bool callouts = T->hooks != NULL;     /* pack hooks: user code may run below */
+  for (int i = 0; callouts && i < nwant; i++) mg_tape_retain(want[i]);
+  for (int j = 0; callouts && j < nin; j++) mg_tensor_retain(in[j]);
   mg_status st = MG_OK;
   mg_node *n = node_new(def, nin, in, nout, out, attr, ext);
   if (n == NULL) {
@@ -495,8 +497,8 @@ mg_status mg_record_ex (const mg_opdef *def, int nin, mg_tensor *const *in, int 
     for (int k = 0; k < nout && st == MG_OK; k++)
       if (mg_is_float(out[k]->dtype)) st = track(want[i], out[k]->id);
   }
-  for (int j = 0; j < nin; j++) mg_tensor_release(in[j]);
-  for (int i = 0; i < nwant; i++) mg_tape_release(want[i]);
+  for (int j = 0; callouts && j < nin; j++) mg_tensor_release(in[j]);
+  for (int i = 0; callouts && i < nwant; i++) mg_tape_release(want[i]);
   if (want != few) free(want);
   if (n != NULL && n->refcount == 0) {     /* recorded nowhere after all */
     n->refcount = 1;
