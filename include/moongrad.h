@@ -383,6 +383,40 @@ MG_API mg_tensor *mg_avg_pool2d_backward (mg_tensor *dy, const int64_t input_sha
 /* }============================================================== */
 
 
+/* {=================== ops: transformers ======================== */
+/* (src/ops/attention.c) Fused forward and backward kernels; when a tape
+** records a backward pass (second-order gradients), the backward rules use
+** the public ops instead, so gradients of any order exist. float32 products
+** run on oneDNN's sgemm, float64 on plain C loops (the gradient checks'). */
+
+/* y = (x - mean) / sqrt(var + epsilon) * gamma + beta over x's last axis
+** (D); gamma and beta are (D) or NULL (1 and 0). Keeps x and gamma; the
+** backward recomputes each row's mean and variance */
+MG_API mg_tensor *mg_layer_norm (mg_tensor *x, mg_tensor *gamma, mg_tensor *beta, double epsilon);
+/* y = x * Phi(x) = x/2 * (1 + erf(x / sqrt(2))); approximate != 0: GPT-2's
+** x/2 * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3))) */
+MG_API mg_tensor *mg_gelu (mg_tensor *x, int approximate);
+
+/* attention's options; all zero is the default (NULL too) */
+typedef struct mg_attention_params {
+  int causal;              /* query i attends to keys j <= i only (top-left aligned) */
+  double scale;            /* of the scores; 0: 1/sqrt(features) */
+} mg_attention_params;
+
+/* out = softmax(q k^T * scale) v per batch entry, the softmax over the keys:
+** q (..., Tq, dk), k (..., Tk, dk), v (..., Tk, dv) -> (..., Tq, dv), the
+** batch dimensions equal. mask (bool, true: attend) broadcasts to
+** (..., Tq, Tk), or NULL; masked weights are 0, and a query with nothing to
+** attend to gets zeros (not NaN). Keeps q, k, v (and the mask) only: the
+** backward builds each batch entry's weights again, so no (..., Tq, Tk)
+** tensor is kept for it. Views with adjacent columns (heads split by a
+** transpose) are read in place */
+MG_API mg_tensor *mg_scaled_dot_product_attention (mg_tensor *q, mg_tensor *k, mg_tensor *v, mg_tensor *mask,
+                                                   const mg_attention_params *p);
+
+/* }============================================================== */
+
+
 /* {============== ops: indexing, sorting, rearranging ============ */
 /* (src/ops/index.c, src/ops/sort.c, src/ops/einsum.c) Indices are int64
 ** and 0-based; a negative one counts from the end (-1 is the last), as in

@@ -360,7 +360,7 @@ describe("compile and fit check their arguments", function()
         .. "mean_absolute_error, binary_crossentropy, categorical_crossentropy, sparse_categorical_crossentropy, mse, mae)"},
       {function() m:compile{loss = "mse", metrics = {"acuracy"}} end, "compile: unknown metric 'acuracy' (did you mean "
         .. "'accuracy'? known: accuracy, binary_accuracy, categorical_accuracy, sparse_categorical_accuracy, "
-        .. "mean_squared_error, mean_absolute_error, acc, mse, mae)"},
+        .. "mean_squared_error, mean_absolute_error, perplexity, acc, mse, mae)"},
       {function() m:compile{loss = "mse", optimizer = "adamax"} end,
        "compile: unknown optimizer 'adamax' (did you mean 'adam'? known: sgd, adam, adamw, rmsprop)"},
       {function() m:compile{loss = "mse", optimizer = {}} end, "compile: optimizer must be an optimizer "

@@ -293,7 +293,7 @@ describe("metrics", function()
     assert.equal(M.accuracy, M.get("accuracy", "mean_squared_error"))
     err(function() M.get("acuracy") end, "metrics.get: unknown metric 'acuracy' (did you mean 'accuracy'? known: "
         .. "accuracy, binary_accuracy, categorical_accuracy, sparse_categorical_accuracy, mean_squared_error, "
-        .. "mean_absolute_error, acc, mse, mae)")
+        .. "mean_absolute_error, perplexity, acc, mse, mae)")
   end)
 
   it("check shapes and dtypes", function()

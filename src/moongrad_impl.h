@@ -290,6 +290,7 @@ typedef struct mg_opdef {
 typedef struct mg_opfamily { const mg_opdef *const *rows; int n; } mg_opfamily;
 extern const mg_opfamily mg_unary_ops, mg_binary_ops, mg_reduce_ops, mg_matmul_ops, mg_shape_ops,
                          mg_nn_ops, mg_create_ops, mg_maths_ops, mg_index_ops, mg_conv_ops;
+extern const mg_opfamily mg_attention_ops;     /* src/ops/attention.c: layer_norm, gelu, attention */
 
 #define MG_SAVE_IN(j)    (1u << (j))
 #define MG_SAVE_OUT(i)   (1u << (16 + (i)))

@@ -101,9 +101,25 @@ function metrics.mean_absolute_error (y_true, y_pred)
   return mg.cast(require("moongrad.losses").mean_absolute_error(y_true, y_pred), "float64")
 end
 
+local PERPLEXITY = {{"from_logits", check.boolean, false}, {"mask", check.rule("a tensor of weights or nil",
+  function(v) return v == nil or check.is_array(v) end)}}
+
+--- perplexity(y_true, y_pred [, {from_logits=false, mask=}]): exp of the mean
+-- sparse crossentropy (keras_nlp's Perplexity); y_true int64 class numbers of
+-- y_pred's shape without its last axis, (B, T) for (B, T, V); mask (B, T) weights
+-- the positions (0: padding). Under fit the epoch's figure is the mean of the
+-- batches' perplexities, at least exp(loss); exp of the loss is the exact one.
+function metrics.perplexity (y_true, y_pred, opts)
+  local who = "perplexity"
+  pred(who, y_pred)
+  opts = check.options(who, opts, PERPLEXITY)
+  local l = require("moongrad.losses").sparse_categorical_crossentropy(y_true, y_pred, opts)
+  return mg.exp(mg.cast(l, "float64"))
+end
+
 local aliases = {acc = "accuracy", mse = "mean_squared_error", mae = "mean_absolute_error"}
 local names = {"accuracy", "binary_accuracy", "categorical_accuracy", "sparse_categorical_accuracy",
-               "mean_squared_error", "mean_absolute_error", "acc", "mse", "mae"}
+               "mean_squared_error", "mean_absolute_error", "perplexity", "acc", "mse", "mae"}
 
 local by_loss = {binary_crossentropy = "binary_accuracy", categorical_crossentropy = "categorical_accuracy",
                  sparse_categorical_crossentropy = "sparse_categorical_accuracy"}
@@ -121,6 +137,9 @@ function metrics.get (spec, loss_name, from_logits, who)
         return function(y_true, y_pred) return metrics.binary_accuracy(y_true, y_pred, {threshold = 0}) end
       end
       return metrics[kind]
+    end
+    if name == "perplexity" then           -- from logits when the loss is
+      return function(y_true, y_pred) return metrics.perplexity(y_true, y_pred, {from_logits = from_logits}) end
     end
     local fn = rawget(metrics, name)
     if type(fn) ~= "function" or name == "get" then check.unknown(who, "metric", spec, names) end

@@ -909,5 +909,6 @@ end
 require("moongrad.fit").install(nn)
 require("moongrad.checkpoint").install(nn)
 require("moongrad.reversible").install(nn, {class = class, new_layer = new_layer, note_shape = note_shape, check_input = check_input, classes = classes})   -- Layer:subclass, RecomputeLayer, ReversibleLayer, RevBlock, AffineCoupling, InvertibleLinear
+require("moongrad.transformer").install(nn, {class = class, new_layer = new_layer})   -- Embedding ... TransformerBlock
 
 return nn

@@ -111,6 +111,7 @@ void mgL_open_maths     (lua_State *L);   /* lmaths.c: more maths and reductions
 void mgL_open_index     (lua_State *L);   /* lindex.c: indexing, sorting, rearranging */
 void mgL_open_conv      (lua_State *L);   /* lconv.c: convolution and pooling */
 void mgL_open_io        (lua_State *L);   /* lio.c: safetensors, dataset readers */
+void mgL_open_attention (lua_State *L);   /* lattention.c: layer_norm, gelu, attention */
 
 /* Lua sources of the .lua files of lua/moongrad/ compiled into the library */
 typedef struct mgL_embedded { const char *name; const unsigned char *src; size_t len; } mgL_embedded;

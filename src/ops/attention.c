@@ -1,0 +1,751 @@
+/*
+** attention.c — the transformer's primitives: layer_norm, gelu and
+** scaled_dot_product_attention, each fused forward and backward.
+**
+**   layer_norm(x, gamma, beta)   over the last axis; keeps x and gamma, and
+**                                its backward recomputes the row statistics
+**   gelu(x)                      exact (erf) or tanh-approximated; keeps x
+**   scaled_dot_product_attention(q, k, v [, mask])
+**                                softmax(q k^T * scale, masked) v per batch
+**                                entry; keeps q, k, v only: the backward
+**                                builds the (Tq,Tk) weights again, a tile at
+**                                a time, as FlashAttention does, so the tape
+**                                holds no (batch, heads, T, T) tensor
+**
+** The fused backward kernels run when no tape records the backward pass
+** (the usual case: the tape was stopped before its gradient). When one does
+** (second-order gradients), the backward rules are written with the public
+** ops instead, so that tape sees differentiable steps; both give the same
+** numbers, and the specs check each against the other.
+**
+** float32 products go to oneDNN's sgemm, called from inside an OpenMP loop
+** over the batch, where oneDNN runs each on the calling thread; float64 runs
+** plain C loops (the reference the gradient checks use).
+*/
+#include <float.h>
+#include <math.h>
+#include <string.h>
+
+#include <dnnl.h>
+#include <omp.h>
+
+#include "moongrad_impl.h"
+#include "vecmath.h"
+
+static const mg_opdef layer_norm_op, gelu_op, sdpa_op;
+
+/* does a tape record what a backward rule computes now (second order)? */
+static bool recorded_backward (void) { return mg_anyone_listening(); }
+
+/* checks that t is a float32/float64 tensor, naming fn and `what` */
+static mg_status check_float (const char *fn, const char *what, const mg_tensor *t) {
+  if (mg_is_float(t->dtype) && mg_check_computable(fn, t->dtype) == MG_OK) return MG_OK;
+  return mg_seterror("%s: %s must be float32 or float64, got %s", fn, what, mg_dtype_name(t->dtype));
+}
+
+static mg_status check_same_dtype (const char *fn, const char *a, const mg_tensor *x, const char *b,
+                                   const mg_tensor *y) {
+  if (x->dtype == y->dtype) return MG_OK;
+  return mg_seterror("%s: dtypes differ: %s is %s, %s is %s", fn, a, mg_dtype_name(x->dtype), b,
+                     mg_dtype_name(y->dtype));
+}
+
+/* scratch memory for the kernels' threads, through the counting allocator */
+static mg_storage *scratch (size_t bytes) { return mg_storage_new(bytes > 0 ? bytes : 1); }
+
+
+/* {======================== layer_norm ========================== */
+
+/* y (rows, D) = (x - mean) / sqrt(var + eps) * gamma + beta, row by row;
+** gamma/beta may be NULL */
+#define LN_FWD(T) do {                                                              \
+    const T *X = (const T *)x, *G = (const T *)g, *Bt = (const T *)b; T *Y = (T *)y; \
+    _Pragma("omp parallel for if (rows * D > 65536)")                              \
+    for (int64_t r = 0; r < rows; r++) {                                            \
+      const T *xr = X + r * D; T *yr = Y + r * D;                                   \
+      T mu = 0, var = 0;                                                            \
+      for (int64_t j = 0; j < D; j++) mu += xr[j];                                  \
+      mu /= (T)D;                                                                   \
+      for (int64_t j = 0; j < D; j++) { T c = xr[j] - mu; var += c * c; }           \
+      T rstd = 1 / sqrt((double)(var / (T)D) + eps);                                \
+      for (int64_t j = 0; j < D; j++) {                                             \
+        T h = (xr[j] - mu) * rstd;                                                  \
+        yr[j] = (G ? h * G[j] : h) + (Bt ? Bt[j] : 0);                              \
+      }                                                                             \
+    }                                                                               \
+  } while (0)
+
+static void ln_forward (mg_dtype dt, const void *x, const void *g, const void *b, void *y, int64_t rows,
+                        int64_t D, double eps) {
+  if (dt == MG_FLOAT32) LN_FWD(float);
+  else LN_FWD(double);
+}
+
+/*
+** dx, dgamma, dbeta of layer_norm in one pass over the rows: with
+** h = (x - mean) * rstd and g = dy * gamma,
+**   dx = rstd * (g - mean(g) - h * mean(g * h)),
+**   dgamma = sum over rows of dy * h, dbeta = sum over rows of dy.
+** Each thread adds its rows' dgamma/dbeta into its own part of acc
+** (nthr * 2 * D doubles), summed at the end.
+*/
+#define LN_BWD(T) do {                                                              \
+    const T *X = (const T *)x, *G = (const T *)g, *DY = (const T *)dy;              \
+    T *DX = (T *)dx;                                                                \
+    _Pragma("omp parallel num_threads(nthr) if (nthr > 1)")                        \
+    {                                                                               \
+      double *ag = acc + (size_t)omp_get_thread_num() * 2 * D, *ab = ag + D;        \
+      _Pragma("omp for schedule(static)")                                          \
+      for (int64_t r = 0; r < rows; r++) {                                          \
+        const T *xr = X + r * D, *dyr = DY + r * D;                                 \
+        T mu = 0, var = 0;                                                          \
+        for (int64_t j = 0; j < D; j++) mu += xr[j];                                \
+        mu /= (T)D;                                                                 \
+        for (int64_t j = 0; j < D; j++) { T c = xr[j] - mu; var += c * c; }         \
+        T rstd = 1 / sqrt((double)(var / (T)D) + eps);                              \
+        T sg = 0, sgh = 0;                                                          \
+        for (int64_t j = 0; j < D; j++) {                                           \
+          T h = (xr[j] - mu) * rstd, gj = G ? dyr[j] * G[j] : dyr[j];               \
+          sg += gj; sgh += gj * h;                                                  \
+          if (want_g) ag[j] += (double)(dyr[j] * h);                                \
+          if (want_b) ab[j] += (double)dyr[j];                                      \
+        }                                                                           \
+        if (DX) {                                                                   \
+          T mg_ = sg / (T)D, mgh = sgh / (T)D; T *dxr = DX + r * D;                 \
+          for (int64_t j = 0; j < D; j++) {                                         \
+            T h = (xr[j] - mu) * rstd, gj = G ? dyr[j] * G[j] : dyr[j];             \
+            dxr[j] = rstd * (gj - mg_ - h * mgh);                                   \
+          }                                                                         \
+        }                                                                           \
+      }                                                                             \
+    }                                                                               \
+    for (int t = 1; t < nthr; t++)                                                  \
+      for (int64_t j = 0; j < 2 * D; j++) acc[j] += acc[(size_t)t * 2 * D + j];     \
+  } while (0)
+
+static void ln_backward_kernel (mg_dtype dt, const void *x, const void *g, const void *dy, void *dx,
+                                double *acc, int nthr, bool want_g, bool want_b, int64_t rows,
+                                int64_t D, double eps) {
+  if (dt == MG_FLOAT32) LN_BWD(float);
+  else LN_BWD(double);
+}
+
+/* the fused backward: din[] for the inputs that need one */
+static mg_status ln_backward_fused (mg_node *n, mg_tensor *dy, mg_tensor **din, bool has_g, bool has_b) {
+  mg_tensor *x = n->in[0], *gamma = has_g ? n->in[1] : NULL;
+  int64_t D = x->ndim ? x->shape[x->ndim - 1] : 1, rows = D ? x->numel / D : 0;
+  int ig = has_g ? 1 : -1, ib = has_b ? (has_g ? 2 : 1) : -1;
+  bool want_g = ig > 0 && n->needs[ig], want_b = ib > 0 && n->needs[ib];
+  int nthr = rows * D > 65536 ? omp_get_max_threads() : 1;
+  mg_tensor *xc = mg_contiguous(x), *dyc = mg_contiguous(dy);
+  mg_tensor *gc = gamma ? mg_contiguous(gamma) : NULL;
+  mg_tensor *dx = n->needs[0] ? mg_empty(x->shape, x->ndim, x->dtype) : NULL;
+  mg_storage *acc = scratch(sizeof(double) * 2 * (size_t)D * (size_t)nthr);
+  mg_status st = xc && dyc && (gc || !gamma) && (dx || !n->needs[0]) && acc ? MG_OK : MG_ERR;
+  if (st == MG_OK) {
+    memset(acc->data, 0, sizeof(double) * 2 * (size_t)D * (size_t)nthr);
+    ln_backward_kernel(x->dtype, mg_ptr(xc), gc ? mg_ptr(gc) : NULL, mg_ptr(dyc), dx ? mg_ptr(dx) : NULL,
+                       (double *)acc->data, nthr, want_g, want_b, rows, D, n->attr->f);
+    double *a = (double *)acc->data;
+    if (want_g) st = (din[ig] = mg_from_doubles(a, &D, 1, x->dtype)) ? MG_OK : MG_ERR;
+    if (want_b && st == MG_OK) st = (din[ib] = mg_from_doubles(a + D, &D, 1, x->dtype)) ? MG_OK : MG_ERR;
+  }
+  if (st == MG_OK) din[0] = dx;
+  else mg_tensor_release(dx);
+  mg_tensor_release(xc);
+  mg_tensor_release(dyc);
+  mg_tensor_release(gc);
+  mg_storage_release(acc);
+  return st;
+}
+
+/* the same with public ops, for a tape that records the backward */
+static mg_status ln_backward_ops (mg_node *n, mg_tensor *dy, mg_tensor **din, bool has_g, bool has_b) {
+  mg_scope sc = {0};
+  mg_tensor *x = n->in[0], *gamma = has_g ? n->in[1] : NULL;
+  int64_t D = x->ndim ? x->shape[x->ndim - 1] : 1;
+  int ig = has_g ? 1 : -1, ib = has_b ? (has_g ? 2 : 1) : -1;
+  mg_tensor *mu = mg_tmp(&sc, mg_mean(x, -1, 1));
+  mg_tensor *xc = mg_tmp(&sc, mg_sub(x, mu));
+  mg_tensor *var = mg_tmp(&sc, mg_mean(mg_tmp(&sc, mg_mul(xc, xc)), -1, 1));
+  mg_tensor *eps = mg_tmp(&sc, mg_scalar(n->attr->f, x->dtype));
+  mg_tensor *rstd = mg_tmp(&sc, mg_pow(mg_tmp(&sc, mg_add(var, eps)), mg_tmp(&sc, mg_scalar(-0.5, x->dtype))));
+  mg_tensor *h = mg_tmp(&sc, mg_mul(xc, rstd));
+  if (n->needs[0]) {
+    mg_tensor *g = gamma ? mg_tmp(&sc, mg_mul(dy, gamma)) : dy;
+    mg_tensor *mg_ = mg_tmp(&sc, mg_mean(g, -1, 1));
+    mg_tensor *mgh = mg_tmp(&sc, mg_mean(mg_tmp(&sc, mg_mul(g, h)), -1, 1));
+    mg_tensor *inner = mg_tmp(&sc, mg_sub(mg_tmp(&sc, mg_sub(g, mg_)), mg_tmp(&sc, mg_mul(h, mgh))));
+    din[0] = mg_mul(rstd, inner);
+  }
+  if (ig > 0 && n->needs[ig]) din[ig] = mg_sum_to_shape(mg_tmp(&sc, mg_mul(dy, h)), &D, 1);
+  if (ib > 0 && n->needs[ib]) din[ib] = mg_sum_to_shape(dy, &D, 1);
+  mg_scope_end(&sc);
+  return MG_OK;
+}
+
+/* layer_norm: y = (x - mean(x)) / sqrt(var(x) + eps) * gamma + beta over the
+** last axis.  grad: with h the normalized x and g = dout * gamma,
+** dx = rstd * (g - mean(g) - h * mean(g * h)), dgamma = sum(dout * h),
+** dbeta = sum(dout), the sums over every axis but the last */
+static mg_status layer_norm_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **din) {
+  bool has_g = n->attr->a[0], has_b = n->attr->a[1];
+  if (recorded_backward()) return ln_backward_ops(n, dout[0], din, has_g, has_b);
+  return ln_backward_fused(n, dout[0], din, has_g, has_b);
+}
+static const mg_opdef layer_norm_op = {
+  .info = {.name = "layer_norm", .kind = MG_OP_OTHER,
+           .doc = "(x - mean) / sqrt(var + epsilon) * gamma + beta over the last axis"},
+  .saves = MG_SAVE_IN(0) | MG_SAVE_IN(1), .backward = layer_norm_backward,
+};
+
+mg_tensor *mg_layer_norm (mg_tensor *x, mg_tensor *gamma, mg_tensor *beta, double epsilon) {
+  const char *fn = "layer_norm";
+  char s1[160];
+  MG_CHECK_ARG("mg_layer_norm", x, NULL);
+  if (check_float(fn, "x", x) != MG_OK) return NULL;
+  if (x->ndim == 0) return mg_seterror("%s: x must have at least 1 dimension (the features), got a 0-d tensor", fn), NULL;
+  if (!(epsilon >= 0 && epsilon < INFINITY))
+    return mg_seterror("%s: epsilon must be a finite number >= 0, got %g", fn, epsilon), NULL;
+  int64_t D = x->shape[x->ndim - 1];
+  mg_tensor *params[2] = {gamma, beta};
+  const char *names[2] = {"gamma", "beta"};
+  for (int i = 0; i < 2; i++) {
+    if (params[i] == NULL) continue;
+    if (check_same_dtype(fn, "x", x, names[i], params[i]) != MG_OK) return NULL;
+    if (params[i]->ndim != 1 || params[i]->shape[0] != D)
+      return mg_seterror("%s: %s has shape %s, expected (%lld) (x's last axis)", fn, names[i],
+                         mg_shape_str(s1, sizeof s1, params[i]->shape, params[i]->ndim), (long long)D), NULL;
+  }
+  mg_attr attr = {0};
+  attr.a[0] = gamma != NULL;
+  attr.a[1] = beta != NULL;
+  attr.f = epsilon;
+  mg_tensor *in[3] = {x, NULL, NULL};
+  int nin = 1;
+  if (gamma) in[nin++] = gamma;
+  if (beta) in[nin++] = beta;
+  mg_tensor *kept = mg_replay_take(&layer_norm_op, x->shape, x->ndim, x->dtype);   /* a save policy's */
+  if (kept) return mg_finish(&layer_norm_op, nin, in, kept, &attr);
+  mg_tensor *xc = mg_contiguous(x), *gc = gamma ? mg_contiguous(gamma) : NULL, *bc = beta ? mg_contiguous(beta) : NULL;
+  mg_tensor *out = mg_empty(x->shape, x->ndim, x->dtype);
+  bool ok = xc && out && (gc || !gamma) && (bc || !beta);
+  if (ok && out->numel > 0)
+    ln_forward(x->dtype, mg_ptr(xc), gc ? mg_ptr(gc) : NULL, bc ? mg_ptr(bc) : NULL, mg_ptr(out),
+               x->numel / D, D, epsilon);
+  mg_tensor_release(xc);
+  mg_tensor_release(gc);
+  mg_tensor_release(bc);
+  if (!ok) {
+    mg_tensor_release(out);
+    return NULL;
+  }
+  return mg_finish(&layer_norm_op, nin, in, out, &attr);
+}
+
+/* }============================================================= */
+
+
+/* {=========================== gelu ============================= */
+
+#define SQRT_HALF     0.70710678118654752440
+#define SQRT_2_PI     0.79788456080286535588    /* sqrt(2/pi) */
+#define INV_SQRT_2PI  0.39894228040143267794    /* 1/sqrt(2 pi) */
+#define GELU_C        0.044715
+
+#define ERF_(x)   _Generic((x), float: erff, default: erf)(x)
+#define TANH_(x)  _Generic((x), float: tanhf, default: tanh)(x)
+#define EXP_(x)   _Generic((x), float: expf, default: exp)(x)
+
+/* y = gelu(x), or (dy given) dx = dy * gelu'(x), over n contiguous values */
+#define GELU_LOOP(T) do {                                                           \
+    const T *X = (const T *)x, *DY = (const T *)dy; T *Y = (T *)y;                  \
+    if (!approx && !DY) {                                                           \
+      _Pragma("omp parallel for simd if (n > MG_PARALLEL_MIN)")                    \
+      for (int64_t i = 0; i < n; i++) Y[i] = (T)0.5 * X[i] * (1 + ERF_(X[i] * (T)SQRT_HALF)); \
+    } else if (!approx) {                                                           \
+      _Pragma("omp parallel for simd if (n > MG_PARALLEL_MIN)")                    \
+      for (int64_t i = 0; i < n; i++) {                                             \
+        T v = X[i];                                                                 \
+        T cdf = (T)0.5 * (1 + ERF_(v * (T)SQRT_HALF));                              \
+        Y[i] = DY[i] * (cdf + v * (T)INV_SQRT_2PI * EXP_((T)-0.5 * v * v));         \
+      }                                                                             \
+    } else if (!DY) {                                                               \
+      _Pragma("omp parallel for simd if (n > MG_PARALLEL_MIN)")                    \
+      for (int64_t i = 0; i < n; i++) {                                             \
+        T v = X[i];                                                                 \
+        Y[i] = (T)0.5 * v * (1 + TANH_((T)SQRT_2_PI * (v + (T)GELU_C * v * v * v))); \
+      }                                                                             \
+    } else {                                                                        \
+      _Pragma("omp parallel for simd if (n > MG_PARALLEL_MIN)")                    \
+      for (int64_t i = 0; i < n; i++) {                                             \
+        T v = X[i];                                                                 \
+        T t = TANH_((T)SQRT_2_PI * (v + (T)GELU_C * v * v * v));                    \
+        T du = (T)SQRT_2_PI * (1 + 3 * (T)GELU_C * v * v);                          \
+        Y[i] = DY[i] * ((T)0.5 * (1 + t) + (T)0.5 * v * (1 - t * t) * du);          \
+      }                                                                             \
+    }                                                                               \
+  } while (0)
+
+static void gelu_kernel (mg_dtype dt, bool approx, const void *x, const void *dy, void *y, int64_t n) {
+  if (dt == MG_FLOAT32) GELU_LOOP(float);
+  else GELU_LOOP(double);
+}
+
+/* gelu(x) or dy * gelu'(x) on contiguous copies; dy may be NULL */
+static mg_tensor *gelu_run (mg_tensor *x, mg_tensor *dy, bool approx) {
+  mg_tensor *xc = mg_contiguous(x), *dyc = dy ? mg_contiguous(dy) : NULL;
+  mg_tensor *out = xc && (dyc || !dy) ? mg_empty(x->shape, x->ndim, x->dtype) : NULL;
+  if (out && out->numel > 0)
+    gelu_kernel(x->dtype, approx, mg_ptr(xc), dyc ? mg_ptr(dyc) : NULL, mg_ptr(out), out->numel);
+  mg_tensor_release(xc);
+  mg_tensor_release(dyc);
+  return out;
+}
+
+/* gelu'(x) with public ops: Phi(x) + x * phi(x), or the tanh form's derivative */
+static mg_tensor *gelu_grad_ops (mg_tensor *x, bool approx) {
+  mg_scope sc = {0};
+  mg_dtype dt = x->dtype;
+#define C_(v) mg_tmp(&sc, mg_scalar((v), dt))
+  mg_tensor *half = C_(0.5), *one = C_(1.0), *r;
+  if (!approx) {
+    mg_tensor *cdf = mg_tmp(&sc, mg_mul(half, mg_tmp(&sc, mg_add(one, mg_tmp(&sc, mg_erf(mg_tmp(&sc, mg_mul(x, C_(SQRT_HALF)))))))));
+    mg_tensor *pdf = mg_tmp(&sc, mg_mul(C_(INV_SQRT_2PI), mg_tmp(&sc, mg_exp(mg_tmp(&sc, mg_mul(C_(-0.5), mg_tmp(&sc, mg_mul(x, x))))))));
+    r = mg_add(cdf, mg_tmp(&sc, mg_mul(x, pdf)));
+  } else {
+    mg_tensor *x2 = mg_tmp(&sc, mg_mul(x, x));
+    mg_tensor *u = mg_tmp(&sc, mg_mul(C_(SQRT_2_PI), mg_tmp(&sc, mg_add(x, mg_tmp(&sc, mg_mul(C_(GELU_C), mg_tmp(&sc, mg_mul(x2, x))))))));
+    mg_tensor *t = mg_tmp(&sc, mg_tanh(u));
+    mg_tensor *du = mg_tmp(&sc, mg_mul(C_(SQRT_2_PI), mg_tmp(&sc, mg_add(one, mg_tmp(&sc, mg_mul(C_(3 * GELU_C), x2))))));
+    mg_tensor *a = mg_tmp(&sc, mg_mul(half, mg_tmp(&sc, mg_add(one, t))));
+    mg_tensor *sech2 = mg_tmp(&sc, mg_sub(one, mg_tmp(&sc, mg_mul(t, t))));
+    r = mg_add(a, mg_tmp(&sc, mg_mul(mg_tmp(&sc, mg_mul(mg_tmp(&sc, mg_mul(half, x)), sech2)), du)));
+  }
+#undef C_
+  mg_scope_end(&sc);
+  return r;
+}
+
+/* gelu: y = x * Phi(x) = x/2 * (1 + erf(x / sqrt(2))), or with tanh:
+** y = x/2 * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3))).
+** grad: dx = dout * (Phi(x) + x * phi(x)), or the tanh form's derivative
+** x/2 * sech^2(u) * u' + (1 + tanh(u)) / 2 */
+static mg_status gelu_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **din) {
+  bool approx = n->attr->a[0];
+  if (!recorded_backward()) {
+    din[0] = gelu_run(n->in[0], dout[0], approx);
+    return MG_OK;
+  }
+  mg_tensor *d = gelu_grad_ops(n->in[0], approx);
+  din[0] = mg_mul(dout[0], d);
+  mg_tensor_release(d);
+  return MG_OK;
+}
+static const mg_opdef gelu_op = {
+  .info = {.name = "gelu", .kind = MG_OP_OTHER,
+           .doc = "x * Phi(x), the Gaussian error linear unit (exact, or the tanh approximation)"},
+  .saves = MG_SAVE_IN(0), .backward = gelu_backward,
+};
+
+mg_tensor *mg_gelu (mg_tensor *x, int approximate) {
+  MG_CHECK_ARG("mg_gelu", x, NULL);
+  if (check_float("gelu", "x", x) != MG_OK) return NULL;
+  mg_attr attr = {0};
+  attr.a[0] = approximate != 0;
+  mg_tensor *kept = mg_replay_take(&gelu_op, x->shape, x->ndim, x->dtype);   /* a save policy's */
+  if (kept) return mg_finish(&gelu_op, 1, &x, kept, &attr);
+  mg_tensor *out = gelu_run(x, NULL, approximate != 0);
+  return out ? mg_finish(&gelu_op, 1, &x, out, &attr) : NULL;
+}
+
+/* }============================================================= */
+
+
+/* {================ scaled_dot_product_attention ================= */
+
+/* one operand's matrices: the batch entry b's (rows, cols) matrix starts
+** at base + off(b) elements, rows ld apart, columns adjacent */
+typedef struct mat_view {
+  const char *base;
+  int64_t bstride[MG_MAX_DIMS];     /* per batch dimension, in elements */
+  int64_t ld;
+} mat_view;
+
+/* everything the kernels need of one call */
+typedef struct sdpa_geom {
+  int nbd;                          /* batch dimensions */
+  int64_t bshape[MG_MAX_DIMS], nb;  /* their sizes and product */
+  int64_t Tq, Tk, dk, dv;
+  double scale;
+  bool causal;
+  mat_view q, k, v, dout;
+  const uint8_t *mask;              /* bool, broadcast to (..., Tq, Tk), or NULL */
+  int64_t mbstride[MG_MAX_DIMS], mrow, mcol;
+  size_t esz;
+} sdpa_geom;
+
+static int64_t offset_of (const sdpa_geom *g, const int64_t *bstride, int64_t b) {
+  int64_t off = 0;
+  for (int i = g->nbd - 1; i >= 0; i--) {
+    off += (b % g->bshape[i]) * bstride[i];
+    b /= g->bshape[i];
+  }
+  return off;
+}
+
+static const void *mat_at (const sdpa_geom *g, const mat_view *m, int64_t b) {
+  return m->base + offset_of(g, m->bstride, b) * (int64_t)g->esz;
+}
+
+/* t as a mat_view when its last axis is adjacent and its rows do not
+** overlap; otherwise *copy gets a contiguous copy and the view is of it */
+static mg_status view_of (const mg_tensor *t, const sdpa_geom *g, mat_view *m, mg_tensor **copy) {
+  int nd = t->ndim;
+  int64_t rows = t->shape[nd - 2], cols = t->shape[nd - 1];
+  int64_t rs = t->strides[nd - 2], cs = t->strides[nd - 1];
+  *copy = NULL;
+  const mg_tensor *src = t;
+  if (!((cs == 1 || cols <= 1) && (rows <= 1 || rs >= cols))) {
+    if ((*copy = mg_contiguous((mg_tensor *)t)) == NULL) return MG_ERR;
+    src = *copy;
+    rs = src->strides[nd - 2];
+  }
+  m->base = mg_ptr(src);
+  m->ld = rows <= 1 ? (cols > 1 ? cols : 1) : rs;
+  if (m->ld < cols) m->ld = cols > 0 ? cols : 1;
+  for (int i = 0; i < g->nbd; i++) m->bstride[i] = src->strides[i];
+  return MG_OK;
+}
+
+/* C (M,N) = alpha * op(A) op(B), row-major with leading dimensions; the
+** float64 reference of dnnl_sgemm */
+static void dgemm_ref (char ta, char tb, int64_t M, int64_t N, int64_t K, double alpha, const double *A,
+                       int64_t lda, const double *B, int64_t ldb, double *C, int64_t ldc) {
+  for (int64_t i = 0; i < M; i++)
+    for (int64_t j = 0; j < N; j++) {
+      double s = 0;
+      for (int64_t p = 0; p < K; p++)
+        s += (ta == 'N' ? A[i * lda + p] : A[p * lda + i]) * (tb == 'N' ? B[p * ldb + j] : B[j * ldb + p]);
+      C[i * ldc + j] = alpha * s;
+    }
+}
+
+/* C = alpha * op(A) op(B) in the tensor's dtype; beta 0 */
+static void gemm (mg_dtype dt, char ta, char tb, int64_t M, int64_t N, int64_t K, double alpha, const void *A,
+                  int64_t lda, const void *B, int64_t ldb, void *C, int64_t ldc) {
+  if (M == 0 || N == 0) return;
+  if (K == 0) {
+    memset(C, 0, (size_t)(M * ldc) * (dt == MG_FLOAT32 ? 4 : 8));
+    return;
+  }
+  if (dt == MG_FLOAT32)
+    dnnl_sgemm(ta, tb, M, N, K, (float)alpha, (const float *)A, lda, (const float *)B, ldb, 0.0f, (float *)C, ldc);
+  else
+    dgemm_ref(ta, tb, M, N, K, alpha, (const double *)A, lda, (const double *)B, ldb, (double *)C, ldc);
+}
+
+/* is (i, j) of batch entry b attended to? */
+static inline bool allowed (const sdpa_geom *g, const uint8_t *mrow, int64_t i, int64_t j) {
+  return (!g->causal || j <= i) && (mrow == NULL || mrow[j * g->mcol]);
+}
+
+/* P (Tq,Tk), holding the scaled scores, becomes the masked softmax of
+** each row: masked entries 0, a row with nothing to attend to all 0 */
+#define SOFTMAX_ROWS(T, EXP) do {                                                   \
+    T *P_ = (T *)P;                                                                 \
+    const uint8_t *mb = g->mask ? g->mask + offset_of(g, g->mbstride, b) : NULL;    \
+    for (int64_t i = 0; i < g->Tq; i++) {                                           \
+      T *row = P_ + i * g->Tk;                                                      \
+      const uint8_t *mr = mb ? mb + i * g->mrow : NULL;                             \
+      T m = -INFINITY;                                                              \
+      for (int64_t j = 0; j < g->Tk; j++) {                                         \
+        if (!allowed(g, mr, i, j)) row[j] = -INFINITY;                              \
+        else if (row[j] > m) m = row[j];                                            \
+      }                                                                             \
+      if (m == -INFINITY) {                   /* nothing to attend to (or all -inf) */ \
+        for (int64_t j = 0; j < g->Tk; j++) row[j] = 0;                             \
+        continue;                                                                   \
+      }                                                                             \
+      T s = 0;                                                                      \
+      for (int64_t j = 0; j < g->Tk; j++) { T e = EXP(row[j] - m); row[j] = e; s += e; } \
+      T r = 1 / s;                                                                  \
+      for (int64_t j = 0; j < g->Tk; j++) row[j] *= r;                              \
+    }                                                                               \
+  } while (0)
+
+/* P (Tq,Tk) = the attention weights of batch entry b */
+static void weights (const sdpa_geom *g, mg_dtype dt, int64_t b, void *P) {
+  gemm(dt, 'N', 'T', g->Tq, g->Tk, g->dk, g->scale, mat_at(g, &g->q, b), g->q.ld, mat_at(g, &g->k, b), g->k.ld,
+       P, g->Tk);
+  if (dt == MG_FLOAT32) SOFTMAX_ROWS(float, expf);
+  else SOFTMAX_ROWS(double, exp);
+}
+
+/* out (nb, Tq, dv) = P v for every batch entry, one per thread at a time */
+static void sdpa_forward_kernel (const sdpa_geom *g, mg_dtype dt, char *out, char *work, int nthr) {
+  size_t tile = (size_t)(g->Tq * g->Tk) * g->esz;
+  _Pragma("omp parallel for schedule(dynamic) num_threads(nthr) if (nthr > 1)")
+  for (int64_t b = 0; b < g->nb; b++) {
+    void *P = work + tile * (size_t)omp_get_thread_num();
+    weights(g, dt, b, P);
+    gemm(dt, 'N', 'N', g->Tq, g->dv, g->Tk, 1.0, P, g->Tk, mat_at(g, &g->v, b), g->v.ld,
+         out + (size_t)(b * g->Tq * g->dv) * g->esz, g->dv);
+  }
+}
+
+/* dS = P * (dP - rowsum(P * dP)) * scale, in place of dP */
+#define SOFTMAX_GRAD(T) do {                                                        \
+    const T *P_ = (const T *)P; T *S_ = (T *)dP;                                    \
+    for (int64_t i = 0; i < g->Tq; i++) {                                           \
+      const T *p = P_ + i * g->Tk; T *d = S_ + i * g->Tk; T s = 0;                  \
+      for (int64_t j = 0; j < g->Tk; j++) s += p[j] * d[j];                         \
+      for (int64_t j = 0; j < g->Tk; j++) d[j] = p[j] * (d[j] - s) * (T)g->scale;   \
+    }                                                                               \
+  } while (0)
+
+/* dq, dk, dv (any may be NULL) from dout, for every batch entry */
+static void sdpa_backward_kernel (const sdpa_geom *g, mg_dtype dt, char *dq, char *dk, char *dv, char *work,
+                                  int nthr) {
+  size_t tile = (size_t)(g->Tq * g->Tk) * g->esz;
+  _Pragma("omp parallel for schedule(dynamic) num_threads(nthr) if (nthr > 1)")
+  for (int64_t b = 0; b < g->nb; b++) {
+    char *P = work + 2 * tile * (size_t)omp_get_thread_num(), *dP = P + tile;
+    const void *Q = mat_at(g, &g->q, b), *K = mat_at(g, &g->k, b), *V = mat_at(g, &g->v, b);
+    const void *DO = mat_at(g, &g->dout, b);
+    weights(g, dt, b, P);
+    if (dv) gemm(dt, 'T', 'N', g->Tk, g->dv, g->Tq, 1.0, P, g->Tk, DO, g->dout.ld,
+                 dv + (size_t)(b * g->Tk * g->dv) * g->esz, g->dv);
+    if (!dq && !dk) continue;
+    gemm(dt, 'N', 'T', g->Tq, g->Tk, g->dv, 1.0, DO, g->dout.ld, V, g->v.ld, dP, g->Tk);
+    if (dt == MG_FLOAT32) SOFTMAX_GRAD(float);
+    else SOFTMAX_GRAD(double);
+    if (dq) gemm(dt, 'N', 'N', g->Tq, g->dk, g->Tk, 1.0, dP, g->Tk, K, g->k.ld,
+                 dq + (size_t)(b * g->Tq * g->dk) * g->esz, g->dk);
+    if (dk) gemm(dt, 'T', 'N', g->Tk, g->dk, g->Tq, 1.0, dP, g->Tk, Q, g->q.ld,
+                 dk + (size_t)(b * g->Tk * g->dk) * g->esz, g->dk);
+  }
+}
+
+/* fills g from q, k, v and the broadcast mask; copies (to release) get
+** whatever had to be made contiguous */
+static mg_status geom_of (sdpa_geom *g, mg_tensor *q, mg_tensor *k, mg_tensor *v, mg_tensor *mask, bool causal,
+                          double scale, mg_tensor *copies[4]) {
+  int nd = q->ndim;
+  memset(g, 0, sizeof *g);
+  g->nbd = nd - 2;
+  g->nb = 1;
+  for (int i = 0; i < g->nbd; i++) g->nb *= (g->bshape[i] = q->shape[i]);
+  g->Tq = q->shape[nd - 2]; g->Tk = k->shape[nd - 2];
+  g->dk = q->shape[nd - 1]; g->dv = v->shape[nd - 1];
+  g->scale = scale;
+  g->causal = causal;
+  g->esz = mg_dtype_size(q->dtype);
+  if (view_of(q, g, &g->q, &copies[0]) != MG_OK || view_of(k, g, &g->k, &copies[1]) != MG_OK ||
+      view_of(v, g, &g->v, &copies[2]) != MG_OK) return MG_ERR;
+  if (mask) {
+    int64_t shape[MG_MAX_DIMS];
+    memcpy(shape, q->shape, sizeof(int64_t) * (size_t)nd);
+    shape[nd - 1] = g->Tk;
+    if ((copies[3] = mg_broadcast_to(mask, shape, nd)) == NULL) return MG_ERR;
+    g->mask = (const uint8_t *)mg_ptr(copies[3]);
+    for (int i = 0; i < g->nbd; i++) g->mbstride[i] = copies[3]->strides[i];
+    g->mrow = copies[3]->strides[nd - 2];
+    g->mcol = copies[3]->strides[nd - 1];
+  }
+  return MG_OK;
+}
+
+static int threads_for (const sdpa_geom *g) {
+  int n = omp_get_max_threads();
+  return g->nb < n ? (int)(g->nb > 0 ? g->nb : 1) : n;
+}
+
+/* the fused backward; din[0..2] for q, k, v as needed */
+static mg_status sdpa_backward_fused (mg_node *n, mg_tensor *dout, mg_tensor **din) {
+  mg_tensor *q = n->in[0], *k = n->in[1], *v = n->in[2], *mask = n->nin > 3 ? n->in[3] : NULL;
+  mg_tensor *copies[5] = {NULL, NULL, NULL, NULL, NULL}, *grads[3] = {NULL, NULL, NULL};
+  sdpa_geom g;
+  mg_status st = geom_of(&g, q, k, v, mask, n->attr->a[0], n->attr->f, copies);
+  if (st == MG_OK) st = view_of(dout, &g, &g.dout, &copies[4]);
+  mg_tensor *src[3] = {q, k, v};
+  for (int j = 0; j < 3 && st == MG_OK; j++)
+    if (n->needs[j] && (grads[j] = mg_empty(src[j]->shape, src[j]->ndim, src[j]->dtype)) == NULL) st = MG_ERR;
+  int nthr = threads_for(&g);
+  mg_storage *work = st == MG_OK ? scratch(2 * (size_t)(g.Tq * g.Tk) * g.esz * (size_t)nthr) : NULL;
+  if (work == NULL) st = MG_ERR;
+  if (st == MG_OK && g.nb > 0 && g.Tq > 0 && g.Tk > 0) {
+    char *p[3];
+    for (int j = 0; j < 3; j++) p[j] = grads[j] ? mg_ptr(grads[j]) : NULL;
+    sdpa_backward_kernel(&g, q->dtype, p[0], p[1], p[2], (char *)work->data, nthr);
+  } else if (st == MG_OK) {          /* nothing attended to: zero gradients */
+    for (int j = 0; j < 3; j++)
+      if (grads[j] && grads[j]->numel) memset(mg_ptr(grads[j]), 0, (size_t)grads[j]->numel * g.esz);
+  }
+  mg_storage_release(work);
+  for (int i = 0; i < 5; i++) mg_tensor_release(copies[i]);
+  for (int j = 0; j < 3; j++) {
+    if (st == MG_OK) din[j] = grads[j];
+    else mg_tensor_release(grads[j]);
+  }
+  return st;
+}
+
+/* the boolean (Tq,Tk) matrix of j <= i */
+static mg_tensor *causal_mask (int64_t Tq, int64_t Tk) {
+  mg_scope sc = {0};
+  int64_t rs[2] = {Tq, 1}, cs[2] = {1, Tk};
+  mg_tensor *i = mg_tmp(&sc, mg_reshape(mg_tmp(&sc, mg_arange_int64(0, Tq, 1)), rs, 2));
+  mg_tensor *j = mg_tmp(&sc, mg_reshape(mg_tmp(&sc, mg_arange_int64(0, Tk, 1)), cs, 2));
+  mg_tensor *m = mg_less_equal(j, i);
+  mg_scope_end(&sc);
+  return m;
+}
+
+/* the attention weights with public ops (the reference, and what a tape
+** recording the backward sees): softmax of the masked scores, 0 where
+** masked and in rows with nothing to attend to */
+static mg_tensor *weights_ops (mg_tensor *q, mg_tensor *k, mg_tensor *mask, bool causal, double scale) {
+  mg_scope sc = {0};
+  int nd = q->ndim;
+  mg_tensor *s = mg_tmp(&sc, mg_matmul(q, mg_tmp(&sc, mg_transpose(k, nd - 2, nd - 1))));
+  s = mg_tmp(&sc, mg_mul(s, mg_tmp(&sc, mg_scalar(scale, q->dtype))));
+  mg_tensor *m = mask;
+  if (causal) {
+    mg_tensor *c = mg_tmp(&sc, causal_mask(q->shape[nd - 2], k->shape[nd - 2]));
+    m = mask ? mg_tmp(&sc, mg_logical_and(mask, c)) : c;
+  }
+  mg_tensor *p;
+  if (m) {
+    mg_tensor *low = mg_tmp(&sc, mg_scalar(q->dtype == MG_FLOAT32 ? -FLT_MAX : -DBL_MAX, q->dtype));
+    mg_tensor *zero = mg_tmp(&sc, mg_scalar(0, q->dtype));
+    p = mg_tmp(&sc, mg_softmax(mg_tmp(&sc, mg_where(m, s, low)), nd - 1));
+    p = mg_where(m, p, zero);
+  } else {
+    p = mg_softmax(s, nd - 1);
+  }
+  mg_scope_end(&sc);
+  return p;
+}
+
+/* the backward with public ops, for a tape that records it */
+static mg_status sdpa_backward_ops (mg_node *n, mg_tensor *dout, mg_tensor **din) {
+  mg_scope sc = {0};
+  mg_tensor *q = n->in[0], *k = n->in[1], *v = n->in[2], *mask = n->nin > 3 ? n->in[3] : NULL;
+  int nd = q->ndim;
+  mg_tensor *scale = mg_tmp(&sc, mg_scalar(n->attr->f, q->dtype));
+  mg_tensor *p = mg_tmp(&sc, weights_ops(q, k, mask, n->attr->a[0], n->attr->f));
+  if (n->needs[2]) din[2] = mg_matmul(mg_tmp(&sc, mg_transpose(p, nd - 2, nd - 1)), dout);
+  if (n->needs[0] || n->needs[1]) {
+    mg_tensor *dp = mg_tmp(&sc, mg_matmul(dout, mg_tmp(&sc, mg_transpose(v, nd - 2, nd - 1))));
+    mg_tensor *rs = mg_tmp(&sc, mg_sum(mg_tmp(&sc, mg_mul(p, dp)), nd - 1, 1));
+    mg_tensor *ds = mg_tmp(&sc, mg_mul(mg_tmp(&sc, mg_mul(p, mg_tmp(&sc, mg_sub(dp, rs)))), scale));
+    if (n->needs[0]) din[0] = mg_matmul(ds, k);
+    if (n->needs[1]) din[1] = mg_matmul(mg_tmp(&sc, mg_transpose(ds, nd - 2, nd - 1)), q);
+  }
+  mg_scope_end(&sc);
+  return MG_OK;
+}
+
+/* scaled_dot_product_attention: out = P v with P = softmax(q k^T * scale)
+** over the keys, masked (0 where masked).  grad: dv = P^T dout,
+** dS = P * (dout v^T - rowsum(P * dout v^T)) * scale, dq = dS k, dk = dS^T q */
+static mg_status sdpa_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **din) {
+  if (recorded_backward()) return sdpa_backward_ops(n, dout[0], din);
+  return sdpa_backward_fused(n, dout[0], din);
+}
+static const mg_opdef sdpa_op = {
+  .info = {.name = "scaled_dot_product_attention", .kind = MG_OP_OTHER,
+           .doc = "softmax(q @ k^T * scale, masked) @ v, fused; keeps only q, k, v for its gradient"},
+  .saves = MG_SAVE_INPUTS, .backward = sdpa_backward,
+};
+
+/* the checks of q, k, v and mask; MG_ERR + error */
+static mg_status sdpa_check (const char *fn, const mg_tensor *q, const mg_tensor *k, const mg_tensor *v,
+                             const mg_tensor *mask, const mg_attention_params *p) {
+  char s1[160], s2[160];
+  const mg_tensor *t[3] = {q, k, v};
+  const char *names[3] = {"q", "k", "v"};
+  for (int i = 0; i < 3; i++) {
+    if (check_float(fn, names[i], t[i]) != MG_OK) return MG_ERR;
+    if (t[i]->ndim < 2)
+      return mg_seterror("%s: %s must have at least 2 dimensions (..., positions, features), got shape %s", fn,
+                         names[i], mg_shape_str(s1, sizeof s1, t[i]->shape, t[i]->ndim));
+  }
+  if (check_same_dtype(fn, "q", q, "k", k) != MG_OK || check_same_dtype(fn, "q", q, "v", v) != MG_OK) return MG_ERR;
+  int nd = q->ndim;
+  for (int i = 1; i < 3; i++)
+    if (t[i]->ndim != nd || !mg_same_shape(q->shape, nd - 2, t[i]->shape, nd - 2))
+      return mg_seterror("%s: q and %s must have the same batch dimensions, got %s and %s", fn, names[i],
+                         mg_shape_str(s1, sizeof s1, q->shape, nd), mg_shape_str(s2, sizeof s2, t[i]->shape, t[i]->ndim));
+  if (q->shape[nd - 1] != k->shape[nd - 1])
+    return mg_seterror("%s: q and k must have the same last axis (features), got %s and %s", fn,
+                       mg_shape_str(s1, sizeof s1, q->shape, nd), mg_shape_str(s2, sizeof s2, k->shape, nd));
+  if (k->shape[nd - 2] != v->shape[nd - 2])
+    return mg_seterror("%s: k and v must have as many positions (their axis %d), got %s and %s", fn, nd - 1,
+                       mg_shape_str(s1, sizeof s1, k->shape, nd), mg_shape_str(s2, sizeof s2, v->shape, nd));
+  if (p && !(p->scale >= 0 && p->scale < INFINITY))
+    return mg_seterror("%s: scale must be a finite number > 0 (0: 1/sqrt(features)), got %g", fn, p->scale);
+  if (mask == NULL) return MG_OK;
+  if (mask->dtype != MG_BOOL)
+    return mg_seterror("%s: mask must be bool (true: attend), got %s", fn, mg_dtype_name(mask->dtype));
+  int64_t shape[MG_MAX_DIMS];
+  memcpy(shape, q->shape, sizeof(int64_t) * (size_t)nd);
+  shape[nd - 1] = k->shape[nd - 2];
+  bool fits = mask->ndim <= nd;
+  for (int i = 0; fits && i < mask->ndim; i++) {
+    int64_t m = mask->shape[mask->ndim - 1 - i];
+    fits = m == 1 || m == shape[nd - 1 - i];
+  }
+  if (!fits)
+    return mg_seterror("%s: mask of shape %s does not broadcast to the attention weights' shape %s", fn,
+                       mg_shape_str(s1, sizeof s1, mask->shape, mask->ndim), mg_shape_str(s2, sizeof s2, shape, nd));
+  return MG_OK;
+}
+
+mg_tensor *mg_scaled_dot_product_attention (mg_tensor *q, mg_tensor *k, mg_tensor *v, mg_tensor *mask,
+                                            const mg_attention_params *p) {
+  const char *fn = "scaled_dot_product_attention";
+  MG_CHECK_ARG("mg_scaled_dot_product_attention", q, NULL);
+  MG_CHECK_ARG("mg_scaled_dot_product_attention", k, NULL);
+  MG_CHECK_ARG("mg_scaled_dot_product_attention", v, NULL);
+  if (sdpa_check(fn, q, k, v, mask, p) != MG_OK) return NULL;
+  int nd = q->ndim;
+  double scale = p && p->scale > 0 ? p->scale : 1 / sqrt((double)(q->shape[nd - 1] > 0 ? q->shape[nd - 1] : 1));
+  mg_attr attr = {0};
+  attr.a[0] = p && p->causal;
+  attr.a[1] = mask != NULL;
+  attr.f = scale;
+  mg_tensor *in[4] = {q, k, v, mask};
+  int nin = mask ? 4 : 3;
+  int64_t shape[MG_MAX_DIMS];
+  memcpy(shape, q->shape, sizeof(int64_t) * (size_t)nd);
+  shape[nd - 1] = v->shape[nd - 1];
+  mg_tensor *kept = mg_replay_take(&sdpa_op, shape, nd, q->dtype);   /* a save policy's */
+  if (kept) return mg_finish(&sdpa_op, nin, in, kept, &attr);
+  if (mg_shape_numel(fn, shape, nd) < 0) return NULL;
+  mg_tensor *copies[4] = {NULL, NULL, NULL, NULL}, *out = mg_empty(shape, nd, q->dtype);
+  sdpa_geom g;
+  mg_status st = out ? geom_of(&g, q, k, v, mask, attr.a[0], scale, copies) : MG_ERR;
+  int nthr = st == MG_OK ? threads_for(&g) : 1;
+  mg_storage *work = st == MG_OK ? scratch((size_t)(g.Tq * g.Tk) * g.esz * (size_t)nthr) : NULL;
+  if (work == NULL) st = MG_ERR;
+  if (st == MG_OK && out->numel > 0) {
+    if (g.Tk == 0) memset(mg_ptr(out), 0, (size_t)out->numel * g.esz);   /* nothing to attend to */
+    else sdpa_forward_kernel(&g, q->dtype, mg_ptr(out), (char *)work->data, nthr);
+  }
+  mg_storage_release(work);
+  for (int i = 0; i < 4; i++) mg_tensor_release(copies[i]);
+  if (st != MG_OK) {
+    mg_tensor_release(out);
+    return NULL;
+  }
+  return mg_finish(&sdpa_op, nin, in, out, &attr);
+}
+
+/* }============================================================= */
+
+
+static const mg_opdef *const rows[] = {&layer_norm_op, &gelu_op, &sdpa_op};
+_Static_assert(sizeof rows / sizeof rows[0] == 3, "attention.c: a row is missing from rows[]");
+const mg_opfamily mg_attention_ops = {rows, sizeof rows / sizeof rows[0]};
