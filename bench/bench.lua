@@ -1,7 +1,7 @@
 -- bench/bench.lua: moongrad side by side with PyTorch (and the machine's
 -- sgemm ceiling), each case run as fresh processes, alternating moongrad
--- and PyTorch, several rounds; medians and ratios to stdout and to
--- bench/RESULTS.md.   build/moongrad bench/bench.lua [rounds]
+-- and PyTorch, several rounds; medians and ratios to stdout and to this
+-- machine's section of bench/RESULTS.md.   build/moongrad bench/bench.lua [rounds]
 local mg = mg or require "moongrad"
 
 local ROUNDS = tonumber(arg and arg[1]) or 5
@@ -133,15 +133,19 @@ for _, n in ipairs({256, 1024, 2048}) do
   end
 end
 
--- RESULTS.md
-local machine = sh("lscpu | sed -n 's/^Model name: *//p' | head -1"):gsub("\n", "")
+-- this machine's section of bench/RESULTS.md: bench/results/<cpu>-<isa>.md
+-- (bench/run.sh appends the other benchmarks' tables, and bench/assemble.lua
+-- puts every machine's section together)
+local util = require("bench.util")
+local machine, isa = util.machine()
 local cores = sh("nproc"):gsub("\n", "")
 local torch_version = has_torch and sh(PY .. " -c 'import torch; print(torch.__version__)'"):gsub("\n", "") or "absent"
-local f = assert(io.open("bench/RESULTS.md", "w"))
-f:write("# moongrad benchmark results\n\n")
-f:write(("Measured %s on %s (%s cores), %s, PyTorch %s (Debian python3-torch), oneDNN %s.\n"):format(
-  os.date("!%Y-%m-%d %H:%M UTC"), machine, cores, mg.version, torch_version, "2.6 (Debian libdnnl-dev)"))
-f:write(("Command: `make bench` (= `build/moongrad bench/bench.lua %d`). Every figure is the median of %d rounds; " ..
+local path = util.results_path()
+local f = assert(io.open(path, "w"))
+f:write(("## %s, %s (%s cores)\n\n"):format(machine, isa, cores))
+f:write(("Measured %s, %s, PyTorch %s (Debian python3-torch), oneDNN 2.6 (Debian libdnnl-dev), OpenBLAS 0.3.21 " ..
+  "(Debian's OpenMP build).\n"):format(os.date("!%Y-%m-%d %H:%M UTC"), mg.version, torch_version))
+f:write(("Command: `make bench`. `bench/bench.lua %d`: every figure is the median of %d rounds; " ..
   "each round runs moongrad and PyTorch as fresh processes, one after the other. Ratios are moongrad / PyTorch " ..
   "(lower is better) except for GFLOPS.\n\n"):format(ROUNDS, ROUNDS))
 f:write("| case | moongrad | PyTorch | unit | ratio | target |\n|---|---|---|---|---|---|\n")
@@ -149,10 +153,5 @@ for _, r in ipairs(rows) do
   f:write(("| %s | %.3f | %s | %s | %s | %s |\n"):format(r.case, r.mg, r.torch and ("%.3f"):format(r.torch) or "-",
     r.unit, r.ratio and ("%.2fx"):format(r.ratio) or "-", r.target or ""))
 end
-local notes = io.open("bench/NOTES.md")
-if notes then
-  f:write("\n" .. notes:read("a"))
-  notes:close()
-end
 f:close()
-print("\nwrote bench/RESULTS.md")
+print("\nwrote " .. path)

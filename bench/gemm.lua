@@ -84,7 +84,7 @@ if not exists("build/gemm_shapes") then error("bench/gemm.lua: build/gemm_shapes
 
 local cpu = sh("lscpu | sed -n 's/^Model name: *//p' | head -1"):gsub("%s+$", "")
 local isa = sh("grep -m1 -o -w avx512f /proc/cpuinfo"):match("avx512f") and "AVX-512" or "AVX2"
-print(("# GEMM shapes on %s (%s), %s"):format(cpu, isa, os.date("!%Y-%m-%d %H:%M UTC")))
+print(("### GEMM shapes on %s (%s), %s"):format(cpu, isa, os.date("!%Y-%m-%d %H:%M UTC")))
 print("| threads | case | M x N x K | product | mg.matmul | oneDNN | OpenBLAS | best | ratio |")
 print("|---|---|---|---|---|---|---|---|---|")
 local ROUNDS = tonumber(arg and arg[1]) or 3

@@ -11,11 +11,28 @@ ROUNDS=${ROUNDS:-5}
 BENCH_DEPS="python3-torch libopenblas-dev"
 "${MAKE:-make}" -s --no-print-directory deps DEPS="$BENCH_DEPS" \
   || echo "(could not install the benchmark packages ($BENCH_DEPS); going on without)"
-cc -O2 bench/gemm_ceiling.c -ldnnl -lopenblas -o build/gemm_ceiling 2>/dev/null \
+OB=/usr/lib/x86_64-linux-gnu/openblas-openmp
+cc -O2 bench/gemm_ceiling.c -ldnnl -L$OB -Wl,-rpath,$OB -lopenblas -fopenmp -o build/gemm_ceiling 2>/dev/null \
   || echo "(no OpenBLAS: the sgemm ceiling is skipped)"
+cc -O2 bench/gemm_shapes.c -ldnnl -L$OB -Wl,-rpath,$OB -lopenblas -fopenmp -o build/gemm_shapes 2>/dev/null \
+  || echo "(no OpenBLAS: the GEMM shape table is skipped)"
 
 echo "== bench/bench.lua: moongrad vs PyTorch"
 "$BIN" bench/bench.lua "$ROUNDS" || exit 1
+# this machine's section of RESULTS.md, which the tables below join
+section=$("$BIN" -e 'package.path = "./?.lua;" .. package.path; print(require("bench.util").results_path())')
+add () { printf '\n' >> "$section"; tee -a "$section"; }
 echo
 echo "== bench/recompute.lua: time and memory of a training step, ratios to plain"
 "$BIN" bench/recompute.lua 1024 2048 16 3
+echo
+echo "== bench/gemm.lua: mg.matmul against oneDNN and OpenBLAS on a training step's shapes"
+[ -x build/gemm_shapes ] && "$BIN" bench/gemm.lua 3 | add
+echo
+echo "== bench/conv.lua: convolution and pooling steps, and a CNN step"
+"$BIN" bench/conv.lua 3 9 | add
+echo
+echo "== bench/epoch.lua: one Fashion-MNIST epoch of the example's CNN"
+"$BIN" bench/epoch.lua 2 | add
+echo
+"$BIN" bench/assemble.lua

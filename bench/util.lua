@@ -8,4 +8,25 @@ function util.median (xs)
   return n % 2 == 1 and s[(n + 1) // 2] or (s[n // 2] + s[n // 2 + 1]) / 2
 end
 
+local function sh (cmd)
+  local p = io.popen(cmd)
+  local out = p:read("a")
+  p:close()
+  return out
+end
+
+--- the CPU's model name and "AVX-512" or "AVX2"
+function util.machine ()
+  local model = sh("lscpu | sed -n 's/^Model name: *//p' | head -1"):gsub("%s+$", "")
+  local isa = sh("grep -m1 -o -w avx512f /proc/cpuinfo"):match("avx512f") and "AVX-512" or "AVX2"
+  return model, isa
+end
+
+--- bench/results/<model>-<isa>.md: this machine kind's section of RESULTS.md
+function util.results_path ()
+  local model, isa = util.machine()
+  local slug = (model .. "-" .. isa):lower():gsub("[^%w]+", "-"):gsub("^%-+", ""):gsub("%-+$", "")
+  return "bench/results/" .. slug .. ".md"
+end
+
 return util

@@ -18,4 +18,31 @@ describe("bench scripts", function()
       assert.truthy(out:find(method), method)
     end
   end)
+
+  it("gemm.lua and epoch.lua workers print a figure; assemble.lua joins the machine sections", function()
+    local out, code = h.run(h.bin .. " bench/gemm.lua worker 1 8 8 8 N T")
+    assert.equal(0, code, out)
+    assert.truthy(out:match("^[%d.]+\n$"), out)
+    out, code = h.run(h.bin .. " bench/epoch.lua worker 1 2")
+    if code ~= 0 and out:find("dataset-fashion-mnist is not installed", 1, true) then
+      pending("no dataset-fashion-mnist")
+    else
+      assert.equal(0, code, out)
+      assert.truthy(out:match("^[%d.]+\n$"), out)
+    end
+    local dir = os.tmpname()
+    os.remove(dir)
+    assert.is_true(os.execute(("mkdir -p %s/bench/results && cp bench/assemble.lua bench/NOTES.md %s/bench/ && "
+      .. "printf '## A, AVX2\\n\\n| x |\\n' > %s/bench/results/a-avx2.md && "
+      .. "printf '## B, AVX-512\\n' > %s/bench/results/b-avx-512.md"):format(dir, dir, dir, dir)))
+    out, code = h.run(("cd %s && lua5.4 bench/assemble.lua"):format(dir))
+    assert.equal(0, code, out)
+    local f = io.open(dir .. "/bench/RESULTS.md")
+    local text = f:read("a")
+    f:close()
+    os.execute("rm -rf " .. dir)
+    local a, b, notes = text:find("## A, AVX2", 1, true), text:find("## B, AVX-512", 1, true),
+                        text:find("Reading the figures", 1, true)
+    assert.is_true(a ~= nil and b ~= nil and notes ~= nil and a < b and b < notes, text)
+  end)
 end)
