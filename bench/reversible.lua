@@ -20,7 +20,7 @@ local REPEATS = tonumber(arg and arg[4]) or 3
 local median = require("bench.util").median
 local MiB = 2 ^ 20
 
-local function model (n)
+local function model (n, x)
   mg.random.seed(1)
   local f, g = {}, {}
   for i = 1, n do
@@ -34,6 +34,7 @@ local function model (n)
     local y1 = x1 + f[i](x2)
     return mg.concat({y1, x2 + g[i](y1)}, -1)
   end
+  one(x)                                              -- build f and g
   local vars = one.trainable_variables
   return vars, {
     {"separate reversible layers", function(h) for i = 1, n do h = separate[i](h) end return h end},
@@ -84,7 +85,7 @@ print(("%-28s %6s %10s %10s %10s %10s"):format("", "depth", "held MiB", "tape Mi
 mg.random.seed(2)
 local x = mg.random.normal{B, W}
 for _, n in ipairs(DEPTHS) do
-  local vars, runs = model(n)
+  local vars, runs = model(n, x)
   for _, r in ipairs(runs) do
     local name, run = r[1], r[2]
     step(run, x, vars)                                -- build, warm up

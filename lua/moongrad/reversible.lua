@@ -378,14 +378,15 @@ local function halves (x)
   return h1, mg.slice(x, table.unpack(spec, 1, n))
 end
 
--- gradient of h(x) seeded with dy, with respect to x and the variables
+-- gradient of h(x) seeded with dy, with respect to x and the variables (nil
+-- for those h does not read: a block's other layers)
 local function vjp (h, x, dy, variables)
   local t = mg.tape()
   t:watch(x)
   t:watch(variables)
   local out = h(x)
   t:stop()
-  local g = t:gradient(out, {x, variables}, dy, {unconnected = "zero"})
+  local g = t:gradient(out, {x, variables}, dy)
   return out, g[1], g[2]
 end
 
@@ -469,19 +470,22 @@ function reversible.RevBlock (nn, internal, ReversibleLayer)
     local states = self:memo().states
     local dvars = {}
     local function add_vars (gs)
-      for k, gk in ipairs(gs) do dvars[k] = dvars[k] and dvars[k] + gk or gk end
+      for k = 1, #variables do
+        local gk = gs[k]
+        if gk then dvars[k] = dvars[k] and dvars[k] + gk or gk end
+      end
     end
     for i = self.num_layers, 1, -1 do
       replay(states, 2 * i)
       local gy1, dz, dgv = vjp(self.g[i], y1, dy2, variables)      -- through y2 = x2 + g(y1)
       local x2 = y2 - gy1
-      local dy1_total = dy1 + dz
+      local dy1_total = dz and dy1 + dz or dy1
       add_vars(dgv)
       replay(states, 2 * i - 1)
       local fx2, dx2f, dfv = vjp(self.f[i], x2, dy1_total, variables)   -- through y1 = x1 + f(x2)
       local x1 = y1 - fx2
       add_vars(dfv)
-      dy1, dy2 = dy1_total, dy2 + dx2f
+      dy1, dy2 = dy1_total, dx2f and dy2 + dx2f or dy2
       y1, y2 = x1, x2
     end
     return y1, y2, dy1, dy2, dvars
