@@ -31,7 +31,8 @@ static _Thread_local struct {
   size_t mark;               /* allocated bytes at the last collection */
   size_t allowance;          /* bytes to allocate before the next one */
   size_t floor;              /* the fewest loose tensor bytes since the last full collection */
-} gc = {GC_PAUSE, GC_MIN_BYTES, 0, 0, 0};
+  int64_t young, full;       /* collections run, for stats() */
+} gc = {GC_PAUSE, GC_MIN_BYTES, 0, 0, 0, 0, 0};
 
 static size_t allowance_for (size_t live) {
   size_t grow = live / 100 * (size_t)(gc.pause - 100);
@@ -48,9 +49,11 @@ void mgL_gc_pressure (lua_State *L) {
   if (collecting || mg_memory_allocated_bytes() - gc.mark <= gc.allowance) return;
   collecting = true;
   lua_gc(L, LUA_GCSTEP, 0);      /* a young collection; finalizers run at a step */
+  gc.young++;
   mg_memory_stats st = mg_memory_stats_get();
   bool full = gc.pause == 100 || st.tensor_bytes > gc.floor + gc.allowance;
   if (full) {
+    gc.full++;
     lua_gc(L, LUA_GCCOLLECT);
     lua_gc(L, LUA_GCSTEP, 0);
     st = mg_memory_stats_get();
@@ -87,6 +90,8 @@ static int l_stats (lua_State *L) {
   setfield_int(L, "variable_bytes", (int64_t)st.variable_bytes);
   setfield_int(L, "peak_saved_bytes", (int64_t)st.peak_saved_bytes);
   setfield_int(L, "cached_bytes", (int64_t)st.cached_bytes);
+  setfield_int(L, "young_collections", gc.young);    /* run by the pacing, not by Lua */
+  setfield_int(L, "full_collections", gc.full);
   setfield_int(L, "cache_limit", (int64_t)st.cache_limit);
   setfield_int(L, "external_bytes", (int64_t)st.external_bytes);
   setfield_int(L, "live_tensors", st.live_tensors);
