@@ -1,7 +1,9 @@
 -- bench/gpt.lua: one training step of a GPT (4 pre-norm blocks, width 256,
 -- 4 heads, context 64, batch 32, 64 tokens; AdamW) next to the same model in
 -- PyTorch (bench/gpt_peer.py), plainly and with each block recomputed
--- (recompute_grad here, torch.utils.checkpoint there), at 1 and 2 threads.
+-- (recompute_grad here, torch.utils.checkpoint there), or every block but
+-- the last (whose activations the backward needs at once), at 1 and 2
+-- threads; it prints a section of bench/RESULTS.md, with the issue's targets.
 -- moongrad also runs with attention as plain ops ({fused = false}: batched
 -- matmul, masked softmax, matmul) to show what the fused primitive pays.
 -- Each round runs every case as a fresh process, moongrad's and PyTorch's in
@@ -42,9 +44,10 @@ local function worker (mode, threads, reps, quick)
   local S, nn = quick and QUICK or SIZES, mg.nn
   mg.random.seed(0)
   local layers = {nn.Embedding(S.V, S.D), nn.PositionalEmbedding(S.T)}
-  for _ = 1, S.L do
+  for i = 1, S.L do
     local b = nn.TransformerBlock(S.H, S.D, {causal = true, fused = mode ~= "ops"})
-    layers[#layers + 1] = mode == "recompute" and mg.recompute_grad(b) or b
+    local wrap = mode == "recompute" or (mode == "recompute_but_last" and i < S.L)
+    layers[#layers + 1] = wrap and mg.recompute_grad(b) or b
   end
   layers[#layers + 1] = nn.LayerNorm()
   layers[#layers + 1] = nn.Dense(S.V)
@@ -132,53 +135,123 @@ local function cpu ()
 end
 
 local S = quick and QUICK or SIZES
-print(("%s vs PyTorch: one GPT training step (%d blocks, width %d, %d heads, context %d, batch %d, vocab %d, AdamW), %s")
-      :format(mg.version, S.L, S.D, S.H, S.T, S.B, S.V, cpu()))
-print(("medians over %d round%s of %d steps (each round: every case as a fresh process, moongrad's and PyTorch's in turn)%s")
-      :format(ROUNDS, ROUNDS > 1 and "s" or "", REPS, (quick or has_torch) and "" or "; PyTorch not available"))
-print()
+local MG_MODES = {"plain", "recompute", "recompute_but_last", "ops"}
+local TORCH_MODES = {"plain", "recompute", "recompute_but_last"}
 
-local function fmt (v, unit) return v and ("%.1f %s"):format(v, unit) or "-" end
-local function ratio (a, b) return a and b and b > 0 and ("%.2fx"):format(a / b) or "-" end
-
-print("| case | threads | moongrad | PyTorch | ratio |")
-print("|---|---|---|---|---|")
+-- every case at every thread count, fresh processes in turn, ROUNDS times
+local runs = {}                          -- runs[threads][side][mode][key] = list
 for _, threads in ipairs(THREADS) do
-  local mg_runs, torch_runs = {}, {}
-  for _, mode in ipairs({"plain", "recompute", "ops"}) do mg_runs[mode] = {} end
-  for _, mode in ipairs({"plain", "recompute"}) do torch_runs[mode] = {} end
-  for _ = 1, ROUNDS do
-    for _, mode in ipairs({"plain", "recompute", "ops"}) do
+  runs[threads] = {mg = {}, torch = {}}
+  for _, mode in ipairs(MG_MODES) do runs[threads].mg[mode] = {} end
+  for _, mode in ipairs(TORCH_MODES) do runs[threads].torch[mode] = {} end
+end
+for _ = 1, ROUNDS do
+  for _, threads in ipairs(THREADS) do
+    for _, mode in ipairs(MG_MODES) do
       collect(("OMP_NUM_THREADS=%d %s bench/gpt.lua worker %s %d %d%s"):format(threads, BIN, mode, threads, REPS,
-              quick and " quick" or ""), mg_runs[mode])
-      if has_torch and mode ~= "ops" then
+              quick and " quick" or ""), runs[threads].mg[mode])
+      if has_torch and runs[threads].torch[mode] then
         collect(("OMP_NUM_THREADS=%d %s bench/gpt_peer.py %s %d %d"):format(threads, PY, mode, threads, REPS),
-                torch_runs[mode])
+                runs[threads].torch[mode])
       end
     end
   end
-  local function m (runs, key) return runs[key] and median(runs[key]) end
-  local function row (name, a, b, unit)
+end
+
+local function m (threads, side, mode, key)
+  local r = runs[threads][side][mode]
+  return r and r[key] and median(r[key])
+end
+local function fmt (v, unit) return v and ("%.1f %s"):format(v, unit) or "-" end
+local function ratio (a, b) return a and b and b > 0 and ("%.2fx"):format(a / b) or "-" end
+
+local model, isa = require("bench.util").machine()
+local torch_version = "-"
+if has_torch then
+  local p = io.popen(PY .. " -c 'import torch; print(torch.__version__)'")
+  torch_version = p:read("a"):gsub("%s+$", "")
+  p:close()
+end
+local cores = 0
+do
+  local f = io.open("/proc/cpuinfo")
+  for _ in (f and f:read("a") or ""):gmatch("processor%s*:") do cores = cores + 1 end
+  if f then f:close() end
+end
+print(("## GPT training step: %s, %s (%d cores)"):format(model, isa, cores))
+print()
+print(("Measured %s, %s, PyTorch %s (Debian python3-torch). Command: `build/moongrad bench/gpt.lua %d %d` "
+       .. "(bench/gpt.lua, bench/gpt_peer.py). One training step (forward, cross-entropy, backward, AdamW) of a GPT: "
+       .. "%d pre-norm blocks, width %d, %d heads, context %d, batch %d, vocabulary %d; moongrad's attention is "
+       .. "the fused scaled_dot_product_attention, PyTorch's nanoGPT's plain ops (1.13 has no fused one). "
+       .. "Recompute: each block under recompute_grad / torch.utils.checkpoint (use_reentrant=False); \"but the "
+       .. "last\": every block but the last, whose activations the backward needs at once. Every figure is the "
+       .. "median over %d rounds of each process's median of %d steps; each round runs every case as a fresh "
+       .. "process, moongrad's and PyTorch's in turn. Ratios are moongrad / PyTorch unless the row says otherwise.")
+      :format(os.date("!%Y-%m-%d %H:%M UTC"), mg.version, torch_version, ROUNDS, REPS, S.L, S.D, S.H, S.T, S.B, S.V,
+              ROUNDS, REPS))
+print()
+print("| case | threads | moongrad | PyTorch | ratio |")
+print("|---|---|---|---|---|")
+for _, threads in ipairs(THREADS) do
+  local function row (name, key, mode, unit, torch_too)
+    local a = m(threads, "mg", mode, key)
+    local b = torch_too and m(threads, "torch", mode, key) or nil
     print(("| %s | %d | %s | %s | %s |"):format(name, threads, fmt(a, unit), fmt(b, unit), ratio(a, b)))
   end
-  local mp, mr, mo = mg_runs.plain, mg_runs.recompute, mg_runs.ops
-  local tp, tr = torch_runs.plain, torch_runs.recompute
-  row("step, plain", m(mp, "step"), m(tp, "step"), "ms")
-  row("step, recompute per block", m(mr, "step"), m(tr, "step"), "ms")
-  print(("| recompute / plain, time | %d | %s | %s | |"):format(threads, ratio(m(mr, "step"), m(mp, "step")),
-        ratio(m(tr, "step"), m(tp, "step"))))
-  row("step, attention as plain ops (moongrad)", m(mo, "step"), nil, "ms")
-  row("held by the tape after the forward, plain", m(mp, "held"), m(tp, "held"), "MiB")
-  row("held by the tape after the forward, recompute", m(mr, "held"), nil, "MiB")
-  row("held by the tape, attention as plain ops", m(mo, "held"), nil, "MiB")
-  print(("| plain / recompute, held | %d | %s | | |"):format(threads, ratio(m(mp, "held"), m(mr, "held"))))
-  row("peak above the model (counters), plain", m(mp, "peak"), nil, "MiB")
-  row("peak above the model (counters), recompute", m(mr, "peak"), nil, "MiB")
-  print(("| plain / recompute, peak (counters) | %d | %s | | |"):format(threads, ratio(m(mp, "peak"), m(mr, "peak"))))
-  row("peak RSS above the model, plain", m(mp, "rss"), m(tp, "rss"), "MiB")
-  row("peak RSS above the model, recompute", m(mr, "rss"), m(tr, "rss"), "MiB")
-  print(("| plain / recompute, peak RSS | %d | %s | %s | |"):format(threads, ratio(m(mp, "rss"), m(mr, "rss")),
-        ratio(m(tp, "rss"), m(tr, "rss"))))
+  local function own (name, key, a_mode, b_mode)    -- a ratio within each library
+    print(("| %s | %d | %s | %s | |"):format(name, threads, ratio(m(threads, "mg", a_mode, key), m(threads, "mg", b_mode, key)),
+          ratio(m(threads, "torch", a_mode, key), m(threads, "torch", b_mode, key))))
+  end
+  row("step, plain", "step", "plain", "ms", true)
+  row("step, recompute every block", "step", "recompute", "ms", true)
+  row("step, recompute every block but the last", "step", "recompute_but_last", "ms", true)
+  row("step, attention as plain ops (fused=false)", "step", "ops", "ms")
+  own("time: recompute every block / plain", "step", "recompute", "plain")
+  own("time: recompute but the last / plain", "step", "recompute_but_last", "plain")
+  row("held by the tape after the forward, plain", "held", "plain", "MiB", true)
+  row("held, recompute every block", "held", "recompute", "MiB")
+  row("held, recompute but the last", "held", "recompute_but_last", "MiB")
+  row("held, attention as plain ops", "held", "ops", "MiB")
+  own("held: plain / recompute every block", "held", "plain", "recompute")
+  row("peak above the model (counters), plain", "peak", "plain", "MiB")
+  row("peak (counters), recompute every block", "peak", "recompute", "MiB")
+  row("peak (counters), recompute but the last", "peak", "recompute_but_last", "MiB")
+  own("peak (counters): plain / recompute every block", "peak", "plain", "recompute")
+  own("peak (counters): plain / recompute but the last", "peak", "plain", "recompute_but_last")
+  row("peak RSS above the model, plain", "rss", "plain", "MiB", true)
+  row("peak RSS, recompute every block", "rss", "recompute", "MiB", true)
+  row("peak RSS, recompute but the last", "rss", "recompute_but_last", "MiB", true)
+  own("peak RSS: plain / recompute every block", "rss", "plain", "recompute")
+end
+
+-- the issue's targets, each library at its faster thread count
+local function best (side, mode)
+  local v, at
+  for _, threads in ipairs(THREADS) do
+    local x = m(threads, side, mode, "step")
+    if x and (not v or x < v) then v, at = x, threads end
+  end
+  return v, at
+end
+local mp, mt = best("mg", "plain")
+local tp, tt = best("torch", "plain")
+print()
+print("| target | measured | met |")
+print("|---|---|---|")
+local function target (name, v, ok) print(("| %s | %s | %s |"):format(name, v, ok == nil and "-" or ok and "yes" or "no")) end
+target(("plain step <= 0.70x PyTorch's, each at its faster thread count (moongrad %s, PyTorch %s)"):format(
+  mt and mt .. " thr" or "-", tt and tt .. " thr" or "-"), ratio(mp, tp), mp and tp and mp / tp <= 0.70)
+if mt then
+  for _, mode in ipairs({"recompute", "recompute_but_last"}) do
+    local label = mode == "recompute" and "every block" or "every block but the last"
+    local held = m(mt, "mg", "plain", "held") / m(mt, "mg", mode, "held")
+    local peak = m(mt, "mg", "plain", "peak") / m(mt, "mg", mode, "peak")
+    local time = m(mt, "mg", mode, "step") / m(mt, "mg", "plain", "step")
+    target(("recompute %s: held by the tape >= 3x less"):format(label), ("%.2fx"):format(held), held >= 3)
+    target(("recompute %s: peak above the model (counters) >= 3x less"):format(label), ("%.2fx"):format(peak), peak >= 3)
+    target(("recompute %s: step time <= 1.35x plain (%d thr)"):format(label, mt), ("%.2fx"):format(time), time <= 1.35)
+  end
 end
 
 -- }=============================================================

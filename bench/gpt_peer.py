@@ -1,6 +1,6 @@
 """bench/gpt_peer.py: the PyTorch side of bench/gpt.lua, the same GPT.
 
-    /usr/bin/python3 bench/gpt_peer.py MODE THREADS REPS      MODE: plain | recompute
+    /usr/bin/python3 bench/gpt_peer.py MODE THREADS REPS   MODE: plain | recompute | recompute_but_last
 
 prints "step\\t<median ms>", "held\\t<MiB>" (plain only) and
 "rss\\t<MiB>". The model is nanoGPT's with its manual attention path (Debian's
@@ -8,7 +8,8 @@ PyTorch 1.13 has no F.scaled_dot_product_attention): pre-norm blocks,
 separate query/key/value projections as moongrad's MultiHeadAttention has,
 q @ k^T / sqrt(d) masked causally, softmax, @ v, exact GELU, learned
 positions, a final LayerNorm and a linear head; AdamW. recompute wraps each
-block in torch.utils.checkpoint (use_reentrant=False). "held" is what the
+block in torch.utils.checkpoint (use_reentrant=False), recompute_but_last
+every block but the last. "held" is what the
 autograd graph saves in one forward (unique storages, counted through
 saved_tensors_hooks); "rss" the peak RSS above the model and the optimizer's
 state, as bench/gpt.lua measures. Keep in step with bench/gpt.lua.
@@ -62,8 +63,9 @@ class GPT(nn.Module):
 
     def forward(self, ids):
         x = self.tok(ids) + self.pos(torch.arange(ids.shape[1]))
-        for blk in self.blocks:
-            x = checkpoint(blk, x, use_reentrant=False) if MODE == "recompute" else blk(x)
+        for i, blk in enumerate(self.blocks):
+            wrap = MODE == "recompute" or (MODE == "recompute_but_last" and i < L - 1)
+            x = checkpoint(blk, x, use_reentrant=False) if wrap else blk(x)
         return self.head(self.ln(x))
 
 

@@ -588,6 +588,41 @@ end)
 -- }===================================================================
 
 
+describe("out of memory in a reversible training step", function()
+  it("is an error at every allocation, and the counters come back", function()
+    mg.random.seed(13)
+    local chain = {
+      {nn.InvertibleLinear(), 2},
+      {nn.AffineCoupling(nn.Dense(4, "tanh")), 2},
+      {nn.RevBlock(nn.Dense(2, "tanh"), nn.Sequential{nn.Dense(2), nn.BatchNorm()}, {num_layers = 2}), 1},
+    }
+    local x = mg.random.normal{6, 4}
+    run_chain(chain, x, false)                                   -- build
+    local function step ()
+      local g = run_chain(chain, x, false)
+      return #g[2]
+    end
+    local expected = step()
+    local base = h.settled()
+    local failures = 0
+    for n = 1, 2000 do
+      mg.memory.fail_after(n)
+      local ok, err = pcall(step)
+      mg.memory.fail_after(0)
+      if ok then break end
+      failures = failures + 1
+      assert.truthy(tostring(err):find("out of memory", 1, true), tostring(err))
+    end
+    assert.is_true(failures > 50, "only " .. failures .. " allocations were tried")
+    local after = h.settled()
+    assert.equal(base.current_bytes, after.current_bytes)
+    assert.equal(base.live_tensors, after.live_tensors)
+    assert.is_false(mg.is_recomputing())
+    assert.is_false(mg.is_in_loop())
+    assert.equal(expected, step())
+  end)
+end)
+
 describe("examples/reversible_flow.lua", function()
   it("fits two moons and holds the same bytes at 4 and 32 layers", function()
     local out, code = h.run(h.bin .. " examples/reversible_flow.lua 120")

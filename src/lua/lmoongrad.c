@@ -34,7 +34,11 @@ static int load_embedded (lua_State *L) {
   return 1;
 }
 
-/* mg.nn, mg.optim, ...: the embedded module "moongrad.<key>", loaded once */
+/*
+** mg.nn, mg.optim, ...: package.loaded["moongrad.<key>"], loaded on first use.
+** Not copied into mg: the module stays the one require gives, also after a
+** host (or busted's insulation) clears package.loaded to load it afresh.
+*/
 static int module_index (lua_State *L) {
   const char *k = lua_tostring(L, 2);
   if (lua_type(L, 2) != LUA_TSTRING) return 0;
@@ -44,9 +48,6 @@ static int module_index (lua_State *L) {
     lua_pushinteger(L, i);
     lua_pushcclosure(L, load_embedded, 1);
     lua_call(L, 0, 1);
-    lua_pushvalue(L, 2);
-    lua_pushvalue(L, -2);
-    lua_rawset(L, 1);
     return 1;
   }
   return 0;
