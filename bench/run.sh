@@ -35,4 +35,7 @@ echo
 echo "== bench/epoch.lua: one Fashion-MNIST epoch of the example's CNN"
 "$BIN" bench/epoch.lua 2 | add
 echo
+echo "== bench/gpt.lua: a GPT training step, plain and recomputed per block"
+"$BIN" bench/gpt.lua 3 5 | add
+echo
 "$BIN" bench/assemble.lua
