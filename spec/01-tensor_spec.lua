@@ -44,6 +44,8 @@ describe("constructors", function()
 
   it("zeros, ones, full, *_like, eye, arange", function()
     assert.same({{0, 0, 0}, {0, 0, 0}}, mg.zeros{2, 3}:totable())
+    assert.same({}, mg.zeros{0, 3, 2}:totable())
+    assert.same({{}, {}}, mg.zeros{2, 0, 4}:totable())
     assert.same({{1, 1}}, mg.ones(1, 2):totable())
     assert.equal("int64", mg.ones({2}, "int64").dtype)
     assert.same({7, 7}, mg.full({2}, 7):totable())

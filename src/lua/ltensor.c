@@ -187,7 +187,7 @@ static int l_item (lua_State *L) {
 static int64_t tables_needed (const mg_tensor *t) {
   int64_t total = 1, level = 1;
   const int64_t *shape = mg_tensor_shape(t);
-  for (int d = 0; d + 1 < mg_tensor_ndim(t); d++) {
+  for (int d = 0; d + 1 < mg_tensor_ndim(t) && level > 0; d++) {   /* an empty axis: no tables below it */
     level = shape[d] > MAX_TOTABLE / level ? MAX_TOTABLE + 1 : level * shape[d];
     total += level;
     if (total > MAX_TOTABLE) return MAX_TOTABLE + 1;
