@@ -38,10 +38,19 @@ LIBS    = $(BASE_LIBS) -fopenmp
 
 # Debian packages the build and the tests need
 DEPS = lua5.4 liblua5.4-dev lua-busted libreadline-dev libdnnl-dev libopenblas-openmp-dev libcjson-dev \
-       libdlpack-dev zlib1g-dev gnuplot-nox tmux luarocks
+       libdlpack-dev zlib1g-dev gnuplot-nox tmux luarocks libopenmpi-dev openmpi-bin
 
 LIB_SRC = $(wildcard src/*.c src/ops/*.c src/autodiff/*.c src/io/*.c src/lua/*.c)
-LIB_SRC := $(filter-out src/main.c,$(LIB_SRC))
+LIB_SRC := $(filter-out src/main.c src/lua/ldistributed.c,$(LIB_SRC))
+# mg.distributed on Open MPI: compiled into the binary and moongrad.so, never
+# into libmoongrad.a (its C hosts need no MPI); left out when mpicc is missing
+MPI_CFLAGS := $(shell mpicc --showme:compile 2>/dev/null)
+MPI_LIBS   := $(shell mpicc --showme:link 2>/dev/null)
+ifneq ($(strip $(MPI_LIBS)),)
+DIST_SRC = src/dist/mpi.c src/lua/ldistributed.c
+MAIN_DEFS = -DMG_HAVE_MPI
+endif
+DIST_OBJ = $(patsubst src/%.c,$(BUILD)/obj/%.o,$(DIST_SRC))
 LUA_MODS = $(wildcard lua/moongrad/*.lua)
 LIB_OBJ = $(patsubst src/%.c,$(BUILD)/obj/%.o,$(LIB_SRC)) $(BUILD)/obj/embedded.o
 HEADERS = $(wildcard include/*.h src/*.h src/*/*.h)
@@ -58,6 +67,8 @@ $(BUILD)/embedded.c: src/lua/embed.lua $(LUA_MODS)
 	@mkdir -p $(BUILD)
 	$(LUA) src/lua/embed.lua $@ $(LUA_MODS)
 
+$(BUILD)/obj/dist/mpi.o: CFLAGS += $(MPI_CFLAGS)
+
 $(BUILD)/obj/embedded.o: $(BUILD)/embedded.c $(HEADERS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Isrc/lua -c $< -o $@
@@ -66,15 +77,15 @@ $(BUILD)/libmoongrad.a: $(LIB_OBJ)
 	rm -f $@
 	ar rcs $@ $^
 
-$(BUILD)/moongrad.so: $(LIB_OBJ)
-	$(CC) -shared -o $@ $^ $(LIBS)
+$(BUILD)/moongrad.so: $(LIB_OBJ) $(DIST_OBJ)
+	$(CC) -shared -o $@ $^ $(LIBS) $(MPI_LIBS)
 
-$(BUILD)/moongrad: $(BUILD)/obj/main.o $(BUILD)/libmoongrad.a
-	$(CC) -o $@ $^ $(LUA_LIB) -lreadline $(LIBS) -Wl,-E
+$(BUILD)/moongrad: $(BUILD)/obj/main.o $(DIST_OBJ) $(BUILD)/libmoongrad.a
+	$(CC) -o $@ $^ $(LUA_LIB) -lreadline $(LIBS) $(MPI_LIBS) -Wl,-E
 
 $(BUILD)/obj/main.o: src/main.c $(HEADERS)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -DMG_USE_READLINE -c $< -o $@
+	$(CC) $(CFLAGS) -DMG_USE_READLINE $(MAIN_DEFS) -c $< -o $@
 
 # C programs on the public API: a host embedding Lua (examples/embed_host.c),
 # recompute from C alone (examples/recompute_host.c), bad C arguments, threads

@@ -850,8 +850,23 @@ static void doREPL (lua_State *L) {
 
 /* }========================================================== */
 
+#ifdef MG_HAVE_MPI
+/* mg.distributed's C half (src/lua/ldistributed.c), outside libmoongrad.a */
+int  luaopen_moongrad_mpi (lua_State *L);
+void mgL_dist_abort (int code);
+#define dist_abort(code)  mgL_dist_abort(code)
+#else
+#define dist_abort(code)  ((void)(code))
+#endif
+
 /* mg, and the names the README lists as the interpreter's globals */
 static void open_moongrad (lua_State *L) {
+#ifdef MG_HAVE_MPI
+  luaL_getsubtable(L, LUA_REGISTRYINDEX, LUA_PRELOAD_TABLE);
+  lua_pushcfunction(L, luaopen_moongrad_mpi);
+  lua_setfield(L, -2, "moongrad.mpi");
+  lua_pop(L, 1);
+#endif
   luaL_requiref(L, "moongrad", luaopen_moongrad, 0);
   lua_pushvalue(L, -1);
   lua_setglobal(L, "mg");
@@ -913,6 +928,7 @@ int main (int argc, char **argv) {
   int status = lua_pcall(L, 2, 1, 0);
   int result = lua_toboolean(L, -1);
   report(L, status);
+  if (!(result && status == LUA_OK)) dist_abort(1);    /* under mpirun: stop every rank now */
   lua_close(L);
   return (result && status == LUA_OK) ? EXIT_SUCCESS : EXIT_FAILURE;
 }

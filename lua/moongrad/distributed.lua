@@ -1,0 +1,211 @@
+--- moongrad.distributed: data-parallel training over MPI (Open MPI), as Horovod.
+--   local dist = mg.distributed
+--   dist.init()                              -- once, in every process mpirun started
+--   dist.rank(), dist.size()                 -- 0-based rank, number of processes
+--   dist.allreduce(t, {op = "sum"})          -- "sum" (the default), "mean", "max", "min"
+--   dist.broadcast(t, root)                  -- root's tensor on every rank (root 0 by default)
+--   dist.allgather(t)                        -- every rank's t along the first axis
+--   dist.barrier()
+--   dist.broadcast_variables(vars, root)     -- in place: root's values everywhere
+--   opt = dist.DistributedOptimizer(mg.optim.Adam{}, {fusion_bytes = 64 * 2^20})
+--   model:fit(x, y, {distributed = true, batch_size = 32})   -- 32 per rank
+-- Started the usual way: mpirun -np 4 moongrad train.lua (as root, Open MPI
+-- also wants --allow-run-as-root). Tensors of every dtype; a tensor's result
+-- is a new tensor reduced in one buffer (MPI_IN_PLACE), a variable is reduced
+-- or broadcast in its own storage when nobody else holds its value. Every
+-- collective first checks that the ranks agree on the dtype and the shape.
+-- bool reduces by "or" (sum, max) and "and" (min); "mean" is for floats.
+-- A rank whose script fails stops every rank at once (src/main.c: MPI_Abort,
+-- mpirun names the rank); a rank that dies is seen by mpirun, which ends the job.
+-- @module moongrad.distributed
+local mg = require "moongrad"
+local check = require "moongrad.check"
+
+local fail, show = check.fail, check.show
+
+local loaded, mpi = pcall(require, "moongrad.mpi")
+
+local dist = {}
+
+-- the C half (src/lua/ldistributed.c), or a plain error saying why it is missing
+local function c (who)
+  if not loaded then
+    fail(who, "this moongrad was built without MPI; install Open MPI (make deps installs libopenmpi-dev and "
+              .. "openmpi-bin) and rebuild")
+  end
+  return mpi
+end
+
+local function started (who)
+  if not c(who).is_initialized() then
+    fail(who, "mg.distributed is not initialized; call mg.distributed.init() first (and start the program with mpirun)")
+  end
+  return mpi
+end
+
+--- init(): starts MPI (once; again is a no-op); returns rank, size.
+function dist.init () return c("init").init() end
+function dist.is_initialized () return loaded and mpi.is_initialized() end
+function dist.available () return loaded end
+function dist.rank () return started("rank").rank() end
+function dist.size () return started("size").size() end
+function dist.barrier () return started("barrier").barrier() end
+--- finalize(): ends MPI early (it also ends by itself when the program does)
+function dist.finalize () if loaded then mpi.finalize() end end
+--- stats(): {calls =, bytes =}: MPI calls made and bytes moved since init
+function dist.stats () return started("stats").stats() end
+
+function dist.allreduce (t, opts) return started("allreduce").allreduce(t, opts) end
+function dist.allgather (t) return started("allgather").allgather(t) end
+
+function dist.broadcast (t, root)
+  if root ~= nil and math.type(root) ~= "integer" then fail("broadcast", "root must be an integer rank, got %s", show(root)) end
+  return started("broadcast").broadcast(t, root)
+end
+
+--- broadcast_variables(vars [, root = 0]): every variable of the list gets
+-- root's value, in place (Horovod's broadcast_variables); returns vars.
+function dist.broadcast_variables (vars, root)
+  local who = "broadcast_variables"
+  started(who)
+  for i = 1, check.list(who, vars, "the list of variables", "variable %d") do
+    if not mg.is_variable(vars[i]) then fail(who, "variable %d must be a variable, got %s", i, show(vars[i])) end
+    mpi.broadcast(vars[i], root)
+  end
+  return vars
+end
+
+-- {=================== DistributedOptimizer ====================
+
+local DistributedOptimizer = {__name = "moongrad.distributed.DistributedOptimizer"}
+dist.DistributedOptimizer_class = DistributedOptimizer
+
+function DistributedOptimizer.__index (self, k)
+  local m = rawget(DistributedOptimizer, k)
+  if m ~= nil then return m end
+  return rawget(self, "optimizer")[k]                 -- learning_rate, iterations, ... are the inner one's
+end
+
+function DistributedOptimizer.__newindex (self, k, v) rawget(self, "optimizer")[k] = v end
+
+function DistributedOptimizer.__tostring (self)
+  return ("moongrad.distributed.DistributedOptimizer (%s, fusion_bytes=%d)"):format(tostring(self.optimizer),
+                                                                                    self.fusion_bytes)
+end
+
+local DOPTS = {{"fusion_bytes", check.rule("an integer >= 0", function(v) return math.type(v) == "integer" and v >= 0 end),
+                64 * 1024 * 1024}, {"op", check.rule("'mean' or 'sum'", function(v) return v == "mean" or v == "sum" end),
+                "mean"}}
+
+--- DistributedOptimizer(opt [, {fusion_bytes = 64 MiB, op = "mean"}]): opt,
+-- with gradients averaged over the ranks before each update. The first call
+-- to apply_gradients (or build) broadcasts rank 0's variables, so every rank
+-- starts from the same weights; gradients are packed by dtype into buckets
+-- of at most fusion_bytes, one allreduce each (0: one call per gradient).
+-- Everything else (learning_rate, iterations, get_state, ...) is opt's.
+function dist.DistributedOptimizer (opt, opts)
+  local who = "DistributedOptimizer"
+  if getmetatable(opt) == DistributedOptimizer then return opt end
+  local ok, method = pcall(function() return opt.apply_gradients end)
+  if not (ok and check.is_callable(method)) then
+    fail(who, "the optimizer must be an optimizer (mg.optim.Adam{...}), got %s", show(opt))
+  end
+  local o = check.options(who, opts, DOPTS)
+  return setmetatable({optimizer = opt, fusion_bytes = o.fusion_bytes, op = o.op, _synced = setmetatable({}, {__mode = "k"}),
+                       grad_scale = 1}, DistributedOptimizer)
+end
+
+-- rank 0's values for the variables not broadcast yet
+local function sync (self, vars, n)
+  local fresh = {}
+  for i = 1, n do
+    local v = vars[i]
+    if mg.is_variable(v) and not self._synced[v] then fresh[#fresh + 1] = v; self._synced[v] = true end
+  end
+  if #fresh > 0 then dist.broadcast_variables(fresh, 0) end
+end
+
+function DistributedOptimizer.build (self, vars)
+  started("DistributedOptimizer")
+  sync(self, vars, #vars)
+  return self.optimizer:build(vars)
+end
+
+--- opt:apply_gradients(grads, vars): averages grads over the ranks, then opt's
+-- update. A nil gradient stays nil (every rank must leave out the same ones).
+-- opt.grad_scale (1) multiplies this rank's gradients first: fit sets it to
+-- a rank's share of an uneven batch, so the result is the whole batch's.
+function DistributedOptimizer.apply_gradients (self, grads, vars)
+  local who = "DistributedOptimizer"
+  started(who)
+  if vars == nil then                                     -- Keras' list of pairs
+    local list = grads
+    grads, vars = {n = #list}, {}
+    for i, p in ipairs(list) do grads[i], vars[i] = p[1], p[2] end
+  end
+  local n = #vars
+  sync(self, vars, n)
+  local present, at = {}, {}
+  for i = 1, n do
+    local g = grads[i]
+    if g ~= nil then
+      if not check.is_array(g) then fail(who, "gradient %d must be a tensor, got %s", i, show(g)) end
+      present[#present + 1] = mg.is_variable(g) and g:value() or g
+      at[#at + 1] = i
+    end
+  end
+  local size = mpi.size()
+  local post = self.op == "mean" and 1 / size or 1
+  local reduced = mpi.allreduce_many(present, "sum", self.grad_scale, post, math.max(self.fusion_bytes, 1))
+  local out = {n = n}
+  for k, i in ipairs(at) do out[i] = reduced[k] end
+  return self.optimizer:apply_gradients(out, vars)
+end
+
+-- }=============================================================
+
+
+-- {====================== fit's helpers =========================
+
+--- The rows rank `rank` of `size` trains on in global step i of an epoch of n
+-- samples, global batch bs * size: a..b (b < a: none). The global batch is cut
+-- in size nearly equal shares, in rank order, so batch i is the same samples
+-- on one process with batch bs * size and on size processes with batch bs.
+function dist.shard (i, bs, size, rank, n)
+  local first = (i - 1) * bs * size
+  local len = math.min(bs * size, n - first)
+  local a = first + (len * rank) // size + 1
+  local b = first + (len * (rank + 1)) // size
+  return a, b, len
+end
+
+--- Global steps per epoch: a last global batch with fewer samples than
+-- ranks is left out (some rank would have none).
+function dist.steps (n, bs, size)
+  local steps = (n + bs * size - 1) // (bs * size)
+  if steps > 1 and n - (steps - 1) * bs * size < size then steps = steps - 1 end
+  return steps
+end
+
+--- average_logs(logs, rows, total): every rank's logs (numbers) averaged,
+-- weighted by rows (this rank's samples of the step) out of total.
+function dist.average_logs (logs, rows, total)
+  local keys = {}
+  for k in pairs(logs) do keys[#keys + 1] = k end
+  table.sort(keys)
+  local values = {}
+  for i, k in ipairs(keys) do values[i] = logs[k] * rows / total end
+  local sums = mpi.allreduce(mg.tensor(values, "float64"), {op = "sum"}):totable()
+  local out = {}
+  for i, k in ipairs(keys) do out[k] = sums[i] end
+  return out
+end
+
+--- seed_of(seed): rank 0's integer seed on every rank
+function dist.seed_of (seed)
+  return math.tointeger(mpi.broadcast(mg.tensor({seed}, "int64"), 0):totable()[1])
+end
+
+-- }=============================================================
+
+return dist

@@ -1,0 +1,168 @@
+/*
+** ldistributed.c — the C half of mg.distributed: require "moongrad.mpi".
+**
+** Built into the moongrad binary and moongrad.so only (not libmoongrad.a:
+** see the Makefile's DIST_SRC), so hosts of the core library never link MPI.
+** lua/moongrad/distributed.lua is the module users see; it loads this one
+** and says so plainly when it is missing (a build without Open MPI).
+*/
+#include <stdlib.h>
+#include <string.h>
+
+#include "lbinding.h"
+#include "dist/dist.h"
+
+static mg_dist_op check_op (lua_State *L, int arg, const char *fn, mg_dist_op def) {
+  static const char *const keys[] = {"op", NULL};
+  if (lua_isnoneornil(L, arg)) return def;
+  mgL_checkoptions(L, arg, keys);
+  lua_getfield(L, arg, "op");
+  if (lua_isnil(L, -1)) {
+    lua_pop(L, 1);
+    return def;
+  }
+  static const char *const names[] = {"sum", "mean", "max", "min", NULL};
+  const char *s = lua_tostring(L, -1);
+  for (int i = 0; s && lua_type(L, -1) == LUA_TSTRING && names[i]; i++)
+    if (strcmp(s, names[i]) == 0) {
+      lua_pop(L, 1);
+      return (mg_dist_op)i;
+    }
+  return luaL_error(L, "%s: op must be 'sum', 'mean', 'max' or 'min', got %s", fn,
+                    lua_type(L, -1) == LUA_TSTRING ? lua_pushfstring(L, "'%s'", s) : luaL_typename(L, -1)), def;
+}
+
+static int l_init (lua_State *L) {
+  if (mg_dist_init() != MG_OK) return mgL_error(L);
+  lua_pushinteger(L, mg_dist_rank());
+  lua_pushinteger(L, mg_dist_size());
+  return 2;
+}
+
+static int l_is_initialized (lua_State *L) {
+  lua_pushboolean(L, mg_dist_initialized());
+  return 1;
+}
+
+static int need_init (lua_State *L, const char *fn) {
+  if (!mg_dist_initialized())
+    return luaL_error(L, "%s: mg.distributed is not initialized; call mg.distributed.init() first "
+                         "(and start the program with mpirun)", fn);
+  return 0;
+}
+
+static int l_rank (lua_State *L) {
+  need_init(L, "rank");
+  lua_pushinteger(L, mg_dist_rank());
+  return 1;
+}
+
+static int l_size (lua_State *L) {
+  need_init(L, "size");
+  lua_pushinteger(L, mg_dist_size());
+  return 1;
+}
+
+static int l_barrier (lua_State *L) {
+  if (mg_dist_barrier("barrier") != MG_OK) return mgL_error(L);
+  return 0;
+}
+
+static int l_finalize (lua_State *L) {
+  (void)L;
+  mg_dist_finalize();
+  return 0;
+}
+
+/* allreduce(t [, {op = "sum"}]): a new tensor; on a variable, in place, returning it */
+static int l_allreduce (lua_State *L) {
+  mg_dist_op op = check_op(L, 2, "allreduce", MG_DIST_SUM);
+  mg_variable *v = mgL_testvariable(L, 1);
+  if (v != NULL) {
+    if (mg_dist_allreduce_variable("allreduce", v, op) != MG_OK) return mgL_error(L);
+    lua_settop(L, 1);
+    return 1;
+  }
+  mgL_pushtensor(L, mg_dist_allreduce("allreduce", mgL_checktensor(L, 1), op));
+  return 1;
+}
+
+static int check_root (lua_State *L, int arg, const char *fn) {
+  lua_Integer root = luaL_optinteger(L, arg, 0);
+  if (mg_dist_initialized() && (root < 0 || root >= mg_dist_size()))
+    return luaL_error(L, "%s: root must be a rank from 0 to %d, got %I", fn, mg_dist_size() - 1, root);
+  return (int)root;
+}
+
+/* broadcast(t [, root = 0]): root's values; on a variable, in place, returning it */
+static int l_broadcast (lua_State *L) {
+  int root = check_root(L, 2, "broadcast");
+  mg_variable *v = mgL_testvariable(L, 1);
+  if (v != NULL) {
+    if (mg_dist_broadcast_variable("broadcast", v, root) != MG_OK) return mgL_error(L);
+    lua_settop(L, 1);
+    return 1;
+  }
+  mgL_pushtensor(L, mg_dist_broadcast("broadcast", mgL_checktensor(L, 1), root));
+  return 1;
+}
+
+static int l_allgather (lua_State *L) {
+  mgL_pushtensor(L, mg_dist_allgather("allgather", mgL_checktensor(L, 1)));
+  return 1;
+}
+
+/* allreduce_many(list, op, prescale, postscale, fusion_bytes): the list's
+** tensors reduced in buckets; a list of new tensors (DistributedOptimizer) */
+static int l_allreduce_many (lua_State *L) {
+  const char *fn = "DistributedOptimizer";
+  luaL_checktype(L, 1, LUA_TTABLE);
+  static const char *const names[] = {"sum", "mean", "max", "min", NULL};
+  mg_dist_op op = (mg_dist_op)luaL_checkoption(L, 2, "mean", names);
+  double pre = luaL_optnumber(L, 3, 1.0), post = luaL_optnumber(L, 4, 1.0);
+  lua_Integer fusion = luaL_optinteger(L, 5, 64 << 20);
+  int n = (int)luaL_len(L, 1);
+  mg_tensor **ts = lua_newuserdatauv(L, sizeof(mg_tensor *) * (size_t)(n ? 2 * n : 1), 0);
+  mg_tensor **out = ts + n;
+  for (int i = 0; i < n; i++) {
+    lua_geti(L, 1, i + 1);
+    ts[i] = mgL_checktensor(L, -1);            /* borrowed: the list keeps it */
+    lua_pop(L, 1);
+  }
+  if (mg_dist_allreduce_many(fn, ts, n, op, pre, post, fusion, out) != MG_OK) return mgL_error(L);
+  lua_createtable(L, n, 0);
+  for (int i = 0; i < n; i++) {
+    mgL_pushtensor(L, out[i]);
+    out[i] = NULL;
+    lua_rawseti(L, -2, i + 1);
+  }
+  return 1;
+}
+
+static int l_stats (lua_State *L) {
+  mg_dist_stats s = mg_dist_get_stats();
+  lua_createtable(L, 0, 2);
+  lua_pushinteger(L, s.calls);
+  lua_setfield(L, -2, "calls");
+  lua_pushinteger(L, s.bytes);
+  lua_setfield(L, -2, "bytes");
+  return 1;
+}
+
+/* the moongrad binary's way out of a failed script (src/main.c) */
+void mgL_dist_abort (int code);
+void mgL_dist_abort (int code) { mg_dist_abort(code); }
+
+static void finalize_at_exit (void) { mg_dist_finalize(); }
+
+int luaopen_moongrad_mpi (lua_State *L);
+int luaopen_moongrad_mpi (lua_State *L) {
+  static const luaL_Reg fns[] = {
+    {"init", l_init}, {"is_initialized", l_is_initialized}, {"rank", l_rank}, {"size", l_size},
+    {"barrier", l_barrier}, {"finalize", l_finalize}, {"allreduce", l_allreduce}, {"broadcast", l_broadcast},
+    {"allgather", l_allgather}, {"allreduce_many", l_allreduce_many}, {"stats", l_stats}, {NULL, NULL}};
+  static int registered;
+  if (!registered) registered = atexit(finalize_at_exit) == 0;   /* os.exit too: MPI must be finalized */
+  luaL_newlib(L, fns);
+  return 1;
+}
