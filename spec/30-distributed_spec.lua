@@ -67,4 +67,74 @@ describe("mg.distributed", function()
     assert.equal(0, code, out)
     assert.matches("ok %d+ checks on 2 ranks", out)
   end)
+
+  it("trains as one process: 1 x batch 64 and 2 x batch 32 give the same curve and weights", function()
+    if not needs_mpirun() then return end
+    local dir = os.tmpname()
+    os.remove(dir)
+    assert(os.execute("mkdir -p " .. dir))
+    local runs = {{1, 64, "one", 65536}, {2, 32, "two", 65536}, {2, 32, "unfused", 0}}
+    local calls = {}
+    for _, r in ipairs(runs) do
+      local out, code = mpirun(r[1], ("spec/dist/fit_equal.lua %d %s/%s %d"):format(r[2], dir, r[3], r[4]))
+      assert.equal(0, code, out)
+      calls[r[3]] = tonumber(out:match("steps 15 calls (%d+)"))
+      assert.is_number(calls[r[3]], out)
+    end
+    local function curve (name)
+      local list = {}
+      for line in io.lines(dir .. "/" .. name .. ".txt") do
+        local loss, acc = line:match("^(%S+) (%S+)$")
+        list[#list + 1] = {tonumber(loss), tonumber(acc)}
+      end
+      return list
+    end
+    local one, two, unfused = curve("one"), curve("two"), curve("unfused")
+    assert.equal(15, #one)                             -- 3 epochs of 5 global batches
+    helpers.assert_close(two, one, 1e-5)               -- float32 sums in another order
+    helpers.assert_close(unfused, one, 1e-5)
+    local w1, w2 = mg.load(dir .. "/one.safetensors"), mg.load(dir .. "/two.safetensors")
+    for name, t in pairs(w1) do helpers.assert_close(w2[name], t, 1e-4) end
+    -- per step: one bucket of gradients and one of logs (+ its shape check);
+    -- without fusion one call per gradient (4 variables)
+    assert.equal(calls.two + 15 * 3, calls.unfused)
+    assert.is_true(calls.two <= 15 * 3 + 10, "MPI calls: " .. calls.two)
+    os.execute("rm -rf " .. dir)
+  end)
+
+  it("stops every rank at once, naming the rank, when one raises an error or is killed", function()
+    if not needs_mpirun() then return end
+    for _, mode in ipairs({"error", "kill"}) do
+      local t0 = mg.clock()
+      local out, code = mpirun(2, "spec/dist/faults.lua " .. mode, 60)
+      local seconds = mg.clock() - t0
+      assert.is_true(code ~= 0 and code ~= 124, out)        -- 124: timeout's, a hang
+      assert.is_nil(out:find("did not happen"), out)
+      if mode == "error" then
+        assert.matches("faults.lua:%d+: a failure on purpose", out)
+        assert.matches("moongrad: rank 1 of 2 failed %(the error above%); stopping every rank", out)
+        assert.matches("MPI_ABORT was invoked on rank 1", out)
+      else
+        assert.matches("process rank 1 with PID %d+ on node %S+ exited on signal 9", out)
+      end
+      assert.is_true(seconds < 60, "took " .. seconds .. " s")
+    end
+  end)
+
+  it("resumes from rank 0's checkpoint with the same curve", function()
+    if not needs_mpirun() then return end
+    local dir = os.tmpname()
+    os.remove(dir)
+    assert(os.execute("mkdir -p " .. dir))
+    for _, mode in ipairs({"full", "first", "resume"}) do
+      local out, code = mpirun(2, ("spec/dist/resume.lua %s %s"):format(mode, dir))
+      assert.equal(0, code, out)
+    end
+    local full, resumed = {}, {}
+    for line in io.lines(dir .. "/full.txt") do full[#full + 1] = tonumber(line) end
+    for line in io.lines(dir .. "/resumed.txt") do resumed[#resumed + 1] = tonumber(line) end
+    assert.equal(15, #full)
+    assert.same(table.move(full, 6, 15, 1, {}), resumed)   -- epochs 2 and 3, bit for bit
+    os.execute("rm -rf " .. dir)
+  end)
 end)

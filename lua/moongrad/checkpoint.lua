@@ -422,6 +422,8 @@ function Callback:on_epoch_end (epoch, logs)
   if epoch % self.every ~= 0 then return end
   local model = self.model
   if model == nil then fail("checkpoint.callback", "no model: fit gives it through set_model") end
+  local dist = package.loaded["moongrad.distributed"]
+  if dist and dist.is_initialized() and dist.rank() ~= 0 then return end   -- rank 0 writes for all
   checkpoint.save(fill(self.path, epoch, logs), {model = model, epoch = epoch,
                                                  optimizer = self.optimizer or rawget(model, "optimizer")})
 end
@@ -432,7 +434,8 @@ local CALLBACK_OPTIONS = {{"every", check.positive_integer, 1}, {"optimizer", ch
 --- checkpoint.callback(path, {every=1}): a fit callback that saves a training
 -- checkpoint (model, model.optimizer, epoch, mg.random's state) after every
 -- `every`-th epoch. path may hold {epoch} or {epoch:03d} and the logs'
--- entries ({val_loss:.4f}), as Keras' ModelCheckpoint.
+-- entries ({val_loss:.4f}), as Keras' ModelCheckpoint. Under mg.distributed
+-- only rank 0 writes (every rank holds the same weights).
 function checkpoint.callback (path, opts)
   local who = "checkpoint.callback"
   check.value(who, "path", path, check.string)

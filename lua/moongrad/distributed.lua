@@ -80,10 +80,18 @@ end
 local DistributedOptimizer = {__name = "moongrad.distributed.DistributedOptimizer"}
 dist.DistributedOptimizer_class = DistributedOptimizer
 
+-- learning_rate, iterations, get_state, ... are the inner optimizer's; its
+-- methods called on the wrapper (opt:get_state()) get the inner one as self
 function DistributedOptimizer.__index (self, k)
   local m = rawget(DistributedOptimizer, k)
   if m ~= nil then return m end
-  return rawget(self, "optimizer")[k]                 -- learning_rate, iterations, ... are the inner one's
+  local inner = rawget(self, "optimizer")
+  local v = inner[k]
+  if type(v) ~= "function" then return v end
+  return function(first, ...)
+    if first == self then return v(inner, ...) end
+    return v(first, ...)
+  end
 end
 
 function DistributedOptimizer.__newindex (self, k, v) rawget(self, "optimizer")[k] = v end
@@ -123,6 +131,11 @@ local function sync (self, vars, n)
     if mg.is_variable(v) and not self._synced[v] then fresh[#fresh + 1] = v; self._synced[v] = true end
   end
   if #fresh > 0 then dist.broadcast_variables(fresh, 0) end
+end
+
+--- opt:mark_synced(vars): these variables were broadcast already (fit does it)
+function DistributedOptimizer.mark_synced (self, vars)
+  for _, v in ipairs(vars) do self._synced[v] = true end
 end
 
 function DistributedOptimizer.build (self, vars)

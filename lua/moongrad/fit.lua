@@ -303,9 +303,10 @@ end
 -- rows a..b of t (a view)
 local function rows (t, a, b) return t:slice({a, b}) end
 
--- batch i of size bs from n samples, in `order` (an int64 permutation) or in order
-local function batch (x, y, i, bs, n, order)
-  local a, b = (i - 1) * bs + 1, math.min(i * bs, n)
+-- batch i of size bs from n samples, in `order` (an int64 permutation) or in
+-- order; or samples a..b when given (a rank's share of a distributed batch)
+local function batch (x, y, i, bs, n, order, a, b)
+  if not a then a, b = (i - 1) * bs + 1, math.min(i * bs, n) end
   if order then
     local idx = order:slice({a, b})
     return mg.gather(x, idx), y and mg.gather(y, idx), b - a + 1
@@ -599,7 +600,8 @@ local FIT = {{"epochs", check.positive_integer, 1}, {"batch_size", batch_size_ru
              {"validation_data", validation_rule}, {"validation_split", split_rule, 0},
              {"validation_batch_size", batch_size_rule}, {"shuffle", check.boolean, true},
              {"callbacks", check.rule("a list of callbacks", is_plain)}, {"recompute", check.boolean, false},
-             {"verbose", verbose_rule, "auto"}, {"initial_epoch", epoch_rule, 0}, {"seed", check.integer}}
+             {"verbose", verbose_rule, "auto"}, {"initial_epoch", epoch_rule, 0}, {"seed", check.integer},
+             {"distributed", check.boolean, false}}
 
 local function has_progbar (cbs)
   for _, cb in ipairs(cbs) do if getmetatable(cb) == ProgbarLogger then return true end end
@@ -624,6 +626,16 @@ local function run_fit (self, x, y, o, c)
   local bs = o.batch_size
   local steps = (n + bs - 1) // bs
   local verbose = o.verbose == "auto" and 1 or o.verbose
+  -- distributed: each global batch (bs samples per rank) is cut among the ranks;
+  -- the gradients and the logs are the whole batch's (moongrad.distributed)
+  local dist, rank, nranks = o.distributed and require("moongrad.distributed")
+  if dist then
+    rank, nranks = dist.rank(), dist.size()
+    steps = dist.steps(n, bs, nranks)
+    if rank ~= 0 then verbose = 0 end                 -- the progress bar on rank 0 only
+    dist.broadcast_variables(self.variables)          -- rank 0's weights everywhere
+    self.optimizer:mark_synced(self.trainable_variables)
+  end
   local names = metric_names(c)
   local columns = table.move(names, 1, #names, 1, {})
   if xv then for _, k in ipairs(names) do columns[#columns + 1] = "val_" .. k end end
@@ -639,6 +651,7 @@ local function run_fit (self, x, y, o, c)
   end
 
   local seed = o.seed or mg.random.get_state().seed
+  if dist then seed = dist.seed_of(seed) end          -- one order of the samples for every rank
   self.stop_training = false
   self.history = history
   local logs = {}
@@ -649,8 +662,18 @@ local function run_fit (self, x, y, o, c)
     local m = meter()
     for i = 1, steps do
       call(cbs, "on_batch_begin", i, {})
-      local xb, yb, size = batch(x, y, i, bs, n, order)
-      local step_logs = self:train_step(xb, yb)
+      local xb, yb, size, step_logs
+      if dist then
+        local a, b, len = dist.shard(i, bs, nranks, rank, n)
+        xb, yb = batch(x, y, i, bs, n, order, a, b)
+        self.optimizer.grad_scale = (b - a + 1) * nranks / len   -- this rank's share of the batch
+        step_logs = self:train_step(xb, yb)
+        if not is_plain(step_logs) then fail(who, "train_step must return a table of logs, got %s", show(step_logs)) end
+        step_logs, size = dist.average_logs(step_logs, b - a + 1, len), len
+      else
+        xb, yb, size = batch(x, y, i, bs, n, order)
+        step_logs = self:train_step(xb, yb)
+      end
       if not is_plain(step_logs) then fail(who, "train_step must return a table of logs, got %s", show(step_logs)) end
       m.add(step_logs, size)
       call(cbs, "on_batch_end", i, m.means())
@@ -670,10 +693,12 @@ end
 
 --- model:fit(x, y [, {epochs=1, batch_size=32, validation_data={x, y} | validation_split=0,
 -- validation_batch_size=, shuffle=true, callbacks={}, recompute=false, verbose="auto",
--- initial_epoch=0, seed=}]): trains on x, y (tensors whose first axes are the
+-- initial_epoch=0, seed=, distributed=false}]): trains on x, y (tensors whose first axes are the
 -- samples) and returns a History (history.history.loss, ...). recompute runs
 -- the model's forward under mg.recompute_grad (the tape keeps only the input).
--- verbose: 0 silent, 1 the progress bar, 2 one line per epoch.
+-- verbose: 0 silent, 1 the progress bar, 2 one line per epoch. distributed
+-- trains data-parallel on the ranks of mg.distributed: batch_size samples per
+-- rank, gradients and logs averaged over the ranks (moongrad.distributed).
 local function fit_method (self, x, y, opts)
   local who = "fit"
   local c = compiled(self, who)
@@ -686,8 +711,17 @@ local function fit_method (self, x, y, opts)
          o.initial_epoch, o.epochs)
   end
   rawset(self, "_train_forward", o.recompute and mg.recompute_grad(self) or nil)
+  local optimizer = self.optimizer
+  if o.distributed then                              -- for this fit: gradients averaged over the ranks
+    local dist = require "moongrad.distributed"
+    if not dist.is_initialized() then
+      fail(who, "distributed = true needs mg.distributed.init() first (and the program started with mpirun)")
+    end
+    self.optimizer = dist.DistributedOptimizer(optimizer)
+  end
   local ok, history = pcall(run_fit, self, x, y, o, c)
   rawset(self, "_train_forward", nil)
+  self.optimizer = optimizer
   if not ok then error(history, 0) end
   return history
 end
