@@ -265,6 +265,17 @@ describe("checkpoint_loop", function()
       "checkpoint_loop.recomputed_steps: snapshots must be a positive integer, got 0")
   end)
 
+  it("examples/neural_ode.lua trains 1,000 RK4 steps with 10 snapshots", function()
+    local out, code = h.run(h.bin .. " examples/neural_ode.lua 2")
+    assert.equal(0, code, out)
+    local ratio = tonumber(out:match("checkpoint_loop [%d.]+ MiB %((%d+)x less%)"))
+    assert.is_true(ratio and ratio > 1000, out)
+    assert.truthy(out:find("checkpoint_loop 1000 forward + 2637 re-run + 1000 taped", 1, true), out)
+    assert.truthy(out:find("gradients equal bit for bit: true", 1, true), out)
+    local a, b = out:match("loss: ([%d.]+) %-> ([%d.]+)")
+    assert.is_true(tonumber(b) < tonumber(a), out)
+  end)
+
   it("leaves the tapes and counters as they were when a step fails", function()
     local x = mg.random.normal{4, 4}
     local base = h.settled()
