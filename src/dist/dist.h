@@ -49,7 +49,8 @@ mg_tensor *mg_dist_allgather (const char *fn, mg_tensor *t);
 mg_status  mg_dist_allreduce_variable (const char *fn, mg_variable *v, mg_dist_op op);
 mg_status  mg_dist_broadcast_variable (const char *fn, mg_variable *v, int root);
 /* n tensors reduced together: packed by dtype into buckets of at most
-** fusion_bytes (one MPI call each), out[i] new references */
+** fusion_bytes (one MPI call each) in a buffer kept between calls (freed by
+** mg_dist_finalize); out[i] new references */
 mg_status  mg_dist_allreduce_many (const char *fn, mg_tensor *const *ts, int n, mg_dist_op op,
                                    double prescale, double postscale, int64_t fusion_bytes,
                                    mg_tensor **out);
