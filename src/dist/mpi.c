@@ -412,7 +412,25 @@ static void *fusion_buffer (size_t nbytes) {
   return p;
 }
 
-/* one bucket: ts[a..b) (one dtype) packed, reduced, and unpacked into new tensors */
+/* n values from src to dst, times s (float32 and float64 in the same pass;
+** the half types copy, then scale) */
+static void copy_scaled (void *dst, const void *src, int64_t n, mg_dtype dt, double s) {
+  if (s != 1.0 && dt == MG_FLOAT32) {
+    float *d = dst, f = (float)s;
+    const float *x = src;
+    for (int64_t i = 0; i < n; i++) d[i] = x[i] * f;
+  } else if (s != 1.0 && dt == MG_FLOAT64) {
+    double *d = dst;
+    const double *x = src;
+    for (int64_t i = 0; i < n; i++) d[i] = x[i] * s;
+  } else {
+    memcpy(dst, src, (size_t)n * mg_dtype_size(dt));
+    scale(dst, n, dt, s);
+  }
+}
+
+/* one bucket: ts[a..b) (one dtype) packed (times pre), reduced, and unpacked
+** (times post) into new tensors: three passes over the bytes besides MPI's */
 static mg_status bucket (const char *fn, mg_tensor *const *ts, int a, int b, mg_dist_op op, double pre, double post,
                          mg_tensor **out) {
   int64_t n = 0;
@@ -421,20 +439,27 @@ static mg_status bucket (const char *fn, mg_tensor *const *ts, int a, int b, mg_
   size_t es = mg_dtype_size(dt);
   char *buf = fusion_buffer((size_t)n * es + 1);
   if (buf == NULL) return mg_seterror("%s: out of memory for a fusion buffer of %lld bytes", fn, (long long)n * (long long)es);
+  if ((pre != 1.0 || post != 1.0) && !is_float(dt))
+    return mg_seterror("%s: scaling is for float tensors, got %s", fn, mg_dtype_name(dt));
+  if (op == MG_DIST_MEAN) {
+    if (!is_float(dt)) return mg_seterror("%s: op 'mean' is for float tensors, got %s (use 'sum')", fn, mg_dtype_name(dt));
+    op = MG_DIST_SUM;
+    post /= world_size;
+  }
   int64_t at = 0;
   for (int i = a; i < b; i++) {
     mg_tensor *c = mg_contiguous(ts[i]);
     if (c == NULL) return MG_ERR;
-    memcpy(buf + at * (int64_t)es, mg_ptr(c), (size_t)c->numel * es);
+    copy_scaled(buf + at * (int64_t)es, mg_ptr(c), c->numel, dt, pre);
     at += c->numel;
     mg_tensor_release(c);
   }
-  if (mg_dist_allreduce_buf(fn, buf, n, dt, op, pre, post) != MG_OK) return MG_ERR;
+  if (mg_dist_allreduce_buf(fn, buf, n, dt, op, 1.0, 1.0) != MG_OK) return MG_ERR;
   at = 0;
   for (int i = a; i < b; i++) {
     out[i] = mg_empty(ts[i]->shape, ts[i]->ndim, dt);
     if (out[i] == NULL) return MG_ERR;
-    memcpy(mg_ptr(out[i]), buf + at * (int64_t)es, (size_t)ts[i]->numel * es);
+    copy_scaled(mg_ptr(out[i]), buf + at * (int64_t)es, ts[i]->numel, dt, post);
     at += ts[i]->numel;
   }
   return MG_OK;
