@@ -88,10 +88,11 @@ $(BUILD)/obj/main.o: src/main.c $(HEADERS)
 	$(CC) $(CFLAGS) -DMG_USE_READLINE $(MAIN_DEFS) -c $< -o $@
 
 # C programs on the public API: a host embedding Lua (examples/embed_host.c),
-# recompute from C alone (examples/recompute_host.c), bad C arguments, threads
+# recompute and a checkpointed loop from C alone (examples/recompute_host.c,
+# loop_host.c), bad C arguments, threads
 # and files (spec/)
 C_TESTS = $(BUILD)/embed_host $(BUILD)/recompute_host $(BUILD)/c_api_test $(BUILD)/threads_test \
-          $(BUILD)/io_test
+          $(BUILD)/io_test $(BUILD)/loop_host
 
 $(BUILD)/%: examples/%.c $(BUILD)/libmoongrad.a
 	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libmoongrad.a $(LUA_LIB) $(LIBS)

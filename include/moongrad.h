@@ -684,6 +684,39 @@ MG_API const mg_saved_hooks mg_hooks_float16, mg_hooks_bfloat16, mg_hooks_offloa
 ** unlinked at once, so nothing is left behind) */
 MG_API void     *mg_hooks_offload_dir (const char *dir);
 
+/* Checkpointed loops (Griewank's Revolve): mg_checkpoint_loop runs
+** state = step(state, i) for i = 1..steps as one node on the tapes, which
+** holds `snapshots` states (the first among them) and the state before the
+** last step. Every gradient through it reverses the steps from the last,
+** running step i again under a local tape from the state before it, which
+** comes from the nearest snapshot; the schedule re-runs the fewest steps
+** there are for steps and snapshots (mg_revolve_recomputed). Re-runs get
+** the random state the step had, mg_is_recomputing() true; mg_is_in_loop()
+** is true in every step. Gradients equal the plain tape's bit for bit. */
+typedef enum mg_loop_phase {
+  MG_LOOP_FORWARD,               /* the loop's own run */
+  MG_LOOP_RERUN,                 /* advancing from a snapshot, in the backward */
+  MG_LOOP_TAPED                  /* under the local tape whose gradient is taken */
+} mg_loop_phase;
+typedef struct mg_loop_fn {
+  const char *name;              /* for messages: "checkpoint_loop", "rk4" */
+  /* appends state i (n tensors, each of in[j]'s shape and dtype) to out,
+  ** from state i - 1 in in[0..n); runs with the tapes paused, or under a
+  ** local tape (MG_LOOP_TAPED) */
+  mg_status (*step)    (void *ud, int64_t i, mg_loop_phase phase, int n,
+                        mg_tensor *const *in, mg_list *out);
+  void      (*release) (void *ud);   /* frees ud, with the node; may be NULL */
+} mg_loop_fn;
+/* out gets state `steps` (state itself when steps is 0); ud belongs to
+** the call, as mg_custom_call's */
+MG_API mg_status mg_checkpoint_loop (const mg_loop_fn *fn, void *ud, int n,
+                                     mg_tensor *const *state, int64_t steps, int snapshots,
+                                     mg_list *out);
+/* the steps a gradient of n steps with k snapshots re-runs besides its n
+** taped ones: r n - C(k + r, k + 1) - (n - 1), r the least with
+** C(k + r, k) >= n; -1 + error for n < 0 or k < 1 */
+MG_API int64_t   mg_revolve_recomputed (int64_t n, int64_t k);
+
 /* }============================================================== */
 
 

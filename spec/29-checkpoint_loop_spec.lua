@@ -265,6 +265,70 @@ describe("checkpoint_loop", function()
       "checkpoint_loop.recomputed_steps: snapshots must be a positive integer, got 0")
   end)
 
+  it("turns running out of memory anywhere in a step into an error, and leaks nothing", function()
+    local W = mg.Variable(mg.constant({{0.9, 0.1}, {-0.2, 0.8}}, "float64"))
+    local x = mg.constant({{0.5, -1}, {2, 0.25}}, "float64")
+    local function step ()
+      local t = mg.tape()
+      t:watch(x)
+      local s = mg.checkpoint_loop(function(s, i)
+        return {h = mg.tanh(mg.matmul(s.h, W)) + s.c, c = s.c * (1 / i)}
+      end, {h = x, c = x}, 9, {snapshots = 2})
+      local loss = mg.sum(s.h)
+      t:stop()
+      local g = t:gradient(loss, {x, W})
+      return g[1]:totable()[1][1] + g[2]:totable()[2][1]
+    end
+    local expected = step()
+    local base = h.settled()
+    local failures = 0
+    for n = 1, 5000 do
+      mg.memory.fail_after(n)
+      local ok, err = pcall(step)
+      mg.memory.fail_after(0)
+      if ok then break end
+      failures = failures + 1
+      assert.truthy(tostring(err):find("out of memory", 1, true), tostring(err))
+    end
+    assert.is_true(failures > 100, "only " .. failures .. " allocations were tried")
+    local after = h.settled()
+    assert.equal(base.current_bytes, after.current_bytes)
+    assert.equal(base.live_tensors, after.live_tensors)
+    assert.equal(base.saved_bytes, after.saved_bytes)
+    assert.is_false(mg.is_recomputing())
+    assert.is_false(mg.is_in_loop())
+    assert.equal(expected, step())
+  end)
+
+  it("shows re-runs and let-go snapshots as their own events in mg.memory.trace", function()
+    local path = os.tmpname()
+    local x = mg.random.normal{4, 4}
+    mg.memory.trace(path, function()
+      local t = mg.tape()
+      t:watch(x)
+      local y = mg.checkpoint_loop(function(s) return mg.tanh(s) end, x, 10, {snapshots = 2})
+      local loss = mg.sum(y)
+      t:stop()
+      t:gradient(loss, x)
+    end)
+    local f = assert(io.open(path))
+    local text = f:read("a")
+    f:close()
+    os.remove(path)
+    local function count (name)
+      local n, at, key = 0, 1, '"name":"' .. name .. '","ph":"B"'
+      while true do
+        at = text:find(key, at, true)
+        if not at then return n end
+        n, at = n + 1, at + 1
+      end
+    end
+    -- n = 10, k = 2: snapshots at 0, 6 and 9; x_6 and x_9 let go once passed;
+    -- the re-runs: 6 -> 7, 6 -> 8, 0 -> 1, ..., 0 -> 5
+    assert.equal(2, count("checkpoint_loop: let go of a snapshot"))
+    assert.equal(7, count("checkpoint_loop: re-run"))
+  end)
+
   it("examples/neural_ode.lua trains 1,000 RK4 steps with 10 snapshots", function()
     local out, code = h.run(h.bin .. " examples/neural_ode.lua 2")
     assert.equal(0, code, out)

@@ -3,85 +3,18 @@
 --
 --   state = mg.checkpoint_loop(step, state, n, {snapshots = k})
 --
--- runs state = step(state, i) for i = 1..n. The tapes record the whole loop
--- as one custom gradient whose context saves k states (x_0 among them) and
--- the state before the last step; nothing inside a step is recorded. The
--- backward pass reverses the steps from the last to the first: it re-runs
--- step i under a local tape from x_(i-1), seeded with the gradient of x_i,
--- and gets x_(i-1) by advancing from the nearest snapshot, taking new
--- snapshots on the way as Revolve schedules them. For n steps and k
--- snapshots that re-runs the fewest steps possible (Griewank and Walther,
--- ACM TOMS 26(1), 2000): with r the least integer for which
--- beta(k, r) = C(k + r, k) >= n, reversing n steps from x_0 takes
--- r n - beta(k + 1, r - 1) forward steps; the loop's own forward already
--- went through n - 1 of them, so the gradient re-runs
--- r n - beta(k + 1, r - 1) - (n - 1) steps besides its n taped ones.
---
--- The schedule is the recursion Revolve's closed form describes: to reverse
--- l steps from a held state with s snapshots (that state's included),
--- advance m steps, keep that state, reverse the last l - m steps with s - 1
--- snapshots, let it go, then reverse the first m with s. Any m with
--- beta(s, r - 2) <= m <= beta(s, r - 1) and
--- beta(s - 1, r - 1) <= l - m <= beta(s - 1, r) reaches the minimum (the
--- two sub-costs add up to the closed form by Pascal's rule).
+-- runs state = step(state, i) for i = 1..n. The schedule, the snapshots
+-- and the reversal are the C core's (src/autodiff/loop.c,
+-- mg_checkpoint_loop); this module gives the state its structure (a tensor
+-- or nested tables of tensors, flattened to a list of leaves and rebuilt for
+-- each step), checks what each step returns, and counts the steps by phase
+-- for {stats = tbl}.
 -- @module moongrad.checkpoint_loop
 local mg = require "moongrad"
 local check = require "moongrad.check"
 
 local fail, show = check.fail, check.show
 local WHO = "checkpoint_loop"
-
--- {======================== the schedule ========================
-
--- C(a, b) exactly, in integers (each partial product is a binomial)
-local function binom (a, b)
-  if b < 0 or b > a then return 0 end
-  if b > a - b then b = a - b end
-  local r = 1
-  for i = 1, b do r = r * (a - b + i) // i end
-  return r
-end
-
--- beta(s, r) = C(s + r, s): the most steps s snapshots reverse with r
--- repetitions of each step at most
-local function beta (s, r) return r < 0 and 0 or binom(s + r, s) end
-
--- the least r with beta(s, r) >= l
-local function repetitions (l, s)
-  local r = 0
-  while beta(s, r) < l do r = r + 1 end
-  return r
-end
-
---- The forward steps that reversing l steps from a held state takes with s
--- snapshots (that state's included): Griewank's r l - beta(s + 1, r - 1).
-local function reversal_cost (l, s)
-  if l <= 1 then return 0 end
-  local r = repetitions(l, s)
-  return r * l - beta(s + 1, r - 1)
-end
-
--- where to keep the next snapshot when reversing l >= 2 steps with s >= 2
-local function split (l, s)
-  local r = repetitions(l, s)
-  return math.max(1, beta(s, r - 2), l - beta(s - 1, r))
-end
-
--- the positions the forward pass keeps: x_0, the first descent of the
--- recursion, and x_(n-1) (Revolve's working state at its first turn)
-local function forward_positions (n, k)
-  local keep, a, l, s = {[0] = true}, 0, n, k
-  while l >= 2 and s >= 2 do
-    local m = split(l, s)
-    a, l, s = a + m, l - m, s - 1
-    keep[a] = true
-  end
-  if n >= 1 then keep[n - 1] = true end
-  return keep
-end
-
--- }=============================================================
-
 
 -- {===================== states as leaf lists ===================
 
@@ -164,144 +97,18 @@ end
 
 -- {========================= the loop ==========================
 
-local function is_float (x) return x.dtype == "float32" or x.dtype == "float64" end
-
--- One call: the forward runs the steps, keeping the forward positions in
--- ctx (counted as saved bytes); grad_fn runs the reversal.
-local function make_call (step, tmpl, n, k, stats)
-  local function run_step (xs, i)
-    local y = step(build(tmpl, xs), i)
-    return leaves_of(tmpl, y, i, {})
-  end
-
-  return mg.custom_gradient(function(ctx, ...)
-    local x0 = table.pack(...)
-    local L, nsaved = x0.n, 0
-    local store = {}                 -- position -> {pos, x = leaves, rng, first = ctx index}
-    local function keep (pos, xs)
-      ctx:save(table.unpack(xs, 1, L))
-      store[pos] = {pos = pos, x = xs, rng = mg.random.get_state(), first = nsaved + 1}
-      nsaved = nsaved + L
-    end
-    local function let_go (e)        -- a forward snapshot the walk has passed (x_0 stays)
-      if e.pos == 0 or store[e.pos] ~= e then return end
-      for j = e.first, e.first + L - 1 do ctx:forget(j) end
-      store[e.pos] = nil
-    end
-
-    local positions = forward_positions(n, k)
-    local xs = {table.unpack(x0, 1, L)}
-    mg.in_loop(function()
-      for i = 1, n do
-        if positions[i - 1] then keep(i - 1, xs) end
-        xs = run_step(xs, i)
-      end
-    end)
-
-    -- the state at position c, from the store or advanced from e
-    local function fetch (e, c)
-      if store[c] then return store[c] end
-      mg.random.set_state(e.rng)
-      local x = e.x
-      for i = e.pos + 1, c do
-        x = run_step(x, i)
-        stats.recomputed = stats.recomputed + 1
-      end
-      return {pos = c, x = x, rng = mg.random.get_state()}
-    end
-
-    local vars, vgrads
-    -- step e.pos + 1 under a local tape from e, seeded with adj (the
-    -- gradient of its output leaves; nil: none); returns e's leaves' gradients
-    local function turn (e, adj)
-      mg.random.set_state(e.rng)
-      local t = mg.tape()
-      for j = 1, L do if is_float(e.x[j]) then t:watch(e.x[j]) end end
-      local y = run_step(e.x, e.pos + 1)
-      stats.taped = stats.taped + 1
-      local targets, seeds = {}, {}
-      for j = 1, L do
-        if adj[j] ~= nil and is_float(y[j]) then targets[#targets + 1], seeds[#seeds + 1] = y[j], adj[j] end
-      end
-      if #targets == 0 then
-        t:stop()
-        return {}
-      end
-      -- The plain tape sums a variable's gradient over the steps in its walk's
-      -- order, one op's share at a time. So that the sums round alike, the
-      -- gradient so far enters this tape's walk first: sum(v * g) recorded
-      -- last has the gradient g exactly.
-      for q = 1, #vars do
-        if vgrads[q] ~= nil then
-          targets[#targets + 1], seeds[#seeds + 1] = mg.sum(vars[q] * vgrads[q]), mg.ones({}, vgrads[q].dtype)
-        end
-      end
-      t:stop()
-      local sources, at = {}, {}
-      for j = 1, L do if is_float(e.x[j]) then sources[#sources + 1], at[j] = e.x[j], #sources + 1 end end
-      local base = #sources
-      for q = 1, #vars do sources[base + q] = vars[q] end
-      local g = t:gradient(targets, sources, seeds)
-      for q = 1, #vars do
-        if g[base + q] ~= nil then vgrads[q] = g[base + q] end
-      end
-      local out = {}
-      for j = 1, L do if at[j] then out[j] = g[at[j]] end end
-      return out
-    end
-
-    -- reverses steps a+1..b from e (the state at a) with s snapshots
-    local function reverse (e, b, s, adj)
-      local a = e.pos
-      if b - a == 1 then return turn(e, adj) end
-      if s == 1 then
-        for i = b, a + 1, -1 do
-          local x = i - 1 == a and e or fetch(e, i - 1)
-          adj = turn(x, adj)
-          let_go(x)
-        end
-        return adj
-      end
-      local m = a + split(b - a, s)
-      local xm = fetch(e, m)
-      adj = reverse(xm, b, s - 1, adj)
-      let_go(xm)
-      xm = nil                                       -- luacheck: ignore (let it be collected)
-      return reverse(e, m, s, adj)
-    end
-
-    local function backward (...)
-      local args = table.pack(...)
-      vars, vgrads = args.n > L and args[L + 1] or {}, {}
-      local adj = {table.unpack(args, 1, L)}
-      adj = ctx:recompute(function()
-        return mg.in_loop(reverse, store[0], n, k, adj)
-      end)
-      local out = {}
-      for j = 1, L do out[j] = adj[j] end
-      if args.n > L then
-        vgrads.n = #vars
-        out[L + 1] = vgrads
-        return table.unpack(out, 1, L + 1)
-      end
-      return table.unpack(out, 1, L)
-    end
-    xs[L + 1] = backward
-    return table.unpack(xs, 1, L + 1)
-  end, {context = true})
-end
+local core = mg._loop
 
 local loop = {}
 
 --- The steps the gradient of a loop of n steps with k snapshots re-runs
 -- besides its n taped ones: Revolve's minimum, less the n - 1 the forward
--- pass already made.
+-- pass already made (mg_revolve_recomputed).
 function loop.recomputed_steps (n, k)
   check.value(WHO .. ".recomputed_steps", "n", n, check.rule("an integer >= 0",
     function(v) return math.type(v) == "integer" and v >= 0 end))
   check.value(WHO .. ".recomputed_steps", "snapshots", k, check.positive_integer)
-  if n <= 1 then return 0 end
-  return reversal_cost(n, k) - (n - 1)
+  return core.recomputed(n, k)
 end
 
 local count_rule = check.rule("an integer >= 0", function(v) return math.type(v) == "integer" and v >= 0 end)
@@ -324,8 +131,15 @@ local function checkpoint_loop (step, state, n, opts)
   local stats = o.stats or {}
   stats.steps, stats.snapshots, stats.recomputed, stats.taped = n, k, 0, 0
   if n == 0 then return state end
-  local call = make_call(step, tmpl, n, k, stats)
-  local out = table.pack(call(table.unpack(x0)))
+  local counted = {forward = "steps", rerun = "recomputed", taped = "taped"}
+  stats.steps = 0
+  local L = #x0
+  local out = table.pack(core.run(function(i, phase, ...)
+    local y = step(build(tmpl, {...}), i)
+    local key = counted[phase]
+    stats[key] = stats[key] + 1
+    return table.unpack(leaves_of(tmpl, y, i, {}), 1, L)
+  end, n, math.min(k, n), table.unpack(x0)))
   return build(tmpl, out)
 end
 
