@@ -137,4 +137,15 @@ describe("mg.distributed", function()
     assert.same(table.move(full, 6, 15, 1, {}), resumed)   -- epochs 2 and 3, bit for bit
     os.execute("rm -rf " .. dir)
   end)
+
+  it("runs bench/distributed.lua's workers and bench/scaling.lua (smoke)", function()
+    if not needs_mpirun() then return end
+    local out, code = mpirun(2, "bench/distributed.lua step cnn 4 1 1")
+    assert.equal(0, code, out)
+    assert.matches("%S+ %S+ 421642 1686568", out)          -- step, allreduce, parameters, bytes
+    out, code = helpers.run(helpers.bin .. " bench/scaling.lua bench/SCALING.md 7.6")
+    assert.equal(0, code, out)
+    assert.matches("Fitted on 2 ranks of shared memory: alpha = [%d.]+ us", out)
+    assert.matches("| GPT %(567 ms, 12.84 MB%) | 100 Gbit/s InfiniBand/RoCE |", out)
+  end)
 end)
