@@ -8,12 +8,14 @@ local helpers = require "helpers"
 local has_mpirun = os.execute("command -v mpirun >/dev/null 2>&1") == true
 
 -- mpirun -np n <moongrad> args, with a time limit: a hang fails the spec instead
--- of CI. Under make asan the ranks keep AddressSanitizer but not LeakSanitizer:
+-- of CI. Loopback only: shared memory between the ranks (btl self,vader), and
+-- mpirun's own connections on lo. Under make asan the ranks keep AddressSanitizer but not LeakSanitizer:
 -- Open MPI leaves its own allocations at exit, in plugins it has unloaded by
 -- then (so no suppression can name them)
 local function mpirun (n, args, limit)
   return helpers.run(('ASAN_OPTIONS="${ASAN_OPTIONS:-}:detect_leaks=0" timeout %d mpirun --allow-run-as-root '
-                      .. "--oversubscribe -np %d %s %s"):format(limit or 180, n, helpers.bin, args))
+                      .. "--oversubscribe --mca btl self,vader --mca oob_tcp_if_include lo -np %d %s %s"):format(
+                      limit or 180, n, helpers.bin, args))
 end
 
 local function needs_mpirun ()
