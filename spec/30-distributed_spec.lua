@@ -150,4 +150,26 @@ describe("mg.distributed", function()
     assert.matches("Fitted on 2 ranks of shared memory: alpha = [%d.]+ us", out)
     assert.matches("| GPT %(567 ms, 12.84 MB%) | 100 Gbit/s InfiniBand/RoCE |", out)
   end)
+
+  it("stops every rank under stock lua5.4 too when one fails (moongrad.so aborts at a failed exit)", function()
+    if not needs_mpirun() then return end
+    local so = (os.getenv("MOONGRAD_SO_DIR") or "build") .. "/moongrad.so"
+    if not io.open(so) then pending("no " .. so .. " to load from lua5.4") return end
+    local prog = os.tmpname()
+    local f = assert(io.open(prog, "w"))
+    f:write(("package.cpath = '%s;' .. package.cpath\n"):format(so:gsub("moongrad%.so$", "?.so")),
+            "local mg = require 'moongrad'\n",
+            "local rank = mg.distributed.init()\n",
+            "if rank == 1 then error('rank 1 fails on purpose') end\n",
+            "mg.distributed.allreduce(mg.ones(4))\n",
+            "print('rank 0 was not stopped')\n")
+    f:close()
+    local out, code = helpers.run(('ASAN_OPTIONS="${ASAN_OPTIONS:-}:detect_leaks=0" timeout 60 mpirun --allow-run-as-root '
+      .. "--oversubscribe --mca btl self,vader --mca oob_tcp_if_include lo -np 2 lua5.4 %s"):format(prog))
+    os.remove(prog)
+    assert.is_true(code ~= 0 and code ~= 124, out)
+    assert.matches("rank 1 fails on purpose", out)
+    assert.matches("moongrad: rank 1 of 2 failed %(the error above%); stopping every rank", out)
+    assert.is_nil(out:find("was not stopped"), out)
+  end)
 end)

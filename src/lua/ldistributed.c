@@ -6,6 +6,8 @@
 ** lua/moongrad/distributed.lua is the module users see; it loads this one
 ** and says so plainly when it is missing (a build without Open MPI).
 */
+#define _GNU_SOURCE                  /* on_exit, dladdr, RTLD_NODELETE */
+#include <dlfcn.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -153,7 +155,21 @@ static int l_stats (lua_State *L) {
 void mgL_dist_abort (int code);
 void mgL_dist_abort (int code) { mg_dist_abort(code); }
 
-static void finalize_at_exit (void) { mg_dist_finalize(); }
+/* At exit: MPI_Finalize after a success; after a failure (a status other
+** than 0: stock lua5.4's uncaught error, os.exit(1)) MPI_Abort, since
+** MPI_Finalize would wait for ranks that may be waiting for this one */
+static void at_exit (int status, void *ud) {
+  (void)ud;
+  if (status != 0) mg_dist_abort(status);
+  mg_dist_finalize();
+}
+
+/* the library holding this code stays loaded until exit (lua_close would
+** dlclose moongrad.so before at_exit runs) */
+static void pin_library (void) {
+  Dl_info info;
+  if (dladdr((void *)at_exit, &info) && info.dli_fname) dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE);
+}
 
 int luaopen_moongrad_mpi (lua_State *L);
 int luaopen_moongrad_mpi (lua_State *L) {
@@ -162,7 +178,10 @@ int luaopen_moongrad_mpi (lua_State *L) {
     {"barrier", l_barrier}, {"finalize", l_finalize}, {"allreduce", l_allreduce}, {"broadcast", l_broadcast},
     {"allgather", l_allgather}, {"allreduce_many", l_allreduce_many}, {"stats", l_stats}, {NULL, NULL}};
   static int registered;
-  if (!registered) registered = atexit(finalize_at_exit) == 0;   /* os.exit too: MPI must be finalized */
+  if (!registered) {                                             /* os.exit too */
+    pin_library();
+    registered = on_exit(at_exit, NULL) == 0;
+  }
   luaL_newlib(L, fns);
   return 1;
 }
