@@ -271,6 +271,10 @@ print(("trained in %.0f s"):format(mg.clock() - t0))
 -- {========================= sampling ==========================
 
 -- 20 words drawn one character at a time from the model's distribution
+-- (conditioned on not ending at once: no empty words)
+local not_end = {0}
+for k = 2, V do not_end[k] = 1 end
+not_end = mg.constant(not_end)
 local function sample (n)
   for _, b in ipairs(blocks) do b.training = false end
   local seqs, done = {}, {}
@@ -278,6 +282,7 @@ local function sample (n)
   for pos = 1, T - 1 do
     local logits = plain(mg.constant(seqs, "int64"))           -- (n, pos, V)
     local p = mg.softmax(logits:slice(nil, pos), -1)
+    if pos == 1 then p = p * not_end; p = p / mg.sum(p, -1, true) end   -- a word has a first letter
     local c = mg.cumsum(p, 2)
     local u = mg.random.uniform({n, 1}, 0, 1)
     local next_ids = (mg.sum(mg.cast(mg.less(c, u), "int64"), 2) + 1):totable()

@@ -259,4 +259,21 @@ describe("peaks follow liveness with the default pacing", function()
       assert.is_true(default <= 1.15 * ideal, ("peak %d vs ideal %d"):format(default, ideal))
     end
   end)
+
+  it("does not make each op pay for a full collection of a big Lua heap", function()
+    -- a data set kept in Lua tables: a full collection walks all of it
+    local words = {}
+    for i = 1, 100000 do words[i] = {i, tostring(i)} end
+    local heap = collectgarbage("count") * 1024
+    local x = mg.ones{64, 22, 128}                        -- 704 KiB
+    local before = mg.memory.stats()
+    for _ = 1, 200 do local _ = x * 2 end                 -- 138 MiB allocated, each result garbage at once
+    local after = mg.memory.stats()
+    local allocated = after.allocated_bytes - before.allocated_bytes
+    local fulls = after.full_collections - before.full_collections
+    -- full collections take at most a quarter of the time: a few, where each op paid one
+    assert.is_true(fulls < 50, ("%d full collections for 200 ops (%d bytes), heap %d"):format(fulls, allocated, heap))
+    assert.is_true(after.peak_bytes - before.current_bytes < 16 * 2^20)   -- the young ones keep up
+    assert.equal(100000, #words)
+  end)
 end)
