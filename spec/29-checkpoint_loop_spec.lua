@@ -279,6 +279,10 @@ describe("checkpoint_loop", function()
       local g = t:gradient(loss, {x, W})
       return g[1]:totable()[1][1] + g[2]:totable()[2][1]
     end
+    -- earlier specs' tapes, collected, leave their calls' Lua data to be let go
+    -- at the next call (a finalizer cannot touch the Lua state): settle first,
+    -- so that the first step lets it go before the baseline is taken
+    h.settled()
     local expected = step()
     local base = h.settled()
     local failures = 0
@@ -291,9 +295,9 @@ describe("checkpoint_loop", function()
       assert.truthy(tostring(err):find("out of memory", 1, true), tostring(err))
     end
     assert.is_true(failures > 100, "only " .. failures .. " allocations were tried")
-    local after = h.settled()
-    assert.equal(base.current_bytes, after.current_bytes)
-    assert.equal(base.live_tensors, after.live_tensors)
+    local after = h.settled()                    -- (earlier specs' garbage may go too)
+    assert.is_true(after.current_bytes <= base.current_bytes, after.current_bytes .. " > " .. base.current_bytes)
+    assert.is_true(after.live_tensors <= base.live_tensors)
     assert.equal(base.saved_bytes, after.saved_bytes)
     assert.is_false(mg.is_recomputing())
     assert.is_false(mg.is_in_loop())
