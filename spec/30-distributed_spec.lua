@@ -40,6 +40,15 @@ describe("mg.distributed", function()
       "DistributedOptimizer: mg.distributed is not initialized; call mg.distributed.init() first (and start the program with mpirun)")
   end)
 
+  it("fit{distributed = true} says to call init first", function()
+    local m = mg.nn.Sequential{mg.nn.Dense(2)}
+    m:compile{optimizer = "sgd", loss = "mse"}
+    assert.has_error(function() m:fit(mg.zeros({4, 3}), mg.zeros({4, 2}), {distributed = true, verbose = 0}) end,
+      "fit: distributed = true needs mg.distributed.init() first (and the program started with mpirun)")
+    assert.has_error(function() m:fit(mg.zeros({4, 3}), mg.zeros({4, 2}), {distributed = 1}) end,
+      "fit: option 'distributed' must be true or false, got 1")
+  end)
+
   it("says so plainly in a build without MPI", function()
     local loaded, saved_mpi, saved_preload = package.loaded, package.loaded["moongrad.mpi"], package.preload["moongrad.mpi"]
     local saved = loaded["moongrad.distributed"]
