@@ -63,6 +63,19 @@ describe("checkpoint_loop", function()
     assert.equal(x, mg.checkpoint_loop(function(s) return s * 2 end, x, 0))   -- no steps
   end)
 
+  it("keeps no snapshots when no tape records it", function()
+    local old, oldmin = mg.memory.setpause(100, 0)          -- exact peaks
+    local x = mg.random.normal{64, 64}                       -- 16 KiB
+    local base = h.settled()
+    mg.memory.reset_peak()
+    local y = mg.checkpoint_loop(function(s) return s * 0.5 end, x, 50, {snapshots = 10})
+    local peak = mg.memory.stats().peak_bytes - base.current_bytes
+    mg.memory.setpause(old, oldmin)
+    -- the state, the next one, the last one's box until collected (10 snapshots: 10 more)
+    assert.is_true(peak < 4 * 16384, "peak " .. peak)
+    assert.equal(0.5 ^ 50 * x:totable()[1][1], y:totable()[1][1])
+  end)
+
   it("re-runs Revolve's minimal number of steps in the gradient, for every n and k", function()
     local T = dp_minimum(60, 6)
     for _, k in ipairs{1, 2, 3, 4, 6} do

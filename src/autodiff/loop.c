@@ -97,6 +97,7 @@ typedef struct loop_call {
   mg_tensor **x0;              /* [L] the first state, held: shapes and dtypes to check */
   kept *kept;                  /* the forward's snapshots, by position */
   int nkept;
+  bool save;                   /* a tape records the call: keep the snapshots */
   mg_custom_ctx *ctx;          /* borrowed: the call's */
   const mg_grad_args *g;       /* during the backward */
   mg_tensor **vgrad;           /* [g->nvars] the variables' gradients so far */
@@ -170,7 +171,7 @@ static mg_status loop_forward (void *ud, int nin, mg_tensor *const *in, mg_list 
   int next = 0;
   mg_loop_enter();
   for (int64_t i = 1; i <= c->n && st == MG_OK; i++) {
-    if (next < c->nkept && c->kept[next].pos == i - 1) {
+    if (c->save && next < c->nkept && c->kept[next].pos == i - 1) {
       c->kept[next].rng = mg_random_get_state();
       c->kept[next++].first = mg_custom_nsaved(c->ctx);
       st = mg_custom_save(c->ctx, c->L, x);
@@ -385,6 +386,9 @@ static mg_status reverse (loop_call *c, const loop_state *e, int64_t b, int64_t 
 
 static mg_status reverse_all (void *ud) {
   loop_call *c = (loop_call *)ud;
+  if (!c->save)                                  /* a tape a step left recording took it */
+    return mg_seterror("checkpoint_loop: no tape recorded when the loop began, so it kept no "
+                       "snapshots");
   loop_state x0;
   mg_status st = from_kept(c, &c->kept[0], &x0);
   if (st != MG_OK) return st;
@@ -467,7 +471,8 @@ mg_status mg_checkpoint_loop (const mg_loop_fn *fn, void *ud, int n, mg_tensor *
     return mg_seterror("mg_checkpoint_loop: out of memory");
   }
   for (int j = 0; j < n; j++) x0[j] = mg_tensor_retain(state[j]);
-  *c = (loop_call){.fn = fn, .ud = ud, .L = n, .n = steps, .k = snapshots, .x0 = x0, .kept = k};
+  *c = (loop_call){.fn = fn, .ud = ud, .L = n, .n = steps, .k = snapshots, .x0 = x0, .kept = k,
+                   .save = mg_tapes_recording() > 0};   /* (the forward runs with them paused) */
   static const mg_function loop_fn = {"checkpoint_loop", loop_forward, loop_backward, loop_release};
   return mg_custom_call(&loop_fn, c, n, state, out);
 }
