@@ -75,6 +75,29 @@ function dist.broadcast_variables (vars, root)
   return vars
 end
 
+--- broadcast_optimizer_state(opt, vars [, root = 0]): root's optimizer state
+-- (iterations, slots: opt:get_state(vars)) on every rank, as Horovod's; so a
+-- checkpoint restored on rank 0 alone resumes everywhere. Optimizers without
+-- get_state/set_state are left alone. Returns opt.
+function dist.broadcast_optimizer_state (opt, vars, root)
+  local who = "broadcast_optimizer_state"
+  started(who)
+  local inner = getmetatable(opt) == dist.DistributedOptimizer_class and rawget(opt, "optimizer") or opt
+  local ok, get, set = pcall(function() return inner.get_state, inner.set_state end)
+  if not (ok and check.is_callable(get) and check.is_callable(set)) then return opt end
+  local state = inner:get_state(vars)
+  state.iterations = math.tointeger(mpi.broadcast(mg.tensor({state.iterations}, "int64"), root):totable()[1])
+  local names = {}
+  for name in pairs(state.slots) do names[#names + 1] = name end
+  table.sort(names)
+  for _, name in ipairs(names) do
+    local list = state.slots[name]
+    for i = 1, #list do list[i] = mpi.broadcast(list[i], root) end
+  end
+  inner:set_state(state, vars)
+  return opt
+end
+
 -- {=================== DistributedOptimizer ====================
 
 local DistributedOptimizer = {__name = "moongrad.distributed.DistributedOptimizer"}

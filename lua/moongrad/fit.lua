@@ -634,6 +634,7 @@ local function run_fit (self, x, y, o, c)
     steps = dist.steps(n, bs, nranks)
     if rank ~= 0 then verbose = 0 end                 -- the progress bar on rank 0 only
     dist.broadcast_variables(self.variables)          -- rank 0's weights everywhere
+    dist.broadcast_optimizer_state(self.optimizer, self.trainable_variables)   -- and its optimizer's slots
     self.optimizer:mark_synced(self.trainable_variables)
   end
   local names = metric_names(c)

@@ -3,6 +3,7 @@
 --   first:   epoch 1 with a checkpoint callback (rank 0 writes <dir>/ckpt.safetensors)
 --   resume:  every rank restores <dir>/ckpt.safetensors, then epochs 2 and 3
 --            (<dir>/resumed.txt): the curve must be full.txt's from epoch 2 on
+--   resume0: rank 0 alone restores it (<dir>/resumed0.txt): the same curve
 local dist = mg.distributed
 local rank = dist.init()
 local mode, dir = arg[1], arg[2]
@@ -23,10 +24,18 @@ elseif mode == "resume" then
   model.optimizer:build(model.trainable_variables)
   local info = mg.checkpoint.restore(dir .. "/ckpt.safetensors", {model = model, optimizer = model.optimizer})
   opts.initial_epoch = info.epoch
+elseif mode == "resume0" then                  -- rank 0 alone reads the file: fit broadcasts the rest
+  local epoch = 0
+  if rank == 0 then
+    model.optimizer:build(model.trainable_variables)
+    epoch = mg.checkpoint.restore(dir .. "/ckpt.safetensors", {model = model, optimizer = model.optimizer}).epoch
+  end
+  opts.initial_epoch = math.tointeger(dist.broadcast(mg.tensor({epoch}, "int64"), 0):totable()[1])
 end
 model:fit(x, y, opts)
 if rank == 0 and mode ~= "first" then
-  local f = assert(io.open(dir .. "/" .. (mode == "full" and "full" or "resumed") .. ".txt", "w"))
+  local f = assert(io.open(dir .. "/" .. (mode == "full" and "full" or mode == "resume" and "resumed" or "resumed0")
+                           .. ".txt", "w"))
   f:write(table.concat(curve, "\n"), "\n")
   f:close()
 end
