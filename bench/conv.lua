@@ -142,6 +142,8 @@ local function cpu ()
   return model .. (info:find("avx512f") and ", AVX-512" or info:find("avx2") and ", AVX2" or "")
 end
 
+print(("### Convolution and pooling steps on %s"):format(cpu()))
+print()
 print(("%s vs PyTorch, conv2d and max_pool training steps, batch %d, %s"):format(mg.version,
       quick and 4 or 128, cpu()))
 print(("medians over %d round%s of %d steps (each round: a fresh moongrad process, then a fresh PyTorch one)%s")

@@ -119,9 +119,10 @@ void mg_replay_rewind (mg_replay *r) {
 
 /* }========================================================== */
 
+/* "dots": the products, JAX's dots_saveable (the fused attention is two) */
 int mg_save_dots (void *ud, const mg_opinfo *op, const mg_tensor *out) {
   MG_UNUSED(ud);
   MG_UNUSED(out);
   return strcmp(op->name, "matmul") == 0 || strcmp(op->name, "conv2d") == 0 ||
-         strcmp(op->name, "einsum") == 0;
+         strcmp(op->name, "einsum") == 0 || strcmp(op->name, "scaled_dot_product_attention") == 0;
 }
