@@ -464,19 +464,8 @@ describe("allocation failures", function()
   end
 
   it("every failing allocation in a training step is a Lua error, and nothing leaks", function()
-    local expected = step()
-    local base = h.settled()
-    local failures = 0
-    for n = 1, 10000 do
-      mg.memory.fail_after(n)
-      local ok, err = pcall(step)
-      mg.memory.fail_after(0)
-      if ok then break end
-      failures = failures + 1
-      assert.truthy(tostring(err):find("out of memory", 1, true), tostring(err))
-    end
+    local failures, base, after, expected = h.oom_sweep(step, 10000)
     assert.is_true(failures > 50, "only " .. failures .. " allocations were tried")
-    local after = h.settled()
     assert.equal(base.current_bytes, after.current_bytes)
     assert.equal(base.live_tensors, after.live_tensors)
     assert.is_false(mg.is_recomputing())

@@ -395,19 +395,8 @@ _________________________________________________________________
         local g = t:gradient(loss, model.trainable_variables)
         return loss:item(), #g
       end
-      local expected = step()
-      local base = h.settled()
-      local failures = 0
-      for n = 1, 10000 do
-        mg.memory.fail_after(n)
-        local ok, err = pcall(step)
-        mg.memory.fail_after(0)
-        if ok then break end
-        failures = failures + 1
-        assert.truthy(tostring(err):find("out of memory", 1, true), tostring(err))
-      end
+      local failures, base, after, expected = h.oom_sweep(step, 10000)
       assert.is_true(failures > 20, "only " .. failures .. " allocations were tried")
-      local after = h.settled()
       assert.equal(base.current_bytes, after.current_bytes)
       assert.equal(base.live_tensors, after.live_tensors)
       assert.equal(expected, step())

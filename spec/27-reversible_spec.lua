@@ -602,19 +602,8 @@ describe("out of memory in a reversible training step", function()
       local g = run_chain(chain, x, false)
       return #g[2]
     end
-    local expected = step()
-    local base = h.settled()
-    local failures = 0
-    for n = 1, 2000 do
-      mg.memory.fail_after(n)
-      local ok, err = pcall(step)
-      mg.memory.fail_after(0)
-      if ok then break end
-      failures = failures + 1
-      assert.truthy(tostring(err):find("out of memory", 1, true), tostring(err))
-    end
+    local failures, base, after, expected = h.oom_sweep(step, 2000)
     assert.is_true(failures > 50, "only " .. failures .. " allocations were tried")
-    local after = h.settled()
     assert.equal(base.current_bytes, after.current_bytes)
     assert.equal(base.live_tensors, after.live_tensors)
     assert.is_false(mg.is_recomputing())

@@ -79,6 +79,25 @@ function helpers.settled ()
   return mg.memory.stats()
 end
 
+-- Runs step() once, then again with the allocator failing at its 1st, 2nd,
+-- ... allocation until a run gets through; each failure must be an "out of
+-- memory" Lua error. Returns the failures, the settled counters before and
+-- after the sweep, and the first run's result.
+function helpers.oom_sweep (step, limit)
+  local expected = step()
+  local before = helpers.settled()
+  local failures = 0
+  for n = 1, limit do
+    mg.memory.fail_after(n)
+    local ok, err = pcall(step)
+    mg.memory.fail_after(0)
+    if ok then break end
+    failures = failures + 1
+    assert(tostring(err):find("out of memory", 1, true), tostring(err))
+  end
+  return failures, before, helpers.settled(), expected
+end
+
 -- live tensor count after a full collection
 function helpers.live ()
   return helpers.settled().live_tensors
