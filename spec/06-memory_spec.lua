@@ -223,26 +223,29 @@ describe("the reuse cache", function()
 end)
 
 describe("peaks follow liveness with the default pacing", function()
-  -- one training step of a chain, its peak above the start
-  local function peak_of (layers, x, vars, run)
-    local t = mg.tape()
-    local loss = mg.mean(run(x) ^ 2)
-    t:stop()
-    local grads = t:gradient(loss, vars)
-    for i, v in ipairs(vars) do v:assign_sub(grads[i], 1e-3) end
-    collectgarbage()
-    collectgarbage()
-    local base = mg.memory.stats().current_bytes
-    mg.memory.reset_peak()
-    t = mg.tape()
-    loss = mg.mean(run(x) ^ 2)
-    t:stop()
-    grads = t:gradient(loss, vars)
-    for i, v in ipairs(vars) do v:assign_sub(grads[i], 1e-3) end
-    return mg.memory.stats().peak_bytes - base
-  end
-
-  it("within 1.15x of a collection before every allocation, plain and recomputed", function()
+  -- One training step of a chain, its peak above the start, in a fresh
+  -- process as a training script runs: in busted's, the heap of every spec
+  -- loaded makes each full collection cost more, and the pacing holds full
+  -- collections to a quarter of the time (the next test), so the peak there
+  -- is looser than a script's.
+  local script = [[
+    local function peak_of (x, vars, run)
+      local t = mg.tape()
+      local loss = mg.mean(run(x) ^ 2)
+      t:stop()
+      local grads = t:gradient(loss, vars)
+      for i, v in ipairs(vars) do v:assign_sub(grads[i], 1e-3) end
+      collectgarbage()
+      collectgarbage()
+      local base = mg.memory.stats().current_bytes
+      mg.memory.reset_peak()
+      t = mg.tape()
+      loss = mg.mean(run(x) ^ 2)
+      t:stop()
+      grads = t:gradient(loss, vars)
+      for i, v in ipairs(vars) do v:assign_sub(grads[i], 1e-3) end
+      return mg.memory.stats().peak_bytes - base
+    end
     mg.random.seed(3)
     local layers, vars = {}, {}
     for i = 1, 12 do layers[i] = mg.nn.Dense(256, {activation = "tanh"}) end
@@ -252,12 +255,28 @@ describe("peaks follow liveness with the default pacing", function()
     plain(x)
     for _, l in ipairs(layers) do for _, v in ipairs(l.trainable_variables) do vars[#vars + 1] = v end end
     for _, run in ipairs{plain, every} do
-      local default = peak_of(layers, x, vars, run)
+      local default = peak_of(x, vars, run)
       local old, oldmin = mg.memory.setpause(100, 0)
-      local ideal = peak_of(layers, x, vars, run)
+      local ideal = peak_of(x, vars, run)
       mg.memory.setpause(old, oldmin)
-      assert.is_true(default <= 1.15 * ideal, ("peak %d vs ideal %d"):format(default, ideal))
+      print(("peak %d ideal %d"):format(default, ideal))
     end
+  ]]
+
+  it("within 1.15x of a collection before every allocation, plain and recomputed", function()
+    local path = os.tmpname()
+    local f = assert(io.open(path, "w"))
+    f:write(script)
+    f:close()
+    local out, code = h.run(h.bin .. " " .. path)
+    os.remove(path)
+    assert.equal(0, code, out)
+    local n = 0
+    for default, ideal in out:gmatch("peak (%d+) ideal (%d+)") do
+      n = n + 1
+      assert.is_true(tonumber(default) <= 1.15 * tonumber(ideal), ("peak %s vs ideal %s"):format(default, ideal))
+    end
+    assert.equal(2, n, out)
   end)
 
   it("does not make each op pay for a full collection of a big Lua heap", function()
