@@ -1,5 +1,6 @@
 -- The moongrad interpreter: scripts, options, and the REPL.
 local h = require "helpers"
+local mg = require "moongrad"
 
 describe("the moongrad interpreter", function()
   it("runs stdin with '-' and has mg preloaded", function()
@@ -44,6 +45,25 @@ describe("the moongrad interpreter", function()
       assert.truthy(out:find("\n3\n", 1, true))
     end)
 
+    it("shows tables as constructors, byte counts with units, models with their size", function()
+      local out = h.run_moongrad("-i", table.concat({
+        "mg.ones{2, 3}.shape",
+        "mg.memory.stats()",
+        "{1, 'a', {b = 2}, t = mg.ones{2}, v = mg.Variable(mg.zeros{3}, {name = 'w'})}",
+        "local t = {1}; t.self = t; return t",
+        "local m = mg.nn.Sequential{mg.nn.Dense(4), mg.nn.Dense(2)}; m(mg.ones{1, 3}); return m",
+        "'text', 2",
+      }, "\n") .. "\n")
+      assert.truthy(out:find("\n{2, 3}\n", 1, true), out)
+      assert.truthy(out:find("current_bytes = %d+ B,") or out:find("current_bytes = [%d.]+ KiB,"), out)
+      assert.truthy(out:find("cache_limit = 256.0 MiB,", 1, true), out)
+      assert.truthy(out:find("live_tensors = %d+,"), out)
+      assert.truthy(out:find([[{1, "a", {b = 2}, t = <tensor (2) float32>, v = <variable 'w' (3) float32>}]], 1, true), out)
+      assert.truthy(out:find("{1, self = <cycle>}", 1, true), out)
+      assert.truthy(out:find("moongrad.nn.Sequential 'sequential' (2 layers, 26 parameters) {", 1, true), out)
+      assert.truthy(out:find("\ntext\t2\n", 1, true), out)
+    end)
+
     it("continues multi-line input", function()
       local out = h.run_moongrad("-i", "function f(x)\n  return x * 2\nend\nf(21)\nfor i = 1, 2 do\nprint('i', i)\nend\n")
       assert.truthy(out:find("42", 1, true))
@@ -76,5 +96,27 @@ describe("the moongrad interpreter", function()
       assert.truthy(out:find("42", 1, true))
       assert.is_nil(f)
     end)
+  end)
+end)
+
+describe("mg.repr", function()
+  it("cuts long tables, nests to a depth, breaks wide ones into lines", function()
+    local long = {}
+    for i = 1, 30 do long[i] = i end
+    assert.equal("{1, 2, 3, ... (27 more)}", mg.repr(long, {items = 3}))
+    assert.equal("{{{...}}}", mg.repr({{{{1}}}}, {depth = 2}))
+    assert.equal("{{}}", mg.repr({{}}))
+    local wide = mg.repr({alpha = string.rep("a", 40), beta = string.rep("b", 40)})
+    assert.equal('{\n  alpha = "' .. string.rep("a", 40) .. '",\n  beta = "' .. string.rep("b", 40) .. '"\n}', wide)
+    assert.equal('{["a key"] = 1, [true] = 2}', mg.repr({["a key"] = 1, [true] = 2}))
+    assert.equal("{peak_bytes = 1.5 MiB, total = 1572864}", mg.repr({peak_bytes = 1572864, total = 1572864}))
+    assert.equal("plain", mg.repr("plain"))
+    assert.equal('{"quoted"}', mg.repr({"quoted"}))
+  end)
+
+  it("checks its options", function()
+    assert.has_error(function() mg.repr({}, {colour = 1}) end, "repr: unknown option 'colour' (known: depth, items, width)")
+    assert.has_error(function() mg.repr({}, {depth = 0}) end, "repr: option 'depth' must be a positive integer, got 0")
+    assert.has_error(function() mg.repr({}, 3) end, "repr: options must be a table, got number")
   end)
 end)

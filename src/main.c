@@ -819,13 +819,37 @@ static int loadline (lua_State *L) {
   return status;
 }
 
+/* each result through moongrad.repr (a plain table reads as a constructor,
+** byte counts with units), then print; print alone if repr is not there */
+static int repr_all (lua_State *L) {
+  int n = lua_gettop(L);
+  lua_getglobal(L, "require");
+  lua_pushliteral(L, "moongrad.repr");
+  lua_call(L, 1, 1);                                      /* args... repr */
+  for (int i = 1; i <= n; i++) {
+    lua_pushvalue(L, -1);
+    lua_pushvalue(L, i);
+    lua_call(L, 1, 1);
+    lua_replace(L, i);
+  }
+  lua_pop(L, 1);
+  return n;
+}
+
 static void l_print (lua_State *L) {
   int n = lua_gettop(L);
   if (n > 0) {
     luaL_checkstack(L, LUA_MINSTACK, "too many results to print");
+    lua_pushcfunction(L, repr_all);
+    lua_insert(L, 1);
+    if (icall(L, n, LUA_MULTRET, 0) != LUA_OK) {   /* printing a big tensor can be stopped too */
+      l_message(progname, lua_pushfstring(L, "error showing the results (%s)", lua_tostring(L, -1)));
+      lua_settop(L, 0);
+      return;
+    }
     lua_getglobal(L, "print");
     lua_insert(L, 1);
-    if (icall(L, n, 0, 0) != LUA_OK)        /* printing a big tensor can be stopped too */
+    if (icall(L, n, 0, 0) != LUA_OK)
       l_message(progname, lua_pushfstring(L, "error calling 'print' (%s)", lua_tostring(L, -1)));
   }
 }

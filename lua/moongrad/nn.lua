@@ -357,9 +357,16 @@ end
 function Sequential:describe ()
   local parts = {}
   for i, l in ipairs(self.layers) do
-    parts[i] = "  " .. (type(l) == "table" and tostring(l) or tostring(l)):gsub("\n", "\n  ")
+    parts[i] = "  " .. tostring(l):gsub("\n", "\n  ")
   end
-  return ("moongrad.nn.Sequential '%s' {\n%s\n}"):format(self.name, table.concat(parts, "\n"))
+  local size = "not built yet"
+  if rawget(self, "_output_shape") ~= nil then
+    local n = 0
+    for _, v in ipairs(self.variables) do n = n + v:numel() end
+    size = ("%d parameters"):format(n)
+  end
+  return ("moongrad.nn.Sequential '%s' (%d layers, %s) {\n%s\n}"):format(self.name, #self.layers, size,
+                                                                          table.concat(parts, "\n"))
 end
 
 -- }=============================================================
