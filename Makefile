@@ -35,6 +35,11 @@ CFLAGS  = -std=c11 -D_POSIX_C_SOURCE=200809L $(OPT) $(MARCH) -fno-math-errno -fP
 OPENBLAS_DIR = /usr/lib/x86_64-linux-gnu/openblas-openmp
 BASE_LIBS = -ldnnl -L$(OPENBLAS_DIR) -Wl,-rpath,$(OPENBLAS_DIR) -lopenblas -lcjson -lz -lmvec -lm
 LIBS    = $(BASE_LIBS) -fopenmp
+# what a C host links with libmoongrad.a (moongrad.pc's Libs; Lua's flags
+# written out, not Requires: lua5.4, so --define-variable=prefix= moves ours
+# alone): -lgomp and not -fopenmp, which means something else to clang (libomp)
+PC_LIBS = $(LUA_LIB) $(BASE_LIBS) -lgomp -lpthread
+VERSION = $(shell sed -n 's/^#define MG_VERSION  *"moongrad \(.*\)"/\1/p' include/moongrad.h)
 
 # Debian packages the build and the tests need
 DEPS = lua5.4 liblua5.4-dev lua-busted libreadline-dev libdnnl-dev libopenblas-openmp-dev libcjson-dev \
@@ -55,7 +60,7 @@ LUA_MODS = $(wildcard lua/moongrad/*.lua)
 LIB_OBJ = $(patsubst src/%.c,$(BUILD)/obj/%.o,$(LIB_SRC)) $(BUILD)/obj/embedded.o
 HEADERS = $(wildcard include/*.h src/*.h src/*/*.h)
 
-.PHONY: all deps test demo asan asan-build tsan fuzz run-c-tests bench install clean check sz
+.PHONY: all deps test demo asan asan-build tsan fuzz run-c-tests bench install clean check sz api-table
 
 all: $(BUILD)/moongrad $(BUILD)/moongrad.so $(BUILD)/libmoongrad.a
 
@@ -171,6 +176,15 @@ install: all
 	install -m 644 $(BUILD)/moongrad.so $(DESTDIR)$(PREFIX)/lib/lua/5.4/moongrad.so
 	install -m 644 $(BUILD)/libmoongrad.a $(DESTDIR)$(PREFIX)/lib/libmoongrad.a
 	install -m 644 include/moongrad.h $(DESTDIR)$(PREFIX)/include/moongrad.h
+	install -d $(DESTDIR)$(PREFIX)/lib/pkgconfig
+	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|$(VERSION)|' -e 's|@LIBS@|$(PC_LIBS)|' \
+	  -e 's|@LUA_CFLAGS@|-I$(LUA_INC)|' \
+	  moongrad.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/moongrad.pc
+	chmod 644 $(DESTDIR)$(PREFIX)/lib/pkgconfig/moongrad.pc
+
+# the README's API table, written from lua/moongrad/help.lua (spec/33 checks they agree)
+api-table: $(BUILD)/moongrad
+	$(BUILD)/moongrad lua/api_table.lua README.md
 
 # lines per file, as tinygrad's sz.py
 sz:

@@ -95,6 +95,9 @@ MG_API mg_context *mg_context_current (void);
 
 
 MG_API const char *mg_errmsg       (void);   /* text of the last failure */
+/* the same text with positions (axes, dimensions, indices) counted from base:
+** 0 for C callers (mg_errmsg), 1 for Lua's (the binding); valid until the next call */
+MG_API const char *mg_errmsg_based (int base);
 MG_API mg_status   mg_seterror     (const char *fmt, ...);   /* always MG_ERR */
 #define MG_MAX_THREADS  1024       /* most threads mg_set_num_threads accepts */
 MG_API mg_status   mg_set_num_threads (int n);      /* 1 <= n <= MG_MAX_THREADS */

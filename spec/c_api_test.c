@@ -243,8 +243,98 @@ static void custom_context (void) {
   mg_tape_release(t);
 }
 
+/* the message must not contain `unwanted` */
+static void lacks (const char *what, const char *unwanted) {
+  checks++;
+  if (strstr(mg_errmsg(), unwanted) != NULL) {
+    fprintf(stderr, "c_api_test: %s: message \"%s\" has \"%s\"\n", what, mg_errmsg(), unwanted);
+    failures++;
+  }
+}
+
+/* positions in C's messages are C's, 0-based; Lua sees the same failures 1-based */
+static void c_convention (void) {
+  int64_t s23[2] = {2, 3}, s43[2] = {4, 3}, s13[2] = {1, 3};
+  mg_tensor *x = mg_full(s23, 2, MG_FLOAT32, 1), *y = mg_full(s43, 2, MG_FLOAT32, 1);
+  mg_tensor *z = mg_full(s13, 2, MG_FLOAT64, 1);
+  says("sum(x, 5)", mg_sum(x, 5, 0) == NULL,
+       "sum: axis 5 is out of range for 2 dimensions (use 0..1 or -2..-1)");
+  lacks("sum(x, 5)", "axis 6");
+  says("sum(x, -3)", mg_sum(x, -3, 0) == NULL, "axis -3 is out of range");
+  says("squeeze(x, 0)", mg_squeeze(x, 0) == NULL, "squeeze: dimension 0 has size 2, not 1");
+  says("select(x, 1, 3)", mg_select(x, 1, 3) == NULL, "select: index 3 is out of bounds for dimension 1 of size 3");
+  says("x + y", mg_add(x, y) == NULL, "(dimension 0: 2 vs 4)");
+  mg_tensor *xy[2] = {x, y}, *xz[2] = {x, z};
+  says("concat(x, y, 1)", mg_concat(xy, 2, 1) == NULL, "outside axis 1: tensor 0 is (2,3), tensor 1 is (4,3)");
+  says("concat(x, z, 0)", mg_concat(xz, 2, 0) == NULL, "tensor 0 is float32, tensor 1 is float64");
+  says("stack(x, y)", mg_stack(xy, 2, 0) == NULL, "tensor 0 is (2,3), tensor 1 is (4,3)");
+  int64_t s1[1] = {1};
+  mg_tensor *idx = mg_full_int64(s1, 1, 5);
+  says("gather(x, 5, axis 1)", mg_gather(x, idx, 1) == NULL, "index 5 is out of bounds for dimension 1 of size 3");
+
+  /* the same failures through Lua: Lua's positions */
+  lua_State *L = luaL_newstate();
+  luaL_openlibs(L);
+  luaL_requiref(L, "moongrad", luaopen_moongrad, 0);
+  lua_setglobal(L, "mg");
+  static const struct { const char *code, *want; } lua_cases[] = {
+    {"mg.ones{2, 3}:squeeze(1)", "dimension 1 has size 2, not 1"},
+    {"local _ = mg.ones{2, 3} + mg.ones{4, 3}", "(dimension 1: 2 vs 4)"},
+    {"mg.concat({mg.ones{2, 3}, mg.ones{4, 3}}, 2)", "outside axis 2: tensor 1 is (2,3), tensor 2 is (4,3)"},
+    {"mg.ones{2, 3}:gather(mg.tensor({4}, 'int64'), 2)", "index 4 is out of bounds for dimension 2 of size 3"},
+  };
+  for (size_t i = 0; i < sizeof lua_cases / sizeof lua_cases[0]; i++) {
+    checks++;
+    const char *got = luaL_dostring(L, lua_cases[i].code) == LUA_OK ? "(no error)" : lua_tostring(L, -1);
+    if (strstr(got, lua_cases[i].want) == NULL) {
+      fprintf(stderr, "c_api_test: Lua %s: message \"%s\" lacks \"%s\"\n", lua_cases[i].code, got, lua_cases[i].want);
+      failures++;
+    }
+    lua_settop(L, 0);
+  }
+  lua_close(L);
+  mg_tensor_release(idx);
+  mg_tensor_release(x);
+  mg_tensor_release(y);
+  mg_tensor_release(z);
+}
+
+/* every failure sets its own message: a NULL argument after an unrelated,
+** older failure names the function and the argument first, and the old
+** failure only as "the last error"; each registry op with a C signature of
+** its kind, given NULL */
+static void null_after_unrelated (void) {
+  int64_t s2[1] = {2};
+  mg_tensor *x = mg_full(s2, 1, MG_FLOAT32, 1);
+  for (int i = 0; i < mg_op_count(); i++) {
+    const mg_opinfo *op = mg_op_info(i);
+    if (op->kind == MG_OP_OTHER) continue;
+    mg_seterror("unrelated: an old failure");
+    mg_tensor *r = op->kind == MG_OP_UNARY ? op->fn.unary(NULL)
+                 : op->kind == MG_OP_BINARY ? op->fn.binary(x, NULL)
+                 : op->fn.reduce(NULL, MG_ALL_AXES, 0);
+    char what[64], want[96];
+    snprintf(what, sizeof what, "%s(NULL) after an unrelated failure", op->name);
+    snprintf(want, sizeof want, "mg_%s: argument '%s' is NULL (the last error was: unrelated", op->name,
+             op->kind == MG_OP_BINARY ? "b" : "x");
+    checks++;
+    if (r != NULL || strncmp(mg_errmsg(), want, strlen(want)) != 0) {
+      fprintf(stderr, "c_api_test: %s: message \"%s\" does not begin \"%s\"\n", what, mg_errmsg(), want);
+      failures++;
+    }
+  }
+  /* a NULL right after the failure that made it still names that failure */
+  int64_t s3[1] = {3};
+  mg_tensor *w = mg_full(s3, 1, MG_FLOAT32, 1);
+  says("exp(add(bad shapes))", mg_exp(mg_add(x, w)) == NULL, "the last error was: add: shapes do not broadcast");
+  mg_tensor_release(w);
+  mg_tensor_release(x);
+}
+
 int main (void) {
   null_arguments();
+  c_convention();
+  null_after_unrelated();
   custom_context();
   exchange();
   out_of_range();

@@ -8,6 +8,7 @@
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -17,10 +18,38 @@
 
 /* the message lives in the current context (context.c): per thread */
 
-const char *mg_errmsg (void) {
+const char *mg_errmsg_raw (void) {
   const char *m = mg_ctx()->error.msg;
   return m[0] ? m : "unknown error";
 }
+
+/* writes the stored message with each marked position (MG_POS, MG_POS1)
+** counted from base */
+const char *mg_errmsg_based (int base) {
+  mg_context *c = mg_ctx();
+  char *out = c->error.shown[base != 0], *end = out + sizeof c->error.shown[0];
+  const char *p = mg_errmsg_raw();
+  char *o = out;
+  while (*p && o < end - 1) {
+    if (*p != '\x01' && *p != '\x02') {
+      *o++ = *p++;
+      continue;
+    }
+    bool always = *p++ == '\x02';
+    char *num;
+    long long v = strtoll(p, &num, 10);
+    p = num;
+    unsigned long long shifted = (unsigned long long)v + (unsigned long long)(base != 0);
+    int n = (v < 0 && !always) || base == 0 ? snprintf(o, (size_t)(end - o), "%lld", v)
+          : v < 0 ? snprintf(o, (size_t)(end - o), "%lld", (long long)shifted)
+          : snprintf(o, (size_t)(end - o), "%llu", shifted);
+    o += n < 0 ? 0 : n < end - o ? n : end - o - 1;
+  }
+  *o = '\0';
+  return out;
+}
+
+const char *mg_errmsg (void) { return mg_errmsg_based(0); }
 
 mg_status mg_seterror (const char *fmt, ...) {
   mg_context *c = mg_ctx();

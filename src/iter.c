@@ -23,9 +23,9 @@ int mg_broadcast_shapes (const char *fn, const char *opsym, const int64_t *a, in
     int64_t da = ia >= 0 ? a[ia] : 1, db = ib >= 0 ? b[ib] : 1;
     if (da != db && da != 1 && db != 1) {
       char sa[160], sb[160];
-      mg_seterror("%s: shapes do not broadcast: %s %s %s (dimension %d: %lld vs %lld)", fn,
+      mg_seterror("%s: shapes do not broadcast: %s %s %s (dimension " MG_POS ": %lld vs %lld)", fn,
                   mg_shape_str(sa, sizeof sa, a, na), opsym, mg_shape_str(sb, sizeof sb, b, nb),
-                  i + 1, (long long)da, (long long)db);
+                  (long long)i, (long long)da, (long long)db);
       return -1;
     }
     shape[i] = da == 1 ? db : da;

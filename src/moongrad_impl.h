@@ -132,7 +132,7 @@ typedef struct mg_replay_state {
 } mg_replay_state;
 
 struct mg_context {
-  struct { char msg[512], cause[400]; bool null_chain; } error;
+  struct { char msg[512], cause[400], shown[2][512]; bool null_chain; } error;
   struct { uint64_t next, end; } ids;       /* a block of ids taken from the process */
   struct { int64_t live; mg_tensor *pool[MG_HEADER_POOL]; int npool; } tensors;
   mg_memory_state memory;
@@ -177,6 +177,16 @@ void       mg_contiguous_strides (const int64_t *shape, int ndim, int64_t *strid
 int64_t    mg_shape_numel (const char *fn, const int64_t *shape, int ndim);
 bool       mg_same_shape  (const int64_t *a, int na, const int64_t *b, int nb);
 /* normalizes axis (negative counts from the end) into [0, ndim); -1 + error */
+/* Positions in messages (axes, dimensions, indices, entries of a list) are
+** written 0-based behind a marker, and shown in the caller's convention:
+** 0-based to C (mg_errmsg), 1-based to Lua (mg_errmsg_based(1), the binding).
+** MG_POS: a negative position counts from the end in both and stays as it
+** is; MG_POS1: always shifted (an index the binding already moved down by 1).
+** Both take a long long. */
+#define MG_POS  "\x01%lld"
+#define MG_POS1 "\x02%lld"
+/* the message as stored, markers and all: for wrapping it in another one */
+const char *mg_errmsg_raw (void);
 int        mg_check_axis  (const char *fn, int axis, int ndim);
 bool       mg_is_float    (mg_dtype dt);
 /* bytes per element, inline for the hot paths */

@@ -81,7 +81,7 @@ int64_t mg_shape_numel (const char *fn, const int64_t *shape, int ndim) {
   int64_t n = 1, nonzero = 1;
   for (int i = 0; i < ndim; i++) {
     if (shape[i] < 0) {
-      mg_seterror("%s: dimension %d has negative size %lld", fn, i + 1, (long long)shape[i]);
+      mg_seterror("%s: dimension " MG_POS " has negative size %lld", fn, (long long)i, (long long)shape[i]);
       return -1;
     }
     if (shape[i] > 0 && nonzero > INT64_MAX / 16 / shape[i]) {
@@ -103,10 +103,10 @@ int mg_check_axis (const char *fn, int axis, int ndim) {
   int a = axis < 0 ? axis + ndim : axis;
   if (a < 0 || a >= ndim) {
     if (ndim == 0)
-      mg_seterror("%s: axis %d is out of range for a 0-d tensor", fn, axis >= 0 ? axis + 1 : axis);
+      mg_seterror("%s: axis " MG_POS " is out of range for a 0-d tensor", fn, (long long)axis);
     else
-      mg_seterror("%s: axis %d is out of range for %d dimensions (use 1..%d or -%d..-1)",
-                  fn, axis >= 0 ? axis + 1 : axis, ndim, ndim, ndim);
+      mg_seterror("%s: axis " MG_POS " is out of range for %d dimensions (use " MG_POS ".." MG_POS " or -%d..-1)",
+                  fn, (long long)axis, ndim, 0LL, (long long)ndim - 1, ndim);
     return -1;
   }
   return a;
@@ -152,7 +152,7 @@ mg_tensor *mg_empty (const int64_t *shape, int ndim, mg_dtype dt) {
   mg_storage *s = mg_storage_new((size_t)n * mg_dtype_size(dt));
   if (s == NULL) {
     char sh[160], msg[512];
-    snprintf(msg, sizeof msg, "%s for tensor %s %s", mg_errmsg(),
+    snprintf(msg, sizeof msg, "%s for tensor %s %s", mg_errmsg_raw(),
              mg_shape_str(sh, sizeof sh, shape, ndim), mg_dtype_name(dt));
     mg_seterror("%s", msg);
     return NULL;

@@ -353,9 +353,11 @@ local function callables (v, n, what)
     return v
   end
   check.value("RevBlock", what, v, fn_rule)
-  local list = {}
-  for i = 1, n do list[i] = v end
-  return list
+  -- one callable for every layer: a view of it as a list, not n copies (a
+  -- num_layers of 2^40 made the constructor fill memory)
+  return setmetatable({}, {__index = function(_, i)
+    if math.type(i) == "integer" and i >= 1 and i <= n then return v end
+  end, __len = function() return n end})
 end
 
 -- h's result, which must have the shape of the half it is added to (else the
@@ -414,7 +416,8 @@ function reversible.RevBlock (nn, internal, ReversibleLayer)
     local self = new_layer(RevBlock, {num_layers = n, name = opts.name}, "rev_block")
     self.f, self.g = callables(f, n, "f"), callables(g, n, "g")
     local seen = {}
-    for i = 1, n do
+    local shared = rawlen(self.f) == 0 and rawlen(self.g) == 0    -- then layer 1 stands for all
+    for i = 1, shared and 1 or n do
       for _, h in ipairs({self.f[i], self.g[i]}) do
         if not seen[h] then seen[h] = true; self:track(h) end
       end

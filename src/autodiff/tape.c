@@ -491,6 +491,7 @@ mg_status mg_record_ex (const mg_opdef *def, int nin, mg_tensor *const *in, int 
     free_unrecorded_ext(def, ext);
     st = MG_ERR;
   }
+  if (n != NULL) n->refcount++;        /* ours: letting a tape go below may free its nodes */
   for (int i = 0; i < nwant && st == MG_OK; i++) {
     if (!want[i]->active) continue;     /* stopped by a hook meanwhile */
     st = append(want[i], n);
@@ -500,10 +501,11 @@ mg_status mg_record_ex (const mg_opdef *def, int nin, mg_tensor *const *in, int 
   for (int j = 0; callouts && j < nin; j++) mg_tensor_release(in[j]);
   for (int i = 0; callouts && i < nwant; i++) mg_tape_release(want[i]);
   if (want != few) free(want);
-  if (n != NULL && n->refcount == 0) {     /* recorded nowhere after all */
-    n->refcount = 1;
+  if (n != NULL && n->refcount == 1) {     /* recorded nowhere after all, or no more */
     node_release(n);
     n = NULL;
+  } else if (n != NULL) {
+    n->refcount--;
   }
   if (node && st == MG_OK) *node = n;
   return st;
@@ -597,7 +599,7 @@ static mg_status check_seed (const mg_tensor *target, const mg_tensor *seed, int
 /* "tape:gradient: in the backward of 'mul': <why>": where a rule failed */
 static mg_status locate (const char *fn, const mg_node *n) {
   char msg[512];
-  snprintf(msg, sizeof msg, "%s", mg_errmsg());
+  snprintf(msg, sizeof msg, "%s", mg_errmsg_raw());
   return mg_seterror("tape:%s: in the backward of '%s': %s", fn, n->def->info.name, msg);
 }
 

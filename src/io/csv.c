@@ -173,7 +173,7 @@ mg_tensor *mg_read_csv (const char *path, const mg_csv_options *opts) {
     if (t != NULL) mg_convert(mg_ptr(t), o.dtype, vs.v, MG_FLOAT64, vs.n);
     else {
       char why[300];
-      snprintf(why, sizeof why, "%s", mg_errmsg());
+      snprintf(why, sizeof why, "%s", mg_errmsg_raw());
       mg_io_error(FN, path, "%s", why);
     }
   }

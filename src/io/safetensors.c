@@ -268,7 +268,7 @@ mg_status mg_save_safetensors (const char *path, int n, const char *const *names
     mg_tensor *c = mg_contiguous(t);                /* one copy at a time, when not contiguous */
     if (c == NULL) {
       char why[300];
-      snprintf(why, sizeof why, "%s", mg_errmsg());
+      snprintf(why, sizeof why, "%s", mg_errmsg_raw());
       mg_io_error(SAVE, path, "tensor '%s': %s", names[order[j]], why);
       goto fail;
     }
@@ -534,7 +534,7 @@ static mg_status read_data (const char *path, FILE *fp, entry *es, entry **by, m
   for (int i = 0; i < f->n; i++) {
     if ((f->tensors[i] = mg_empty(es[i].shape, es[i].ndim, es[i].dt)) == NULL) {
       char why[300];
-      snprintf(why, sizeof why, "%s", mg_errmsg());
+      snprintf(why, sizeof why, "%s", mg_errmsg_raw());
       return mg_io_error(LOAD, path, "tensor '%s': %s", es[i].name, why);
     }
   }

@@ -91,7 +91,7 @@ int mgL_fill (lua_State *L, ltensor *box, mg_tensor *t) {
 }
 
 int mgL_error (lua_State *L) {
-  return luaL_error(L, "%s", mg_errmsg());
+  return luaL_error(L, "%s", mg_errmsg_based(1));   /* positions 1-based, as Lua counts */
 }
 
 void mgL_pushtensor (lua_State *L, mg_tensor *t) {

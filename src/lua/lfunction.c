@@ -731,7 +731,7 @@ static int ctx_gc (lua_State *L) {
 
 /* the C core's last error, with its function name replaced by `who` */
 static int ctx_error (lua_State *L, const char *who) {
-  const char *msg = mg_errmsg(), *colon = strstr(msg, ": ");
+  const char *msg = mg_errmsg_based(1), *colon = strstr(msg, ": ");
   return luaL_error(L, "%s: %s", who, colon ? colon + 2 : msg);
 }
 

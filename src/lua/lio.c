@@ -13,7 +13,7 @@
 
 /* raises mg_errmsg(), with the C function's name cname replaced by luaname */
 static int raise_as (lua_State *L, const char *cname, const char *luaname) {
-  const char *m = mg_errmsg();
+  const char *m = mg_errmsg_based(1);
   size_t k = strlen(cname);
   if (strncmp(m, cname, k) == 0 && m[k] == ':') return luaL_error(L, "%s%s", luaname, m + k);
   return luaL_error(L, "%s", m);

@@ -682,7 +682,7 @@ static mg_status sdpa_check (const char *fn, const mg_tensor *q, const mg_tensor
     return mg_seterror("%s: q and k must have the same last axis (features), got %s and %s", fn,
                        mg_shape_str(s1, sizeof s1, q->shape, nd), mg_shape_str(s2, sizeof s2, k->shape, nd));
   if (k->shape[nd - 2] != v->shape[nd - 2])
-    return mg_seterror("%s: k and v must have as many positions (their axis %d), got %s and %s", fn, nd - 1,
+    return mg_seterror("%s: k and v must have as many positions (their axis " MG_POS "), got %s and %s", fn, (long long)nd - 2,
                        mg_shape_str(s1, sizeof s1, k->shape, nd), mg_shape_str(s2, sizeof s2, v->shape, nd));
   if (p && !(p->scale >= 0 && p->scale < INFINITY))
     return mg_seterror("%s: scale must be a finite number > 0 (0: 1/sqrt(features)), got %g", fn, p->scale);

@@ -219,8 +219,8 @@ static mg_status letter_sizes (mg_tensor *const *xs, const term *t, int n, int64
       if (size[ch] < 0 || size[ch] == s) {
         if (size[ch] < 0) owner[ch] = k;
       } else if (s != 1 && size[ch] != 1) {
-        return mg_seterror("einsum: letter '%c' has size %lld in operand %d but %lld in operand %d", ch,
-                           (long long)size[ch], owner[ch] + 1, (long long)s, k + 1);
+        return mg_seterror("einsum: letter '%c' has size %lld in operand " MG_POS " but %lld in operand " MG_POS, ch,
+                           (long long)size[ch], (long long)owner[ch], (long long)s, (long long)k);
       }
       if (s > size[ch]) size[ch] = s;
     }
@@ -248,7 +248,7 @@ mg_tensor *mg_einsum (const char *spec, int n, mg_tensor *const *xs) {
                        mg_dtype_name(xs[1]->dtype)), NULL;
   for (int k = 0; k < n; k++)
     if (t[k].n != xs[k]->ndim)
-      return mg_seterror("einsum: operand %d has %d dimension%s, but '%.*s' names %d", k + 1, xs[k]->ndim,
+      return mg_seterror("einsum: operand " MG_POS " has %d dimension%s, but '%.*s' names %d", (long long)k, xs[k]->ndim,
                          xs[k]->ndim == 1 ? "" : "s", t[k].n, t[k].c, t[k].n), NULL;
   if (!arrow) implicit_output(t, n, &out);
   for (int i = 0; i < out.n; i++) {
@@ -264,9 +264,9 @@ mg_tensor *mg_einsum (const char *spec, int n, mg_tensor *const *xs) {
     for (int p = 0; p < t[k].n; p++)
       for (int q = p + 1; q < t[k].n; q++)
         if (t[k].c[p] == t[k].c[q] && xs[k]->shape[p] != xs[k]->shape[q])
-          return mg_seterror("einsum: letter '%c' has sizes %lld and %lld in operand %d (a repeated "
+          return mg_seterror("einsum: letter '%c' has sizes %lld and %lld in operand " MG_POS " (a repeated "
                              "letter takes a diagonal)", t[k].c[p], (long long)xs[k]->shape[p],
-                             (long long)xs[k]->shape[q], k + 1), NULL;
+                             (long long)xs[k]->shape[q], (long long)k), NULL;
   int64_t size[128];
   if (letter_sizes(xs, t, n, size) != MG_OK) return NULL;
   mg_scope sc = {0};

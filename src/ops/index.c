@@ -31,18 +31,14 @@ static void around (const int64_t *shape, int ndim, int a, int64_t *outer, int64
   for (int i = a + 1; i < ndim; i++) *inner *= shape[i];
 }
 
-/* an index as a Lua user wrote it: 1-based, or negative from the end */
-static long long shown (int64_t v) {
-  return v >= 0 ? (long long)((uint64_t)v + 1) : (long long)v;
-}
 
 /* do the (contiguous, int64) indices all lie in [-n, n)? */
 static mg_status check_range (const char *fn, const mg_tensor *idx, int64_t n, int axis) {
   const int64_t *v = (const int64_t *)mg_ptr(idx);
   for (int64_t j = 0; j < idx->numel; j++)
     if (v[j] < -n || v[j] >= n)
-      return mg_seterror("%s: index %lld is out of bounds for dimension %d of size %lld", fn,
-                         shown(v[j]), axis + 1, (long long)n);
+      return mg_seterror("%s: index " MG_POS " is out of bounds for dimension " MG_POS " of size %lld", fn,
+                         (long long)v[j], (long long)axis, (long long)n);
   return MG_OK;
 }
 
@@ -242,8 +238,8 @@ mg_tensor *mg_take_along_axis (mg_tensor *x, mg_tensor *indices, int axis) {
     int64_t dx = x->shape[d], di = indices->shape[d];
     if (d != a && dx != di && dx != 1 && di != 1) {
       char s1[160], s2[160];
-      return mg_seterror("take_along_axis: indices %s do not broadcast against x %s outside axis %d",
-                         shape_s(s1, sizeof s1, indices), shape_s(s2, sizeof s2, x), a + 1), NULL;
+      return mg_seterror("take_along_axis: indices %s do not broadcast against x %s outside axis " MG_POS,
+                         shape_s(s1, sizeof s1, indices), shape_s(s2, sizeof s2, x), (long long)a), NULL;
     }
     xs[d] = d == a ? dx : (dx == 1 ? di : dx);
     is[d] = d == a ? di : xs[d];
@@ -310,8 +306,8 @@ mg_tensor *mg_put_along_axis (mg_tensor *x, mg_tensor *indices, mg_tensor *value
   int64_t fs[MG_MAX_DIMS], vs[MG_MAX_DIMS];
   for (int d = 0; d < x->ndim; d++) {
     if (d != a && indices->shape[d] != x->shape[d] && indices->shape[d] != 1)
-      return mg_seterror("put_along_axis: indices %s do not fit x %s outside axis %d",
-                         shape_s(s1, sizeof s1, indices), shape_s(s2, sizeof s2, x), a + 1), NULL;
+      return mg_seterror("put_along_axis: indices %s do not fit x %s outside axis " MG_POS,
+                         shape_s(s1, sizeof s1, indices), shape_s(s2, sizeof s2, x), (long long)a), NULL;
     fs[d] = d == a ? indices->shape[d] : x->shape[d];
   }
   int nv = mg_broadcast_shapes("put_along_axis", "and", values->shape, values->ndim, fs, x->ndim, vs);
@@ -342,7 +338,7 @@ mg_tensor *mg_flip (mg_tensor *x, const int *axes, int naxes) {
   for (int k = 0; k < (axes ? naxes : x->ndim); k++) {
     int a = axes ? mg_check_axis("flip", axes[k], x->ndim) : k;
     if (a < 0) return NULL;
-    if (rev[a]) return mg_seterror("flip: axis %d is given twice", a + 1), NULL;
+    if (rev[a]) return mg_seterror("flip: axis " MG_POS " is given twice", (long long)a), NULL;
     rev[a] = true;
   }
   int64_t strides[MG_MAX_DIMS], offset = x->offset;
@@ -497,9 +493,9 @@ mg_tensor *mg_repeat_interleave (mg_tensor *x, const int64_t *repeats, int64_t n
   if (a < 0) return NULL;
   int64_t n = x->shape[a], total = 0;
   if (nrepeats != 1 && nrepeats != n)
-    return mg_seterror("repeat_interleave: %lld repeat counts given for dimension %d of size %lld "
+    return mg_seterror("repeat_interleave: %lld repeat counts given for dimension " MG_POS " of size %lld "
                        "(give one, or one per entry)",
-                       (long long)nrepeats, a + 1, (long long)n), NULL;
+                       (long long)nrepeats, (long long)a, (long long)n), NULL;
   for (int64_t i = 0; i < nrepeats; i++) {
     if (repeats[i] < 0 && nrepeats == 1)
       return mg_seterror("repeat_interleave: repeats = %lld is negative", (long long)repeats[i]), NULL;
@@ -605,14 +601,14 @@ mg_tensor *mg_pad (mg_tensor *x, const int64_t *before, const int64_t *after, mg
   bool any = false;
   for (int d = 0; d < x->ndim; d++) {
     if (before[d] < 0 || after[d] < 0)
-      return mg_seterror("pad: padding of dimension %d is negative (%lld before, %lld after)", d + 1,
+      return mg_seterror("pad: padding of dimension " MG_POS " is negative (%lld before, %lld after)", (long long)d,
                          (long long)before[d], (long long)after[d]), NULL;
     if (before[d] > INT64_MAX - x->shape[d] || after[d] > INT64_MAX - x->shape[d] - before[d])
       return mg_seterror("pad: the result has too many elements"), NULL;
     shape[d] = before[d] + x->shape[d] + after[d];
     if (shape[d] != x->shape[d] && x->shape[d] == 0 && mode != MG_PAD_CONSTANT)
-      return mg_seterror("pad: mode '%s' cannot pad dimension %d, which has no entries", pad_names[mode],
-                         d + 1), NULL;
+      return mg_seterror("pad: mode '%s' cannot pad dimension " MG_POS ", which has no entries", pad_names[mode],
+                         (long long)d), NULL;
     any = any || shape[d] != x->shape[d];
   }
   if (mg_shape_numel("pad", shape, x->ndim) < 0) return NULL;

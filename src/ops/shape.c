@@ -42,7 +42,7 @@ mg_tensor *mg_reshape (mg_tensor *x, const int64_t *shape_in, int ndim) {
       if (infer >= 0) return mg_seterror("reshape: only one dimension can be -1"), NULL;
       infer = i;
     } else if (shape[i] < 0) {
-      return mg_seterror("reshape: dimension %d has negative size %lld", i + 1, (long long)shape[i]), NULL;
+      return mg_seterror("reshape: dimension " MG_POS " has negative size %lld", (long long)i, (long long)shape[i]), NULL;
     } else if (shape[i] > 0 && known > INT64_MAX / shape[i]) {
       char b[160];
       return mg_seterror("reshape: shape %s has too many elements", mg_shape_str(b, sizeof b, shape_in, ndim)), NULL;
@@ -90,7 +90,7 @@ mg_tensor *mg_squeeze (mg_tensor *x, int axis) {
   if (axis != MG_ALL_AXES) {
     if ((axis = mg_check_axis("squeeze", axis, x->ndim)) < 0) return NULL;
     if (x->shape[axis] != 1)
-      return mg_seterror("squeeze: dimension %d has size %lld, not 1", axis + 1,
+      return mg_seterror("squeeze: dimension " MG_POS " has size %lld, not 1", (long long)axis,
                          (long long)x->shape[axis]), NULL;
   }
   for (int i = 0; i < x->ndim; i++)
@@ -218,11 +218,11 @@ mg_tensor *mg_slice (mg_tensor *x, const int64_t *start, const int64_t *stop, co
   int64_t shape[MG_MAX_DIMS], strides[MG_MAX_DIMS], offset = x->offset;
   mg_attr attr = {0};
   for (int i = 0; i < x->ndim; i++) {
-    if (step[i] == 0) return mg_seterror("slice: step of dimension %d is 0", i + 1), NULL;
+    if (step[i] == 0) return mg_seterror("slice: step of dimension " MG_POS " is 0", (long long)i), NULL;
     shape[i] = slice_count(start[i], stop[i], step[i]);
     if (!inside(start[i], shape[i], step[i], x->shape[i]))
-      return mg_seterror("slice: range %lld..%lld is out of bounds for dimension %d of size %lld",
-                         (long long)start[i] + 1, (long long)stop[i], i + 1,
+      return mg_seterror("slice: range " MG_POS1 "..%lld is out of bounds for dimension " MG_POS " of size %lld",
+                         (long long)start[i], (long long)stop[i], (long long)i,
                          (long long)x->shape[i]), NULL;
     /* with two entries or more |step| < size, so the product fits; with one,
     ** the stride is never used (and step may be huge) */
@@ -253,8 +253,8 @@ mg_tensor *mg_unslice (mg_tensor *x, const int64_t *shape, const int64_t *start,
     if (step[i] == 0 || !inside(start[i], x->shape[i], step[i], shape[i]) ||
         (x->shape[i] > 0 && shape[i] < 0)) {
       char a[160], b[160];
-      return mg_seterror("mg_unslice: %s at start %lld step %lld does not fit in dimension %d of %s",
-                         shape_s(a, sizeof a, x), (long long)start[i] + 1, (long long)step[i], i + 1,
+      return mg_seterror("mg_unslice: %s at start " MG_POS1 " step %lld does not fit in dimension " MG_POS " of %s",
+                         shape_s(a, sizeof a, x), (long long)start[i], (long long)step[i], (long long)i,
                          mg_shape_str(b, sizeof b, shape, x->ndim)), NULL;
     }
   mg_tensor *out = mg_full(shape, x->ndim, x->dtype, 0.0);
@@ -296,8 +296,8 @@ mg_tensor *mg_select (mg_tensor *x, int axis, int64_t index) {
   int a = mg_check_axis("select", axis, x->ndim);
   if (a < 0) return NULL;
   if (index < 0 || index >= x->shape[a])
-    return mg_seterror("select: index %lld is out of bounds for dimension %d of size %lld",
-                       (long long)index + 1, a + 1, (long long)x->shape[a]), NULL;
+    return mg_seterror("select: index " MG_POS1 " is out of bounds for dimension " MG_POS " of size %lld",
+                       (long long)index, (long long)a, (long long)x->shape[a]), NULL;
   int64_t start[MG_MAX_DIMS], stop[MG_MAX_DIMS], step[MG_MAX_DIMS], shape[MG_MAX_DIMS];
   int nd = 0;
   for (int i = 0; i < x->ndim; i++) {
@@ -344,13 +344,13 @@ mg_tensor *mg_concat (mg_tensor *const *xs, int n, int axis) {
     const mg_tensor *x = xs[k];
     char s0[160], sk[160];
     if (x->dtype != x0->dtype)
-      return mg_seterror("concat: dtypes differ: tensor 1 is %s, tensor %d is %s",
-                         mg_dtype_name(x0->dtype), k + 1, mg_dtype_name(x->dtype)), NULL;
+      return mg_seterror("concat: dtypes differ: tensor " MG_POS " is %s, tensor " MG_POS " is %s",
+                         0LL, mg_dtype_name(x0->dtype), (long long)k, mg_dtype_name(x->dtype)), NULL;
     bool ok = x->ndim == x0->ndim;
     for (int i = 0; ok && i < x->ndim; i++) ok = i == a || x->shape[i] == x0->shape[i];
     if (!ok)
-      return mg_seterror("concat: shapes differ outside axis %d: tensor 1 is %s, tensor %d is %s",
-                         a + 1, shape_s(s0, sizeof s0, x0), k + 1, shape_s(sk, sizeof sk, x)), NULL;
+      return mg_seterror("concat: shapes differ outside axis " MG_POS ": tensor " MG_POS " is %s, tensor " MG_POS " is %s",
+                         (long long)a, 0LL, shape_s(s0, sizeof s0, x0), (long long)k, shape_s(sk, sizeof sk, x)), NULL;
     shape[a] += x->shape[a];
   }
   mg_tensor *out = mg_empty(shape, x0->ndim, x0->dtype);
@@ -400,8 +400,8 @@ mg_tensor *mg_stack (mg_tensor *const *xs, int n, int axis) {
   for (int k = 1; k < n; k++)
     if (!mg_same_shape(xs[k]->shape, xs[k]->ndim, xs[0]->shape, xs[0]->ndim)) {
       char s0[160], sk[160];
-      return mg_seterror("stack: shapes differ: tensor 1 is %s, tensor %d is %s",
-                         shape_s(s0, sizeof s0, xs[0]), k + 1, shape_s(sk, sizeof sk, xs[k])), NULL;
+      return mg_seterror("stack: shapes differ: tensor " MG_POS " is %s, tensor " MG_POS " is %s",
+                         0LL, shape_s(s0, sizeof s0, xs[0]), (long long)k, shape_s(sk, sizeof sk, xs[k])), NULL;
     }
   mg_tensor **ex = (mg_tensor **)calloc((size_t)n, sizeof(mg_tensor *));
   if (ex == NULL) return mg_seterror("stack: out of memory"), NULL;
@@ -427,8 +427,8 @@ static mg_status check_indices (const char *fn, const mg_tensor *idx, int64_t si
   const int64_t *v = (const int64_t *)mg_ptr(idx);
   for (int64_t j = 0; j < idx->numel; j++)
     if (v[j] < 0 || v[j] >= size)
-      return mg_seterror("%s: index %lld is out of bounds for dimension %d of size %lld", fn,
-                         (long long)((uint64_t)v[j] + 1), axis + 1, (long long)size);  /* 1-based, wrapping */
+      return mg_seterror("%s: index " MG_POS1 " is out of bounds for dimension " MG_POS " of size %lld", fn,
+                         (long long)v[j], (long long)axis, (long long)size);
   return MG_OK;
 }
 
@@ -443,8 +443,8 @@ static mg_tensor *gather_indices (mg_tensor *indices, int64_t size, int axis) {
   bool negative = false;
   for (int64_t j = 0; j < idx->numel; j++) {
     if (v[j] < -size || v[j] >= size) {
-      mg_seterror("gather: index %lld is out of bounds for dimension %d of size %lld",   /* as Lua wrote it */
-                  v[j] >= 0 ? (long long)v[j] + 1 : (long long)v[j], axis + 1, (long long)size);
+      mg_seterror("gather: index " MG_POS " is out of bounds for dimension " MG_POS " of size %lld",
+                  (long long)v[j], (long long)axis, (long long)size);
       mg_tensor_release(idx);
       return NULL;
     }

@@ -338,7 +338,7 @@ mg_status mg_topk (mg_tensor *x, int64_t k, int axis, int largest, int sorted, m
   if (a < 0) return MG_ERR;
   if (k < 0) return mg_seterror("topk: k = %lld is negative", (long long)k);
   if (k > x->shape[a])
-    return mg_seterror("topk: k = %lld is larger than dimension %d of size %lld", (long long)k, a + 1,
+    return mg_seterror("topk: k = %lld is larger than dimension " MG_POS " of size %lld", (long long)k, (long long)a,
                        (long long)x->shape[a]);
   mg_tensor *v = NULL, *ix = NULL;
   if (sort_along("topk", x, a, k, largest != 0, !sorted, &v, &ix, &a) != MG_OK) return MG_ERR;
