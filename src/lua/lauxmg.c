@@ -292,6 +292,14 @@ int mgL_optaxis (lua_State *L, int arg, int ndim) {
   return mgL_axisat(L, arg, arg, ndim, "axis");
 }
 
+void mgL_checknargs (lua_State *L, int max) {
+  for (int a = lua_gettop(L); a > max; a--)
+    if (!lua_isnil(L, a))
+      luaL_argerror(L, a, lua_pushfstring(L, "unexpected %s: it takes at most %d argument%s%s", luaL_typename(L, a),
+                                          max, max == 1 ? "" : "s",
+                                          lua_istable(L, a) ? ", and no options table there" : ""));
+}
+
 bool mgL_optboolean (lua_State *L, int arg, const char *what) {
   if (lua_isnoneornil(L, arg)) return false;
   if (!lua_isboolean(L, arg))

@@ -57,6 +57,9 @@ int        mgL_axisat      (lua_State *L, int idx, int arg, int ndim, const char
 int64_t    mgL_dimat       (lua_State *L, int idx, int arg, int i);    /* a size >= 0 */
 /* the length of the list at idx, raising when it has other keys */
 int        mgL_checklist   (lua_State *L, int idx, int arg, const char *what);
+/* raises when an argument past max is given (not nil): an options table
+** (x:exp{inplace=true}) or any extra value would otherwise be ignored */
+void       mgL_checknargs  (lua_State *L, int max);
 /* nil (false) or a boolean; anything else raises */
 bool       mgL_optboolean  (lua_State *L, int arg, const char *what);
 mg_variable *mgL_testvariable  (lua_State *L, int arg);

@@ -857,6 +857,7 @@ static int l_in_loop (lua_State *L) {
 }
 
 static int l_is_in_loop (lua_State *L) {
+  mgL_checknargs(L, 0);
   lua_pushboolean(L, mg_is_in_loop());
   return 1;
 }

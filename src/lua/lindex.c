@@ -185,6 +185,7 @@ static int l_put_along_axis (lua_State *L) {
 
 /* flip(x [, axes]): axes an integer or a list; every axis when nil */
 static int l_flip (lua_State *L) {
+  mgL_checknargs(L, 2);
   mg_tensor *x = mgL_checktensor(L, 1);
   int nd = mg_tensor_ndim(x), axes[MG_MAX_DIMS], n = 0;
   bool all = lua_isnoneornil(L, 2);
@@ -211,6 +212,7 @@ static int l_flip (lua_State *L) {
 
 /* tile(x, reps): reps an integer or a list */
 static int l_tile (lua_State *L) {
+  mgL_checknargs(L, 2);
   mg_tensor *x = mgL_checktensor(L, 1);
   int64_t n, *reps = checkints(L, 2, "reps", &n);
   if (n > MG_MAX_DIMS)
@@ -302,6 +304,7 @@ static int l_pad (lua_State *L) {
 
 /* tril(x [, k=0]) and triu(x [, k=0]); upvalue 1: true for triu */
 static int l_triangle (lua_State *L) {
+  mgL_checknargs(L, 2);
   mg_tensor *x = mgL_checktensor(L, 1);
   int64_t k = lua_isnoneornil(L, 2) ? 0 : (int64_t)mgL_intat(L, 2, 2, "k");
   ltensor *box = mgL_newbox(L);

@@ -80,6 +80,7 @@ static int l_set_num_threads (lua_State *L) {
 }
 
 static int l_get_num_threads (lua_State *L) {
+  mgL_checknargs(L, 0);
   lua_pushinteger(L, mg_get_num_threads());
   return 1;
 }
@@ -109,6 +110,7 @@ static int l_gemm_choice (lua_State *L) {
 /* clock(): seconds on a monotonic wall clock (os.clock counts CPU time of
 ** every thread) */
 static int l_clock (lua_State *L) {
+  mgL_checknargs(L, 0);
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   lua_pushnumber(L, (lua_Number)ts.tv_sec + (lua_Number)ts.tv_nsec * 1e-9);

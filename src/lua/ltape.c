@@ -298,6 +298,7 @@ static int tape_tostring (lua_State *L) {
 }
 
 static int l_is_recomputing (lua_State *L) {
+  mgL_checknargs(L, 0);
   lua_pushboolean(L, mg_is_recomputing());
   return 1;
 }

@@ -196,6 +196,7 @@ static int64_t tables_needed (const mg_tensor *t) {
 }
 
 static int l_totable (lua_State *L) {
+  mgL_checknargs(L, 1);
   mg_tensor *t = mgL_checktensor(L, 1);
   if (mg_tensor_numel(t) > MAX_TOTABLE)
     return luaL_error(L, "totable: %I elements are too many for Lua tables (at most %I)",
@@ -211,6 +212,7 @@ static int l_totable (lua_State *L) {
 }
 
 static int l_numel (lua_State *L) {
+  mgL_checknargs(L, 1);
   lua_pushinteger(L, (lua_Integer)mg_tensor_numel(mgL_checktensor(L, 1)));
   return 1;
 }
@@ -223,6 +225,7 @@ static void setfield_str (lua_State *L, const char *k, const char *v) {
 
 /* ops(): the op registry, {name=, kind=, symbol=, metamethod=, doc=} per op */
 static int l_ops (lua_State *L) {
+  mgL_checknargs(L, 0);
   static const char *const kinds[] = {"unary", "binary", "reduce", "other"};
   int n = mg_op_count();
   lua_createtable(L, n, 0);
@@ -240,6 +243,7 @@ static int l_ops (lua_State *L) {
 }
 
 static int l_is_tensor (lua_State *L) {
+  mgL_checknargs(L, 1);
   lua_pushboolean(L, mgL_testbox(L, 1) != NULL);
   return 1;
 }
@@ -305,6 +309,7 @@ static int bad_operand (lua_State *L, const mg_opinfo *op, bool meta) {
 /* upvalue 1: the registry row; upvalue 2: true when called as a metamethod */
 static int l_binary (lua_State *L) {
   const mg_opinfo *op = row(L);
+  if (!lua_toboolean(L, lua_upvalueindex(2))) mgL_checknargs(L, 2);   /* a metamethod gets 2 */
   mg_tensor *a = mgL_testtensor(L, 1), *b = mgL_testtensor(L, 2);
   if (a && b) {                                  /* the common case, checked once */
     ltensor *box = mgL_newbox(L);
@@ -325,6 +330,7 @@ static int l_binary (lua_State *L) {
 
 static int l_unary (lua_State *L) {
   const mg_opinfo *op = row(L);
+  if (!lua_toboolean(L, lua_upvalueindex(2))) mgL_checknargs(L, 1);   /* __unm gets x twice */
   mg_tensor *x = mgL_checktensor(L, 1);
   ltensor *box = mgL_newbox(L);
   return mgL_fill(L, box, op->fn.unary(x));
@@ -393,6 +399,7 @@ static mg_tensor *reduce_axes (lua_State *L, int arg, mg_tensor *x, reduce_fn fn
 /* upvalue 1: the registry row.  f(x [, axis or {axes}] [, keepdims]) */
 static int l_reduce (lua_State *L) {
   reduce_fn fn = row(L)->fn.reduce;
+  mgL_checknargs(L, 3);
   mg_tensor *x = mgL_checktensor(L, 1);
   int keepdims = mgL_optboolean(L, 3, "keepdims");
   if (lua_istable(L, 2)) {
@@ -407,6 +414,7 @@ static int l_reduce (lua_State *L) {
 
 /* argmax/argmin: 1-based indices; over the flattened tensor without an axis */
 static int arg_extreme (lua_State *L, reduce_fn fn) {
+  mgL_checknargs(L, 3);
   mg_tensor *x = mgL_checktensor(L, 1);
   int axis = mgL_optaxis(L, 2, mg_tensor_ndim(x));
   int keepdims = mgL_optboolean(L, 3, "keepdims");
@@ -489,6 +497,7 @@ static int l_swapaxes (lua_State *L) {
 }
 
 static int l_expand_dims (lua_State *L) {
+  mgL_checknargs(L, 2);
   mg_tensor *x = mgL_checktensor(L, 1);
   int a = mgL_optaxis(L, 2, mg_tensor_ndim(x) + 1);
   luaL_argcheck(L, a != MG_ALL_AXES, 2, "axis expected");
@@ -623,6 +632,7 @@ static int l_gather (lua_State *L) {
 }
 
 static int l_softmax (lua_State *L) {
+  mgL_checknargs(L, 2);
   mg_tensor *x = mgL_checktensor(L, 1);
   int axis = lua_isnoneornil(L, 2) ? -1 : mgL_optaxis(L, 2, mg_tensor_ndim(x));
   ltensor *box = mgL_newbox(L);

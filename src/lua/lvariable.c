@@ -144,6 +144,7 @@ static int variable_newindex (lua_State *L) {
 }
 
 static int l_is_variable (lua_State *L) {
+  mgL_checknargs(L, 1);
   lua_pushboolean(L, mgL_testvariable(L, 1) != NULL);
   return 1;
 }
