@@ -102,6 +102,10 @@ MG_API mg_status   mg_seterror     (const char *fmt, ...);   /* always MG_ERR */
 #define MG_MAX_THREADS  1024       /* most threads mg_set_num_threads accepts */
 MG_API mg_status   mg_set_num_threads (int n);      /* 1 <= n <= MG_MAX_THREADS */
 MG_API int         mg_get_num_threads (void);
+/* on: every op whose float output holds a NaN or an infinity fails, naming
+** the op and its inputs' shapes (tf.debugging.enable_check_numerics); off
+** by default, and then free. Per context; returns the previous setting. */
+MG_API int         mg_check_numerics  (int on);
 /* float32 products go to oneDNN or OpenBLAS, whichever the first product of
 ** a shape class measured fastest here (remembered in ~/.cache/moongrad/;
 ** MOONGRAD_GEMM and MOONGRAD_GEMM_CACHE in the environment). "auto" (the

@@ -139,6 +139,7 @@ struct mg_context {
   struct { mg_rng_state main, init; } rng;
   mg_tape_state tapes;
   mg_replay_state replay;
+  bool check_numerics;                      /* mg_check_numerics (numerics.c) */
 };
 
 extern _Thread_local mg_context *mg_current_context;
@@ -176,7 +177,6 @@ void       mg_contiguous_strides (const int64_t *shape, int ndim, int64_t *strid
 /* checks a shape and returns its element count, or -1 + error naming fn */
 int64_t    mg_shape_numel (const char *fn, const int64_t *shape, int ndim);
 bool       mg_same_shape  (const int64_t *a, int na, const int64_t *b, int nb);
-/* normalizes axis (negative counts from the end) into [0, ndim); -1 + error */
 /* Positions in messages (axes, dimensions, indices, entries of a list) are
 ** written 0-based behind a marker, and shown in the caller's convention:
 ** 0-based to C (mg_errmsg), 1-based to Lua (mg_errmsg_based(1), the binding).
@@ -187,6 +187,7 @@ bool       mg_same_shape  (const int64_t *a, int na, const int64_t *b, int nb);
 #define MG_POS1 "\x02%lld"
 /* the message as stored, markers and all: for wrapping it in another one */
 const char *mg_errmsg_raw (void);
+/* normalizes axis (negative counts from the end) into [0, ndim); -1 + error */
 int        mg_check_axis  (const char *fn, int axis, int ndim);
 bool       mg_is_float    (mg_dtype dt);
 /* bytes per element, inline for the hot paths */
@@ -365,6 +366,10 @@ static inline bool mg_anyone_listening (void) {
   const mg_tape_state *t = &mg_ctx()->tapes;
   return t->recording > 0 || t->watching > 0;
 }
+
+/* MG_ERR + error when out (an output of def, a float) holds NaN or Inf:
+** mg_check_numerics's test, run by mg_finish when it is on */
+mg_status mg_numerics_check (const mg_opdef *def, int nin, mg_tensor *const *in, const mg_tensor *out);
 
 /* records op `def` with one output when anyone listens, releasing the
 ** output on failure; the usual tail of an op:

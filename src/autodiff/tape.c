@@ -522,7 +522,12 @@ mg_status mg_record (const mg_opdef *def, int nin, mg_tensor *const *in, int nou
 mg_tensor *mg_finish (const mg_opdef *def, int nin, mg_tensor *const *in, mg_tensor *out,
                       const mg_attr *attr) {
   if (out == NULL) return NULL;
-  bool policy = mg_ctx()->replay.recording;
+  mg_context *c = mg_ctx();
+  if (c->check_numerics && mg_numerics_check(def, nin, in, out) != MG_OK) {
+    mg_tensor_release(out);
+    return NULL;
+  }
+  bool policy = c->replay.recording;
   if (!policy && !mg_anyone_listening()) return out;
   for (int j = 0; policy && j < nin; j++) mg_tensor_retain(in[j]);
   mg_status st = policy ? mg_replay_note(def, out) : MG_OK;

@@ -109,6 +109,7 @@ void mgL_open_tape      (lua_State *L);
 void mgL_open_memory    (lua_State *L);
 void mgL_open_trace     (lua_State *L);    /* into the memory table at -1 */
 void mgL_open_random    (lua_State *L);
+void mgL_open_debug     (lua_State *L);    /* mg.debug */
 void mgL_open_functions (lua_State *L);   /* custom_gradient, recompute_grad */
 void mgL_open_maths     (lua_State *L);   /* lmaths.c: more maths and reductions */
 void mgL_open_index     (lua_State *L);   /* lindex.c: indexing, sorting, rearranging */

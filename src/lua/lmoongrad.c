@@ -136,6 +136,7 @@ int luaopen_moongrad (lua_State *L) {
   mgL_open_io(L);
   mgL_open_memory(L);
   mgL_open_random(L);
+  mgL_open_debug(L);
   lua_pushcfunction(L, l_set_num_threads);
   lua_setfield(L, -2, "set_num_threads");
   lua_pushcfunction(L, l_get_num_threads);
