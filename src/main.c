@@ -883,6 +883,17 @@ void mgL_dist_abort (int code);
 #define dist_abort(code)  ((void)(code))
 #endif
 
+/* help([x]): prints mg.help(x) (upvalue 1: mg); a global of the interpreter
+** only, so moongrad.help loads on first use, not at every start */
+static int l_help (lua_State *L) {
+  lua_settop(L, 1);
+  lua_getfield(L, lua_upvalueindex(1), "help");
+  lua_getfield(L, -1, "show");
+  lua_pushvalue(L, 1);
+  lua_call(L, 1, 0);
+  return 0;
+}
+
 /* mg, and the names the README lists as the interpreter's globals */
 static void open_moongrad (lua_State *L) {
 #ifdef MG_HAVE_MPI
@@ -900,7 +911,8 @@ static void open_moongrad (lua_State *L) {
     lua_getfield(L, -1, globals[i]);
     lua_setglobal(L, globals[i]);
   }
-  lua_pop(L, 1);
+  lua_pushcclosure(L, l_help, 1);
+  lua_setglobal(L, "help");
 }
 
 static int pmain (lua_State *L) {
