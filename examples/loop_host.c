@@ -124,7 +124,7 @@ int main (void) {
   ok &= says(mg_revolve_recomputed(10, 0) == -1, "snapshots must be at least 1");
   c.bad_at = 2;
   ok &= says(mg_checkpoint_loop(&cell_fn, &c, 1, &h0, 3, 2, &out) == MG_ERR,
-             "rnn: step 2 gave tensor 1 of the state as (32) float64; it was (16,32) float64");
+             "rnn: step 2 gave tensor 0 of the state as (32) float64; it was (16,32) float64");
   ok &= out.n == 0;
   for (int k = 0; k < 2; k++) { mg_tensor_release(gp[k]); mg_tensor_release(gl[k]); }
   mg_tensor_release(h0);

@@ -119,7 +119,7 @@ int mg_custom_needs_input_grad (const mg_custom_ctx *c, int j) {
   if (c->args == NULL)
     return mg_seterror("needs_input_grad: only while the custom gradient's backward runs"), -1;
   if (j < 0 || j >= c->args->nin)
-    return mg_seterror("needs_input_grad: input %d is out of range (the call had %d)", j + 1,
+    return mg_seterror("needs_input_grad: input " MG_POS1 " is out of range (the call had %d)", (long long)j,
                        c->args->nin), -1;
   return c->args->needs[j] != 0;
 }

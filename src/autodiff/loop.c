@@ -136,8 +136,8 @@ static mg_status run_step (loop_call *c, int64_t i, mg_loop_phase phase, mg_tens
     const mg_tensor *a = out.t[j], *b = c->x0[j];
     if (a->dtype == b->dtype && mg_same_shape(a->shape, a->ndim, b->shape, b->ndim)) continue;
     char sa[160], sb[160];
-    st = mg_seterror("%s: step %lld gave tensor %d of the state as %s %s; it was %s %s (a loop "
-                     "keeps its state's shapes)", who, (long long)i, j + 1,
+    st = mg_seterror("%s: step %lld gave tensor " MG_POS1 " of the state as %s %s; it was %s %s (a loop "
+                     "keeps its state's shapes)", who, (long long)i, (long long)j,
                      mg_shape_str(sa, sizeof sa, a->shape, a->ndim), mg_dtype_name(a->dtype),
                      mg_shape_str(sb, sizeof sb, b->shape, b->ndim), mg_dtype_name(b->dtype));
   }

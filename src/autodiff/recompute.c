@@ -67,8 +67,8 @@ static mg_status check_outputs (const mg_node *n, const mg_list *out) {
     const mg_tensor *t = out->t[i];
     if (mg_same_shape(m->shape, m->ndim, t->shape, t->ndim) && m->dtype == t->dtype) continue;
     char a[160], b[160];
-    return mg_seterror("the recomputed function gave output %d as %s %s, the first run gave "
-                       "%s %s (it must be deterministic)", i + 1,
+    return mg_seterror("the recomputed function gave output " MG_POS1 " as %s %s, the first run gave "
+                       "%s %s (it must be deterministic)", (long long)i,
                        mg_shape_str(a, sizeof a, t->shape, t->ndim), mg_dtype_name(t->dtype),
                        mg_shape_str(b, sizeof b, m->shape, m->ndim), mg_dtype_name(m->dtype));
   }

@@ -592,11 +592,11 @@ void mg_release_grads (idmap *g) {
 static mg_status check_seed (const mg_tensor *target, const mg_tensor *seed, int k) {
   char a[160], b[160];
   if (!mg_same_shape(seed->shape, seed->ndim, target->shape, target->ndim))
-    return mg_seterror("tape:gradient: output_gradients[%d] has shape %s, its target has %s", k + 1,
+    return mg_seterror("tape:gradient: output_gradients[" MG_POS1 "] has shape %s, its target has %s", (long long)k,
                        mg_shape_str(a, sizeof a, seed->shape, seed->ndim),
                        mg_shape_str(b, sizeof b, target->shape, target->ndim));
   if (seed->dtype != target->dtype)
-    return mg_seterror("tape:gradient: output_gradients[%d] is %s, its target is %s", k + 1,
+    return mg_seterror("tape:gradient: output_gradients[" MG_POS1 "] is %s, its target is %s", (long long)k,
                        mg_dtype_name(seed->dtype), mg_dtype_name(target->dtype));
   return MG_OK;
 }
@@ -678,8 +678,8 @@ static mg_status step_back (mg_node *n, idmap *grads, const idmap *dep, const ch
     const mg_meta *m = &n->in_meta[j];
     if (!mg_same_shape(din[j]->shape, din[j]->ndim, m->shape, m->ndim) || din[j]->dtype != m->dtype) {
       char a[160], b[160];
-      st = mg_seterror("tape:%s: the backward of '%s' gave input %d a gradient %s %s for %s %s",
-                       fn, n->def->info.name, j + 1, mg_shape_str(a, sizeof a, din[j]->shape, din[j]->ndim),
+      st = mg_seterror("tape:%s: the backward of '%s' gave input " MG_POS1 " a gradient %s %s for %s %s",
+                       fn, n->def->info.name, (long long)j, mg_shape_str(a, sizeof a, din[j]->shape, din[j]->ndim),
                        mg_dtype_name(din[j]->dtype), mg_shape_str(b, sizeof b, m->shape, m->ndim),
                        mg_dtype_name(m->dtype));
       break;

@@ -500,7 +500,7 @@ mg_tensor *mg_repeat_interleave (mg_tensor *x, const int64_t *repeats, int64_t n
     if (repeats[i] < 0 && nrepeats == 1)
       return mg_seterror("repeat_interleave: repeats = %lld is negative", (long long)repeats[i]), NULL;
     if (repeats[i] < 0)
-      return mg_seterror("repeat_interleave: repeats entry %lld is negative (%lld)", (long long)i + 1,
+      return mg_seterror("repeat_interleave: repeats entry " MG_POS1 " is negative (%lld)", (long long)i,
                          (long long)repeats[i]), NULL;
     int64_t add = nrepeats == 1 ? (n > 0 && repeats[0] > INT64_MAX / n ? -1 : repeats[0] * n) : repeats[i];
     if (add < 0 || total > INT64_MAX - add)
