@@ -339,6 +339,21 @@ describe("callbacks", function()
     assert.same({1}, history.epoch)
   end)
 
+  it("a loss gone NaN says so once on stderr, and training goes on", function()
+    local out, code = h.run(h.bin .. [[ -e '
+      local model = mg.nn.Sequential{mg.nn.Dense(1)}
+      model:compile{optimizer = "sgd", loss = "mse"}
+      local n = 0
+      model.train_step = function() n = n + 1; return {loss = n >= 2 and 0 / 0 or 1} end
+      model:fit(mg.ones{30, 1}, mg.ones{30, 1}, {epochs = 2, batch_size = 10, verbose = 0})
+      print("steps", n)' 2>&1]])
+    assert.equal(0, code, out)
+    local _, count = out:gsub("fit: the loss is not a finite number at epoch 1, batch 2; training goes on", "")
+    assert.equal(1, count, out)
+    assert.truthy(out:find("TerminateOnNaN()", 1, true), out)
+    assert.truthy(out:find("steps\t6", 1, true), out)
+  end)
+
   it("mg.callbacks lists fit's callbacks and the checkpoint one", function()
     for _, name in ipairs({"EarlyStopping", "LambdaCallback", "TerminateOnNaN", "ProgbarLogger", "History"}) do
       assert.is_table(mg.callbacks[name])

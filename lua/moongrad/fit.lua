@@ -593,6 +593,21 @@ end
 
 -- {=================== fit, evaluate, predict ==================
 
+local function invalid (loss)
+  if mg.is_tensor(loss) and loss:numel() == 1 then loss = loss:item() end
+  return type(loss) == "number" and (loss ~= loss or math.abs(loss) == math.huge)
+end
+
+-- a loss gone NaN or infinite says so once, on stderr, unless a
+-- TerminateOnNaN is there to stop (training goes on, as Keras' does)
+local function warn_nan (cbs, epoch, b)
+  for _, cb in ipairs(cbs) do if getmetatable(cb) == TerminateOnNaN then return true end end
+  io.stderr:write(("fit: the loss is not a finite number at epoch %d, batch %d; training goes on. "
+    .. "callbacks = {mg.callbacks.TerminateOnNaN()} stops there; mg.debug.check_numerics(true) "
+    .. "names the first op that made a NaN or an infinity\n"):format(epoch, b))
+  return true
+end
+
 local batch_size_rule = check.positive_integer
 local epoch_rule = check.rule("an integer >= 0", function(v) return math.type(v) == "integer" and v >= 0 end)
 
@@ -655,7 +670,7 @@ local function run_fit (self, x, y, o, c)
   if dist then seed = dist.seed_of(seed) end          -- one order of the samples for every rank
   self.stop_training = false
   self.history = history
-  local logs = {}
+  local logs, warned_nan = {}, false
   call(cbs, "on_train_begin", {})
   for epoch = o.initial_epoch + 1, o.epochs do
     call(cbs, "on_epoch_begin", epoch, {})
@@ -677,6 +692,7 @@ local function run_fit (self, x, y, o, c)
       end
       if not is_plain(step_logs) then fail(who, "train_step must return a table of logs, got %s", show(step_logs)) end
       m.add(step_logs, size)
+      if not warned_nan and invalid(step_logs.loss) then warned_nan = warn_nan(cbs, epoch, i) end
       call(cbs, "on_batch_end", i, m.means())
       if self.stop_training then break end
     end
