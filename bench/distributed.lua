@@ -128,12 +128,7 @@ local STEPS = tonumber(arg and arg[2]) or 12
 local BIN = arg and arg[-1] or "build/moongrad"
 local MPIRUN = "mpirun --allow-run-as-root --oversubscribe --bind-to none -np %d " .. BIN .. " bench/distributed.lua "
 
-local function sh (cmd)
-  local p = io.popen(cmd)
-  local out = p:read("a")
-  p:close()
-  return out
-end
+local sh = require("bench.util").sh
 
 local cpu = sh("lscpu | sed -n 's/^Model name: *//p' | head -1"):gsub("%s+$", "")
 local isa = sh("grep -m1 -o -w avx512f /proc/cpuinfo"):match("avx512f") and "AVX-512" or "AVX2"

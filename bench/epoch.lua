@@ -35,12 +35,7 @@ end
 local ROUNDS = tonumber(arg and arg[1]) or 3
 local STEPS = tonumber(arg and arg[2])
 local BIN = arg and arg[-1] or "build/moongrad"
-local function sh (cmd)
-  local p = io.popen(cmd)
-  local out = p:read("a")
-  p:close()
-  return out
-end
+local sh = require("bench.util").sh
 local images = mg.data.debian_file("dataset-fashion-mnist", "usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz")
 local labels = mg.data.debian_file("dataset-fashion-mnist", "usr/share/datasets/fashion-mnist/train-labels-idx1-ubyte.gz")
 local has_torch = sh("/usr/bin/python3 -c 'import torch' 2>/dev/null && echo yes"):match("yes") ~= nil

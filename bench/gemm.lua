@@ -73,12 +73,7 @@ end
 -- {=========================== the table ==========================
 
 local BIN = arg and arg[-1] or "build/moongrad"
-local function sh (cmd)
-  local p = io.popen(cmd)
-  local out = p:read("a")
-  p:close()
-  return out
-end
+local sh = require("bench.util").sh
 local function exists (path) local f = io.open(path) if f then f:close() end return f ~= nil end
 if not exists("build/gemm_shapes") then error("bench/gemm.lua: build/gemm_shapes is missing (make bench builds it)", 0) end
 

@@ -8,12 +8,14 @@ function util.median (xs)
   return n % 2 == 1 and s[(n + 1) // 2] or (s[n // 2] + s[n // 2 + 1]) / 2
 end
 
-local function sh (cmd)
+--- the output of a shell command
+function util.sh (cmd)
   local p = io.popen(cmd)
   local out = p:read("a")
   p:close()
   return out
 end
+local sh = util.sh
 
 --- the CPU's model name and "AVX-512" or "AVX2"
 function util.machine ()
