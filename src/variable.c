@@ -129,11 +129,23 @@ mg_status mg_variable_assign (mg_variable *v, mg_tensor *value) {
     }                                                                         \
   } while (0)
 
+/* int64 wraps, as its + and * do: in uint64_t (a signed overflow is undefined) */
+static void axpy_i64 (int64_t *d, const int64_t *a, int64_t alpha, const int64_t *x, bool xstep, int64_t n) {
+  uint64_t al = (uint64_t)alpha;
+  if (xstep) {
+    _Pragma("omp parallel for if (n >= MG_PARALLEL_MIN)")
+    for (int64_t i = 0; i < n; i++) d[i] = (int64_t)((uint64_t)a[i] + al * (uint64_t)x[i]);
+  } else {
+    uint64_t s = al * (uint64_t)x[0];
+    for (int64_t i = 0; i < n; i++) d[i] = (int64_t)((uint64_t)a[i] + s);
+  }
+}
+
 static void axpy (void *dst, const void *a, double alpha, const void *x, bool xstep, int64_t n,
                   mg_dtype dt) {
   if (dt == MG_FLOAT32) AXPY(float);
   else if (dt == MG_FLOAT64) AXPY(double);
-  else AXPY(int64_t);
+  else axpy_i64((int64_t *)dst, (const int64_t *)a, (int64_t)alpha, (const int64_t *)x, xstep, n);
 }
 
 /*
@@ -156,7 +168,8 @@ mg_status mg_variable_axpy (mg_variable *v, double alpha, mg_tensor *x) {
     return mg_seterror("assign_add: shape %s does not match the variable's %s",
                        mg_shape_str(a, sizeof a, x->shape, x->ndim), mg_shape_str(b, sizeof b, cur->shape, cur->ndim));
   }
-  if (cur->dtype == MG_INT64 && alpha != (double)(int64_t)alpha)
+  /* in range before the cast: converting a double beyond int64 is undefined */
+  if (cur->dtype == MG_INT64 && !(alpha >= -0x1p63 && alpha < 0x1p63 && alpha == (double)(int64_t)alpha))
     return mg_seterror("assign_add: cannot scale an int64 variable by %g", alpha);
   mg_tensor *xc = mg_contiguous(x);
   if (xc == NULL) return MG_ERR;
