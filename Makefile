@@ -43,7 +43,7 @@ VERSION = $(shell sed -n 's/^#define MG_VERSION  *"moongrad \(.*\)"/\1/p' includ
 
 # Debian packages the build and the tests need
 DEPS = lua5.4 liblua5.4-dev lua-busted libreadline-dev libdnnl-dev libopenblas-openmp-dev libcjson-dev \
-       libdlpack-dev zlib1g-dev gnuplot-nox tmux luarocks libopenmpi-dev openmpi-bin
+       libdlpack-dev zlib1g-dev gnuplot-nox tmux luarocks pkg-config libopenmpi-dev openmpi-bin
 
 LIB_SRC = $(wildcard src/*.c src/ops/*.c src/autodiff/*.c src/io/*.c src/lua/*.c)
 LIB_SRC := $(filter-out src/main.c src/lua/ldistributed.c,$(LIB_SRC))

@@ -447,9 +447,15 @@ describe("progress", function()
     assert.equal("3/3 [==============================] - Ts T/step - loss: 3.0000\n", untimed(f:read("a")))
     f:close()
     os.remove(file)
+    -- util-linux's script gives a pseudo-terminal, where the system has them
+    -- (a chroot without /dev/pts has none: the terminal half is left out, said so)
     local _, has_script = h.run("command -v script")
-    if has_script ~= 0 then return end                                  -- util-linux's script: a pseudo-terminal
+    if has_script ~= 0 then return end
     out = h.run("script -qec " .. quote(cmd) .. " /dev/null")
+    if out:find("failed to create pseudo-terminal", 1, true) then
+      io.stderr:write("\n(spec/09: no pseudo-terminal here; the progress bar on a terminal is not checked)\n")
+      return
+    end
     assert.truthy(out:find("\r1/3 [=========>....................]", 1, true), out)
     local _, finals = untimed(out):gsub("3/3 %[=+%] %- Ts T/step", "")
     assert.equal(1, finals, out)
