@@ -43,10 +43,20 @@ VERSION = $(shell sed -n 's/^#define MG_VERSION  *"moongrad \(.*\)"/\1/p' includ
 
 # Debian packages the build and the tests need
 DEPS = lua5.4 liblua5.4-dev lua-busted libreadline-dev libdnnl-dev libopenblas-openmp-dev libcjson-dev \
-       libdlpack-dev zlib1g-dev gnuplot-nox tmux luarocks pkg-config libopenmpi-dev openmpi-bin
+       libdlpack-dev zlib1g-dev gnuplot-nox tmux luarocks pkg-config libopenmpi-dev openmpi-bin \
+       libzmq3-dev libssl-dev
+# what the notebook specs need besides (spec/37-kernel_spec.lua): make notebook-deps,
+# which .ci/run calls; make test skips those specs, saying so, when they are missing
+NOTEBOOK_DEPS = python3-jupyter-client python3-nbclient python3-ipykernel jupyter-nbconvert chromium
 
 LIB_SRC = $(wildcard src/*.c src/ops/*.c src/autodiff/*.c src/io/*.c src/lua/*.c)
-LIB_SRC := $(filter-out src/main.c src/lua/ldistributed.c,$(LIB_SRC))
+# the Jupyter kernel (moongrad --kernel) and the REPL's completion, which it
+# shares: ZeroMQ and OpenSSL's HMAC, in the binary only (libmoongrad.a and
+# moongrad.so need neither)
+KERNEL_SRC = $(wildcard src/kernel/*.c) src/lua/lkernel.c src/lua/lcomplete.c
+KERNEL_OBJ = $(patsubst src/%.c,$(BUILD)/obj/%.o,$(KERNEL_SRC))
+KERNEL_LIBS = -lzmq -lcrypto -lpthread
+LIB_SRC := $(filter-out src/main.c src/lua/ldistributed.c $(KERNEL_SRC),$(LIB_SRC))
 # mg.distributed on Open MPI: compiled into the binary and moongrad.so, never
 # into libmoongrad.a (its C hosts need no MPI); left out when mpicc is missing
 MPI_CFLAGS := $(shell mpicc --showme:compile 2>/dev/null)
@@ -60,7 +70,7 @@ LUA_MODS = $(wildcard lua/moongrad/*.lua)
 LIB_OBJ = $(patsubst src/%.c,$(BUILD)/obj/%.o,$(LIB_SRC)) $(BUILD)/obj/embedded.o
 HEADERS = $(wildcard include/*.h src/*.h src/*/*.h)
 
-.PHONY: all deps test demo asan asan-build tsan fuzz run-c-tests bench install clean check sz api-table
+.PHONY: all deps notebook-deps install-kernel test demo asan asan-build tsan fuzz run-c-tests bench install clean check sz api-table
 
 all: $(BUILD)/moongrad $(BUILD)/moongrad.so $(BUILD)/libmoongrad.a
 
@@ -85,8 +95,8 @@ $(BUILD)/libmoongrad.a: $(LIB_OBJ)
 $(BUILD)/moongrad.so: $(LIB_OBJ) $(DIST_OBJ)
 	$(CC) -shared -o $@ $^ $(LIBS) $(MPI_LIBS)
 
-$(BUILD)/moongrad: $(BUILD)/obj/main.o $(DIST_OBJ) $(BUILD)/libmoongrad.a
-	$(CC) -o $@ $^ $(LUA_LIB) -lreadline $(LIBS) $(MPI_LIBS) -Wl,-E
+$(BUILD)/moongrad: $(BUILD)/obj/main.o $(DIST_OBJ) $(KERNEL_OBJ) $(BUILD)/libmoongrad.a
+	$(CC) -o $@ $^ $(LUA_LIB) -lreadline $(LIBS) $(MPI_LIBS) $(KERNEL_LIBS) -Wl,-E
 
 $(BUILD)/obj/main.o: src/main.c $(HEADERS)
 	@mkdir -p $(dir $@)
@@ -126,6 +136,16 @@ deps:
 	apt="$$as_root env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300"; \
 	$$apt update -qq && $$apt install -y -qq --no-install-recommends $$missing || \
 	{ echo "make deps: apt-get failed; could not install:$$missing" >&2; exit 1; }
+
+# the notebook specs' packages (Jupyter's client, nbconvert, headless Chromium)
+notebook-deps:
+	@$(MAKE) -s deps DEPS="$(NOTEBOOK_DEPS)"
+
+# the kernelspec, so that jupyter notebook / jupyter lab list moongrad;
+# KERNEL_FLAGS= for a system-wide one (/usr/local/share/jupyter/kernels)
+KERNEL_FLAGS ?= --user
+install-kernel: $(BUILD)/moongrad
+	$(BUILD)/moongrad --install-kernel $(KERNEL_FLAGS)
 
 check: run-c-tests
 

@@ -300,6 +300,12 @@ local groups = {
     {"Progress:stop", "bar:stop()", "ends the bar without a final line"},
     {"plot", "plot(series... [, {path=, title=, xlabel=, ylabel=, logscale=, width=, height=}])", "curves as PNG, SVG or text"},
   }},
+  {"notebooks (moongrad --kernel)", {
+    {"notebook.active", "notebook.active()", "whether the code runs in moongrad's Jupyter kernel"},
+    {"notebook.display", "notebook.display(v [, {id=, update=}])", "shows v in the notebook now (update = true replaces display id)"},
+    {"notebook.image", "notebook.image(path [, {id=, update=}])", "shows a PNG or SVG file in the notebook"},
+    {"notebook.bundle", "notebook.bundle(v)", "v's MIME bundle: text/plain, and text/html for a small tensor or stats()"},
+  }},
   {"threads and time", {
     {"set_num_threads", "set_num_threads(n)", "threads for the library's parallel loops (1 to 1024)"},
     {"get_num_threads", "get_num_threads()", "the thread count"},

@@ -15,7 +15,9 @@
 -- NaN and infinite values are left out (the line breaks there).
 -- The data go to gnuplot through a temporary file and the script through
 -- another, never through a shell string; both are removed afterwards. $GNUPLOT
--- names another gnuplot binary.
+-- names another gnuplot binary. In a Jupyter kernel (moongrad --kernel) a plot
+-- without a path is a PNG shown in the notebook (moongrad.notebook), and
+-- nothing is returned.
 -- @module moongrad.plot
 local mg = require "moongrad"
 local check = require "moongrad.check"
@@ -150,10 +152,21 @@ local OPTIONS = {{"path", check.string}, {"title", check.string}, {"xlabel", che
                  {"logscale", check.rule("'x', 'y' or 'xy'", function(v) return v == "x" or v == "y" or v == "xy" end)},
                  {"width", size_rule}, {"height", size_rule}}
 
+-- moongrad.notebook when a plot without a path goes to a notebook
+local function inline (opts)
+  local notebook = not opts.path and require("moongrad.notebook")
+  return notebook and notebook.active() and notebook or nil
+end
+
 --- Draws panels (each {series = {...}, title =, ylabel =}) one above the other.
--- Returns the path, or the text without one.
+-- Returns the path, or the text without one (nothing when shown inline).
 function plot.draw (who, panels, opts)
   check_gnuplot(who)
+  local notebook, tmp = inline(opts), nil
+  if notebook then
+    tmp = os.tmpname()
+    opts.path = tmp .. ".png"
+  end
   local path, out = opts.path, nil
   local lines = {}
   local function add (fmt_, ...) lines[#lines + 1] = fmt_:format(...) end
@@ -211,7 +224,13 @@ function plot.draw (who, panels, opts)
     text = text:gsub("\f", ""):gsub("[ \t]+\n", "\n"):gsub("[ \t]+$", ""):gsub("^\n+", ""):gsub("\n*$", "\n")
   end
   if not path then os.remove(out) end
+  if notebook then
+    if ok then notebook._plot(path) end
+    os.remove(path)
+    os.remove(tmp)
+  end
   if not ok then fail(who, "gnuplot failed: %s", (err:gsub("%s+$", ""))) end
+  if notebook then return end
   return path or text
 end
 
@@ -261,7 +280,7 @@ function plot.history (history, path, opts)
   if #panels == 1 and not opts.title then opts.title = panels[1].title end
   opts.xlabel = opts.xlabel or "epoch"
   opts.integer_x = #history.epoch <= 20
-  if #panels > 1 and not opts.height then opts.height = path and 700 or 40 end
+  if #panels > 1 and not opts.height then opts.height = (path or inline(opts)) and 700 or 40 end
   return plot.draw(who, panels, opts)
 end
 

@@ -20,6 +20,8 @@
 -- through os.execute, one fork and exec of /bin/sh, about a millisecond.
 -- Other files and writer objects count as no terminal. tty = true or false
 -- says it outright (a writer that is a terminal, a notebook that draws \r).
+-- In a Jupyter kernel (moongrad --kernel) a bar on io.stdout with no tty
+-- option is one display that each redraw updates in place (moongrad.notebook).
 -- @module moongrad.progress
 local mg = require "moongrad"
 local check = require "moongrad.check"
@@ -180,11 +182,12 @@ function Progress:update (i, values)
   i = math.tointeger(check.value("progress:update", "step", i, step_rule))
   check_values("progress:update", values)
   self.i, self.values = i, values or self.values
-  if self.finished or not self.tty or self.verbose ~= 1 then return end
+  if self.finished or not (self.tty or self.notebook) or self.verbose ~= 1 then return end
   local now = mg.clock()
   if now - self.drawn < self.interval then return end
   self.drawn = now
   local line = self:line(i, self.values, false)
+  if self.notebook then return self.notebook._bar_line(self, line) end
   write(self, "\r", line, (" "):rep(math.max(0, self.shown - #line)))
   self.shown = #line
 end
@@ -198,7 +201,9 @@ function Progress:finish (values)
   if self.finished then return end
   self.finished = true
   local line = self:line(math.max(self.i, self.stopped and 0 or self.total), values or self.values, true)
-  if self.tty and self.verbose == 1 then
+  if self.notebook and self.verbose == 1 then
+    self.notebook._bar_line(self, line)
+  elseif self.tty and self.verbose == 1 then
     write(self, "\r", line, (" "):rep(math.max(0, self.shown - #line)), "\n")
   else
     write(self, line, "\n")
@@ -232,8 +237,11 @@ return function (total, opts)
   opts = check.options("progress", opts, OPTIONS)
   local out = opts.out or io.stdout
   local tty = opts.tty
+  local notebook = out == io.stdout and tty == nil and require("moongrad.notebook") or nil
+  if notebook and not notebook.active() then notebook = nil end
   if tty == nil then tty = isatty(out) end
   return setmetatable({total = total, label = opts.label and (opts.label .. " ") or "", out = out, tty = tty,
+                       notebook = notebook,
                        width = opts.width, interval = opts.interval, unit = opts.unit, verbose = opts.verbose,
                        start = mg.clock(), drawn = -math.huge, shown = 0, i = 0, finished = false}, Progress)
 end

@@ -1,0 +1,13 @@
+/*
+** lkernel.h — moongrad as a Jupyter kernel (src/lua/lkernel.c).
+*/
+#ifndef MG_LKERNEL_H
+#define MG_LKERNEL_H
+
+#include <lua.h>
+
+/* serves the connection file's sockets with L (set up as the interpreter's)
+** until a shutdown_request; 0 then, 1 when it could not start (said on stderr) */
+int mgL_kernel_run (lua_State *L, const char *connection_file);
+
+#endif
