@@ -192,6 +192,20 @@ def error(k):
     check(reply["status"] == "error" and "matmul" in reply["evalue"], "the library's error", reply)
     reply, _ = k.run("return 40 + 2")
     check(reply["status"] == "ok", "the kernel goes on", reply)
+    # "Run All": the executes queued behind a failing one are aborted, not run
+    first = k.kc.execute("local t = mg.clock() while mg.clock() - t < 0.5 do end error('stop here')")
+    second = k.kc.execute("ran = true")
+    reply, _ = k.collect(first)
+    check(reply["status"] == "error", "the first fails", reply)
+    reply, _ = k.collect(second)
+    check(reply["status"] == "aborted", "the queued one is aborted", reply)
+    _, msgs = k.run("return ran == nil")
+    check(result(msgs)["text/plain"] == "true", "and did not run", msgs)
+    _, msgs = k.run("io.write('bad \\255\\0 bytes') return '\\200'")
+    check(stream(msgs, "stdout") == "bad \ufffd\ufffd bytes", "invalid UTF-8 in a stream, replaced", msgs)
+    check(result(msgs)["text/plain"] == "\ufffd", "and in a result", msgs)
+    _, msgs = k.run("print(('x'):rep(300000))")
+    check(stream(msgs, "stdout") == "x" * 300000 + "\n", "a long output, whole", len(stream(msgs, "stdout")))
 
 
 def interrupt(k):
@@ -242,7 +256,26 @@ def restart(k):
     check(reply["execution_count"] == 1, "counting from 1 again", reply)
 
 
+def listening(port):
+    """the addresses of the TCP sockets listening on port (hex, as /proc/net/tcp has them)"""
+    found = []
+    for name in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = open(name).read().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            f = line.split()
+            addr, p = f[1].split(":")
+            if int(p, 16) == port and f[3] == "0A":
+                found.append(addr)
+    return found
+
+
 def forged(k):
+    info = k.km.get_connection_info()
+    for name in ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port"):
+        check(listening(info[name]) == ["0100007F"], "%s bound to 127.0.0.1 only" % name, listening(info[name]))
     target = os.path.join(k.tmp, "forged")
     code = 'io.open(%s, "w"):write("ran"):close()' % json.dumps(target)
     info = k.km.get_connection_info()

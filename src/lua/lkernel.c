@@ -65,6 +65,7 @@ typedef struct Kernel {
   int wake[2], done[2];        /* to the reader: 'd' drain, 'q' quit; from it: drained */
   int origout, logfd;          /* fds 1 and 2 as Jupyter gave them */
   int count;                   /* execution_count */
+  int aborting;                /* an execute failed: the queued ones are not run */
   cJSON *history;              /* [[1, n, code], ...] */
   int quit, restart;
 } Kernel;
@@ -113,16 +114,36 @@ static size_t utf8_whole (const char *buf, size_t n) {
   return need > back + 1 ? i - 1 : n;
 }
 
+/* s[0..n) as a JSON string of valid UTF-8 (the client drops a message that is not):
+** a byte that starts no valid character, or a NUL, becomes U+FFFD */
+static cJSON *text_json (const char *s, size_t n) {
+  char *out = malloc(3 * n + 1), *o = out;
+  if (out == NULL) return cJSON_CreateNull();
+  for (size_t i = 0; i < n;) {
+    unsigned char c = (unsigned char)s[i], c1 = i + 1 < n ? (unsigned char)s[i + 1] : 0;
+    size_t len = c < 0x80 ? 1 : c >= 0xC2 && c <= 0xDF ? 2 : c >= 0xE0 && c <= 0xEF ? 3 : c >= 0xF0 && c <= 0xF4 ? 4 : 0;
+    int ok = len > 0 && c != 0 && i + len <= n &&
+             !(c == 0xE0 && c1 < 0xA0) && !(c == 0xED && c1 >= 0xA0) &&        /* overlong, surrogate */
+             !(c == 0xF0 && c1 < 0x90) && !(c == 0xF4 && c1 >= 0x90);          /* overlong, past U+10FFFF */
+    for (size_t j = 1; ok && j < len; j++) ok = ((unsigned char)s[i + j] & 0xC0) == 0x80;
+    if (!ok) len = 1;
+    memcpy(o, ok ? s + i : "\xEF\xBF\xBD", ok ? len : 3);
+    o += ok ? len : 3;
+    i += len;
+  }
+  *o = '\0';
+  cJSON *j = cJSON_CreateString(out);
+  free(out);
+  return j;
+}
+
 /* sends what s holds (all: even a cut character) */
 static void stream_send (Kernel *k, stream *s, int all) {
   size_t n = all ? s->have : utf8_whole(s->buf, s->have);
   if (n == 0) return;
-  char c = s->buf[n];
-  s->buf[n] = '\0';
   cJSON *content = cJSON_CreateObject();
   cJSON_AddStringToObject(content, "name", s->name);
-  cJSON_AddStringToObject(content, "text", s->buf);
-  s->buf[n] = c;
+  cJSON_AddItemToObject(content, "text", text_json(s->buf, n));
   publish(k, "stream", content);
   memmove(s->buf, s->buf + n, s->have - n);
   s->have -= n;
@@ -186,7 +207,11 @@ static cJSON *tojson (lua_State *L, int idx, int depth) {
   switch (lua_type(L, idx)) {
     case LUA_TBOOLEAN: return cJSON_CreateBool(lua_toboolean(L, idx));
     case LUA_TNUMBER: return cJSON_CreateNumber(lua_tonumber(L, idx));
-    case LUA_TSTRING: return cJSON_CreateString(lua_tostring(L, idx));
+    case LUA_TSTRING: {
+      size_t n;
+      const char *s = lua_tolstring(L, idx, &n);
+      return text_json(s, n);
+    }
     case LUA_TTABLE: break;
     default: return cJSON_CreateNull();
   }
@@ -390,16 +415,12 @@ static cJSON *error_content (lua_State *L, int status) {
   cJSON *c = cJSON_CreateObject();
   cJSON_AddStringToObject(c, "status", "error");
   cJSON_AddStringToObject(c, "ename", ename);
-  char *value = strndup(msg, lvalue);
-  cJSON_AddStringToObject(c, "evalue", value ? value : "");
-  free(value);
+  cJSON_AddItemToObject(c, "evalue", text_json(msg, lvalue));
   cJSON *lines = cJSON_AddArrayToObject(c, "traceback");
   for (const char *p = msg; *p;) {
     const char *nl = strchr(p, '\n');
     size_t n = nl ? (size_t)(nl - p) : strlen(p);
-    char *line = strndup(p, n);
-    if (line) cJSON_AddItemToArray(lines, cJSON_CreateString(line));
-    free(line);
+    cJSON_AddItemToArray(lines, text_json(p, n));
     p += n + (nl != NULL);
   }
   return c;
@@ -457,6 +478,7 @@ static void execute (Kernel *k, mg_kmsg *m) {
   sync_output(k);
   cJSON *c;
   if (st != LUA_OK) {
+    k->aborting = getbool(m->content, "stop_on_error", 1);
     publish(k, "error", error_content(L, st));
     c = error_content(L, st);
   } else {
@@ -656,26 +678,57 @@ static void serve_control_busy (Kernel *k, mg_kmsg *m, int *stop) {
   }
 }
 
-/* one message from shell or control, between status busy and idle */
-static void serve (Kernel *k, int which) {
-  mg_kmsg m;
-  if (mg_kmsg_recv(k->sock[which], k->conn.key, &m) != 1) return;
-  const char *type = mg_kmsg_type(&m);
-  set_parent(k, m.header);
+/* one request, between status busy and idle */
+static void handle (Kernel *k, int which, mg_kmsg *m) {
+  const char *type = mg_kmsg_type(m);
+  set_parent(k, m->header);
   status(k, "busy");
-  if (strcmp(type, "execute_request") == 0 && which == MG_KSHELL) execute(k, &m);
-  else if (strcmp(type, "kernel_info_request") == 0) kernel_info(k, which, &m);
-  else if (strcmp(type, "complete_request") == 0) complete(k, &m);
-  else if (strcmp(type, "inspect_request") == 0) inspect(k, &m);
-  else if (strcmp(type, "is_complete_request") == 0) is_complete(k, &m);
-  else if (strcmp(type, "history_request") == 0) history(k, &m);
-  else if (strcmp(type, "comm_info_request") == 0) ok_reply(k, which, &m, "comm_info_reply", "comms");
-  else if (strcmp(type, "shutdown_request") == 0) shutdown_(k, which, &m);
-  else if (strcmp(type, "interrupt_request") == 0) ok_reply(k, which, &m, "interrupt_reply", NULL);
+  if (strcmp(type, "execute_request") == 0 && which == MG_KSHELL) execute(k, m);
+  else if (strcmp(type, "kernel_info_request") == 0) kernel_info(k, which, m);
+  else if (strcmp(type, "complete_request") == 0) complete(k, m);
+  else if (strcmp(type, "inspect_request") == 0) inspect(k, m);
+  else if (strcmp(type, "is_complete_request") == 0) is_complete(k, m);
+  else if (strcmp(type, "history_request") == 0) history(k, m);
+  else if (strcmp(type, "comm_info_request") == 0) ok_reply(k, which, m, "comm_info_reply", "comms");
+  else if (strcmp(type, "shutdown_request") == 0) shutdown_(k, which, m);
+  else if (strcmp(type, "interrupt_request") == 0) ok_reply(k, which, m, "interrupt_reply", NULL);
   else mg_klog("ignored a %s (not a request this kernel knows)", type);
   status(k, "idle");
   set_parent(k, NULL);
+}
+
+/* after a failed execute (stop_on_error): the executes already queued, as a
+** "Run All" sends them, are answered "aborted" and not run, as IPython does */
+static void abort_queued (Kernel *k) {
+  k->aborting = 0;
+  zmq_pollitem_t it = {k->sock[MG_KSHELL], 0, ZMQ_POLLIN, 0};
+  while (!k->quit && zmq_poll(&it, 1, 0) > 0) {
+    mg_kmsg m;
+    int got = mg_kmsg_recv(k->sock[MG_KSHELL], k->conn.key, &m);
+    if (got < 0) break;
+    if (got == 0) continue;
+    if (strcmp(mg_kmsg_type(&m), "execute_request") == 0) {
+      set_parent(k, m.header);
+      status(k, "busy");
+      cJSON *c = cJSON_CreateObject();
+      cJSON_AddStringToObject(c, "status", "aborted");
+      cJSON_AddNumberToObject(c, "execution_count", k->count);
+      reply(k, MG_KSHELL, &m, "execute_reply", c);
+      status(k, "idle");
+      set_parent(k, NULL);
+    } else {
+      handle(k, MG_KSHELL, &m);
+    }
+    mg_kmsg_free(&m);
+  }
+}
+
+static void serve (Kernel *k, int which) {
+  mg_kmsg m;
+  if (mg_kmsg_recv(k->sock[which], k->conn.key, &m) != 1) return;
+  handle(k, which, &m);
   mg_kmsg_free(&m);
+  if (k->aborting) abort_queued(k);
 }
 
 /* }========================================================== */
