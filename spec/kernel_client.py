@@ -204,6 +204,9 @@ def error(k):
     _, msgs = k.run("io.write('bad \\255\\0 bytes') return '\\200'")
     check(stream(msgs, "stdout") == "bad \ufffd\ufffd bytes", "invalid UTF-8 in a stream, replaced", msgs)
     check(result(msgs)["text/plain"] == "\ufffd", "and in a result", msgs)
+    _, msgs = k.run("for i = 1, 100000 do print(i) end")
+    check(stream(msgs, "stdout") == "".join("%d\n" % i for i in range(1, 100001)), "10^5 lines, all")
+    check(len(of_type(msgs, "stream")) < 1000, "gathered into few messages", len(of_type(msgs, "stream")))
     _, msgs = k.run("print(('x'):rep(300000))")
     check(stream(msgs, "stdout") == "x" * 300000 + "\n", "a long output, whole", len(stream(msgs, "stdout")))
 

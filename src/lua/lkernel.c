@@ -33,6 +33,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <zmq.h>
@@ -51,6 +52,7 @@
 #define POLL_EVERY 100000                /* Lua instructions between looks at control */
 #define OUTCHUNK   65536                 /* bytes of output a stream message carries at most */
 #define LINGER_MS  1000                  /* what may still go out at shutdown */
+#define FLUSH_MS   50                    /* output gathered at most this long before it is sent */
 
 typedef struct Kernel {
   lua_State *L;
@@ -65,7 +67,6 @@ typedef struct Kernel {
   int wake[2], done[2];        /* to the reader: 'd' drain, 'q' quit; from it: drained */
   int origout, logfd;          /* fds 1 and 2 as Jupyter gave them */
   int count;                   /* execution_count */
-  int aborting;                /* an execute failed: the queued ones are not run */
   cJSON *history;              /* [[1, n, code], ...] */
   int quit, restart;
 } Kernel;
@@ -149,7 +150,8 @@ static void stream_send (Kernel *k, stream *s, int all) {
   s->have -= n;
 }
 
-/* reads what the pipe holds (its read end does not block); drain: until empty */
+/* reads what the pipe holds (its read end does not block); drain: until
+** empty, and sends it all; otherwise sends only a full buffer */
 static void stream_read (Kernel *k, stream *s, int drain) {
   for (;;) {
     ssize_t r = read(s->fd, s->buf + s->have, OUTCHUNK - s->have);
@@ -158,28 +160,49 @@ static void stream_read (Kernel *k, stream *s, int drain) {
     if (r > 0 && s->have == OUTCHUNK) stream_send(k, s, 0);
     if (r <= 0 || !drain) break;
   }
-  stream_send(k, s, drain);
+  if (drain) stream_send(k, s, 1);
 }
 
+static long now_ms (void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/*
+** The reader thread: output is gathered for up to FLUSH_MS before it goes
+** out (a loop printing 10^5 lines makes a few dozen messages, not 10^5: a
+** PUB socket drops what is past its high-water mark); a drain request from
+** the main thread sends everything at once.
+*/
 static void *reader (void *arg) {
   Kernel *k = arg;
   static stream s[2];
   s[0].fd = k->out[0]; s[0].name = "stdout";
   s[1].fd = k->err[0]; s[1].name = "stderr";
+  long since = -1;                               /* when the oldest unsent byte came */
   for (;;) {
     struct pollfd p[3] = {{s[0].fd, POLLIN, 0}, {s[1].fd, POLLIN, 0}, {k->wake[0], POLLIN, 0}};
-    if (poll(p, 3, -1) < 0) {
+    long wait = since < 0 ? -1 : since + FLUSH_MS - now_ms();
+    int n = poll(p, 3, wait < 0 && since >= 0 ? 0 : (int)wait);
+    if (n < 0) {
       if (errno == EINTR) continue;
       break;
     }
     for (int i = 0; i < 2; i++)
       if (p[i].revents) stream_read(k, &s[i], 0);
+    if (since < 0 && (s[0].have || s[1].have)) since = now_ms();
     char c;
     if ((p[2].revents & POLLIN) && read(k->wake[0], &c, 1) == 1) {
       stream_read(k, &s[0], 1);
       stream_read(k, &s[1], 1);
+      since = -1;
       if (c == 'q') break;
       while (write(k->done[1], "", 1) < 0 && errno == EINTR) {}
+    } else if (since >= 0 && now_ms() - since >= FLUSH_MS) {
+      stream_send(k, &s[0], 0);
+      stream_send(k, &s[1], 0);
+      since = s[0].have || s[1].have ? now_ms() : -1;    /* a cut character waits */
     }
   }
   return NULL;
@@ -450,6 +473,8 @@ static const char *getstring (const cJSON *j, const char *key) {
   return cJSON_IsString(v) ? v->valuestring : "";
 }
 
+static void take_queued (Kernel *k);
+
 static void execute (Kernel *k, mg_kmsg *m) {
   lua_State *L = k->L;
   const char *code = getstring(m->content, "code");
@@ -478,7 +503,7 @@ static void execute (Kernel *k, mg_kmsg *m) {
   sync_output(k);
   cJSON *c;
   if (st != LUA_OK) {
-    k->aborting = getbool(m->content, "stop_on_error", 1);
+    if (getbool(m->content, "stop_on_error", 1)) take_queued(k);
     publish(k, "error", error_content(L, st));
     c = error_content(L, st);
   } else {
@@ -697,29 +722,47 @@ static void handle (Kernel *k, int which, mg_kmsg *m) {
   set_parent(k, NULL);
 }
 
-/* after a failed execute (stop_on_error): the executes already queued, as a
-** "Run All" sends them, are answered "aborted" and not run, as IPython does */
-static void abort_queued (Kernel *k) {
-  k->aborting = 0;
+static void handle (Kernel *k, int which, mg_kmsg *m);
+
+/*
+** After a failed execute (stop_on_error): the executes already queued, as a
+** "Run All" sends them, are answered "aborted" and not run, as IPython does.
+** They are taken before the failed one is answered, so a request sent after
+** seeing that answer is never taken for a queued one.
+*/
+#define MAXQUEUED 256
+static mg_kmsg queued[MAXQUEUED];
+static int nqueued;
+
+static void take_queued (Kernel *k) {
   zmq_pollitem_t it = {k->sock[MG_KSHELL], 0, ZMQ_POLLIN, 0};
-  while (!k->quit && zmq_poll(&it, 1, 0) > 0) {
-    mg_kmsg m;
-    int got = mg_kmsg_recv(k->sock[MG_KSHELL], k->conn.key, &m);
+  while (nqueued < MAXQUEUED && zmq_poll(&it, 1, 0) > 0) {
+    int got = mg_kmsg_recv(k->sock[MG_KSHELL], k->conn.key, &queued[nqueued]);
     if (got < 0) break;
-    if (got == 0) continue;
-    if (strcmp(mg_kmsg_type(&m), "execute_request") == 0) {
-      set_parent(k, m.header);
+    nqueued += got;
+  }
+}
+
+static void answer_queued (Kernel *k) {
+  int n = nqueued;
+  nqueued = 0;
+  for (int i = 0; i < n; i++) {
+    mg_kmsg *m = &queued[i];
+    if (k->quit) {
+      /* shut down meanwhile: the rest go unanswered */
+    } else if (strcmp(mg_kmsg_type(m), "execute_request") == 0) {
+      set_parent(k, m->header);
       status(k, "busy");
       cJSON *c = cJSON_CreateObject();
       cJSON_AddStringToObject(c, "status", "aborted");
       cJSON_AddNumberToObject(c, "execution_count", k->count);
-      reply(k, MG_KSHELL, &m, "execute_reply", c);
+      reply(k, MG_KSHELL, m, "execute_reply", c);
       status(k, "idle");
       set_parent(k, NULL);
     } else {
-      handle(k, MG_KSHELL, &m);
+      handle(k, MG_KSHELL, m);
     }
-    mg_kmsg_free(&m);
+    mg_kmsg_free(m);
   }
 }
 
@@ -728,7 +771,7 @@ static void serve (Kernel *k, int which) {
   if (mg_kmsg_recv(k->sock[which], k->conn.key, &m) != 1) return;
   handle(k, which, &m);
   mg_kmsg_free(&m);
-  if (k->aborting) abort_queued(k);
+  answer_queued(k);
 }
 
 /* }========================================================== */
