@@ -820,6 +820,9 @@ typedef struct mg_memory_stats {
   int64_t live_tensors, live_storages;
   int64_t allocations;                       /* storages created, ever */
   size_t allocated_bytes;                    /* their bytes, ever */
+  size_t budget;                             /* the memory budget in force; 0: none */
+  int64_t evictions, rematerialisations;     /* under a budget, ever */
+  size_t evicted_bytes, rematerialised_bytes;
 } mg_memory_stats;
 
 MG_API mg_memory_stats mg_memory_stats_get (void);
@@ -843,6 +846,26 @@ MG_API void            mg_memory_set_pressure_hook (void (*pressure)(void));
 /* for tests: the n-th allocation from now fails as if out of memory (0: off);
 ** the environment variable MOONGRAD_FAIL_ALLOC=n does it from the start */
 MG_API void            mg_memory_fail_after (int64_t n);
+
+/* A memory budget (Dynamic Tensor Rematerialization, Kirisame et al. 2021):
+** when an allocation would take the live bytes over it, saved tensors that
+** only tapes hold and that an elementwise op or matmul made are evicted, the
+** cheapest to rebuild per byte and per step of staleness first, and rebuilt
+** (recursively, by running their ops again) when a backward rule needs
+** them: the same gradients bit for bit, in less memory. Variables' values,
+** tensors the caller still holds and leaves (data, random masks) stay. An
+** allocation the budget cannot hold even with everything evictable gone
+** fails, evicting nothing: "memory budget 40.00 MiB is below the 52.00 MiB
+** that must stay live ...". 0: no budget. Returns the previous one. */
+MG_API size_t          mg_memory_set_budget (size_t bytes);
+/* the budget in force: the least of the context's and its tapes' (those
+** recording or being walked); 0: none */
+MG_API size_t          mg_memory_budget (void);
+/* a budget for the ops t records and its gradients (0: none) */
+MG_API mg_status       mg_tape_set_budget (mg_tape *t, size_t bytes);
+/* what a budget runs before it gives up: the host frees its garbage (the
+** Lua binding collects), which may let tensors go that it pinned */
+MG_API void            mg_memory_set_collect_hook (void (*collect)(void));
 
 /* }============================================================== */
 

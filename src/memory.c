@@ -149,7 +149,7 @@ static void update_role (mg_storage *s) {
   notify(m);
 }
 
-static const char *human_bytes (char *buf, size_t n, double bytes) {
+const char *mg_human_bytes (char *buf, size_t n, double bytes) {
   static const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
   int u = 0;
   while (bytes >= 1024 && u < 6) { bytes /= 1024; u++; }
@@ -159,7 +159,7 @@ static const char *human_bytes (char *buf, size_t n, double bytes) {
 
 static mg_storage *out_of_memory (size_t nbytes, const char *why) {
   char buf[32];
-  mg_seterror("out of memory allocating %s%s", human_bytes(buf, sizeof buf, (double)nbytes), why);
+  mg_seterror("out of memory allocating %s%s", mg_human_bytes(buf, sizeof buf, (double)nbytes), why);
   return NULL;
 }
 
@@ -214,6 +214,7 @@ static mg_storage *count_new (mg_context *c, mg_storage *s, size_t nbytes, bool 
 mg_storage *mg_storage_new (size_t nbytes) {
   if (mg_alloc_should_fail()) return out_of_memory(nbytes, " (injected failure)");
   mg_context *c = mg_ctx();
+  if (c->dtr && mg_dtr_make_room(nbytes) != MG_OK) return NULL;    /* a budget: evict first */
   mg_memory_state *m = &c->memory;
   mg_storage *s = cache_take(m, nbytes);
   if (s == NULL && (s = fresh_block(nbytes)) == NULL) return out_of_memory(nbytes, "");
@@ -279,6 +280,7 @@ mg_memory_stats mg_memory_stats_get (void) {
   st.live_storages = m->live_storages;
   st.allocations = m->allocations;
   st.allocated_bytes = m->allocated;
+  mg_dtr_stats(&st);
   return st;
 }
 

@@ -73,6 +73,13 @@ bool        mg_alloc_fail_slow (void);
 void        mg_memory_safe_point (void);
 void        mg_memory_release_small (void);  /* free() the recycled small blocks */
 void        mg_storage_add_refs (mg_storage *s, int tape_delta, int var_delta);
+/* "1.50 MiB" into buf */
+const char *mg_human_bytes (char *buf, size_t n, double bytes);
+/* the memory budget (src/autodiff/dtr.c): room for nbytes more, evicting
+** saved tensors if need be; MG_ERR + error when the budget cannot hold them */
+mg_status   mg_dtr_make_room (size_t nbytes);
+void        mg_dtr_stats (mg_memory_stats *st);    /* its counters into st */
+void        mg_dtr_state_free (mg_context *c);
 
 /* }========================================================== */
 
@@ -140,6 +147,7 @@ struct mg_context {
   mg_tape_state tapes;
   mg_replay_state replay;
   bool check_numerics;                      /* mg_check_numerics (numerics.c) */
+  struct mg_dtr_state *dtr;                 /* the memory budget (dtr.c); NULL until one is set */
 };
 
 extern _Thread_local mg_context *mg_current_context;
@@ -334,6 +342,7 @@ struct mg_node {
   void *ext;                            /* op-private data (custom, recompute) */
   struct mg_hooks_ref *hooks;           /* saved-tensor hooks its saved tensors went through */
   unsigned packed;                      /* which slots (in, then out) hold packed stand-ins */
+  struct mg_dtr *dtr;                   /* its provenance under a memory budget (dtr.c), or NULL */
 };
 
 /* saved-tensor hooks, pushed (hooks.c); nodes hold a reference */

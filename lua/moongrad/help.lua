@@ -128,9 +128,10 @@ local groups = {
     {"memory.set_cache_limit", "memory.set_cache_limit(bytes)", "how many freed bytes may wait for reuse"},
     {"memory.release_cache", "memory.release_cache()", "frees the cached blocks"},
     {"memory.fail_after", "memory.fail_after(n)", "for tests: the n-th allocation from now fails as if out of memory"},
+    {"memory.budget", "memory.budget([bytes])", "train within bytes (\"300 MB\" too): saved tensors are evicted and rebuilt on demand (DTR); nil clears; returns the previous"},
   }},
   {"autodiff", {
-    {"tape", "tape([{persistent=false, watch_accessed_variables=true}])", "a gradient tape recording the ops run while it is active"},
+    {"tape", "tape([{persistent=false, watch_accessed_variables=true, budget=nil}])", "a gradient tape recording the ops run while it is active"},
     {"Tape:gradient", "t:gradient(target, sources [, output_gradients] [, {unconnected=\"none\" | \"zero\"}])", "gradients of target with respect to sources (a tensor, variable or nested table)"},
     {"Tape:jacobian", "t:jacobian(target, source [, {unconnected=}])", "the full Jacobian of a tensor target by a tensor source"},
     {"Tape:batch_jacobian", "t:batch_jacobian(target, source [, {unconnected=}])", "per-example Jacobians (first axis the batch)"},

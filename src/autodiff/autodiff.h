@@ -72,6 +72,7 @@ struct mg_tape {
   size_t nnodes, capnodes;
   mg_variable **vars;         /* watched variables, retained */
   int nvars, capvars;
+  size_t budget;              /* a memory budget of its own (mg_tape_set_budget); 0: none */
 };
 
 /* A walk runs host code (custom gradients, recompute) that may drop its
@@ -93,6 +94,24 @@ void      mg_release_grads (idmap *g);   /* releases the gradients a walk left *
 mg_status mg_tape_check_usable (const mg_tape *t, const char *fn);
 /* after a gradient: a non-persistent tape lets go of what it saved */
 void      mg_tape_consume (mg_tape *t);
+
+/* }========================================================== */
+
+
+/* {================== the memory budget (dtr.c) =============== */
+
+bool      mg_dtr_recording (void);     /* a budget is in force: nodes get provenance */
+/* n was recorded with inputs in: its provenance record */
+mg_status mg_dtr_attach (mg_node *n, mg_tensor *const *in);
+/* n (with a record) reached refcount 0: free_node frees it, and the nodes
+** its record held go too, without recursion */
+void      mg_dtr_release (mg_node *n, void (*free_node)(mg_node *));
+/* around n's backward rule: evicted slots rebuilt, all of them held */
+mg_status mg_dtr_pin (mg_node *n);
+void      mg_dtr_unpin (mg_node *n);
+void      mg_dtr_walk (int delta);     /* a backward walk begins (+1) or ends (-1) */
+const char *mg_dtr_take_failure (void); /* the budget's last refusal (cleared), or NULL */
+void      mg_dtr_forget_tape (mg_tape *t);
 
 /* }========================================================== */
 

@@ -110,6 +110,7 @@ mg_status mg_tape_reset (mg_tape *t) {
 
 void mg_tape_release (mg_tape *t) {
   if (t == NULL || --t->refcount > 0) return;
+  if (t->budget) mg_dtr_forget_tape(t);
   deactivate(t);
   drop_record(t);
   drop_variables(t);
@@ -368,6 +369,7 @@ static mg_node *node_new (const mg_opdef *def, int nin, mg_tensor *const *in, in
   n->ext = ext;
   n->hooks = hooks_for(def);
   n->packed = 0;
+  n->dtr = NULL;
   if (n->hooks) mg_hooks_retain(n->hooks);
   n->in_meta = (mg_meta *)(n + 1);
   n->out_meta = n->in_meta + nin;
@@ -405,8 +407,15 @@ static mg_node *node_new (const mg_opdef *def, int nin, mg_tensor *const *in, in
   return n;
 }
 
+static void node_free (mg_node *n);
+
 static void node_release (mg_node *n) {
   if (n == NULL || --n->refcount > 0) return;
+  if (n->dtr) mg_dtr_release(n, node_free);   /* and the nodes its provenance held */
+  else node_free(n);
+}
+
+static void node_free (mg_node *n) {
   for (int k = 0; n->packed && k < n->nin + n->nout && k < 32; k++)
     if (n->packed & (1u << k)) mg_hooks_forget(n->hooks, meta_at(n, k)->id, *slot_at(n, k));
   for (int j = 0; j < n->nin; j++) unkeep(n->in[j]);
@@ -490,6 +499,8 @@ mg_status mg_record_ex (const mg_opdef *def, int nin, mg_tensor *const *in, int 
   if (n == NULL) {
     free_unrecorded_ext(def, ext);
     st = MG_ERR;
+  } else if (mg_dtr_recording()) {
+    st = mg_dtr_attach(n, in);           /* under a memory budget: its provenance */
   }
   if (n != NULL) n->refcount++;        /* ours: letting a tape go below may free its nodes */
   for (int i = 0; i < nwant && st == MG_OK; i++) {
@@ -604,7 +615,8 @@ static mg_status check_seed (const mg_tensor *target, const mg_tensor *seed, int
 /* "tape:gradient: in the backward of 'mul': <why>": where a rule failed */
 static mg_status locate (const char *fn, const mg_node *n) {
   char msg[512];
-  snprintf(msg, sizeof msg, "%s", mg_errmsg_raw());
+  const char *budget = mg_dtr_take_failure();   /* what a NULL argument came from */
+  snprintf(msg, sizeof msg, "%s", budget ? budget : mg_errmsg_raw());
   return mg_seterror("tape:%s: in the backward of '%s': %s", fn, n->def->info.name, msg);
 }
 
@@ -663,11 +675,15 @@ static mg_status step_back (mg_node *n, idmap *grads, const idmap *dep, const ch
     n->needs[j] = mg_is_float(n->in_meta[j].dtype) && idmap_has(dep, n->in_meta[j].id);
   }
   mg_tensor *packed[32];
-  st = n->packed ? unpack_all(n, packed) : MG_OK;
+  mg_dtr_take_failure();                   /* a refusal from before is not this rule's */
+  st = n->dtr ? mg_dtr_pin(n) : MG_OK;     /* under a budget: evicted tensors rebuilt */
+  bool pinned = n->dtr && st == MG_OK;
+  if (st == MG_OK) st = n->packed ? unpack_all(n, packed) : MG_OK;
   if (st == MG_OK) {
     st = n->def->backward(n, dout, din);
     if (n->packed) repack_all(n, packed);
   }
+  if (pinned) mg_dtr_unpin(n);
   if (st != MG_OK) st = locate(fn, n);
   for (int j = 0; j < n->nin && st == MG_OK; j++) {
     if (!n->needs[j]) continue;
@@ -712,6 +728,7 @@ mg_status mg_walk (mg_tape *t, int ntargets, mg_tensor *const *targets,
   idmap dep = {0}, keep_ids = {0};
   bool *relevant = NULL, small_relevant[256];
   mg_status st = MG_OK;
+  mg_dtr_walk(1);
   for (int s = 0; s < nsources && st == MG_OK; s++)    /* sources the tape never saw stay unconnected */
     if (mg_is_float(sources[s]->dtype) && idmap_has(&t->tracked, sources[s]->id))
       st = idmap_slot(&dep, sources[s]->id) && idmap_slot(&keep_ids, sources[s]->id) ? MG_OK : MG_ERR;
@@ -764,6 +781,7 @@ mg_status mg_walk (mg_tape *t, int ntargets, mg_tensor *const *targets,
     if (any) mg_memory_safe_point();
   }
 done:
+  mg_dtr_walk(-1);
   if (relevant != small_relevant) free(relevant);
   idmap_free(&dep);
   idmap_free(&keep_ids);

@@ -100,6 +100,9 @@ extern _Thread_local lua_State *mgL_running;
 typedef struct mgL_call { void *anchor; lua_State *prev; } mgL_call;
 mgL_call   mgL_enter (lua_State *L);
 void       mgL_leave (lua_State *L, mgL_call c);
+/* a memory size at arg: positive bytes, or a string with a unit ("300 MB",
+** "1.5 GiB"); raises naming fn (lmemory.c) */
+size_t     mgL_checkbytes  (lua_State *L, int arg, const char *fn);
 /* raises unless the table at arg (if not nil) has only these string keys */
 void       mgL_checkoptions (lua_State *L, int arg, const char *const keys[]);
 

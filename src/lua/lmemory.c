@@ -24,6 +24,8 @@
 ** is small): bench/timeliness.lua measures it against a collection before
 ** every allocation.
 */
+#include <stdio.h>
+#include <string.h>
 #include <time.h>
 
 #include "lbinding.h"
@@ -120,8 +122,65 @@ static int l_stats (lua_State *L) {
   setfield_int(L, "live_storages", st.live_storages);
   setfield_int(L, "allocations", st.allocations);
   setfield_int(L, "allocated_bytes", (int64_t)st.allocated_bytes);
+  setfield_int(L, "budget", (int64_t)st.budget);
+  setfield_int(L, "evictions", st.evictions);
+  setfield_int(L, "evicted_bytes", (int64_t)st.evicted_bytes);
+  setfield_int(L, "rematerialisations", st.rematerialisations);
+  setfield_int(L, "rematerialised_bytes", (int64_t)st.rematerialised_bytes);
   return 1;
 }
+
+/* {====================== the memory budget =================== */
+
+static _Thread_local lua_State *main_thread;   /* where the budget collects */
+
+/* a budget about to fail: garbage boxes may pin tensors it could evict */
+static void collect_for_budget (void) {
+  lua_State *L = mgL_running ? mgL_running : main_thread;
+  if (L) lua_gc(L, LUA_GCCOLLECT);
+}
+
+/* bytes at arg as a size: an integer, or a number with a unit ("300 MB",
+** "1.5 GiB"); raises naming fn */
+size_t mgL_checkbytes (lua_State *L, int arg, const char *fn) {
+  if (lua_type(L, arg) == LUA_TSTRING) {
+    static const struct { const char *unit; double f; } units[] = {
+      {"B", 1}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"KiB", 1024}, {"MiB", 1048576.0},
+      {"GiB", 1073741824.0}, {"", 1}};
+    const char *s = lua_tostring(L, arg);
+    char unit[8] = "";
+    double v;
+    int n = 0;
+    if (sscanf(s, "%lf %7s%n", &v, unit, &n) >= 1 && v > 0)
+      for (size_t i = 0; i < sizeof units / sizeof units[0]; i++)
+        if (strcmp(unit, units[i].unit) == 0) return (size_t)(v * units[i].f);
+    luaL_error(L, "%s: '%s' is not a size (a number of bytes, or one with a unit: B, KB, MB, GB, KiB, MiB, GiB)", fn, s);
+  }
+  lua_Integer n = luaL_checkinteger(L, arg);
+  if (n <= 0) luaL_error(L, "%s: the budget must be positive (got %I bytes)", fn, (LUA_INTEGER)n);
+  return (size_t)n;
+}
+
+static void push_budget (lua_State *L, size_t b) {
+  if (b) lua_pushinteger(L, (lua_Integer)b);
+  else lua_pushnil(L);
+}
+
+/* budget(): the budget in force, or nil; budget(bytes): sets the context's
+** (nil or false: none) and returns the previous one */
+static int l_budget (lua_State *L) {
+  if (lua_gettop(L) == 0) {
+    push_budget(L, mg_memory_budget());
+    return 1;
+  }
+  mgL_checknargs(L, 1);
+  size_t b = lua_isnil(L, 1) || (lua_isboolean(L, 1) && !lua_toboolean(L, 1))
+               ? 0 : mgL_checkbytes(L, 1, "memory.budget");
+  push_budget(L, mg_memory_set_budget(b));
+  return 1;
+}
+
+/* }========================================================== */
 
 static int l_reset_peak (lua_State *L) {
   (void)L;
@@ -172,11 +231,15 @@ static int l_fail_after (lua_State *L) {
 static const luaL_Reg memory_funcs[] = {
   {"set_cache_limit", l_set_cache_limit}, {"fail_after", l_fail_after},
   {"stats", l_stats}, {"reset_peak", l_reset_peak}, {"release_cache", l_release_cache},
-  {"setpause", l_setpause}, {NULL, NULL}
+  {"setpause", l_setpause}, {"budget", l_budget}, {NULL, NULL}
 };
 
 void mgL_open_memory (lua_State *L) {
   mg_memory_set_pressure_hook(mgL_pressure_during_gradient);
+  lua_rawgeti(L, LUA_REGISTRYINDEX, LUA_RIDX_MAINTHREAD);
+  main_thread = lua_tothread(L, -1);
+  lua_pop(L, 1);
+  mg_memory_set_collect_hook(collect_for_budget);
   luaL_newlib(L, memory_funcs);
   mgL_open_trace(L);
   lua_setfield(L, -2, "memory");

@@ -42,15 +42,18 @@ static int tape_close (lua_State *L) {       /* end of a <close> scope: stop */
   return 0;
 }
 
-/* tape{persistent=false, watch_accessed_variables=true} */
+/* tape{persistent=false, watch_accessed_variables=true, budget=nil} */
 static int l_tape (lua_State *L) {
   bool persistent = false, watch = true;
+  size_t budget = 0;
   if (!lua_isnoneornil(L, 1)) {
-    static const char *const keys[] = {"persistent", "watch_accessed_variables", NULL};
+    static const char *const keys[] = {"persistent", "watch_accessed_variables", "budget", NULL};
     mgL_checkoptions(L, 1, keys);
     if (mgL_optionfield(L, 1, "persistent", LUA_TBOOLEAN) != LUA_TNIL) persistent = lua_toboolean(L, -1);
     if (mgL_optionfield(L, 1, "watch_accessed_variables", LUA_TBOOLEAN) != LUA_TNIL) watch = lua_toboolean(L, -1);
-    lua_pop(L, 2);
+    lua_getfield(L, 1, "budget");
+    if (!lua_isnil(L, -1)) budget = mgL_checkbytes(L, lua_gettop(L), "tape: option 'budget'");
+    lua_pop(L, 3);
   }
   mgL_checkfinalizer(L);
   ltape *b = (ltape *)lua_newuserdatauv(L, sizeof(ltape), 0);
@@ -58,7 +61,7 @@ static int l_tape (lua_State *L) {
   lua_rawgetp(L, LUA_REGISTRYINDEX, &tape_key);
   lua_setmetatable(L, -2);
   b->t = mg_tape_new(persistent, watch);
-  if (b->t == NULL) return mgL_error(L);
+  if (b->t == NULL || (budget && mg_tape_set_budget(b->t, budget) != MG_OK)) return mgL_error(L);
   return 1;
 }
 

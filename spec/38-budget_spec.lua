@@ -1,0 +1,230 @@
+-- mg.memory.budget and tape{budget=}: Dynamic Tensor Rematerialization.
+-- Gradients under feasible budgets equal the plain ones bit for bit, the
+-- live bytes stay within the budget, what the user holds and variables are
+-- never evicted, an infeasible budget is a clear error that changes
+-- nothing, and the counters and trace show evictions and rebuilds.
+local mg = require "moongrad"
+local h = require "helpers"
+
+local W, B, N = 64, 512, 16         -- one activation: 128 KiB; a kernel: 16 KiB
+
+local function chain (activation, dropout)
+  mg.random.seed(7)
+  local layers = {}
+  for i = 1, N do layers[i] = mg.nn.Dense(W, {activation = activation}) end
+  local x = mg.random.normal{B, W}
+  local vars = {}
+  local function forward ()
+    local y = x
+    for _, l in ipairs(layers) do
+      y = l(y)
+      if dropout then y = mg.nn.dropout(y, dropout) end
+    end
+    return mg.mean(y ^ 2)
+  end
+  forward()                                           -- builds the layers
+  for _, l in ipairs(layers) do
+    for _, v in ipairs(l.trainable_variables) do vars[#vars + 1] = v end
+  end
+  return forward, vars
+end
+
+-- the gradients of one step (mask stream reset first), the peak above the
+-- settled start, and the counters after it
+local function step (forward, vars, budget)
+  mg.random.seed(11)
+  local base = h.settled()
+  mg.memory.reset_peak()
+  local was = mg.memory.budget(budget and base.current_bytes + budget)
+  local ok, grads = pcall(function()
+    local t = mg.tape()
+    local loss = forward()
+    t:stop()
+    return t:gradient(loss, vars)
+  end)
+  local st = mg.memory.stats()
+  mg.memory.budget(was)
+  if not ok then error(grads, 0) end
+  return grads, st.peak_bytes - base.current_bytes, st
+end
+
+local function same_values (a, b)
+  for i = 1, #a do
+    assert.equal(0, mg.sum(mg.not_equal(a[i], b[i])):item(), "gradient " .. i .. " differs")
+  end
+end
+
+describe("memory.budget", function()
+  local old, oldmin
+  before_each(function() old, oldmin = mg.memory.setpause(100, 0) end)   -- exact peaks
+  after_each(function()
+    mg.memory.setpause(old, oldmin)
+    mg.memory.budget(nil)
+  end)
+
+  it("gives the plain gradients bit for bit under budgets down to a third of the peak, within them", function()
+    local forward, vars = chain("tanh")
+    local plain, peak = step(forward, vars)
+    local evicted = 0
+    for _, frac in ipairs{0.9, 0.7, 0.5, 0.4, 0.34} do
+      local budget = math.floor(peak * frac)
+      local g, p, st = step(forward, vars, budget)
+      same_values(plain, g)
+      assert.is_true(p <= budget, ("peak %d over the budget %d (%.2f)"):format(p, budget, frac))
+      assert.is_true(st.evictions > evicted, "no eviction at " .. frac)
+      evicted = st.evictions
+    end
+  end)
+
+  it("replays nothing random: a chain with dropout gets the same gradients", function()
+    local forward, vars = chain("relu", 0.25)     -- the masks are leaves: they stay
+    local plain, peak = step(forward, vars)
+    for _, frac in ipairs{0.8, 0.7, 0.6} do
+      local g, p = step(forward, vars, math.floor(peak * frac))
+      same_values(plain, g)
+      assert.is_true(p <= math.floor(peak * frac))
+    end
+  end)
+
+  it("rebuilds for every gradient of a persistent tape, and gradcheck holds under a budget", function()
+    local forward, vars = chain("sigmoid")
+    local plain, peak = step(forward, vars)
+    mg.random.seed(11)
+    local base = h.settled()
+    mg.memory.budget(base.current_bytes + math.floor(peak * 0.4))
+    local t = mg.tape{persistent = true}
+    local loss = forward()
+    t:stop()
+    same_values(plain, t:gradient(loss, vars))
+    same_values(plain, t:gradient(loss, vars))
+    local f = function(a) return mg.sum(mg.tanh(mg.tanh(a) * 2) ^ 2) end
+    assert.is_true(mg.test.gradcheck(f, {mg.random.normal({3, 4}, 0, 1, "float64")}))
+  end)
+
+  it("leaves what saved-tensor hooks packed alone, and gives their gradients", function()
+    mg.random.seed(7)
+    local layers, vars = {}, {}
+    for i = 1, N do layers[i] = mg.nn.Dense(W, {activation = "tanh"}) end
+    local x = mg.random.normal{B, W}
+    local function forward ()                 -- the first half's saved tensors in bfloat16
+      local y = mg.saved_tensors_hooks("bfloat16", function()
+        local y = x
+        for i = 1, N // 2 do y = layers[i](y) end
+        return y
+      end)
+      for i = N // 2 + 1, N do y = layers[i](y) end
+      return mg.mean(y ^ 2)
+    end
+    forward()
+    for _, l in ipairs(layers) do for _, v in ipairs(l.trainable_variables) do vars[#vars + 1] = v end end
+    local plain, peak = step(forward, vars)
+    local g, p, st = step(forward, vars, math.floor(peak * 0.7))
+    same_values(plain, g)
+    assert.is_true(p <= math.floor(peak * 0.7))
+    assert.is_true(st.evictions > 0)
+  end)
+
+  it("never evicts a tensor the user holds, nor a variable", function()
+    local forward, vars = chain("tanh")
+    local plain, peak = step(forward, vars)
+    local values = {}
+    for i, v in ipairs(vars) do values[i] = v:value() + 0 end
+    local held = {}
+    local fwd = function()
+      local y = mg.random.normal{B, W}
+      for i = 1, N do
+        y = mg.tanh(mg.matmul(y, vars[2 * i - 1]) + vars[2 * i])
+        if i == 3 then held.y, held.copy = y, y + 0 end
+      end
+      return mg.mean(y ^ 2)
+    end
+    local g, _, st = step(fwd, vars, math.floor(peak * 0.6))
+    assert.is_true(st.evictions > 0)
+    assert.equal(0, mg.sum(mg.not_equal(held.y, held.copy)):item())
+    for i, v in ipairs(vars) do assert.equal(0, mg.sum(mg.not_equal(v:value(), values[i])):item()) end
+    assert.equal(#vars, #g)
+  end)
+
+  it("refuses an infeasible budget with a clear error, changing nothing", function()
+    local forward, vars = chain("tanh")
+    local plain, peak = step(forward, vars)
+    local values = {}
+    for i, v in ipairs(vars) do values[i] = v:value() + 0 end
+    -- the forward: three activations do not fit
+    local ok, err = pcall(step, forward, vars, 2 * B * W * 4)
+    assert.is_false(ok)
+    assert.matches("nn%.lua:%d+: memory budget [%d.]+ %a+ is below the [%d.]+ %a+ that must stay live after '%a+' %(op %d+ recorded under the budget%) %(allocating 128.00 KiB%) for tensor %(512,64%) float32$", err)
+    -- the backward: the weights' gradients do not fit beside what it holds
+    ok, err = pcall(step, forward, vars, math.floor(peak * 0.15))
+    assert.is_false(ok)
+    assert.matches(":%d+: tape:gradient: in the backward of '%a+': memory budget [%d.]+ %a+ is below the [%d.]+ %a+ that must stay live %(allocating 128.00 KiB%)$", err)
+    -- nothing changed: the variables, and the same step without a budget
+    for i, v in ipairs(vars) do assert.equal(0, mg.sum(mg.not_equal(v:value(), values[i])):item()) end
+    same_values(plain, (step(forward, vars)))
+    assert.is_nil(mg.memory.budget())
+  end)
+
+  it("counts evictions and rebuilds, and shows them in mg.memory.trace", function()
+    local forward, vars = chain("tanh")
+    local _, peak = step(forward, vars)
+    local before = mg.memory.stats()
+    local path = os.tmpname()
+    mg.memory.trace(path, function() step(forward, vars, math.floor(peak * 0.4)) end)
+    local st = mg.memory.stats()
+    local f = assert(io.open(path))
+    local text = f:read("a")
+    f:close()
+    os.remove(path)
+    local function count (name)
+      local n = 0
+      for _ in text:gmatch('"name":"' .. name .. '","ph":"B"') do n = n + 1 end
+      return n
+    end
+    local evictions = st.evictions - before.evictions
+    local remats = st.rematerialisations - before.rematerialisations
+    assert.is_true(evictions > 0 and remats >= evictions, evictions .. " " .. remats)
+    assert.is_true(st.evicted_bytes - before.evicted_bytes >= evictions * B * W * 4)
+    assert.is_true(st.rematerialised_bytes > before.rematerialised_bytes)
+    assert.equal(evictions, count("evict"))
+    assert.equal(remats, count("remat"))
+  end)
+
+  it("reads, sets and clears the budget; tape{budget=} holds while that tape records or is walked", function()
+    assert.is_nil(mg.memory.budget())
+    assert.is_nil(mg.memory.budget(10 * 2^20))
+    assert.equal(10 * 2^20, mg.memory.budget())
+    assert.equal(10 * 2^20, mg.memory.budget("300 MB"))
+    assert.equal(300000000, mg.memory.budget())
+    assert.equal(300000000, mg.memory.budget("1.5 GiB"))
+    assert.equal(1.5 * 2^30, mg.memory.stats().budget)
+    assert.equal(1.5 * 2^30, mg.memory.budget(false))
+    assert.is_nil(mg.memory.budget())
+    assert.equal(0, mg.memory.stats().budget)
+    assert.has_error(function() mg.memory.budget(0) end, "memory.budget: the budget must be positive (got 0 bytes)")
+    assert.has_error(function() mg.memory.budget("lots") end,
+      "memory.budget: 'lots' is not a size (a number of bytes, or one with a unit: B, KB, MB, GB, KiB, MiB, GiB)")
+    assert.has_error(function() mg.tape{budget = -1} end, "tape: option 'budget': the budget must be positive (got -1 bytes)")
+    do
+      local t <close> = mg.tape{budget = "20 MB"}
+      assert.equal(20000000, mg.memory.budget())
+      mg.memory.budget(30 * 2^20)
+      assert.equal(20000000, mg.memory.budget())       -- the least of the two
+      t:stop()
+      assert.equal(30 * 2^20, mg.memory.budget())
+      mg.memory.budget(nil)
+    end
+    collectgarbage()
+    assert.is_nil(mg.memory.budget())
+    -- a tape's budget alone gives the same gradients
+    local forward, vars = chain("tanh")
+    local plain, peak = step(forward, vars)
+    mg.random.seed(11)
+    local base = h.settled()
+    local t = mg.tape{budget = base.current_bytes + math.floor(peak * 0.4)}
+    local loss = forward()
+    t:stop()
+    local before = mg.memory.stats().evictions
+    same_values(plain, t:gradient(loss, vars))
+    assert.is_true(mg.memory.stats().evictions >= before)
+  end)
+end)
