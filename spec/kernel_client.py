@@ -66,12 +66,16 @@ class Kernel:
         return reply, out
 
     def stop(self):
+        """a clean shutdown: status 0 (under make asan: no leak, no sanitizer report)"""
+        proc = self.km.provisioner.process
         self.kc.stop_channels()
         self.km.shutdown_kernel(now=False)
         self.log.close()
+        check(proc.wait(timeout=30) == 0, "the kernel ended with status 0", proc.returncode, self.log_text()[-3000:])
 
     def log_text(self):
-        self.log.flush()
+        if not self.log.closed:
+            self.log.flush()
         with open(self.log_path) as f:
             return f.read()
 
@@ -281,6 +285,8 @@ def forged(k):
         check(listening(info[name]) == ["0100007F"], "%s bound to 127.0.0.1 only" % name, listening(info[name]))
     target = os.path.join(k.tmp, "forged")
     code = 'io.open(%s, "w"):write("ran"):close()' % json.dumps(target)
+    counter = os.path.join(k.tmp, "runs")
+    append = 'io.open(%s, "a"):write("x"):close()' % json.dumps(counter)
     info = k.km.get_connection_info()
     ctx = zmq.Context.instance()
     sock = ctx.socket(zmq.DEALER)
@@ -294,14 +300,22 @@ def forged(k):
     i = parts.index(b"<IDS|MSG>")
     parts[i + 5] = parts[i + 5].replace(b"ran", b"RAN")
     sock.send_multipart(parts)
+    good = Session(key=info["key"])                                        # a replay of a signed message
+    parts = good.serialize(good.msg("execute_request", dict(content, code=append)))
+    sock.send_multipart(parts)
+    sock.send_multipart(parts)
     time.sleep(1.0)
-    check(sock.poll(100) == 0, "no reply to them")
+    replies = []
+    while sock.poll(100):
+        replies.append(good.deserialize(good.feed_identities(sock.recv_multipart())[1]))
+    check([r["content"]["status"] for r in replies] == ["ok"], "one reply: the first time", replies)
     reply, _ = k.run("return 1")
     check(reply["status"] == "ok", "the kernel still answers", reply)
     check(not os.path.exists(target), "nothing ran")
+    check(open(counter).read() == "x", "the replay did not run", open(counter).read())
     log = k.log_text()
-    check(log.count("dropped a message") == 3, "each logged", log)
-    check("wrong signature" in log and "not signed" in log, "saying why", log)
+    check(log.count("dropped a message") == 4, "each logged", log)
+    check("wrong signature" in log and "not signed" in log and "a replay" in log, "saying why", log)
     sock.close(0)
 
 

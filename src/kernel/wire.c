@@ -7,7 +7,9 @@
 ** with the connection file's key. A received message whose signature is
 ** missing or wrong is dropped and logged before anything reads it; the
 ** comparison takes the same time wherever the strings differ
-** (CRYPTO_memcmp). An empty key means signing is off, as Jupyter has it.
+** (CRYPTO_memcmp). A signature seen before is a replay, dropped too (as
+** jupyter_client's Session keeps a digest history). An empty key means
+** signing is off, as Jupyter has it.
 */
 #include <errno.h>
 #include <stdarg.h>
@@ -28,6 +30,7 @@
 #define DELIM     "<IDS|MSG>"
 #define HEXSIG    (2 * 32)              /* SHA-256, in hex */
 #define MAXFRAMES 64                    /* identities + 6 + buffers: more is not a client */
+#define SEEN      4096                  /* signatures remembered against replays */
 
 /* {======================== the log ======================== */
 
@@ -134,6 +137,18 @@ static int sign (const char *key, const char *const part[4], const size_t len[4]
   return 0;
 }
 
+/* was sig (HEXSIG characters) seen among the last SEEN? remembers it if not */
+static int replayed (const char *sig) {
+  static char seen[SEEN][HEXSIG];
+  static size_t next, filled;
+  for (size_t i = 0; i < filled; i++)
+    if (memcmp(seen[i], sig, HEXSIG) == 0) return 1;
+  memcpy(seen[next], sig, HEXSIG);
+  next = (next + 1) % SEEN;
+  if (filled < SEEN) filled++;
+  return 0;
+}
+
 /* }========================================================== */
 
 
@@ -212,6 +227,7 @@ int mg_kmsg_recv (void *sock, const char *key, mg_kmsg *m) {
     if (zmq_msg_size(sig) != HEXSIG) return drop(&fs, zmq_msg_size(sig) ? "its signature is not an HMAC-SHA256"
                                                                         : "it is not signed");
     if (CRYPTO_memcmp(zmq_msg_data(sig), want, HEXSIG) != 0) return drop(&fs, "wrong signature");
+    if (replayed(want)) return drop(&fs, "a replay (its signature was seen before)");
   }
   m->header = parse_part(&fs.f[d + 2]);
   m->parent = parse_part(&fs.f[d + 3]);

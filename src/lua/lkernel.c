@@ -21,6 +21,9 @@
 ** interrupt_request on the control socket does the same, seen by a count
 ** hook while code runs.
 **
+** A cell that fails makes the executes queued behind it (a "Run All") answer
+** "aborted" without running, as IPython does.
+**
 ** Lua code reaches the kernel through package.loaded["moongrad.kernel"]
 ** (send, base64), which lua/moongrad/notebook.lua uses: results, displays,
 ** plots and progress bars as rich output.
@@ -886,6 +889,7 @@ int mgL_kernel_run (lua_State *L, const char *connection_file) {
     stop(k);
     return 1;
   }
+  if (k->conn.key[0] == '\0') mg_klog("the connection file's key is empty: messages are not signed (anyone who can reach the ports can run code)");
   if (open_sockets(k) != 0 || redirect(k) != 0 ||
       (k->hb_started = start_thread(&k->hb, heartbeat, k) == 0) == 0 ||
       (k->reader_started = start_thread(&k->reader, reader, k) == 0) == 0) {
