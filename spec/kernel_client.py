@@ -47,8 +47,18 @@ class Kernel:
         msg_id = self.kc.execute(code, **kw)
         return self.collect(msg_id)
 
-    def collect(self, msg_id, shell=True):
+    def started(self, msg_id):
+        """waits until the kernel runs msg_id (its execute_input); returns the messages so far"""
         out = []
+        while not out or out[-1]["msg_type"] != "execute_input":
+            msg = self.kc.get_iopub_msg(timeout=TIMEOUT)
+            if msg["parent_header"].get("msg_id") == msg_id:
+                out.append(msg)
+        time.sleep(0.5)
+        return out
+
+    def collect(self, msg_id, shell=True, out=None):
+        out = out or []
         while True:
             msg = self.kc.get_iopub_msg(timeout=TIMEOUT)
             if msg["parent_header"].get("msg_id") != msg_id:
@@ -218,13 +228,13 @@ def error(k):
 def interrupt(k):
     k.run("state = 41")
     msg_id = k.kc.execute("local n = 0 while true do n = n + 1 end")
-    time.sleep(1.0)
+    before = k.started(msg_id)
     k.km.interrupt_kernel()                      # SIGINT, as the notebook's stop button
-    reply, msgs = k.collect(msg_id)
+    reply, msgs = k.collect(msg_id, out=before)
     check(reply["status"] == "error" and reply["ename"] == "Interrupted", "the loop stopped with an error", reply)
     check("interrupted" in reply["evalue"], "says so", reply)
     msg_id = k.kc.execute("local x = mg.ones({64, 64}) for i = 1, 1e9 do x = mg.matmul(x, x) / 64 end")
-    time.sleep(1.0)
+    k.started(msg_id)
     k.km.interrupt_kernel()
     reply, _ = k.collect(msg_id)
     check(reply["status"] == "error" and reply["ename"] == "Interrupted", "a loop of ops stopped", reply)
@@ -232,7 +242,7 @@ def interrupt(k):
     check(reply["status"] == "ok" and result(msgs)["text/plain"] == "42", "the state is kept", reply, msgs)
     # interrupt_request on the control channel stops code as well
     msg_id = k.kc.execute("while true do end")
-    time.sleep(0.5)
+    k.started(msg_id)
     req = k.kc.session.msg("interrupt_request", {})
     k.kc.control_channel.send(req)
     r = k.kc.get_control_msg(timeout=TIMEOUT)
