@@ -34,6 +34,8 @@ struct mg_dtr {
   mg_node *pending;               /* the release queue (no recursion over long chains) */
   uint64_t stamp;                 /* last use: recorded, rebuilt, or its backward ran */
   double cost;                    /* its op alone, estimated */
+  double up, down;                /* its evicted neighbourhood's costs (neighbourhoods) */
+  bool lost;                      /* its output is evicted (neighbourhoods, for a moment) */
   bool replayable;                /* its outputs can be rebuilt */
   uint32_t evicted;               /* slots (inputs, then outputs) whose tensor went */
   int pins;                       /* its backward runs: its slots are held */
@@ -326,15 +328,45 @@ static void slot_maker (const mg_node *n, int k, mg_node **p, int *o) {
   }
 }
 
-/* what rebuilding p's output costs: its op, and the ops of the inputs it
-** lacks (neither saved nor held), recursively: DTR's evicted neighbourhood */
-static double rebuild_cost (const mg_node *p, int depth) {
-  double c = p->dtr->cost;
-  if (depth >= 12) return c;
-  for (int j = 0; j < p->nin; j++)
-    if (p->in[j] == NULL && p->dtr->hold[j] == NULL && p->dtr->src[j])
-      c += rebuild_cost(p->dtr->src[j], depth + 1);
-  return c;
+/*
+** DTR's evicted neighbourhood, for every record at once: up is what
+** rebuilding a node's output costs (its op, and the ops of the inputs it
+** lacks, neither saved nor held, back to tensors that are there); down is
+** what the evicted tensors whose rebuilds stop at its output cost, which
+** evicting it would add to. Records are visited oldest first, so a node's
+** makers have their up before it.
+*/
+static void add_down (mg_node *q, double c, int depth) {
+  for (int j = 0; j < q->nin; j++) {
+    mg_node *p = q->dtr->src[j];
+    if (p == NULL || q->dtr->hold[j]) continue;
+    if (q->in[j]) p->dtr->down += c;          /* there: the rebuild stops at it */
+    else if (depth < 64) add_down(p, c, depth + 1);
+  }
+}
+
+static void neighbourhoods (mg_dtr_state *S) {
+  struct mg_dtr *last = S->head;
+  while (last && last->next) last = last->next;
+  for (struct mg_dtr *d = last; d; d = d->prev) {
+    mg_node *n = d->node;
+    d->up = d->cost;
+    d->down = 0;
+    for (int j = 0; j < n->nin; j++)
+      if (n->in[j] == NULL && d->hold[j] == NULL && d->src[j]) d->up += d->src[j]->dtr->up;
+  }
+  for (struct mg_dtr *d = S->head; d; d = d->next) {    /* the makers of evicted tensors */
+    for (int k = 0; d->evicted && k < d->node->nin + d->node->nout; k++) {
+      if (!(d->evicted & (1u << k))) continue;
+      mg_node *p = k >= d->node->nin ? d->node : d->src[k];
+      if (p) p->dtr->lost = true;
+    }
+  }
+  for (struct mg_dtr *d = S->head; d; d = d->next)
+    if (d->lost) {
+      d->lost = false;
+      add_down(d->node, d->up, 0);
+    }
 }
 
 /* the candidates: every tensor in a record's slot, keyed by id */
@@ -454,10 +486,12 @@ mg_status mg_dtr_make_room (size_t nbytes) {
   while (m->current + nbytes > budget) {
     cand *best = NULL;
     double best_score = 0;
+    neighbourhoods(S);
     for (size_t i = 0; i < nc; i++) {
       if (c[i].gone) continue;
       double stale = (double)(S->clock - c[i].stamp + 1);
-      double score = rebuild_cost(c[i].maker, 0) / ((double)c[i].t->storage->nbytes * stale);
+      const struct mg_dtr *d = c[i].maker->dtr;
+      double score = (d->up + d->down) / ((double)c[i].t->storage->nbytes * stale);
       if (best == NULL || score < best_score) { best = &c[i]; best_score = score; }
     }
     if (best == NULL) break;                    /* cannot happen: the sum said there was room */
