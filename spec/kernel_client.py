@@ -253,6 +253,25 @@ def interrupt(k):
     check(result(msgs)["text/plain"] == "41", "and the state is kept", msgs)
 
 
+def stdin(k):
+    msg_id = k.kc.execute("name = io.read() local n = io.read('n') return name, n + 1", allow_stdin=True)
+    for value in ("moon", "41"):
+        req = k.kc.get_stdin_msg(timeout=TIMEOUT)
+        check(req["msg_type"] == "input_request" and req["parent_header"]["msg_id"] == msg_id, "input_request", req)
+        k.kc.input(value)
+    reply, msgs = k.collect(msg_id)
+    check(reply["status"] == "ok" and result(msgs)["text/plain"] == "moon\t42", "io.read asks the notebook", reply, msgs)
+    reply, msgs = k.run("return io.read()", allow_stdin=False)
+    check(result(msgs)["text/plain"] == "nil", "no input allowed (nbconvert): end of input", msgs)
+    msg_id = k.kc.execute("return io.read()", allow_stdin=True)
+    k.kc.get_stdin_msg(timeout=TIMEOUT)
+    k.km.interrupt_kernel()
+    reply, _ = k.collect(msg_id)
+    check(reply["status"] == "error" and reply["ename"] == "Interrupted", "the wait for input is interruptible", reply)
+    reply, msgs = k.run("return name")
+    check(result(msgs)["text/plain"] == "moon", "the state is kept", msgs)
+
+
 def history(k):
     for code in ["a = 1", "b = 2", "return a + b"]:
         k.run(code)

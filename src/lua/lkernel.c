@@ -70,6 +70,8 @@ typedef struct Kernel {
   int wake[2], done[2];        /* to the reader: 'd' drain, 'q' quit; from it: drained */
   int origout, logfd;          /* fds 1 and 2 as Jupyter gave them */
   int count;                   /* execution_count */
+  const mg_kmsg *request;      /* the execute_request running, for input_request */
+  int allow_stdin;             /* its allow_stdin */
   cJSON *history;              /* [[1, n, code], ...] */
   int quit, restart;
 } Kernel;
@@ -286,6 +288,68 @@ static int k_base64 (lua_State *L) {
   return 1;
 }
 
+static int getbool (const cJSON *j, const char *key, int dflt);
+static const char *getstring (const cJSON *j, const char *key);
+static void serve_control_busy (Kernel *k, mg_kmsg *m, int *stop);
+
+/* the reply's value as io.read's format fmt would read it from a line */
+static int push_read (lua_State *L, const char *v, int fmt) {
+  switch (fmt) {
+    case 'n':
+      if (lua_stringtonumber(L, v) == 0) lua_pushnil(L);
+      return 1;
+    case 'L': lua_pushfstring(L, "%s\n", v); return 1;
+    default: lua_pushstring(L, v); return 1;            /* 'l', 'a' */
+  }
+}
+
+/*
+** io.read([fmt]) in a cell: the notebook asks for a line (input_request on
+** the stdin channel), as Python's input() does under IPython; nil (end of
+** input) where the client allows no input (allow_stdin false: nbconvert).
+** The wait is interruptible. Only io.read is the notebook's: io.stdin and
+** io.lines() read /dev/null.
+*/
+static int k_read (lua_State *L) {
+  Kernel *k = upkernel(L);
+  int fmt = 'l';
+  if (lua_type(L, 1) == LUA_TSTRING) {
+    const char *f = lua_tostring(L, 1);
+    fmt = f[0] == '*' ? f[1] : f[0];
+    luaL_argcheck(L, fmt == 'l' || fmt == 'L' || fmt == 'n' || fmt == 'a', 1, "invalid format");
+  } else if (!lua_isnoneornil(L, 1)) {
+    return luaL_argerror(L, 1, "in a notebook io.read takes a format: \"l\", \"L\", \"n\" or \"a\"");
+  }
+  if (k->request == NULL || !k->allow_stdin) {
+    lua_pushnil(L);
+    return 1;
+  }
+  sync_output(k);
+  cJSON *c = cJSON_CreateObject();
+  cJSON_AddStringToObject(c, "prompt", "");
+  cJSON_AddBoolToObject(c, "password", 0);
+  mg_kmsg_send(k->sock[MG_KSTDIN], k->conn.key, k->session, k->request, k->request->header, "input_request", c);
+  for (;;) {
+    zmq_pollitem_t it[2] = {{k->sock[MG_KSTDIN], 0, ZMQ_POLLIN, 0}, {k->sock[MG_KCONTROL], 0, ZMQ_POLLIN, 0}};
+    int rc = zmq_poll(it, 2, 100);
+    if (mg_interrupted()) return luaL_error(L, "interrupted!");
+    if (rc < 0 && errno != EINTR) return luaL_error(L, "io.read: the notebook's input channel failed (%s)", zmq_strerror(errno));
+    if (rc <= 0) continue;
+    mg_kmsg m;
+    if ((it[1].revents & ZMQ_POLLIN) && mg_kmsg_recv(k->sock[MG_KCONTROL], k->conn.key, &m) == 1) {
+      int stop = 0;
+      serve_control_busy(k, &m, &stop);
+      mg_kmsg_free(&m);
+      if (stop) return luaL_error(L, "interrupted!");
+    }
+    if (!(it[0].revents & ZMQ_POLLIN) || mg_kmsg_recv(k->sock[MG_KSTDIN], k->conn.key, &m) != 1) continue;
+    int isreply = strcmp(mg_kmsg_type(&m), "input_reply") == 0;
+    if (isreply) push_read(L, getstring(m.content, "value"), fmt);
+    mg_kmsg_free(&m);
+    if (isreply) return 1;
+  }
+}
+
 static void open_kmodule (Kernel *k) {
   lua_State *L = k->L;
   static const luaL_Reg fns[] = {{"send", k_send}, {"base64", k_base64}, {NULL, NULL}};
@@ -294,6 +358,13 @@ static void open_kmodule (Kernel *k) {
   lua_pushlightuserdata(L, k);
   luaL_setfuncs(L, fns, 1);
   lua_setfield(L, -2, KMODULE);
+  lua_pop(L, 1);
+  lua_getglobal(L, "io");                       /* io.read asks the notebook */
+  if (lua_istable(L, -1)) {
+    lua_pushlightuserdata(L, k);
+    lua_pushcclosure(L, k_read, 1);
+    lua_setfield(L, -2, "read");
+  }
   lua_pop(L, 1);
 }
 
@@ -315,8 +386,6 @@ static void onsigint (int sig) {
   mg_interrupt(1);
   lua_sethook(K->L, lstop, LUA_MASKCALL | LUA_MASKRET | LUA_MASKLINE | LUA_MASKCOUNT, 1);
 }
-
-static void serve_control_busy (Kernel *k, mg_kmsg *m, int *stop);
 
 /* while code runs: a look at the control socket every POLL_EVERY instructions */
 static void peek_control (lua_State *L, lua_Debug *ar) {
@@ -501,6 +570,8 @@ static void execute (Kernel *k, mg_kmsg *m) {
   char name[32];
   snprintf(name, sizeof name, "=In[%d]", k->count);
   int st = load_cell(L, code, name);
+  k->request = m;
+  k->allow_stdin = getbool(m->content, "allow_stdin", 0);
   if (st == LUA_OK) st = kcall(L, 0, LUA_MULTRET);
   if (st == LUA_OK && lua_gettop(L) > 0 && !silent) st = show_result(k, lua_gettop(L));
   sync_output(k);
@@ -517,6 +588,7 @@ static void execute (Kernel *k, mg_kmsg *m) {
   }
   cJSON_AddNumberToObject(c, "execution_count", k->count);
   reply(k, MG_KSHELL, m, "execute_reply", c);
+  k->request = NULL;
   lua_settop(L, 0);
 }
 
