@@ -1,0 +1,155 @@
+-- bench/budget.lua: a training step under a memory budget (DTR) against the
+-- plain step, and a sweep of time against budget with recompute_grad on
+-- every layer and checkpoint_sequential as reference points, on
+-- bench/recompute.lua's two chains (dense+tanh layers, MLP blocks).
+--   build/moongrad bench/budget.lua [width] [batch] [layers] [repeats] [dir]
+-- Budgets are given as fractions of the plain step's peak above the model
+-- (activations, gradients, temporaries); a budget is that many bytes above
+-- what is live before the step. Times are medians of `repeats` rounds, each
+-- round running every configuration once (alternating); peaks are measured
+-- in one more run with a collection at every allocation. Writes
+-- dir/budget.txt (the tables, in Markdown; not .md, which bench/assemble.lua
+-- takes for a machine's section) and dir/budget.svg (the plot); dir is
+-- bench/results unless given.
+local mg = mg or require "moongrad"
+local util = require "bench.util"
+
+local W = tonumber(arg and arg[1]) or 1024
+local B = tonumber(arg and arg[2]) or 1024
+local N = tonumber(arg and arg[3]) or 16
+local REPEATS = tonumber(arg and arg[4]) or 3
+local DIR = arg and arg[5] or "bench/results"
+local FRACTIONS = {0.8, 0.6, 0.5, 0.4, 1 / 3, 0.3}
+
+local now, median = mg.clock, util.median
+
+-- bench/recompute.lua's chains (layers, the input's width and the batch),
+-- and a third where activations outweigh the weights: the dense chain at a
+-- quarter of the width, four times the batch and twice the depth
+local function chains ()
+  mg.random.seed(1)
+  local dense, blocks, narrow = {}, {}, {}
+  for i = 1, N do
+    dense[i] = mg.nn.Dense(W, {activation = "tanh"})
+    blocks[i] = mg.nn.Sequential{mg.nn.Dense(W, {activation = "tanh"}), mg.nn.Dense(W // 4, {activation = "tanh"})}
+  end
+  for i = 1, 2 * N do narrow[i] = mg.nn.Dense(W // 4, {activation = "tanh"}) end
+  return {{name = "dense+tanh", layers = dense, width = W, batch = B, act = W},
+          {name = "MLP block (W/4 -> W -> W/4)", layers = blocks, width = W // 4, batch = B, act = W},
+          {name = "narrow dense+tanh (W/4, 4B)", layers = narrow, width = W // 4, batch = 4 * B, act = W // 4}}
+end
+
+-- one step: forward, backward, SGD; budget (bytes above the start) or nil
+local function step (chain, run, budget)
+  local was
+  if budget then
+    collectgarbage()
+    was = mg.memory.budget(mg.memory.stats().current_bytes + budget)
+  end
+  local ok, err = pcall(function()
+    local t = mg.tape()
+    local loss = mg.mean(run(chain.x) ^ 2)
+    t:stop()
+    local grads = t:gradient(loss, chain.vars)
+    for i, v in ipairs(chain.vars) do v:assign_sub(grads[i] * 1e-3) end
+  end)
+  if budget then mg.memory.budget(was) end
+  if not ok then return nil, err end
+  return true
+end
+
+-- the peak above the start, evictions and rebuilt ops of one step
+local function measure (chain, run, budget)
+  local old, oldmin = mg.memory.setpause(100, 0)
+  collectgarbage()
+  collectgarbage()
+  mg.memory.reset_peak()
+  local before = mg.memory.stats()
+  local ok, err = step(chain, run, budget)
+  local s = mg.memory.stats()
+  mg.memory.setpause(old, oldmin)
+  return {ok = ok, err = err, peak = s.peak_bytes - before.current_bytes,
+          evictions = s.evictions - before.evictions,
+          remats = s.rematerialisations - before.rematerialisations}
+end
+
+local model, isa = util.machine()
+local lines, series = {}, {}
+local function out (fmt, ...)
+  local s = fmt:format(...)
+  print(s)
+  lines[#lines + 1] = s
+end
+out("%s, %s, %d threads; width %d, batch %d, %d layers; medians of %d alternating rounds",
+    model, isa, mg.get_num_threads(), W, B, N, REPEATS)
+
+for _, chain in ipairs(chains()) do
+  local layers = chain.layers
+  chain.x = mg.random.normal{chain.batch, chain.width}
+  do local y = chain.x for _, l in ipairs(layers) do y = l(y) end end     -- builds them
+  chain.vars = {}
+  for _, l in ipairs(layers) do for _, v in ipairs(l.trainable_variables) do chain.vars[#chain.vars + 1] = v end end
+  local plain = function(h) for _, l in ipairs(layers) do h = l(h) end return h end
+  local segments = math.max(1, math.floor(math.sqrt(#layers) + 0.5))
+  local configs = {
+    {name = "plain", run = plain},
+    {name = "recompute_grad every layer", run = function(h) for _, l in ipairs(layers) do h = mg.recompute_grad(l)(h) end return h end},
+    {name = ("checkpoint_sequential(%d)"):format(segments), run = function(h) return mg.nn.checkpoint_sequential(layers, segments, h) end},
+  }
+  local peak = measure(chain, plain).peak
+  local infeasible = {}
+  for _, f in ipairs(FRACTIONS) do
+    local budget = math.floor(peak * f)
+    local m = measure(chain, plain, budget)
+    if m.ok then
+      configs[#configs + 1] = {name = ("budget %.2f x plain peak"):format(f), run = plain, budget = budget, frac = f, m = m}
+    else
+      infeasible[#infeasible + 1] = ("budget %.2f x plain peak (%.1f MiB): %s"):format(f, budget / 2^20,
+        tostring(m.err):gsub("^[^:]*:%d+: ", ""))
+    end
+  end
+  for _, c in ipairs(configs) do
+    c.m = c.m or measure(chain, c.run, c.budget)
+    step(chain, c.run, c.budget)                     -- warm up
+    c.times = {}
+  end
+  for _ = 1, REPEATS do                              -- alternating rounds
+    for _, c in ipairs(configs) do
+      collectgarbage()
+      local t0 = now()
+      assert(step(chain, c.run, c.budget))
+      c.times[#c.times + 1] = (now() - t0) * 1000
+    end
+  end
+  out("")
+  out("%s x%d, batch %d (one activation %.1f MiB):", chain.name, #layers, chain.batch,
+      chain.batch * chain.act * 4 / 2^20)
+  out("")
+  out("| configuration | step ms | x plain | peak MiB | x plain | evictions | rebuilt ops |")
+  out("|---|---:|---:|---:|---:|---:|---:|")
+  local base = configs[1]
+  base.ms = median(base.times)
+  local bx, by = {}, {}
+  for _, c in ipairs(configs) do
+    c.ms = median(c.times)
+    out("| %s | %.1f | %.2f | %.1f | %.2f | %d | %d |", c.name, c.ms, c.ms / base.ms, c.m.peak / 2^20,
+        c.m.peak / base.m.peak, c.m.evictions, c.m.remats)
+    if c.budget then bx[#bx + 1], by[#by + 1] = c.m.peak / base.m.peak, c.ms / base.ms end
+  end
+  for _, why in ipairs(infeasible) do out("") out("infeasible: %s", why) end
+  local short = chain.name:match("^[^(]+"):gsub("%s+$", "")
+  if #bx > 0 then series[#series + 1] = {bx, by, label = short .. ": under a budget", style = "linespoints"} end
+  for k = 2, 3 do
+    local c = configs[k]
+    series[#series + 1] = {{c.m.peak / base.m.peak}, {c.ms / base.ms}, label = short .. ": " .. c.name, style = "points"}
+  end
+end
+
+local f = assert(io.open(DIR .. "/budget.txt", "w"))
+f:write("# bench/budget.lua\n\n", table.concat(lines, "\n"), "\n")
+f:close()
+series[#series + 1] = {path = DIR .. "/budget.svg",
+  title = ("one training step against its peak (%s, %s, %d threads)"):format(model, isa, mg.get_num_threads()),
+  xlabel = "peak / plain peak", ylabel = "step time / plain"}
+local ok, err = pcall(mg.plot, table.unpack(series))
+print(ok and ("wrote %s/budget.txt and %s/budget.svg"):format(DIR, DIR) or ("no plot: " .. tostring(err)))
