@@ -241,7 +241,8 @@ mg_status mg_dtr_attach (mg_node *n, mg_tensor *const *in) {
   d->node = n;
   for (int i = 0; i < n->nout; i++) {
     void **slot = idmap_slot(&S->made, n->out_meta[i].id);
-    if (slot == NULL) {
+    if (slot == NULL) {                       /* the outputs noted so far are not n's after all */
+      while (i-- > 0) S->made.vals[slot_of(&S->made, n->out_meta[i].id)] = NULL;
       free(d);
       return mg_seterror("out of memory recording '%s' under a memory budget", n->def->info.name);
     }
