@@ -50,6 +50,22 @@ const char *mg_kmsg_type (const mg_kmsg *m);
 int  mg_kmsg_send (void *sock, const char *key, const char *session, const mg_kmsg *to,
                    const cJSON *parent, const char *msg_type, cJSON *content);
 
+/* s[0..n) as a JSON string of valid UTF-8 (a client drops a message that is
+** not): a byte that starts no valid character, or a NUL, becomes U+FFFD */
+cJSON *mg_ktext (const char *s, size_t n);
+
+/* output.c: fds 1 and 2 as pipes, read by a thread that hands what comes to
+** fn(ud, "stdout" or "stderr", text, n) */
+typedef struct mg_kout mg_kout;
+typedef void (*mg_kout_fn) (void *ud, const char *name, const char *text, size_t n);
+/* redirects and starts reading (stdin from /dev/null too); *origerr: a dup of
+** the stderr there was; NULL when it could not (errno set) */
+mg_kout *mg_kout_start (mg_kout_fn fn, void *ud, int *origerr);
+/* flushes, and returns once everything written so far is handed over */
+void mg_kout_sync (mg_kout *o);
+/* hands over the rest, restores fds 1 and 2, ends the thread */
+void mg_kout_stop (mg_kout *o);
+
 /* a fresh random UUID (36 characters and a NUL) */
 void mg_kuuid (char out[37]);
 /* base64 of data, malloc'd (NULL when out of memory) */

@@ -278,6 +278,28 @@ char *mg_kbase64 (const void *data, size_t n) {
   return out;
 }
 
+/* valid UTF-8 text for a message (see kernel.h) */
+cJSON *mg_ktext (const char *s, size_t n) {
+  char *out = malloc(3 * n + 1), *o = out;
+  if (out == NULL) return cJSON_CreateNull();
+  for (size_t i = 0; i < n;) {
+    unsigned char c = (unsigned char)s[i], c1 = i + 1 < n ? (unsigned char)s[i + 1] : 0;
+    size_t len = c < 0x80 ? 1 : c >= 0xC2 && c <= 0xDF ? 2 : c >= 0xE0 && c <= 0xEF ? 3 : c >= 0xF0 && c <= 0xF4 ? 4 : 0;
+    int ok = len > 0 && c != 0 && i + len <= n &&
+             !(c == 0xE0 && c1 < 0xA0) && !(c == 0xED && c1 >= 0xA0) &&        /* overlong, surrogate */
+             !(c == 0xF0 && c1 < 0x90) && !(c == 0xF4 && c1 >= 0x90);          /* overlong, past U+10FFFF */
+    for (size_t j = 1; ok && j < len; j++) ok = ((unsigned char)s[i + j] & 0xC0) == 0x80;
+    if (!ok) len = 1;
+    memcpy(o, ok ? s + i : "\xEF\xBF\xBD", ok ? len : 3);
+    o += ok ? len : 3;
+    i += len;
+  }
+  *o = '\0';
+  cJSON *j = cJSON_CreateString(out);
+  free(out);
+  return j;
+}
+
 /* now, as ISO 8601 in UTC with microseconds */
 static void now_iso (char out[40]) {
   struct timespec ts;

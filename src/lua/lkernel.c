@@ -9,11 +9,10 @@
 ** is bound but input is not asked for (io.read reads /dev/null). The wire
 ** format and its HMAC signatures are src/kernel/wire.c.
 **
-** Output: fds 1 and 2 are pipes, read by a reader thread that sends what
-** comes as stream messages (stdout, stderr), so print, io.write, the
-** library's C writes and child processes all reach the notebook as they
-** happen. Before a result, a display or a reply, the main thread flushes
-** and waits until the reader has sent all that was written: order is kept.
+** Output: fds 1 and 2 are pipes read by a thread (src/kernel/output.c), sent
+** as stream messages (stdout, stderr), so print, io.write, the library's C
+** writes and child processes all reach the notebook as they happen. Before
+** a result, a display or a reply, everything written so far is sent first.
 **
 ** Interrupt: SIGINT (Jupyter's interrupt_mode "signal") stops the running
 ** Lua code with an error, as lua.c's laction does (a hook at the next step,
@@ -29,15 +28,11 @@
 ** plots and progress bars as rich output.
 */
 #include <errno.h>
-#include <fcntl.h>
-#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
-#include <unistd.h>
 
 #include <zmq.h>
 #include <cjson/cJSON.h>
@@ -53,22 +48,19 @@
 #define EOFMARK    "<eof>"
 #define KMODULE    "moongrad.kernel"     /* package.loaded[KMODULE]: the notebook's link */
 #define POLL_EVERY 100000                /* Lua instructions between looks at control */
-#define OUTCHUNK   65536                 /* bytes of output a stream message carries at most */
 #define LINGER_MS  1000                  /* what may still go out at shutdown */
-#define FLUSH_MS   50                    /* output gathered at most this long before it is sent */
 
 typedef struct Kernel {
   lua_State *L;
   mg_kconn conn;
   char session[37];
   void *ctx, *sock[5];
-  pthread_t hb, reader;
-  int hb_started, reader_started;
+  pthread_t hb;
+  int hb_started;
   pthread_mutex_t lock;        /* iopub and parent: the reader thread publishes too */
   const cJSON *parent;         /* the header of the request being served */
-  int out[2], err[2];          /* the pipes behind fds 1 and 2 */
-  int wake[2], done[2];        /* to the reader: 'd' drain, 'q' quit; from it: drained */
-  int origout, logfd;          /* fds 1 and 2 as Jupyter gave them */
+  mg_kout *out;                /* fds 1 and 2, read as they are written */
+  int logfd;                   /* fd 2 as Jupyter gave it: the kernel's log */
   int count;                   /* execution_count */
   const mg_kmsg *request;      /* the execute_request running, for input_request */
   int allow_stdin;             /* its allow_stdin */
@@ -106,121 +98,19 @@ static void reply (Kernel *k, int which, const mg_kmsg *m, const char *type, cJS
 /* }========================================================== */
 
 
-/* {==================== output: the reader ==================== */
+/* {========================= output ========================= */
 
-typedef struct { int fd; const char *name; size_t have; char buf[OUTCHUNK + 1]; } stream;
-
-/* how much of buf[0..n) ends with whole UTF-8 characters (a message must be valid text) */
-static size_t utf8_whole (const char *buf, size_t n) {
-  size_t i = n, back = 0;
-  while (i > 0 && back < 3 && ((unsigned char)buf[i - 1] & 0xC0) == 0x80) { i--; back++; }
-  if (i == 0) return n;
-  unsigned char lead = (unsigned char)buf[i - 1];
-  size_t need = lead >= 0xF0 ? 4 : lead >= 0xE0 ? 3 : lead >= 0xC0 ? 2 : 1;
-  return need > back + 1 ? i - 1 : n;
-}
-
-/* s[0..n) as a JSON string of valid UTF-8 (the client drops a message that is not):
-** a byte that starts no valid character, or a NUL, becomes U+FFFD */
-static cJSON *text_json (const char *s, size_t n) {
-  char *out = malloc(3 * n + 1), *o = out;
-  if (out == NULL) return cJSON_CreateNull();
-  for (size_t i = 0; i < n;) {
-    unsigned char c = (unsigned char)s[i], c1 = i + 1 < n ? (unsigned char)s[i + 1] : 0;
-    size_t len = c < 0x80 ? 1 : c >= 0xC2 && c <= 0xDF ? 2 : c >= 0xE0 && c <= 0xEF ? 3 : c >= 0xF0 && c <= 0xF4 ? 4 : 0;
-    int ok = len > 0 && c != 0 && i + len <= n &&
-             !(c == 0xE0 && c1 < 0xA0) && !(c == 0xED && c1 >= 0xA0) &&        /* overlong, surrogate */
-             !(c == 0xF0 && c1 < 0x90) && !(c == 0xF4 && c1 >= 0x90);          /* overlong, past U+10FFFF */
-    for (size_t j = 1; ok && j < len; j++) ok = ((unsigned char)s[i + j] & 0xC0) == 0x80;
-    if (!ok) len = 1;
-    memcpy(o, ok ? s + i : "\xEF\xBF\xBD", ok ? len : 3);
-    o += ok ? len : 3;
-    i += len;
-  }
-  *o = '\0';
-  cJSON *j = cJSON_CreateString(out);
-  free(out);
-  return j;
-}
-
-/* sends what s holds (all: even a cut character) */
-static void stream_send (Kernel *k, stream *s, int all) {
-  size_t n = all ? s->have : utf8_whole(s->buf, s->have);
-  if (n == 0) return;
+/* the output thread's text, as a stream message (src/kernel/output.c) */
+static void on_output (void *ud, const char *name, const char *text, size_t n) {
   cJSON *content = cJSON_CreateObject();
-  cJSON_AddStringToObject(content, "name", s->name);
-  cJSON_AddItemToObject(content, "text", text_json(s->buf, n));
-  publish(k, "stream", content);
-  memmove(s->buf, s->buf + n, s->have - n);
-  s->have -= n;
-}
-
-/* reads what the pipe holds (its read end does not block); drain: until
-** empty, and sends it all; otherwise sends only a full buffer */
-static void stream_read (Kernel *k, stream *s, int drain) {
-  for (;;) {
-    ssize_t r = read(s->fd, s->buf + s->have, OUTCHUNK - s->have);
-    if (r < 0 && errno == EINTR) continue;
-    if (r > 0) s->have += (size_t)r;
-    if (r > 0 && s->have == OUTCHUNK) stream_send(k, s, 0);
-    if (r <= 0 || !drain) break;
-  }
-  if (drain) stream_send(k, s, 1);
-}
-
-static long now_ms (void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-/*
-** The reader thread: output is gathered for up to FLUSH_MS before it goes
-** out (a loop printing 10^5 lines makes a few dozen messages, not 10^5: a
-** PUB socket drops what is past its high-water mark); a drain request from
-** the main thread sends everything at once.
-*/
-static void *reader (void *arg) {
-  Kernel *k = arg;
-  static stream s[2];
-  s[0].fd = k->out[0]; s[0].name = "stdout";
-  s[1].fd = k->err[0]; s[1].name = "stderr";
-  long since = -1;                               /* when the oldest unsent byte came */
-  for (;;) {
-    struct pollfd p[3] = {{s[0].fd, POLLIN, 0}, {s[1].fd, POLLIN, 0}, {k->wake[0], POLLIN, 0}};
-    long wait = since < 0 ? -1 : since + FLUSH_MS - now_ms();
-    int n = poll(p, 3, wait < 0 && since >= 0 ? 0 : (int)wait);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      break;
-    }
-    for (int i = 0; i < 2; i++)
-      if (p[i].revents) stream_read(k, &s[i], 0);
-    if (since < 0 && (s[0].have || s[1].have)) since = now_ms();
-    char c;
-    if ((p[2].revents & POLLIN) && read(k->wake[0], &c, 1) == 1) {
-      stream_read(k, &s[0], 1);
-      stream_read(k, &s[1], 1);
-      since = -1;
-      if (c == 'q') break;
-      while (write(k->done[1], "", 1) < 0 && errno == EINTR) {}
-    } else if (since >= 0 && now_ms() - since >= FLUSH_MS) {
-      stream_send(k, &s[0], 0);
-      stream_send(k, &s[1], 0);
-      since = s[0].have || s[1].have ? now_ms() : -1;    /* a cut character waits */
-    }
-  }
-  return NULL;
+  cJSON_AddStringToObject(content, "name", name);
+  cJSON_AddItemToObject(content, "text", mg_ktext(text, n));
+  publish((Kernel *)ud, "stream", content);
 }
 
 /* everything written so far is sent before what comes next */
 static void sync_output (Kernel *k) {
-  fflush(stdout);
-  fflush(stderr);
-  if (!k->reader_started) return;
-  char c = 'd';
-  while (write(k->wake[1], &c, 1) < 0 && errno == EINTR) {}
-  while (read(k->done[0], &c, 1) < 0 && errno == EINTR) {}
+  mg_kout_sync(k->out);
 }
 
 /* }========================================================== */
@@ -238,7 +128,7 @@ static cJSON *tojson (lua_State *L, int idx, int depth) {
     case LUA_TSTRING: {
       size_t n;
       const char *s = lua_tolstring(L, idx, &n);
-      return text_json(s, n);
+      return mg_ktext(s, n);
     }
     case LUA_TTABLE: break;
     default: return cJSON_CreateNull();
@@ -510,12 +400,12 @@ static cJSON *error_content (lua_State *L, int status) {
   cJSON *c = cJSON_CreateObject();
   cJSON_AddStringToObject(c, "status", "error");
   cJSON_AddStringToObject(c, "ename", ename);
-  cJSON_AddItemToObject(c, "evalue", text_json(msg, lvalue));
+  cJSON_AddItemToObject(c, "evalue", mg_ktext(msg, lvalue));
   cJSON *lines = cJSON_AddArrayToObject(c, "traceback");
   for (const char *p = msg; *p;) {
     const char *nl = strchr(p, '\n');
     size_t n = nl ? (size_t)(nl - p) : strlen(p);
-    cJSON_AddItemToArray(lines, text_json(p, n));
+    cJSON_AddItemToArray(lines, mg_ktext(p, n));
     p += n + (nl != NULL);
   }
   return c;
@@ -860,38 +750,6 @@ static void *heartbeat (void *arg) {
   return NULL;
 }
 
-static int cloexec_nonblock (int fd, int nonblock) {
-  int fl = fcntl(fd, F_GETFL);
-  return fcntl(fd, F_SETFD, FD_CLOEXEC) == 0 && (!nonblock || fcntl(fd, F_SETFL, fl | O_NONBLOCK) == 0);
-}
-
-/* fds 1 and 2 into pipes read by the reader thread; stdin from /dev/null */
-static int redirect (Kernel *k) {
-  k->origout = dup(1);
-  k->logfd = dup(2);
-  if (k->origout < 0 || k->logfd < 0 || pipe(k->out) != 0 || pipe(k->err) != 0 || pipe(k->wake) != 0 ||
-      pipe(k->done) != 0)
-    return -1;
-  cloexec_nonblock(k->origout, 0);
-  cloexec_nonblock(k->logfd, 0);
-  mg_klog_to(k->logfd);
-  int nul = open("/dev/null", O_RDONLY);
-  if (nul >= 0) { dup2(nul, 0); close(nul); }
-  fflush(stdout);
-  fflush(stderr);
-  if (dup2(k->out[1], 1) < 0 || dup2(k->err[1], 2) < 0) return -1;
-  close(k->out[1]);
-  close(k->err[1]);
-  for (int i = 0; i < 2; i++) {
-    cloexec_nonblock(k->wake[i], 0);
-    cloexec_nonblock(k->done[i], 0);
-  }
-  cloexec_nonblock(k->out[0], 1);
-  cloexec_nonblock(k->err[0], 1);
-  setvbuf(stdout, NULL, _IOLBF, 0);              /* lines reach the notebook as they come */
-  return 0;
-}
-
 static int open_sockets (Kernel *k) {
   static const int types[5] = {ZMQ_ROUTER, ZMQ_PUB, ZMQ_ROUTER, ZMQ_ROUTER, ZMQ_REP};
   static const char *const names[5] = {"shell", "iopub", "stdin", "control", "hb"};
@@ -924,25 +782,16 @@ static int start_thread (pthread_t *t, void *(*fn)(void *), Kernel *k) {
 }
 
 static void stop (Kernel *k) {
-  if (k->reader_started) {
-    fflush(stdout);
-    fflush(stderr);
-    while (write(k->wake[1], "q", 1) < 0 && errno == EINTR) {}
-    pthread_join(k->reader, NULL);
-  }
-  if (k->origout >= 0) dup2(k->origout, 1);
-  if (k->logfd >= 0) dup2(k->logfd, 2);
+  mg_kout_stop(k->out);                          /* the output's rest, and fds 1 and 2 back */
+  k->out = NULL;
   if (k->ctx) zmq_ctx_shutdown(k->ctx);
   if (k->hb_started) pthread_join(k->hb, NULL);
   for (int i = 0; i < 5; i++)
     if (k->sock[i]) zmq_close(k->sock[i]);
   if (k->ctx) zmq_ctx_term(k->ctx);
-  int fds[] = {k->out[0], k->err[0], k->wake[0], k->wake[1], k->done[0], k->done[1], k->origout};
-  for (size_t i = 0; i < sizeof fds / sizeof fds[0]; i++)
-    if (fds[i] >= 0) close(fds[i]);
   cJSON_Delete(k->history);
   pthread_mutex_destroy(&k->lock);
-  mg_klog_to(-1);
+  mg_klog_to(-1);                                /* closes logfd */
 }
 
 int mgL_kernel_run (lua_State *L, const char *connection_file) {
@@ -950,7 +799,7 @@ int mgL_kernel_run (lua_State *L, const char *connection_file) {
   Kernel *k = &kernel;
   char err[256];
   memset(k, 0, sizeof *k);
-  k->out[0] = k->err[0] = k->wake[0] = k->wake[1] = k->done[0] = k->done[1] = k->origout = k->logfd = -1;
+  k->logfd = -1;
   k->L = L;
   K = k;
   pthread_mutex_init(&k->lock, NULL);
@@ -962,13 +811,13 @@ int mgL_kernel_run (lua_State *L, const char *connection_file) {
     return 1;
   }
   if (k->conn.key[0] == '\0') mg_klog("the connection file's key is empty: messages are not signed (anyone who can reach the ports can run code)");
-  if (open_sockets(k) != 0 || redirect(k) != 0 ||
-      (k->hb_started = start_thread(&k->hb, heartbeat, k) == 0) == 0 ||
-      (k->reader_started = start_thread(&k->reader, reader, k) == 0) == 0) {
+  if (open_sockets(k) != 0 || (k->hb_started = start_thread(&k->hb, heartbeat, k) == 0) == 0 ||
+      (k->out = mg_kout_start(on_output, k, &k->logfd)) == NULL) {
     mg_klog("could not start (%s)", strerror(errno));
     stop(k);
     return 1;
   }
+  mg_klog_to(k->logfd);                          /* the log stays Jupyter's stderr */
   open_kmodule(k);
   struct sigaction sa;
   sa.sa_handler = onsigint;
