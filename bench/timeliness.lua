@@ -4,7 +4,9 @@
 -- ideal (a full collection before every allocation: the peak is then the
 -- live set), and with the old pacing (setpause(200, 16 MiB), the default
 -- before the timeliness work). Prints default peak / ideal peak and the
--- step time against the old pacing.
+-- step time against the old pacing. The cases: bench/recompute.lua's chains,
+-- then the models of the training examples (train_fashion_mnist's CNN,
+-- char_gpt's GPT), plain and with recompute_grad.
 --   build/moongrad bench/timeliness.lua [width] [batch] [layers] [repeats]
 local mg = mg or require "moongrad"
 
@@ -46,6 +48,42 @@ local function chains ()
     {"dense+tanh, RevBlock", rev, x1, rev.trainable_variables},
     {"MLP block, plain", plain(blocks), x2, vars(blocks)},
     {"MLP block, recompute every layer", every(blocks), x2, vars(blocks)},
+  }
+end
+
+-- the training examples' models, at their sizes, plain and recomputed
+local function examples ()
+  local nn = mg.nn
+  mg.random.seed(2)
+  local function conv_block (filters)
+    return nn.Sequential{nn.Conv2D(filters, 3, {padding = "same", activation = "relu"}), nn.MaxPool2D(2)}
+  end
+  local b1, b2 = conv_block(32), conv_block(64)
+  local head = {nn.Flatten(), nn.Dense(128, "relu"), nn.Dense(10)}
+  local cnn = nn.Sequential{b1, b2, head[1], head[2], head[3]}
+  local rcnn = nn.Sequential{mg.recompute_grad(b1), mg.recompute_grad(b2), head[1], head[2], head[3]}
+  local images = mg.random.uniform{128, 28, 28, 1}
+  cnn(images)
+  local V, T, width = 28, 32, 128
+  local blocks = {}
+  for k = 1, 4 do blocks[k] = nn.TransformerBlock(4, width, {causal = true}) end
+  local function gpt_of (wrap)
+    local layers = {nn.Embedding(V, width), nn.PositionalEmbedding(T)}
+    for k = 1, 4 do layers[#layers + 1] = wrap(blocks[k]) end
+    layers[#layers + 1] = nn.LayerNorm()
+    layers[#layers + 1] = nn.Dense(V)
+    return layers
+  end
+  local layers, rlayers = gpt_of(function(b) return b end), gpt_of(mg.recompute_grad)
+  for k, l in ipairs(layers) do if k <= 2 or k > 6 then rlayers[k] = l end end
+  local gpt, rgpt = nn.Sequential(layers), nn.Sequential(rlayers)
+  local tokens = mg.cast(mg.random.uniform({64, T}, 1, V + 1) // 1, "int64")
+  gpt(tokens)
+  return {
+    {"CNN (fashion_mnist), plain", cnn, images, cnn.trainable_variables},
+    {"CNN (fashion_mnist), recompute", rcnn, images, cnn.trainable_variables},
+    {"GPT (char_gpt), plain", gpt, tokens, gpt.trainable_variables},
+    {"GPT (char_gpt), recompute", rgpt, tokens, gpt.trainable_variables},
   }
 end
 
@@ -96,7 +134,9 @@ print(("%-36s %9s %9s %7s %10s %9s %9s %7s"):format("case", "peak MiB", "ideal",
                                                        "step ms", "old ms", "cost"))
 local default_pause, default_min = mg.memory.setpause(200, 16 << 20)
 mg.memory.setpause(default_pause, default_min)
-for _, case in ipairs(chains()) do
+local cases = chains()
+for _, case in ipairs(examples()) do cases[#cases + 1] = case end
+for _, case in ipairs(cases) do
   local r = measure(case, {{default_pause, default_min}, {100, 0}, {200, 16 << 20}})
   local ms, peak, ideal, old_ms, old_peak = r[1][1], r[1][2], r[2][2], r[3][1], r[3][2]
   print(("%-36s %9.1f %9.1f %6.2fx %9.2fx %9.1f %9.1f %6.2fx"):format(case[1], peak / 2^20, ideal / 2^20,

@@ -125,6 +125,8 @@ local groups = {
     {"memory.trace", "memory.trace(path, fn, ...)", "runs fn(...) writing its memory timeline as a Chrome trace"},
     {"memory.span", "memory.span(name, fn, ...)", "fn(...) as a named span of the running trace"},
     {"memory.setpause", "memory.setpause(percent [, min_bytes])", "when tensor bytes trigger a collection (110, 256 KiB)"},
+    {"tidy", "tidy(fn, ...)", "fn(...), and every tensor made meanwhile released at its end, but its results (TF.js's tidy)"},
+    {"dispose", "dispose(x, ...)", "releases tensors (or tables of them) now, as a <close> variable would"},
     {"memory.set_cache_limit", "memory.set_cache_limit(bytes)", "how many freed bytes may wait for reuse"},
     {"memory.release_cache", "memory.release_cache()", "frees the cached blocks"},
     {"memory.fail_after", "memory.fail_after(n)", "for tests: the n-th allocation from now fails as if out of memory"},

@@ -468,28 +468,47 @@ function reversible.RevBlock (nn, internal, ReversibleLayer)
   end
 
   -- the fused backward (RevNet's): each layer's inputs rebuilt while its
-  -- gradients are taken, f and g running once each
+  -- gradients are taken, f and g running once each. Each half runs in
+  -- mg.tidy, and what it hands on is disposed once used (as memcnn and
+  -- RevTorch free their rebuilt inputs): a tensor that lives across many ops
+  -- would wait for a full collection, and the peak would carry it.
   local function backward_halves (self, y1, y2, dy1, dy2, variables)
     local states = self:memo().states
+    local given = {[y1] = true, [y2] = true, [dy1] = true, [dy2] = true}
     local dvars = {}
-    local function add_vars (gs)
+    local function sums_with (dv)               -- the variables' gradient sums that change
+      local sums = {}
       for k = 1, #variables do
-        local gk = gs[k]
-        if gk then dvars[k] = dvars[k] and dvars[k] + gk or gk end
+        if dv[k] then sums[k] = dvars[k] and dvars[k] + dv[k] or dv[k] end
+      end
+      return sums
+    end
+    local function update (sums)
+      for k, sum in pairs(sums) do
+        mg.dispose(dvars[k])
+        dvars[k] = sum
       end
     end
-    for i = self.num_layers, 1, -1 do
+    local function g_half (i)                   -- x2 = y2 - g(y1), and through y2 = x2 + g(y1)
       replay(states, 2 * i)
-      local gy1, dz, dgv = vjp(self.g[i], y1, dy2, variables)      -- through y2 = x2 + g(y1)
-      local x2 = y2 - gy1
-      local dy1_total = dz and dy1 + dz or dy1
-      add_vars(dgv)
+      local gy1, dz, dv = vjp(self.g[i], y1, dy2, variables)
+      return y2 - gy1, dz and dy1 + dz or dy1, sums_with(dv)
+    end
+    local function f_half (i, x2, dy1_total)    -- x1 = y1 - f(x2), and through y1 = x1 + f(x2)
       replay(states, 2 * i - 1)
-      local fx2, dx2f, dfv = vjp(self.f[i], x2, dy1_total, variables)   -- through y1 = x1 + f(x2)
-      local x1 = y1 - fx2
-      add_vars(dfv)
-      dy1, dy2 = dy1_total, dx2f and dy2 + dx2f or dy2
-      y1, y2 = x1, x2
+      local fx2, dx2f, dv = vjp(self.f[i], x2, dy1_total, variables)
+      return y1 - fx2, dx2f and dy2 + dx2f or dy2, sums_with(dv)
+    end
+    for i = self.num_layers, 1, -1 do
+      local x2, dx1, gsums = mg.tidy(g_half, i)
+      update(gsums)
+      local x1, dx2, fsums = mg.tidy(f_half, i, x2, dx1)
+      update(fsums)
+      local kept = {[x1] = true, [x2] = true, [dx1] = true, [dx2] = true}
+      for _, old in ipairs({y1, y2, dy1, dy2}) do
+        if not (given[old] or kept[old]) then mg.dispose(old) end
+      end
+      y1, y2, dy1, dy2 = x1, x2, dx1, dx2
     end
     return y1, y2, dy1, dy2, dvars
   end

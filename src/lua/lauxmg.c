@@ -76,6 +76,7 @@ ltensor *mgL_newbox (lua_State *L) {
   b->t = NULL;
   lua_rawgetp(L, LUA_REGISTRYINDEX, &tensor_key);
   lua_setmetatable(L, -2);
+  mgL_tidy_track(L, -1);
   return b;
 }
 
@@ -118,7 +119,7 @@ mg_variable *mgL_checkvariable (lua_State *L, int arg) {
 
 mg_tensor *mgL_testtensor (lua_State *L, int arg) {
   ltensor *b = (ltensor *)udata_with(L, arg, &tensor_key);
-  if (b && b->t == NULL) luaL_error(L, "tensor has been released");
+  if (b && b->t == NULL) luaL_error(L, "tensor has been released (by mg.dispose, mg.tidy, a re-run's end or a <close> variable)");
   if (b) return b->t;
   mg_variable *v = mgL_testvariable(L, arg);
   return v ? mg_variable_peek(v) : NULL;
@@ -471,8 +472,10 @@ void mgL_pushvalues (lua_State *L, const mg_tensor *t) {
 
 /* {================ nested structures of tensors ============ */
 
+/* a released box is a leaf too: a re-run's template keeps the boxes of
+** the first run's arguments, which the end of a tidy scope may release */
 bool mgL_isleaf (lua_State *L, int idx) {
-  return lua_type(L, idx) == LUA_TUSERDATA && mgL_testtensor(L, idx) != NULL;
+  return lua_type(L, idx) == LUA_TUSERDATA && (mgL_testbox(L, idx) != NULL || mgL_testtensor(L, idx) != NULL);
 }
 
 /* plain tables are structure; a table with a metatable (a layer) is a leaf */

@@ -16,6 +16,12 @@ typedef struct ltape { mg_tape *t; } ltape;
 
 /* an empty tensor box on the stack, safe to collect, before any work */
 ltensor   *mgL_newbox      (lua_State *L);
+/* a box made while an mg.tidy scope is open joins it (ltidy.c) */
+void       mgL_tidy_track  (lua_State *L, int box);
+/* lua_pcall of the function below nargs arguments in a tidy scope: boxes
+** made meanwhile are released after, except among the results if
+** keep_results */
+int        mgL_tidy_pcall  (lua_State *L, int nargs, bool keep_results);
 /* raises inside a finalizer: what is made there may never be released */
 void       mgL_checkfinalizer (lua_State *L);
 /* the tensor box at arg, or NULL */
@@ -90,6 +96,9 @@ void       mgL_rebuild     (lua_State *L, int idx, int acc, int *k);
 /* collects garbage tensors when tensor memory has grown enough (after each
 ** new tensor) */
 void       mgL_gc_pressure (lua_State *L);
+/* a full collection (within its share of the time) before a gradient that
+** no other gradient runs around: the forward's boxes are garbage by then */
+void       mgL_gc_before_gradient (lua_State *L);
 /* the context's safe-point hook: collects on mgL_running */
 void       mgL_pressure_during_gradient (void);
 
@@ -110,6 +119,7 @@ void mgL_open_tensor    (lua_State *L);    /* each adds its functions to the tab
 void mgL_open_variable  (lua_State *L);
 void mgL_open_tape      (lua_State *L);
 void mgL_open_memory    (lua_State *L);
+void mgL_open_tidy      (lua_State *L);    /* mg.tidy, mg.dispose */
 void mgL_open_trace     (lua_State *L);    /* into the memory table at -1 */
 void mgL_open_random    (lua_State *L);
 void mgL_open_debug     (lua_State *L);    /* mg.debug */

@@ -258,7 +258,7 @@ static int recompute_first_body (lua_State *L) {
 
 /* A re-run: the arguments are rebuilt from the template with the tensors
 ** the node kept (in the template's own leaf order) and the variables. */
-static int rerun_body (lua_State *L) {
+static int rerun_inner (lua_State *L) {
   forward_args *fa = (forward_args *)lua_touserdata(L, 1);
   lua_settop(L, 0);
   lua_rawgeti(L, LUA_REGISTRYINDEX, fa->u->ref);           /* 1: the lfn table */
@@ -285,6 +285,15 @@ static int rerun_body (lua_State *L) {
   }
   lua_call(L, (int)nargs + push_flag(L, fa->u->pass_flag), LUA_MULTRET);
   collect_outputs(L, fidx, lua_gettop(L), fa);
+  return 0;
+}
+
+/* The outputs are in fa->out once it is done: every box the re-run made,
+** its arguments' too, can go at once (see ltidy.c). */
+static int rerun_body (lua_State *L) {
+  lua_pushcfunction(L, rerun_inner);
+  lua_insert(L, 1);
+  if (mgL_tidy_pcall(L, 1, false) != LUA_OK) return lua_error(L);
   return 0;
 }
 
@@ -428,6 +437,28 @@ static int push_outputs (lua_State *L, mg_list *out) {
   return list;
 }
 
+/* Where an output is the very tensor f returned, f's box stands for it in
+** the list `outs` instead of the new one: a second box would hold it too,
+** and, left to the collector, keep it after the tape let go. */
+static void reuse_boxes (lua_State *L, int first, int n, int outs) {
+  lua_newtable(L);
+  int mine = lua_gettop(L), nl = 0;
+  for (int i = 0; i < n; i++) nl = mgL_flatten(L, first + i, mine, nl, true, "recompute_grad: result");
+  for (int i = 1; i <= nl; i++) {
+    lua_geti(L, mine, i);
+    lua_geti(L, outs, i);
+    ltensor *own = mgL_testbox(L, -2), *made = mgL_testbox(L, -1);
+    if (own && made && own->t == made->t) {
+      mg_tensor_release(made->t);
+      made->t = NULL;
+      lua_pushvalue(L, -2);
+      lua_rawseti(L, outs, i);
+    }
+    lua_pop(L, 2);
+  }
+  lua_pop(L, 1);
+}
+
 /* g(...): f(...) with one node on the tapes instead of f's insides */
 static int recompute_call (lua_State *L) {
   lrecompute *r = (lrecompute *)luaL_checkudata(L, 1, RECOMPUTE_MT);
@@ -469,6 +500,7 @@ static int recompute_call (lua_State *L) {
   /* u may be gone by now (when no tape recorded the call): only `first` is read */
   if (st != MG_OK) return raise_call_error(L, &first);
   int outs = push_outputs(L, &out), k = 0;
+  reuse_boxes(L, first.results, first.nresults, outs);
   for (int i = 0; i < first.nresults; i++) mgL_rebuild(L, first.results + i, outs, &k);
   return first.nresults;
 }
@@ -800,7 +832,7 @@ typedef struct ctx_rerun_args { lua_State *L; int nargs, status; } ctx_rerun_arg
 
 static mg_status ctx_rerun_body (void *ud) {
   ctx_rerun_args *r = (ctx_rerun_args *)ud;
-  r->status = lua_pcall(r->L, r->nargs, LUA_MULTRET, 0);
+  r->status = mgL_tidy_pcall(r->L, r->nargs, true);      /* fn's temporaries go at its end */
   return r->status == LUA_OK ? MG_OK : MG_ERR;
 }
 

@@ -24,6 +24,7 @@
 ** is small): bench/timeliness.lua measures it against a collection before
 ** every allocation.
 */
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -37,6 +38,7 @@
 ** trained 4x slower. Full collections may take this share of the time:
 ** after one that took d seconds, the next waits d * (100 - share) / share. */
 #define GC_FULL_SHARE 25                     /* percent */
+#define HIGH_HALFLIFE 8
 
 /* per thread, as the contexts whose bytes they pace */
 static _Thread_local struct {
@@ -45,9 +47,11 @@ static _Thread_local struct {
   size_t mark;               /* allocated bytes at the last collection */
   size_t allowance;          /* bytes to allocate before the next one */
   size_t floor;              /* the fewest loose tensor bytes since the last full collection */
+  double high;               /* the most live bytes lately (decays as bytes are allocated) */
   double next_full;          /* the earliest time (seconds) for the next full collection */
   int64_t young, full;       /* collections run, for stats() */
-} gc = {GC_PAUSE, GC_MIN_BYTES, 0, 0, 0, 0, 0, 0};
+  double seconds;            /* spent in them, for stats() */
+} gc = {GC_PAUSE, GC_MIN_BYTES, 0, 0, 0, 0, 0, 0, 0, 0};
 
 static double seconds (void) {
   struct timespec ts;
@@ -60,6 +64,34 @@ static size_t allowance_for (size_t live) {
   return grow > gc.min_bytes ? grow : gc.min_bytes;
 }
 
+/* After a collection: the next one once allowance bytes more are
+** allocated. Garbage is measured against what is live besides the
+** variables (the model's weights must not buy its activations room for
+** garbage), at its most lately: within a step the live set swings, and the
+** allowance of its low points would collect after every op, which makes
+** every tensor that lives across two ops old (a young collection then
+** misses it). The most decays by half each HIGH_HALFLIFE x itself of
+** allocation, so a smaller model after a big one gets tight peaks again. */
+static void repace (const mg_memory_stats *st, bool full) {
+  size_t live = st->tensor_bytes + st->saved_bytes;
+  double since = (double)(st->allocated_bytes - gc.mark);
+  gc.high = gc.high > 0 ? gc.high * exp2(-since / (HIGH_HALFLIFE * gc.high)) : 0;
+  if ((double)live > gc.high) gc.high = (double)live;
+  gc.mark = st->allocated_bytes;
+  gc.allowance = allowance_for((size_t)gc.high);
+  if (full || st->tensor_bytes < gc.floor) gc.floor = st->tensor_bytes;
+}
+
+/* a full collection, timed so that full ones take at most their share */
+static void collect_full (lua_State *L) {
+  gc.full++;
+  double start = seconds();
+  lua_gc(L, LUA_GCCOLLECT);
+  lua_gc(L, LUA_GCSTEP, 0);
+  double end = seconds();
+  gc.next_full = end + (end - start) * (100 - GC_FULL_SHARE) / GC_FULL_SHARE;
+}
+
 /* Young collections find the new garbage. The old garbage is in the tensor
 ** role (held by no tape and no variable): when those bytes grow by the
 ** allowance over their floor, a full collection looks for it. Activations
@@ -69,25 +101,31 @@ void mgL_gc_pressure (lua_State *L) {
   static _Thread_local bool collecting = false;
   if (collecting || mg_memory_allocated_bytes() - gc.mark <= gc.allowance) return;
   collecting = true;
+  double start = seconds();
   lua_gc(L, LUA_GCSTEP, 0);      /* a young collection; finalizers run at a step */
   gc.young++;
   mg_memory_stats st = mg_memory_stats_get();
   bool full = gc.pause == 100 || (st.tensor_bytes > gc.floor + gc.allowance && seconds() >= gc.next_full);
   if (full) {
-    gc.full++;
-    double start = seconds();
-    lua_gc(L, LUA_GCCOLLECT);
-    lua_gc(L, LUA_GCSTEP, 0);
-    double end = seconds();
-    gc.next_full = end + (end - start) * (100 - GC_FULL_SHARE) / GC_FULL_SHARE;
+    collect_full(L);
     st = mg_memory_stats_get();
   }
+  gc.seconds += seconds() - start;
   collecting = false;
-  gc.mark = st.allocated_bytes;
-  /* garbage is measured against what is live besides the variables: the
-  ** model's weights must not buy its activations room for garbage */
-  gc.allowance = allowance_for(st.tensor_bytes + st.saved_bytes);
-  if (full || st.tensor_bytes < gc.floor) gc.floor = st.tensor_bytes;
+  repace(&st, full);
+}
+
+/* A gradient is about to walk a tape: the forward pass's boxes are garbage
+** by now, most of them old (each lived across several ops), and each pins
+** a tensor the walk will let go of. One full collection here (when the
+** share allows it) finds them all, so the walk frees as it goes. */
+void mgL_gc_before_gradient (lua_State *L) {
+  if (mgL_running != NULL || gc.pause == 100 || seconds() < gc.next_full) return;
+  double start = seconds();
+  collect_full(L);
+  gc.seconds += seconds() - start;
+  mg_memory_stats st = mg_memory_stats_get();
+  repace(&st, true);
 }
 
 /* While a gradient runs, the walk is C code that never returns to Lua, yet
@@ -116,6 +154,8 @@ static int l_stats (lua_State *L) {
   setfield_int(L, "cached_bytes", (int64_t)st.cached_bytes);
   setfield_int(L, "young_collections", gc.young);    /* run by the pacing, not by Lua */
   setfield_int(L, "full_collections", gc.full);
+  lua_pushnumber(L, gc.seconds);
+  lua_setfield(L, -2, "collection_seconds");
   setfield_int(L, "cache_limit", (int64_t)st.cache_limit);
   setfield_int(L, "external_bytes", (int64_t)st.external_bytes);
   setfield_int(L, "live_tensors", st.live_tensors);

@@ -135,6 +135,7 @@ int luaopen_moongrad (lua_State *L) {
   mgL_open_attention(L);
   mgL_open_io(L);
   mgL_open_memory(L);
+  mgL_open_tidy(L);
   mgL_open_random(L);
   mgL_open_debug(L);
   lua_pushcfunction(L, l_set_num_threads);

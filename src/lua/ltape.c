@@ -220,6 +220,7 @@ static int l_gradient (lua_State *L) {
   }
   int zero = unconnected_zero(L, opts);
   lua_settop(L, 5);
+  mgL_gc_before_gradient(L);
   if (seeds_arg == 0 || lua_isnil(L, seeds_arg)) {
     int r = gradient_plain(L, t, zero);
     if (r >= 0) return r;

@@ -1,0 +1,184 @@
+/*
+** ltidy.c — mg.tidy and mg.dispose: freeing tensors at a known point
+** instead of when the collector finds them (TF.js's tidy and dispose).
+**
+** PyTorch frees a tensor when its last reference goes; here a tensor box
+** is freed when Lua's collector finds it garbage. The pacing (lmemory.c)
+** runs young collections often, but a box that lived across several ops
+** has grown old and only a full collection finds it. Code that knows a
+** block's temporaries are dead says so:
+**   - mg.tidy(fn, ...) runs fn; every tensor box made while it runs is
+**     released when it returns (or raises), except the tensors among its
+**     results (in tables too), which pass to the enclosing tidy, if any;
+**   - mg.dispose(x, ...) releases tensors (or tables of them) now.
+** Releasing a box drops its reference: a tape or a view that shares the
+** tensor keeps it, so this never frees what something else still needs;
+** only the box is dead ("tensor has been released" if used again).
+** The library itself runs every re-run of a forward (recompute_grad, a
+** custom gradient's ctx:recompute, RevBlock's backward) in a tidy scope.
+*/
+#include "lbinding.h"
+
+/* the scopes open on this thread: registry[&scopes_key][depth] is a
+** weak-keyed table of the boxes made in scope depth (weak: a box the
+** collector finds garbage inside the scope goes as usual) */
+static const char scopes_key = 'S';
+static _Thread_local int depth = 0;
+
+void mgL_tidy_track (lua_State *L, int box) {
+  if (depth == 0) return;
+  box = lua_absindex(L, box);
+  if (lua_rawgetp(L, LUA_REGISTRYINDEX, &scopes_key) != LUA_TTABLE || lua_rawgeti(L, -1, depth) != LUA_TTABLE) {
+    lua_pop(L, lua_istable(L, -1) ? 1 : 2);     /* a scope of another Lua state on this thread */
+    return;
+  }
+  lua_pushvalue(L, box);
+  lua_pushboolean(L, 1);
+  lua_rawset(L, -3);
+  lua_pop(L, 2);
+}
+
+static void release_box (ltensor *b) {
+  mg_tensor_release(b->t);
+  b->t = NULL;
+}
+
+/* marks in table `keep` every tensor box reachable from the value at idx
+** through tables (each table once) */
+static void mark (lua_State *L, int idx, int keep) {
+  idx = lua_absindex(L, idx);
+  if (mgL_testbox(L, idx) != NULL) {
+    lua_pushvalue(L, idx);
+    lua_pushboolean(L, 1);
+    lua_rawset(L, keep);
+    return;
+  }
+  if (lua_type(L, idx) != LUA_TTABLE) return;
+  lua_pushvalue(L, idx);
+  if (lua_rawget(L, keep) != LUA_TNIL) { lua_pop(L, 1); return; }   /* seen */
+  lua_pop(L, 1);
+  lua_pushvalue(L, idx);
+  lua_pushboolean(L, 1);
+  lua_rawset(L, keep);
+  luaL_checkstack(L, 4, "mg.tidy: results nested too deeply");
+  lua_pushnil(L);
+  while (lua_next(L, idx)) {
+    mark(L, -1, keep);
+    mark(L, -2, keep);
+    lua_pop(L, 1);
+  }
+}
+
+/* Closes the innermost scope: its boxes are released, but those in table
+** `keep` (0: none) pass to the enclosing scope. Never raises. */
+static void close_scope (lua_State *L, int keep) {
+  lua_rawgetp(L, LUA_REGISTRYINDEX, &scopes_key);
+  int scopes = lua_gettop(L);
+  lua_rawgeti(L, scopes, depth);
+  int boxes = lua_gettop(L);
+  lua_rawgeti(L, scopes, depth - 1);          /* nil at the outermost */
+  int parent = lua_gettop(L);
+  lua_pushnil(L);
+  while (lua_next(L, boxes)) {
+    lua_pop(L, 1);
+    bool kept = false;
+    if (keep) {
+      lua_pushvalue(L, -1);
+      kept = lua_rawget(L, keep) != LUA_TNIL;
+      lua_pop(L, 1);
+    }
+    if (!kept) release_box((ltensor *)lua_touserdata(L, -1));
+    else if (lua_istable(L, parent)) {
+      lua_pushvalue(L, -1);
+      lua_pushboolean(L, 1);
+      lua_rawset(L, parent);
+    }
+  }
+  lua_pushnil(L);
+  lua_rawseti(L, scopes, depth);
+  depth--;
+  lua_settop(L, scopes - 1);
+}
+
+/* runs the function below its nargs arguments at the top in a new scope,
+** protected; afterwards the stack holds its results or its error value, as
+** lua_pcall leaves them. keep_results: the results (and the tensors in
+** tables among them) stay; otherwise every box made in the scope goes. */
+int mgL_tidy_pcall (lua_State *L, int nargs, bool keep_results) {
+  int base = lua_gettop(L) - nargs;              /* the function */
+  luaL_checkstack(L, 8, "mg.tidy");
+  if (lua_rawgetp(L, LUA_REGISTRYINDEX, &scopes_key) != LUA_TTABLE) {
+    lua_pop(L, 1);
+    lua_newtable(L);
+    lua_pushvalue(L, -1);
+    lua_rawsetp(L, LUA_REGISTRYINDEX, &scopes_key);
+  }
+  lua_createtable(L, 0, 16);                     /* this scope's boxes, weak keys */
+  lua_createtable(L, 0, 1);
+  lua_pushliteral(L, "k");
+  lua_setfield(L, -2, "__mode");
+  lua_setmetatable(L, -2);
+  lua_rawseti(L, -2, depth + 1);
+  lua_pop(L, 1);
+  depth++;
+  int st = lua_pcall(L, nargs, LUA_MULTRET, 0);
+  int keep = 0;
+  if (keep_results || st != LUA_OK) {            /* an error value keeps its tensors */
+    lua_newtable(L);
+    keep = lua_gettop(L);
+    for (int i = base; i < keep; i++) mark(L, i, keep);
+  }
+  close_scope(L, keep);
+  if (keep) lua_pop(L, 1);
+  return st;
+}
+
+/* tidy(fn, ...) -> fn(...)'s results */
+static int l_tidy (lua_State *L) {
+  luaL_checktype(L, 1, LUA_TFUNCTION);
+  if (mgL_tidy_pcall(L, lua_gettop(L) - 1, true) != LUA_OK) return lua_error(L);
+  return lua_gettop(L);
+}
+
+/* releases the boxes in the value at idx (a tensor, or tables of them) */
+static void dispose (lua_State *L, int idx, int seen) {
+  ltensor *b = mgL_testbox(L, idx);
+  if (b != NULL) { release_box(b); return; }
+  if (lua_type(L, idx) != LUA_TTABLE) return;
+  idx = lua_absindex(L, idx);
+  lua_pushvalue(L, idx);
+  if (lua_rawget(L, seen) != LUA_TNIL) { lua_pop(L, 1); return; }
+  lua_pop(L, 1);
+  lua_pushvalue(L, idx);
+  lua_pushboolean(L, 1);
+  lua_rawset(L, seen);
+  luaL_checkstack(L, 4, "mg.dispose: tables nested too deeply");
+  lua_pushnil(L);
+  while (lua_next(L, idx)) {
+    dispose(L, -1, seen);
+    lua_pop(L, 1);
+  }
+}
+
+/* dispose(x, ...): tensors, tables of tensors, or nil */
+static int l_dispose (lua_State *L) {
+  int n = lua_gettop(L);
+  for (int i = 1; i <= n; i++) {
+    int t = lua_type(L, i);
+    if (t != LUA_TNIL && t != LUA_TTABLE && mgL_testbox(L, i) == NULL) {
+      const char *what = mgL_testvariable(L, i) ? "a Variable (it lives as long as its box)" : luaL_typename(L, i);
+      return luaL_error(L, "dispose: argument %d is %s%s; it takes tensors or tables of them", i,
+                        mgL_testvariable(L, i) ? "" : "a ", what);
+    }
+  }
+  lua_newtable(L);
+  for (int i = 1; i <= n; i++) dispose(L, i, n + 1);
+  return 0;
+}
+
+void mgL_open_tidy (lua_State *L) {
+  lua_pushcfunction(L, l_tidy);
+  lua_setfield(L, -2, "tidy");
+  lua_pushcfunction(L, l_dispose);
+  lua_setfield(L, -2, "dispose");
+}
