@@ -48,14 +48,17 @@ static _Thread_local struct {
   size_t allowance;          /* bytes to allocate before the next one */
   size_t floor;              /* the fewest loose tensor bytes since the last full collection */
   double high;               /* the most live bytes lately (decays as bytes are allocated) */
-  double next_full;          /* the earliest time (seconds) for the next full collection */
+  double next_full;          /* the earliest CPU time (seconds) for the next full one */
   int64_t young, full;       /* collections run, for stats() */
-  double seconds;            /* spent in them, for stats() */
+  double seconds;            /* CPU seconds spent in them, for stats() */
 } gc = {GC_PAUSE, GC_MIN_BYTES, 0, 0, 0, 0, 0, 0, 0, 0};
 
+/* this thread's CPU time: a busy machine that preempts the collector makes
+** its wall time, and so the share, swing from run to run, and the peaks
+** with it */
 static double seconds (void) {
   struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
@@ -117,10 +120,12 @@ void mgL_gc_pressure (lua_State *L) {
 
 /* A gradient is about to walk a tape: the forward pass's boxes are garbage
 ** by now, most of them old (each lived across several ops), and each pins
-** a tensor the walk will let go of. One full collection here (when the
-** share allows it) finds them all, so the walk frees as it goes. */
+** a tensor the walk will let go of. One full collection here finds them
+** all, so the walk frees as it goes. It is one a step whatever the time
+** share (on a busy machine the share would skip it now and then, and the
+** peak would swing), and it counts in the share: the others wait for it. */
 void mgL_gc_before_gradient (lua_State *L) {
-  if (mgL_running != NULL || gc.pause == 100 || seconds() < gc.next_full) return;
+  if (mgL_running != NULL || gc.pause == 100) return;
   double start = seconds();
   collect_full(L);
   gc.seconds += seconds() - start;
