@@ -100,38 +100,43 @@ local function one_step (case, pause, min_bytes)
   local old, oldmin = mg.memory.setpause(pause, min_bytes)
   collectgarbage()
   collectgarbage()
-  local base = mg.memory.stats().current_bytes
+  local before = mg.memory.stats()
   mg.memory.reset_peak()
   local t0 = mg.clock()
   step(case[2], case[3], case[4])
   local ms = (mg.clock() - t0) * 1000
-  local peak = mg.memory.stats().peak_bytes - base
+  local after = mg.memory.stats()
   mg.memory.setpause(old, oldmin)
-  return ms, peak
+  return ms, after.peak_bytes - before.current_bytes, (after.collection_seconds - before.collection_seconds) * 1000
 end
 
 -- median step times and the largest peaks under each pacing; the pacings
 -- take turns step by step, so that a slow moment of the machine falls on all
 local function measure (case, pacings)
   step(case[2], case[3], case[4])                  -- warm up
-  local times, peaks = {}, {}
+  local times, peaks, gcs = {}, {}, {}
   for k = 1, REPEATS do
     for i, p in ipairs(pacings) do
-      local ms, peak = one_step(case, p[1], p[2])
-      times[i] = times[i] or {}
-      times[i][k] = ms
+      local ms, peak, gc_ms = one_step(case, p[1], p[2])
+      times[i], gcs[i] = times[i] or {}, gcs[i] or {}
+      times[i][k], gcs[i][k] = ms, gc_ms
       peaks[i] = math.max(peaks[i] or 0, peak)
     end
   end
   local out = {}
-  for i = 1, #pacings do out[i] = {median(times[i]), peaks[i]} end
+  for i = 1, #pacings do out[i] = {median(times[i]), peaks[i], median(gcs[i])} end
   return out
 end
 
 print(("%s, %d threads; width %d, batch %d, %d layers; medians of %d steps"):format(
   mg.version, mg.get_num_threads(), W, B, N, REPEATS))
-print(("%-36s %9s %9s %7s %10s %9s %9s %7s"):format("case", "peak MiB", "ideal", "ratio", "old ratio",
-                                                       "step ms", "old ms", "cost"))
+-- cost: the step time against the old pacing's, medians of alternating
+-- steps (noisy on a shared machine); gc cost: the collector's extra CPU time
+-- (stats().collection_seconds, the pacing's young and full collections)
+-- against the old pacing's, over the old step: the same figure, without
+-- the machine's noise
+print(("%-36s %9s %9s %7s %10s %9s %9s %7s %9s %8s"):format("case", "peak MiB", "ideal", "ratio", "old ratio",
+                                                       "step ms", "old ms", "cost", "gc ms", "gc cost"))
 local default_pause, default_min = mg.memory.setpause(200, 16 << 20)
 mg.memory.setpause(default_pause, default_min)
 local cases = chains()
@@ -139,6 +144,6 @@ for _, case in ipairs(examples()) do cases[#cases + 1] = case end
 for _, case in ipairs(cases) do
   local r = measure(case, {{default_pause, default_min}, {100, 0}, {200, 16 << 20}})
   local ms, peak, ideal, old_ms, old_peak = r[1][1], r[1][2], r[2][2], r[3][1], r[3][2]
-  print(("%-36s %9.1f %9.1f %6.2fx %9.2fx %9.1f %9.1f %6.2fx"):format(case[1], peak / 2^20, ideal / 2^20,
-    peak / ideal, old_peak / ideal, ms, old_ms, ms / old_ms))
+  print(("%-36s %9.1f %9.1f %6.2fx %9.2fx %9.1f %9.1f %6.2fx %9.1f %7.3fx"):format(case[1], peak / 2^20,
+    ideal / 2^20, peak / ideal, old_peak / ideal, ms, old_ms, ms / old_ms, r[1][3], 1 + (r[1][3] - r[3][3]) / old_ms))
 end

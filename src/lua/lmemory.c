@@ -25,6 +25,7 @@
 ** every allocation.
 */
 #include <math.h>
+#include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
