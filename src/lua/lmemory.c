@@ -25,7 +25,6 @@
 ** every allocation.
 */
 #include <math.h>
-#include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
