@@ -69,15 +69,23 @@ static void mark (lua_State *L, int idx, int keep) {
   }
 }
 
-/* Closes the innermost scope: its boxes are released, but those in table
-** `keep` (0: none) pass to the enclosing scope. Never raises. */
-static void close_scope (lua_State *L, int keep) {
+/* Takes the innermost scope off (nothing that can raise: an error later
+** only leaves its boxes to the collector) and pushes its boxes, then the
+** enclosing scope's (or nil). */
+static void pop_scope (lua_State *L) {
   lua_rawgetp(L, LUA_REGISTRYINDEX, &scopes_key);
-  int scopes = lua_gettop(L);
-  lua_rawgeti(L, scopes, depth);
-  int boxes = lua_gettop(L);
-  lua_rawgeti(L, scopes, depth - 1);          /* nil at the outermost */
-  int parent = lua_gettop(L);
+  lua_rawgeti(L, -1, depth);
+  lua_rawgeti(L, -2, depth - 1);             /* nil at the outermost */
+  lua_pushnil(L);
+  lua_rawseti(L, -4, depth);
+  depth--;
+  lua_remove(L, -3);
+}
+
+/* Releases the boxes at idx but those in table `keep` (0: none), which
+** join the enclosing scope at idx + 1 (if any). */
+static void release_boxes (lua_State *L, int boxes, int keep) {
+  int parent = boxes + 1;
   lua_pushnil(L);
   while (lua_next(L, boxes)) {
     lua_pop(L, 1);
@@ -94,10 +102,6 @@ static void close_scope (lua_State *L, int keep) {
       lua_rawset(L, parent);
     }
   }
-  lua_pushnil(L);
-  lua_rawseti(L, scopes, depth);
-  depth--;
-  lua_settop(L, scopes - 1);
 }
 
 /* runs the function below its nargs arguments at the top in a new scope,
@@ -122,14 +126,16 @@ int mgL_tidy_pcall (lua_State *L, int nargs, bool keep_results) {
   lua_pop(L, 1);
   depth++;
   int st = lua_pcall(L, nargs, LUA_MULTRET, 0);
-  int keep = 0;
+  int results = lua_gettop(L);
+  pop_scope(L);
+  int boxes = results + 1, keep = 0;
   if (keep_results || st != LUA_OK) {            /* an error value keeps its tensors */
     lua_newtable(L);
     keep = lua_gettop(L);
-    for (int i = base; i < keep; i++) mark(L, i, keep);
+    for (int i = base; i <= results; i++) mark(L, i, keep);
   }
-  close_scope(L, keep);
-  if (keep) lua_pop(L, 1);
+  release_boxes(L, boxes, keep);
+  lua_settop(L, results);
   return st;
 }
 
