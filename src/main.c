@@ -146,21 +146,10 @@ static int report (lua_State *L, int status) {
   return status;
 }
 
-/* the message handler: adds a traceback */
-static int msghandler (lua_State *L) {
-  const char *msg = lua_tostring(L, 1);
-  if (msg == NULL) {
-    if (luaL_callmeta(L, 1, "__tostring") && lua_type(L, -1) == LUA_TSTRING) return 1;
-    msg = lua_pushfstring(L, "(error object is a %s value)", luaL_typename(L, 1));
-  }
-  luaL_traceback(L, L, msg, 1);
-  return 1;
-}
-
 /* calls the chunk below the top narg values, with Ctrl-C and a traceback */
 static int docall (lua_State *L, int narg, int nres) {
   int base = lua_gettop(L) - narg;
-  lua_pushcfunction(L, msghandler);
+  lua_pushcfunction(L, mgL_msghandler);
   lua_insert(L, base);
   int status = icall(L, narg, nres, base);
   lua_remove(L, base);

@@ -294,8 +294,8 @@ static void peek_control (lua_State *L, lua_Debug *ar) {
   }
 }
 
-/* the message handler: adds a traceback (as the interpreter's) */
-static int msghandler (lua_State *L) {
+/* the message handler: adds a traceback (the interpreter's too) */
+int mgL_msghandler (lua_State *L) {
   const char *msg = lua_tostring(L, 1);
   if (msg == NULL) {
     if (luaL_callmeta(L, 1, "__tostring") && lua_type(L, -1) == LUA_TSTRING) return 1;
@@ -308,7 +308,7 @@ static int msghandler (lua_State *L) {
 /* calls the function below the top narg values with interrupts armed */
 static int kcall (lua_State *L, int narg, int nres) {
   int base = lua_gettop(L) - narg;
-  lua_pushcfunction(L, msghandler);
+  lua_pushcfunction(L, mgL_msghandler);
   lua_insert(L, base);
   mg_interrupt(0);
   lua_sethook(L, peek_control, LUA_MASKCOUNT, POLL_EVERY);

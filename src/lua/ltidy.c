@@ -146,26 +146,6 @@ static int l_tidy (lua_State *L) {
   return lua_gettop(L);
 }
 
-/* releases the boxes in the value at idx (a tensor, or tables of them) */
-static void dispose (lua_State *L, int idx, int seen) {
-  ltensor *b = mgL_testbox(L, idx);
-  if (b != NULL) { release_box(b); return; }
-  if (lua_type(L, idx) != LUA_TTABLE) return;
-  idx = lua_absindex(L, idx);
-  lua_pushvalue(L, idx);
-  if (lua_rawget(L, seen) != LUA_TNIL) { lua_pop(L, 1); return; }
-  lua_pop(L, 1);
-  lua_pushvalue(L, idx);
-  lua_pushboolean(L, 1);
-  lua_rawset(L, seen);
-  luaL_checkstack(L, 4, "mg.dispose: tables nested too deeply");
-  lua_pushnil(L);
-  while (lua_next(L, idx)) {
-    dispose(L, -1, seen);
-    lua_pop(L, 1);
-  }
-}
-
 /* dispose(x, ...): tensors, tables of tensors, or nil */
 static int l_dispose (lua_State *L) {
   int n = lua_gettop(L);
@@ -177,8 +157,14 @@ static int l_dispose (lua_State *L) {
                         mgL_testvariable(L, i) ? "" : "a ", what);
     }
   }
-  lua_newtable(L);
-  for (int i = 1; i <= n; i++) dispose(L, i, n + 1);
+  lua_newtable(L);                               /* the boxes in them, as tidy finds results */
+  for (int i = 1; i <= n; i++) mark(L, i, n + 1);
+  lua_pushnil(L);
+  while (lua_next(L, n + 1)) {
+    lua_pop(L, 1);
+    ltensor *b = mgL_testbox(L, -1);
+    if (b != NULL) release_box(b);
+  }
   return 0;
 }
 
