@@ -48,10 +48,11 @@ static _Thread_local struct {
   size_t allowance;          /* bytes to allocate before the next one */
   size_t floor;              /* the fewest loose tensor bytes since the last full collection */
   double high;               /* the most live bytes lately (decays as bytes are allocated) */
+  int hold;                  /* > 0: no collection now (mgL_gc_hold) */
   double next_full;          /* the earliest CPU time (seconds) for the next full one */
   int64_t young, full;       /* collections run, for stats() */
   double seconds;            /* CPU seconds spent in them, for stats() */
-} gc = {GC_PAUSE, GC_MIN_BYTES, 0, 0, 0, 0, 0, 0, 0, 0};
+} gc = {GC_PAUSE, GC_MIN_BYTES, 0, 0, 0, 0, 0, 0, 0, 0, 0};
 
 /* this thread's CPU time: a busy machine that preempts the collector makes
 ** its wall time, and so the share, swing from run to run, and the peaks
@@ -102,7 +103,7 @@ static void collect_full (lua_State *L) {
 ** full collections. */
 void mgL_gc_pressure (lua_State *L) {
   static _Thread_local bool collecting = false;
-  if (collecting || mg_memory_allocated_bytes() - gc.mark <= gc.allowance) return;
+  if (collecting || gc.hold > 0 || mg_memory_allocated_bytes() - gc.mark <= gc.allowance) return;
   collecting = true;
   double start = seconds();
   lua_gc(L, LUA_GCSTEP, 0);      /* a young collection; finalizers run at a step */
@@ -116,6 +117,22 @@ void mgL_gc_pressure (lua_State *L) {
   gc.seconds += seconds() - start;
   collecting = false;
   repace(&st, full);
+}
+
+/* recompute_grad's first run keeps nothing of f's insides: its temporaries
+** are garbage the moment the next op has read them, but a collection
+** between two of them makes each one that lived across it old, out of a
+** young collection's reach. So none runs while f runs, and one young
+** collection after it finds them all, young. Meanwhile the peak holds f's
+** temporaries: its re-run in the backward holds them too (on its tape). */
+void mgL_gc_hold (void) {
+  gc.hold++;
+}
+
+void mgL_gc_unhold (lua_State *L) {
+  if (--gc.hold > 0) return;
+  gc.allowance = 0;                            /* collect now */
+  mgL_gc_pressure(L);
 }
 
 /* A gradient is about to walk a tape: the forward pass's boxes are garbage
