@@ -8,8 +8,8 @@ local function opts () return {keepdims = true} end
 
 -- functions for which a table after x is legitimate data, not options (print), or
 -- that call their first argument (in_loop(fn, ...) takes any callable: Lua says it cannot)
--- or that take tables as data (dispose takes tables of tensors: it would release x)
-local TAKES_ANY = {print = true, in_loop = true, dispose = true}
+-- or that take tables as data (dispose and keep take tables of tensors)
+local TAKES_ANY = {print = true, in_loop = true, dispose = true, keep = true}
 
 local function err (f, ...)
   local ok, msg = pcall(f, ...)

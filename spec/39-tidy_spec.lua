@@ -91,6 +91,34 @@ describe("mg.tidy", function()
     h.assert_close(tidied, plain, 0)
   end)
 
+  it("mg.keep takes tensors out of every open scope: an optimizer's slots outlive a tidy step", function()
+    local kept
+    mg.tidy(function() mg.tidy(function() kept = mg.keep(mg.ones{3} * 2) end) end)
+    assert.equal(6, kept:sum():item())
+    local x, y = mg.random.normal{8, 4}, mg.random.normal{8, 2}
+    local function train (wrap, opt_class, opts)
+      mg.random.seed(9)
+      local model = mg.nn.Dense(2)
+      model(x)
+      local vars, opt = model.trainable_variables, opt_class(opts)
+      local loss
+      for _ = 1, 3 do
+        loss = wrap(function()
+          local t = mg.tape()
+          local l = mg.mean((model(x) - y) ^ 2)
+          t:stop()
+          opt:apply_gradients(t:gradient(l, vars), vars)
+          return l:item()
+        end)
+      end
+      return loss
+    end
+    for _, case in ipairs({{mg.optim.Adam, {learning_rate = 0.01}}, {mg.optim.SGD, {learning_rate = 0.01, momentum = 0.9}},
+                           {mg.optim.RMSprop, {learning_rate = 0.01, momentum = 0.5, centered = true}}}) do
+      assert.equal(train(function(f) return f() end, case[1], case[2]), train(mg.tidy, case[1], case[2]))
+    end
+  end)
+
   it("checks its argument", function()
     fails(function() mg.tidy() end, "function expected")
     fails(function() mg.tidy(42) end, "function expected")
@@ -140,6 +168,24 @@ describe("mg.dispose", function()
     fails(function() mg.dispose(mg.ones{2}, 5) end, "dispose: argument 2 is a number; it takes tensors or tables of them")
     fails(function() mg.dispose(mg.Variable(mg.ones{2})) end, "dispose: argument 1 is a Variable")
     fails(function() mg.dispose("x") end, "dispose: argument 1 is a string")
+  end)
+end)
+
+describe("the collector before a gradient keeps to its share", function()
+  it("many small gradients with a big Lua heap do not pay a full collection each", function()
+    local heap = {}
+    for i = 1, 300000 do heap[i] = {i} end
+    local x = mg.Variable(mg.ones{4})
+    local before = mg.memory.stats().full_collections
+    for _ = 1, 200 do
+      local t = mg.tape()
+      local l = mg.sum(x:value() * x:value())
+      t:stop()
+      t:gradient(l, {x})
+    end
+    local fulls = mg.memory.stats().full_collections - before
+    assert.is_true(fulls < 60, fulls .. " full collections for 200 gradients")
+    assert.equal(300000, #heap)
   end)
 end)
 

@@ -331,7 +331,7 @@ function Optimizer.set_state (cls, self, state, vars)
     local t = slot_table(self, name)
     for i = 1, n do
       local s = slots[name][i]
-      t[vs[i]] = mg.is_variable(s) and s:value() or s
+      t[vs[i]] = mg.keep(mg.is_variable(s) and s:value() or s)
     end
   end
   self.iterations = iterations
@@ -386,7 +386,7 @@ optimizer_class("SGD", spec_of({{"learning_rate", lr_rule, 0.01}, {"momentum", c
       local slots = slot_table(self, "momentum")
       local m = slots[v]
       m = m and m * mu + g or g
-      slots[v] = m
+      slots[v] = mg.keep(m)                                  -- state: it outlives a tidy step
       v:assign_sub(self.nesterov and g + m * mu or m, lr)
     end
   end,
@@ -406,7 +406,7 @@ local function adam_update (self, var, g, lr)
   local ms, vs = slot_table(self, "m"), slot_table(self, "v")
   local m = (ms[var] or mg.zeros_like(g)) * b1 + g * (1 - b1)
   local v = (vs[var] or mg.zeros_like(g)) * b2 + g * g * (1 - b2)
-  ms[var], vs[var] = m, v
+  ms[var], vs[var] = mg.keep(m, v)
   var:assign_sub(m / (mg.sqrt(v) + self.epsilon), lr * math.sqrt(1 - b2 ^ t) / (1 - b1 ^ t))
 end
 
@@ -454,19 +454,19 @@ optimizer_class("RMSprop", spec_of({{"learning_rate", lr_rule, 1e-3}, {"rho", ch
     local rho = self.rho
     local vs = slot_table(self, "velocity")
     local v = (vs[var] or mg.zeros_like(g)) * rho + g * g * (1 - rho)
-    vs[var] = v
+    vs[var] = mg.keep(v)
     local denom = v + self.epsilon
     if self.centered then
       local as = slot_table(self, "average_gradient")
       local a = (as[var] or mg.zeros_like(g)) * rho + g * (1 - rho)
-      as[var] = a
+      as[var] = mg.keep(a)
       denom = v - a * a + self.epsilon
     end
     local step = g / mg.sqrt(denom)
     if self.momentum > 0 then
       local bs = slot_table(self, "momentum")
       local buf = (bs[var] or mg.zeros_like(g)) * self.momentum + step * lr
-      bs[var] = buf
+      bs[var] = mg.keep(buf)
       var:assign_sub(buf)
     else
       var:assign_sub(step, lr)

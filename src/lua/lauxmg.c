@@ -119,7 +119,8 @@ mg_variable *mgL_checkvariable (lua_State *L, int arg) {
 
 mg_tensor *mgL_testtensor (lua_State *L, int arg) {
   ltensor *b = (ltensor *)udata_with(L, arg, &tensor_key);
-  if (b && b->t == NULL) luaL_error(L, "tensor has been released (by mg.dispose, mg.tidy, a re-run's end or a <close> variable)");
+  if (b && b->t == NULL) luaL_error(L, "tensor has been released (by mg.dispose, mg.tidy, a <close> variable, or the end of a "
+                                         "re-run: keep nothing from a run where mg.is_recomputing() is true)");
   if (b) return b->t;
   mg_variable *v = mgL_testvariable(L, arg);
   return v ? mg_variable_peek(v) : NULL;

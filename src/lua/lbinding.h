@@ -96,11 +96,7 @@ void       mgL_rebuild     (lua_State *L, int idx, int acc, int *k);
 /* collects garbage tensors when tensor memory has grown enough (after each
 ** new tensor) */
 void       mgL_gc_pressure (lua_State *L);
-/* no collection between hold and unhold (recompute_grad's first run), and
-** a young one at the outermost unhold */
-void       mgL_gc_hold     (void);
-void       mgL_gc_unhold   (lua_State *L);
-/* a full collection (whatever the share) before a gradient that
+/* a full collection (within its share of the CPU time) before a gradient that
 ** no other gradient runs around: the forward's boxes are garbage by then */
 void       mgL_gc_before_gradient (lua_State *L);
 /* the context's safe-point hook: collects on mgL_running */

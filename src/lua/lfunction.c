@@ -349,9 +349,7 @@ static mg_status recompute_forward (void *ud, int nin, mg_tensor *const *in, mg_
   lfn *u = (lfn *)ud;
   forward_args fa = {u, nin, in, out, "recompute_grad"};
   if (u->first) {                                /* the call itself; later ones re-run */
-    mgL_gc_hold();                               /* see lmemory.c */
     mg_status st = run_first(&fa, recompute_first_body);
-    mgL_gc_unhold(u->first->L);
     u->first = NULL;
     return st;
   }

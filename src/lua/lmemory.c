@@ -48,11 +48,10 @@ static _Thread_local struct {
   size_t allowance;          /* bytes to allocate before the next one */
   size_t floor;              /* the fewest loose tensor bytes since the last full collection */
   double high;               /* the most live bytes lately (decays as bytes are allocated) */
-  int hold;                  /* > 0: no collection now (mgL_gc_hold) */
   double next_full;          /* the earliest CPU time (seconds) for the next full one */
   int64_t young, full;       /* collections run, for stats() */
   double seconds;            /* CPU seconds spent in them, for stats() */
-} gc = {GC_PAUSE, GC_MIN_BYTES, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+} gc = {GC_PAUSE, GC_MIN_BYTES, 0, 0, 0, 0, 0, 0, 0, 0};
 
 /* this thread's CPU time: a busy machine that preempts the collector makes
 ** its wall time, and so the share, swing from run to run, and the peaks
@@ -103,7 +102,7 @@ static void collect_full (lua_State *L) {
 ** full collections. */
 void mgL_gc_pressure (lua_State *L) {
   static _Thread_local bool collecting = false;
-  if (collecting || gc.hold > 0 || mg_memory_allocated_bytes() - gc.mark <= gc.allowance) return;
+  if (collecting || mg_memory_allocated_bytes() - gc.mark <= gc.allowance) return;
   collecting = true;
   double start = seconds();
   lua_gc(L, LUA_GCSTEP, 0);      /* a young collection; finalizers run at a step */
@@ -119,30 +118,14 @@ void mgL_gc_pressure (lua_State *L) {
   repace(&st, full);
 }
 
-/* recompute_grad's first run keeps nothing of f's insides: its temporaries
-** are garbage the moment the next op has read them, but a collection
-** between two of them makes each one that lived across it old, out of a
-** young collection's reach. So none runs while f runs, and one young
-** collection after it finds them all, young. Meanwhile the peak holds f's
-** temporaries: its re-run in the backward holds them too (on its tape). */
-void mgL_gc_hold (void) {
-  gc.hold++;
-}
-
-void mgL_gc_unhold (lua_State *L) {
-  if (--gc.hold > 0) return;
-  gc.allowance = 0;                            /* collect now */
-  mgL_gc_pressure(L);
-}
-
 /* A gradient is about to walk a tape: the forward pass's boxes are garbage
 ** by now, most of them old (each lived across several ops), and each pins
 ** a tensor the walk will let go of. One full collection here finds them
-** all, so the walk frees as it goes. It is one a step whatever the time
-** share (on a busy machine the share would skip it now and then, and the
-** peak would swing), and it counts in the share: the others wait for it. */
+** all, so the walk frees as it goes. It keeps to the share as the others
+** do: a script with a big Lua heap that takes many small gradients would
+** pay a full collection for each. */
 void mgL_gc_before_gradient (lua_State *L) {
-  if (mgL_running != NULL || gc.pause == 100) return;
+  if (mgL_running != NULL || gc.pause == 100 || seconds() < gc.next_full) return;
   double start = seconds();
   collect_full(L);
   gc.seconds += seconds() - start;

@@ -10,7 +10,9 @@
 **   - mg.tidy(fn, ...) runs fn; every tensor box made while it runs is
 **     released when it returns (or raises), except the tensors among its
 **     results (in tables too), which pass to the enclosing tidy, if any;
-**   - mg.dispose(x, ...) releases tensors (or tables of them) now.
+**   - mg.dispose(x, ...) releases tensors (or tables of them) now;
+**   - mg.keep(x, ...) takes tensors out of the open scopes: state that
+**     code in a scope stores for later (an optimizer's slots).
 ** Releasing a box drops its reference: a tape or a view that shares the
 ** tensor keeps it, so this never frees what something else still needs;
 ** only the box is dead ("tensor has been released" if used again).
@@ -168,9 +170,38 @@ static int l_dispose (lua_State *L) {
   return 0;
 }
 
+/* keep(x, ...) -> x, ...: the tensors in them (or tables of them) leave
+** every open tidy scope, to live on as usual (TF.js's keep): what a scope's
+** code stores for later, as an optimizer's slots */
+static int l_keep (lua_State *L) {
+  int n = lua_gettop(L);
+  if (depth == 0) return n;
+  lua_newtable(L);
+  for (int i = 1; i <= n; i++) mark(L, i, n + 1);
+  lua_rawgetp(L, LUA_REGISTRYINDEX, &scopes_key);
+  for (int d = 1; d <= depth; d++) {
+    if (lua_rawgeti(L, n + 2, d) == LUA_TTABLE) {
+      lua_pushnil(L);
+      while (lua_next(L, n + 1)) {
+        lua_pop(L, 1);
+        if (mgL_testbox(L, -1) != NULL) {
+          lua_pushvalue(L, -1);
+          lua_pushnil(L);
+          lua_rawset(L, -4);
+        }
+      }
+    }
+    lua_pop(L, 1);
+  }
+  lua_settop(L, n);
+  return n;
+}
+
 void mgL_open_tidy (lua_State *L) {
   lua_pushcfunction(L, l_tidy);
   lua_setfield(L, -2, "tidy");
   lua_pushcfunction(L, l_dispose);
   lua_setfield(L, -2, "dispose");
+  lua_pushcfunction(L, l_keep);
+  lua_setfield(L, -2, "keep");
 }
