@@ -24,6 +24,21 @@ describe("gradcheck", function()
       "gradcheck: input 1 is float32; finite differences need float64 (use mg.cast(x, 'float64'))")
   end)
 
+  it("passes a right tape on large outputs, where finite differences round (the fuzz's 605780413)", function()
+    -- each row of log_softmax ignores a shift, so d/dx of a row's first cumsum
+    -- input is exactly 0; the products reach 1e5, whose rounding over 2 eps
+    -- leaves about 1e-4 in the differences
+    local f = function(x) return mg.prod(mg.log_softmax(mg.cumsum(x), -1), 1) end
+    mg.random.seed(5)
+    for _ = 1, 4 do assert.is_true(gradcheck(f, {mg.random.normal({3, 4}, 0, 1, "float64") * 2})) end
+    -- and still catches a wrong gradient of the same size
+    local wrong = mg.custom_gradient(function(x)
+      local y = f(x)
+      return y, function(dy) return mg.ones_like(x) * mg.sum(dy) * 1e-3 end
+    end)
+    assert.has_error(function() gradcheck(wrong, {mg.random.normal({3, 4}, 0, 1, "float64") * 2}) end)
+  end)
+
   describe("binary ops, with broadcasting", function()
     local shapes = {{{2, 3}, {2, 3}}, {{2, 3}, {3}}, {{2, 1}, {1, 3}}, {{3}, {}}, {{4, 1, 3}, {2, 1}}}
     for _, op in ipairs({"add", "sub", "mul", "div", "maximum", "minimum"}) do
