@@ -80,6 +80,11 @@ ltensor *mgL_newbox (lua_State *L) {
   return b;
 }
 
+void mgL_releasebox (ltensor *box) {
+  mg_tensor_release(box->t);
+  box->t = NULL;
+}
+
 ltensor *mgL_testbox (lua_State *L, int arg) {
   return (ltensor *)udata_with(L, arg, &tensor_key);
 }

@@ -24,6 +24,9 @@ void       mgL_tidy_track  (lua_State *L, int box);
 int        mgL_tidy_pcall  (lua_State *L, int nargs, bool keep_results);
 /* raises inside a finalizer: what is made there may never be released */
 void       mgL_checkfinalizer (lua_State *L);
+/* drops the box's reference: the box is dead ("tensor has been released"),
+** the tensor lives on where something else holds it */
+void       mgL_releasebox  (ltensor *box);
 /* the tensor box at arg, or NULL */
 ltensor   *mgL_testbox     (lua_State *L, int arg);
 /* keeps the tensor and variable metatables where the fast checks find them */

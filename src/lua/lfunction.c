@@ -449,8 +449,7 @@ static void reuse_boxes (lua_State *L, int first, int n, int outs) {
     lua_geti(L, outs, i);
     ltensor *own = mgL_testbox(L, -2), *made = mgL_testbox(L, -1);
     if (own && made && own->t == made->t) {
-      mg_tensor_release(made->t);
-      made->t = NULL;
+      mgL_releasebox(made);
       lua_pushvalue(L, -2);
       lua_rawseti(L, outs, i);
     }

@@ -92,6 +92,7 @@ static void collect_full (lua_State *L) {
   lua_gc(L, LUA_GCCOLLECT);
   lua_gc(L, LUA_GCSTEP, 0);
   double end = seconds();
+  gc.seconds += end - start;
   gc.next_full = end + (end - start) * (100 - GC_FULL_SHARE) / GC_FULL_SHARE;
 }
 
@@ -107,13 +108,14 @@ void mgL_gc_pressure (lua_State *L) {
   double start = seconds();
   lua_gc(L, LUA_GCSTEP, 0);      /* a young collection; finalizers run at a step */
   gc.young++;
+  double end = seconds();
+  gc.seconds += end - start;
   mg_memory_stats st = mg_memory_stats_get();
-  bool full = gc.pause == 100 || (st.tensor_bytes > gc.floor + gc.allowance && seconds() >= gc.next_full);
+  bool full = gc.pause == 100 || (st.tensor_bytes > gc.floor + gc.allowance && end >= gc.next_full);
   if (full) {
     collect_full(L);
     st = mg_memory_stats_get();
   }
-  gc.seconds += seconds() - start;
   collecting = false;
   repace(&st, full);
 }
@@ -126,9 +128,7 @@ void mgL_gc_pressure (lua_State *L) {
 ** pay a full collection for each. */
 void mgL_gc_before_gradient (lua_State *L) {
   if (mgL_running != NULL || gc.pause == 100 || seconds() < gc.next_full) return;
-  double start = seconds();
   collect_full(L);
-  gc.seconds += seconds() - start;
   mg_memory_stats st = mg_memory_stats_get();
   repace(&st, true);
 }

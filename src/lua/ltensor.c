@@ -16,8 +16,7 @@
 static int tensor_gc (lua_State *L) {      /* also __close */
   ltensor *b = mgL_testbox(L, 1);
   if (b == NULL) return luaL_checkudata(L, 1, MG_TENSOR_MT), 0;
-  mg_tensor_release(b->t);
-  b->t = NULL;
+  mgL_releasebox(b);
   return 0;
 }
 

@@ -27,6 +27,13 @@
 static const char scopes_key = 'S';
 static _Thread_local int depth = 0;
 
+/* set[value at idx] = true */
+static void set_add (lua_State *L, int set, int idx) {
+  lua_pushvalue(L, idx);
+  lua_pushboolean(L, 1);
+  lua_rawset(L, set);
+}
+
 void mgL_tidy_track (lua_State *L, int box) {
   if (depth == 0) return;
   box = lua_absindex(L, box);
@@ -34,15 +41,8 @@ void mgL_tidy_track (lua_State *L, int box) {
     lua_pop(L, lua_istable(L, -1) ? 1 : 2);     /* a scope of another Lua state on this thread */
     return;
   }
-  lua_pushvalue(L, box);
-  lua_pushboolean(L, 1);
-  lua_rawset(L, -3);
+  set_add(L, lua_gettop(L), box);
   lua_pop(L, 2);
-}
-
-static void release_box (ltensor *b) {
-  mg_tensor_release(b->t);
-  b->t = NULL;
 }
 
 /* marks in table `keep` every tensor box reachable from the value at idx
@@ -50,18 +50,14 @@ static void release_box (ltensor *b) {
 static void mark (lua_State *L, int idx, int keep) {
   idx = lua_absindex(L, idx);
   if (mgL_testbox(L, idx) != NULL) {
-    lua_pushvalue(L, idx);
-    lua_pushboolean(L, 1);
-    lua_rawset(L, keep);
+    set_add(L, keep, idx);
     return;
   }
   if (lua_type(L, idx) != LUA_TTABLE) return;
   lua_pushvalue(L, idx);
   if (lua_rawget(L, keep) != LUA_TNIL) { lua_pop(L, 1); return; }   /* seen */
   lua_pop(L, 1);
-  lua_pushvalue(L, idx);
-  lua_pushboolean(L, 1);
-  lua_rawset(L, keep);
+  set_add(L, keep, idx);
   luaL_checkstack(L, 4, "mg.tidy: results nested too deeply");
   lua_pushnil(L);
   while (lua_next(L, idx)) {
@@ -97,12 +93,8 @@ static void release_boxes (lua_State *L, int boxes, int keep) {
       kept = lua_rawget(L, keep) != LUA_TNIL;
       lua_pop(L, 1);
     }
-    if (!kept) release_box((ltensor *)lua_touserdata(L, -1));
-    else if (lua_istable(L, parent)) {
-      lua_pushvalue(L, -1);
-      lua_pushboolean(L, 1);
-      lua_rawset(L, parent);
-    }
+    if (!kept) mgL_releasebox((ltensor *)lua_touserdata(L, -1));
+    else if (lua_istable(L, parent)) set_add(L, parent, lua_gettop(L));
   }
 }
 
@@ -148,24 +140,31 @@ static int l_tidy (lua_State *L) {
   return lua_gettop(L);
 }
 
+/* pushes the set of the tensor boxes in arguments 1..n (tensors or tables
+** of them), found as tidy finds its results */
+static int mark_arguments (lua_State *L, int n) {
+  lua_newtable(L);
+  for (int i = 1; i <= n; i++) mark(L, i, n + 1);
+  return n + 1;
+}
+
 /* dispose(x, ...): tensors, tables of tensors, or nil */
 static int l_dispose (lua_State *L) {
   int n = lua_gettop(L);
   for (int i = 1; i <= n; i++) {
     int t = lua_type(L, i);
     if (t != LUA_TNIL && t != LUA_TTABLE && mgL_testbox(L, i) == NULL) {
-      const char *what = mgL_testvariable(L, i) ? "a Variable (it lives as long as its box)" : luaL_typename(L, i);
-      return luaL_error(L, "dispose: argument %d is %s%s; it takes tensors or tables of them", i,
-                        mgL_testvariable(L, i) ? "" : "a ", what);
+      const char *what = mgL_testvariable(L, i) ? "a Variable (it lives as long as its box)"
+                                                : lua_pushfstring(L, "a %s", luaL_typename(L, i));
+      return luaL_error(L, "dispose: argument %d is %s; it takes tensors or tables of them", i, what);
     }
   }
-  lua_newtable(L);                               /* the boxes in them, as tidy finds results */
-  for (int i = 1; i <= n; i++) mark(L, i, n + 1);
+  int set = mark_arguments(L, n);
   lua_pushnil(L);
-  while (lua_next(L, n + 1)) {
+  while (lua_next(L, set)) {
     lua_pop(L, 1);
     ltensor *b = mgL_testbox(L, -1);
-    if (b != NULL) release_box(b);
+    if (b != NULL) mgL_releasebox(b);
   }
   return 0;
 }
@@ -176,13 +175,12 @@ static int l_dispose (lua_State *L) {
 static int l_keep (lua_State *L) {
   int n = lua_gettop(L);
   if (depth == 0) return n;
-  lua_newtable(L);
-  for (int i = 1; i <= n; i++) mark(L, i, n + 1);
+  int set = mark_arguments(L, n);
   lua_rawgetp(L, LUA_REGISTRYINDEX, &scopes_key);
   for (int d = 1; d <= depth; d++) {
-    if (lua_rawgeti(L, n + 2, d) == LUA_TTABLE) {
+    if (lua_rawgeti(L, set + 1, d) == LUA_TTABLE) {
       lua_pushnil(L);
-      while (lua_next(L, n + 1)) {
+      while (lua_next(L, set)) {
         lua_pop(L, 1);
         if (mgL_testbox(L, -1) != NULL) {
           lua_pushvalue(L, -1);
