@@ -4,12 +4,7 @@ local h = require "helpers"
 
 local function err (fn, msg) assert.has_error(fn, msg) end
 
-local function read (path)
-  local f = assert(io.open(path, "rb"))
-  local s = f:read("a")
-  f:close()
-  return s
-end
+local read = h.read
 
 local function quote (s) return "'" .. s:gsub("'", "'\\''") .. "'" end
 

@@ -24,12 +24,7 @@ local function write (path, bytes)
   return path
 end
 
-local function read (path)
-  local f = assert(io.open(path, "rb"))
-  local s = f:read("a")
-  f:close()
-  return s
-end
+local read = h.read
 
 local function listdir (d)
   local out = {}

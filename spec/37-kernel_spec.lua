@@ -52,12 +52,7 @@ local function tmpdir ()
   return (out:gsub("%s+$", ""))
 end
 
-local function read (path)
-  local f = assert(io.open(path, "rb"))
-  local s = f:read("a")
-  f:close()
-  return s
-end
+local read = helpers.read
 
 describe("moongrad --install-kernel", function()
   it("writes kernel.json where Jupyter looks (--user: $JUPYTER_DATA_DIR/kernels)", function()

@@ -52,6 +52,14 @@ function helpers.record (f, ...)
 end
 
 -- runs a shell command; returns its stdout and exit status
+-- the whole file at path, as bytes
+function helpers.read (path)
+  local f = assert(io.open(path, "rb"))
+  local s = f:read("a")
+  f:close()
+  return s
+end
+
 function helpers.run (cmd)
   local p = io.popen(cmd .. " 2>&1; echo \"exit:$?\"")
   local out = p:read("a")
