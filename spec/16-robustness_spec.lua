@@ -496,6 +496,43 @@ describe("finalizers", function()
     collectgarbage()
     assert.truthy(err and err:find("cannot be made inside a finalizer", 1, true), tostring(err))
   end)
+
+  it("cannot release what an interrupted op may be using; Lua's own finalization still frees", function()
+    -- a finalizer runs at whatever allocation triggers it, here inside the ops
+    -- that use x, v and t (fuzz finding M1: a tape freed inside its gradient)
+    local x, v = mg.ones{100}, mg.Variable(mg.ones{100})
+    local t = mg.tape{persistent = true}
+    local y = mg.sum(v * v)
+    t:stop()
+    local errs = {}
+    local function release_all ()
+      for name, f in pairs{
+        tensor = function() getmetatable(x).__gc(x) end, variable = function() getmetatable(v).__gc(v) end,
+        tape = function() getmetatable(t).__gc(t) end, dispose = function() mg.dispose(x) end,
+        close = function() local z <close> = x end,
+      } do
+        local ok, e = pcall(f)
+        if not ok then errs[name] = tostring(e) end
+      end
+    end
+    for _ = 1, 200 do
+      setmetatable({}, {__gc = release_all})
+      local _ = mg.tanh(x) + v
+      local g = t:gradient(y, v)
+      h.assert_close(g, mg.full({100}, 2))
+    end
+    collectgarbage()
+    for _, name in ipairs{"tensor", "variable", "tape", "dispose", "close"} do
+      assert.truthy(errs[name] and errs[name]:find("cannot release tensors, variables or tapes inside a finalizer", 1, true),
+                    name .. ": " .. tostring(errs[name]))
+    end
+    assert.same({1, 1}, mg.slice(x, {1, 2}):totable())    -- all still alive
+    local before = mg.memory.stats().tensor_bytes
+    x = nil
+    collectgarbage()
+    collectgarbage()
+    assert.is_true(mg.memory.stats().tensor_bytes <= before - 400)   -- x's own finalizer freed it
+  end)
 end)
 
 describe("overflow", function()

@@ -626,6 +626,7 @@ local function gc_stmt ()
     2, function() return fmt("setmetatable({}, {__gc = function() %s end})", pick{
          fmt("%s:reset()", Tk()), fmt("V[1] = V[1] + 1"), "mg.tape()", "collectgarbage('step')",
          fmt("%s:gradient(V[1], V[2])", Tk()), fmt("V[2]:assign(V[1])"), "error('in gc')", fmt("getmetatable(%s).__gc(%s)", Tk(), Tk()),
+         fmt("getmetatable(%s).__gc(%s)", V(), V()), fmt("mg.dispose(%s)", V()), fmt("local z <close> = %s", V()),
          "mg.memory.release_cache()", "mg.random.get_state()"}) end,
   }
 end

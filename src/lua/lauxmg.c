@@ -70,6 +70,23 @@ void mgL_checkfinalizer (lua_State *L) {
     luaL_error(L, "moongrad: tensors, variables and tapes cannot be made inside a finalizer (__gc)");
 }
 
+/* Finalizers run at any allocation, so one can run in the middle of a
+** binding that holds raw pointers fetched from its arguments: releasing a
+** tensor, variable or tape there (dispose, <close>, a __gc called by hand)
+** would free what that binding is using. Lua's own finalization of an object
+** is the one release allowed inside a finalizer: nothing can reach that
+** object any more. (Lua marks the frame it interrupts to run a finalizer,
+** and names the finalizer "__gc", kind "metamethod", from it.) */
+void mgL_checkrelease (lua_State *L, const char *what) {
+  if (lua_gc(L, LUA_GCISRUNNING) >= 0) return;        /* not inside a finalizer */
+  lua_Debug ar;
+  if (lua_getstack(L, 0, &ar) && lua_getinfo(L, "n", &ar) && ar.namewhat != NULL &&
+      strcmp(ar.namewhat, "metamethod") == 0 && ar.name != NULL && strcmp(ar.name, "__gc") == 0)
+    return;
+  luaL_error(L, "%s: cannot release tensors, variables or tapes inside a finalizer (__gc): "
+                "moongrad may be using them where the finalizer interrupted it", what);
+}
+
 ltensor *mgL_newbox (lua_State *L) {
   mgL_checkfinalizer(L);
   ltensor *b = (ltensor *)lua_newuserdatauv(L, sizeof(ltensor), 0);

@@ -32,6 +32,8 @@ static ltape *checktape (lua_State *L, int arg) {
 
 static int tape_gc (lua_State *L) {
   ltape *b = tapebox(L, 1);
+  if (b->t == NULL) return 0;
+  mgL_checkrelease(L, "tape");
   mg_tape_release(b->t);
   b->t = NULL;
   return 0;

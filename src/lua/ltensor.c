@@ -16,6 +16,8 @@
 static int tensor_gc (lua_State *L) {      /* also __close */
   ltensor *b = mgL_testbox(L, 1);
   if (b == NULL) return luaL_checkudata(L, 1, MG_TENSOR_MT), 0;
+  if (b->t == NULL) return 0;
+  mgL_checkrelease(L, "tensor");
   mgL_releasebox(b);
   return 0;
 }

@@ -159,6 +159,7 @@ static int l_dispose (lua_State *L) {
       return luaL_error(L, "dispose: argument %d is %s; it takes tensors or tables of them", i, what);
     }
   }
+  mgL_checkrelease(L, "dispose");
   int set = mark_arguments(L, n);
   lua_pushnil(L);
   while (lua_next(L, set)) {

@@ -15,6 +15,8 @@
 
 static int variable_gc (lua_State *L) {     /* may run twice: by hand, then by Lua */
   lvariable *b = (lvariable *)luaL_checkudata(L, 1, MG_VARIABLE_MT);   /* rare: no fast path */
+  if (b->v == NULL) return 0;
+  mgL_checkrelease(L, "Variable");
   mg_variable_release(b->v);
   b->v = NULL;
   return 0;
