@@ -817,6 +817,9 @@ typedef struct mg_memory_stats {
   size_t cached_bytes;                       /* freed, kept for reuse */
   size_t cache_limit;                        /* at most this many; 0 under AddressSanitizer */
   size_t external_bytes;                     /* host buffers and mapped files tensors view */
+  size_t graph_bytes;                        /* the tapes' records of ops (nodes), apart from
+                                                the tensors they hold: a tape that is garbage
+                                                holds them until its host collects it */
   int64_t live_tensors, live_storages;
   int64_t allocations;                       /* storages created, ever */
   size_t allocated_bytes;                    /* their bytes, ever */

@@ -49,6 +49,29 @@ describe("memory counters", function()
     assert.is_true(s.peak_bytes - base < 100 * 2^20, "peak grew to " .. (s.peak_bytes - base))
   end)
 
+  it("tapes that are dropped are collected: their records count as graph_bytes", function()
+    -- each tape records 1000 ops and is dropped; it lives across several
+    -- young collections, so only a full one finds it (once 700 MB piled up)
+    collectgarbage()
+    local a, b = mg.ones{1000}, mg.ones{1000}
+    local base = mg.memory.stats().graph_bytes
+    local one, most = 0, 0
+    for i = 1, 300 do
+      local t = mg.tape()
+      t:watch(a)
+      for _ = 1, 1000 do local _ = a + b end
+      t:stop()
+      local g = mg.memory.stats().graph_bytes - base
+      if i == 1 then one = g end
+      most = math.max(most, g)
+    end
+    assert.is_true(one > 1000 * 64, "one tape's records: " .. one)
+    assert.is_true(most < 12 * one, ("graph bytes grew to %d tapes' worth"):format(most // one))
+    collectgarbage()
+    collectgarbage()
+    assert.is_true(mg.memory.stats().graph_bytes - base < one // 10)
+  end)
+
   it("a loop of ops leaks no tensors", function()
     local before = h.live()
     for _ = 1, 100 do

@@ -39,15 +39,19 @@ void *mg_small_alloc (size_t size) {
     void *p = m->small[c].head;
     m->small[c].head = *(void **)p;
     m->small[c].n--;
+    m->graph += size;
     return p;
   }
-  return malloc(c < SMALL_CLASSES ? (c + 1) * 64 : size);
+  void *p = malloc(c < SMALL_CLASSES ? (c + 1) * 64 : size);
+  if (p != NULL) m->graph += size;
+  return p;
 }
 
 void mg_small_free (void *p, size_t size) {
   if (p == NULL) return;
   size_t c = (size + 63) / 64 - 1;
   mg_memory_state *m = mem();
+  m->graph -= size;
   if (MG_POOLS && c < SMALL_CLASSES && m->small[c].n < SMALL_KEEP) {
     *(void **)p = m->small[c].head;
     m->small[c].head = p;
@@ -276,6 +280,7 @@ mg_memory_stats mg_memory_stats_get (void) {
   st.cached_bytes = m->cached;
   st.cache_limit = MG_POOLS ? m->cache_limit : 0;
   st.external_bytes = m->external;
+  st.graph_bytes = m->graph;
   st.live_tensors = mg_ctx()->tensors.live;
   st.live_storages = m->live_storages;
   st.allocations = m->allocations;

@@ -99,6 +99,7 @@ void        mg_dtr_state_free (mg_context *c);
 typedef struct mg_memory_state {
   size_t role_bytes[MG_ROLE__COUNT];
   size_t current, peak, peak_saved;
+  size_t graph;                             /* tapes and their nodes (mg_small_alloc) */
   int64_t live_storages, allocations;
   size_t allocated;                         /* bytes ever allocated */
   void (*hook)(void *ud);                   /* timelines (mg_memory_set_hooks) */

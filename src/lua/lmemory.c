@@ -11,11 +11,12 @@
 **     young collection runs: in Lua's generational mode (set when the
 **     module opens) it costs in proportion to the objects made since, and
 **     most garbage tensors are young: the temporaries of the last ops;
-**   - when the tensor bytes no tape and no variable holds grow by that
-**     much over their floor, the collection is a full one, which finds the
-**     garbage that had grown old (last step's gradients, a loss kept in a
-**     local) without making a forward pass (whose growth is saved bytes)
-**     pay for full collections;
+**   - when the tensor bytes no tape and no variable holds, with the bytes
+**     of the tapes' records, grow by that much over their floor, the
+**     collection is a full one, which finds the garbage that had grown old
+**     (last step's gradients, a loss kept in a local, a dropped tape)
+**     without making a forward pass (whose growth is saved bytes) pay for
+**     full collections;
 **   - but a full collection walks the whole Lua heap, so full collections
 **     take at most a quarter of the time (GC_FULL_SHARE): a script that
 **     keeps a big data set in Lua tables trades some of the peak's
@@ -46,7 +47,7 @@ static _Thread_local struct {
   size_t min_bytes;
   size_t mark;               /* allocated bytes at the last collection */
   size_t allowance;          /* bytes to allocate before the next one */
-  size_t floor;              /* the fewest loose tensor bytes since the last full collection */
+  size_t floor;              /* the fewest loose bytes (see loose) since the last full collection */
   double high;               /* the most live bytes lately (decays as bytes are allocated) */
   double next_full;          /* the earliest CPU time (seconds) for the next full one */
   int64_t young, full;       /* collections run, for stats() */
@@ -67,6 +68,12 @@ static size_t allowance_for (size_t live) {
   return grow > gc.min_bytes ? grow : gc.min_bytes;
 }
 
+/* What garbage can hold that only a full collection may find: tensors no
+** tape and no variable holds, and the records of tapes (a tape dropped
+** after it lived across a few collections is old; its nodes stay until a
+** full one, and a loop that records and drops tapes piled up 700 MB). */
+static size_t loose (const mg_memory_stats *st) { return st->tensor_bytes + st->graph_bytes; }
+
 /* After a collection: the next one once allowance bytes more are
 ** allocated. Garbage is measured against what is live besides the
 ** variables (the model's weights must not buy its activations room for
@@ -82,7 +89,7 @@ static void repace (const mg_memory_stats *st, bool full) {
   if ((double)live > gc.high) gc.high = (double)live;
   gc.mark = st->allocated_bytes;
   gc.allowance = allowance_for((size_t)gc.high);
-  if (full || st->tensor_bytes < gc.floor) gc.floor = st->tensor_bytes;
+  if (full || loose(st) < gc.floor) gc.floor = loose(st);
 }
 
 /* a full collection, timed so that full ones take at most their share */
@@ -111,7 +118,7 @@ void mgL_gc_pressure (lua_State *L) {
   double end = seconds();
   gc.seconds += end - start;
   mg_memory_stats st = mg_memory_stats_get();
-  bool full = gc.pause == 100 || (st.tensor_bytes > gc.floor + gc.allowance && end >= gc.next_full);
+  bool full = gc.pause == 100 || (loose(&st) > gc.floor + gc.allowance && end >= gc.next_full);
   if (full) {
     collect_full(L);
     st = mg_memory_stats_get();
@@ -123,13 +130,18 @@ void mgL_gc_pressure (lua_State *L) {
 /* A gradient is about to walk a tape: the forward pass's boxes are garbage
 ** by now, most of them old (each lived across several ops), and each pins
 ** a tensor the walk will let go of. One full collection here finds them
-** all, so the walk frees as it goes. It keeps to the share as the others
+** all, so the walk frees as it goes. Where the tape saved no more than
+** the allowance, the garbage boxes cannot pin more than the pacing lets
+** pile up anyway, and a small gradient (the seed chain: a few microseconds)
+** does not pay for a walk of the heap. It keeps to the share as the others
 ** do: a script with a big Lua heap that takes many small gradients would
 ** pay a full collection for each. */
 void mgL_gc_before_gradient (lua_State *L) {
-  if (mgL_running != NULL || gc.pause == 100 || seconds() < gc.next_full) return;
-  collect_full(L);
+  if (mgL_running != NULL || gc.pause == 100) return;
   mg_memory_stats st = mg_memory_stats_get();
+  if (loose(&st) + st.saved_bytes <= gc.allowance || seconds() < gc.next_full) return;   /* little to find */
+  collect_full(L);
+  st = mg_memory_stats_get();
   repace(&st, true);
 }
 
@@ -163,6 +175,7 @@ static int l_stats (lua_State *L) {
   lua_setfield(L, -2, "collection_seconds");
   setfield_int(L, "cache_limit", (int64_t)st.cache_limit);
   setfield_int(L, "external_bytes", (int64_t)st.external_bytes);
+  setfield_int(L, "graph_bytes", (int64_t)st.graph_bytes);
   setfield_int(L, "live_tensors", st.live_tensors);
   setfield_int(L, "live_storages", st.live_storages);
   setfield_int(L, "allocations", st.allocations);
