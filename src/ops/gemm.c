@@ -218,7 +218,7 @@ static void load_choices (void) {
     else return;
     machine_name(machine, sizeof machine);
     mkdir(dir, 0777);                            /* may exist; failing to, there is no file */
-    snprintf(choices.path, sizeof choices.path, "%s/gemm-%s.tsv", dir, machine);
+    snprintf(choices.path, sizeof choices.path, "%s/gemm-v2-%s.tsv", dir, machine);   /* v2: warmed-up timing */
   }
   FILE *f = fopen(choices.path, "r");
   char line[128], lib[32];
@@ -260,7 +260,10 @@ static double time_calls (gemm_way w, const gemm_call *g, int reps) {
 }
 
 /* Each way runs once (oneDNN compiles its kernel, OpenMP wakes its threads),
-** then three rounds of a few milliseconds; its best round counts. A way's
+** once more to size the rounds (sized by the first call, a 5-us product on
+** AVX-512 got two calls a round, still warming up: oneDNN lost to an
+** OpenBLAS at half its speed), then three rounds of a few milliseconds; its
+** best round counts. A way's
 ** rounds run back to back: changing the thread count between calls lets
 ** the pool fall asleep, which would be timed against the many-thread ways. */
 static gemm_way calibrate (const gemm_call *g, int threads) {
@@ -274,7 +277,8 @@ static gemm_way calibrate (const gemm_call *g, int threads) {
   int best = 0;
   double best_t = INFINITY;
   for (int i = 0; i < n; i++) {
-    double one = time_calls(ways[i], g, 1);
+    time_calls(ways[i], g, 1);                  /* oneDNN compiles its kernel */
+    double one = time_calls(ways[i], g, 1);      /* the first call's time would make too few reps */
     int reps = one >= 4e-3 ? 1 : (int)(4e-3 / (one > 1e-7 ? one : 1e-7)) + 1;
     for (int r = 0; r < (flop > 2e10 ? 1 : 3); r++) {   /* a big product: once is enough */
       double t = time_calls(ways[i], g, reps);
