@@ -237,6 +237,20 @@ describe("the reuse cache", function()
     assert.equal(0, mg.memory.stats().cached_bytes)
   end)
 
+  it("evicts the blocks freed longest ago to take a newly freed one", function()
+    -- sizes used once must not keep a step's sizes out (the cap is 16 MiB + half the most ever live)
+    mg.memory.release_cache()
+    for n = 1, 20 do local _ <close> = mg.zeros{(1 << 18) + n} end    -- 20 one-off sizes, ~20 MiB
+    local step = {}
+    for i = 1, 8 do step[i] = mg.zeros{1 << 19} end                    -- a step's 8 x 2 MiB
+    for i = 1, 8 do mg.dispose(step[i]) end
+    local before = mg.memory.stats()
+    for i = 1, 8 do step[i] = mg.zeros{1 << 19} end                    -- the next step: all from the cache
+    local after = mg.memory.stats()
+    assert.equal(before.cached_bytes - 8 * 2^21, after.cached_bytes)
+    mg.dispose(step)
+  end)
+
   it("respects its limit", function()
     mg.memory.set_cache_limit(1000)
     do local a = mg.zeros{1000} end

@@ -75,40 +75,62 @@ static size_t bucket_of (size_t nbytes) {
 
 static mg_storage **next_of (mg_storage *s) { return (mg_storage **)s->data; }
 
+static void unlink_age (mg_memory_state *m, mg_storage *s) {
+  if (s->older) s->older->newer = s->newer; else m->oldest = s->newer;
+  if (s->newer) s->newer->older = s->older; else m->newest = s->older;
+}
+
+/* takes s, found at *p in its bucket, out of the cache */
+static mg_storage *cache_remove (mg_memory_state *m, mg_storage **p) {
+  mg_storage *s = *p;
+  *p = *next_of(s);
+  unlink_age(m, s);
+  m->cached -= s->nbytes;
+  return s;
+}
+
 static mg_storage *cache_take (mg_memory_state *m, size_t nbytes) {
-  for (mg_storage **p = &m->cache[bucket_of(nbytes)]; *p; p = next_of(*p)) {
-    if ((*p)->nbytes != nbytes) continue;
-    mg_storage *s = *p;
-    *p = *next_of(s);
-    m->cached -= nbytes;
-    return s;
-  }
+  for (mg_storage **p = &m->cache[bucket_of(nbytes)]; *p; p = next_of(*p))
+    if ((*p)->nbytes == nbytes) return cache_remove(m, p);
   return NULL;
 }
 
-/* the cache holds at most 16 MiB plus a quarter of the peak, and never
-** more than the limit set: spare blocks in proportion to the workload */
+static void cache_evict_oldest (mg_memory_state *m) {
+  mg_storage **p = &m->cache[bucket_of(m->oldest->nbytes)];
+  while (*p != m->oldest) p = next_of(*p);
+  free(cache_remove(m, p));
+}
+
+/*
+** The cache holds at most 16 MiB plus half the most bytes ever live, and
+** never more than the limit set. A block that does not fit makes room by
+** evicting the blocks that came back longest ago: a training step frees
+** its activations in the backward and asks for the same sizes again in the
+** next forward, while sizes a script used once (loading, a first step)
+** would otherwise fill the cache for good. (Refusing the newcomer instead
+** left a CNN step 280,000 page faults a run: its activations came back
+** from the kernel zeroed each step.)
+*/
 static bool cache_put (mg_memory_state *m, mg_storage *s) {
   if (!MG_POOLS) return false;
-  size_t cap = ((size_t)16 << 20) + m->peak / 4;
+  size_t cap = ((size_t)16 << 20) + m->high / 2;
   if (cap > m->cache_limit) cap = m->cache_limit;
-  if (m->cached + s->nbytes > cap) return false;
+  if (s->nbytes > cap) return false;
+  while (m->cached + s->nbytes > cap) cache_evict_oldest(m);
   mg_storage **head = &m->cache[bucket_of(s->nbytes)];
   *next_of(s) = *head;
   *head = s;
+  s->older = m->newest;
+  s->newer = NULL;
+  if (m->newest) m->newest->newer = s; else m->oldest = s;
+  m->newest = s;
   m->cached += s->nbytes;
   return true;
 }
 
 void mg_memory_release_cache (void) {
   mg_memory_state *m = mem();
-  for (int b = 0; b < CACHE_BUCKETS; b++)
-    while (m->cache[b]) {
-      mg_storage *s = m->cache[b];
-      m->cache[b] = *next_of(s);
-      free(s);
-    }
-  m->cached = 0;
+  while (m->oldest) cache_evict_oldest(m);
 }
 
 void mg_memory_release_small (void) {
@@ -204,6 +226,7 @@ static mg_storage *count_new (mg_context *c, mg_storage *s, size_t nbytes, bool 
   m->role_bytes[MG_ROLE_TENSOR] += nbytes;
   m->current += nbytes;
   if (m->current > m->peak) m->peak = m->current;
+  if (m->current > m->high) m->high = m->current;
   m->live_storages++;
   m->allocations++;
   m->allocated += nbytes;

@@ -55,6 +55,7 @@ typedef struct mg_storage {
   bool external;          /* a host's buffer or a mapped file: not this allocator's bytes */
   void (*release)(void *ud);   /* how to give such a buffer back; may be NULL */
   void *release_ud;
+  struct mg_storage *older, *newer;   /* while in the reuse cache: the order it was freed in */
 } mg_storage;
 
 mg_storage *mg_storage_new     (size_t nbytes);       /* NULL + error on failure */
@@ -108,6 +109,8 @@ typedef struct mg_memory_state {
   void (*pressure)(void);                   /* safe points (mg_memory_set_pressure_hook) */
   mg_storage *cache[MG_CACHE_BUCKETS];      /* free storages by size; next in ->data's first word */
   size_t cached, cache_limit;
+  mg_storage *oldest, *newest;              /* the cache in the order blocks came back */
+  size_t high;                              /* the most current bytes ever (sizes the cache) */
   size_t external;                          /* bytes of host buffers and mapped files tensors view */
   struct { void *head; int n; } small[MG_SMALL_CLASSES];
   int64_t fail_countdown;                   /* injected failures; -1: not read from the env */
