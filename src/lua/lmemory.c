@@ -17,6 +17,11 @@
 **     (last step's gradients, a loss kept in a local, a dropped tape)
 **     without making a forward pass (whose growth is saved bytes) pay for
 **     full collections;
+**   - the floor follows the loose bytes down between full collections
+**     (tidy scopes and dispose free live tensors), but not after a full
+**     collection that found little: then the loose bytes were swinging
+**     with live tensors (RevBlock's backward rebuilds and frees 4 MiB a
+**     half-layer), and each swing paid a full collection for nothing;
 **   - but a full collection walks the whole Lua heap, so full collections
 **     take at most a quarter of the time (GC_FULL_SHARE): a script that
 **     keeps a big data set in Lua tables trades some of the peak's
@@ -50,9 +55,10 @@ static _Thread_local struct {
   size_t floor;              /* the fewest loose bytes (see loose) since the last full collection */
   double high;               /* the most live bytes lately (decays as bytes are allocated) */
   double next_full;          /* the earliest CPU time (seconds) for the next full one */
+  bool hold;                 /* the last full one found little: the floor waits for the next */
   int64_t young, full;       /* collections run, for stats() */
   double seconds;            /* CPU seconds spent in them, for stats() */
-} gc = {GC_PAUSE, GC_MIN_BYTES, 0, 0, 0, 0, 0, 0, 0, 0};
+} gc = {GC_PAUSE, GC_MIN_BYTES, 0, 0, 0, 0, 0, false, 0, 0, 0};
 
 /* this thread's CPU time: a busy machine that preempts the collector makes
 ** its wall time, and so the share, swing from run to run, and the peaks
@@ -89,16 +95,20 @@ static void repace (const mg_memory_stats *st, bool full) {
   if ((double)live > gc.high) gc.high = (double)live;
   gc.mark = st->allocated_bytes;
   gc.allowance = allowance_for((size_t)gc.high);
-  if (full || loose(st) < gc.floor) gc.floor = loose(st);
+  if (full || (!gc.hold && loose(st) < gc.floor)) gc.floor = loose(st);
 }
 
 /* a full collection, timed so that full ones take at most their share */
 static void collect_full (lua_State *L) {
   gc.full++;
+  mg_memory_stats st = mg_memory_stats_get();
+  size_t before = loose(&st);
   double start = seconds();
   lua_gc(L, LUA_GCCOLLECT);
   lua_gc(L, LUA_GCSTEP, 0);
   double end = seconds();
+  st = mg_memory_stats_get();
+  gc.hold = before < loose(&st) + gc.allowance / 4;        /* found little */
   gc.seconds += end - start;
   gc.next_full = end + (end - start) * (100 - GC_FULL_SHARE) / GC_FULL_SHARE;
 }
