@@ -833,7 +833,7 @@ MG_API mg_memory_stats mg_memory_stats_get (void);
 MG_API size_t          mg_memory_allocated_bytes (void);
 MG_API void            mg_memory_reset_peak (void);
 MG_API void            mg_memory_release_cache (void);             /* free() what is cached */
-/* at most min(bytes, 16 MiB + half the most bytes ever live) wait for reuse,
+/* at most min(bytes, 16 MiB + a quarter of the most bytes ever live) wait for reuse,
 ** the longest-waiting evicted first; default 256 MiB, 0: no cache */
 MG_API void            mg_memory_set_cache_limit (size_t bytes);
 /* for timelines: change(ud) runs on every change of the byte counts, and
