@@ -18,10 +18,12 @@
 **     without making a forward pass (whose growth is saved bytes) pay for
 **     full collections;
 **   - the floor follows the loose bytes down between full collections
-**     (tidy scopes and dispose free live tensors), but not after a full
-**     collection that found little: then the loose bytes were swinging
-**     with live tensors (RevBlock's backward rebuilds and frees 4 MiB a
-**     half-layer), and each swing paid a full collection for nothing;
+**     (tidy scopes and dispose free live tensors), but not for a while
+**     (HIGH_HALFLIFE x the live bytes of allocation) after a full one that
+**     found little: the loose bytes were then swinging with live tensors
+**     (RevBlock's backward rebuilds and frees 4 MiB a half-layer), and each
+**     swing paid a full collection for nothing. For a while only: the
+**     floor of a phase whose big tensors are gone must come down;
 **   - but a full collection walks the whole Lua heap, so full collections
 **     take at most a quarter of the time (GC_FULL_SHARE): a script that
 **     keeps a big data set in Lua tables trades some of the peak's
@@ -55,10 +57,11 @@ static _Thread_local struct {
   size_t floor;              /* the fewest loose bytes (see loose) since the last full collection */
   double high;               /* the most live bytes lately (decays as bytes are allocated) */
   double next_full;          /* the earliest CPU time (seconds) for the next full one */
-  bool hold;                 /* the last full one found little: the floor waits for the next */
+  size_t hold_until;         /* the last full one found little: the floor waits until
+                                these many bytes were allocated (or the next full one) */
   int64_t young, full;       /* collections run, for stats() */
   double seconds;            /* CPU seconds spent in them, for stats() */
-} gc = {GC_PAUSE, GC_MIN_BYTES, 0, 0, 0, 0, 0, false, 0, 0, 0};
+} gc = {GC_PAUSE, GC_MIN_BYTES, 0, 0, 0, 0, 0, 0, 0, 0, 0};
 
 /* this thread's CPU time: a busy machine that preempts the collector makes
 ** its wall time, and so the share, swing from run to run, and the peaks
@@ -95,7 +98,8 @@ static void repace (const mg_memory_stats *st, bool full) {
   if ((double)live > gc.high) gc.high = (double)live;
   gc.mark = st->allocated_bytes;
   gc.allowance = allowance_for((size_t)gc.high);
-  if (full || (!gc.hold && loose(st) < gc.floor)) gc.floor = loose(st);
+  bool held = st->allocated_bytes < gc.hold_until;
+  if (full || (!held && loose(st) < gc.floor)) gc.floor = loose(st);
 }
 
 /* a full collection, timed so that full ones take at most their share */
@@ -108,7 +112,8 @@ static void collect_full (lua_State *L) {
   lua_gc(L, LUA_GCSTEP, 0);
   double end = seconds();
   st = mg_memory_stats_get();
-  gc.hold = before < loose(&st) + gc.allowance / 4;        /* found little */
+  bool little = before < loose(&st) + gc.allowance / 4;
+  gc.hold_until = little ? st.allocated_bytes + HIGH_HALFLIFE * (size_t)gc.high : 0;
   gc.seconds += end - start;
   gc.next_full = end + (end - start) * (100 - GC_FULL_SHARE) / GC_FULL_SHARE;
 }
@@ -265,7 +270,8 @@ static int l_release_cache (lua_State *L) {
 /* setpause(percent [, min_bytes]): a collection once tensor bytes allocated
 ** since the last one exceed (percent - 100)% of the live bytes (and at
 ** least min_bytes; defaults 110 and 256 KiB); returns the old pair.
-** setpause(100, 0) collects before every allocation: exact peaks, slowly. */
+** setpause(100, 0) collects before every allocation: exact peaks, slowly.
+** Either way the pacing starts afresh (what it learned of earlier work goes). */
 static int l_setpause (lua_State *L) {
   lua_Integer p = luaL_checkinteger(L, 1);
   lua_Integer m = luaL_optinteger(L, 2, (lua_Integer)GC_MIN_BYTES);
@@ -275,7 +281,8 @@ static int l_setpause (lua_State *L) {
   lua_pushinteger(L, (lua_Integer)gc.min_bytes);
   gc.pause = (int)p;
   gc.min_bytes = (size_t)m;
-  gc.allowance = gc.floor = 0;         /* re-derive at the next allocation */
+  gc.allowance = gc.floor = gc.hold_until = 0;   /* re-derive at the next allocation */
+  gc.next_full = 0;
   return 2;
 }
 
