@@ -120,11 +120,11 @@ local groups = {
     {"random.with_init_stream", "random.with_init_stream(fn, ...)", "fn(...) drawing from the initializers' stream"},
   }},
   {"memory", {
-    {"memory.stats", "memory.stats()", "the byte counters: current and peak, by role, cached, live tensors"},
+    {"memory.stats", "memory.stats()", "the byte counters: current and peak, by role, cached, the tapes' records (graph_bytes), live tensors, collections"},
     {"memory.reset_peak", "memory.reset_peak()", "the peak starts again from the current bytes"},
     {"memory.trace", "memory.trace(path, fn, ...)", "runs fn(...) writing its memory timeline as a Chrome trace"},
     {"memory.span", "memory.span(name, fn, ...)", "fn(...) as a named span of the running trace"},
-    {"memory.setpause", "memory.setpause(percent [, min_bytes])", "when tensor bytes trigger a collection (110, 256 KiB)"},
+    {"memory.setpause", "memory.setpause(percent [, min_bytes])", "when tensor bytes trigger a collection (110, 256 KiB); the pacing starts afresh"},
     {"tidy", "tidy(fn, ...)", "fn(...), and every tensor made meanwhile released at its end, but its results (TF.js's tidy)"},
     {"dispose", "dispose(x, ...)", "releases tensors (or tables of them) now, as a <close> variable would"},
     {"keep", "keep(x, ...)", "x, ...: tensors taken out of the open tidy scopes, to outlive them (state kept for later)"},
