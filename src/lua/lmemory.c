@@ -102,18 +102,18 @@ static void repace (const mg_memory_stats *st, bool full) {
   if (full || (!held && loose(st) < gc.floor)) gc.floor = loose(st);
 }
 
-/* a full collection, timed so that full ones take at most their share */
-static void collect_full (lua_State *L) {
+/* a full collection, timed so that full ones take at most their share; st
+** holds the counters from just before it, and gets those from after */
+static void collect_full (lua_State *L, mg_memory_stats *st) {
   gc.full++;
-  mg_memory_stats st = mg_memory_stats_get();
-  size_t before = loose(&st);
+  size_t before = loose(st);
   double start = seconds();
   lua_gc(L, LUA_GCCOLLECT);
   lua_gc(L, LUA_GCSTEP, 0);
   double end = seconds();
-  st = mg_memory_stats_get();
-  bool little = before < loose(&st) + gc.allowance / 4;
-  gc.hold_until = little ? st.allocated_bytes + HIGH_HALFLIFE * (size_t)gc.high : 0;
+  *st = mg_memory_stats_get();
+  bool little = before < loose(st) + gc.allowance / 4;
+  gc.hold_until = little ? st->allocated_bytes + HIGH_HALFLIFE * (size_t)gc.high : 0;
   gc.seconds += end - start;
   gc.next_full = end + (end - start) * (100 - GC_FULL_SHARE) / GC_FULL_SHARE;
 }
@@ -134,10 +134,7 @@ void mgL_gc_pressure (lua_State *L) {
   gc.seconds += end - start;
   mg_memory_stats st = mg_memory_stats_get();
   bool full = gc.pause == 100 || (loose(&st) > gc.floor + gc.allowance && end >= gc.next_full);
-  if (full) {
-    collect_full(L);
-    st = mg_memory_stats_get();
-  }
+  if (full) collect_full(L, &st);
   collecting = false;
   repace(&st, full);
 }
@@ -155,8 +152,7 @@ void mgL_gc_before_gradient (lua_State *L) {
   if (mgL_running != NULL || gc.pause == 100) return;
   mg_memory_stats st = mg_memory_stats_get();
   if (loose(&st) + st.saved_bytes <= gc.allowance || seconds() < gc.next_full) return;   /* little to find */
-  collect_full(L);
-  st = mg_memory_stats_get();
+  collect_full(L, &st);
   repace(&st, true);
 }
 

@@ -263,9 +263,9 @@ static double time_calls (gemm_way w, const gemm_call *g, int reps) {
 ** once more to size the rounds (sized by the first call, a 5-us product on
 ** AVX-512 got two calls a round, still warming up: oneDNN lost to an
 ** OpenBLAS at half its speed), then three rounds of a few milliseconds; its
-** best round counts. A way's
-** rounds run back to back: changing the thread count between calls lets
-** the pool fall asleep, which would be timed against the many-thread ways. */
+** best round counts. A way's rounds run back to back: changing the thread
+** count between calls lets the pool fall asleep, which would be timed
+** against the many-thread ways. */
 static gemm_way calibrate (const gemm_call *g, int threads) {
   gemm_way ways[2 * LIB__COUNT];
   int n = 0;
