@@ -807,12 +807,15 @@ MG_API mg_tensor              *mg_from_dlpack (struct DLManagedTensor *m);
 
 /* {=========================== memory =========================== */
 /* Live bytes are split by role: a storage held by a variable counts as
-** variable bytes, one saved by a tape node as saved bytes, any other as
-** tensor bytes. Freed storages kept for reuse count as cached bytes. */
+** variable bytes, one saved by a tape node as saved bytes, one a running
+** gradient holds (gradients in flight, the results it is summing) as
+** gradient bytes, any other as tensor bytes. Freed storages kept for reuse
+** count as cached bytes. */
 
 typedef struct mg_memory_stats {
-  size_t current_bytes, peak_bytes;          /* tensor + saved + variable */
+  size_t current_bytes, peak_bytes;          /* tensor + gradient + saved + variable */
   size_t tensor_bytes, saved_bytes, variable_bytes;
+  size_t gradient_bytes;                     /* held by a gradient while it runs */
   size_t peak_saved_bytes;
   size_t cached_bytes;                       /* freed, kept for reuse */
   size_t cache_limit;                        /* at most this many; 0 under AddressSanitizer */

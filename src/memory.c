@@ -158,9 +158,9 @@ static void notify (mg_memory_state *m) {
 }
 
 static mg_role role_of (const mg_storage *s) {
-  if (s->var_refs > 0) return MG_ROLE_VARIABLE;
-  if (s->tape_refs > 0) return MG_ROLE_SAVED;
-  return MG_ROLE_TENSOR;
+  int r = MG_ROLE__COUNT - 1;
+  while (r > MG_ROLE_TENSOR && s->holds[r] == 0) r--;
+  return (mg_role)r;
 }
 
 /* moves s's bytes to the counter of the role its references give it now */
@@ -212,7 +212,7 @@ static mg_storage *count_new (mg_context *c, mg_storage *s, size_t nbytes, bool 
   mg_memory_state *m = &c->memory;
   s->ctx = c;
   s->refcount = 1;
-  s->tape_refs = s->var_refs = 0;
+  memset(s->holds, 0, sizeof s->holds);
   s->role = MG_ROLE_TENSOR;
   s->nbytes = nbytes;
   s->bucket = nbytes;
@@ -252,7 +252,7 @@ mg_storage *mg_storage_new (size_t nbytes) {
 /* back to the context that made it: its counters, its cache */
 void mg_storage_release (mg_storage *s) {
   if (s == NULL || --s->refcount > 0) return;
-  mg_assert(s->tape_refs == 0 && s->var_refs == 0);
+  mg_assert(role_of(s) == MG_ROLE_TENSOR);
   mg_memory_state *m = &s->ctx->memory;
   if (s->external) {                          /* a host's buffer goes back to the host */
     m->external -= s->nbytes;
@@ -280,11 +280,11 @@ mg_storage *mg_storage_wrap (void *data, size_t nbytes, void (*release)(void *ud
   return s;
 }
 
-/* a tape node (tape_delta) or a variable (var_delta) took or dropped s */
-void mg_storage_add_refs (mg_storage *s, int tape_delta, int var_delta) {
-  s->tape_refs += tape_delta;
-  s->var_refs += var_delta;
-  mg_assert(s->tape_refs >= 0 && s->var_refs >= 0);
+/* a holder in role (a variable, a tape node, a gradient's walk) took or
+** dropped s */
+void mg_storage_hold (mg_storage *s, mg_role role, int delta) {
+  s->holds[role] += delta;
+  mg_assert(s->holds[role] >= 0);
   update_role(s);
 }
 
@@ -299,6 +299,7 @@ mg_memory_stats mg_memory_stats_get (void) {
   st.tensor_bytes = m->role_bytes[MG_ROLE_TENSOR];
   st.saved_bytes = m->role_bytes[MG_ROLE_SAVED];
   st.variable_bytes = m->role_bytes[MG_ROLE_VARIABLE];
+  st.gradient_bytes = m->role_bytes[MG_ROLE_GRADIENT];
   st.peak_saved_bytes = m->peak_saved;
   st.cached_bytes = m->cached;
   st.cache_limit = MG_POOLS ? m->cache_limit : 0;

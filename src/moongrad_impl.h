@@ -40,15 +40,21 @@ mg_status mg_null_arg (const char *fn, const char *name);
 
 /* {========================= storage ========================= */
 
-/* Who holds a storage decides which counter its bytes are in. */
-typedef enum mg_role { MG_ROLE_TENSOR, MG_ROLE_SAVED, MG_ROLE_VARIABLE, MG_ROLE__COUNT } mg_role;
+/* Who holds a storage decides which counter its bytes are in; a storage
+** held in several roles counts in the last of this list that holds it. */
+typedef enum mg_role {
+  MG_ROLE_TENSOR,         /* nothing but tensors (the host's boxes, say) */
+  MG_ROLE_GRADIENT,       /* a running gradient's walk: gradients in flight and its results */
+  MG_ROLE_SAVED,          /* tape nodes, for their backward */
+  MG_ROLE_VARIABLE,       /* variables, as their values */
+  MG_ROLE__COUNT
+} mg_role;
 
 typedef struct mg_storage {
   mg_context *ctx;        /* whose counters its bytes are in */
   int refcount;           /* tensors viewing it */
-  int tape_refs;          /* tape nodes that saved a tensor viewing it */
-  int var_refs;           /* variables whose value it is */
-  mg_role role;           /* derived from the two counts above */
+  int holds[MG_ROLE__COUNT];   /* holders in each role (holds[MG_ROLE_TENSOR] unused) */
+  mg_role role;           /* derived from holds */
   size_t nbytes;
   size_t bucket;          /* capacity, for the reuse cache */
   void *data;             /* 64-byte aligned, unless a host's */
@@ -73,7 +79,7 @@ bool        mg_alloc_fail_slow (void);
 /* between nodes of a backward walk: lets the host collect garbage */
 void        mg_memory_safe_point (void);
 void        mg_memory_release_small (void);  /* free() the recycled small blocks */
-void        mg_storage_add_refs (mg_storage *s, int tape_delta, int var_delta);
+void        mg_storage_hold (mg_storage *s, mg_role role, int delta);   /* a holder in role came (1) or went (-1) */
 /* "1.50 MiB" into buf */
 const char *mg_human_bytes (char *buf, size_t n, double bytes);
 /* the memory budget (src/autodiff/dtr.c): room for nbytes more, evicting

@@ -16,7 +16,7 @@
 static void adopt (mg_variable *v, mg_tensor *t) {
   t->id = v->id;
   t->var = v;
-  mg_storage_add_refs(t->storage, 0, 1);
+  mg_storage_hold(t->storage, MG_ROLE_VARIABLE, 1);
   v->value = t;
 }
 
@@ -24,7 +24,7 @@ static void disown (mg_variable *v) {
   mg_tensor *t = v->value;
   if (t == NULL) return;
   t->var = NULL;
-  mg_storage_add_refs(t->storage, 0, -1);
+  mg_storage_hold(t->storage, MG_ROLE_VARIABLE, -1);
   mg_tensor_release(t);
   v->value = NULL;
 }
@@ -64,7 +64,7 @@ void mg_variable_release (mg_variable *v) {
 mg_tensor *mg_variable_exchange (mg_variable *v, mg_tensor *t) {
   mg_tensor *old = v->value;
   old->var = NULL;
-  mg_storage_add_refs(old->storage, 0, -1);
+  mg_storage_hold(old->storage, MG_ROLE_VARIABLE, -1);
   adopt(v, mg_tensor_retain(t));
   return old;
 }

@@ -44,7 +44,7 @@ static mg_custom_ctx *ctx_new (void) {
 /* a saved tensor counts as what tapes hold (the saved role) */
 static void unkeep (mg_tensor **slot) {
   if (*slot == NULL) return;
-  mg_storage_add_refs((*slot)->storage, -1, 0);
+  mg_storage_hold((*slot)->storage, MG_ROLE_SAVED, -1);
   mg_tensor_release(*slot);
   *slot = NULL;
 }
@@ -90,7 +90,7 @@ mg_status mg_custom_save (mg_custom_ctx *c, int n, mg_tensor *const *ts) {
   for (int i = 0; i < n; i++) {
     mg_tensor *t = ts[i];
     c->saved[c->n++] = t ? mg_tensor_retain(t) : NULL;
-    if (t) mg_storage_add_refs(t->storage, 1, 0);
+    if (t) mg_storage_hold(t->storage, MG_ROLE_SAVED, 1);
   }
   return MG_OK;
 }

@@ -250,7 +250,7 @@ mg_status mg_dtr_attach (mg_node *n, mg_tensor *const *in) {
   }
   d->replayable = op_replays(n);
   for (int j = 0; j < n->nin; j++) {
-    mg_node *p = in[j]->storage->var_refs > 0 ? NULL : maker_of(S, in[j]->id, &d->src_out[j]);
+    mg_node *p = in[j]->storage->holds[MG_ROLE_VARIABLE] > 0 ? NULL : maker_of(S, in[j]->id, &d->src_out[j]);
     if (p != NULL) {
       d->src[j] = p;
       p->refcount++;
@@ -383,7 +383,7 @@ static mg_status gather (mg_dtr_state *S, cand **out, size_t *ncand, size_t *fre
       if (t == NULL || (nd->packed & (1u << k))) continue;
       /* a pinned record's slots (its backward runs) are counted, and marked to stay */
       mg_storage *s = t->storage;
-      if (s->var_refs > 0 || s->external || s->refcount != 1) continue;
+      if (s->holds[MG_ROLE_VARIABLE] > 0 || s->external || s->refcount != 1) continue;
       void **slot = idmap_slot(&at, t->id);
       if (slot == NULL) goto oom;
       if (*slot == NULL) {
@@ -427,7 +427,7 @@ static void evict (mg_dtr_state *S, mg_tensor *t) {
     for (int k = 0; k < nd->nin + nd->nout; k++) {
       mg_tensor **slot = slot_of_node(nd, k);
       if (*slot != t) continue;
-      mg_storage_add_refs(t->storage, -1, 0);
+      mg_storage_hold(t->storage, MG_ROLE_SAVED, -1);
       mg_tensor_release(t);
       *slot = NULL;
       d->evicted |= 1u << k;
@@ -528,7 +528,7 @@ static void restore (mg_dtr_state *S, mg_tensor *t) {
     for (int k = 0; k < nd->nin + nd->nout; k++) {
       if (!(d->evicted & (1u << k)) || meta_of_node(nd, k)->id != t->id) continue;
       *slot_of_node(nd, k) = mg_tensor_retain(t);
-      mg_storage_add_refs(t->storage, 1, 0);
+      mg_storage_hold(t->storage, MG_ROLE_SAVED, 1);
       d->evicted &= ~(1u << k);
     }
   }

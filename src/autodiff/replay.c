@@ -34,7 +34,7 @@ mg_replay *mg_replay_new (void) {
 void mg_replay_free (mg_replay *r) {
   if (r == NULL) return;
   for (int i = 0; i < r->n; i++) {
-    mg_storage_add_refs(r->items[i].t->storage, -1, 0);
+    mg_storage_hold(r->items[i].t->storage, MG_ROLE_SAVED, -1);
     mg_tensor_release(r->items[i].t);
   }
   free(r->items);
@@ -83,7 +83,7 @@ mg_status mg_replay_note (const mg_opdef *op, mg_tensor *out) {
     r->items = a;
     r->cap = cap;
   }
-  mg_storage_add_refs(out->storage, 1, 0);          /* saved bytes, as a tape's */
+  mg_storage_hold(out->storage, MG_ROLE_SAVED, 1);          /* saved bytes, as a tape's */
   r->items[r->n++] = (kept){op, count_op(r, op, false) - 1, mg_tensor_retain(out)};
   return MG_OK;
 }

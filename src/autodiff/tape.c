@@ -296,12 +296,12 @@ static bool saves_input (const mg_opdef *def, int j) {
 
 static void keep (mg_tensor **slot, mg_tensor *t) {
   *slot = mg_tensor_retain(t);
-  mg_storage_add_refs(t->storage, 1, 0);
+  mg_storage_hold(t->storage, MG_ROLE_SAVED, 1);
 }
 
 static void unkeep (mg_tensor *t) {
   if (t == NULL) return;
-  mg_storage_add_refs(t->storage, -1, 0);
+  mg_storage_hold(t->storage, MG_ROLE_SAVED, -1);
   mg_tensor_release(t);
 }
 
@@ -340,7 +340,7 @@ static mg_hooks_ref *hooks_for (const mg_opdef *def) {
 ** value stays as it is: the variable holds it anyway) */
 static mg_status keep_slot (mg_node *n, mg_tensor **slot, mg_tensor *t, int k) {
   mg_hooks_ref *h = n->hooks;
-  if (h == NULL || k >= 32 || t->storage->var_refs > 0) {
+  if (h == NULL || k >= 32 || t->storage->holds[MG_ROLE_VARIABLE] > 0) {
     keep(slot, t);
     return MG_OK;
   }
@@ -565,7 +565,7 @@ size_t mg_tape_saved_bytes (const mg_tape *t) {
       mg_tensor *x = k < n->nin ? n->in[k] : k < ntotal ? n->out[k - n->nin]
                                            : n->def->saved_extra(n, k - ntotal);
       if (k >= ntotal && x == NULL) break;
-      if (x == NULL || x->storage->var_refs > 0 || x->storage->external) continue;  /* not the tape's */
+      if (x == NULL || x->storage->holds[MG_ROLE_VARIABLE] > 0 || x->storage->external) continue;  /* not the tape's */
       void **slot = idmap_slot(&seen, (uint64_t)(uintptr_t)x->storage);
       if (slot == NULL || *slot != NULL) continue;
       *slot = x->storage;
@@ -595,8 +595,31 @@ mg_status mg_accumulate (mg_tensor **acc, mg_tensor *g) {
   return MG_OK;
 }
 
+/* A walk's map holds the gradients in flight and the results: live bytes,
+** which count in the gradient role (the collector's pacing must not take
+** a step's weight gradients for garbage that a collection could find). */
+static void grad_hold (mg_tensor *g, int delta) {
+  if (g) mg_storage_hold(g->storage, MG_ROLE_GRADIENT, delta);
+}
+
+/* adds g to the gradient in the map's slot (takes g) */
+static mg_status grads_add (void **slot, mg_tensor *g) {
+  mg_tensor *acc = (mg_tensor *)*slot;
+  grad_hold(acc, -1);
+  mg_status st = mg_accumulate(&acc, g);
+  grad_hold(acc, 1);
+  *slot = acc;
+  return st;
+}
+
+static void grads_drop (void **slot) {
+  grad_hold((mg_tensor *)*slot, -1);
+  mg_tensor_release((mg_tensor *)*slot);
+  *slot = NULL;
+}
+
 void mg_release_grads (idmap *g) {
-  for (size_t i = 0; i < g->cap; i++) mg_tensor_release((mg_tensor *)g->vals[i]);
+  for (size_t i = 0; i < g->cap; i++) grads_drop(&g->vals[i]);
   idmap_free(g);
 }
 
@@ -702,9 +725,7 @@ static mg_status step_back (mg_node *n, idmap *grads, const idmap *dep, const ch
     }
     void **slot = idmap_slot(grads, m->id);
     if (slot == NULL) { st = MG_ERR; break; }
-    mg_tensor *acc = (mg_tensor *)*slot;
-    st = mg_accumulate(&acc, din[j]);
-    *slot = acc;
+    st = grads_add(slot, din[j]);
     din[j] = NULL;
   }
   for (int j = 0; j < n->nin; j++) mg_tensor_release(din[j]);
@@ -753,10 +774,8 @@ mg_status mg_walk (mg_tape *t, int ntargets, mg_tensor *const *targets,
                                         : mg_full(y->shape, y->ndim, y->dtype, 1.0);
     if (seed == NULL) { st = MG_ERR; goto done; }
     void **slot = idmap_slot(grads, y->id);
-    mg_tensor *acc = slot ? (mg_tensor *)*slot : NULL;
     if (slot == NULL) mg_tensor_release(seed);
-    if (slot == NULL || mg_accumulate(&acc, seed) != MG_OK) { st = MG_ERR; goto done; }
-    *slot = acc;
+    if (slot == NULL || grads_add(slot, seed) != MG_OK) { st = MG_ERR; goto done; }
   }
   for (size_t i = t->nnodes; i-- > 0;) {
     mg_node *n = t->nodes[i];
@@ -768,7 +787,7 @@ mg_status mg_walk (mg_tape *t, int ntargets, mg_tensor *const *targets,
       uint64_t id = n->out_meta[k].id;
       if (idmap_has(&keep_ids, id)) continue;
       void **slot = idmap_slot(grads, id);
-      if (slot) { mg_tensor_release((mg_tensor *)*slot); *slot = NULL; }
+      if (slot) grads_drop(slot);
     }
     if (free_as_you_go) {                        /* nothing before it needs what it saved */
       t->nodes[i] = NULL;

@@ -24,7 +24,7 @@ typedef struct tracer {
   double t0;
   int depth;                  /* nested backward passes */
   long counters;
-  size_t last[3];
+  size_t last[4];
 } tracer;
 
 static _Thread_local tracer *active;      /* per thread: a trace follows its context */
@@ -53,13 +53,13 @@ static void event (tracer *tr, const char *name, char ph, int tid) {
 static void on_change (void *ud) {
   tracer *tr = (tracer *)ud;
   mg_memory_stats st = mg_memory_stats_get();
-  size_t v[3] = {st.tensor_bytes, st.saved_bytes, st.variable_bytes};
+  size_t v[4] = {st.tensor_bytes, st.saved_bytes, st.variable_bytes, st.gradient_bytes};
   if (memcmp(v, tr->last, sizeof v) == 0 || tr->counters >= MAX_COUNTER_EVENTS) return;
   memcpy(tr->last, v, sizeof v);
   if (++tr->counters == MAX_COUNTER_EVENTS) event(tr, "counter events stop here (limit)", 'i', TID_SPANS);
   fprintf(tr->f, ",\n{\"name\":\"memory\",\"ph\":\"C\",\"ts\":%.3f,\"pid\":1,"
-                 "\"args\":{\"tensors\":%zu,\"saved\":%zu,\"variables\":%zu}}",
-          now_us() - tr->t0, v[0], v[1], v[2]);
+                 "\"args\":{\"tensors\":%zu,\"saved\":%zu,\"variables\":%zu,\"gradients\":%zu}}",
+          now_us() - tr->t0, v[0], v[1], v[2], v[3]);
 }
 
 /* backward at depth 0 ends a forward phase; its end starts the next one */
@@ -85,7 +85,7 @@ static int l_trace (lua_State *L) {
   const char *path = luaL_checkstring(L, 1);
   luaL_checktype(L, 2, LUA_TFUNCTION);
   if (active) return luaL_error(L, "memory.trace: a trace is already running");
-  tracer tr = {fopen(path, "w"), now_us(), 0, 0, {0, 0, 0}};
+  tracer tr = {fopen(path, "w"), now_us(), 0, 0, {0, 0, 0, 0}};
   if (tr.f == NULL) return luaL_fileresult(L, 0, path);
   fprintf(tr.f, "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n"
                 "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":1,\"args\":{\"name\":\"moongrad\"}}");
