@@ -17,75 +17,91 @@ local REPEATS = tonumber(arg and arg[4]) or 5
 
 local median = require("bench.util").median
 
-local function chains ()
-  mg.random.seed(1)
-  local dense, blocks = {}, {}
-  for i = 1, N do
-    dense[i] = mg.nn.Dense(W, {activation = "tanh"})
-    blocks[i] = mg.nn.Sequential{mg.nn.Dense(W, {activation = "tanh"}), mg.nn.Dense(W // 4, {activation = "tanh"})}
-  end
-  local rev = mg.nn.RevBlock(mg.nn.Dense(W // 2, {activation = "tanh"}),
-                             mg.nn.Dense(W // 2, {activation = "tanh"}), {num_layers = N})
-  local segments = math.max(1, math.floor(math.sqrt(N) + 0.5))
-  local function plain (layers) return function(h) for _, l in ipairs(layers) do h = l(h) end return h end end
-  local function every (layers)
-    return function(h) for _, l in ipairs(layers) do h = mg.recompute_grad(l)(h) end return h end
-  end
-  local function vars (layers)
-    local out = {}
-    for _, l in ipairs(layers) do for _, v in ipairs(l.trainable_variables) do out[#out + 1] = v end end
-    return out
-  end
-  local x1, x2 = mg.random.normal{B, W}, mg.random.normal{B, W // 4}
-  plain(dense)(x1)
-  plain(blocks)(x2)
-  rev(x1)
-  return {
-    {"dense+tanh, plain", plain(dense), x1, vars(dense)},
-    {"dense+tanh, recompute every layer", every(dense), x1, vars(dense)},
-    {"dense+tanh, checkpoint_sequential", function(h) return mg.nn.checkpoint_sequential(dense, segments, h) end,
-     x1, vars(dense)},
-    {"dense+tanh, RevBlock", rev, x1, rev.trainable_variables},
-    {"MLP block, plain", plain(blocks), x2, vars(blocks)},
-    {"MLP block, recompute every layer", every(blocks), x2, vars(blocks)},
-  }
+-- Each case builds its own model when it runs, and drops it after: a
+-- training script holds one model, and a full collection walks the whole
+-- Lua heap (all ten models at once made each one cost 3x more).
+local function vars_of (layers)
+  local out = {}
+  for _, l in ipairs(layers) do for _, v in ipairs(l.trainable_variables) do out[#out + 1] = v end end
+  return out
 end
 
--- the training examples' models, at their sizes, plain and recomputed
-local function examples ()
+local function plain (layers) return function(h) for _, l in ipairs(layers) do h = l(h) end return h end end
+local function every (layers)
+  return function(h) for _, l in ipairs(layers) do h = mg.recompute_grad(l)(h) end return h end
+end
+
+-- a chain case: wrap(layers) runs them, on a (B, width) input
+local function chain (name, make, width, wrap)
+  return {name, function()
+    mg.random.seed(1)
+    local layers = {}
+    for i = 1, N do layers[i] = make() end
+    local x = mg.random.normal{B, width}
+    plain(layers)(x)                                    -- builds the variables
+    return wrap(layers), x, vars_of(layers)
+  end}
+end
+
+local function dense () return mg.nn.Dense(W, {activation = "tanh"}) end
+local function block ()
+  return mg.nn.Sequential{mg.nn.Dense(W, {activation = "tanh"}), mg.nn.Dense(W // 4, {activation = "tanh"})}
+end
+local segments = math.max(1, math.floor(math.sqrt(N) + 0.5))
+
+local function revblock ()
+  mg.random.seed(1)
+  local rev = mg.nn.RevBlock(mg.nn.Dense(W // 2, {activation = "tanh"}),
+                             mg.nn.Dense(W // 2, {activation = "tanh"}), {num_layers = N})
+  local x = mg.random.normal{B, W}
+  rev(x)
+  return rev, x, rev.trainable_variables
+end
+
+-- the training examples' models, at their sizes
+local function cnn (recompute)
   local nn = mg.nn
   mg.random.seed(2)
   local function conv_block (filters)
-    return nn.Sequential{nn.Conv2D(filters, 3, {padding = "same", activation = "relu"}), nn.MaxPool2D(2)}
+    local b = nn.Sequential{nn.Conv2D(filters, 3, {padding = "same", activation = "relu"}), nn.MaxPool2D(2)}
+    return recompute and mg.recompute_grad(b) or b
   end
-  local b1, b2 = conv_block(32), conv_block(64)
-  local head = {nn.Flatten(), nn.Dense(128, "relu"), nn.Dense(10)}
-  local cnn = nn.Sequential{b1, b2, head[1], head[2], head[3]}
-  local rcnn = nn.Sequential{mg.recompute_grad(b1), mg.recompute_grad(b2), head[1], head[2], head[3]}
+  local model = nn.Sequential{conv_block(32), conv_block(64), nn.Flatten(), nn.Dense(128, "relu"), nn.Dense(10)}
   local images = mg.random.uniform{128, 28, 28, 1}
-  cnn(images)
-  local V, T, width = 28, 32, 128
-  local blocks = {}
-  for k = 1, 4 do blocks[k] = nn.TransformerBlock(4, width, {causal = true}) end
-  local function gpt_of (wrap)
-    local layers = {nn.Embedding(V, width), nn.PositionalEmbedding(T)}
-    for k = 1, 4 do layers[#layers + 1] = wrap(blocks[k]) end
-    layers[#layers + 1] = nn.LayerNorm()
-    layers[#layers + 1] = nn.Dense(V)
-    return layers
-  end
-  local layers, rlayers = gpt_of(function(b) return b end), gpt_of(mg.recompute_grad)
-  for k, l in ipairs(layers) do if k <= 2 or k > 6 then rlayers[k] = l end end
-  local gpt, rgpt = nn.Sequential(layers), nn.Sequential(rlayers)
-  local tokens = mg.cast(mg.random.uniform({64, T}, 1, V + 1) // 1, "int64")
-  gpt(tokens)
-  return {
-    {"CNN (fashion_mnist), plain", cnn, images, cnn.trainable_variables},
-    {"CNN (fashion_mnist), recompute", rcnn, images, cnn.trainable_variables},
-    {"GPT (char_gpt), plain", gpt, tokens, gpt.trainable_variables},
-    {"GPT (char_gpt), recompute", rgpt, tokens, gpt.trainable_variables},
-  }
+  model(images)
+  return model, images, model.trainable_variables
 end
+
+local function gpt (recompute)
+  local nn = mg.nn
+  mg.random.seed(2)
+  local V, T, width = 28, 32, 128
+  local layers = {nn.Embedding(V, width), nn.PositionalEmbedding(T)}
+  for _ = 1, 4 do
+    local b = nn.TransformerBlock(4, width, {causal = true})
+    layers[#layers + 1] = recompute and mg.recompute_grad(b) or b
+  end
+  layers[#layers + 1] = nn.LayerNorm()
+  layers[#layers + 1] = nn.Dense(V)
+  local model = nn.Sequential(layers)
+  local tokens = mg.cast(mg.random.uniform({64, T}, 1, V + 1) // 1, "int64")
+  model(tokens)
+  return model, tokens, model.trainable_variables
+end
+
+local cases = {
+  chain("dense+tanh, plain", dense, W, plain),
+  chain("dense+tanh, recompute every layer", dense, W, every),
+  chain("dense+tanh, checkpoint_sequential", dense, W,
+        function(layers) return function(h) return mg.nn.checkpoint_sequential(layers, segments, h) end end),
+  {"dense+tanh, RevBlock", revblock},
+  chain("MLP block, plain", block, W // 4, plain),
+  chain("MLP block, recompute every layer", block, W // 4, every),
+  {"CNN (fashion_mnist), plain", function() return cnn(false) end},
+  {"CNN (fashion_mnist), recompute", function() return cnn(true) end},
+  {"GPT (char_gpt), plain", function() return gpt(false) end},
+  {"GPT (char_gpt), recompute", function() return gpt(true) end},
+}
 
 local function step (run, x, vars)
   local t = mg.tape()
@@ -98,6 +114,7 @@ end
 -- one timed step under a pacing: milliseconds, and the peak above the start
 local function one_step (case, pause, min_bytes)
   local old, oldmin = mg.memory.setpause(pause, min_bytes)
+  step(case[2], case[3], case[4])     -- the pacing learns the step (setpause starts it afresh)
   collectgarbage()
   collectgarbage()
   local before = mg.memory.stats()
@@ -139,11 +156,12 @@ print(("%-36s %9s %9s %7s %10s %9s %9s %7s %9s %8s"):format("case", "peak MiB", 
                                                        "step ms", "old ms", "cost", "gc ms", "gc cost"))
 local default_pause, default_min = mg.memory.setpause(200, 16 << 20)
 mg.memory.setpause(default_pause, default_min)
-local cases = chains()
-for _, case in ipairs(examples()) do cases[#cases + 1] = case end
-for _, case in ipairs(cases) do
+for _, c in ipairs(cases) do
+  local case = {c[1], c[2]()}
   local r = measure(case, {{default_pause, default_min}, {100, 0}, {200, 16 << 20}})
+  case = nil                                          -- the next case's heap holds its own model only
+  collectgarbage()
   local ms, peak, ideal, old_ms, old_peak = r[1][1], r[1][2], r[2][2], r[3][1], r[3][2]
-  print(("%-36s %9.1f %9.1f %6.2fx %9.2fx %9.1f %9.1f %6.2fx %9.1f %7.3fx"):format(case[1], peak / 2^20,
+  print(("%-36s %9.1f %9.1f %6.2fx %9.2fx %9.1f %9.1f %6.2fx %9.1f %7.3fx"):format(c[1], peak / 2^20,
     ideal / 2^20, peak / ideal, old_peak / ideal, ms, old_ms, ms / old_ms, r[1][3], 1 + (r[1][3] - r[3][3]) / old_ms))
 end

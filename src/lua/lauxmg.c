@@ -89,6 +89,7 @@ void mgL_checkrelease (lua_State *L, const char *what) {
 
 ltensor *mgL_newbox (lua_State *L) {
   mgL_checkfinalizer(L);
+  mgL_gc_pressure(L);
   ltensor *b = (ltensor *)lua_newuserdatauv(L, sizeof(ltensor), 0);
   b->t = NULL;
   lua_rawgetp(L, LUA_REGISTRYINDEX, &tensor_key);
@@ -109,7 +110,6 @@ ltensor *mgL_testbox (lua_State *L, int arg) {
 int mgL_fill (lua_State *L, ltensor *box, mg_tensor *t) {
   if (t == NULL) return mgL_error(L);
   box->t = t;
-  mgL_gc_pressure(L);
   return 1;
 }
 

@@ -5,32 +5,34 @@
 ** megabytes behind it, so garbage tensors would pile up between its cycles
 ** and inflate the peak well past what is live. mgL_gc_pressure paces
 ** collections by tensor bytes instead, at the safe points the binding
-** offers (after each op, between the nodes of a backward walk):
+** offers (before each op makes its result, between the nodes of a
+** backward walk):
 **   - once tensor bytes allocated since the last collection exceed
-**     (pause - 100)% of the bytes then live (and at least min_bytes), a
-**     young collection runs: in Lua's generational mode (set when the
-**     module opens) it costs in proportion to the objects made since, and
-**     most garbage tensors are young: the temporaries of the last ops;
-**   - when the tensor bytes no tape and no variable holds, with the bytes
-**     of the tapes' records, grow by that much over their floor, the
-**     collection is a full one, which finds the garbage that had grown old
-**     (last step's gradients, a loss kept in a local, a dropped tape)
-**     without making a forward pass (whose growth is saved bytes) pay for
-**     full collections;
-**   - the floor follows the loose bytes down between full collections
-**     (tidy scopes and dispose free live tensors), but not for a while
-**     (HIGH_HALFLIFE x the live bytes of allocation) after a full one that
-**     found little: the loose bytes were then swinging with live tensors
-**     (RevBlock's backward rebuilds and frees 4 MiB a half-layer), and each
-**     swing paid a full collection for nothing. For a while only: the
-**     floor of a phase whose big tensors are gone must come down;
-**   - but a full collection walks the whole Lua heap, so full collections
-**     take at most a quarter of the time (GC_FULL_SHARE): a script that
-**     keeps a big data set in Lua tables trades some of the peak's
-**     tightness for speed, instead of paying one per op.
-** So the peak stays within about pause% of the live set (when the Lua heap
-** is small): bench/timeliness.lua measures it against a collection before
-** every allocation.
+**     (pause - 100)% of the most bytes live lately (and at least
+**     min_bytes), a young collection runs: in Lua's generational mode (set
+**     when the module opens) it costs in proportion to the objects made
+**     since, and most garbage tensors are young: the temporaries of the
+**     last ops. It runs before the op's result box exists, while the op's
+**     arguments are still in use, so a temporary that one op makes and the
+**     next uses is young when it dies; one that lives across two
+**     collections turns old, and only a full collection finds it;
+**   - a full collection runs when two things hold. The tensor bytes no
+**     tape, gradient or variable holds (with the bytes of the tapes'
+**     records) have grown by the allowance over their floor: old garbage
+**     can only be there (last step's gradients, a layer's input, a dropped
+**     tape), not in what tapes saved or a gradient holds. And all the bytes
+**     but the variables' stand above the most that was known live in the
+**     last step (top): below it, garbage cannot raise the peak over the
+**     live set's, and a forward pass whose old garbage stays under it pays
+**     no full collection at all (one before the gradient finds it all);
+**   - a full collection walks the whole Lua heap (300 us for the library's
+**     own 360 KiB with the caches cold), so full collections take at most
+**     a quarter of the time (GC_FULL_SHARE) on average: a script that keeps
+**     a big data set in Lua tables trades some of the peak's tightness for
+**     speed instead of paying one per op.
+** So the peak stays close to the live set's: bench/timeliness.lua measures
+** it against a collection before every allocation, and the time against
+** the old pacing.
 */
 #include <math.h>
 #include <stdio.h>
@@ -43,9 +45,10 @@
 #define GC_MIN_BYTES ((size_t)256 << 10)
 /* A full collection walks the whole Lua heap: a script that keeps its data
 ** set in Lua tables (100,000 words) paid 8 ms for each, dozens a step, and
-** trained 4x slower. Full collections may take this share of the time:
-** after one that took d seconds, the next waits d * (100 - share) / share. */
+** trained 4x slower. Full collections may take this share of the time, on
+** average (see may_run_full), and come this many in a row. */
 #define GC_FULL_SHARE 25                     /* percent */
+#define GC_FULL_BURST 4
 #define HIGH_HALFLIFE 8
 
 /* per thread, as the contexts whose bytes they pace */
@@ -56,12 +59,14 @@ static _Thread_local struct {
   size_t allowance;          /* bytes to allocate before the next one */
   size_t floor;              /* the fewest loose bytes (see loose) since the last full collection */
   double high;               /* the most live bytes lately (decays as bytes are allocated) */
-  double next_full;          /* the earliest CPU time (seconds) for the next full one */
-  size_t hold_until;         /* the last full one found little: the floor waits until
-                                these many bytes were allocated (or the next full one) */
+  double top, top_now;       /* the most bytes known live (see repace) in the last step
+                                (gradient to gradient) and in this one */
+  double credit;             /* CPU seconds full collections may take now (see may_run_full) */
+  double credited_at;        /* the CPU time credit was brought up to */
+  double last_full;          /* seconds the last full one took */
   int64_t young, full;       /* collections run, for stats() */
   double seconds;            /* CPU seconds spent in them, for stats() */
-} gc = {GC_PAUSE, GC_MIN_BYTES, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+} gc = {GC_PAUSE, GC_MIN_BYTES, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
 
 /* this thread's CPU time: a busy machine that preempts the collector makes
 ** its wall time, and so the share, swing from run to run, and the peaks
@@ -78,10 +83,13 @@ static size_t allowance_for (size_t live) {
 }
 
 /* What garbage can hold that only a full collection may find: tensors no
-** tape and no variable holds, and the records of tapes (a tape dropped
-** after it lived across a few collections is old; its nodes stay until a
-** full one, and a loop that records and drops tapes piled up 700 MB). */
+** tape, no gradient and no variable holds, and the records of tapes (a tape
+** dropped after it lived across a few collections is old; its nodes stay
+** until a full one, and a loop that records and drops tapes piled up 700 MB). */
 static size_t loose (const mg_memory_stats *st) { return st->tensor_bytes + st->graph_bytes; }
+
+/* all the bytes but the variables' */
+static size_t total (const mg_memory_stats *st) { return loose(st) + st->saved_bytes + st->gradient_bytes; }
 
 /* After a collection: the next one once allowance bytes more are
 ** allocated. Garbage is measured against what is live besides the
@@ -90,39 +98,57 @@ static size_t loose (const mg_memory_stats *st) { return st->tensor_bytes + st->
 ** allowance of its low points would collect after every op, which makes
 ** every tensor that lives across two ops old (a young collection then
 ** misses it). The most decays by half each HIGH_HALFLIFE x itself of
-** allocation, so a smaller model after a big one gets tight peaks again. */
+** allocation, so a smaller model after a big one gets tight peaks again.
+** What is known live: all of it after a full collection, what tapes saved
+** and gradients hold after a young one. */
 static void repace (const mg_memory_stats *st, bool full) {
-  size_t live = st->tensor_bytes + st->saved_bytes;
+  size_t live = st->tensor_bytes + st->saved_bytes + st->gradient_bytes;
   double since = (double)(st->allocated_bytes - gc.mark);
   gc.high = gc.high > 0 ? gc.high * exp2(-since / (HIGH_HALFLIFE * gc.high)) : 0;
   if ((double)live > gc.high) gc.high = (double)live;
+  double known = (double)(full ? total(st) : st->saved_bytes + st->gradient_bytes);
+  if (known > gc.top_now) gc.top_now = known;
   gc.mark = st->allocated_bytes;
   gc.allowance = allowance_for((size_t)gc.high);
-  bool held = st->allocated_bytes < gc.hold_until;
-  if (full || (!held && loose(st) < gc.floor)) gc.floor = loose(st);
+  if (full || loose(st) < gc.floor) gc.floor = loose(st);
 }
 
-/* a full collection, timed so that full ones take at most their share; st
-** holds the counters from just before it, and gets those from after */
+/* Each second of other work earns share / (100 - share) seconds of full
+** collections, saved up to GC_FULL_BURST times the last one's length: so
+** they take at most their share over time, while the few a step needs
+** (the one before its gradient above all) may come close together. */
+static bool may_run_full (double now) {
+  gc.credit += (now - gc.credited_at) * GC_FULL_SHARE / (100 - GC_FULL_SHARE);
+  gc.credited_at = now;
+  if (gc.credit > GC_FULL_BURST * gc.last_full) gc.credit = GC_FULL_BURST * gc.last_full;
+  return gc.credit >= 0;
+}
+
+/* a full collection, paid from the credit; st holds the counters from just
+** before it, and gets those from after */
 static void collect_full (lua_State *L, mg_memory_stats *st) {
   gc.full++;
-  size_t before = loose(st);
   double start = seconds();
   lua_gc(L, LUA_GCCOLLECT);
   lua_gc(L, LUA_GCSTEP, 0);
   double end = seconds();
   *st = mg_memory_stats_get();
-  bool little = before < loose(st) + gc.allowance / 4;
-  gc.hold_until = little ? st->allocated_bytes + HIGH_HALFLIFE * (size_t)gc.high : 0;
   gc.seconds += end - start;
-  gc.next_full = end + (end - start) * (100 - GC_FULL_SHARE) / GC_FULL_SHARE;
+  gc.last_full = end - start;
+  gc.credit -= gc.last_full;
+  gc.credited_at = end;
 }
 
-/* Young collections find the new garbage. The old garbage is in the tensor
-** role (held by no tape and no variable): when those bytes grow by the
-** allowance over their floor, a full collection looks for it. Activations
-** a tape saved grow in the saved role, so a forward pass does not pay for
-** full collections. */
+/* Garbage that would raise the peak: loose bytes over their floor by the
+** allowance, while all the bytes stand over the last step's top (by half
+** the allowance: a full collection that would find a few percent of the
+** live set is not worth its walk of the heap). */
+static bool wants_full (const mg_memory_stats *st) {
+  if (gc.pause == 100) return true;
+  return loose(st) > gc.floor + gc.allowance &&
+         (double)total(st) > fmax(gc.top, gc.top_now) + (double)(gc.allowance / 2);
+}
+
 void mgL_gc_pressure (lua_State *L) {
   static _Thread_local bool collecting = false;
   if (collecting || mg_memory_allocated_bytes() - gc.mark <= gc.allowance) return;
@@ -133,7 +159,7 @@ void mgL_gc_pressure (lua_State *L) {
   double end = seconds();
   gc.seconds += end - start;
   mg_memory_stats st = mg_memory_stats_get();
-  bool full = gc.pause == 100 || (loose(&st) > gc.floor + gc.allowance && end >= gc.next_full);
+  bool full = wants_full(&st) && (gc.pause == 100 || may_run_full(end));
   if (full) collect_full(L, &st);
   collecting = false;
   repace(&st, full);
@@ -147,11 +173,14 @@ void mgL_gc_pressure (lua_State *L) {
 ** pile up anyway, and a small gradient (the seed chain: a few microseconds)
 ** does not pay for a walk of the heap. It keeps to the share as the others
 ** do: a script with a big Lua heap that takes many small gradients would
-** pay a full collection for each. */
+** pay a full collection for each. A gradient also ends the step whose top
+** the next one measures against. */
 void mgL_gc_before_gradient (lua_State *L) {
   if (mgL_running != NULL || gc.pause == 100) return;
+  gc.top = gc.top_now;
+  gc.top_now = 0;
   mg_memory_stats st = mg_memory_stats_get();
-  if (loose(&st) + st.saved_bytes <= gc.allowance || seconds() < gc.next_full) return;   /* little to find */
+  if (loose(&st) + st.saved_bytes <= gc.allowance || !may_run_full(seconds())) return;   /* little to find */
   collect_full(L, &st);
   repace(&st, true);
 }
@@ -178,6 +207,7 @@ static int l_stats (lua_State *L) {
   setfield_int(L, "tensor_bytes", (int64_t)st.tensor_bytes);
   setfield_int(L, "saved_bytes", (int64_t)st.saved_bytes);
   setfield_int(L, "variable_bytes", (int64_t)st.variable_bytes);
+  setfield_int(L, "gradient_bytes", (int64_t)st.gradient_bytes);
   setfield_int(L, "peak_saved_bytes", (int64_t)st.peak_saved_bytes);
   setfield_int(L, "cached_bytes", (int64_t)st.cached_bytes);
   setfield_int(L, "young_collections", gc.young);    /* run by the pacing, not by Lua */
@@ -277,8 +307,8 @@ static int l_setpause (lua_State *L) {
   lua_pushinteger(L, (lua_Integer)gc.min_bytes);
   gc.pause = (int)p;
   gc.min_bytes = (size_t)m;
-  gc.allowance = gc.floor = gc.hold_until = 0;   /* re-derive at the next allocation */
-  gc.next_full = 0;
+  gc.allowance = gc.floor = 0;   /* re-derive at the next allocation */
+  gc.credit = gc.credited_at = gc.last_full = gc.top = gc.top_now = 0;
   return 2;
 }
 
