@@ -62,6 +62,28 @@ describe("layers", function()
     assert.truthy(tostring(m):find("moongrad.nn.Sequential", 1, true))
   end)
 
+  it("a layer's call holds its input no longer than the layer does, and notes the output's shape", function()
+    -- a wrapper that kept its arguments would keep every layer's input
+    -- alive across the layer's ops: old garbage, found by full collections only
+    local weak = setmetatable({}, {__mode = "v"})
+    local freed
+    local l = nn.Lambda(function(x)
+      weak[1] = x
+      x = nil
+      collectgarbage()
+      collectgarbage()
+      freed = weak[1] == nil
+      return mg.ones{2, 3}
+    end)
+    l(mg.ones{4})
+    assert.is_true(freed)
+    assert.same({2, 3}, rawget(l, "_output_shape"))
+    local two = nn.Lambda(function(x) return x, x end)
+    two(mg.ones{1})
+    assert.equal("multiple", rawget(two, "_output_shape"))
+    assert.has_error(function() nn.Dense.__call(42) end)    -- not a layer: an error, not a crash
+  end)
+
   it("gradients reach every layer's variables", function()
     local m = nn.Sequential{nn.Dense(3, {activation = "tanh"}), nn.Dense(1)}
     local x = mg.random.normal{4, 2}

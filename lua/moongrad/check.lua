@@ -13,19 +13,21 @@ local check = {}
 -- {======================= raising errors ======================
 
 local getinfo = debug and debug.getinfo
+local layer_call = mg._layer_call                  -- the layers' __call (nn.lua)
 
 local function internal (source)
   return source:find("moongrad/[%w_]+%.lua$") ~= nil
 end
 
--- error's level for the first function outside these modules (0: none, no position)
+-- error's level for the first function outside these modules (0: none, no
+-- position); mg._layer_call, the layers' __call, is one of them
 local function user_level ()
   if not getinfo then return 2 end
   local level = 3                                   -- 1 is user_level, 2 is fail
-  local info = getinfo(level, "S")
-  while info and internal(info.source) do
+  local info = getinfo(level, "Sf")
+  while info and (internal(info.source) or info.func == layer_call) do
     level = level + 1
-    info = getinfo(level, "S")
+    info = getinfo(level, "Sf")
   end
   return info and level - 1 or 0                    -- counted from fail, as error counts
 end

@@ -45,7 +45,7 @@ local function class (name, parent)
     if prop then return prop(self) end
     return lookup(cls, k)
   end
-  cls.__call = function(self, ...) return note_shape(self, self:call(...)) end
+  cls.__call = mg._layer_call             -- self:call(...), then note_shape's note (in C: see there)
   cls.__tostring = function(self) return self:describe() end
   return cls
 end
@@ -282,6 +282,7 @@ function Dense:call (x)
   check_input("Dense", x, 1, rawget(self, "kernel"))
   if not rawget(self, "kernel") then self:build(x) end
   local y = mg.matmul(x, self.kernel)
+  x = nil                 -- let go at once: an input held across two more ops grows old (see mg._layer_call)
   if self.bias then y = y + self.bias end
   if self.activation then y = self.activation(y) end
   return y
@@ -447,6 +448,7 @@ function Conv2D:call (x)
     fail("Conv2D", "input has %d channels, the layer was built for %d", x.shape[4], k.shape[3])
   end
   local y = mg.conv2d(x, self.kernel, self.bias, self._opts)
+  x = nil                 -- as in Dense:call
   if self.activation then y = self.activation(y) end
   return y
 end

@@ -79,6 +79,7 @@ local function project (x, kernel, bias)
   local rows = 1
   for i = 1, #shape - 1 do rows = rows * shape[i] end
   local y = mg.matmul(mg.reshape(x, {rows, shape[#shape]}), kernel)
+  x = nil                       -- let go before the next op (see MultiHeadAttention:call)
   if bias then y = y + bias end
   shape[#shape] = kernel.shape[2]
   return mg.reshape(y, shape)
@@ -325,12 +326,14 @@ function transformer.install (nn, internals)
     local q = split_heads(self, project(query, self.query_kernel, self.query_bias))
     local k = split_heads(self, project(value, self.key_kernel, self.key_bias))
     local v = split_heads(self, project(value, self.value_kernel, self.value_bias))
+    query, value = nil, nil     -- let go at once: a tensor held across two collections grows old (full ones find it)
     local o
     if self.fused and not (training and self.dropout > 0) then
       o = mg.scaled_dot_product_attention(q, k, v, {mask = mask, causal = self.causal})
     else
       o = self:_plain(q, k, v, mask, training)
     end
+    q, k, v, mask = nil, nil, nil, nil
     o = mg.reshape(mg.swapaxes(o, 2, 3), {B, Tq, self.dim})            -- the heads side by side
     return project(o, self.output_kernel, self.output_bias)
   end
@@ -397,7 +400,7 @@ function transformer.install (nn, internals)
     local drop = training and self.dropout > 0
     local h = self.attention(self.ln1(x), {mask = opts.mask, training = training})
     if drop then h = nn.dropout(h, self.dropout) end
-    x = x + h
+    x, h = x + h, nil
     local B, T = x.shape[1], x.shape[2]
     -- the MLP on (B*T, dim) rows: 2-D products keep each kernel's gradient one GEMM
     h = self.mlp_out(self.activation(self.mlp_in(mg.reshape(self.ln2(x), {B * T, self.dim}))))

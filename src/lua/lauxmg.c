@@ -569,10 +569,32 @@ int mgL_flatten (lua_State *L, int idx, int acc, int n, bool strict, const char 
   return flatten_at(L, lua_absindex(L, idx), lua_absindex(L, acc), n, strict, what, &p);
 }
 
+static const char hole_key = 0;
+
+static bool is_hole (lua_State *L, int idx) {
+  return lua_islightuserdata(L, idx) && lua_touserdata(L, idx) == (void *)&hole_key;
+}
+
+void mgL_hollow (lua_State *L, int idx) {
+  idx = lua_absindex(L, idx);
+  luaL_checkstack(L, 8, "structure too deep");
+  lua_pushnil(L);
+  while (lua_next(L, idx)) {
+    if (mgL_testbox(L, -1)) {                  /* a tensor (a variable stays) */
+      lua_pushvalue(L, -2);
+      lua_pushlightuserdata(L, (void *)&hole_key);
+      lua_rawset(L, idx);
+    } else if (is_structure(L, -1)) {
+      mgL_hollow(L, -1);
+    }
+    lua_pop(L, 1);
+  }
+}
+
 void mgL_rebuild (lua_State *L, int idx, int acc, int *k) {
   idx = lua_absindex(L, idx);
   acc = lua_absindex(L, acc);
-  if (mgL_isleaf(L, idx)) {
+  if (mgL_isleaf(L, idx) || is_hole(L, idx)) {
     lua_geti(L, acc, ++*k);
     return;
   }

@@ -96,9 +96,13 @@ int        mgL_flatten     (lua_State *L, int idx, int acc, int n, bool strict, 
 /* pushes a copy of the value at idx with its leaves replaced, in the same
 ** order, by acc[*k], acc[*k+1], ... */
 void       mgL_rebuild     (lua_State *L, int idx, int acc, int *k);
+/* replaces the tensor leaves of the structure at idx (plain tables, changed
+** in place) by holes, which mgL_rebuild fills as leaves: a structure kept
+** for later no longer keeps its tensors alive */
+void       mgL_hollow      (lua_State *L, int idx);
 
-/* collects garbage tensors when tensor memory has grown enough (after each
-** new tensor) */
+/* collects garbage tensors when tensor memory has grown enough (mgL_newbox
+** calls it, before the op's result box exists) */
 void       mgL_gc_pressure (lua_State *L);
 /* a full collection (within its share of the CPU time) before a gradient that
 ** no other gradient runs around: the forward's boxes are garbage by then */

@@ -360,7 +360,8 @@ static mg_status recompute_forward (void *ud, int nin, mg_tensor *const *in, mg_
 static const mg_function recompute_fn = {"recompute_grad", recompute_forward, NULL, lfn_release};
 
 /* Pushes the template of the n arguments from `first`: {n=, ...} with plain
-** tables copied and leaves kept; then its leaves in its own order, then
+** tables copied, variables kept and tensors as holes (mgL_hollow); then
+** its leaves (the boxes, while the call runs) in its own order, then
 ** their kinds (the variable, or false for a tensor). Returns the count. */
 static int capture (lua_State *L, int first, int n, int *leaves, int *kinds) {
   lua_createtable(L, n, 1);
@@ -401,6 +402,7 @@ static int capture (lua_State *L, int first, int n, int *leaves, int *kinds) {
     }
     lua_rawseti(L, *kinds, i);
   }
+  mgL_hollow(L, tmpl);       /* the node keeps the template: boxes there would pin what it let go */
   return nl;
 }
 
@@ -1078,6 +1080,31 @@ static int l_loop_recomputed (lua_State *L) {
 
 /* }========================================================== */
 
+/* mg._layer_call(self, ...): the __call of mg.nn's layer classes:
+** self:call(...), then the shape of what it returned noted in self for
+** summary() ("multiple" for several tensors; nn.lua's note_shape). In C
+** because a Lua wrapper's frame would hold the layer's input until the layer
+** returned: each input would outlive two young collections and grow old,
+** garbage that only a full collection finds. lua_call takes the arguments
+** off this frame instead. */
+static int l_layer_call (lua_State *L) {
+  int nargs = lua_gettop(L);                 /* self, ... */
+  luaL_checktype(L, 1, LUA_TTABLE);
+  lua_pushvalue(L, 1);
+  lua_insert(L, 1);                          /* self (for the note), self, ... */
+  lua_getfield(L, 2, "call");
+  lua_insert(L, 2);                          /* self, call, self, ... */
+  lua_call(L, nargs, LUA_MULTRET);
+  int nres = lua_gettop(L) - 1;
+  lua_pushliteral(L, "_output_shape");
+  if (nres >= 2 && mgL_testbox(L, 3)) lua_pushliteral(L, "multiple");
+  else if (nres >= 1 && mgL_testbox(L, 2)) lua_getfield(L, 2, "shape");
+  else lua_pushnil(L);
+  if (lua_isnil(L, -1)) lua_pop(L, 2);
+  else lua_rawset(L, 1);
+  return nres;
+}
+
 void mgL_open_functions (lua_State *L) {
   lua_pushcfunction(L, l_in_loop);
   lua_setfield(L, -2, "in_loop");
@@ -1090,6 +1117,8 @@ void mgL_open_functions (lua_State *L) {
   lua_setfield(L, -2, "custom_gradient");
   lua_pushcfunction(L, l_recompute_grad);
   lua_setfield(L, -2, "recompute_grad");
+  lua_pushcfunction(L, l_layer_call);
+  lua_setfield(L, -2, "_layer_call");
   static const luaL_Reg loop[] = {{"run", l_loop_run}, {"recomputed", l_loop_recomputed}, {NULL, NULL}};
   luaL_newlib(L, loop);
   lua_setfield(L, -2, "_loop");
