@@ -19,6 +19,15 @@ describe("bench scripts", function()
     end
   end)
 
+  it("timeliness.lua prints each case's peak against the ideal and the collector's cost", function()
+    local out, code = h.run(h.bin .. " bench/timeliness.lua 32 8 2 1")
+    assert.equal(0, code, out)
+    for _, case in ipairs({"dense%+tanh, plain", "dense%+tanh, RevBlock", "MLP block, recompute every layer",
+                           "CNN %(fashion_mnist%), recompute", "GPT %(char_gpt%), recompute"}) do
+      assert.truthy(out:find(case .. "%s+[%d.]+%s+[%d.]+%s+[%d.]+x"), case .. ":\n" .. out)
+    end
+  end)
+
   it("gemm.lua and epoch.lua workers print a figure; assemble.lua joins the machine sections", function()
     local out, code = h.run(h.bin .. " bench/gemm.lua worker 1 8 8 8 N T")
     assert.equal(0, code, out)

@@ -120,7 +120,7 @@ local groups = {
     {"random.with_init_stream", "random.with_init_stream(fn, ...)", "fn(...) drawing from the initializers' stream"},
   }},
   {"memory", {
-    {"memory.stats", "memory.stats()", "the byte counters: current and peak, by role, cached, the tapes' records (graph_bytes), live tensors, collections"},
+    {"memory.stats", "memory.stats()", "the byte counters: current and peak, by role (tensor, saved, gradient, variable), cached, the tapes' records (graph_bytes), live tensors, collections"},
     {"memory.reset_peak", "memory.reset_peak()", "the peak starts again from the current bytes"},
     {"memory.trace", "memory.trace(path, fn, ...)", "runs fn(...) writing its memory timeline as a Chrome trace"},
     {"memory.span", "memory.span(name, fn, ...)", "fn(...) as a named span of the running trace"},
