@@ -77,11 +77,20 @@ void mgL_checkfinalizer (lua_State *L) {
 ** is the one release allowed inside a finalizer: nothing can reach that
 ** object any more. (Lua marks the frame it interrupts to run a finalizer,
 ** and names the finalizer "__gc", kind "metamethod", from it.) */
+static bool same_string (const char *s, const char *literal, const char **seen) {
+  if (s == NULL) return false;
+  if (s == *seen) return true;             /* Lua's own literal, met before: no strcmp per release */
+  if (strcmp(s, literal) != 0) return false;
+  *seen = s;
+  return true;
+}
+
 void mgL_checkrelease (lua_State *L, const char *what) {
+  static _Thread_local const char *metamethod, *gc_name;
   if (lua_gc(L, LUA_GCISRUNNING) >= 0) return;        /* not inside a finalizer */
   lua_Debug ar;
-  if (lua_getstack(L, 0, &ar) && lua_getinfo(L, "n", &ar) && ar.namewhat != NULL &&
-      strcmp(ar.namewhat, "metamethod") == 0 && ar.name != NULL && strcmp(ar.name, "__gc") == 0)
+  if (lua_getstack(L, 0, &ar) && lua_getinfo(L, "n", &ar) && same_string(ar.namewhat, "metamethod", &metamethod) &&
+      same_string(ar.name, "__gc", &gc_name))
     return;
   luaL_error(L, "%s: cannot release tensors, variables or tapes inside a finalizer (__gc): "
                 "moongrad may be using them where the finalizer interrupted it", what);
