@@ -159,6 +159,33 @@ describe("tape", function()
     assert.same({1, 2}, t:gradient(y, x):totable())
   end)
 
+  it("sums a gradient in place only where nothing else can see the sum", function()
+    -- the walk adds into its own sums; never into a seed the caller holds,
+    -- a target's gradient given twice, or while a tape records the walk
+    local x = f64({1, 2, 3})
+    local s1, s2 = f64({1, 1, 1}), f64({10, 10, 10})
+    local t = mg.tape{persistent = true}
+    t:watch(x)
+    local y = x * 2
+    t:stop()
+    assert.same({22, 22, 22}, t:gradient({y, y}, x, {s1, s2}):totable())
+    assert.same({1, 1, 1}, s1:totable())
+    assert.same({10, 10, 10}, s2:totable())
+    local g1 = t:gradient(y, x)                           -- an earlier answer stays as it was
+    local g2 = t:gradient({y, y}, x)
+    assert.same({2, 2, 2}, g1:totable())
+    assert.same({4, 4, 4}, g2:totable())
+    local v = mg.Variable(mg.constant(2.0, "float64"))    -- read four times: three sums
+    local outer = mg.tape()
+    local inner = mg.tape()
+    local z = v * v * v * v
+    inner:stop()
+    local dz = inner:gradient(z, v)                      -- 4 v^3, summed while outer records
+    outer:stop()
+    assert.equal(32, dz:item())
+    assert.equal(48, outer:gradient(dz, v):item())       -- 12 v^2: the sums were recorded
+  end)
+
   it("weights the targets by output_gradients", function()
     local x = c({1, 2})
     local t = mg.tape()

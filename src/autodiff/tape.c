@@ -581,10 +581,27 @@ size_t mg_tape_saved_bytes (const mg_tape *t) {
 
 /* {===================== the reverse walk ==================== */
 
+/* Can g be added into acc in place? When acc is a sum nothing else can
+** see (one reference, its storage's only view, held by no tape or variable)
+** and no tape records the walk (a higher-order gradient needs the add). */
+static bool adds_in_place (const mg_tensor *acc, const mg_tensor *g) {
+  const mg_storage *s = acc->storage;
+  return acc->refcount == 1 && s->refcount == 1 && s->holds[MG_ROLE_SAVED] == 0 &&
+         s->holds[MG_ROLE_VARIABLE] == 0 && !s->external && g->storage != s && acc->dtype == g->dtype &&
+         (acc->dtype == MG_FLOAT32 || acc->dtype == MG_FLOAT64) && acc->numel < MG_PARALLEL_MIN &&
+         mg_same_shape(acc->shape, acc->ndim, g->shape, g->ndim) && mg_tensor_is_contiguous(acc) &&
+         mg_tensor_is_contiguous(g) && mg_tapes_recording() == 0;
+}
+
 mg_status mg_accumulate (mg_tensor **acc, mg_tensor *g) {
   if (g == NULL) return MG_ERR;
   if (*acc == NULL) {
     *acc = g;
+    return MG_OK;
+  }
+  if (adds_in_place(*acc, g)) {                   /* a step's sums: no tensor per add */
+    mg_add_into(*acc, g);
+    mg_tensor_release(g);
     return MG_OK;
   }
   mg_tensor *sum = mg_add(*acc, g);
@@ -605,6 +622,11 @@ static void grad_hold (mg_tensor *g, int delta) {
 /* adds g to the gradient in the map's slot (takes g) */
 static mg_status grads_add (void **slot, mg_tensor *g) {
   mg_tensor *acc = (mg_tensor *)*slot;
+  if (acc && g && adds_in_place(acc, g)) {       /* the same tensor: its role stays */
+    mg_add_into(acc, g);
+    mg_tensor_release(g);
+    return MG_OK;
+  }
   grad_hold(acc, -1);
   mg_status st = mg_accumulate(&acc, g);
   grad_hold(acc, 1);

@@ -44,21 +44,32 @@ void mgL_remember_metatables (lua_State *L) {
   lua_rawsetp(L, LUA_REGISTRYINDEX, &tensor_mt);
 }
 
+/* what the userdata at idx is, by its metatable, fetched once: &tensor_key,
+** &variable_key or NULL; *p gets the block */
+static const char *box_kind (lua_State *L, int idx, void **p) {
+  *p = lua_touserdata(L, idx);
+  if (*p == NULL || !lua_getmetatable(L, idx)) return NULL;
+  const void *mt = lua_topointer(L, -1);
+  const char *kind = NULL;
+  if (mt == tensor_mt && mt != NULL) kind = &tensor_key;
+  else if (mt == variable_mt && mt != NULL) kind = &variable_key;
+  for (int k = 0; k < 2 && kind == NULL; k++) {       /* a first sight: ask the registry */
+    const char *key = k == 0 ? &tensor_key : &variable_key;
+    lua_rawgetp(L, LUA_REGISTRYINDEX, key);
+    if (lua_rawequal(L, -1, -2)) {
+      kind = key;
+      *(k == 0 ? &tensor_mt : &variable_mt) = mt;
+    }
+    lua_pop(L, 1);
+  }
+  lua_pop(L, 1);
+  return kind;
+}
+
 /* the userdata at idx when its metatable is the one kept under key */
 static void *udata_with (lua_State *L, int idx, const char *key) {
-  void *p = lua_touserdata(L, idx);
-  if (p == NULL || !lua_getmetatable(L, idx)) return NULL;
-  const void **cached = key == &tensor_key ? &tensor_mt : &variable_mt;
-  const void *mt = lua_topointer(L, -1);
-  if (*cached != NULL && mt == *cached) {
-    lua_pop(L, 1);
-    return p;
-  }
-  lua_rawgetp(L, LUA_REGISTRYINDEX, key);
-  if (!lua_rawequal(L, -1, -2)) p = NULL;
-  else *cached = mt;
-  lua_pop(L, 2);
-  return p;
+  void *p;
+  return box_kind(L, idx, &p) == key ? p : NULL;
 }
 
 /* Lua runs no finalizer for an object made while lua_close runs the
@@ -149,12 +160,18 @@ mg_variable *mgL_checkvariable (lua_State *L, int arg) {
 }
 
 mg_tensor *mgL_testtensor (lua_State *L, int arg) {
-  ltensor *b = (ltensor *)udata_with(L, arg, &tensor_key);
-  if (b && b->t == NULL) luaL_error(L, "tensor has been released (by mg.dispose, mg.tidy, a <close> variable, or the end of a "
-                                         "re-run: keep nothing from a run where mg.is_recomputing() is true)");
-  if (b) return b->t;
-  mg_variable *v = mgL_testvariable(L, arg);
-  return v ? mg_variable_peek(v) : NULL;
+  void *p;
+  const char *kind = box_kind(L, arg, &p);
+  if (kind == &tensor_key) {
+    ltensor *b = (ltensor *)p;
+    if (b->t == NULL) luaL_error(L, "tensor has been released (by mg.dispose, mg.tidy, a <close> variable, or the end of a "
+                                    "re-run: keep nothing from a run where mg.is_recomputing() is true)");
+    return b->t;
+  }
+  if (kind != &variable_key) return NULL;
+  lvariable *v = (lvariable *)p;
+  if (v->v == NULL) luaL_error(L, "variable has been released");
+  return mg_variable_peek(v->v);
 }
 
 mg_tensor *mgL_checktensor (lua_State *L, int arg) {

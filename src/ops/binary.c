@@ -191,6 +191,12 @@ static const mg_opdef add_op = {
 };
 mg_tensor *mg_add (mg_tensor *a, mg_tensor *b) { return binary(&add_op, a, b); }
 
+void mg_add_into (mg_tensor *acc, const mg_tensor *g) {
+  char *base[3] = {mg_ptr(acc), mg_ptr(acc), mg_ptr(g)};
+  int64_t st[3] = {1, 1, 1};
+  add_op.kernel[acc->dtype](acc->numel, base, st);
+}
+
 /* sub: out = a - b.  grad: da = dout, db = -dout */
 FLOAT_KERNELS(sub, x - y)
 KERNEL(sub_i64, int64_t, int64_t, (uint64_t)x - (uint64_t)y)
