@@ -641,7 +641,8 @@ static void grads_drop (void **slot) {
 }
 
 void mg_release_grads (idmap *g) {
-  for (size_t i = 0; i < g->cap; i++) grads_drop(&g->vals[i]);
+  for (size_t i = 0; i < g->cap; i++)
+    if (g->vals[i]) grads_drop(&g->vals[i]);
   idmap_free(g);
 }
 
