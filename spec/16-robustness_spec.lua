@@ -533,6 +533,35 @@ describe("finalizers", function()
     collectgarbage()
     assert.is_true(mg.memory.stats().tensor_bytes <= before - 400)   -- x's own finalizer freed it
   end)
+
+  it("cannot change a variable whose value an interrupted op may be reading (M2)", function()
+    -- an op reads a variable's value without a reference of its own; the view
+    -- makes assign replace the value rather than write into it
+    local v = mg.Variable(mg.ones{64})
+    local other = mg.ones{64} * 3
+    local errs = {}
+    local view
+    for _ = 1, 300 do
+      view = v:value():reshape{8, 8}
+      setmetatable({}, {__gc = function()
+        for name, f in pairs{assign = function() v:assign(other) end, add = function() v:assign_add(other) end,
+                             sub = function() v:assign_sub(1) end} do
+          local ok, e = pcall(f)
+          if not ok then errs[name] = tostring(e) end
+        end
+      end})
+      assert.equal(128, (v * 2):sum():item())
+    end
+    collectgarbage()
+    for name, what in pairs{assign = "Variable:assign", add = "Variable:assign_add", sub = "Variable:assign_sub"} do
+      assert.truthy(errs[name] and errs[name]:find(what .. ": cannot change a variable inside a finalizer", 1, true),
+                    name .. ": " .. tostring(errs[name]))
+    end
+    assert.equal(64, view:sum():item())
+    assert.equal(64, v:value():sum():item())                -- unchanged
+    v:assign(other)                                          -- outside a finalizer, as ever
+    assert.equal(192, v:value():sum():item())
+  end)
 end)
 
 describe("overflow", function()

@@ -107,6 +107,16 @@ void mgL_checkrelease (lua_State *L, const char *what) {
                 "moongrad may be using them where the finalizer interrupted it", what);
 }
 
+/* A binding reads a variable's value without a reference of its own (the
+** variable holds it): a finalizer that assigned the variable there freed the
+** value under the op (fuzz finding M2). Inside a finalizer, changing a
+** variable is an error, as releasing one is. */
+void mgL_checkchange (lua_State *L, const char *what) {
+  if (lua_gc(L, LUA_GCISRUNNING) < 0)
+    luaL_error(L, "%s: cannot change a variable inside a finalizer (__gc): moongrad may be using its value "
+                  "where the finalizer interrupted it", what);
+}
+
 ltensor *mgL_newbox (lua_State *L) {
   mgL_checkfinalizer(L);
   mgL_gc_pressure(L);

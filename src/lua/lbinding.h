@@ -25,6 +25,7 @@ int        mgL_tidy_pcall  (lua_State *L, int nargs, bool keep_results);
 /* raises inside a finalizer: what is made there may never be released */
 void       mgL_checkfinalizer (lua_State *L);
 void       mgL_checkrelease (lua_State *L, const char *what);
+void       mgL_checkchange (lua_State *L, const char *what);   /* a variable's value, in a finalizer */
 /* drops the box's reference: the box is dead ("tensor has been released"),
 ** the tensor lives on where something else holds it */
 void       mgL_releasebox  (ltensor *box);

@@ -81,6 +81,7 @@ static int l_allreduce (lua_State *L) {
   mg_dist_op op = check_op(L, 2, "allreduce", MG_DIST_SUM);
   mg_variable *v = mgL_testvariable(L, 1);
   if (v != NULL) {
+    mgL_checkchange(L, "allreduce");
     if (mg_dist_allreduce_variable("allreduce", v, op) != MG_OK) return mgL_error(L);
     lua_settop(L, 1);
     return 1;
@@ -101,6 +102,7 @@ static int l_broadcast (lua_State *L) {
   int root = check_root(L, 2, "broadcast");
   mg_variable *v = mgL_testvariable(L, 1);
   if (v != NULL) {
+    mgL_checkchange(L, "broadcast");
     if (mg_dist_broadcast_variable("broadcast", v, root) != MG_OK) return mgL_error(L);
     lua_settop(L, 1);
     return 1;

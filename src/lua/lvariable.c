@@ -79,6 +79,7 @@ static int l_value (lua_State *L) {
 static int l_assign (lua_State *L) {
   mg_variable *v = mgL_checkvariable(L, 1);
   luaL_checkany(L, 2);
+  mgL_checkchange(L, "Variable:assign");
   mg_tensor *x = mgL_testtensor(L, 2);
   if (x == NULL) x = mgL_pushconstant(L, 2, mg_tensor_dtype(mg_variable_peek(v)), true, "assign");
   if (mg_variable_assign(v, x) != MG_OK) return mgL_error(L);
@@ -91,6 +92,7 @@ static int l_assign (lua_State *L) {
 static int update (lua_State *L, double sign) {
   mg_variable *v = mgL_checkvariable(L, 1);
   luaL_checkany(L, 2);
+  mgL_checkchange(L, sign > 0 ? "Variable:assign_add" : "Variable:assign_sub");
   double scale = luaL_optnumber(L, 3, 1.0);
   mg_tensor *x = mgL_testtensor(L, 2);
   if (x == NULL) x = mgL_pushconstant(L, 2, mg_tensor_dtype(mg_variable_peek(v)), true, "assign_add");
