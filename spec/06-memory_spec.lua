@@ -286,12 +286,29 @@ describe("the reuse cache", function()
 end)
 
 describe("peaks follow liveness with the default pacing", function()
+  -- a 12-layer dense+tanh chain of width W, batch B: (x, vars, plain, every),
+  -- `every` with each layer under recompute_grad; Lua source, for this
+  -- process and for a script's
+  local CHAIN = [[
+    local W, B = ...
+    local mg = mg or require "moongrad"
+    mg.random.seed(3)
+    local layers, vars = {}, {}
+    for i = 1, 12 do layers[i] = mg.nn.Dense(W, {activation = "tanh"}) end
+    local x = mg.random.normal{B, W}
+    local function plain (h) for _, l in ipairs(layers) do h = l(h) end return h end
+    local function every (h) for _, l in ipairs(layers) do h = mg.recompute_grad(l)(h) end return h end
+    plain(x)
+    for _, l in ipairs(layers) do for _, v in ipairs(l.trainable_variables) do vars[#vars + 1] = v end end
+    return x, vars, plain, every
+  ]]
+
   -- One training step of a chain, its peak above the start, in a fresh
   -- process as a training script runs: in busted's, the heap of every spec
   -- loaded makes each full collection cost more, and the pacing holds full
   -- collections to a quarter of the time (the next test), so the peak there
   -- is looser than a script's.
-  local script = [[
+  local script = "local CHAIN = [=[" .. CHAIN .. "]=]\n" .. [[
     local function peak_of (x, vars, run)
       local t = mg.tape()
       local loss = mg.mean(run(x) ^ 2)
@@ -309,14 +326,7 @@ describe("peaks follow liveness with the default pacing", function()
       for i, v in ipairs(vars) do v:assign_sub(grads[i], 1e-3) end
       return mg.memory.stats().peak_bytes - base
     end
-    mg.random.seed(3)
-    local layers, vars = {}, {}
-    for i = 1, 12 do layers[i] = mg.nn.Dense(256, {activation = "tanh"}) end
-    local x = mg.random.normal{128, 256}
-    local function plain (h) for _, l in ipairs(layers) do h = l(h) end return h end
-    local function every (h) for _, l in ipairs(layers) do h = mg.recompute_grad(l)(h) end return h end
-    plain(x)
-    for _, l in ipairs(layers) do for _, v in ipairs(l.trainable_variables) do vars[#vars + 1] = v end end
+    local x, vars, plain, every = load(CHAIN)(256, 128)
     for _, run in ipairs{plain, every} do
       local default = peak_of(x, vars, run)
       local old, oldmin = mg.memory.setpause(100, 0)
@@ -347,14 +357,7 @@ describe("peaks follow liveness with the default pacing", function()
     -- gradients while the walk summed them, each layer's input (held by the
     -- layer's call wrapper across its ops), and recompute_grad's arguments
     -- (held by its node's template): 8 and 12 full collections a step
-    mg.random.seed(3)
-    local layers, vars = {}, {}
-    for i = 1, 12 do layers[i] = mg.nn.Dense(512, {activation = "tanh"}) end
-    local x = mg.random.normal{256, 512}
-    local function plain (h) for _, l in ipairs(layers) do h = l(h) end return h end
-    local function every (h) for _, l in ipairs(layers) do h = mg.recompute_grad(l)(h) end return h end
-    plain(x)
-    for _, l in ipairs(layers) do for _, v in ipairs(l.trainable_variables) do vars[#vars + 1] = v end end
+    local x, vars, plain, every = load(CHAIN)(512, 256)
     local function step (run)
       local t = mg.tape()
       local loss = mg.mean(run(x) ^ 2)
