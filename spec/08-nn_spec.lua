@@ -82,6 +82,11 @@ describe("layers", function()
     two(mg.ones{1})
     assert.equal("multiple", rawget(two, "_output_shape"))
     assert.has_error(function() nn.Dense.__call(42) end)    -- not a layer: an error, not a crash
+    local gen = nn.Lambda(function(x) return coroutine.yield(x) * 2 end)   -- a layer may yield
+    local co = coroutine.wrap(function() return gen(mg.ones{2}) end)
+    assert.same({1, 1}, co():totable())
+    assert.same({6, 6}, co(mg.full({2}, 3)):totable())
+    assert.same({2}, rawget(gen, "_output_shape"))
   end)
 
   it("gradients reach every layer's variables", function()

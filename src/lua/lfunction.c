@@ -1080,21 +1080,11 @@ static int l_loop_recomputed (lua_State *L) {
 
 /* }========================================================== */
 
-/* mg._layer_call(self, ...): the __call of mg.nn's layer classes:
-** self:call(...), then the shape of what it returned noted in self for
-** summary() ("multiple" for several tensors; nn.lua's note_shape). In C
-** because a Lua wrapper's frame would hold the layer's input until the layer
-** returned: each input would outlive two young collections and grow old,
-** garbage that only a full collection finds. lua_call takes the arguments
-** off this frame instead. */
-static int l_layer_call (lua_State *L) {
-  int nargs = lua_gettop(L);                 /* self, ... */
-  luaL_checktype(L, 1, LUA_TTABLE);
-  lua_pushvalue(L, 1);
-  lua_insert(L, 1);                          /* self (for the note), self, ... */
-  lua_getfield(L, 2, "call");
-  lua_insert(L, 2);                          /* self, call, self, ... */
-  lua_call(L, nargs, LUA_MULTRET);
+/* what mg._layer_call does once the layer returned (also when a yield in it
+** resumes): the note */
+static int layer_called (lua_State *L, int status, lua_KContext ctx) {
+  (void)status;
+  (void)ctx;
   int nres = lua_gettop(L) - 1;
   lua_pushliteral(L, "_output_shape");
   if (nres >= 2 && mgL_testbox(L, 3)) lua_pushliteral(L, "multiple");
@@ -1103,6 +1093,24 @@ static int l_layer_call (lua_State *L) {
   if (lua_isnil(L, -1)) lua_pop(L, 2);
   else lua_rawset(L, 1);
   return nres;
+}
+
+/* mg._layer_call(self, ...): the __call of mg.nn's layer classes:
+** self:call(...), then the shape of what it returned noted in self for
+** summary() ("multiple" for several tensors; nn.lua's note_shape). In C
+** because a Lua wrapper's frame would hold the layer's input until the layer
+** returned: each input would outlive two young collections and grow old,
+** garbage that only a full collection finds. lua_call takes the arguments
+** off this frame instead (lua_callk: a layer may yield, as in Lua). */
+static int l_layer_call (lua_State *L) {
+  int nargs = lua_gettop(L);                 /* self, ... */
+  luaL_checktype(L, 1, LUA_TTABLE);
+  lua_pushvalue(L, 1);
+  lua_insert(L, 1);                          /* self (for the note), self, ... */
+  lua_getfield(L, 2, "call");
+  lua_insert(L, 2);                          /* self, call, self, ... */
+  lua_callk(L, nargs, LUA_MULTRET, 0, layer_called);
+  return layer_called(L, LUA_OK, 0);
 }
 
 void mgL_open_functions (lua_State *L) {
