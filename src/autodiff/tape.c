@@ -599,11 +599,6 @@ mg_status mg_accumulate (mg_tensor **acc, mg_tensor *g) {
     *acc = g;
     return MG_OK;
   }
-  if (adds_in_place(*acc, g)) {                   /* a step's sums: no tensor per add */
-    mg_add_into(*acc, g);
-    mg_tensor_release(g);
-    return MG_OK;
-  }
   mg_tensor *sum = mg_add(*acc, g);
   mg_tensor_release(g);
   if (sum == NULL) return MG_ERR;
@@ -622,7 +617,7 @@ static void grad_hold (mg_tensor *g, int delta) {
 /* adds g to the gradient in the map's slot (takes g) */
 static mg_status grads_add (void **slot, mg_tensor *g) {
   mg_tensor *acc = (mg_tensor *)*slot;
-  if (acc && g && adds_in_place(acc, g)) {       /* the same tensor: its role stays */
+  if (acc && g && adds_in_place(acc, g)) {       /* a step's sums: no tensor per add, the role stays */
     mg_add_into(acc, g);
     mg_tensor_release(g);
     return MG_OK;

@@ -81,13 +81,6 @@ void mgL_checkfinalizer (lua_State *L) {
     luaL_error(L, "moongrad: tensors, variables and tapes cannot be made inside a finalizer (__gc)");
 }
 
-/* Finalizers run at any allocation, so one can run in the middle of a
-** binding that holds raw pointers fetched from its arguments: releasing a
-** tensor, variable or tape there (dispose, <close>, a __gc called by hand)
-** would free what that binding is using. Lua's own finalization of an object
-** is the one release allowed inside a finalizer: nothing can reach that
-** object any more. (Lua marks the frame it interrupts to run a finalizer,
-** and names the finalizer "__gc", kind "metamethod", from it.) */
 static bool same_string (const char *s, const char *literal, const char **seen) {
   if (s == NULL) return false;
   if (s == *seen) return true;             /* Lua's own literal, met before: no strcmp per release */
@@ -96,6 +89,13 @@ static bool same_string (const char *s, const char *literal, const char **seen) 
   return true;
 }
 
+/* Finalizers run at any allocation, so one can run in the middle of a
+** binding that holds raw pointers fetched from its arguments: releasing a
+** tensor, variable or tape there (dispose, <close>, a __gc called by hand)
+** would free what that binding is using. Lua's own finalization of an object
+** is the one release allowed inside a finalizer: nothing can reach that
+** object any more. (Lua marks the frame it interrupts to run a finalizer,
+** and names the finalizer "__gc", kind "metamethod", from it.) */
 void mgL_checkrelease (lua_State *L, const char *what) {
   static _Thread_local const char *metamethod, *gc_name;
   if (lua_gc(L, LUA_GCISRUNNING) >= 0) return;        /* not inside a finalizer */
@@ -157,10 +157,14 @@ void mgL_pushtensor (lua_State *L, mg_tensor *t) {
 
 /* A box whose __gc ran (called by hand, or resurrected by a finalizer)
 ** holds nothing: using it is an error, never a crash. */
+static mg_variable *variable_in (lua_State *L, lvariable *b) {
+  if (b->v == NULL) luaL_error(L, "variable has been released");
+  return b->v;
+}
+
 mg_variable *mgL_testvariable (lua_State *L, int arg) {
   lvariable *b = (lvariable *)udata_with(L, arg, &variable_key);
-  if (b && b->v == NULL) luaL_error(L, "variable has been released");
-  return b ? b->v : NULL;
+  return b ? variable_in(L, b) : NULL;
 }
 
 mg_variable *mgL_checkvariable (lua_State *L, int arg) {
@@ -178,10 +182,7 @@ mg_tensor *mgL_testtensor (lua_State *L, int arg) {
                                     "re-run: keep nothing from a run where mg.is_recomputing() is true)");
     return b->t;
   }
-  if (kind != &variable_key) return NULL;
-  lvariable *v = (lvariable *)p;
-  if (v->v == NULL) luaL_error(L, "variable has been released");
-  return mg_variable_peek(v->v);
+  return kind == &variable_key ? mg_variable_peek(variable_in(L, (lvariable *)p)) : NULL;
 }
 
 mg_tensor *mgL_checktensor (lua_State *L, int arg) {
