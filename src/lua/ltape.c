@@ -148,20 +148,35 @@ static mg_status run_gradient (lua_State *L, mg_tape *t, int nt, mg_tensor **tar
   return st;
 }
 
+/* the list of boxes for answer: ns of them, empty */
+static int new_answers (lua_State *L) {
+  int ns = (int)lua_tointeger(L, 1);
+  lua_createtable(L, ns, 0);
+  for (int i = 1; i <= ns; i++) {
+    mgL_newbox(L);
+    lua_rawseti(L, -2, i);
+  }
+  return 1;
+}
+
 /*
 ** Pushes the list of gradients of the targets for the sources (nil where
 ** unconnected) and returns its stack index; raises on failure. The boxes
-** are made before the gradient, so a Lua error cannot leak its results.
+** are made after the walk: the young collections during it would make
+** boxes made before it old, and the step's gradients, garbage after its
+** update, would wait for a full collection. A protected call makes them,
+** so running out of memory there cannot leak the results.
 */
 static int answer (lua_State *L, mg_tape *t, int nt, mg_tensor **targets, int ns,
                    mg_tensor **sources, mg_tensor **seeds, int zero, mg_tensor **grads) {
-  lua_createtable(L, ns, 0);
-  int answers = lua_gettop(L);
-  for (int i = 1; i <= ns; i++) {
-    mgL_newbox(L);
-    lua_rawseti(L, answers, i);
-  }
   if (run_gradient(L, t, nt, targets, ns, sources, seeds, zero, grads) != MG_OK) mgL_error(L);
+  lua_pushcfunction(L, new_answers);
+  lua_pushinteger(L, ns);
+  if (lua_pcall(L, 1, 1, 0) != LUA_OK) {
+    for (int i = 0; i < ns; i++) mg_tensor_release(grads[i]);
+    lua_error(L);
+  }
+  int answers = lua_gettop(L);
   for (int i = 0; i < ns; i++) {
     lua_rawgeti(L, answers, i + 1);
     ((ltensor *)lua_touserdata(L, -1))->t = grads[i];
