@@ -3,9 +3,10 @@
 -- gradient x^T @ dout) for the MLP 784-1024-1024-10 at batches 1, 32, 128,
 -- the 1024x2048 tanh chain and a width-256 transformer, at 1 and 2 threads.
 -- GFLOPS, the median over alternating fresh processes of each one's median
--- (default 3 rounds); "best" is the faster of oneDNN's dnnl_sgemm
--- and OpenBLAS' cblas_sgemm (its OpenMP build) called directly from C
--- (bench/gemm_shapes.c), and the ratio is mg.matmul / best (target >= 0.9).
+-- (default 3 rounds); "best" is the fastest of oneDNN's dnnl_sgemm, oneDNN's
+-- matmul primitive (made once) and OpenBLAS' cblas_sgemm (its OpenMP build),
+-- called directly from C (bench/gemm_shapes.c), and the ratio is mg.matmul /
+-- best (target >= 0.9).
 --   build/moongrad bench/gemm.lua [rounds]   (needs build/gemm_shapes: make bench builds it)
 --   build/moongrad bench/gemm.lua worker THREADS M N K TA TB   (one mg.matmul figure)
 local mg = mg or require "moongrad"
@@ -80,25 +81,25 @@ if not exists("build/gemm_shapes") then error("bench/gemm.lua: build/gemm_shapes
 local cpu = sh("lscpu | sed -n 's/^Model name: *//p' | head -1"):gsub("%s+$", "")
 local isa = sh("grep -m1 -o -w avx512f /proc/cpuinfo"):match("avx512f") and "AVX-512" or "AVX2"
 print(("### GEMM shapes on %s (%s), %s"):format(cpu, isa, os.date("!%Y-%m-%d %H:%M UTC")))
-print("| threads | case | M x N x K | product | mg.matmul | oneDNN | OpenBLAS | best | ratio |")
-print("|---|---|---|---|---|---|---|---|---|")
+print("| threads | case | M x N x K | product | mg.matmul | oneDNN sgemm | oneDNN matmul | OpenBLAS | best | ratio |")
+print("|---|---|---|---|---|---|---|---|---|---|")
 local ROUNDS = tonumber(arg and arg[1]) or 3
 local worst = math.huge
 for _, threads in ipairs{1, 2} do
   for _, c in ipairs(CASES) do
     local title, m, n, k, ta, tb, what = table.unpack(c)
     local dims = ("%d %d %d %s %s"):format(m, n, k, ta, tb)
-    local mine, d, o = {}, {}, {}
+    local mine, d, o, p = {}, {}, {}, {}
     for r = 1, ROUNDS do                         -- alternating fresh processes
       mine[r] = tonumber(sh(("%s bench/gemm.lua worker %d %s"):format(BIN, threads, dims)))
-      local dr, orr = sh(("build/gemm_shapes %d %s"):format(threads, dims)):match("([%d.]+) ([%d.]+)")
-      d[r], o[r] = tonumber(dr), tonumber(orr)
+      local dr, orr, pr = sh(("build/gemm_shapes %d %s"):format(threads, dims)):match("([%d.]+) ([%d.]+) ([%d.]+)")
+      d[r], o[r], p[r] = tonumber(dr), tonumber(orr), tonumber(pr)
     end
-    mine, d, o = median(mine), median(d), median(o)
-    local best = math.max(d, o)
+    mine, d, o, p = median(mine), median(d), median(o), median(p)
+    local best = math.max(d, o, p)
     worst = math.min(worst, mine / best)
-    print(("| %d | %s | %dx%dx%d | %s | %.1f | %.1f | %.1f | %.1f | %.2fx |"):format(
-      threads, title, m, n, k, what, mine, d, o, best, mine / best))
+    print(("| %d | %s | %dx%dx%d | %s | %.1f | %.1f | %.1f | %.1f | %.1f | %.2fx |"):format(
+      threads, title, m, n, k, what, mine, d, p, o, best, mine / best))
     io.stdout:flush()
   end
 end

@@ -5,9 +5,15 @@
 local mg = require "moongrad"
 local h = require "helpers"
 
-local function product (m, n, k, ta, tb)
-  local a = ta and mg.transpose(mg.random.normal{k, m}) or mg.random.normal{m, k}
-  local b = tb and mg.transpose(mg.random.normal{n, k}) or mg.random.normal{k, n}
+-- op(a) (m,k) and op(b) (k,n); `wide`: views into wider matrices, so each
+-- one's leading dimension exceeds its row
+local function product (m, n, k, ta, tb, wide)
+  local function matrix (r, c)
+    if not wide then return mg.random.normal{r, c} end
+    return mg.random.normal{r, c + 3}:slice({}, {2, c + 1})
+  end
+  local a = ta and mg.transpose(matrix(k, m)) or matrix(m, k)
+  local b = tb and mg.transpose(matrix(n, k)) or matrix(k, n)
   return a, b
 end
 
@@ -16,18 +22,21 @@ describe("GEMM dispatch", function()
 
   it("every library gives float64's product to float32 round-off, on every layout", function()
     mg.random.seed(3)
-    for _, lib in ipairs{"auto", "dnnl", "openblas"} do
+    for _, lib in ipairs{"auto", "dnnl", "openblas", "dnnl-ct", "dnnl-matmul"} do
       mg.gemm.use(lib)
       for _, m in ipairs{1, 2, 33} do
         for _, n in ipairs{1, 3, 17} do
           for _, k in ipairs{1, 5, 40} do
             for _, ta in ipairs{false, true} do
               for _, tb in ipairs{false, true} do
-                local a, b = product(m, n, k, ta, tb)
-                local got = mg.matmul(a, b):cast("float64")
-                local want = mg.matmul(a:cast("float64"), b:cast("float64"))
-                assert.is_true(mg.max(mg.abs(got - want)):item() < 1e-4,
-                               ("%s %dx%dx%d %s %s"):format(lib, m, n, k, tostring(ta), tostring(tb)))
+                for _, wide in ipairs{false, true} do
+                  local a, b = product(m, n, k, ta, tb, wide)
+                  local got = mg.matmul(a, b):cast("float64")
+                  local want = mg.matmul(a:cast("float64"), b:cast("float64"))
+                  assert.is_true(mg.max(mg.abs(got - want)):item() < 1e-4,
+                                 ("%s %dx%dx%d %s %s %s"):format(lib, m, n, k, tostring(ta), tostring(tb),
+                                                                 tostring(wide)))
+                end
               end
             end
           end

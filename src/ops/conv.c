@@ -18,13 +18,12 @@
 **   max_pool2d_backward(x, dy)    linear in dy: grad take_along_axis at the maxima
 **   avg_pool2d(x) / avg_pool2d_backward(dy), each the other's adjoint
 **
-** oneDNN's engine, stream and primitive descriptors live per thread (made
-** on first use, freed when the thread ends), keyed by the geometry and the
-** thread count: a descriptor costs about 100 us to make, a step reuses it.
+** oneDNN's primitives are kept per thread by dnn.c, keyed by the geometry
+** and the thread count: a descriptor costs about 100 us to make, a step
+** reuses it.
 */
 #include <limits.h>
 #include <math.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,7 +31,7 @@
 #include <dnnl.h>
 #include <omp.h>
 
-#include "moongrad_impl.h"
+#include "dnn.h"
 
 
 /* {========================= geometry ========================== */
@@ -457,88 +456,12 @@ static mg_tensor *pool_argmax (const geom *g, mg_tensor *x) {
 
 /* {================== oneDNN, one state per thread ================= */
 
-enum { P_CONV_FWD, P_CONV_BWD_DATA, P_CONV_BWD_WEIGHTS, P_POOL_FWD, P_POOL_BWD };
-
 typedef struct pkey {               /* compared with memcmp: no padding bytes */
-  int32_t kind, bias, nthr, zero;   /* what, with a bias, for how many threads */
+  int32_t kind, bias, nthr, zero;   /* what (MG_DNN_CONV_FWD ...), with a bias, for how many threads */
   geom g;
 } pkey;
 _Static_assert(sizeof(pkey) == 4 * sizeof(int32_t) + sizeof(geom), "conv.c: pkey has padding");
-
-/* a primitive made for one key, with the reorder of its filters */
-typedef struct prim {
-  pkey key;
-  dnnl_primitive_desc_t pd;
-  dnnl_primitive_t p;
-  dnnl_primitive_desc_t wpd;        /* HWIO filters to the primitive's layout (or back); NULL: the same */
-  dnnl_primitive_t wp;
-  size_t wbytes, scratch;           /* bytes of the reordered filters, of the scratchpad */
-} prim;
-
-#define NPRIMS 64
-
-typedef struct dnn {
-  dnnl_engine_t engine;
-  dnnl_stream_t stream;
-  int n;
-  prim p[NPRIMS];
-} dnn;
-
-static _Thread_local dnn *thread_dnn;
-static pthread_key_t dnn_key;
-static pthread_once_t dnn_once = PTHREAD_ONCE_INIT;
-
-static void prim_destroy (prim *e) {
-  if (e->wp) dnnl_primitive_destroy(e->wp);
-  if (e->wpd) dnnl_primitive_desc_destroy(e->wpd);
-  if (e->p) dnnl_primitive_destroy(e->p);
-  if (e->pd) dnnl_primitive_desc_destroy(e->pd);
-  memset(e, 0, sizeof *e);
-}
-
-/* every primitive goes at once (a backward descriptor was made with its
-** forward one as a hint, so they go together) */
-static void dnn_flush (dnn *d) {
-  for (int i = 0; i < d->n; i++) prim_destroy(&d->p[i]);
-  d->n = 0;
-}
-
-static void dnn_free (void *ud) {          /* when the thread ends */
-  dnn *d = (dnn *)ud;
-  if (d == NULL) return;
-  dnn_flush(d);
-  if (d->stream) dnnl_stream_destroy(d->stream);
-  if (d->engine) dnnl_engine_destroy(d->engine);
-  free(d);
-}
-
-static void dnn_key_make (void) { pthread_key_create(&dnn_key, dnn_free); }
-
-static mg_status dnn_fail (const char *fn, const char *what, dnnl_status_t st) {
-  return mg_seterror("%s: oneDNN failed to %s (status %d)", fn, what, (int)st);
-}
-
-/* this thread's oneDNN state, made on first use; NULL + error */
-static dnn *dnn_get (const char *fn) {
-  if (thread_dnn) return thread_dnn;
-  dnn *d = (dnn *)calloc(1, sizeof *d);
-  if (d == NULL) return mg_seterror("%s: out of memory", fn), NULL;
-  dnnl_status_t st = dnnl_engine_create(&d->engine, dnnl_cpu, 0);
-  if (st == dnnl_success) st = dnnl_stream_create(&d->stream, d->engine, dnnl_stream_default_flags);
-  if (st != dnnl_success) {
-    dnn_free(d);
-    return dnn_fail(fn, "make a CPU engine", st), NULL;
-  }
-  pthread_once(&dnn_once, dnn_key_make);
-  pthread_setspecific(dnn_key, d);
-  return thread_dnn = d;
-}
-
-static prim *dnn_find (dnn *d, const pkey *k) {
-  for (int i = 0; i < d->n; i++)
-    if (memcmp(&d->p[i].key, k, sizeof *k) == 0) return &d->p[i];
-  return NULL;
-}
+_Static_assert(sizeof(pkey) <= MG_DNN_KEY_BYTES, "conv.c: pkey is longer than dnn.h's keys");
 
 static void key_init (pkey *k, int kind, bool bias, const geom *g) {
   memset(k, 0, sizeof *k);
@@ -548,39 +471,31 @@ static void key_init (pkey *k, int kind, bool bias, const geom *g) {
   k->g = *g;
 }
 
-/* Finishes e (e->pd made): the primitive, its scratchpad size, and a
-** reorder of the filters between HWIO and the layout wmd (NULL: none) the
+/* Finishes e (e->pd made): the primitive, kept under key, and a reorder
+** of the filters between HWIO and the layout wmd (NULL: none) the
 ** primitive wants; to_prim says which way. */
-static dnnl_status_t prim_finish (dnn *d, prim *e, const dnnl_memory_desc_t *hwio,
+static dnnl_status_t prim_finish (mg_dnn *d, mg_dnn_prim *e, const pkey *key, const dnnl_memory_desc_t *hwio,
                                   const dnnl_memory_desc_t *wmd, bool to_prim) {
-  dnnl_status_t st = dnnl_primitive_create(&e->p, e->pd);
-  const dnnl_memory_desc_t *sp = dnnl_primitive_desc_query_md(e->pd, dnnl_query_scratchpad_md, 0);
-  e->scratch = sp ? dnnl_memory_desc_get_size(sp) : 0;
-  if (st != dnnl_success || wmd == NULL || dnnl_memory_desc_equal(hwio, wmd)) return st;
-  e->wbytes = dnnl_memory_desc_get_size(wmd);
-  st = to_prim ? dnnl_reorder_primitive_desc_create(&e->wpd, hwio, d->engine, wmd, d->engine, NULL)
-               : dnnl_reorder_primitive_desc_create(&e->wpd, wmd, d->engine, hwio, d->engine, NULL);
-  if (st == dnnl_success) st = dnnl_primitive_create(&e->wp, e->wpd);
-  return st;
-}
-
-static dnnl_primitive_attr_t user_scratchpad (void) {
-  dnnl_primitive_attr_t attr = NULL;
-  if (dnnl_primitive_attr_create(&attr) != dnnl_success) return NULL;
-  dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user);
-  return attr;
+  if (wmd != NULL && !dnnl_memory_desc_equal(hwio, wmd)) {
+    e->wbytes = dnnl_memory_desc_get_size(wmd);
+    dnnl_status_t st = to_prim ? dnnl_reorder_primitive_desc_create(&e->wpd, hwio, d->engine, wmd, d->engine, NULL)
+                               : dnnl_reorder_primitive_desc_create(&e->wpd, wmd, d->engine, hwio, d->engine, NULL);
+    if (st == dnnl_success) st = dnnl_primitive_create(&e->wp, e->wpd);
+    if (st != dnnl_success) return st;
+  }
+  return mg_dnn_finish(d, e, key, sizeof *key);
 }
 
 /* the primitive of `kind` for geometry g: from the cache, or made; NULL +
 ** error (*unimplemented set when oneDNN has no implementation for it) */
-static prim *conv_prim (const char *fn, dnn *d, int kind, const geom *g, bool bias, bool *unimplemented) {
+static mg_dnn_prim *conv_prim (const char *fn, mg_dnn *d, int kind, const geom *g, bool bias, bool *unimplemented) {
   pkey key;
   key_init(&key, kind, bias, g);
-  prim *e = dnn_find(d, &key);
+  mg_dnn_prim *e = mg_dnn_find(d, &key, sizeof key);
   if (e) return e;
-  if (d->n >= NPRIMS - 1) dnn_flush(d);          /* room for this one and its hint */
-  prim *hint = kind == P_CONV_FWD ? NULL : conv_prim(fn, d, P_CONV_FWD, g, bias, unimplemented);
-  if (kind != P_CONV_FWD && hint == NULL) return NULL;
+  mg_dnn_slot(d, 1);                             /* room for this one and its hint */
+  mg_dnn_prim *hint = kind == MG_DNN_CONV_FWD ? NULL : conv_prim(fn, d, MG_DNN_CONV_FWD, g, bias, unimplemented);
+  if (kind != MG_DNN_CONV_FWD && hint == NULL) return NULL;
   dnnl_memory_desc_t src, wei, bia, dst, hwio;
   dnnl_dims_t sd = {g->N, g->C, g->H, g->W}, wd = {g->O, g->C, g->KH, g->KW}, bd = {g->O};
   dnnl_dims_t dd = {g->N, g->O, g->OH, g->OW};
@@ -593,45 +508,42 @@ static prim *conv_prim (const char *fn, dnn *d, int kind, const geom *g, bool bi
   dnnl_memory_desc_init_by_tag(&dst, 4, dd, dnnl_f32, dnnl_nhwc);
   dnnl_convolution_desc_t cd;
   dnnl_status_t st;
-  if (kind == P_CONV_FWD)
+  if (kind == MG_DNN_CONV_FWD)
     st = dnnl_dilated_convolution_forward_desc_init(&cd, dnnl_forward_training, dnnl_convolution_direct, &src,
                                                     &wei, bias ? &bia : NULL, &dst, strides, dil, padl, padr);
-  else if (kind == P_CONV_BWD_DATA)
+  else if (kind == MG_DNN_CONV_BWD_DATA)
     st = dnnl_dilated_convolution_backward_data_desc_init(&cd, dnnl_convolution_direct, &src, &wei, &dst,
                                                           strides, dil, padl, padr);
   else
     st = dnnl_dilated_convolution_backward_weights_desc_init(&cd, dnnl_convolution_direct, &src, &wei, NULL,
                                                              &dst, strides, dil, padl, padr);
-  dnnl_primitive_attr_t attr = user_scratchpad();
-  e = &d->p[d->n];
-  memset(e, 0, sizeof *e);
+  dnnl_primitive_attr_t attr = mg_dnn_user_scratchpad();
+  e = mg_dnn_slot(d, 0);
   if (st == dnnl_success) st = attr ? dnnl_primitive_desc_create(&e->pd, &cd, attr, d->engine, hint ? hint->pd : NULL)
                                     : dnnl_out_of_memory;
   dnnl_primitive_attr_destroy(attr);
   if (st == dnnl_success) {
-    dnnl_query_t q = kind == P_CONV_BWD_WEIGHTS ? dnnl_query_diff_weights_md : dnnl_query_weights_md;
-    st = prim_finish(d, e, &hwio, dnnl_primitive_desc_query_md(e->pd, q, 0), kind != P_CONV_BWD_WEIGHTS);
+    dnnl_query_t q = kind == MG_DNN_CONV_BWD_WEIGHTS ? dnnl_query_diff_weights_md : dnnl_query_weights_md;
+    st = prim_finish(d, e, &key, &hwio, dnnl_primitive_desc_query_md(e->pd, q, 0), kind != MG_DNN_CONV_BWD_WEIGHTS);
   }
   if (st != dnnl_success) {
     *unimplemented = st == dnnl_unimplemented;
-    prim_destroy(e);
-    return dnn_fail(fn, "make a convolution", st), NULL;
+    mg_dnn_destroy(e);
+    return mg_dnn_fail(fn, "make a convolution", st), NULL;
   }
-  e->key = key;
-  d->n++;
   return e;
 }
 
 /* mean pooling, excluding padding (TensorFlow's SAME) */
-static prim *pool_prim (const char *fn, dnn *d, int kind, const geom *g, bool *unimplemented) {
+static mg_dnn_prim *pool_prim (const char *fn, mg_dnn *d, int kind, const geom *g, bool *unimplemented) {
   const dnnl_alg_kind_t alg = dnnl_pooling_avg_exclude_padding;
   pkey key;
   key_init(&key, kind, false, g);
-  prim *e = dnn_find(d, &key);
+  mg_dnn_prim *e = mg_dnn_find(d, &key, sizeof key);
   if (e) return e;
-  if (d->n >= NPRIMS - 1) dnn_flush(d);
-  prim *hint = kind == P_POOL_BWD ? pool_prim(fn, d, P_POOL_FWD, g, unimplemented) : NULL;
-  if (kind == P_POOL_BWD && hint == NULL) return NULL;
+  mg_dnn_slot(d, 1);
+  mg_dnn_prim *hint = kind == MG_DNN_POOL_BWD ? pool_prim(fn, d, MG_DNN_POOL_FWD, g, unimplemented) : NULL;
+  if (kind == MG_DNN_POOL_BWD && hint == NULL) return NULL;
   dnnl_memory_desc_t src, dst;
   dnnl_dims_t sd = {g->N, g->C, g->H, g->W}, dd = {g->N, g->C, g->OH, g->OW};
   dnnl_dims_t strides = {g->sh, g->sw}, kernel = {g->KH, g->KW}, dil = {g->dh - 1, g->dw - 1};
@@ -640,62 +552,34 @@ static prim *pool_prim (const char *fn, dnn *d, int kind, const geom *g, bool *u
   dnnl_memory_desc_init_by_tag(&dst, 4, dd, dnnl_f32, dnnl_nhwc);
   dnnl_pooling_v2_desc_t pdesc;
   dnnl_status_t st;
-  if (kind == P_POOL_BWD)
+  if (kind == MG_DNN_POOL_BWD)
     st = dnnl_pooling_v2_backward_desc_init(&pdesc, alg, &src, &dst, strides, kernel, dil, padl, padr);
   else
     st = dnnl_pooling_v2_forward_desc_init(&pdesc, dnnl_forward_training, alg, &src, &dst, strides, kernel, dil,
                                            padl, padr);
-  dnnl_primitive_attr_t attr = user_scratchpad();
-  e = &d->p[d->n];
-  memset(e, 0, sizeof *e);
+  dnnl_primitive_attr_t attr = mg_dnn_user_scratchpad();
+  e = mg_dnn_slot(d, 0);
   if (st == dnnl_success) st = attr ? dnnl_primitive_desc_create(&e->pd, &pdesc, attr, d->engine, hint ? hint->pd : NULL)
                                     : dnnl_out_of_memory;
   dnnl_primitive_attr_destroy(attr);
-  if (st == dnnl_success) st = prim_finish(d, e, NULL, NULL, false);
+  if (st == dnnl_success) st = prim_finish(d, e, &key, NULL, NULL, false);
   if (st != dnnl_success) {
     *unimplemented = st == dnnl_unimplemented;
-    prim_destroy(e);
-    return dnn_fail(fn, "make a pooling", st), NULL;
+    mg_dnn_destroy(e);
+    return mg_dnn_fail(fn, "make a pooling", st), NULL;
   }
-  e->key = key;
-  d->n++;
   return e;
-}
-
-/* Runs primitive p (of descriptor pd) on the buffers ptrs[i] for the
-** arguments args[i]; a scratchpad of `scratch` bytes is added when needed. */
-static mg_status execute (const char *fn, dnn *d, const_dnnl_primitive_desc_t pd, dnnl_primitive_t p,
-                          size_t scratch, int n, const int *args, void *const *ptrs) {
-  dnnl_exec_arg_t a[8];
-  mg_storage *sp = scratch ? mg_storage_new(scratch) : NULL;
-  if (scratch && sp == NULL) return MG_ERR;
-  int made = 0;
-  dnnl_status_t st = dnnl_success;
-  for (int i = 0; i <= n && st == dnnl_success; i++) {
-    int arg = i < n ? args[i] : DNNL_ARG_SCRATCHPAD;
-    void *ptr = i < n ? ptrs[i] : sp ? sp->data : NULL;
-    if (i == n && sp == NULL) break;
-    a[made].arg = arg;
-    st = dnnl_memory_create(&a[made].memory, dnnl_primitive_desc_query_md(pd, dnnl_query_exec_arg_md, arg),
-                            d->engine, ptr);
-    if (st == dnnl_success) made++;
-  }
-  if (st == dnnl_success) st = dnnl_primitive_execute(p, d->stream, made, a);
-  if (st == dnnl_success) st = dnnl_stream_wait(d->stream);
-  for (int i = 0; i < made; i++) dnnl_memory_destroy(a[i].memory);
-  mg_storage_release(sp);
-  return st == dnnl_success ? MG_OK : dnn_fail(fn, "run", st);
 }
 
 /* the filters w (HWIO) as e's primitive wants them: w itself, or a copy
 ** in *tmp (to release) */
-static void *filters_in (const char *fn, dnn *d, prim *e, const void *w, mg_storage **tmp) {
+static void *filters_in (const char *fn, mg_dnn *d, mg_dnn_prim *e, const void *w, mg_storage **tmp) {
   *tmp = NULL;
   if (e->wp == NULL) return (void *)w;
   if ((*tmp = mg_storage_new(e->wbytes)) == NULL) return NULL;
   int args[2] = {DNNL_ARG_FROM, DNNL_ARG_TO};
   void *ptrs[2] = {(void *)w, (*tmp)->data};
-  if (execute(fn, d, e->wpd, e->wp, 0, 2, args, ptrs) != MG_OK) {
+  if (mg_dnn_execute(fn, d, e->wpd, e->wp, 0, 2, args, ptrs) != MG_OK) {
     mg_storage_release(*tmp);
     return *tmp = NULL;
   }
@@ -705,48 +589,48 @@ static void *filters_in (const char *fn, dnn *d, prim *e, const void *w, mg_stor
 /* float32 on oneDNN; MG_ERR with *declined when it has no implementation */
 static mg_status conv_fwd_dnnl (const char *fn, const geom *g, const void *x, const void *w, const void *b,
                                 void *y, bool *declined) {
-  dnn *d = dnn_get(fn);
-  prim *e = d ? conv_prim(fn, d, P_CONV_FWD, g, b != NULL, declined) : NULL;
+  mg_dnn *d = mg_dnn_get(fn);
+  mg_dnn_prim *e = d ? conv_prim(fn, d, MG_DNN_CONV_FWD, g, b != NULL, declined) : NULL;
   if (e == NULL) return MG_ERR;
   mg_storage *tmp;
   void *wp = filters_in(fn, d, e, w, &tmp);
   if (wp == NULL) return MG_ERR;
   int args[4] = {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST, DNNL_ARG_BIAS};
   void *ptrs[4] = {(void *)x, wp, y, (void *)b};
-  mg_status st = execute(fn, d, e->pd, e->p, e->scratch, b ? 4 : 3, args, ptrs);
+  mg_status st = mg_dnn_execute(fn, d, e->pd, e->p, e->scratch, b ? 4 : 3, args, ptrs);
   mg_storage_release(tmp);
   return st;
 }
 
 static mg_status conv_bwd_input_dnnl (const char *fn, const geom *g, const void *dy, const void *w, void *dx,
                                       bool *declined) {
-  dnn *d = dnn_get(fn);
-  prim *e = d ? conv_prim(fn, d, P_CONV_BWD_DATA, g, false, declined) : NULL;
+  mg_dnn *d = mg_dnn_get(fn);
+  mg_dnn_prim *e = d ? conv_prim(fn, d, MG_DNN_CONV_BWD_DATA, g, false, declined) : NULL;
   if (e == NULL) return MG_ERR;
   mg_storage *tmp;
   void *wp = filters_in(fn, d, e, w, &tmp);
   if (wp == NULL) return MG_ERR;
   int args[3] = {DNNL_ARG_DIFF_DST, DNNL_ARG_WEIGHTS, DNNL_ARG_DIFF_SRC};
   void *ptrs[3] = {(void *)dy, wp, dx};
-  mg_status st = execute(fn, d, e->pd, e->p, e->scratch, 3, args, ptrs);
+  mg_status st = mg_dnn_execute(fn, d, e->pd, e->p, e->scratch, 3, args, ptrs);
   mg_storage_release(tmp);
   return st;
 }
 
 static mg_status conv_bwd_filter_dnnl (const char *fn, const geom *g, const void *x, const void *dy, void *dw,
                                        bool *declined) {
-  dnn *d = dnn_get(fn);
-  prim *e = d ? conv_prim(fn, d, P_CONV_BWD_WEIGHTS, g, false, declined) : NULL;
+  mg_dnn *d = mg_dnn_get(fn);
+  mg_dnn_prim *e = d ? conv_prim(fn, d, MG_DNN_CONV_BWD_WEIGHTS, g, false, declined) : NULL;
   if (e == NULL) return MG_ERR;
   mg_storage *tmp = e->wp ? mg_storage_new(e->wbytes) : NULL;   /* the primitive's layout, then HWIO */
   if (e->wp && tmp == NULL) return MG_ERR;
   int args[3] = {DNNL_ARG_SRC, DNNL_ARG_DIFF_DST, DNNL_ARG_DIFF_WEIGHTS};
   void *ptrs[3] = {(void *)x, (void *)dy, tmp ? tmp->data : dw};
-  mg_status st = execute(fn, d, e->pd, e->p, e->scratch, 3, args, ptrs);
+  mg_status st = mg_dnn_execute(fn, d, e->pd, e->p, e->scratch, 3, args, ptrs);
   if (st == MG_OK && tmp) {
     int rargs[2] = {DNNL_ARG_FROM, DNNL_ARG_TO};
     void *rptrs[2] = {tmp->data, dw};
-    st = execute(fn, d, e->wpd, e->wp, 0, 2, rargs, rptrs);
+    st = mg_dnn_execute(fn, d, e->wpd, e->wp, 0, 2, rargs, rptrs);
   }
   mg_storage_release(tmp);
   return st;
@@ -754,21 +638,21 @@ static mg_status conv_bwd_filter_dnnl (const char *fn, const geom *g, const void
 
 /* mean pooling (max pooling is this file's own loop) */
 static mg_status pool_fwd_dnnl (const char *fn, const geom *g, const void *x, void *y, bool *declined) {
-  dnn *d = dnn_get(fn);
-  prim *e = d ? pool_prim(fn, d, P_POOL_FWD, g, declined) : NULL;
+  mg_dnn *d = mg_dnn_get(fn);
+  mg_dnn_prim *e = d ? pool_prim(fn, d, MG_DNN_POOL_FWD, g, declined) : NULL;
   if (e == NULL) return MG_ERR;
   int args[2] = {DNNL_ARG_SRC, DNNL_ARG_DST};
   void *ptrs[2] = {(void *)x, y};
-  return execute(fn, d, e->pd, e->p, e->scratch, 2, args, ptrs);
+  return mg_dnn_execute(fn, d, e->pd, e->p, e->scratch, 2, args, ptrs);
 }
 
 static mg_status pool_bwd_dnnl (const char *fn, const geom *g, const void *dy, void *dx, bool *declined) {
-  dnn *d = dnn_get(fn);
-  prim *e = d ? pool_prim(fn, d, P_POOL_BWD, g, declined) : NULL;
+  mg_dnn *d = mg_dnn_get(fn);
+  mg_dnn_prim *e = d ? pool_prim(fn, d, MG_DNN_POOL_BWD, g, declined) : NULL;
   if (e == NULL) return MG_ERR;
   int args[2] = {DNNL_ARG_DIFF_DST, DNNL_ARG_DIFF_SRC};
   void *ptrs[2] = {(void *)dy, dx};
-  return execute(fn, d, e->pd, e->p, e->scratch, 2, args, ptrs);
+  return mg_dnn_execute(fn, d, e->pd, e->p, e->scratch, 2, args, ptrs);
 }
 
 /* }============================================================= */
