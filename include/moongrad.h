@@ -109,7 +109,9 @@ MG_API int         mg_check_numerics  (int on);
 /* float32 products go to oneDNN or OpenBLAS, whichever the first product of
 ** a shape class measured fastest here (remembered in ~/.cache/moongrad/;
 ** MOONGRAD_GEMM and MOONGRAD_GEMM_CACHE in the environment). "auto" (the
-** default), "dnnl" or "openblas" for every product from now on: */
+** default), "dnnl", "openblas" or one of the ways mg_gemm_choice names
+** ("dnnl-matmul", "dnnl-ct", "openblas-gemv", "openblas-ger"; where a way
+** cannot compute a shape, "dnnl" does) for every product from now on: */
 MG_API mg_status   mg_gemm_use (const char *backend);
 /* the choice for an (m,k) @ (k,n) product at the current thread count, as
 ** "library/threads" (measuring it now if it is new); NULL + error when bad */
