@@ -180,3 +180,42 @@ describe("losses", function()
                      "mean_squared_error: y has shape (3) but target has shape (3,1); they must match exactly")
   end)
 end)
+
+describe("nn's extensions", function()
+  -- training, checkpoints, the reversible and the transformer layers load on
+  -- first use (each full collection walks every object the library made)
+  local script = [[
+    local nn = mg.nn
+    local function keys (t) local k = {} for n, v in pairs(t) do k[n] = v end return k end
+    local before_nn, before_layer = keys(nn), keys(nn.Layer)
+    assert(rawget(nn, "RevBlock") == nil and package.loaded["moongrad.fit"] == nil, "loaded at once")
+    -- a first call through a stand-in reports the caller's line
+    local ok, err = pcall(function() nn.Sequential{nn.Dense(1)}:compile(42) end)
+    print("error: " .. tostring(err))
+    local extensions = getmetatable(nn).__extensions
+    getmetatable(nn).__load_extensions()
+    local added, replaced = {}, {}
+    for n in pairs(keys(nn)) do if before_nn[n] == nil then added[n] = true end end
+    for n, v in pairs(keys(nn.Layer)) do if before_layer[n] ~= v then replaced[n] = true end end
+    for module, e in pairs(extensions) do
+      for _, n in ipairs(e.classes or {}) do assert(added[n], n); added[n] = nil end
+      for _, n in ipairs(e.methods or {}) do assert(replaced[n], n); replaced[n] = nil end
+    end
+    for n in pairs(added) do print("unlisted class " .. n) end
+    for n in pairs(replaced) do print("unlisted method " .. n) end
+    print("done")
+  ]]
+
+  it("load on first use, and list exactly the names each one installs", function()
+    local path = os.tmpname()
+    local f = assert(io.open(path, "w"))
+    f:write(script)
+    f:close()
+    local out, code = h.run(h.bin .. " " .. path .. " 2>&1")
+    os.remove(path)
+    assert.equal(0, code, out)
+    assert.truthy(out:find("\ndone\n$"), out)
+    assert.falsy(out:find("unlisted"), out)
+    assert.truthy(out:find("error: " .. path:gsub("%p", "%%%0") .. ":6: compile"), out)
+  end)
+end)

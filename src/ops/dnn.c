@@ -2,6 +2,7 @@
 ** dnn.c — oneDNN's per-thread engine, stream and primitive cache (dnn.h).
 */
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -96,7 +97,11 @@ mg_status mg_dnn_execute (const char *fn, mg_dnn *d, const_dnnl_primitive_desc_t
                           size_t scratch, int n, const int *args, void *const *ptrs) {
   dnnl_exec_arg_t a[8];
   mg_storage *sp = scratch ? mg_storage_new(scratch) : NULL;
-  if (scratch && sp == NULL) return MG_ERR;
+  if (scratch && sp == NULL) {
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s for oneDNN's scratchpad", mg_errmsg_raw());
+    return mg_seterror("%s", msg);
+  }
   int made = 0;
   dnnl_status_t st = dnnl_success;
   for (int i = 0; i <= n && st == dnnl_success; i++) {
