@@ -579,7 +579,7 @@ static void *filters_in (const char *fn, mg_dnn *d, mg_dnn_prim *e, const void *
   if ((*tmp = mg_storage_new(e->wbytes)) == NULL) return NULL;
   int args[2] = {DNNL_ARG_FROM, DNNL_ARG_TO};
   void *ptrs[2] = {(void *)w, (*tmp)->data};
-  if (mg_dnn_execute(fn, d, e->wpd, e->wp, 0, 2, args, ptrs) != MG_OK) {
+  if (mg_dnn_execute(fn, d, e->wpd, e->wp, 0, 2, args, ptrs, e->wmem) != MG_OK) {
     mg_storage_release(*tmp);
     return *tmp = NULL;
   }
@@ -597,7 +597,7 @@ static mg_status conv_fwd_dnnl (const char *fn, const geom *g, const void *x, co
   if (wp == NULL) return MG_ERR;
   int args[4] = {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST, DNNL_ARG_BIAS};
   void *ptrs[4] = {(void *)x, wp, y, (void *)b};
-  mg_status st = mg_dnn_execute(fn, d, e->pd, e->p, e->scratch, b ? 4 : 3, args, ptrs);
+  mg_status st = mg_dnn_execute(fn, d, e->pd, e->p, e->scratch, b ? 4 : 3, args, ptrs, e->mem);
   mg_storage_release(tmp);
   return st;
 }
@@ -612,7 +612,7 @@ static mg_status conv_bwd_input_dnnl (const char *fn, const geom *g, const void 
   if (wp == NULL) return MG_ERR;
   int args[3] = {DNNL_ARG_DIFF_DST, DNNL_ARG_WEIGHTS, DNNL_ARG_DIFF_SRC};
   void *ptrs[3] = {(void *)dy, wp, dx};
-  mg_status st = mg_dnn_execute(fn, d, e->pd, e->p, e->scratch, 3, args, ptrs);
+  mg_status st = mg_dnn_execute(fn, d, e->pd, e->p, e->scratch, 3, args, ptrs, e->mem);
   mg_storage_release(tmp);
   return st;
 }
@@ -626,11 +626,11 @@ static mg_status conv_bwd_filter_dnnl (const char *fn, const geom *g, const void
   if (e->wp && tmp == NULL) return MG_ERR;
   int args[3] = {DNNL_ARG_SRC, DNNL_ARG_DIFF_DST, DNNL_ARG_DIFF_WEIGHTS};
   void *ptrs[3] = {(void *)x, (void *)dy, tmp ? tmp->data : dw};
-  mg_status st = mg_dnn_execute(fn, d, e->pd, e->p, e->scratch, 3, args, ptrs);
+  mg_status st = mg_dnn_execute(fn, d, e->pd, e->p, e->scratch, 3, args, ptrs, e->mem);
   if (st == MG_OK && tmp) {
     int rargs[2] = {DNNL_ARG_FROM, DNNL_ARG_TO};
     void *rptrs[2] = {tmp->data, dw};
-    st = mg_dnn_execute(fn, d, e->wpd, e->wp, 0, 2, rargs, rptrs);
+    st = mg_dnn_execute(fn, d, e->wpd, e->wp, 0, 2, rargs, rptrs, e->wmem);
   }
   mg_storage_release(tmp);
   return st;
@@ -643,7 +643,7 @@ static mg_status pool_fwd_dnnl (const char *fn, const geom *g, const void *x, vo
   if (e == NULL) return MG_ERR;
   int args[2] = {DNNL_ARG_SRC, DNNL_ARG_DST};
   void *ptrs[2] = {(void *)x, y};
-  return mg_dnn_execute(fn, d, e->pd, e->p, e->scratch, 2, args, ptrs);
+  return mg_dnn_execute(fn, d, e->pd, e->p, e->scratch, 2, args, ptrs, e->mem);
 }
 
 static mg_status pool_bwd_dnnl (const char *fn, const geom *g, const void *dy, void *dx, bool *declined) {
@@ -652,7 +652,7 @@ static mg_status pool_bwd_dnnl (const char *fn, const geom *g, const void *dy, v
   if (e == NULL) return MG_ERR;
   int args[2] = {DNNL_ARG_DIFF_DST, DNNL_ARG_DIFF_SRC};
   void *ptrs[2] = {(void *)dy, dx};
-  return mg_dnn_execute(fn, d, e->pd, e->p, e->scratch, 2, args, ptrs);
+  return mg_dnn_execute(fn, d, e->pd, e->p, e->scratch, 2, args, ptrs, e->mem);
 }
 
 /* }============================================================= */

@@ -13,6 +13,10 @@ static pthread_key_t dnn_key;
 static pthread_once_t dnn_once = PTHREAD_ONCE_INIT;
 
 void mg_dnn_destroy (mg_dnn_prim *e) {
+  for (int i = 0; i < MG_DNN_ARGS; i++) {
+    if (e->mem[i]) dnnl_memory_destroy(e->mem[i]);
+    if (e->wmem[i]) dnnl_memory_destroy(e->wmem[i]);
+  }
   if (e->wp) dnnl_primitive_destroy(e->wp);
   if (e->wpd) dnnl_primitive_desc_destroy(e->wpd);
   if (e->p) dnnl_primitive_destroy(e->p);
@@ -94,28 +98,28 @@ dnnl_primitive_attr_t mg_dnn_user_scratchpad (void) {
 }
 
 mg_status mg_dnn_execute (const char *fn, mg_dnn *d, const_dnnl_primitive_desc_t pd, dnnl_primitive_t p,
-                          size_t scratch, int n, const int *args, void *const *ptrs) {
-  dnnl_exec_arg_t a[8];
+                          size_t scratch, int n, const int *args, void *const *ptrs, dnnl_memory_t *mems) {
   mg_storage *sp = scratch ? mg_storage_new(scratch) : NULL;
   if (scratch && sp == NULL) {
     char msg[512];
     snprintf(msg, sizeof msg, "%s for oneDNN's scratchpad", mg_errmsg_raw());
     return mg_seterror("%s", msg);
   }
-  int made = 0;
+  dnnl_exec_arg_t a[MG_DNN_ARGS];
+  int used = sp ? n + 1 : n;
   dnnl_status_t st = dnnl_success;
-  for (int i = 0; i <= n && st == dnnl_success; i++) {
-    int arg = i < n ? args[i] : DNNL_ARG_SCRATCHPAD;
-    void *ptr = i < n ? ptrs[i] : sp ? sp->data : NULL;
-    if (i == n && sp == NULL) break;
-    a[made].arg = arg;
-    st = dnnl_memory_create(&a[made].memory, dnnl_primitive_desc_query_md(pd, dnnl_query_exec_arg_md, arg),
-                            d->engine, ptr);
-    if (st == dnnl_success) made++;
+  for (int i = 0; i < used && st == dnnl_success; i++) {
+    a[i].arg = i < n ? args[i] : DNNL_ARG_SCRATCHPAD;
+    void *ptr = i < n ? ptrs[i] : sp->data;
+    if (mems[i] == NULL)
+      st = dnnl_memory_create(&mems[i], dnnl_primitive_desc_query_md(pd, dnnl_query_exec_arg_md, a[i].arg),
+                              d->engine, ptr);
+    else
+      st = dnnl_memory_set_data_handle(mems[i], ptr);
+    a[i].memory = mems[i];
   }
-  if (st == dnnl_success) st = dnnl_primitive_execute(p, d->stream, made, a);
+  if (st == dnnl_success) st = dnnl_primitive_execute(p, d->stream, used, a);
   if (st == dnnl_success) st = dnnl_stream_wait(d->stream);
-  for (int i = 0; i < made; i++) dnnl_memory_destroy(a[i].memory);
   mg_storage_release(sp);
   return st == dnnl_success ? MG_OK : mg_dnn_fail(fn, "run", st);
 }

@@ -102,7 +102,7 @@ static mg_status matmul_primitive (const gemm_call *g) {
   if (e == NULL && (e = matmul_prim(d, &key)) == NULL) return MG_ERR;
   int args[3] = {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST};
   void *ptrs[3] = {(void *)g->a, (void *)g->b, g->c};
-  return mg_dnn_execute("matmul", d, e->pd, e->p, e->scratch, 3, args, ptrs);
+  return mg_dnn_execute("matmul", d, e->pd, e->p, e->scratch, 3, args, ptrs, e->mem);
 }
 
 /* a product with one row or one column is a matrix times a vector: OpenBLAS'
