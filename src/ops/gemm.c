@@ -315,31 +315,39 @@ static double time_calls (gemm_way w, const gemm_call *g, int reps) {
 }
 
 /* Each way runs once (oneDNN compiles its kernel, OpenMP wakes its threads),
-** once more to size the rounds (sized by the first call, a 5-us product on
+** once more to size its rounds (sized by the first call, a 5-us product on
 ** AVX-512 got two calls a round, still warming up: oneDNN lost to an
-** OpenBLAS at half its speed), then three rounds of a few milliseconds; its
-** best round counts. A way's rounds run back to back: changing the thread
-** count between calls lets the pool fall asleep, which would be timed
-** against the many-thread ways. */
+** OpenBLAS at half its speed), then three rounds of a few milliseconds
+** each; a way's best round counts. The rounds take the ways in turn (a
+** burst of other work on a shared machine slows one round of each, not
+** every round of one: a 40-us product chose one thread, at 0.6x of two,
+** and kept it), each after an untimed call that wakes the pool at the
+** way's thread count. */
 static gemm_way calibrate (const gemm_call *g, int threads) {
   gemm_way ways[2 * LIB__COUNT];
-  int n = 0;
+  int n = 0, reps[2 * LIB__COUNT];
+  double best_t[2 * LIB__COUNT];
   double flop = 2.0 * (double)g->m * (double)g->n * (double)g->k;
   for (int l = 0; l < LIB__COUNT; l++)
     if (lib_fits((gemm_lib)l, g)) ways[n++] = (gemm_way){(gemm_lib)l, threads};
   if (threads > 1 && flop < 2e8)                   /* small: one thread may win */
     for (int i = 0, nt = n; i < nt; i++) ways[n++] = (gemm_way){ways[i].lib, 1};
-  int best = 0;
-  double best_t = INFINITY;
   for (int i = 0; i < n; i++) {
     time_calls(ways[i], g, 1);                  /* oneDNN compiles its kernel */
     double one = time_calls(ways[i], g, 1);      /* the first call's time would make too few reps */
-    int reps = one >= 4e-3 ? 1 : (int)(4e-3 / (one > 1e-7 ? one : 1e-7)) + 1;
-    for (int r = 0; r < (flop > 2e10 ? 1 : 3); r++) {   /* a big product: once is enough */
-      double t = time_calls(ways[i], g, reps);
-      if (t < best_t) { best_t = t; best = i; }
-    }
+    reps[i] = one >= 4e-3 ? 1 : (int)(4e-3 / (one > 1e-7 ? one : 1e-7)) + 1;
+    best_t[i] = INFINITY;
   }
+  int rounds = flop > 2e10 ? 1 : 3;             /* a big product: once is enough */
+  for (int r = 0; r < rounds; r++)
+    for (int i = 0; i < n; i++) {
+      if (rounds > 1) time_calls(ways[i], g, 1);
+      double t = time_calls(ways[i], g, reps[i]);
+      if (t < best_t[i]) best_t[i] = t;
+    }
+  int best = 0;
+  for (int i = 1; i < n; i++)
+    if (best_t[i] < best_t[best]) best = i;
   return ways[best];
 }
 
