@@ -218,4 +218,15 @@ describe("nn's extensions", function()
     assert.falsy(out:find("unlisted"), out)
     assert.truthy(out:find("error: " .. path:gsub("%p", "%%%0") .. ":6: compile"), out)
   end)
+
+  it("keep what a script set before they loaded", function()
+    local out, code = h.run(h.bin .. [[ -e '
+      local mine = function() return "mine" end
+      mg.nn.Layer.predict = mine
+      rawset(mg.nn, "LayerNorm", "my LayerNorm")
+      getmetatable(mg.nn).__load_extensions()
+      print(mg.nn.Layer.predict == mine, mg.nn.LayerNorm, type(mg.nn.Layer.fit), type(mg.nn.TransformerBlock))' 2>&1]])
+    assert.equal(0, code, out)
+    assert.equal("true\tmy LayerNorm\tfunction\ttable\n", out)
+  end)
 end)

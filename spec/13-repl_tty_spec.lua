@@ -192,7 +192,8 @@ describe("the REPL on a terminal", function()
     local t = open()
     for _, case in ipairs{
       {"mg.mat", "mg.matmul"}, {"mg.nn.De", "mg.nn.Dense"}, {"mg.memory.st", "mg.memory.stats"},
-      {"mg.nn.RevB", "mg.nn.RevBlock"},               -- a class that loads on first use
+      {"mg.nn.RevB", "mg.nn.RevBlock"},               -- a class that loads on first use,
+      {"mg.nn.RevBlock.inv", "mg.nn.RevBlock.inverse"},   -- and its methods
       {"whi", "while"}, {"pri", "print"}, {"string.for", "string.format"},
     } do
       t:type(case[1])

@@ -497,6 +497,22 @@ describe("finalizers", function()
     assert.truthy(err and err:find("cannot be made inside a finalizer", 1, true), tostring(err))
   end)
 
+  it("cannot take a gradient, and the tape keeps its records for a later one", function()
+    local x = mg.Variable(mg.ones{3})
+    local t = mg.tape()
+    local y = mg.sum(x * x)
+    t:stop()
+    local err
+    setmetatable({}, {__gc = function()
+      local ok, e = pcall(function() return t:gradient(y, {x}) end)
+      err = not ok and tostring(e)
+    end})
+    collectgarbage()
+    collectgarbage()
+    assert.truthy(err and err:find("cannot be made inside a finalizer", 1, true), tostring(err))
+    assert.same({2, 2, 2}, t:gradient(y, {x})[1]:totable())    -- not used up by the refused call
+  end)
+
   it("cannot release what an interrupted op may be using; Lua's own finalization still frees", function()
     -- a finalizer runs at whatever allocation triggers it, here inside the ops
     -- that use x, v and t (fuzz finding M1: a tape freed inside its gradient)

@@ -78,7 +78,8 @@ describe("GEMM dispatch", function()
 
   it("names what is wrong", function()
     assert.has_error(function() mg.gemm.use("mkl") end,
-                     "gemm_use: unknown backend 'mkl' (use auto, dnnl or openblas)")
+                     "gemm_use: unknown backend 'mkl' (known: auto, dnnl, openblas, dnnl-ct, openblas-gemv, " ..
+                     "openblas-ger, dnnl-matmul)")
     assert.has_error(function() mg.gemm.choice(0, 2, 2) end,
                      "gemm_choice: sizes must be positive, got 0 x 2 x 2")
     assert.has_error(function() mg.gemm.choice(2, 2, 2, {transpose = true}) end)

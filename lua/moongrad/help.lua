@@ -422,6 +422,7 @@ end
 local names_of    -- value -> entry name, built on first use
 local function index_values ()
   if names_of then return names_of end
+  getmetatable(mg.nn).__load_extensions()     -- their methods, not the stand-ins (nn.lua)
   names_of = setmetatable({}, {__mode = "k"})
   for i = #order, 1, -1 do      -- the first entry naming a value wins (constant over tensor)
     local v = M.resolve(order[i].name)

@@ -935,12 +935,25 @@ local EXTENSIONS = {   -- module -> the methods it gives every layer, the classe
 }
 local internals = {class = class, new_layer = new_layer, note_shape = note_shape, check_input = check_input,
                    classes = classes}
-local installed = {}
+local installed = {}       -- module -> true, or "loading" while its install runs
+local stand_ins = {}       -- method name -> its stand-in
 
+-- Installs module once. A method or class the script set itself before
+-- (Layer.predict = mine) stays the script's, as when install ran at load.
 local function extend (module)
   if installed[module] then return end
-  require(module).install(nn, internals)
-  installed[module] = true
+  local e, own = EXTENSIONS[module], {}
+  for _, name in ipairs(e.methods or {}) do
+    if rawget(Layer, name) ~= stand_ins[name] then own[name] = {Layer, rawget(Layer, name)} end
+  end
+  for _, name in ipairs(e.classes or {}) do
+    if rawget(nn, name) ~= nil then own[name] = {nn, rawget(nn, name)} end
+  end
+  installed[module] = "loading"
+  local ok, err = pcall(function() require(module).install(nn, internals) end)
+  installed[module] = ok or nil
+  if not ok then error(err, 0) end
+  for name, where in pairs(own) do rawset(where[1], name, where[2]) end
 end
 
 -- a method stands in for its module's until the first call, which loads it
@@ -952,6 +965,7 @@ local function stand_in (module, name)
     if rawget(Layer, name) == method then error(("nn: %s did not install Layer.%s"):format(module, name)) end
     return Layer[name](...)
   end
+  stand_ins[name] = method
   return method
 end
 

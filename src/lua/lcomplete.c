@@ -7,8 +7,8 @@
 ** or ':' is looked up from the globals, and its fields (its callable fields
 ** after ':') that start with name are the candidates, each with the path in
 ** front; keywords complete a bare name. Everything is read raw, so no
-** metamethod runs, except the moongrad module's __index, which loads mg.nn
-** and the like on first use.
+** metamethod runs, except the __index of the moongrad module and of mg.nn,
+** which load mg.nn, nn.RevBlock and the like on first use.
 */
 #include <ctype.h>
 #include <string.h>
@@ -52,12 +52,19 @@ static int isregistered (lua_State *L, int v, const char *k) {
 }
 
 /* is the value at v the moongrad module? */
+/* is the value at v the moongrad module or mg.nn? Their __index loads
+** parts on first use (mg.nn, nn.RevBlock), and is safe to call */
 static int ismodule (lua_State *L, int v) {
+  static const char *const modules[] = {"moongrad", "moongrad.nn"};
   v = lua_absindex(L, v);
   lua_getfield(L, LUA_REGISTRYINDEX, LUA_LOADED_TABLE);
-  rawfield(L, -1, "moongrad");
-  int same = lua_rawequal(L, v, -1);
-  lua_pop(L, 2);
+  int same = 0;
+  for (int i = 0; i < 2 && !same; i++) {
+    rawfield(L, -1, modules[i]);
+    same = lua_rawequal(L, v, -1);
+    lua_pop(L, 1);
+  }
+  lua_pop(L, 1);
   return same;
 }
 
@@ -133,10 +140,14 @@ static int getsources (lua_State *L, int v) {
   return list;
 }
 
-/* pushes field k of the value at v, or nil; the only __index it calls is the
-** moongrad module's, which loads mg.nn and the like on first use */
+/* pushes field k of the value at v, or nil; the only __index it calls is
+** the moongrad module's and mg.nn's, which load parts on first use */
 static void safefield (lua_State *L, int v, const char *k) {
   v = lua_absindex(L, v);
+  if (ismodule(L, v)) {
+    lua_getfield(L, v, k);
+    return;
+  }
   int list = getsources(L, v);
   int n = (int)lua_rawlen(L, list);
   lua_pushnil(L);
@@ -145,10 +156,6 @@ static void safefield (lua_State *L, int v, const char *k) {
     lua_rawgeti(L, list, i);
     rawfield(L, -1, k);
     lua_remove(L, -2);
-  }
-  if (lua_isnil(L, -1) && ismodule(L, v)) {
-    lua_pop(L, 1);
-    lua_getfield(L, v, k);
   }
   lua_remove(L, list);
 }

@@ -227,6 +227,7 @@ static int gradient_plain (lua_State *L, mg_tape *t, int zero) {
 */
 static int l_gradient (lua_State *L) {
   mg_tape *t = checktape(L, 1)->t;
+  mgL_checkfinalizer(L);                 /* before the walk: its results are boxed after it */
   if (lua_isnoneornil(L, 2)) luaL_argerror(L, 2, "moongrad.Tensor expected, got nil");
   if (lua_isnoneornil(L, 3))
     luaL_argerror(L, 3, "sources expected (a tensor, a variable or a table of them), got nil");

@@ -59,17 +59,23 @@ mg_dnn *mg_dnn_get (const char *fn) {
   return thread_dnn = d;
 }
 
-/* key's n bytes, zero-padded to the entries' size */
-static void key_fill (unsigned char *k, const void *key, size_t n) {
+/* key's n bytes, zero-padded to the entries' size; returns their hash */
+static uint64_t key_fill (unsigned char *k, const void *key, size_t n) {
   memset(k, 0, MG_DNN_KEY_BYTES);
   memcpy(k, key, n);
+  uint64_t h = 0, w;
+  for (size_t i = 0; i < MG_DNN_KEY_BYTES; i += sizeof w) {
+    memcpy(&w, k + i, sizeof w);
+    h = (h ^ w) * UINT64_C(0x9E3779B97F4A7C15);
+  }
+  return h;
 }
 
 mg_dnn_prim *mg_dnn_find (mg_dnn *d, const void *key, size_t n) {
   unsigned char k[MG_DNN_KEY_BYTES];
-  key_fill(k, key, n);
+  uint64_t h = key_fill(k, key, n);
   for (int i = 0; i < d->n; i++)
-    if (memcmp(d->p[i].key, k, MG_DNN_KEY_BYTES) == 0) return &d->p[i];
+    if (d->p[i].hash == h && memcmp(d->p[i].key, k, MG_DNN_KEY_BYTES) == 0) return &d->p[i];
   return NULL;
 }
 
@@ -85,7 +91,7 @@ dnnl_status_t mg_dnn_finish (mg_dnn *d, mg_dnn_prim *e, const void *key, size_t 
   const dnnl_memory_desc_t *sp = dnnl_primitive_desc_query_md(e->pd, dnnl_query_scratchpad_md, 0);
   e->scratch = sp ? dnnl_memory_desc_get_size(sp) : 0;
   if (st != dnnl_success) return st;
-  key_fill(e->key, key, n);
+  e->hash = key_fill(e->key, key, n);
   d->n++;
   return st;
 }

@@ -18,12 +18,13 @@ enum { MG_DNN_CONV_FWD, MG_DNN_CONV_BWD_DATA, MG_DNN_CONV_BWD_WEIGHTS, MG_DNN_PO
        MG_DNN_MATMUL };
 
 #define MG_DNN_KEY_BYTES 160
-#define MG_DNN_PRIMS 64
+#define MG_DNN_PRIMS 256                /* all go when full: convolutions and matmul shapes share them */
 #define MG_DNN_ARGS 6                   /* a primitive's arguments and its scratchpad, at most */
 
 /* a primitive made for one key, with a reorder of its weights (conv.c)
 ** where it wants them in another layout */
 typedef struct mg_dnn_prim {
+  uint64_t hash;                    /* of key: a lookup compares these first */
   unsigned char key[MG_DNN_KEY_BYTES];
   dnnl_primitive_desc_t pd;
   dnnl_primitive_t p;

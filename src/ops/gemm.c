@@ -79,10 +79,12 @@ static mg_dnn_prim *matmul_prim (mg_dnn *d, const matmul_key *key) {
   if (st == dnnl_success) st = dnnl_memory_desc_init_by_strides(&b, 2, bd, dnnl_f32, bs);
   if (st == dnnl_success) st = dnnl_memory_desc_init_by_strides(&c, 2, cd, dnnl_f32, cs);
   if (st == dnnl_success) st = dnnl_matmul_desc_init(&md, &a, &b, NULL, &c);
-  dnnl_primitive_attr_t attr = st == dnnl_success ? mg_dnn_user_scratchpad() : NULL;
+  if (st != dnnl_success) return mg_dnn_fail("matmul", "describe a matmul", st), NULL;
+  /* its scratchpad (packed panels) is oneDNN's own, as dnnl_sgemm's and
+  ** OpenBLAS' are: counted, it would make the memory a budget admits depend
+  ** on the way calibration chose */
   mg_dnn_prim *e = mg_dnn_slot(d, 0);
-  st = attr ? dnnl_primitive_desc_create(&e->pd, &md, attr, d->engine, NULL) : st ? st : dnnl_out_of_memory;
-  dnnl_primitive_attr_destroy(attr);
+  st = dnnl_primitive_desc_create(&e->pd, &md, NULL, d->engine, NULL);
   if (st == dnnl_success) st = mg_dnn_finish(d, e, key, sizeof *key);
   if (st != dnnl_success) {
     mg_dnn_destroy(e);
@@ -382,8 +384,11 @@ mg_status mg_sgemm (char ta, char tb, int64_t m, int64_t n, int64_t k, const flo
 mg_status mg_gemm_use (const char *backend) {
   MG_CHECK_ARG("mg_gemm_use", backend, MG_ERR);
   gemm_lib l = strcmp(backend, "auto") == 0 ? LIB__COUNT : lib_named(backend);
-  if (l == LIB__COUNT && strcmp(backend, "auto") != 0)
-    return mg_seterror("gemm_use: unknown backend '%s' (use auto, dnnl or openblas)", backend);
+  if (l == LIB__COUNT && strcmp(backend, "auto") != 0) {
+    char known[160] = "auto";
+    for (int i = 0; i < LIB__COUNT; i++) snprintf(known + strlen(known), sizeof known - strlen(known), ", %s", lib_names[i]);
+    return mg_seterror("gemm_use: unknown backend '%s' (known: %s)", backend, known);
+  }
   pthread_mutex_lock(&choices.lock);
   if (!choices.loaded) load_choices();
   choices.forced = l == LIB__COUNT ? -1 : (int)l;
