@@ -51,7 +51,6 @@ static int isregistered (lua_State *L, int v, const char *k) {
   return same;
 }
 
-/* is the value at v the moongrad module? */
 /* is the value at v the moongrad module or mg.nn? Their __index loads
 ** parts on first use (mg.nn, nn.RevBlock), and is safe to call */
 static int ismodule (lua_State *L, int v) {

@@ -478,8 +478,8 @@ static dnnl_status_t prim_finish (mg_dnn *d, mg_dnn_prim *e, const pkey *key, co
                                   const dnnl_memory_desc_t *wmd, bool to_prim) {
   if (wmd != NULL && !dnnl_memory_desc_equal(hwio, wmd)) {
     e->wbytes = dnnl_memory_desc_get_size(wmd);
-    dnnl_status_t st = to_prim ? dnnl_reorder_primitive_desc_create(&e->wpd, hwio, d->engine, wmd, d->engine, NULL)
-                               : dnnl_reorder_primitive_desc_create(&e->wpd, wmd, d->engine, hwio, d->engine, NULL);
+    const dnnl_memory_desc_t *from = to_prim ? hwio : wmd, *to = to_prim ? wmd : hwio;
+    dnnl_status_t st = dnnl_reorder_primitive_desc_create(&e->wpd, from, d->engine, to, d->engine, NULL);
     if (st == dnnl_success) st = dnnl_primitive_create(&e->wp, e->wpd);
     if (st != dnnl_success) return st;
   }
@@ -488,7 +488,8 @@ static dnnl_status_t prim_finish (mg_dnn *d, mg_dnn_prim *e, const pkey *key, co
 
 /* the primitive of `kind` for geometry g: from the cache, or made; NULL +
 ** error (*unimplemented set when oneDNN has no implementation for it) */
-static mg_dnn_prim *conv_prim (const char *fn, mg_dnn *d, int kind, const geom *g, bool bias, bool *unimplemented) {
+static mg_dnn_prim *conv_prim (const char *fn, mg_dnn *d, int kind, const geom *g, bool bias,
+                               bool *unimplemented) {
   pkey key;
   key_init(&key, kind, bias, g);
   mg_dnn_prim *e = mg_dnn_find(d, &key, sizeof key);
@@ -524,7 +525,8 @@ static mg_dnn_prim *conv_prim (const char *fn, mg_dnn *d, int kind, const geom *
   dnnl_primitive_attr_destroy(attr);
   if (st == dnnl_success) {
     dnnl_query_t q = kind == MG_DNN_CONV_BWD_WEIGHTS ? dnnl_query_diff_weights_md : dnnl_query_weights_md;
-    st = prim_finish(d, e, &key, &hwio, dnnl_primitive_desc_query_md(e->pd, q, 0), kind != MG_DNN_CONV_BWD_WEIGHTS);
+    st = prim_finish(d, e, &key, &hwio, dnnl_primitive_desc_query_md(e->pd, q, 0),
+                     kind != MG_DNN_CONV_BWD_WEIGHTS);
   }
   if (st != dnnl_success) {
     *unimplemented = st == dnnl_unimplemented;

@@ -391,7 +391,8 @@ mg_status mg_gemm_use (const char *backend) {
   gemm_lib l = strcmp(backend, "auto") == 0 ? LIB__COUNT : lib_named(backend);
   if (l == LIB__COUNT && strcmp(backend, "auto") != 0) {
     char known[160] = "auto";
-    for (int i = 0; i < LIB__COUNT; i++) snprintf(known + strlen(known), sizeof known - strlen(known), ", %s", lib_names[i]);
+    for (int i = 0; i < LIB__COUNT; i++)
+      snprintf(known + strlen(known), sizeof known - strlen(known), ", %s", lib_names[i]);
     return mg_seterror("gemm_use: unknown backend '%s' (known: %s)", backend, known);
   }
   pthread_mutex_lock(&choices.lock);
