@@ -76,6 +76,41 @@ describe("GEMM dispatch", function()
     os.remove(script)
   end)
 
+  it("keeps the choices timed under one library setting apart from another's", function()
+    -- OPENBLAS_CORETYPE and ONEDNN_MAX_CPU_ISA change the kernels the
+    -- libraries run (Sandybridge and AVX run on every x86-64 machine with AVX)
+    local dir = os.tmpname()
+    os.remove(dir)
+    assert.is_true(os.execute("mkdir -p " .. dir))
+    local script = dir .. "/choose.lua"
+    local f = io.open(script, "w")
+    f:write("print(mg.gemm.choice(64, 96, 80))")
+    f:close()
+    local function run (env) return h.run(("%s XDG_CACHE_HOME=%s %s %s"):format(env, dir, h.bin, script)) end
+    run("OPENBLAS_CORETYPE=Haswell")
+    run("OPENBLAS_CORETYPE=Sandybridge")
+    run("OPENBLAS_CORETYPE=Sandybridge ONEDNN_MAX_CPU_ISA=AVX")
+    run("OPENBLAS_CORETYPE=Sandybridge ONEDNN_MAX_CPU_ISA=AVX")   -- the same setting: the same file
+    local names = {}
+    local ls = io.popen("ls " .. dir .. "/moongrad")
+    for name in ls:lines() do names[#names + 1] = name end
+    ls:close()
+    table.sort(names)
+    assert.equal(3, #names, table.concat(names, " "))
+    local pattern = "^gemm%-v3%-[%w%-]+%-avx[%d]*%-openblas%-[%d.]+%-(%w+)%-onednn%-[%d.]+%-([%w_]+)%.tsv$"
+    local seen = {}
+    for _, name in ipairs(names) do
+      local core, isa = name:match(pattern)
+      assert.truthy(core, name)
+      seen[core .. " " .. isa] = true
+      local lines = 0
+      for _ in io.lines(dir .. "/moongrad/" .. name) do lines = lines + 1 end
+      assert.equal(1, lines, name)                -- each one timed its own choice, once
+    end
+    assert.is_true(seen["Sandybridge avx"], table.concat(names, " "))
+    os.execute("rm -rf " .. dir)
+  end)
+
   it("names what is wrong", function()
     assert.has_error(function() mg.gemm.use("mkl") end,
                      "gemm_use: unknown backend 'mkl' (known: auto, dnnl, openblas, dnnl-ct, openblas-gemv, " ..

@@ -206,7 +206,7 @@ static struct {
   int forced;                                   /* a gemm_lib, or -1 */
   int n;
   struct { uint64_t key; gemm_way way; } c[CHOICE_SLOTS];   /* key 0: empty */
-  char path[640];                               /* "" when there is no file */
+  char path[800];                               /* "" when there is no file */
 } choices = {.lock = PTHREAD_MUTEX_INITIALIZER, .forced = -1};
 
 static gemm_lib lib_named (const char *s) {
@@ -237,9 +237,26 @@ static void add_choice (uint64_t key, gemm_way w) {
   }
 }
 
-/* the CPU's model name and ISA, as a file name */
+/* oneDNN's name for the widest ISA it dispatches to (ONEDNN_MAX_CPU_ISA may lower it) */
+static const char *dnnl_isa_name (dnnl_cpu_isa_t isa) {
+  static const struct { dnnl_cpu_isa_t isa; const char *name; } names[] = {
+      {dnnl_cpu_isa_sse41, "sse41"}, {dnnl_cpu_isa_avx, "avx"}, {dnnl_cpu_isa_avx2, "avx2"},
+      {dnnl_cpu_isa_avx2_vnni, "avx2_vnni"}, {dnnl_cpu_isa_avx512_core, "avx512_core"},
+      {dnnl_cpu_isa_avx512_core_vnni, "avx512_core_vnni"}, {dnnl_cpu_isa_avx512_core_bf16, "avx512_core_bf16"},
+      {dnnl_cpu_isa_avx512_core_amx, "avx512_core_amx"}};
+  for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+    if (names[i].isa == isa) return names[i].name;
+  return "other";
+}
+
+/*
+** What the choices depend on besides the shape, as a file name: the CPU's
+** model and ISA, and the kernels each library runs on it, which
+** OPENBLAS_CORETYPE, ONEDNN_MAX_CPU_ISA or another version of either
+** library change (choices timed under one must not serve another).
+*/
 static void machine_name (char *buf, size_t n) {
-  char model[128] = "unknown-cpu", line[512];
+  char model[128] = "unknown-cpu", line[512], openblas[32] = "unknown";
   FILE *f = fopen("/proc/cpuinfo", "r");
   while (f && fgets(line, sizeof line, f))
     if (strncmp(line, "model name", 10) == 0) {
@@ -248,10 +265,16 @@ static void machine_name (char *buf, size_t n) {
       break;
     }
   if (f) fclose(f);
-  for (char *p = model; *p; p++)
-    if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9'))) *p = '-';
   __builtin_cpu_init();
-  snprintf(buf, n, "%s-%s", model, __builtin_cpu_supports("avx512f") ? "avx512" : "avx2");
+  sscanf(openblas_get_config(), "OpenBLAS %31s", openblas);
+  const dnnl_version_t *v = dnnl_version();
+  snprintf(buf, n, "%s-%s-openblas-%s-%s-onednn-%d.%d.%d-%s", model,
+           __builtin_cpu_supports("avx512f") ? "avx512" : "avx2", openblas, openblas_get_corename(), v->major,
+           v->minor, v->patch, dnnl_isa_name(dnnl_get_effective_cpu_isa()));
+  for (char *p = buf; *p; p++)
+    if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') || *p == '.' ||
+          *p == '_'))
+      *p = '-';
 }
 
 /* the environment, and the choices earlier processes made on this machine */
@@ -264,7 +287,7 @@ static void load_choices (void) {
   }
   const char *path = getenv("MOONGRAD_GEMM_CACHE");
   if (path && strcmp(path, "off") == 0) return;
-  char machine[200];
+  char machine[300];
   if (path && *path) {
     snprintf(choices.path, sizeof choices.path, "%s", path);
   } else {
