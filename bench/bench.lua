@@ -145,7 +145,8 @@ local path = util.results_path()
 local f = assert(io.open(path, "w"))
 f:write(("## %s, %s (%s cores)\n\n"):format(machine, isa, cores))
 f:write(("Measured %s, %s, PyTorch %s (Debian python3-torch), oneDNN 2.6 (Debian libdnnl-dev), OpenBLAS 0.3.21 " ..
-  "(Debian's OpenMP build).\n"):format(os.date("!%Y-%m-%d %H:%M UTC"), mg.version, torch_version))
+  "(Debian's OpenMP build), every process with OPENBLAS_CORETYPE=%s (PyTorch's products go to OpenBLAS).\n"):format(
+  os.date("!%Y-%m-%d %H:%M UTC"), mg.version, torch_version, os.getenv("OPENBLAS_CORETYPE") or "unset"))
 f:write(("Command: `make bench`. `bench/bench.lua %d`: every figure is the median of %d rounds; " ..
   "each round runs moongrad and PyTorch as fresh processes, one after the other. Ratios are moongrad / PyTorch " ..
   "(lower is better) except for GFLOPS.\n\n"):format(ROUNDS, ROUNDS))

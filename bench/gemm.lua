@@ -4,8 +4,8 @@
 -- the 1024x2048 tanh chain and a width-256 transformer, at 1 and 2 threads.
 -- GFLOPS, the median over alternating fresh processes of each one's median
 -- (default 3 rounds); "best" is the fastest of oneDNN's dnnl_sgemm, oneDNN's
--- matmul primitive (made once) and OpenBLAS' cblas_sgemm (its OpenMP build),
--- called directly from C (bench/gemm_shapes.c), and the ratio is mg.matmul /
+-- matmul primitive (made once) and OpenBLAS' cblas_sgemm (its OpenMP build,
+-- with the core type bench/run.sh sets: util.openblas_core), called directly from C (bench/gemm_shapes.c), and the ratio is mg.matmul /
 -- best (target >= 0.9).
 --   build/moongrad bench/gemm.lua [rounds]   (needs build/gemm_shapes: make bench builds it)
 --   build/moongrad bench/gemm.lua worker THREADS M N K TA TB   (one mg.matmul figure)
@@ -78,9 +78,11 @@ local sh = require("bench.util").sh
 local function exists (path) local f = io.open(path) if f then f:close() end return f ~= nil end
 if not exists("build/gemm_shapes") then error("bench/gemm.lua: build/gemm_shapes is missing (make bench builds it)", 0) end
 
-local cpu = sh("lscpu | sed -n 's/^Model name: *//p' | head -1"):gsub("%s+$", "")
-local isa = sh("grep -m1 -o -w avx512f /proc/cpuinfo"):match("avx512f") and "AVX-512" or "AVX2"
+local cpu, isa = require("bench.util").machine()
 print(("### GEMM shapes on %s (%s), %s"):format(cpu, isa, os.date("!%Y-%m-%d %H:%M UTC")))
+print(("OpenBLAS runs its %s kernels (OPENBLAS_CORETYPE=%s)."):format(sh("build/gemm_shapes core"):gsub("%s+$", ""),
+                                                                   os.getenv("OPENBLAS_CORETYPE") or "unset"))
+print()
 print("| threads | case | M x N x K | product | mg.matmul | oneDNN sgemm | oneDNN matmul | OpenBLAS | best | ratio |")
 print("|---|---|---|---|---|---|---|---|---|---|")
 local ROUNDS = tonumber(arg and arg[1]) or 3

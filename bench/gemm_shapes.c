@@ -6,7 +6,8 @@
 ** runs after a warm-up. bench/gemm.lua prints them next to mg.matmul.
 **   cc -O2 bench/gemm_shapes.c -ldnnl -L$(OPENBLAS_DIR) -lopenblas -fopenmp -o build/gemm_shapes
 **   build/gemm_shapes THREADS M N K TA TB    (TA, TB: N or T)
-** prints "<dnnl_sgemm GFLOPS> <openblas GFLOPS> <dnnl matmul primitive GFLOPS>"
+** prints "<dnnl_sgemm GFLOPS> <openblas GFLOPS> <dnnl matmul primitive GFLOPS>";
+**   build/gemm_shapes core   prints the core type whose kernels OpenBLAS runs
 */
 #include <stdio.h>
 #include <stdlib.h>
@@ -105,6 +106,10 @@ static double gflops (const gemm *g, int lib) {
 }
 
 int main (int argc, char **argv) {
+  if (argc == 2 && strcmp(argv[1], "core") == 0) {
+    printf("%s\n", openblas_get_corename());
+    return 0;
+  }
   if (argc < 7) {
     fprintf(stderr, "usage: gemm_shapes THREADS M N K TA TB\n");
     return 2;

@@ -17,6 +17,11 @@ cc -O2 bench/gemm_ceiling.c -ldnnl -L$OB -Wl,-rpath,$OB -lopenblas -fopenmp -o b
 cc -O2 bench/gemm_shapes.c -ldnnl -L$OB -Wl,-rpath,$OB -lopenblas -fopenmp -o build/gemm_shapes 2>/dev/null \
   || echo "(no OpenBLAS: the GEMM shape table is skipped)"
 
+# OpenBLAS' kernels for this CPU in every process (moongrad, PyTorch, the raw
+# libraries), whatever the machine's environment says (bench/util.lua)
+export OPENBLAS_CORETYPE=$("$BIN" -e 'package.path = "./?.lua;" .. package.path; print(require("bench.util").openblas_core())')
+echo "OPENBLAS_CORETYPE=$OPENBLAS_CORETYPE"
+
 echo "== bench/bench.lua: moongrad vs PyTorch"
 "$BIN" bench/bench.lua "$ROUNDS" || exit 1
 # this machine's section of RESULTS.md, which the tables below join

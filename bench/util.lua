@@ -24,6 +24,18 @@ function util.machine ()
   return model, isa
 end
 
+--- The OpenBLAS core type whose kernels fit this CPU: SkylakeX where it
+--- has AVX-512, Haswell where it has AVX2 only. Debian's OpenBLAS guesses
+--- on its own (Prescott on one AVX-512 Xeon, Cooperlake on an AVX-512
+--- EPYC), and a machine's environment may set OPENBLAS_CORETYPE for all
+--- programs (Haswell on these machines, AVX-512 ones included: PyTorch's
+--- products then run at half speed). bench/run.sh exports this for every
+--- process it starts (moongrad, PyTorch, the raw libraries).
+function util.openblas_core ()
+  local _, isa = util.machine()
+  return isa == "AVX-512" and "SkylakeX" or "Haswell"
+end
+
 --- bench/results/<model>-<isa>.md: this machine kind's section of RESULTS.md
 function util.results_path ()
   local model, isa = util.machine()

@@ -28,6 +28,12 @@ describe("bench scripts", function()
     end
   end)
 
+  it("names the OpenBLAS core type that fits this CPU's ISA", function()
+    local util = dofile("bench/util.lua")
+    local _, isa = util.machine()
+    assert.equal(isa == "AVX-512" and "SkylakeX" or "Haswell", util.openblas_core())
+  end)
+
   it("gemm.lua and epoch.lua workers print a figure; assemble.lua joins the machine sections", function()
     local out, code = h.run(h.bin .. " bench/gemm.lua worker 1 8 8 8 N T")
     assert.equal(0, code, out)
