@@ -82,6 +82,10 @@ end
 
 -- (b) the seed chain
 case("seed chain: 4 x (x * y), then gradient", "seed", 1, nil, "us/iter", "<= 0.10x")
+if select(2, sh("test -f build/lua_floor.so")) then    -- (make bench builds it)
+  row("seed chain, Lua's own share (bench/lua_floor.c)", alternate({mg = mgcmd(1, "seed_floor")}, ROUNDS).mg[1], nil,
+      "us/iter")
+end
 
 -- (c) MLP training step, each side at its best thread count
 for _, batch in ipairs({32, 128}) do

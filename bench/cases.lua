@@ -2,6 +2,8 @@
 -- (or "<value> <value>"), for bench/bench.lua to compare with PyTorch's.
 --   build/moongrad bench/cases.lua op <size> <tape:0|1>     -> us per a + b
 --   build/moongrad bench/cases.lua seed                      -> us per seed chain + gradient
+--   build/moongrad bench/cases.lua seed_floor [dir]          -> the same on bench/lua_floor.c, built as
+--                                                              dir/lua_floor.so (default build/): Lua's share
 --   build/moongrad bench/cases.lua mlp <batch>               -> ms per training step
 --   build/moongrad bench/cases.lua ckpt <plain|every> <width> <batch> <layers>
 --                                                            -> ms per step, peak RSS MiB, peak counter MiB
@@ -52,20 +54,29 @@ function cases.op (size, tape)
   return s / n * 1e6
 end
 
-function cases.seed ()
-  local y = mg.Variable(1.0)
+-- lib: moongrad, or bench/lua_floor.c's module (the same calls, which make
+-- boxes and nothing more: Lua's own share of the chain)
+local function seed_chain (lib)
+  local y = lib.Variable(1.0)
   local function f (x) return x * y end
   local n = 10000
   local s = timed(5, function()
     for _ = 1, n do
-      local t = mg.tape()
-      local r = mg.constant(1.0)
+      local t = lib.tape()
+      local r = lib.constant(1.0)
       for _ = 1, 4 do r = f(r) end
       t:stop()
       local _ = t:gradient(r, {y})
     end
   end)
   return s / n * 1e6
+end
+
+function cases.seed () return seed_chain(mg) end
+
+function cases.seed_floor (dir)
+  package.cpath = (dir or "build") .. "/?.so;" .. package.cpath
+  return seed_chain(require "lua_floor")
 end
 
 -- the 784-1024-1024-10 MLP with ReLU, softmax cross-entropy and SGD

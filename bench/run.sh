@@ -14,6 +14,8 @@ BENCH_DEPS="python3-torch libopenblas-dev"
 OB=/usr/lib/x86_64-linux-gnu/openblas-openmp
 cc -O2 bench/gemm_ceiling.c -ldnnl -L$OB -Wl,-rpath,$OB -lopenblas -fopenmp -o build/gemm_ceiling 2>/dev/null \
   || echo "(no OpenBLAS: the sgemm ceiling is skipped)"
+cc -O2 -shared -fPIC -I/usr/include/lua5.4 bench/lua_floor.c -o build/lua_floor.so \
+  || echo "(no lua_floor.so: the seed chain's Lua share is skipped)"
 cc -O2 bench/gemm_shapes.c -ldnnl -L$OB -Wl,-rpath,$OB -lopenblas -fopenmp -o build/gemm_shapes 2>/dev/null \
   || echo "(no OpenBLAS: the GEMM shape table is skipped)"
 

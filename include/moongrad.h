@@ -245,6 +245,8 @@ MG_API mg_tensor *mg_sigmoid  (mg_tensor *x);                 /* 1 / (1 + exp(-x
 MG_API mg_tensor *mg_relu     (mg_tensor *x);                 /* max(x, 0) */
 MG_API mg_tensor *mg_softplus (mg_tensor *x);                 /* log(1 + e^x), stably */
 MG_API mg_tensor *mg_relu_grad (mg_tensor *d, mg_tensor *y);   /* y > 0 ? d : 0 (relu's backward) */
+MG_API mg_tensor *mg_tanh_grad (mg_tensor *d, mg_tensor *y);   /* d * (1 - y^2) (tanh's, from its output) */
+MG_API mg_tensor *mg_sigmoid_grad (mg_tensor *d, mg_tensor *y);   /* d * y * (1 - y) (sigmoid's, from its output) */
 
 /* }============================================================== */
 

@@ -89,6 +89,22 @@ describe("gradcheck", function()
       end, x, rnd({2, 3}, 0.5, 1.5))
     end)
 
+    it("tanh's and sigmoid's backwards (tanh_grad, sigmoid_grad) and their second derivatives", function()
+      check(mg.tanh_grad, rnd({2, 3}), rnd({2, 3}, -0.9, 0.9))
+      check(mg.sigmoid_grad, rnd({2, 3}), rnd({2, 3}, 0.1, 0.9))
+      check(mg.tanh_grad, rnd({2, 3}), rnd({3}, -0.9, 0.9))      -- broadcasting: summed back
+      check(mg.sigmoid_grad, rnd({3}), rnd({2, 3}, 0.1, 0.9))
+      for _, f in ipairs{mg.tanh, mg.sigmoid} do   -- d/dw of the gradient of sum(f(v * w) * w)
+        check(function(v, w)
+          local t = mg.tape()
+          t:watch(v)
+          local y = mg.sum(f(v * w) * w)
+          t:stop()
+          return t:gradient(y, v)
+        end, rnd({2, 3}), rnd({2, 3}, 0.5, 1.5))
+      end
+    end)
+
     it("neg tanh sigmoid", function()
       check(mg.neg, rnd({5}))
       check(mg.tanh, rnd({2, 3}, -2, 2))

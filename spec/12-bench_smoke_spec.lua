@@ -11,6 +11,17 @@ describe("bench scripts", function()
     end
   end)
 
+  it("cases.lua times the seed chain on bench/lua_floor.c, Lua's own share of it", function()
+    local dir = os.tmpname()
+    os.remove(dir)
+    assert.is_true(os.execute(("mkdir -p %s && cc -O2 -shared -fPIC -I/usr/include/lua5.4 bench/lua_floor.c -o %s/lua_floor.so")
+                              :format(dir, dir)))
+    local out, code = h.run(("%s bench/cases.lua seed_floor %s"):format(h.bin, dir))
+    assert.equal(0, code, out)
+    assert.truthy(out:match("^[%d.]+\n$"), out)
+    os.execute("rm -rf " .. dir)
+  end)
+
   it("recompute.lua reports every method as ratios to plain", function()
     local out, code = h.run(h.bin .. " bench/recompute.lua 16 8 4 1")
     assert.equal(0, code, out)

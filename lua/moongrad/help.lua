@@ -46,7 +46,7 @@ local groups = {
   {"maths", {
     {"exp", "exp(x)"}, {"log", "log(x)"}, {"sqrt", "sqrt(x)"}, {"abs", "abs(x)"}, {"sign", "sign(x)"},
     {"tanh", "tanh(x)"}, {"sigmoid", "sigmoid(x)"}, {"relu", "relu(x)"}, {"softplus", "softplus(x)"},
-    {"relu_grad", "relu_grad(d, y)"},
+    {"relu_grad", "relu_grad(d, y)"}, {"tanh_grad", "tanh_grad(d, y)"}, {"sigmoid_grad", "sigmoid_grad(d, y)"},
     {"softmax", "softmax(x [, axis=-1])"}, {"log_softmax", "log_softmax(x [, axis=-1])"},
     {"sin", "sin(x)"}, {"cos", "cos(x)"}, {"log1p", "log1p(x)"}, {"expm1", "expm1(x)"}, {"erf", "erf(x)"},
     {"floor", "floor(x)"}, {"ceil", "ceil(x)"}, {"round", "round(x)"},

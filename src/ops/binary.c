@@ -386,6 +386,54 @@ static const mg_opdef relu_grad_op = {
 };
 mg_tensor *mg_relu_grad (mg_tensor *d, mg_tensor *y) { return binary(&relu_grad_op, d, y); }
 
+/* tanh_grad: out = d * (1 - y^2), tanh's backward from its output in one
+** pass (three ops and two temporaries otherwise).
+** grad: dd = tanh_grad(dout, y); dy = -2 y d dout */
+FLOAT_KERNELS(tanh_grad, x * (1 - y * y))
+static mg_status tanh_grad_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **din) {
+  mg_scope sc = {0};
+  mg_tensor *d = n->in[0], *y = n->in[1];
+  if (n->needs[0]) din[0] = mg_sum_to_shape(mg_tmp(&sc, mg_tanh_grad(dout[0], y)), SHAPE_OF(n, 0));
+  if (n->needs[1]) {
+    mg_tensor *two = mg_tmp(&sc, mg_scalar(-2.0, y->dtype));
+    mg_tensor *yd = mg_tmp(&sc, mg_mul(y, d));
+    din[1] = mg_sum_to_shape(mg_tmp(&sc, mg_mul(mg_tmp(&sc, mg_mul(yd, two)), dout[0])), SHAPE_OF(n, 1));
+  }
+  mg_scope_end(&sc);
+  return MG_OK;
+}
+static const mg_opdef tanh_grad_op = {
+  .info = {.name = "tanh_grad", .kind = MG_OP_BINARY, .symbol = ",",
+           .doc = "tanh_grad(d, y) = d * (1 - y^2), tanh's backward from its output y", .fn.binary = mg_tanh_grad},
+  .kernel = {[MG_FLOAT32] = tanh_grad_f32, [MG_FLOAT64] = tanh_grad_f64},
+  .saves = MG_SAVE_IN(0) | MG_SAVE_IN(1), .backward = tanh_grad_backward,
+};
+mg_tensor *mg_tanh_grad (mg_tensor *d, mg_tensor *y) { return binary(&tanh_grad_op, d, y); }
+
+/* sigmoid_grad: out = d * y * (1 - y), sigmoid's backward from its output
+** in one pass.  grad: dd = sigmoid_grad(dout, y); dy = d (1 - 2 y) dout */
+FLOAT_KERNELS(sigmoid_grad, x * y * (1 - y))
+static mg_status sigmoid_grad_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **din) {
+  mg_scope sc = {0};
+  mg_tensor *d = n->in[0], *y = n->in[1];
+  if (n->needs[0]) din[0] = mg_sum_to_shape(mg_tmp(&sc, mg_sigmoid_grad(dout[0], y)), SHAPE_OF(n, 0));
+  if (n->needs[1]) {
+    mg_tensor *one = mg_tmp(&sc, mg_scalar(1.0, y->dtype)), *two = mg_tmp(&sc, mg_scalar(2.0, y->dtype));
+    mg_tensor *slope = mg_tmp(&sc, mg_sub(one, mg_tmp(&sc, mg_mul(y, two))));
+    din[1] = mg_sum_to_shape(mg_tmp(&sc, mg_mul(mg_tmp(&sc, mg_mul(d, slope)), dout[0])), SHAPE_OF(n, 1));
+  }
+  mg_scope_end(&sc);
+  return MG_OK;
+}
+static const mg_opdef sigmoid_grad_op = {
+  .info = {.name = "sigmoid_grad", .kind = MG_OP_BINARY, .symbol = ",",
+           .doc = "sigmoid_grad(d, y) = d * y * (1 - y), sigmoid's backward from its output y",
+           .fn.binary = mg_sigmoid_grad},
+  .kernel = {[MG_FLOAT32] = sigmoid_grad_f32, [MG_FLOAT64] = sigmoid_grad_f64},
+  .saves = MG_SAVE_IN(0) | MG_SAVE_IN(1), .backward = sigmoid_grad_backward,
+};
+mg_tensor *mg_sigmoid_grad (mg_tensor *d, mg_tensor *y) { return binary(&sigmoid_grad_op, d, y); }
+
 /* }========================================================== */
 
 
@@ -497,8 +545,8 @@ mg_tensor *mg_where (mg_tensor *cond, mg_tensor *a, mg_tensor *b) {
 
 static const mg_opdef *const rows[] = {
   &add_op, &sub_op, &mul_op, &div_op, &pow_op, &floordiv_op, &mod_op, &maximum_op, &minimum_op,
-  &relu_grad_op, &equal_op, &not_equal_op, &less_op, &less_equal_op, &greater_op,
+  &relu_grad_op, &tanh_grad_op, &sigmoid_grad_op, &equal_op, &not_equal_op, &less_op, &less_equal_op, &greater_op,
   &greater_equal_op, &logical_and_op, &logical_or_op, &where_op,
 };
-_Static_assert(sizeof rows / sizeof rows[0] == 19, "binary.c: a row is missing from rows[]");
+_Static_assert(sizeof rows / sizeof rows[0] == 21, "binary.c: a row is missing from rows[]");
 const mg_opfamily mg_binary_ops = {rows, sizeof rows / sizeof rows[0]};

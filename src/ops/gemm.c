@@ -7,7 +7,9 @@
 ** No library wins everywhere: on AVX2 (AMD EPYC) OpenBLAS leads the square
 ** products and oneDNN the thin ones, oneDNN's NN kernel runs at half speed
 ** when B is 64-byte aligned (as every moongrad tensor is), and on AVX-512
-** Debian's OpenBLAS misdetects the CPU. So the first product of each shape
+** OpenBLAS runs its AVX-512 kernels only with the right core type (Debian's
+** build took one Xeon for a Prescott, and an environment may set
+** OPENBLAS_CORETYPE=Haswell for every program). So the first product of each shape
 ** class (transposes, each size rounded to a half power of two, threads)
 ** times the candidates on its own operands and keeps the fastest; the
 ** choice is appended to a file under ~/.cache/moongrad/ named for the CPU,

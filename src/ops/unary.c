@@ -152,14 +152,11 @@ static const mg_opdef sign_op = {
 };
 mg_tensor *mg_sign (mg_tensor *x) { return unary(&sign_op, x); }
 
-/* tanh: out = tanh(x).  grad: dx = dout * (1 - out^2); keeps the output only */
+/* tanh: out = tanh(x).  grad: dx = tanh_grad(dout, out) = dout * (1 - out^2), one
+** pass; keeps the output only */
 FLOAT_KERNELS(tanh, TANH(x))
 static mg_status tanh_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **din) {
-  mg_scope sc = {0};
-  mg_tensor *y = n->out[0], *one = mg_tmp(&sc, mg_scalar(1.0, y->dtype));
-  mg_tensor *d = mg_tmp(&sc, mg_sub(one, mg_tmp(&sc, mg_mul(y, y))));
-  din[0] = mg_mul(dout[0], d);
-  mg_scope_end(&sc);
+  din[0] = mg_tanh_grad(dout[0], n->out[0]);
   return MG_OK;
 }
 static const mg_opdef tanh_op = {
@@ -169,14 +166,10 @@ static const mg_opdef tanh_op = {
 };
 mg_tensor *mg_tanh (mg_tensor *x) { return unary(&tanh_op, x); }
 
-/* sigmoid: out = 1 / (1 + e^-x).  grad: dx = dout * out * (1 - out) */
+/* sigmoid: out = 1 / (1 + e^-x).  grad: dx = sigmoid_grad(dout, out), one pass */
 FLOAT_KERNELS(sigmoid, 1 / (1 + EXP(-x)))
 static mg_status sigmoid_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **din) {
-  mg_scope sc = {0};
-  mg_tensor *y = n->out[0], *one = mg_tmp(&sc, mg_scalar(1.0, y->dtype));
-  mg_tensor *d = mg_tmp(&sc, mg_mul(y, mg_tmp(&sc, mg_sub(one, y))));
-  din[0] = mg_mul(dout[0], d);
-  mg_scope_end(&sc);
+  din[0] = mg_sigmoid_grad(dout[0], n->out[0]);
   return MG_OK;
 }
 static const mg_opdef sigmoid_op = {
