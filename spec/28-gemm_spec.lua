@@ -64,7 +64,7 @@ describe("GEMM dispatch", function()
     local lines = {}
     for l in io.lines(path) do lines[#lines + 1] = l end
     assert.equal(2, #lines)
-    for _, l in ipairs(lines) do assert.truthy(l:match("^%x+ [%a%-]+ %d+$"), l) end
+    for _, l in ipairs(lines) do assert.truthy(l:match("^%x+ [%a%-]+ %d+ [%d.]+$"), l) end
     local second = h.run(cmd)                     -- read back: the same, and nothing appended
     assert.equal(first, second)
     local n = 0
@@ -97,7 +97,7 @@ describe("GEMM dispatch", function()
     ls:close()
     table.sort(names)
     assert.equal(3, #names, table.concat(names, " "))
-    local pattern = "^gemm%-v3%-[%w%-]+%-avx[%d]*%-openblas%-[%d.]+%-(%w+)%-onednn%-[%d.]+%-([%w_]+)%.tsv$"
+    local pattern = "^gemm%-v4%-[%w%-]+%-avx[%d]*%-openblas%-[%d.]+%-(%w+)%-onednn%-[%d.]+%-([%w_]+)%.tsv$"
     local seen = {}
     for _, name in ipairs(names) do
       local core, isa = name:match(pattern)
@@ -109,6 +109,47 @@ describe("GEMM dispatch", function()
     end
     assert.is_true(seen["Sandybridge avx"], table.concat(names, " "))
     os.execute("rm -rf " .. dir)
+  end)
+
+  it("times a shape of its own when its class's choice runs it far below the class's speed", function()
+    -- the class of 128x128x128 at one thread, written by hand with a speed
+    -- no product reaches (then any product of the class is far below it),
+    -- one it always beats, and none (an old file's)
+    local function class_key (m, n, k, threads)
+      local key = threads << 2
+      for i, d in ipairs{m, n, k} do key = key | math.ceil(2 * math.log(d, 2)) << (8 + 8 * i) end
+      return ("%x"):format(key)
+    end
+    local script = os.tmpname()
+    local f = io.open(script, "w")
+    f:write([[local a, b = mg.random.normal{128, 128}, mg.random.normal{128, 128}
+              for _ = 1, 3 do local _ = mg.matmul(a, b) end
+              local c = mg.random.normal{100, 128}                -- a second shape of the class
+              for _ = 1, 3 do local _ = mg.matmul(c, b) end]])
+    f:close()
+    local function lines_after (speed)
+      local path = os.tmpname()
+      f = io.open(path, "w")
+      f:write(("%s dnnl 1%s\n"):format(class_key(128, 128, 128, 1), speed))
+      f:close()
+      local out, code = h.run(("OMP_NUM_THREADS=1 MOONGRAD_GEMM_CACHE=%s %s %s"):format(path, h.bin, script))
+      assert.equal(0, code, out)
+      local lines = {}
+      for l in io.lines(path) do lines[#lines + 1] = l end
+      os.remove(path)
+      return lines
+    end
+    local fast = lines_after(" 1000000000.0")
+    assert.equal(3, #fast, table.concat(fast, "\n"))   -- the class's line, then one per shape
+    for i = 2, 3 do
+      assert.truthy(fast[i]:match("^[89a-f]%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x [%a%-]+ 1 [%d.]+$"), fast[i])
+    end
+    assert.are_not.equal(fast[2]:match("^%x+"), fast[3]:match("^%x+"))
+    assert.equal(1, #lines_after(" 0.001"))           -- as fast as the class: nothing to time
+    local old = lines_after("")                       -- an old file's line without a speed is skipped:
+    assert.is_true(#old >= 2, table.concat(old, "\n"))  -- the class is timed anew, and appended
+    assert.truthy(old[2]:match("^" .. class_key(128, 128, 128, 1) .. " [%a%-]+ 1 [%d.]+$"), old[2])
+    os.remove(script)
   end)
 
   it("names what is wrong", function()

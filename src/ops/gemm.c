@@ -197,17 +197,43 @@ static uint64_t class_of (char ta, char tb, int64_t m, int64_t n, int64_t k, int
   return key;
 }
 
-/* The choices, by class, in an open-addressing table: a machine's file
-** holds hundreds of them, and a scan of 600 took 0.18 us of every product
-** (a 1024x10x1 one takes 1.1). A key is never 0 (threads >= 1). */
+/* A shape, exactly: its own entry once a product of it ran. The bit that
+** class keys never have marks it. */
+#define EXACT_KEY (UINT64_C(1) << 63)
+static uint64_t exact_of (const gemm_call *g, int threads) {
+  const uint64_t f[6] = {(uint64_t)(g->ta == 'T'), (uint64_t)(g->tb == 'T'), (uint64_t)threads,
+                         (uint64_t)g->m, (uint64_t)g->n, (uint64_t)g->k};
+  uint64_t h = UINT64_C(1469598103934665603);            /* FNV-1a over the six */
+  for (int i = 0; i < 6; i++) h = (h ^ f[i]) * UINT64_C(1099511628211);
+  return h | EXACT_KEY;
+}
+
+/*
+** The choices in an open-addressing table (a machine's file holds hundreds,
+** and a scan of 600 took 0.18 us of every product). A class's choice was
+** timed on one of its shapes, at `gflops`. Another shape of the class can
+** fall off a cliff with it (OpenBLAS' SkylakeX kernels run 1x784x1024
+** times a transposed matrix at 46 GFLOPS and 1x1024x1024 at 7, where
+** oneDNN runs both at 43): so each new shape's second product is timed
+** (its first may compile a kernel), and one at under 1/2.5 of the class's
+** speed has its own choice timed. A key is never 0 (threads >= 1).
+*/
 #define MAX_CHOICES 4096
+#define MAX_EXACT (MAX_CHOICES / 2)             /* the rest stays for classes */
 #define CHOICE_SLOTS (2 * MAX_CHOICES)          /* a power of two */
+typedef enum { SETTLED, TO_CHECK } choice_state;
+typedef struct {
+  uint64_t key;                                 /* 0: empty */
+  gemm_way way;
+  float gflops;                                 /* as timed; 0: not known */
+  choice_state state;                           /* an exact shape's: its next product is timed */
+} choice;
 static struct {
   pthread_mutex_t lock;
   bool loaded;
   int forced;                                   /* a gemm_lib, or -1 */
-  int n;
-  struct { uint64_t key; gemm_way way; } c[CHOICE_SLOTS];   /* key 0: empty */
+  int n, nexact;
+  choice c[CHOICE_SLOTS];
   char path[800];                               /* "" when there is no file */
 } choices = {.lock = PTHREAD_MUTEX_INITIALIZER, .forced = -1};
 
@@ -223,20 +249,20 @@ static int slot_of (uint64_t key) {
   return (int)i;
 }
 
-static bool find_choice (uint64_t key, gemm_way *w) {
+static choice *find_choice (uint64_t key) {
   int i = slot_of(key);
-  if (choices.c[i].key == 0) return false;
-  *w = choices.c[i].way;
-  return true;
+  return choices.c[i].key == 0 ? NULL : &choices.c[i];
 }
 
-static void add_choice (uint64_t key, gemm_way w) {
+/* the new entry, or NULL when the table (or its share for exact shapes) is full */
+static choice *add_choice (uint64_t key, gemm_way w, double gflops, choice_state state) {
+  bool exact = (key & EXACT_KEY) != 0;
   int i = slot_of(key);
-  if (choices.c[i].key == 0 && choices.n < MAX_CHOICES) {
-    choices.c[i].key = key;
-    choices.c[i].way = w;
-    choices.n++;
-  }
+  if (choices.c[i].key != 0 || choices.n >= MAX_CHOICES || (exact && choices.nexact >= MAX_EXACT)) return NULL;
+  choices.c[i] = (choice){key, w, (float)gflops, state};
+  choices.n++;
+  choices.nexact += exact;
+  return &choices.c[i];
 }
 
 /* oneDNN's name for the widest ISA it dispatches to (ONEDNN_MAX_CPU_ISA may lower it) */
@@ -300,25 +326,26 @@ static void load_choices (void) {
     else return;
     machine_name(machine, sizeof machine);
     mkdir(dir, 0777);                            /* may exist; failing to, there is no file */
-    snprintf(choices.path, sizeof choices.path, "%s/gemm-v3-%s.tsv", dir, machine);   /* v3: with dnnl-matmul */
+    snprintf(choices.path, sizeof choices.path, "%s/gemm-v4-%s.tsv", dir, machine);   /* v4: with the speeds */
   }
   FILE *f = fopen(choices.path, "r");
   char line[128], lib[32];
   unsigned long long key;
   int threads;
+  double gflops;
   while (f && fgets(line, sizeof line, f))
-    if (sscanf(line, "%llx %31s %d", &key, lib, &threads) == 3 && lib_named(lib) != LIB__COUNT &&
+    if (sscanf(line, "%llx %31s %d %lf", &key, lib, &threads, &gflops) == 4 && lib_named(lib) != LIB__COUNT &&
         threads >= 1 && threads <= MG_MAX_THREADS)
-      add_choice((uint64_t)key, (gemm_way){lib_named(lib), threads});
+      add_choice((uint64_t)key, (gemm_way){lib_named(lib), threads}, gflops, SETTLED);
   if (f) fclose(f);
 }
 
 /* one line appended: short writes to an O_APPEND file do not interleave */
-static void save_choice (uint64_t key, gemm_way w) {
+static void save_choice (uint64_t key, gemm_way w, double gflops) {
   if (choices.path[0] == '\0') return;
   FILE *f = fopen(choices.path, "a");
   if (f == NULL) return;
-  fprintf(f, "%llx %s %d\n", (unsigned long long)key, lib_names[w.lib], w.threads);
+  fprintf(f, "%llx %s %d %.1f\n", (unsigned long long)key, lib_names[w.lib], w.threads, gflops);
   fclose(f);
 }
 
@@ -350,7 +377,7 @@ static double time_calls (gemm_way w, const gemm_call *g, int reps) {
 ** every round of one: a 40-us product chose one thread, at 0.6x of two,
 ** and kept it), each after an untimed call that wakes the pool at the
 ** way's thread count. */
-static gemm_way calibrate (const gemm_call *g, int threads) {
+static gemm_way calibrate (const gemm_call *g, int threads, double *gflops) {
   gemm_way ways[2 * LIB__COUNT];
   int n = 0, reps[2 * LIB__COUNT];
   double best_t[2 * LIB__COUNT];
@@ -375,29 +402,68 @@ static gemm_way calibrate (const gemm_call *g, int threads) {
   int best = 0;
   for (int i = 1; i < n; i++)
     if (best_t[i] < best_t[best]) best = i;
+  *gflops = flop / best_t[best] * 1e-9;
   return ways[best];
 }
 
 /* }========================================================== */
 
 
-/* the way for g at the current thread count: forced, known, or measured now */
-static gemm_way way_for (const gemm_call *g) {
+/* how a product runs: the way, and whether to time it against `gflops` */
+typedef struct { gemm_way way; bool check; double gflops; uint64_t exact; int threads; } gemm_plan;
+
+/* the plan for g at the current thread count: forced, the shape's own
+** choice, its class's, or one measured now (held: two threads would time
+** each other) */
+static gemm_plan plan_for (const gemm_call *g) {
   int threads = omp_get_max_threads();
-  uint64_t key = class_of(g->ta, g->tb, g->m, g->n, g->k, threads);
-  gemm_way w;
+  gemm_plan p = {.exact = exact_of(g, threads), .threads = threads};
   pthread_mutex_lock(&choices.lock);
   if (!choices.loaded) load_choices();
-  bool known = choices.forced >= 0 || find_choice(key, &w);
-  if (choices.forced >= 0) w = (gemm_way){(gemm_lib)choices.forced, threads};
-  if (known && !lib_fits(w.lib, g)) w.lib = LIB_DNNL;   /* (a file edited by hand) */
-  if (!known) {                           /* (held: two threads would time each other) */
-    w = calibrate(g, threads);
-    add_choice(key, w);
-    save_choice(key, w);
+  choice *e = NULL, *c = NULL;
+  if (choices.forced >= 0) {
+    p.way = (gemm_way){(gemm_lib)choices.forced, threads};
+  } else if ((e = find_choice(p.exact)) != NULL) {
+    p.way = e->way;
+    p.check = e->state == TO_CHECK;
+    p.gflops = e->gflops;
+  } else if ((c = find_choice(class_of(g->ta, g->tb, g->m, g->n, g->k, threads))) != NULL) {
+    p.way = c->way;                  /* the first product of this shape: its second is timed */
+    add_choice(p.exact, c->way, c->gflops, c->gflops > 0 ? TO_CHECK : SETTLED);
+  } else {
+    double gflops = 0;
+    p.way = calibrate(g, threads, &gflops);
+    uint64_t key = class_of(g->ta, g->tb, g->m, g->n, g->k, threads);
+    add_choice(key, p.way, gflops, SETTLED);
+    save_choice(key, p.way, gflops);
+    add_choice(p.exact, p.way, gflops, SETTLED);
+  }
+  if (!lib_fits(p.way.lib, g)) p.way.lib = LIB_DNNL;   /* (a file edited by hand) */
+  pthread_mutex_unlock(&choices.lock);
+  return p;
+}
+
+/* far below the class's speed? (under 5 us: the clock's noise, little to win) */
+static bool too_slow (const gemm_call *g, const gemm_plan *p, double seconds) {
+  double gflops = 2.0 * (double)g->m * (double)g->n * (double)g->k / seconds * 1e-9;
+  return seconds >= 5e-6 && gflops * 2.5 < p->gflops;
+}
+
+/* the timed product of a shape new to its class took `seconds`: far below
+** the class's speed, the shape gets a choice of its own */
+static void check_plan (const gemm_call *g, const gemm_plan *p, double seconds) {
+  pthread_mutex_lock(&choices.lock);
+  choice *e = find_choice(p->exact);
+  if (e != NULL && e->state == TO_CHECK) {
+    e->state = SETTLED;
+    if (too_slow(g, p, seconds)) {
+      double mine = 0;
+      e->way = calibrate(g, p->threads, &mine);
+      e->gflops = (float)mine;
+      save_choice(p->exact, e->way, mine);
+    }
   }
   pthread_mutex_unlock(&choices.lock);
-  return w;
 }
 
 mg_status mg_sgemm (char ta, char tb, int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
@@ -408,7 +474,18 @@ mg_status mg_sgemm (char ta, char tb, int64_t m, int64_t n, int64_t k, const flo
     return MG_OK;
   }
   gemm_call g = {ta, tb, m, n, k, lda, ldb, a, b, c};
-  return run_way(way_for(&g), &g);
+  gemm_plan p = plan_for(&g);
+  if (!p.check) return run_way(p.way, &g);
+  double t0 = now();
+  mg_status st = run_way(p.way, &g);
+  double t = now() - t0;
+  if (st == MG_OK && too_slow(&g, &p, t)) {     /* again, warm: a fresh output's pages fault in */
+    t0 = now();
+    st = run_way(p.way, &g);
+    t = fmin(t, now() - t0);
+  }
+  if (st == MG_OK) check_plan(&g, &p, t);
+  return st;
 }
 
 mg_status mg_gemm_use (const char *backend) {
@@ -440,7 +517,7 @@ const char *mg_gemm_choice (int transpose_a, int transpose_b, int64_t m, int64_t
   if (a && b && c) {
     gemm_call g = {transpose_a ? 'T' : 'N', transpose_b ? 'T' : 'N', m, n, k,
                    transpose_a ? m : k, transpose_b ? k : n, a, b, c};
-    gemm_way w = way_for(&g);
+    gemm_way w = plan_for(&g).way;
     static _Thread_local char buf[48];
     snprintf(buf, sizeof buf, "%s/%d", lib_names[w.lib], w.threads);
     name = buf;
