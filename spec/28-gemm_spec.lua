@@ -63,13 +63,13 @@ describe("GEMM dispatch", function()
     local first = h.run(cmd)
     local lines = {}
     for l in io.lines(path) do lines[#lines + 1] = l end
-    assert.equal(2, #lines)
+    assert.equal(4, #lines)                       -- each shape's class, and the shape itself
     for _, l in ipairs(lines) do assert.truthy(l:match("^%x+ [%a%-]+ %d+ [%d.]+$"), l) end
     local second = h.run(cmd)                     -- read back: the same, and nothing appended
     assert.equal(first, second)
     local n = 0
     for _ in io.lines(path) do n = n + 1 end
-    assert.equal(2, n)
+    assert.equal(4, n)
     local forced = h.run(("MOONGRAD_GEMM=openblas MOONGRAD_GEMM_CACHE=off %s %s"):format(h.bin, script))
     assert.truthy(forced:find("^openblas/%d+\nopenblas/%d+\n$"), forced)
     os.remove(path)
@@ -105,16 +105,16 @@ describe("GEMM dispatch", function()
       seen[core .. " " .. isa] = true
       local lines = 0
       for _ in io.lines(dir .. "/moongrad/" .. name) do lines = lines + 1 end
-      assert.equal(1, lines, name)                -- each one timed its own choice, once
+      assert.equal(2, lines, name)                -- each one timed its own choice (class, shape), once
     end
     assert.is_true(seen["Sandybridge avx"], table.concat(names, " "))
     os.execute("rm -rf " .. dir)
   end)
 
   it("times a shape of its own when its class's choice runs it far below the class's speed", function()
-    -- the class of 128x128x128 at one thread, written by hand with a speed
-    -- no product reaches (then any product of the class is far below it),
-    -- one it always beats, and none (an old file's)
+    -- the class of 128x128x128 at one thread, written by hand: OpenBLAS at a
+    -- speed no product reaches (then each shape of the class is far below
+    -- it), at one it always beats, and without a speed (an old file's line)
     local function class_key (m, n, k, threads)
       local key = threads << 2
       for i, d in ipairs{m, n, k} do key = key | math.ceil(2 * math.log(d, 2)) << (8 + 8 * i) end
@@ -123,14 +123,13 @@ describe("GEMM dispatch", function()
     local script = os.tmpname()
     local f = io.open(script, "w")
     f:write([[local a, b = mg.random.normal{128, 128}, mg.random.normal{128, 128}
-              for _ = 1, 3 do local _ = mg.matmul(a, b) end
               local c = mg.random.normal{100, 128}                -- a second shape of the class
-              for _ = 1, 3 do local _ = mg.matmul(c, b) end]])
+              for _ = 1, 3 do local _, _ = mg.matmul(a, b), mg.matmul(c, b) end]])
     f:close()
     local function lines_after (speed)
       local path = os.tmpname()
       f = io.open(path, "w")
-      f:write(("%s dnnl 1%s\n"):format(class_key(128, 128, 128, 1), speed))
+      f:write(("%s openblas 1%s\n"):format(class_key(128, 128, 128, 1), speed))
       f:close()
       local out, code = h.run(("OMP_NUM_THREADS=1 MOONGRAD_GEMM_CACHE=%s %s %s"):format(path, h.bin, script))
       assert.equal(0, code, out)
@@ -139,15 +138,16 @@ describe("GEMM dispatch", function()
       os.remove(path)
       return lines
     end
-    local fast = lines_after(" 1000000000.0")
-    assert.equal(3, #fast, table.concat(fast, "\n"))   -- the class's line, then one per shape
-    for i = 2, 3 do
-      assert.truthy(fast[i]:match("^[89a-f]%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x [%a%-]+ 1 [%d.]+$"), fast[i])
-    end
+    local exact = "^[89a-f]%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x "
+    local fast = lines_after(" 1000000000.0")       -- each shape timed its own choice, once
+    assert.equal(3, #fast, table.concat(fast, "\n"))
+    for i = 2, 3 do assert.truthy(fast[i]:match(exact .. "[%a%-]+ 1 [%d.]+$"), fast[i]) end
     assert.are_not.equal(fast[2]:match("^%x+"), fast[3]:match("^%x+"))
-    assert.equal(1, #lines_after(" 0.001"))           -- as fast as the class: nothing to time
-    local old = lines_after("")                       -- an old file's line without a speed is skipped:
-    assert.is_true(#old >= 2, table.concat(old, "\n"))  -- the class is timed anew, and appended
+    local slow = lines_after(" 0.001")               -- each shape kept the class's choice
+    assert.equal(3, #slow, table.concat(slow, "\n"))
+    for i = 2, 3 do assert.truthy(slow[i]:match(exact .. "openblas 1 [%d.]+$"), slow[i]) end
+    local old = lines_after("")                      -- an old line without a speed is skipped:
+    assert.equal(4, #old, table.concat(old, "\n"))   -- the class is timed anew, then each shape
     assert.truthy(old[2]:match("^" .. class_key(128, 128, 128, 1) .. " [%a%-]+ 1 [%d.]+$"), old[2])
     os.remove(script)
   end)

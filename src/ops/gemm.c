@@ -9,11 +9,13 @@
 ** when B is 64-byte aligned (as every moongrad tensor is), and on AVX-512
 ** OpenBLAS runs its AVX-512 kernels only with the right core type (Debian's
 ** build took one Xeon for a Prescott, and an environment may set
-** OPENBLAS_CORETYPE=Haswell for every program). So the first product of each shape
-** class (transposes, each size rounded to a half power of two, threads)
-** times the candidates on its own operands and keeps the fastest; the
-** choice is appended to a file under ~/.cache/moongrad/ named for the CPU,
-** so later processes (and runs to be resumed bit for bit) choose alike.
+** OPENBLAS_CORETYPE=Haswell for every program). So the first product of each
+** shape class (transposes, each size rounded to a half power of two,
+** threads) times the candidates on its own operands and keeps the fastest,
+** and each new shape of a known class is settled before its first product
+** (settle_shape); the choices are appended to a file under ~/.cache/moongrad/
+** named for the CPU and the libraries' kernels, so a shape runs one way in a
+** process and in later ones (runs to be resumed bit for bit choose alike).
 ** MOONGRAD_GEMM=dnnl|openblas forces a library, MOONGRAD_GEMM_CACHE=path
 ** moves the file ("off": none).
 */
@@ -197,8 +199,8 @@ static uint64_t class_of (char ta, char tb, int64_t m, int64_t n, int64_t k, int
   return key;
 }
 
-/* A shape, exactly: its own entry once a product of it ran. The bit that
-** class keys never have marks it. */
+/* A shape, exactly, for its own choice; the bit that class keys never have
+** marks it. */
 #define EXACT_KEY (UINT64_C(1) << 63)
 static uint64_t exact_of (const gemm_call *g, int threads) {
   const uint64_t f[6] = {(uint64_t)(g->ta == 'T'), (uint64_t)(g->tb == 'T'), (uint64_t)threads,
@@ -210,23 +212,17 @@ static uint64_t exact_of (const gemm_call *g, int threads) {
 
 /*
 ** The choices in an open-addressing table (a machine's file holds hundreds,
-** and a scan of 600 took 0.18 us of every product). A class's choice was
-** timed on one of its shapes, at `gflops`. Another shape of the class can
-** fall off a cliff with it (OpenBLAS' SkylakeX kernels run 1x784x1024
-** times a transposed matrix at 46 GFLOPS and 1x1024x1024 at 7, where
-** oneDNN runs both at 43): so each new shape's second product is timed
-** (its first may compile a kernel), and one at under 1/2.5 of the class's
-** speed has its own choice timed. A key is never 0 (threads >= 1).
+** and a scan of 600 took 0.18 us of every product): a class's, timed on its
+** first shape, and each shape's own (see settle_shape). A key is never 0
+** (threads >= 1).
 */
 #define MAX_CHOICES 4096
 #define MAX_EXACT (MAX_CHOICES / 2)             /* the rest stays for classes */
 #define CHOICE_SLOTS (2 * MAX_CHOICES)          /* a power of two */
-typedef enum { SETTLED, TO_CHECK } choice_state;
 typedef struct {
   uint64_t key;                                 /* 0: empty */
   gemm_way way;
-  float gflops;                                 /* as timed; 0: not known */
-  choice_state state;                           /* an exact shape's: its next product is timed */
+  float gflops;                                 /* as timed */
 } choice;
 static struct {
   pthread_mutex_t lock;
@@ -254,15 +250,16 @@ static choice *find_choice (uint64_t key) {
   return choices.c[i].key == 0 ? NULL : &choices.c[i];
 }
 
-/* the new entry, or NULL when the table (or its share for exact shapes) is full */
-static choice *add_choice (uint64_t key, gemm_way w, double gflops, choice_state state) {
-  bool exact = (key & EXACT_KEY) != 0;
+static bool has_room (uint64_t key) {
+  return choices.n < MAX_CHOICES && ((key & EXACT_KEY) == 0 || choices.nexact < MAX_EXACT);
+}
+
+static void add_choice (uint64_t key, gemm_way w, double gflops) {
   int i = slot_of(key);
-  if (choices.c[i].key != 0 || choices.n >= MAX_CHOICES || (exact && choices.nexact >= MAX_EXACT)) return NULL;
-  choices.c[i] = (choice){key, w, (float)gflops, state};
+  if (choices.c[i].key != 0 || !has_room(key)) return;
+  choices.c[i] = (choice){key, w, (float)gflops};
   choices.n++;
-  choices.nexact += exact;
-  return &choices.c[i];
+  choices.nexact += (key & EXACT_KEY) != 0;
 }
 
 /* oneDNN's name for the widest ISA it dispatches to (ONEDNN_MAX_CPU_ISA may lower it) */
@@ -336,7 +333,7 @@ static void load_choices (void) {
   while (f && fgets(line, sizeof line, f))
     if (sscanf(line, "%llx %31s %d %lf", &key, lib, &threads, &gflops) == 4 && lib_named(lib) != LIB__COUNT &&
         threads >= 1 && threads <= MG_MAX_THREADS)
-      add_choice((uint64_t)key, (gemm_way){lib_named(lib), threads}, gflops, SETTLED);
+      add_choice((uint64_t)key, (gemm_way){lib_named(lib), threads}, gflops);
   if (f) fclose(f);
 }
 
@@ -409,61 +406,68 @@ static gemm_way calibrate (const gemm_call *g, int threads, double *gflops) {
 /* }========================================================== */
 
 
-/* how a product runs: the way, and whether to time it against `gflops` */
-typedef struct { gemm_way way; bool check; double gflops; uint64_t exact; int threads; } gemm_plan;
+/* is a product of g that took `seconds` far below a speed of `expected` GFLOPS? */
+static bool too_slow (const gemm_call *g, double seconds, double expected) {
+  double gflops = 2.0 * (double)g->m * (double)g->n * (double)g->k / seconds * 1e-9;
+  return seconds >= 5e-6 && gflops * 2.5 < expected;    /* (shorter: the clock's noise, little to win) */
+}
 
-/* the plan for g at the current thread count: forced, the shape's own
-** choice, its class's, or one measured now (held: two threads would time
-** each other) */
-static gemm_plan plan_for (const gemm_call *g) {
+/*
+** A shape new to its class. The class's choice was timed on another of its
+** shapes, and can fall off a cliff on this one: OpenBLAS' SkylakeX kernels
+** ran batch 1's dout @ W^T at 46 GFLOPS for a 784->1024 layer, the class's
+** choice, and at 6.7 for a 1024->1024 one, where oneDNN runs both at 43.
+** So it is timed on this shape (its first call may compile a kernel; a slow
+** one runs again, warm: a fresh output's pages fault in during the first),
+** and at under 1/2.5 of the class's speed the shape gets a choice of its
+** own. Either way the outcome is kept, in the table and the file, before
+** the shape's first product: every product of a shape runs one way, in
+** this process and in later ones (bit for bit).
+*/
+static gemm_way settle_shape (const gemm_call *g, const choice *c, uint64_t exact, int threads) {
+  gemm_way w = c->way;
+  double flop = 2.0 * (double)g->m * (double)g->n * (double)g->k, gflops = c->gflops;
+  if (!lib_fits(w.lib, g)) {
+    w = calibrate(g, threads, &gflops);
+  } else {
+    time_calls(w, g, 1);
+    double t = time_calls(w, g, 1);
+    if (too_slow(g, t, c->gflops)) t = fmin(t, time_calls(w, g, 1));
+    gflops = flop / t * 1e-9;
+    if (too_slow(g, t, c->gflops)) w = calibrate(g, threads, &gflops);
+  }
+  add_choice(exact, w, gflops);
+  save_choice(exact, w, gflops);
+  return w;
+}
+
+/* the way for g at the current thread count: forced, the shape's own, its
+** class's (settled for the shape now), or timed now (held: two threads
+** would time each other) */
+static gemm_way way_for (const gemm_call *g) {
   int threads = omp_get_max_threads();
-  gemm_plan p = {.exact = exact_of(g, threads), .threads = threads};
+  uint64_t exact = exact_of(g, threads), key = class_of(g->ta, g->tb, g->m, g->n, g->k, threads);
+  gemm_way w;
   pthread_mutex_lock(&choices.lock);
   if (!choices.loaded) load_choices();
-  choice *e = NULL, *c = NULL;
+  const choice *e = NULL, *c = NULL;
   if (choices.forced >= 0) {
-    p.way = (gemm_way){(gemm_lib)choices.forced, threads};
-  } else if ((e = find_choice(p.exact)) != NULL) {
-    p.way = e->way;
-    p.check = e->state == TO_CHECK;
-    p.gflops = e->gflops;
-  } else if ((c = find_choice(class_of(g->ta, g->tb, g->m, g->n, g->k, threads))) != NULL) {
-    p.way = c->way;                  /* the first product of this shape: its second is timed */
-    add_choice(p.exact, c->way, c->gflops, c->gflops > 0 ? TO_CHECK : SETTLED);
+    w = (gemm_way){(gemm_lib)choices.forced, threads};
+  } else if ((e = find_choice(exact)) != NULL) {
+    w = e->way;
+  } else if ((c = find_choice(key)) != NULL) {
+    w = has_room(exact) ? settle_shape(g, c, exact, threads) : c->way;   /* (full: the class's) */
   } else {
     double gflops = 0;
-    p.way = calibrate(g, threads, &gflops);
-    uint64_t key = class_of(g->ta, g->tb, g->m, g->n, g->k, threads);
-    add_choice(key, p.way, gflops, SETTLED);
-    save_choice(key, p.way, gflops);
-    add_choice(p.exact, p.way, gflops, SETTLED);
+    w = calibrate(g, threads, &gflops);
+    add_choice(key, w, gflops);
+    save_choice(key, w, gflops);
+    add_choice(exact, w, gflops);            /* the class's shape: its own choice too */
+    save_choice(exact, w, gflops);
   }
-  if (!lib_fits(p.way.lib, g)) p.way.lib = LIB_DNNL;   /* (a file edited by hand) */
+  if (!lib_fits(w.lib, g)) w.lib = LIB_DNNL;   /* (forced, or a file edited by hand) */
   pthread_mutex_unlock(&choices.lock);
-  return p;
-}
-
-/* far below the class's speed? (under 5 us: the clock's noise, little to win) */
-static bool too_slow (const gemm_call *g, const gemm_plan *p, double seconds) {
-  double gflops = 2.0 * (double)g->m * (double)g->n * (double)g->k / seconds * 1e-9;
-  return seconds >= 5e-6 && gflops * 2.5 < p->gflops;
-}
-
-/* the timed product of a shape new to its class took `seconds`: far below
-** the class's speed, the shape gets a choice of its own */
-static void check_plan (const gemm_call *g, const gemm_plan *p, double seconds) {
-  pthread_mutex_lock(&choices.lock);
-  choice *e = find_choice(p->exact);
-  if (e != NULL && e->state == TO_CHECK) {
-    e->state = SETTLED;
-    if (too_slow(g, p, seconds)) {
-      double mine = 0;
-      e->way = calibrate(g, p->threads, &mine);
-      e->gflops = (float)mine;
-      save_choice(p->exact, e->way, mine);
-    }
-  }
-  pthread_mutex_unlock(&choices.lock);
+  return w;
 }
 
 mg_status mg_sgemm (char ta, char tb, int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
@@ -474,18 +478,7 @@ mg_status mg_sgemm (char ta, char tb, int64_t m, int64_t n, int64_t k, const flo
     return MG_OK;
   }
   gemm_call g = {ta, tb, m, n, k, lda, ldb, a, b, c};
-  gemm_plan p = plan_for(&g);
-  if (!p.check) return run_way(p.way, &g);
-  double t0 = now();
-  mg_status st = run_way(p.way, &g);
-  double t = now() - t0;
-  if (st == MG_OK && too_slow(&g, &p, t)) {     /* again, warm: a fresh output's pages fault in */
-    t0 = now();
-    st = run_way(p.way, &g);
-    t = fmin(t, now() - t0);
-  }
-  if (st == MG_OK) check_plan(&g, &p, t);
-  return st;
+  return run_way(way_for(&g), &g);
 }
 
 mg_status mg_gemm_use (const char *backend) {
@@ -517,7 +510,7 @@ const char *mg_gemm_choice (int transpose_a, int transpose_b, int64_t m, int64_t
   if (a && b && c) {
     gemm_call g = {transpose_a ? 'T' : 'N', transpose_b ? 'T' : 'N', m, n, k,
                    transpose_a ? m : k, transpose_b ? k : n, a, b, c};
-    gemm_way w = plan_for(&g).way;
+    gemm_way w = way_for(&g);
     static _Thread_local char buf[48];
     snprintf(buf, sizeof buf, "%s/%d", lib_names[w.lib], w.threads);
     name = buf;
