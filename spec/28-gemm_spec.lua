@@ -63,13 +63,13 @@ describe("GEMM dispatch", function()
     local first = h.run(cmd)
     local lines = {}
     for l in io.lines(path) do lines[#lines + 1] = l end
-    assert.equal(4, #lines)                       -- each shape's class, and the shape itself
+    assert.equal(2, #lines)                       -- each shape's class
     for _, l in ipairs(lines) do assert.truthy(l:match("^%x+ [%a%-]+ %d+ [%d.]+$"), l) end
     local second = h.run(cmd)                     -- read back: the same, and nothing appended
     assert.equal(first, second)
     local n = 0
     for _ in io.lines(path) do n = n + 1 end
-    assert.equal(4, n)
+    assert.equal(2, n)
     local forced = h.run(("MOONGRAD_GEMM=openblas MOONGRAD_GEMM_CACHE=off %s %s"):format(h.bin, script))
     assert.truthy(forced:find("^openblas/%d+\nopenblas/%d+\n$"), forced)
     os.remove(path)
@@ -86,7 +86,10 @@ describe("GEMM dispatch", function()
     local f = io.open(script, "w")
     f:write("print(mg.gemm.choice(64, 96, 80))")
     f:close()
-    local function run (env) return h.run(("%s XDG_CACHE_HOME=%s %s %s"):format(env, dir, h.bin, script)) end
+    local function run (env)
+      return h.run(("env -u MOONGRAD_GEMM -u MOONGRAD_GEMM_CACHE -u ONEDNN_MAX_CPU_ISA -u DNNL_MAX_CPU_ISA %s "
+                    .. "XDG_CACHE_HOME=%s %s %s"):format(env, dir, h.bin, script))
+    end
     run("OPENBLAS_CORETYPE=Haswell")
     run("OPENBLAS_CORETYPE=Sandybridge")
     run("OPENBLAS_CORETYPE=Sandybridge ONEDNN_MAX_CPU_ISA=AVX")
@@ -97,7 +100,7 @@ describe("GEMM dispatch", function()
     ls:close()
     table.sort(names)
     assert.equal(3, #names, table.concat(names, " "))
-    local pattern = "^gemm%-v4%-[%w%-]+%-avx[%d]*%-openblas%-[%d.]+%-(%w+)%-onednn%-[%d.]+%-([%w_]+)%.tsv$"
+    local pattern = "^gemm%-v4%-[%w%-]+%-avx[%d]*%-openblas%-[%w.]+%-(%w+)%-onednn%-[%w.]+%-([%w_]+)%.tsv$"
     local seen = {}
     for _, name in ipairs(names) do
       local core, isa = name:match(pattern)
@@ -105,7 +108,7 @@ describe("GEMM dispatch", function()
       seen[core .. " " .. isa] = true
       local lines = 0
       for _ in io.lines(dir .. "/moongrad/" .. name) do lines = lines + 1 end
-      assert.equal(2, lines, name)                -- each one timed its own choice (class, shape), once
+      assert.equal(1, lines, name)                -- each one timed its own choice, once
     end
     assert.is_true(seen["Sandybridge avx"], table.concat(names, " "))
     os.execute("rm -rf " .. dir)
@@ -114,7 +117,8 @@ describe("GEMM dispatch", function()
   it("times a shape of its own when its class's choice runs it far below the class's speed", function()
     -- the class of 128x128x128 at one thread, written by hand: OpenBLAS at a
     -- speed no product reaches (then each shape of the class is far below
-    -- it), at one it always beats, and without a speed (an old file's line)
+    -- it), at one it always beats, and lines to skip (no speed, not a number,
+    -- negative, key 0: the class is timed anew)
     local function class_key (m, n, k, threads)
       local key = threads << 2
       for i, d in ipairs{m, n, k} do key = key | math.ceil(2 * math.log(d, 2)) << (8 + 8 * i) end
@@ -124,31 +128,39 @@ describe("GEMM dispatch", function()
     local f = io.open(script, "w")
     f:write([[local a, b = mg.random.normal{128, 128}, mg.random.normal{128, 128}
               local c = mg.random.normal{100, 128}                -- a second shape of the class
-              for _ = 1, 3 do local _, _ = mg.matmul(a, b), mg.matmul(c, b) end]])
+              local first = mg.matmul(c, b)
+              for _ = 1, 3 do local _, _ = mg.matmul(a, b), mg.matmul(c, b) end
+              print(mg.max(mg.abs(mg.matmul(c, b) - first)):item(), mg.gemm.choice(100, 128, 128))]])
     f:close()
-    local function lines_after (speed)
+    local function run_with (lines)
       local path = os.tmpname()
       f = io.open(path, "w")
-      f:write(("%s openblas 1%s\n"):format(class_key(128, 128, 128, 1), speed))
+      for _, l in ipairs(lines) do f:write(l, "\n") end
       f:close()
-      local out, code = h.run(("OMP_NUM_THREADS=1 MOONGRAD_GEMM_CACHE=%s %s %s"):format(path, h.bin, script))
+      local out, code = h.run(("env -u MOONGRAD_GEMM OMP_NUM_THREADS=1 MOONGRAD_GEMM_CACHE=%s %s %s")
+                              :format(path, h.bin, script))
       assert.equal(0, code, out)
-      local lines = {}
-      for l in io.lines(path) do lines[#lines + 1] = l end
+      local got = {}
+      for l in io.lines(path) do got[#got + 1] = l end
       os.remove(path)
-      return lines
+      return got, out
     end
+    local class = class_key(128, 128, 128, 1)
     local exact = "^[89a-f]%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x "
-    local fast = lines_after(" 1000000000.0")       -- each shape timed its own choice, once
+    local fast, out = run_with{class .. " openblas 1 1000000000"}   -- each shape times its own, once
     assert.equal(3, #fast, table.concat(fast, "\n"))
-    for i = 2, 3 do assert.truthy(fast[i]:match(exact .. "[%a%-]+ 1 [%d.]+$"), fast[i]) end
+    for i = 2, 3 do assert.truthy(fast[i]:match(exact .. "[%a%-]+ 1 %d+$"), fast[i]) end
     assert.are_not.equal(fast[2]:match("^%x+"), fast[3]:match("^%x+"))
-    local slow = lines_after(" 0.001")               -- each shape kept the class's choice
-    assert.equal(3, #slow, table.concat(slow, "\n"))
-    for i = 2, 3 do assert.truthy(slow[i]:match(exact .. "openblas 1 [%d.]+$"), slow[i]) end
-    local old = lines_after("")                      -- an old line without a speed is skipped:
-    assert.equal(4, #old, table.concat(old, "\n"))   -- the class is timed anew, then each shape
-    assert.truthy(old[2]:match("^" .. class_key(128, 128, 128, 1) .. " [%a%-]+ 1 [%d.]+$"), old[2])
+    assert.truthy(out:match("^0%.0\t"), out)                    -- one way from the first product on
+    local slow
+    slow, out = run_with{class .. " openblas 1 1"}              -- each shape keeps the class's choice
+    assert.equal(1, #slow, table.concat(slow, "\n"))
+    assert.truthy(out:match("^0%.0\topenblas/1\n$"), out)
+    for _, junk in ipairs{"", " nan", " -5", " inf"} do
+      local got = run_with{class .. " openblas 1" .. junk, "0 dnnl 1 1000"}
+      assert.is_true(#got >= 3, table.concat(got, "\n"))      -- the class timed anew (and maybe a shape)
+      assert.truthy(got[3]:match("^" .. class .. " [%a%-]+ 1 %d+$"), got[3])
+    end
     os.remove(script)
   end)
 

@@ -13,9 +13,10 @@
 ** shape class (transposes, each size rounded to a half power of two,
 ** threads) times the candidates on its own operands and keeps the fastest,
 ** and each new shape of a known class is settled before its first product
-** (settle_shape); the choices are appended to a file under ~/.cache/moongrad/
-** named for the CPU and the libraries' kernels, so a shape runs one way in a
-** process and in later ones (runs to be resumed bit for bit choose alike).
+** (settle_shape), so a shape runs one way in a process; the choices are
+** appended to a file under ~/.cache/moongrad/ named for the CPU and the
+** libraries' kernels, so later processes (and runs to be resumed bit for
+** bit) choose alike.
 ** MOONGRAD_GEMM=dnnl|openblas forces a library, MOONGRAD_GEMM_CACHE=path
 ** moves the file ("off": none).
 */
@@ -205,7 +206,7 @@ static uint64_t class_of (char ta, char tb, int64_t m, int64_t n, int64_t k, int
 static uint64_t exact_of (const gemm_call *g, int threads) {
   const uint64_t f[6] = {(uint64_t)(g->ta == 'T'), (uint64_t)(g->tb == 'T'), (uint64_t)threads,
                          (uint64_t)g->m, (uint64_t)g->n, (uint64_t)g->k};
-  uint64_t h = UINT64_C(1469598103934665603);            /* FNV-1a over the six */
+  uint64_t h = UINT64_C(1469598103934665603);            /* FNV-1a, a word at a time */
   for (int i = 0; i < 6; i++) h = (h ^ f[i]) * UINT64_C(1099511628211);
   return h | EXACT_KEY;
 }
@@ -216,8 +217,8 @@ static uint64_t exact_of (const gemm_call *g, int threads) {
 ** first shape, and each shape's own (see settle_shape). A key is never 0
 ** (threads >= 1).
 */
-#define MAX_CHOICES 4096
-#define MAX_EXACT (MAX_CHOICES / 2)             /* the rest stays for classes */
+#define MAX_CHOICES 16384
+#define MAX_EXACT (MAX_CHOICES * 3 / 4)         /* the rest stays for classes */
 #define CHOICE_SLOTS (2 * MAX_CHOICES)          /* a power of two */
 typedef struct {
   uint64_t key;                                 /* 0: empty */
@@ -256,7 +257,7 @@ static bool has_room (uint64_t key) {
 
 static void add_choice (uint64_t key, gemm_way w, double gflops) {
   int i = slot_of(key);
-  if (choices.c[i].key != 0 || !has_room(key)) return;
+  if (key == 0 || choices.c[i].key != 0 || !has_room(key)) return;
   choices.c[i] = (choice){key, w, (float)gflops};
   choices.n++;
   choices.nexact += (key & EXACT_KEY) != 0;
@@ -326,23 +327,30 @@ static void load_choices (void) {
     snprintf(choices.path, sizeof choices.path, "%s/gemm-v4-%s.tsv", dir, machine);   /* v4: with the speeds */
   }
   FILE *f = fopen(choices.path, "r");
-  char line[128], lib[32];
+  char line[256], lib[32];
   unsigned long long key;
   int threads;
-  double gflops;
-  while (f && fgets(line, sizeof line, f))
-    if (sscanf(line, "%llx %31s %d %lf", &key, lib, &threads, &gflops) == 4 && lib_named(lib) != LIB__COUNT &&
-        threads >= 1 && threads <= MG_MAX_THREADS)
-      add_choice((uint64_t)key, (gemm_way){lib_named(lib), threads}, gflops);
+  double mflops;
+  while (f && fgets(line, sizeof line, f)) {
+    if (strchr(line, '\n') == NULL && !feof(f)) {          /* too long: not ours, skipped whole */
+      int ch;
+      while ((ch = fgetc(f)) != EOF && ch != '\n') {}
+      continue;
+    }
+    if (sscanf(line, "%llx %31s %d %lf", &key, lib, &threads, &mflops) == 4 && lib_named(lib) != LIB__COUNT &&
+        threads >= 1 && threads <= MG_MAX_THREADS && isfinite(mflops) && mflops >= 0 && mflops < 1e12)
+      add_choice((uint64_t)key, (gemm_way){lib_named(lib), threads}, mflops * 1e-3);
+  }
   if (f) fclose(f);
 }
 
-/* one line appended: short writes to an O_APPEND file do not interleave */
+/* one line appended: short writes to an O_APPEND file do not interleave.
+** The speed in whole MFLOPS: no decimal point for a host's locale to change. */
 static void save_choice (uint64_t key, gemm_way w, double gflops) {
   if (choices.path[0] == '\0') return;
   FILE *f = fopen(choices.path, "a");
   if (f == NULL) return;
-  fprintf(f, "%llx %s %d %.1f\n", (unsigned long long)key, lib_names[w.lib], w.threads, gflops);
+  fprintf(f, "%llx %s %d %.0f\n", (unsigned long long)key, lib_names[w.lib], w.threads, gflops * 1e3);
   fclose(f);
 }
 
@@ -420,9 +428,11 @@ static bool too_slow (const gemm_call *g, double seconds, double expected) {
 ** So it is timed on this shape (its first call may compile a kernel; a slow
 ** one runs again, warm: a fresh output's pages fault in during the first),
 ** and at under 1/2.5 of the class's speed the shape gets a choice of its
-** own. Either way the outcome is kept, in the table and the file, before
-** the shape's first product: every product of a shape runs one way, in
-** this process and in later ones (bit for bit).
+** own, kept in the file. Settled before the shape's first product, a shape
+** runs one way in a process; a shape that keeps its class's way is not
+** written (a file of every shape a fuzzer makes would be slow to read), so
+** a later process times it again, and only a run on a machine far busier
+** than the class's own timing could see it fall below 1/2.5 then.
 */
 static gemm_way settle_shape (const gemm_call *g, const choice *c, uint64_t exact, int threads) {
   gemm_way w = c->way;
@@ -437,7 +447,7 @@ static gemm_way settle_shape (const gemm_call *g, const choice *c, uint64_t exac
     if (too_slow(g, t, c->gflops)) w = calibrate(g, threads, &gflops);
   }
   add_choice(exact, w, gflops);
-  save_choice(exact, w, gflops);
+  if (w.lib != c->way.lib || w.threads != c->way.threads) save_choice(exact, w, gflops);
   return w;
 }
 
@@ -457,13 +467,14 @@ static gemm_way way_for (const gemm_call *g) {
     w = e->way;
   } else if ((c = find_choice(key)) != NULL) {
     w = has_room(exact) ? settle_shape(g, c, exact, threads) : c->way;   /* (full: the class's) */
+  } else if (!has_room(key)) {
+    w = (gemm_way){LIB_DNNL, threads};      /* (full: a choice timed now could not be kept) */
   } else {
     double gflops = 0;
     w = calibrate(g, threads, &gflops);
     add_choice(key, w, gflops);
     save_choice(key, w, gflops);
     add_choice(exact, w, gflops);            /* the class's shape: its own choice too */
-    save_choice(exact, w, gflops);
   }
   if (!lib_fits(w.lib, g)) w.lib = LIB_DNNL;   /* (forced, or a file edited by hand) */
   pthread_mutex_unlock(&choices.lock);
@@ -501,7 +512,8 @@ const char *mg_gemm_choice (int transpose_a, int transpose_b, int64_t m, int64_t
   if (m <= 0 || n <= 0 || k <= 0)
     return mg_seterror("gemm_choice: sizes must be positive, got %lld x %lld x %lld", (long long)m,
                        (long long)n, (long long)k), NULL;
-  if (m * n > ((int64_t)1 << 28) || m * k > ((int64_t)1 << 28) || k * n > ((int64_t)1 << 28))
+  const int64_t most = (int64_t)1 << 28;          /* elements of an operand (each size first: no overflow) */
+  if (m > most || n > most || k > most || m > most / n || m > most / k || k > most / n)
     return mg_seterror("gemm_choice: %lld x %lld x %lld is too large to time", (long long)m,
                        (long long)n, (long long)k), NULL;
   float *a = (float *)calloc((size_t)(m * k), sizeof(float)), *b = (float *)calloc((size_t)(k * n), sizeof(float));
