@@ -456,7 +456,7 @@ static gemm_way settle_shape (const gemm_call *g, const choice *c, uint64_t exac
 ** would time each other) */
 static gemm_way way_for (const gemm_call *g) {
   int threads = omp_get_max_threads();
-  uint64_t exact = exact_of(g, threads), key = class_of(g->ta, g->tb, g->m, g->n, g->k, threads);
+  uint64_t exact = exact_of(g, threads), key = 0;       /* the class's: only for a shape new here */
   gemm_way w;
   pthread_mutex_lock(&choices.lock);
   if (!choices.loaded) load_choices();
@@ -465,7 +465,7 @@ static gemm_way way_for (const gemm_call *g) {
     w = (gemm_way){(gemm_lib)choices.forced, threads};
   } else if ((e = find_choice(exact)) != NULL) {
     w = e->way;
-  } else if ((c = find_choice(key)) != NULL) {
+  } else if ((c = find_choice(key = class_of(g->ta, g->tb, g->m, g->n, g->k, threads))) != NULL) {
     w = has_room(exact) ? settle_shape(g, c, exact, threads) : c->way;   /* (full: the class's) */
   } else if (!has_room(key)) {
     w = (gemm_way){LIB_DNNL, threads};      /* (full: a choice timed now could not be kept) */
