@@ -699,4 +699,23 @@ describe("more maths", function()
       close(t:gradient(y, v), mg.softmax(v:value()) + c({0.4, 0.2}, "float64"), 1e-15)
     end)
   end)
+
+  describe("tanh_grad and sigmoid_grad", function()
+    it("give the activations' backwards from their outputs", function()
+      local d, y = mg.constant({0.5, -2, 3}, "float64"), mg.constant({0.2, -0.7, 0.9}, "float64")
+      close(mg.tanh_grad(d, y), d * (1 - y * y), 1e-15)
+      close(mg.sigmoid_grad(d, y), d * y * (1 - y), 1e-15)
+    end)
+
+    it("name what is wrong", function()
+      assert.has_error(function() mg.tanh_grad(mg.ones{2}, mg.ones({2}, "float64")) end,
+                       "tanh_grad: dtypes differ: float32 , float64")
+      assert.has_error(function() mg.sigmoid_grad(mg.ones{2, 3}, mg.ones{4}) end,
+                       "sigmoid_grad: shapes do not broadcast: (2,3) , (4) (dimension 2: 3 vs 4)")
+      assert.has_error(function() mg.sigmoid_grad(mg.constant({1, 2}, "int64"), mg.constant({1, 2}, "int64")) end,
+                       "sigmoid_grad: not defined for int64 tensors; cast to float first")
+      assert.has_error(function() mg.tanh_grad(mg.ones{2}, nil) end,
+                       "bad argument #2 to 'tanh_grad' (moongrad.Tensor or number expected, got nil)")
+    end)
+  end)
 end)

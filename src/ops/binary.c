@@ -395,9 +395,9 @@ static mg_status tanh_grad_backward (mg_node *n, mg_tensor *const *dout, mg_tens
   mg_tensor *d = n->in[0], *y = n->in[1];
   if (n->needs[0]) din[0] = mg_sum_to_shape(mg_tmp(&sc, mg_tanh_grad(dout[0], y)), SHAPE_OF(n, 0));
   if (n->needs[1]) {
-    mg_tensor *two = mg_tmp(&sc, mg_scalar(-2.0, y->dtype));
+    mg_tensor *minus_two = mg_tmp(&sc, mg_scalar(-2.0, y->dtype));
     mg_tensor *yd = mg_tmp(&sc, mg_mul(y, d));
-    din[1] = mg_sum_to_shape(mg_tmp(&sc, mg_mul(mg_tmp(&sc, mg_mul(yd, two)), dout[0])), SHAPE_OF(n, 1));
+    din[1] = mg_sum_to_shape(mg_tmp(&sc, mg_mul(mg_tmp(&sc, mg_mul(yd, minus_two)), dout[0])), SHAPE_OF(n, 1));
   }
   mg_scope_end(&sc);
   return MG_OK;
