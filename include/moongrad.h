@@ -275,6 +275,13 @@ MG_API mg_tensor *mg_sum_to_shape (mg_tensor *x, const int64_t *shape, int ndim)
 ** sgemm; other dtypes use a blocked C kernel. */
 MG_API mg_tensor *mg_matmul  (mg_tensor *a, mg_tensor *b);
 
+/* y = act(x @ w + b), a fully connected layer as one op (src/ops/dense.c):
+** x (..., K), w (K, N), b (N) or NULL -> (..., N), one float dtype;
+** activation "linear" (or NULL), "relu", "tanh" or "sigmoid". The bias and
+** activation run in one pass after the product, with the numbers of the
+** separate ops; the tape keeps x, w and y in one node */
+MG_API mg_tensor *mg_dense   (mg_tensor *x, mg_tensor *w, mg_tensor *b, const char *activation);
+
 /* }============================================================== */
 
 

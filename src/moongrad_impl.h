@@ -302,6 +302,7 @@ typedef enum mg_result { MG_RESULT_SAME, MG_RESULT_BOOL, MG_RESULT_FLOAT, MG_RES
 ** Rows are written with designated initializers next to their op; each op
 ** family lists its rows for the registry (registry.c).
 */
+struct mg_attr;
 typedef struct mg_opdef {
   mg_opinfo info;                       /* name, kind, symbol, metamethod, doc, entry */
   mg_kernel kernel[MG_DTYPE__COUNT];    /* elementwise: by input dtype; NULL: not defined */
@@ -310,11 +311,17 @@ typedef struct mg_opdef {
   mg_status (*check)(const struct mg_opdef *op, const mg_tensor *a, const mg_tensor *b);
   mg_reduce_kernel reduce;              /* reductions */
   unsigned saves;                       /* MG_SAVE_IN(j) | MG_SAVE_OUT(i) */
+  /* what it saves when that depends on what it recorded (dense keeps y
+  ** only for an activation's gradient); NULL: saves */
+  unsigned (*saves_for)(const struct mg_attr *attr);
   mg_status (*backward)(mg_node *n, mg_tensor *const *dout, mg_tensor **din);  /* NULL: none */
   void (*free_ext)(mg_node *n);         /* for ops with private data; may be NULL */
   /* tensors the op keeps besides its saved inputs and outputs (recompute's
   ** kept outputs): the i-th, or NULL past the last; may be NULL */
   mg_tensor *(*saved_extra)(const mg_node *n, int i);
+  /* an op of another kind that a memory budget may run again: its output
+  ** from its inputs (unary and binary ops are run through info.fn); may be NULL */
+  mg_tensor *(*replay)(const struct mg_node *n, mg_tensor *const *in);
 } mg_opdef;
 
 /* an op family's rows, for the registry */
@@ -322,6 +329,21 @@ typedef struct mg_opfamily { const mg_opdef *const *rows; int n; } mg_opfamily;
 extern const mg_opfamily mg_unary_ops, mg_binary_ops, mg_reduce_ops, mg_matmul_ops, mg_shape_ops,
                          mg_nn_ops, mg_create_ops, mg_maths_ops, mg_index_ops, mg_conv_ops;
 extern const mg_opfamily mg_attention_ops;     /* src/ops/attention.c: layer_norm, gelu, attention */
+extern const mg_opfamily mg_dense_ops;         /* src/ops/dense.c: dense */
+
+/* the activations fused ops apply themselves */
+typedef enum { MG_ACT_LINEAR, MG_ACT_RELU, MG_ACT_TANH, MG_ACT_SIGMOID, MG_ACT__COUNT } mg_activation;
+/* act's float kernel (the activation op's own, unary.c; NULL for linear),
+** which may run in place */
+mg_kernel mg_activation_kernel (mg_activation act, mg_dtype dt);
+/* act's backward from its output y, dout * act'(y) (relu_grad, tanh_grad,
+** sigmoid_grad; binary.c), written over dout itself when the walk spares it
+** to n's rule (mg_node.spare) and the layouts allow, else a new tensor */
+mg_tensor *mg_activation_backward (const struct mg_node *n, mg_activation act, mg_tensor *dout, mg_tensor *y);
+/* one (M,K) @ (K,N) product of the matrix views a and b (their last two
+** dimensions, starting at pa and pb) into contiguous c (matmul.c) */
+mg_status mg_matrix_product (const mg_tensor *a, const char *pa, const mg_tensor *b, const char *pb,
+                             char *pc, int64_t M, int64_t N, int64_t K);
 
 #define MG_SAVE_IN(j)    (1u << (j))
 #define MG_SAVE_OUT(i)   (1u << (16 + (i)))
@@ -354,6 +376,14 @@ struct mg_node {
   void *ext;                            /* op-private data (custom, recompute) */
   struct mg_hooks_ref *hooks;           /* saved-tensor hooks its saved tensors went through */
   unsigned packed;                      /* which slots (in, then out) hold packed stand-ins */
+  /* set by the walk before the rule: bit i when dout[i] is the walk's
+  ** alone (nothing else holds it, nothing records the walk, it is dropped
+  ** after the rule), so the rule may write its own result over it */
+  unsigned spare;
+  /* set by the walk before the rule: the node goes when its rule returns (a
+  ** non-persistent tape's gradient, and no other tape holds it), so the rule
+  ** may let go of a saved output it is done with (mg_node_unkeep_out) */
+  bool going;
   struct mg_dtr *dtr;                   /* its provenance under a memory budget (dtr.c), or NULL */
 };
 
@@ -391,6 +421,11 @@ static inline bool mg_anyone_listening (void) {
 /* MG_ERR + error when out (an output of def, a float) holds NaN or Inf:
 ** mg_check_numerics's test, run by mg_finish when it is on */
 mg_status mg_numerics_check (const mg_opdef *def, int nin, mg_tensor *const *in, const mg_tensor *out);
+
+/* a backward rule lets go of n's saved output i, done with it, when the
+** node goes after the rule anyway (n->going; not under a memory budget or
+** saved-tensor hooks): its bytes are free for the rest of the rule */
+void mg_node_unkeep_out (mg_node *n, int i);
 
 /* records op `def` with one output when anyone listens, releasing the
 ** output on failure; the usual tail of an op:

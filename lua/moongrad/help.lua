@@ -73,6 +73,9 @@ local groups = {
   }},
   {"linear algebra", {
     {"matmul", "matmul(a, b)"},
+    {"dense", "dense(x, w [, b [, activation]])",
+     "activation(x @ w + b) as one op: w (in, out), b (out) or nil, activation \"linear\" (the default), " ..
+     "\"relu\", \"tanh\" or \"sigmoid\"; the bias and activation run in one pass (nn.Dense's op)"},
     {"einsum", "einsum(spec, a [, b])", "Einstein summation of one or two operands (no ...)"},
   }},
   {"shape", {
@@ -163,7 +166,7 @@ local groups = {
   }},
   {"layers", {
     {"nn.Layer", "nn.Layer", "the base class of every layer (its methods: help(\"layers\"), help(\"fit\"))"},
-    {"nn.Dense", "nn.Dense(units [, activation] [, {activation=, use_bias=true, name=}])", "a fully connected layer"},
+    {"nn.Dense", "nn.Dense(units [, activation] [, {activation=, use_bias=true, name=}])", "a fully connected layer (one `mg.dense` op; softmax or a function runs after it)"},
     {"nn.Sequential", "nn.Sequential({layer, ...} [, {name=}])", "layers applied in order (a model: compile, fit, summary)"},
     {"nn.Lambda", "nn.Lambda(fn [, {name=}])", "a layer calling fn"},
     {"nn.Dropout", "nn.Dropout(rate [, {training=true, name=}])", "zeros entries with probability rate while training"},

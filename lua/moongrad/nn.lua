@@ -238,6 +238,10 @@ local activations = {
   linear = function(x) return x end,
 }
 local activation_names = {"tanh", "relu", "sigmoid", "softmax", "linear"}
+-- the activations mg.dense applies in its own pass (by function, so a layer
+-- given mg.relu itself fuses too)
+local fused_activations = {[mg.tanh] = "tanh", [mg.relu] = "relu", [mg.sigmoid] = "sigmoid",
+                           [activations.linear] = "linear"}
 
 local activation_rule = check.rule("an activation name or a function",
                                    function(v) return type(v) == "string" or check.is_callable(v) end)
@@ -283,11 +287,13 @@ end
 function Dense:call (x)
   check_input("Dense", x, 1, rawget(self, "kernel"))
   if not rawget(self, "kernel") then self:build(x) end
-  local y = mg.matmul(x, self.kernel)
-  x = nil                 -- let go at once: an input held across two more ops grows old (see mg._layer_call)
-  if self.bias then y = y + self.bias end
-  if self.activation then y = self.activation(y) end
-  return y
+  local act = self.activation
+  local fused = act == nil and "linear" or fused_activations[act]
+  if fused then return mg.dense(x, self.kernel, self.bias, fused) end
+  -- another activation (softmax, a function): the product and bias in one op, then it
+  local y = mg.dense(x, self.kernel, self.bias)
+  x = nil                 -- let go at once: an input held across the activation grows old (see mg._layer_call)
+  return act(y)
 end
 
 function Dense:describe ()

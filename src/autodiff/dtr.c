@@ -28,6 +28,9 @@
 
 #include "autodiff.h"
 
+/* the most inputs of an op a rebuild runs again (dense has three) */
+#define MAX_REPLAY_IN 4
+
 struct mg_dtr {
   mg_node *node;                  /* weak: the record is the node's */
   struct mg_dtr *prev, *next;     /* the context's records */
@@ -178,7 +181,8 @@ static double numel_of (const mg_meta *m) {
 ** elementwise op's elements */
 static double op_cost (const mg_node *n) {
   double c = numel_of(&n->out_meta[0]);
-  if (strcmp(n->def->info.name, "matmul") == 0 && n->in_meta[0].ndim > 0)
+  const char *name = n->def->info.name;
+  if ((strcmp(name, "matmul") == 0 || strcmp(name, "dense") == 0) && n->in_meta[0].ndim > 0)
     return c * (double)n->in_meta[0].shape[n->in_meta[0].ndim - 1];
   for (int j = 0; j < n->nin; j++) c += numel_of(&n->in_meta[j]);
   return c;
@@ -187,6 +191,7 @@ static double op_cost (const mg_node *n) {
 static bool op_replays (const mg_node *n) {
   const mg_opinfo *op = &n->def->info;
   if (n->nout != 1 || n->hooks != NULL) return false;
+  if (n->def->replay) return n->nin <= MAX_REPLAY_IN;
   if (op->kind == MG_OP_UNARY) return n->nin == 1 && op->fn.unary != NULL;
   if (op->kind == MG_OP_BINARY) return n->nin == 2 && op->fn.binary != NULL;
   return false;
@@ -551,15 +556,17 @@ static mg_tensor *input_of (mg_dtr_state *S, mg_node *p, int j, int depth) {
 static mg_tensor *rebuild (mg_dtr_state *S, mg_node *p, int o, int depth) {
   if (!p->dtr->replayable || depth > 100000)
     return mg_seterror("memory budget: '%s' cannot be run again", p->def->info.name), NULL;
-  mg_tensor *in[2] = {NULL, NULL};            /* held: what the op allocates evicts none of them */
-  for (int j = 0; j < p->nin; j++) in[j] = input_of(S, p, j, depth);
+  mg_tensor *in[MAX_REPLAY_IN] = {NULL};      /* held: what the op allocates evicts none of them */
+  bool all = true;
+  for (int j = 0; j < p->nin; j++) all &= (in[j] = input_of(S, p, j, depth)) != NULL;
   mg_tensor *out = NULL;
-  if (in[0] && (p->nin == 1 || in[1]) && mg_pause_all() == MG_OK) {
+  if (all && mg_pause_all() == MG_OK) {
     mg_replay_state was = mg_ctx()->replay;
     mg_ctx()->replay.recording = NULL;
     mg_ctx()->replay.playing = NULL;
     mg_memory_span("remat", 1);
-    out = p->nin == 1 ? p->def->info.fn.unary(in[0]) : p->def->info.fn.binary(in[0], in[1]);
+    out = p->def->replay ? p->def->replay(p, in)
+        : p->nin == 1 ? p->def->info.fn.unary(in[0]) : p->def->info.fn.binary(in[0], in[1]);
     mg_memory_span("remat", 0);
     mg_ctx()->replay = was;
     mg_resume_all();

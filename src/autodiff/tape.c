@@ -290,8 +290,8 @@ static void note_variable_read (mg_variable *v) {
 
 /* {======================== recording ======================= */
 
-static bool saves_input (const mg_opdef *def, int j) {
-  return (def->saves & MG_SAVE_INPUTS) == MG_SAVE_INPUTS || (j < 16 && (def->saves & MG_SAVE_IN(j)));
+static bool saves_input (unsigned saves, int j) {
+  return (saves & MG_SAVE_INPUTS) == MG_SAVE_INPUTS || (j < 16 && (saves & MG_SAVE_IN(j)));
 }
 
 static void keep (mg_tensor **slot, mg_tensor *t) {
@@ -303,6 +303,12 @@ static void unkeep (mg_tensor *t) {
   if (t == NULL) return;
   mg_storage_hold(t->storage, MG_ROLE_SAVED, -1);
   mg_tensor_release(t);
+}
+
+void mg_node_unkeep_out (mg_node *n, int i) {
+  if (!n->going || n->dtr || (n->packed & (1u << (n->nin + i)))) return;
+  unkeep(n->out[i]);
+  n->out[i] = NULL;
 }
 
 /* the record of t: its id, dtype and shape (copied to *shapes, advanced) */
@@ -369,6 +375,8 @@ static mg_node *node_new (const mg_opdef *def, int nin, mg_tensor *const *in, in
   n->ext = ext;
   n->hooks = hooks_for(def);
   n->packed = 0;
+  n->spare = 0;
+  n->going = false;
   n->dtr = NULL;
   if (n->hooks) mg_hooks_retain(n->hooks);
   n->in_meta = (mg_meta *)(n + 1);
@@ -385,10 +393,11 @@ static mg_node *node_new (const mg_opdef *def, int nin, mg_tensor *const *in, in
     meta_of(&n->out_meta[i], out[i], &shapes);
     n->out[i] = NULL;
   }
+  unsigned saves = def->saves_for ? def->saves_for(attr) : def->saves;
   for (int j = 0; j < nin && st == MG_OK; j++)
-    if (saves_input(def, j)) st = keep_slot(n, &n->in[j], in[j], j);
+    if (saves_input(saves, j)) st = keep_slot(n, &n->in[j], in[j], j);
   for (int i = 0; i < nout && st == MG_OK; i++)
-    if (i < 16 && (def->saves & MG_SAVE_OUT(i))) st = keep_slot(n, &n->out[i], out[i], nin + i);
+    if (i < 16 && (saves & MG_SAVE_OUT(i))) st = keep_slot(n, &n->out[i], out[i], nin + i);
   n->attr = &no_attr;
   if (attr) {
     mg_attr *a = (mg_attr *)shapes;
@@ -700,8 +709,20 @@ static void repack_all (mg_node *n, mg_tensor **packed) {
   }
 }
 
+/* May the rule write over its output gradient g? When the walk alone
+** holds it (one reference, its storage's only view, held by no tape or
+** variable), drops it after the rule (not a gradient the caller asked
+** for) and no tape records the walk: as adds_in_place's sums */
+static bool spare_gradient (const mg_tensor *g, uint64_t id, const idmap *keep_ids) {
+  const mg_storage *s = g->storage;
+  return g->refcount == 1 && s->refcount == 1 && s->holds[MG_ROLE_SAVED] == 0 &&
+         s->holds[MG_ROLE_VARIABLE] == 0 && !s->external && mg_is_float(g->dtype) &&
+         mg_tensor_is_contiguous(g) && !idmap_has(keep_ids, id) && mg_tapes_recording() == 0;
+}
+
 /* runs node n's backward rule and adds what it gives to the map */
-static mg_status step_back (mg_node *n, idmap *grads, const idmap *dep, const char *fn) {
+static mg_status step_back (mg_node *n, idmap *grads, const idmap *dep, const idmap *keep_ids, bool going,
+                            const char *fn) {
   mg_tensor *dout_small[4], *din_small[8];
   mg_tensor **dout = n->nout <= 4 ? dout_small : (mg_tensor **)malloc(sizeof(mg_tensor *) * (size_t)n->nout);
   mg_tensor **din = n->nin <= 8 ? din_small : (mg_tensor **)calloc((size_t)n->nin, sizeof(mg_tensor *));
@@ -710,7 +731,12 @@ static mg_status step_back (mg_node *n, idmap *grads, const idmap *dep, const ch
     st = mg_seterror("out of memory in the backward of '%s'", n->def->info.name);
     goto done;
   }
-  for (int i = 0; i < n->nout; i++) dout[i] = (mg_tensor *)idmap_get(grads, n->out_meta[i].id);
+  n->spare = 0;
+  n->going = going;
+  for (int i = 0; i < n->nout; i++) {
+    dout[i] = (mg_tensor *)idmap_get(grads, n->out_meta[i].id);
+    if (i < 32 && dout[i] && spare_gradient(dout[i], n->out_meta[i].id, keep_ids)) n->spare |= 1u << i;
+  }
   for (int j = 0; j < n->nin; j++) {
     din[j] = NULL;
     n->needs[j] = mg_is_float(n->in_meta[j].dtype) && idmap_has(dep, n->in_meta[j].id);
@@ -724,6 +750,8 @@ static mg_status step_back (mg_node *n, idmap *grads, const idmap *dep, const ch
     st = n->def->backward(n, dout, din);
     if (n->packed) repack_all(n, packed);
   }
+  n->spare = 0;
+  n->going = false;
   if (pinned) mg_dtr_unpin(n);
   if (st != MG_OK) st = locate(fn, n);
   for (int j = 0; j < n->nin && st == MG_OK; j++) {
@@ -800,7 +828,7 @@ mg_status mg_walk (mg_tape *t, int ntargets, mg_tensor *const *targets,
     bool any = false;
     for (int k = 0; relevant[i] && k < n->nout && !any; k++)
       any = idmap_get(grads, n->out_meta[k].id) != NULL;
-    if (any && (st = step_back(n, grads, &dep, fn)) != MG_OK) goto done;
+    if (any && (st = step_back(n, grads, &dep, &keep_ids, free_as_you_go && n->refcount == 1, fn)) != MG_OK) goto done;
     for (int k = 0; any && k < n->nout; k++) {   /* passed on: drop unless asked for */
       uint64_t id = n->out_meta[k].id;
       if (idmap_has(&keep_ids, id)) continue;

@@ -138,6 +138,7 @@ void mgL_open_index     (lua_State *L);   /* lindex.c: indexing, sorting, rearra
 void mgL_open_conv      (lua_State *L);   /* lconv.c: convolution and pooling */
 void mgL_open_io        (lua_State *L);   /* lio.c: safetensors, dataset readers */
 void mgL_open_attention (lua_State *L);   /* lattention.c: layer_norm, gelu, attention */
+void mgL_open_dense     (lua_State *L);   /* ldense.c: dense */
 
 /* Lua sources of the .lua files of lua/moongrad/ compiled into the library */
 typedef struct mgL_embedded { const char *name; const unsigned char *src; size_t len; } mgL_embedded;

@@ -133,6 +133,7 @@ int luaopen_moongrad (lua_State *L) {
   mgL_open_index(L);
   mgL_open_conv(L);
   mgL_open_attention(L);
+  mgL_open_dense(L);
   mgL_open_io(L);
   mgL_open_memory(L);
   mgL_open_tidy(L);

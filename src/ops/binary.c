@@ -434,6 +434,31 @@ static const mg_opdef sigmoid_grad_op = {
 };
 mg_tensor *mg_sigmoid_grad (mg_tensor *d, mg_tensor *y) { return binary(&sigmoid_grad_op, d, y); }
 
+/* d = act's gradient of (d, y) over d's own buffer, when d and y are
+** contiguous and of one shape and dtype (else false, changing nothing) */
+static bool activation_grad_into (const mg_opdef *op, mg_tensor *d, const mg_tensor *y) {
+  if (d->dtype != y->dtype || !mg_is_float(d->dtype) || !mg_tensor_is_contiguous(d) ||
+      !mg_tensor_is_contiguous(y) || !mg_same_shape(d->shape, d->ndim, y->shape, y->ndim))
+    return false;
+  mg_kernel k = op->kernel[d->dtype];
+  int64_t n = d->numel, esz = (int64_t)mg_dtype_size(d->dtype), chunk = 1 << 16, nchunks = (n + chunk - 1) / chunk;
+  _Pragma("omp parallel for if (n >= MG_PARALLEL_MIN)")
+  for (int64_t c = 0; c < nchunks; c++) {
+    int64_t at = c * chunk, len = at + chunk < n ? chunk : n - at;
+    char *base[3] = {mg_ptr(d) + at * esz, mg_ptr(d) + at * esz, mg_ptr(y) + at * esz};
+    int64_t st[3] = {1, 1, 1};
+    k(len, base, st);
+  }
+  return true;
+}
+
+mg_tensor *mg_activation_backward (const mg_node *n, mg_activation act, mg_tensor *dout, mg_tensor *y) {
+  static const mg_opdef *const defs[MG_ACT__COUNT] = {NULL, &relu_grad_op, &tanh_grad_op, &sigmoid_grad_op};
+  if (defs[act] == NULL) return mg_tensor_retain(dout);
+  if ((n->spare & 1) && activation_grad_into(defs[act], dout, y)) return mg_tensor_retain(dout);
+  return binary(defs[act], dout, y);
+}
+
 /* }========================================================== */
 
 

@@ -56,7 +56,7 @@ static void gemm_i64 (const void *a, const void *b, void *c, int64_t M, int64_t 
 }
 
 /* one (M,K) @ (K,N) product of matrix views a and b into contiguous c */
-static mg_status gemm (const mg_tensor *a, const char *pa, const mg_tensor *b, const char *pb,
+mg_status mg_matrix_product (const mg_tensor *a, const char *pa, const mg_tensor *b, const char *pb,
                        char *pc, int64_t M, int64_t N, int64_t K) {
   gemm_layout la, lb;
   if (a->dtype == MG_FLOAT32 && layout_of(a, &la) && layout_of(b, &lb))
@@ -121,7 +121,7 @@ static mg_tensor *matmul_nd (mg_tensor *a, mg_tensor *b) {
     /* a stack of matrices times one matrix: a single (batch*M, K) GEMM */
     int64_t s2[2] = {batch * M, K}, st2[2] = {K, 1};
     mg_tensor *a2 = mg_tensor_view(a->storage, a->dtype, s2, 2, st2, a->offset);
-    st = a2 ? gemm(a2, mg_ptr(a2), b, mg_ptr(b), mg_ptr(out), batch * M, N, K) : MG_ERR;
+    st = a2 ? mg_matrix_product(a2, mg_ptr(a2), b, mg_ptr(b), mg_ptr(out), batch * M, N, K) : MG_ERR;
     mg_tensor_release(a2);
   } else {
     /* walk the broadcast batch with per-operand strides (0 when broadcast) */
@@ -140,7 +140,7 @@ static mg_tensor *matmul_nd (mg_tensor *a, mg_tensor *b) {
         oa += k * bst[0][i];
         ob += k * bst[1][i];
       }
-      st = gemm(a, mg_ptr(a) + oa * (int64_t)esz, b, mg_ptr(b) + ob * (int64_t)esz,
+      st = mg_matrix_product(a, mg_ptr(a) + oa * (int64_t)esz, b, mg_ptr(b) + ob * (int64_t)esz,
                 mg_ptr(out) + t * M * N * (int64_t)esz, M, N, K);
     }
   }

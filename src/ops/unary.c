@@ -156,7 +156,7 @@ mg_tensor *mg_sign (mg_tensor *x) { return unary(&sign_op, x); }
 ** pass; keeps the output only */
 FLOAT_KERNELS(tanh, TANH(x))
 static mg_status tanh_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **din) {
-  din[0] = mg_tanh_grad(dout[0], n->out[0]);
+  din[0] = mg_activation_backward(n, MG_ACT_TANH, dout[0], n->out[0]);
   return MG_OK;
 }
 static const mg_opdef tanh_op = {
@@ -169,7 +169,7 @@ mg_tensor *mg_tanh (mg_tensor *x) { return unary(&tanh_op, x); }
 /* sigmoid: out = 1 / (1 + e^-x).  grad: dx = sigmoid_grad(dout, out), one pass */
 FLOAT_KERNELS(sigmoid, 1 / (1 + EXP(-x)))
 static mg_status sigmoid_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **din) {
-  din[0] = mg_sigmoid_grad(dout[0], n->out[0]);
+  din[0] = mg_activation_backward(n, MG_ACT_SIGMOID, dout[0], n->out[0]);
   return MG_OK;
 }
 static const mg_opdef sigmoid_op = {
@@ -183,7 +183,7 @@ mg_tensor *mg_sigmoid (mg_tensor *x) { return unary(&sigmoid_op, x); }
 FLOAT_KERNELS(relu, (x > 0 || x != x) ? x : 0)
 KERNEL(relu_i64, int64_t, int64_t, x > 0 ? x : 0)
 static mg_status relu_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **din) {
-  din[0] = mg_relu_grad(dout[0], n->out[0]);
+  din[0] = mg_activation_backward(n, MG_ACT_RELU, dout[0], n->out[0]);
   return MG_OK;
 }
 static const mg_opdef relu_op = {
@@ -192,6 +192,11 @@ static const mg_opdef relu_op = {
   .saves = MG_SAVE_OUT(0), .backward = relu_backward,
 };
 mg_tensor *mg_relu (mg_tensor *x) { return unary(&relu_op, x); }
+
+mg_kernel mg_activation_kernel (mg_activation act, mg_dtype dt) {
+  static const mg_opdef *const defs[MG_ACT__COUNT] = {NULL, &relu_op, &tanh_op, &sigmoid_op};
+  return defs[act] ? defs[act]->kernel[dt] : NULL;
+}
 
 /* softplus: out = log(1 + e^x), as max(x, 0) + log1p(e^-|x|) so that it
 ** neither overflows nor loses the small values.  grad: dx = dout * sigmoid(x) */

@@ -1,0 +1,156 @@
+/*
+** dense.c — the fully connected layer as one op: y = act(x @ w + b).
+**
+** The product goes to the GEMM (matmul.c's mg_matrix_product); the bias add
+** and the activation then run as one pass over each block of output rows
+** while it is in cache, with the kernels of `add` and of the activation's
+** own op, so the numbers are those of the three ops bit for bit. The tape
+** holds one node (x, w and y) where it held three. The backward is the
+** activation's one-pass gradient (relu_grad, tanh_grad, sigmoid_grad), the
+** bias' column sum and two products, all public ops: a tape that records
+** the backward sees differentiable steps.
+*/
+#include <string.h>
+
+#include "moongrad_impl.h"
+
+static const char *const act_names[MG_ACT__COUNT] = {"linear", "relu", "tanh", "sigmoid"};
+
+/* the output rows a pass covers: about 16 KiB of float32, in L1 */
+#define BLOCK_ELEMS 4096
+
+/* y[r, :] = act(y[r, :] + b) for `rows` rows of n, in blocks of rows */
+static void bias_act (mg_dtype dt, char *y, const char *b, int64_t rows, int64_t n, mg_activation act) {
+  size_t esz = mg_dtype_size(dt);
+  mg_kernel k = mg_activation_kernel(act, dt);
+  int64_t per = n >= BLOCK_ELEMS ? 1 : BLOCK_ELEMS / n, nblocks = (rows + per - 1) / per;
+  _Pragma("omp parallel for if (rows * n >= MG_PARALLEL_MIN)")
+  for (int64_t blk = 0; blk < nblocks; blk++) {
+    int64_t r0 = blk * per, r1 = r0 + per < rows ? r0 + per : rows;
+    char *base = y + (size_t)(r0 * n) * esz;
+    if (b) {
+      for (int64_t r = r0; r < r1; r++) {
+        if (dt == MG_FLOAT32) {
+          float *yr = (float *)(y + (size_t)(r * n) * esz);
+          const float *bf = (const float *)b;
+          for (int64_t j = 0; j < n; j++) yr[j] = yr[j] + bf[j];
+        } else {
+          double *yr = (double *)(y + (size_t)(r * n) * esz);
+          const double *bd = (const double *)b;
+          for (int64_t j = 0; j < n; j++) yr[j] = yr[j] + bd[j];
+        }
+      }
+    }
+    if (k) {
+      char *p[2] = {base, base};
+      int64_t s[2] = {1, 1};
+      k((r1 - r0) * n, p, s);
+    }
+  }
+}
+
+static mg_status dense_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **din) {
+  mg_scope sc = {0};
+  const mg_meta *xm = &n->in_meta[0];
+  mg_tensor *w = n->in[1];
+  int64_t K = n->in_meta[1].shape[0], N = n->in_meta[1].shape[1], rows = 1;
+  for (int d = 0; d < xm->ndim - 1; d++) rows *= xm->shape[d];
+  /* over dout itself when the walk spares it: no second (rows, N) tensor */
+  mg_tensor *g = mg_tmp(&sc, mg_activation_backward(n, (mg_activation)n->attr->a[0], dout[0], n->out[0]));
+  mg_node_unkeep_out(n, 0);     /* y is done with: not held through the products */
+  int64_t s2[2] = {rows, N};
+  mg_tensor *g2 = mg_tmp(&sc, mg_reshape(g, s2, 2));
+  if (n->needs[0])
+    din[0] = mg_reshape(mg_tmp(&sc, mg_matmul(g2, mg_tmp(&sc, mg_transpose(w, 0, 1)))), xm->shape, xm->ndim);
+  if (n->needs[1]) {
+    int64_t x2[2] = {rows, K};
+    mg_tensor *xt = mg_tmp(&sc, mg_transpose(mg_tmp(&sc, mg_reshape(n->in[0], x2, 2)), 0, 1));
+    din[1] = mg_matmul(xt, g2);
+  }
+  if (n->nin == 3 && n->needs[2]) din[2] = mg_sum_to_shape(g, &N, 1);
+  mg_scope_end(&sc);
+  return MG_OK;
+}
+
+/* DTR rebuilds y from the inputs it kept */
+static mg_tensor *dense_replay (const mg_node *n, mg_tensor *const *in) {
+  return mg_dense(in[0], in[1], n->nin == 3 ? in[2] : NULL, act_names[n->attr->a[0]]);
+}
+
+/* y for the activation's gradient; a linear layer keeps x and w alone */
+static unsigned dense_saves (const mg_attr *attr) {
+  return MG_SAVE_IN(0) | MG_SAVE_IN(1) | (attr->a[0] != MG_ACT_LINEAR ? MG_SAVE_OUT(0) : 0);
+}
+
+static const mg_opdef dense_op = {
+  .info = {.name = "dense", .kind = MG_OP_OTHER,
+           .doc = "act(x @ w + b) in one op: the product, then the bias and activation in one pass"},
+  .saves_for = dense_saves, .backward = dense_backward, .replay = dense_replay,
+};
+
+/* the checks: x (..., K) and w (K, N) of one float dtype, b (N) or NULL */
+static mg_status check_dense (mg_tensor *x, mg_tensor *w, mg_tensor *b, const char *activation, mg_activation *act) {
+  const char *fn = "dense";
+  char s1[160], s2[160];
+  if (!mg_is_float(x->dtype) || mg_check_computable(fn, x->dtype) != MG_OK)
+    return mg_seterror("%s: x must be float32 or float64, got %s", fn, mg_dtype_name(x->dtype));
+  if (w->dtype != x->dtype || (b && b->dtype != x->dtype))
+    return mg_seterror("%s: dtypes differ: x is %s, %s is %s", fn, mg_dtype_name(x->dtype),
+                       w->dtype != x->dtype ? "w" : "b", mg_dtype_name(w->dtype != x->dtype ? w->dtype : b->dtype));
+  if (x->ndim == 0) return mg_seterror("%s: x must have at least 1 dimension, got a 0-d tensor", fn);
+  if (w->ndim != 2)
+    return mg_seterror("%s: w must be a matrix (in, out), got shape %s", fn,
+                       mg_shape_str(s1, sizeof s1, w->shape, w->ndim));
+  if (x->shape[x->ndim - 1] != w->shape[0])
+    return mg_seterror("%s: inner dimensions differ: x %s @ w %s", fn, mg_shape_str(s1, sizeof s1, x->shape, x->ndim),
+                       mg_shape_str(s2, sizeof s2, w->shape, w->ndim));
+  if (b && (b->ndim != 1 || b->shape[0] != w->shape[1]))
+    return mg_seterror("%s: b has shape %s, expected (%lld) (w's columns)", fn,
+                       mg_shape_str(s1, sizeof s1, b->shape, b->ndim), (long long)w->shape[1]);
+  *act = MG_ACT__COUNT;
+  for (int i = 0; i < MG_ACT__COUNT; i++)
+    if (strcmp(activation ? activation : "linear", act_names[i]) == 0) *act = (mg_activation)i;
+  if (*act == MG_ACT__COUNT)
+    return mg_seterror("%s: unknown activation '%s' (linear, relu, tanh or sigmoid)", fn, activation);
+  return MG_OK;
+}
+
+mg_tensor *mg_dense (mg_tensor *x, mg_tensor *w, mg_tensor *b, const char *activation) {
+  MG_CHECK_ARG("mg_dense", x, NULL);
+  MG_CHECK_ARG("mg_dense", w, NULL);
+  mg_activation act;
+  if (check_dense(x, w, b, activation, &act) != MG_OK) return NULL;
+  int64_t K = w->shape[0], N = w->shape[1], rows = 1, shape[MG_MAX_DIMS];
+  for (int d = 0; d < x->ndim - 1; d++) rows *= x->shape[d];
+  memcpy(shape, x->shape, sizeof(int64_t) * (size_t)x->ndim);
+  shape[x->ndim - 1] = N;
+  mg_attr attr = {0};
+  attr.a[0] = act;
+  mg_tensor *in[3] = {x, w, b};
+  mg_tensor *kept = mg_replay_take(&dense_op, shape, x->ndim, x->dtype);   /* a save policy's */
+  if (kept) return mg_finish(&dense_op, b ? 3 : 2, in, kept, &attr);
+  /* x as the (rows, K) matrix: a 2-D view as it is (transposed views too), more dimensions folded */
+  mg_tensor *xc = x->ndim == 2 ? mg_tensor_retain(x) : mg_contiguous(x);
+  int64_t s2[2] = {rows, K}, st2[2] = {K, 1};
+  mg_tensor *x2 = xc == NULL ? NULL
+                : x->ndim == 2 ? mg_tensor_retain(xc) : mg_tensor_view(xc->storage, xc->dtype, s2, 2, st2, xc->offset);
+  mg_tensor *bc = b ? mg_contiguous(b) : NULL;
+  mg_tensor *out = mg_empty(shape, x->ndim, x->dtype);
+  mg_status st = x2 && out && (bc || !b) ? MG_OK : MG_ERR;
+  if (st == MG_OK && out->numel > 0) {
+    if (K == 0) memset(mg_ptr(out), 0, (size_t)out->numel * mg_dtype_size(x->dtype));
+    else st = mg_matrix_product(x2, mg_ptr(x2), w, mg_ptr(w), mg_ptr(out), rows, N, K);
+    if (st == MG_OK) bias_act(x->dtype, mg_ptr(out), bc ? mg_ptr(bc) : NULL, rows, N, act);
+  }
+  mg_tensor_release(xc);
+  mg_tensor_release(x2);
+  mg_tensor_release(bc);
+  if (st != MG_OK) {
+    mg_tensor_release(out);
+    return NULL;
+  }
+  return mg_finish(&dense_op, b ? 3 : 2, in, out, &attr);
+}
+
+static const mg_opdef *const rows_[] = {&dense_op};
+const mg_opfamily mg_dense_ops = {rows_, sizeof rows_ / sizeof rows_[0]};
