@@ -71,18 +71,12 @@ end
 -- call options: {mask=, training=}
 local CALL_OPTIONS = {{"mask", mask_rule}, {"training", optional_boolean}}
 
--- x (..., n) @ kernel (n, m) + bias as one 2-D product: a (rows, n) matrix
--- keeps the kernel's gradient a single GEMM (a batched operand would give
--- one product per batch entry and a sum)
+-- x (..., n) @ kernel (n, m) + bias: mg.dense folds x into one (rows, n)
+-- matrix, so the kernel's gradient is a single GEMM (a batched operand would
+-- give one product per batch entry and a sum), and adds the bias in the
+-- product's own pass
 local function project (x, kernel, bias)
-  local shape = x.shape
-  local rows = 1
-  for i = 1, #shape - 1 do rows = rows * shape[i] end
-  local y = mg.matmul(mg.reshape(x, {rows, shape[#shape]}), kernel)
-  x = nil                       -- let go before the next op (see MultiHeadAttention:call)
-  if bias then y = y + bias end
-  shape[#shape] = kernel.shape[2]
-  return mg.reshape(y, shape)
+  return mg.dense(x, kernel, bias)
 end
 
 -- the attention mask as (batch, 1|heads, Tq, Tk) for q of (B, H, Tq, dh):
