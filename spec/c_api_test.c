@@ -44,6 +44,19 @@ static void null_arguments (void) {
   says("exp(NULL)", mg_exp(NULL) == NULL, "mg_exp: argument 'x' is NULL");
   says("sum(NULL)", mg_sum(NULL, MG_ALL_AXES, 0) == NULL, "mg_sum: argument 'x' is NULL");
   says("matmul(x, NULL)", mg_matmul(x, NULL) == NULL, "mg_matmul: argument 'b' is NULL");
+  says("dense(NULL, x)", mg_dense(NULL, x, NULL, "relu") == NULL, "mg_dense: argument 'x' is NULL");
+  says("dense(x, x)", mg_dense(x, x, NULL, NULL) == NULL, "dense: w must be a matrix (in, out), got shape (2)");
+  int64_t s22[2] = {2, 2};
+  mg_tensor *w = mg_full(s22, 2, MG_FLOAT32, 0.5);
+  says("dense gelu", mg_dense(x, w, NULL, "gelu") == NULL, "dense: unknown activation 'gelu'");
+  mg_tensor *d = mg_dense(x, w, x, "tanh");                 /* tanh(1 * 0.5 * 2 + 1) = tanh(2) */
+  checks++;
+  if (d == NULL || mg_tensor_numel(d) != 2 || ((const float *)mg_tensor_data(d))[1] != tanhf(2.0f)) {
+    fprintf(stderr, "c_api_test: dense(x, w, x, tanh): wrong result\n");
+    failures++;
+  }
+  mg_tensor_release(d);
+  mg_tensor_release(w);
   says("reshape(x, NULL, 1)", mg_reshape(x, NULL, 1) == NULL, "mg_reshape: argument 'shape_in' is NULL");
   says("reshape 99 dims", mg_reshape(x, s2, 99) == NULL, "99 dimensions");
   says("concat(NULL)", mg_concat(NULL, 2, 0) == NULL, "mg_concat: argument 'xs' is NULL");

@@ -308,6 +308,8 @@ local function tensor_expr (depth)
     2, function() return "-" .. operand() end,
     5, reduce_expr, 8, shape_op, 2, function() return view(V()) end,
     2, function() return fmt("mg.matmul(%s, %s)", operand(), operand()) end,
+    1, function() return fmt("mg.dense(%s, %s, %s, %s)", operand(), operand(), pick{"nil", operand()},
+                             pick{"nil", "'relu'", "'tanh'", "'sigmoid'", "'linear'", "'gelu'", "1"}) end,
     2, function() return fmt("(%s) %s (%s)", tensor_expr(depth + 1), pick(BINMETA), tensor_expr(depth + 1)) end,
     1, function() return fmt("mg.%s(%s)", pick(UNFN), tensor_expr(depth + 1)) end,
   }
@@ -797,6 +799,11 @@ local function gexpr (e, s, depth)
         return fmt("mg.gather(%s, {%s})", inner, table.concat(idx, ", ")), out end)
     end
     if nd == 2 then add(2, function() return fmt("mg.matmul(%s, mg.transpose(%s))", inner, inner), {sh[1], sh[1]} end) end
+    if nd == 2 then
+      add(2, function() return fmt("mg.dense(%s, mg.transpose(%s), %s, %s)", inner, inner,
+                                   pick{"nil", fmt("mg.sum(%s, 2)", inner)}, pick{"'relu'", "'tanh'", "'sigmoid'", "nil"}),
+                               {sh[1], sh[1]} end)
+    end
     if nd == 1 then add(1, function() return fmt("mg.matmul(%s, %s)", inner, inner), {} end) end
   end
   if nd < 7 then
