@@ -528,6 +528,21 @@ MG_API mg_status    mg_variable_assign  (mg_variable *v, mg_tensor *value);  /* 
 /* v = v + alpha * x in one pass, in place unless someone holds v's value;
 ** x has v's shape, or is 0-d (one number) */
 MG_API mg_status    mg_variable_axpy    (mg_variable *v, double alpha, mg_tensor *x);
+
+/* one Adam step (Kingma & Ba, in Keras' form: epsilon outside the bias
+** correction) of v by gradient g, in one pass over the four tensors */
+typedef struct mg_adam_params {
+  double beta1, beta2, epsilon;
+  double step_size;   /* lr * sqrt(1 - beta2^t) / (1 - beta1^t) at step t */
+  double decay;       /* AdamW's decoupled weight decay, lr * weight_decay; 0: none */
+} mg_adam_params;
+/* w -= decay * w; m' = beta1 m + (1 - beta1) g; s' = beta2 s + (1 - beta2) g^2;
+** w -= step_size * m' / (sqrt(s') + epsilon), with the numbers of those ops
+** run one by one. m and s (the slots: v's shape and dtype) may be NULL for
+** zeros; *m_out and *s_out get new tensors (m and s are left as they were:
+** someone may hold them); w is updated in place unless someone holds it */
+MG_API mg_status    mg_variable_adam    (mg_variable *v, mg_tensor *g, mg_tensor *m, mg_tensor *s,
+                                         const mg_adam_params *p, mg_tensor **m_out, mg_tensor **s_out);
 MG_API const char  *mg_variable_name    (const mg_variable *v);
 MG_API int          mg_variable_trainable (const mg_variable *v);
 

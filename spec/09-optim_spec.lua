@@ -115,6 +115,74 @@ describe("optimizer steps match their formulas", function()
     h.assert_close(steps(mg.optim.AdamW{learning_rate = lr, weight_decay = 0.5}, {2}, {{0}}), {2 * (1 - 0.05)}, 1e-12)
   end)
 
+  it("Adam's step runs in one pass with the numbers of the separate ops, bit for bit", function()
+    -- the rule written with the ops, as the optimizer ran it before its fused step
+    local function by_ops (var, g, m, v, t, lr, b1, b2, eps, wd)
+      if wd > 0 then var:assign_sub(var:value(), lr * wd) end
+      m = (m or mg.zeros_like(g)) * b1 + g * (1 - b1)
+      v = (v or mg.zeros_like(g)) * b2 + g * g * (1 - b2)
+      var:assign_sub(m / (mg.sqrt(v) + eps), lr * math.sqrt(1 - b2 ^ t) / (1 - b1 ^ t))
+      return m, v
+    end
+    mg.random.seed(9)
+    for _, dtype in ipairs{"float32", "float64"} do
+      for _, shape in ipairs{{1}, {3, 5}, {70000}, {600, 500}} do     -- the last two on several threads
+        for _, wd in ipairs{0, 0.25} do
+          local w0 = mg.random.normal(shape, 0, 1, dtype)
+          local fused, ops = mg.Variable(w0 + 0), mg.Variable(w0 + 0)
+          local opt = mg.optim.AdamW{learning_rate = 0.01, weight_decay = wd, epsilon = 1e-7}
+          local m, v
+          for t = 1, 3 do
+            local g = mg.random.normal(shape, 0, 1, dtype)
+            opt:apply_gradients({g}, {fused})
+            m, v = by_ops(ops, g, m, v, t, 0.01, 0.9, 0.999, 1e-7, wd)
+          end
+          for _, pair in ipairs{{fused:value(), ops:value()}, {opt.m[fused], m}, {opt.v[fused], v}} do
+            assert.equal(0, mg.sum(mg.cast(mg.not_equal(pair[1], pair[2]), "int64")):item())
+          end
+        end
+      end
+    end
+  end)
+
+  it("Adam's step leaves the slots it read as they were (get_state's tensors stay a snapshot)", function()
+    local w = mg.Variable({1, 2, 3})
+    local opt = mg.optim.Adam{learning_rate = 0.1}
+    opt:apply_gradients({mg.constant({1, 1, 1})}, {w})
+    local state = opt:get_state()
+    local m1, v1 = state.slots.m[1]:totable(), state.slots.v[1]:totable()
+    opt:apply_gradients({mg.constant({5, 5, 5})}, {w})
+    assert.same(m1, state.slots.m[1]:totable())
+    assert.same(v1, state.slots.v[1]:totable())
+    assert.are_not.same(m1, opt.m[w]:totable())
+    -- a value someone else holds is not written over: the variable gets a new one
+    local held = w:value()
+    local before = held:totable()
+    opt:apply_gradients({mg.constant({1, 1, 1})}, {w})
+    assert.same(before, held:totable())
+    assert.are_not.same(before, w:value():totable())
+  end)
+
+  it("Adam's one-pass step names its mismatches", function()
+    local w = mg.Variable({1, 2})
+    assert.has_error(function() mg._adam(w, mg.ones{3}, nil, nil, 0.1, 0.9, 0.999, 1e-7, 0) end,
+                     "adam: the gradient has shape (3), the variable (2)")
+    assert.has_error(function() mg._adam(w, mg.ones({2}, "float64"), nil, nil, 0.1, 0.9, 0.999, 1e-7, 0) end,
+                     "adam: the gradient is float64, the variable is float32")
+    assert.has_error(function() mg._adam(w, mg.ones{2}, mg.ones{3}, nil, 0.1, 0.9, 0.999, 1e-7, 0) end,
+                     "adam: slot m has shape (3), the variable (2)")
+    assert.has_error(function() mg._adam(mg.Variable(mg.ones({2}, "int64")), mg.ones({2}, "int64"), nil, nil,
+                                         0.1, 0.9, 0.999, 1e-7, 0) end,
+                     "adam: the variable must be float32 or float64, got int64")
+    -- one slot alone (a state set by hand): the other counts as zeros
+    local m, v = mg._adam(w, mg.ones{2}, nil, mg.zeros{2}, 0.1, 0.9, 0.999, 1e-7, 0)
+    local w2 = mg.Variable({1, 2})
+    local m2, v2 = mg._adam(w2, mg.ones{2}, nil, nil, 0.1, 0.9, 0.999, 1e-7, 0)
+    assert.same(m2:totable(), m:totable())
+    assert.same(v2:totable(), v:totable())
+    assert.same(w2:value():totable(), w:value():totable())
+  end)
+
   it("RMSprop: plain, centered, with momentum (Keras' rules)", function()
     local lr, rho, eps = 0.01, 0.9, 1e-7
     local function rms (w, gs, centered, mom)

@@ -57,14 +57,7 @@ local function lua_conv (x, w, b, o)
   return out
 end
 
--- the gradient of sum(f(x) * seed) with respect to each of xs
-local function grads (f, xs, seed)
-  local t = mg.tape()
-  t:watch(xs)
-  local y = mg.sum(f(table.unpack(xs)) * seed)
-  t:stop()
-  return t:gradient(y, xs)
-end
+local grads = h.grads          -- the gradient of sum(f(xs...) * seed) for each of xs
 
 describe("conv2d", function()
   before_each(function() mg.random.seed(21) end)

@@ -85,17 +85,10 @@ describe("dense", function()
   it("gives the gradients of the separate ops, and only those asked for", function()
     local x, w, b, seed = rnd({2, 5, 6}, "float32"), rnd({6, 3}, "float32"), rnd({3}, "float32"), rnd({2, 5, 3}, "float32")
     for _, act in ipairs(ACTS) do
-      local function grads (f, xs)
-        local t = mg.tape()
-        t:watch(xs)
-        local y = mg.sum(f(table.unpack(xs)) * seed)
-        t:stop()
-        return t:gradient(y, xs)
-      end
-      local fused = grads(function(a, c, d) return mg.dense(a, c, d, act) end, {x, w, b})
-      local plain = grads(function(a, c, d) return ref(a, c, d, act) end, {x, w, b})
+      local fused = h.grads(function(a, c, d) return mg.dense(a, c, d, act) end, {x, w, b}, seed)
+      local plain = h.grads(function(a, c, d) return ref(a, c, d, act) end, {x, w, b}, seed)
       for i = 1, 3 do h.assert_close(fused[i], plain[i], 1e-5) end
-      local only_w = grads(function(c) return mg.dense(x, c, b, act) end, {w})
+      local only_w = h.grads(function(c) return mg.dense(x, c, b, act) end, {w}, seed)
       h.assert_close(only_w[1], plain[2], 1e-5)
     end
   end)

@@ -68,6 +68,9 @@ static void null_arguments (void) {
   says("variable_new(NULL)", mg_variable_new(NULL, "v", 1) == NULL, "mg_variable_new");
   says("variable_read(NULL)", mg_variable_read(NULL) == NULL, "mg_variable_read");
   says("assign(NULL)", mg_variable_assign(NULL, x) == MG_ERR, "mg_variable_assign");
+  mg_tensor *mo = x, *so = x;
+  says("adam(NULL)", mg_variable_adam(NULL, x, NULL, NULL, NULL, &mo, &so) == MG_ERR && mo == NULL && so == NULL,
+       "mg_variable_adam: argument 'v' is NULL");
   mg_tensor *grad = x;
   says("tape_gradient(NULL)", mg_tape_gradient(NULL, 1, &x, 1, &x, NULL, 0, &grad) == MG_ERR && grad == NULL,
        "mg_tape_gradient: argument 't' is NULL");

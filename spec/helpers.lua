@@ -106,6 +106,16 @@ function helpers.oom_sweep (step, limit)
   return failures, before, helpers.settled(), expected
 end
 
+-- the gradient of sum(f(xs...) * seed) with respect to each of xs, on a tape
+-- that watches them
+function helpers.grads (f, xs, seed)
+  local t = mg.tape()
+  t:watch(xs)
+  local y = mg.sum(f(table.unpack(xs)) * seed)
+  t:stop()
+  return t:gradient(y, xs)
+end
+
 -- live tensor count after a full collection
 function helpers.live ()
   return helpers.settled().live_tensors

@@ -7,6 +7,7 @@
 ** (no tape saved it, no Lua code kept it); otherwise the variable moves to a
 ** fresh copy and the old value stays as it was (copy on write).
 */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -187,3 +188,110 @@ mg_status mg_variable_axpy (mg_variable *v, double alpha, mg_tensor *x) {
   }
   return MG_OK;
 }
+
+/* {======================== Adam's step ========================= */
+
+/* the step over values [lo, hi), each element's numbers those of the separate
+** ops (mul, add, sqrt, div, axpy; -std=c11 contracts nothing into FMAs).
+** One loop per case (slots or zeros, decay or none), each without a branch
+** and on restrict pointers, so that it vectorises */
+#define ADAM_CASE(M_I, S_I, DECAY)                                                    \
+    for (int64_t i = lo; i < hi; i++) {                                               \
+      T w = W[i], gi = G[i];                                                          \
+      DECAY;                                                                          \
+      T mi = (M_I) * b1 + gi * c1, si = (S_I) * b2 + gi * gi * c2;                    \
+      MO[i] = mi;                                                                     \
+      SO[i] = si;                                                                     \
+      W[i] = w + step * (mi / (SQRT_OF(si) + eps));                                   \
+    }
+#define SQRT_OF(x) _Generic((x), float: sqrtf, default: sqrt)(x)
+
+#define ADAM_RANGE(NAME, T_)                                                          \
+  static void NAME (T_ *restrict W, const T_ *restrict G, const T_ *restrict M,        \
+                    const T_ *restrict S, T_ *restrict MO, T_ *restrict SO, int64_t lo, \
+                    int64_t hi, const mg_adam_params *p) {                            \
+    typedef T_ T;                                                                     \
+    const T b1 = (T)p->beta1, c1 = (T)(1 - p->beta1), b2 = (T)p->beta2, c2 = (T)(1 - p->beta2); \
+    const T eps = (T)p->epsilon, step = (T)-p->step_size, dec = (T)-p->decay, zero = 0; \
+    if (M && p->decay != 0) { ADAM_CASE(M[i], S[i], w = w + dec * w) }               \
+    else if (M) { ADAM_CASE(M[i], S[i], (void)0) }                                    \
+    else if (p->decay != 0) { ADAM_CASE(zero, zero, w = w + dec * w) }                \
+    else { ADAM_CASE(zero, zero, (void)0) }                                           \
+  }
+
+ADAM_RANGE(adam_f32, float)
+ADAM_RANGE(adam_f64, double)
+
+/* w updated in place; m and s both given or both NULL (zeros); no buffer
+** written is another's. Parallel over blocks of 64K values */
+static void adam_kernel (mg_dtype dt, void *w, const void *g, const void *m, const void *s, void *mo, void *so,
+                         int64_t n, const mg_adam_params *p) {
+  int64_t block = 1 << 16, nblocks = (n + block - 1) / block;
+  _Pragma("omp parallel for if (n >= MG_PARALLEL_MIN)")
+  for (int64_t k = 0; k < nblocks; k++) {
+    int64_t lo = k * block, hi = lo + block < n ? lo + block : n;
+    if (dt == MG_FLOAT32) adam_f32((float *)w, (const float *)g, (const float *)m, (const float *)s, (float *)mo,
+                                   (float *)so, lo, hi, p);
+    else adam_f64((double *)w, (const double *)g, (const double *)m, (const double *)s, (double *)mo,
+                  (double *)so, lo, hi, p);
+  }
+}
+
+/* t (may be NULL) has v's shape and dtype, or an error naming `what` */
+static mg_status check_like (const mg_tensor *cur, const mg_tensor *t, const char *what) {
+  char a[160], b[160];
+  if (t == NULL) return MG_OK;
+  if (t->dtype != cur->dtype)
+    return mg_seterror("adam: %s is %s, the variable is %s", what, mg_dtype_name(t->dtype), mg_dtype_name(cur->dtype));
+  if (!mg_same_shape(t->shape, t->ndim, cur->shape, cur->ndim))
+    return mg_seterror("adam: %s has shape %s, the variable %s", what, mg_shape_str(a, sizeof a, t->shape, t->ndim),
+                       mg_shape_str(b, sizeof b, cur->shape, cur->ndim));
+  return MG_OK;
+}
+
+mg_status mg_variable_adam (mg_variable *v, mg_tensor *g, mg_tensor *m, mg_tensor *s, const mg_adam_params *p,
+                            mg_tensor **m_out, mg_tensor **s_out) {
+  MG_CHECK_ARG("mg_variable_adam", m_out, MG_ERR);
+  MG_CHECK_ARG("mg_variable_adam", s_out, MG_ERR);
+  *m_out = *s_out = NULL;
+  MG_CHECK_ARG("mg_variable_adam", v, MG_ERR);
+  MG_CHECK_ARG("mg_variable_adam", g, MG_ERR);
+  MG_CHECK_ARG("mg_variable_adam", p, MG_ERR);
+  mg_tensor *cur = v->value;
+  if (!mg_is_float(cur->dtype) || mg_check_computable("adam", cur->dtype) != MG_OK)
+    return mg_seterror("adam: the variable must be float32 or float64, got %s", mg_dtype_name(cur->dtype));
+  if (check_like(cur, g, "the gradient") != MG_OK || check_like(cur, m, "slot m") != MG_OK ||
+      check_like(cur, s, "slot v") != MG_OK)
+    return MG_ERR;
+  /* one slot alone (a state restored by hand): the other as zeros, so both or neither */
+  bool slots = m || s;
+  mg_tensor *in[3] = {mg_contiguous(g),
+                      m ? mg_contiguous(m) : slots ? mg_full(cur->shape, cur->ndim, cur->dtype, 0.0) : NULL,
+                      s ? mg_contiguous(s) : slots ? mg_full(cur->shape, cur->ndim, cur->dtype, 0.0) : NULL};
+  mg_tensor *mo = mg_empty(cur->shape, cur->ndim, cur->dtype), *so = mg_empty(cur->shape, cur->ndim, cur->dtype);
+  /* in place when nobody else holds w (nor reads it as g), else into a copy */
+  bool exclusive = cur->refcount == 1 && cur->storage->refcount == 1 && in[0] && in[0]->storage != cur->storage;
+  mg_tensor *dst = exclusive ? cur : mg_empty(cur->shape, cur->ndim, cur->dtype);
+  mg_status st = in[0] && (!slots || (in[1] && in[2])) && mo && so && dst ? MG_OK : MG_ERR;
+  if (st == MG_OK) {
+    if (!exclusive) mg_copy_into(dst, cur);
+    adam_kernel(cur->dtype, mg_ptr(dst), mg_ptr(in[0]), in[1] ? mg_ptr(in[1]) : NULL, in[2] ? mg_ptr(in[2]) : NULL,
+                mg_ptr(mo), mg_ptr(so), cur->numel, p);
+  }
+  for (int i = 0; i < 3; i++) mg_tensor_release(in[i]);
+  if (st != MG_OK) {
+    mg_tensor_release(mo);
+    mg_tensor_release(so);
+    if (!exclusive) mg_tensor_release(dst);
+    return MG_ERR;
+  }
+  if (!exclusive) {
+    disown(v);
+    adopt(v, dst);
+  }
+  *m_out = mo;
+  *s_out = so;
+  return MG_OK;
+}
+
+/* }============================================================= */

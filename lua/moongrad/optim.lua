@@ -400,14 +400,15 @@ optimizer_class("SGD", spec_of({{"learning_rate", lr_rule, 0.01}, {"momentum", c
 -- Kingma & Ba's step, in Keras' form (epsilon outside the bias correction):
 -- m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2;
 -- w -= lr sqrt(1 - b2^t) / (1 - b1^t) * m / (sqrt(v) + epsilon)
+-- All in one pass over w, g, m and v (mg._adam, the numbers of these ops run one by
+-- one): the decay, m, v, then w; new m and v tensors, w in place.
 local function adam_update (self, var, g, lr)
   local t, b1, b2 = self.iterations + 1, self.beta1, self.beta2
-  if getmetatable(self).decoupled and self.weight_decay > 0 then var:assign_sub(var:value(), lr * self.weight_decay) end
+  local decay = getmetatable(self).decoupled and lr * self.weight_decay or 0
   local ms, vs = slot_table(self, "m"), slot_table(self, "v")
-  local m = (ms[var] or mg.zeros_like(g)) * b1 + g * (1 - b1)
-  local v = (vs[var] or mg.zeros_like(g)) * b2 + g * g * (1 - b2)
+  local m, v = mg._adam(var, g, ms[var], vs[var], lr * math.sqrt(1 - b2 ^ t) / (1 - b1 ^ t), b1, b2,
+                        self.epsilon, decay)
   ms[var], vs[var] = mg.keep(m, v)
-  var:assign_sub(m / (mg.sqrt(v) + self.epsilon), lr * math.sqrt(1 - b2 ^ t) / (1 - b1 ^ t))
 end
 
 local function adam_spec (weight_decay)

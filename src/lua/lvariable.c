@@ -104,6 +104,24 @@ static int update (lua_State *L, double sign) {
 static int l_assign_add (lua_State *L) { return update(L, 1.0); }
 static int l_assign_sub (lua_State *L) { return update(L, -1.0); }
 
+/* mg._adam(v, g, m, s, step_size, beta1, beta2, epsilon, decay) -> m', s':
+** the optimizers' Adam step in one pass (mg_variable_adam); m, s may be nil */
+static int l_adam (lua_State *L) {
+  mg_variable *v = mgL_checkvariable(L, 1);
+  mg_tensor *g = mgL_checktensor(L, 2);
+  mg_tensor *m = lua_isnil(L, 3) ? NULL : mgL_checktensor(L, 3);
+  mg_tensor *s = lua_isnil(L, 4) ? NULL : mgL_checktensor(L, 4);
+  mg_adam_params p = {luaL_checknumber(L, 6), luaL_checknumber(L, 7), luaL_checknumber(L, 8),
+                      luaL_checknumber(L, 5), luaL_checknumber(L, 9)};
+  mgL_checkchange(L, "Adam");
+  ltensor *mbox = mgL_newbox(L), *sbox = mgL_newbox(L);
+  mg_tensor *mo, *so;
+  if (mg_variable_adam(v, g, m, s, &p, &mo, &so) != MG_OK) return mgL_error(L);
+  mbox->t = mo;
+  sbox->t = so;
+  return 2;
+}
+
 static int variable_tostring (lua_State *L) {
   mg_variable *v = mgL_checkvariable(L, 1);
   char *s = mg_tensor_format(mg_variable_peek(v));
@@ -159,6 +177,8 @@ void mgL_open_variable (lua_State *L) {
   lua_setfield(L, module, "Variable");
   lua_pushcfunction(L, l_is_variable);
   lua_setfield(L, module, "is_variable");
+  lua_pushcfunction(L, l_adam);
+  lua_setfield(L, module, "_adam");
   lua_newtable(L);                                /* the weak box table */
   lua_newtable(L);
   lua_pushstring(L, "v");
