@@ -200,6 +200,33 @@ describe("dense", function()
     end, {rnd{3, 4}}))
   end)
 
+  it("reuses no gradient buffer while a save policy counts ops (recompute's two runs make the same ops)", function()
+    local x = mg.constant({{0.5, -1.0, 2.0}, {1.5, 0.25, -0.5}}, "float64")
+    local w1 = mg.constant({{1, -1}, {0.5, 2}, {-1, 1}}, "float64")
+    local w2 = mg.constant({{2, 1}, {-0.5, 1}, {1, -2}}, "float64")
+    local function f (v)                      -- an inner gradient, as a gradient penalty has
+      local t = mg.tape()
+      t:watch(v)
+      local b = mg.dense(v, w1, nil, "relu")
+      local a = mg.relu(mg.matmul(v, w2))
+      local l = mg.sum(b) + mg.sum(a * a)
+      t:stop()
+      return t:gradient(l, v) * v
+    end
+    local function grad_of (g)
+      local t = mg.tape()
+      t:watch(x)
+      local y = mg.sum(g(x))
+      t:stop()
+      return t:gradient(y, x)
+    end
+    local plain = grad_of(f)
+    for _, policy in ipairs{"nothing", "everything", function(name) return name == "relu_grad" end,
+                            function(name) return name == "add" or name == "mul" end} do
+      same_bits(grad_of(mg.recompute_grad(f, {policy = policy})), plain)
+    end
+  end)
+
   it("gives a persistent tape the same gradients twice (y is dropped only by a walk's last visit)", function()
     local x, w, b = rnd{5, 4}, mg.Variable(rnd{4, 3}), mg.Variable(rnd{3})
     local t = mg.tape{persistent = true}
@@ -232,6 +259,10 @@ describe("dense", function()
                      "bad argument #1 to 'dense' (moongrad.Tensor expected, got nil)")
     assert.has_error(function() mg.dense(x, mg.ones{3, 5}, nil, mg.relu) end,
                      "bad argument #4 to 'dense' (string expected, got function)")
+    assert.has_error(function() mg.dense(x, mg.ones{3, 5}, nil, "relu\0x") end,
+                     "bad argument #4 to 'dense' (the activation name holds a zero byte)")
+    assert.has_error(function() mg.dense(mg.zeros{2 ^ 31, 0}, mg.zeros{0, 2 ^ 31}) end,
+                     "dense: tensor: shape (2147483648,2147483648) has too many elements to allocate")
     assert.has_error(function() mg.dense(x, mg.ones{3, 5}, nil, "relu", 1) end,
                      "bad argument #5 to 'dense' (nothing may follow the activation)")
   end)

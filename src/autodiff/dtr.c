@@ -558,7 +558,7 @@ static mg_tensor *rebuild (mg_dtr_state *S, mg_node *p, int o, int depth) {
     return mg_seterror("memory budget: '%s' cannot be run again", p->def->info.name), NULL;
   mg_tensor *in[MAX_REPLAY_IN] = {NULL};      /* held: what the op allocates evicts none of them */
   bool all = true;
-  for (int j = 0; j < p->nin; j++) all &= (in[j] = input_of(S, p, j, depth)) != NULL;
+  for (int j = 0; j < p->nin && all; j++) all = (in[j] = input_of(S, p, j, depth)) != NULL;
   mg_tensor *out = NULL;
   if (all && mg_pause_all() == MG_OK) {
     mg_replay_state was = mg_ctx()->replay;

@@ -590,16 +590,26 @@ size_t mg_tape_saved_bytes (const mg_tape *t) {
 
 /* {===================== the reverse walk ==================== */
 
+/* May the walk reuse a gradient's buffer (adding into a sum, or letting a
+** rule write over its output gradient)? Not when a tape records the walk
+** (a higher-order gradient needs the ops), nor while a save policy counts
+** ops: recompute's first run and its re-run (which runs under its own
+** recording tape) must make the same ops for the kept outputs to match. */
+static bool reuse_allowed (void) {
+  const mg_replay_state *r = &mg_ctx()->replay;
+  return mg_tapes_recording() == 0 && r->recording == NULL && r->playing == NULL;
+}
+
 /* Can g be added into acc in place? When acc is a sum nothing else can
 ** see (one reference, its storage's only view, held by no tape or variable)
-** and no tape records the walk (a higher-order gradient needs the add). */
+** and the walk may reuse buffers. */
 static bool adds_in_place (const mg_tensor *acc, const mg_tensor *g) {
   const mg_storage *s = acc->storage;
   return acc->refcount == 1 && s->refcount == 1 && s->holds[MG_ROLE_SAVED] == 0 &&
          s->holds[MG_ROLE_VARIABLE] == 0 && !s->external && g->storage != s && acc->dtype == g->dtype &&
          (acc->dtype == MG_FLOAT32 || acc->dtype == MG_FLOAT64) && acc->numel < MG_PARALLEL_MIN &&
          mg_same_shape(acc->shape, acc->ndim, g->shape, g->ndim) && mg_tensor_is_contiguous(acc) &&
-         mg_tensor_is_contiguous(g) && mg_tapes_recording() == 0;
+         mg_tensor_is_contiguous(g) && reuse_allowed();
 }
 
 mg_status mg_accumulate (mg_tensor **acc, mg_tensor *g) {
@@ -712,12 +722,12 @@ static void repack_all (mg_node *n, mg_tensor **packed) {
 /* May the rule write over its output gradient g? When the walk alone
 ** holds it (one reference, its storage's only view, held by no tape or
 ** variable), drops it after the rule (not a gradient the caller asked
-** for) and no tape records the walk: as adds_in_place's sums */
+** for) and may reuse buffers: as adds_in_place's sums */
 static bool spare_gradient (const mg_tensor *g, uint64_t id, const idmap *keep_ids) {
   const mg_storage *s = g->storage;
   return g->refcount == 1 && s->refcount == 1 && s->holds[MG_ROLE_SAVED] == 0 &&
          s->holds[MG_ROLE_VARIABLE] == 0 && !s->external && mg_is_float(g->dtype) &&
-         mg_tensor_is_contiguous(g) && !idmap_has(keep_ids, id) && mg_tapes_recording() == 0;
+         mg_tensor_is_contiguous(g) && !idmap_has(keep_ids, id) && reuse_allowed();
 }
 
 /* runs node n's backward rule and adds what it gives to the map */

@@ -6,12 +6,16 @@
 ** It checks its arguments first (which may raise), then pushes its result
 ** box, then runs the C op, which never raises.
 */
+#include <string.h>
+
 #include "lbinding.h"
 
 static int l_dense (lua_State *L) {
   mg_tensor *x = mgL_checktensor(L, 1), *w = mgL_checktensor(L, 2);
   mg_tensor *b = lua_isnoneornil(L, 3) ? NULL : mgL_checktensor(L, 3);
-  const char *act = luaL_optstring(L, 4, NULL);
+  size_t len = 0;
+  const char *act = luaL_optlstring(L, 4, NULL, &len);
+  if (act && strlen(act) != len) luaL_argerror(L, 4, "the activation name holds a zero byte");
   if (!lua_isnoneornil(L, 5)) luaL_argerror(L, 5, "nothing may follow the activation");
   ltensor *box = mgL_newbox(L);
   return mgL_fill(L, box, mg_dense(x, w, b, act));

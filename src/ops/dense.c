@@ -10,6 +10,7 @@
 ** bias' column sum and two products, all public ops: a tape that records
 ** the backward sees differentiable steps.
 */
+#include <stdio.h>
 #include <string.h>
 
 #include "moongrad_impl.h"
@@ -136,6 +137,11 @@ mg_tensor *mg_dense (mg_tensor *x, mg_tensor *w, mg_tensor *b, const char *activ
                 : x->ndim == 2 ? mg_tensor_retain(xc) : mg_tensor_view(xc->storage, xc->dtype, s2, 2, st2, xc->offset);
   mg_tensor *bc = b ? mg_contiguous(b) : NULL;
   mg_tensor *out = mg_empty(shape, x->ndim, x->dtype);
+  if (out == NULL) {                    /* too large, or out of memory: say whose output */
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", mg_errmsg_raw());
+    mg_seterror("dense: %s", msg);
+  }
   mg_status st = x2 && out && (bc || !b) ? MG_OK : MG_ERR;
   if (st == MG_OK && out->numel > 0) {
     if (K == 0) memset(mg_ptr(out), 0, (size_t)out->numel * mg_dtype_size(x->dtype));
