@@ -322,6 +322,9 @@ typedef struct mg_opdef {
   /* an op of another kind that a memory budget may run again: its output
   ** from its inputs (unary and binary ops are run through info.fn); may be NULL */
   mg_tensor *(*replay)(const struct mg_node *n, mg_tensor *const *in);
+  /* its backward may write over an output gradient the walk spares it
+  ** (mg_node.spare): only then does the walk look */
+  bool reuses_gradient;
 } mg_opdef;
 
 /* an op family's rows, for the registry */

@@ -745,7 +745,8 @@ static mg_status step_back (mg_node *n, idmap *grads, const idmap *dep, const id
   n->going = going;
   for (int i = 0; i < n->nout; i++) {
     dout[i] = (mg_tensor *)idmap_get(grads, n->out_meta[i].id);
-    if (i < 32 && dout[i] && spare_gradient(dout[i], n->out_meta[i].id, keep_ids)) n->spare |= 1u << i;
+    if (n->def->reuses_gradient && i < 32 && dout[i] && spare_gradient(dout[i], n->out_meta[i].id, keep_ids))
+      n->spare |= 1u << i;
   }
   for (int j = 0; j < n->nin; j++) {
     din[j] = NULL;

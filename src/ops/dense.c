@@ -86,7 +86,7 @@ static unsigned dense_saves (const mg_attr *attr) {
 static const mg_opdef dense_op = {
   .info = {.name = "dense", .kind = MG_OP_OTHER,
            .doc = "act(x @ w + b) in one op: the product, then the bias and activation in one pass"},
-  .saves_for = dense_saves, .backward = dense_backward, .replay = dense_replay,
+  .saves_for = dense_saves, .backward = dense_backward, .replay = dense_replay, .reuses_gradient = true,
 };
 
 /* the checks: x (..., K) and w (K, N) of one float dtype, b (N) or NULL */

@@ -162,7 +162,7 @@ static mg_status tanh_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **
 static const mg_opdef tanh_op = {
   .info = {.name = "tanh", .kind = MG_OP_UNARY, .doc = "the hyperbolic tangent", .fn.unary = mg_tanh},
   .kernel = {[MG_FLOAT32] = tanh_f32, [MG_FLOAT64] = tanh_f64},
-  .saves = MG_SAVE_OUT(0), .backward = tanh_backward,
+  .saves = MG_SAVE_OUT(0), .backward = tanh_backward, .reuses_gradient = true,
 };
 mg_tensor *mg_tanh (mg_tensor *x) { return unary(&tanh_op, x); }
 
@@ -175,7 +175,7 @@ static mg_status sigmoid_backward (mg_node *n, mg_tensor *const *dout, mg_tensor
 static const mg_opdef sigmoid_op = {
   .info = {.name = "sigmoid", .kind = MG_OP_UNARY, .doc = "1 / (1 + e^-x)", .fn.unary = mg_sigmoid},
   .kernel = {[MG_FLOAT32] = sigmoid_f32, [MG_FLOAT64] = sigmoid_f64},
-  .saves = MG_SAVE_OUT(0), .backward = sigmoid_backward,
+  .saves = MG_SAVE_OUT(0), .backward = sigmoid_backward, .reuses_gradient = true,
 };
 mg_tensor *mg_sigmoid (mg_tensor *x) { return unary(&sigmoid_op, x); }
 
@@ -189,7 +189,7 @@ static mg_status relu_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **
 static const mg_opdef relu_op = {
   .info = {.name = "relu", .kind = MG_OP_UNARY, .doc = "max(x, 0)", .fn.unary = mg_relu},
   .kernel = {[MG_FLOAT32] = relu_f32, [MG_FLOAT64] = relu_f64, [MG_INT64] = relu_i64},
-  .saves = MG_SAVE_OUT(0), .backward = relu_backward,
+  .saves = MG_SAVE_OUT(0), .backward = relu_backward, .reuses_gradient = true,
 };
 mg_tensor *mg_relu (mg_tensor *x) { return unary(&relu_op, x); }
 
