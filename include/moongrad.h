@@ -543,6 +543,12 @@ typedef struct mg_adam_params {
 ** someone may hold them); w is updated in place unless someone holds it */
 MG_API mg_status    mg_variable_adam    (mg_variable *v, mg_tensor *g, mg_tensor *m, mg_tensor *s,
                                          const mg_adam_params *p, mg_tensor **m_out, mg_tensor **s_out);
+/* SGD with momentum (PyTorch's rule) in one pass: b' = momentum b + g (b
+** NULL, the first step: b' = g itself); w -= lr b', or with nesterov
+** w -= lr (g + momentum b'), the separate ops' numbers. *b_out gets b' (a new
+** tensor, or g's); b is left as it was; w in place unless someone holds it */
+MG_API mg_status    mg_variable_momentum (mg_variable *v, mg_tensor *g, mg_tensor *b, double momentum, double lr,
+                                          int nesterov, mg_tensor **b_out);
 MG_API const char  *mg_variable_name    (const mg_variable *v);
 MG_API int          mg_variable_trainable (const mg_variable *v);
 

@@ -145,6 +145,33 @@ describe("optimizer steps match their formulas", function()
     end
   end)
 
+  it("SGD with momentum (and Nesterov) steps in one pass with the separate ops' numbers, bit for bit", function()
+    mg.random.seed(10)
+    for _, dtype in ipairs{"float32", "float64"} do
+      for _, shape in ipairs{{1}, {3, 5}, {70000}, {600, 500}} do
+        for _, nesterov in ipairs{false, true} do
+          local w0 = mg.random.normal(shape, 0, 1, dtype)
+          local fused, ops = mg.Variable(w0 + 0), mg.Variable(w0 + 0)
+          local opt = mg.optim.SGD{learning_rate = 0.01, momentum = 0.9, nesterov = nesterov}
+          local m
+          for _ = 1, 3 do
+            local g = mg.random.normal(shape, 0, 1, dtype)
+            opt:apply_gradients({g}, {fused})
+            m = m and m * 0.9 + g or g                        -- PyTorch's rule, op by op
+            ops:assign_sub(nesterov and g + m * 0.9 or m, 0.01)
+          end
+          assert.equal(0, mg.sum(mg.cast(mg.not_equal(fused:value(), ops:value()), "int64")):item())
+          assert.equal(0, mg.sum(mg.cast(mg.not_equal(opt.slots[fused], m), "int64")):item())
+        end
+      end
+    end
+    local w = mg.Variable({1, 2})
+    assert.has_error(function() mg._momentum(w, mg.ones{3}, nil, 0.9, 0.1) end,
+                     "momentum: the gradient has shape (3), the variable (2)")
+    assert.has_error(function() mg._momentum(w, mg.ones{2}, mg.ones({2}, "float64"), 0.9, 0.1) end,
+                     "momentum: slot momentum is float64, the variable is float32")
+  end)
+
   it("Adam's step leaves the slots it read as they were (get_state's tensors stay a snapshot)", function()
     local w = mg.Variable({1, 2, 3})
     local opt = mg.optim.Adam{learning_rate = 0.1}

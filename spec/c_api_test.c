@@ -71,6 +71,9 @@ static void null_arguments (void) {
   mg_tensor *mo = x, *so = x;
   says("adam(NULL)", mg_variable_adam(NULL, x, NULL, NULL, NULL, &mo, &so) == MG_ERR && mo == NULL && so == NULL,
        "mg_variable_adam: argument 'v' is NULL");
+  mg_tensor *bo = x;
+  says("momentum(NULL)", mg_variable_momentum(NULL, x, NULL, 0.9, 0.1, 0, &bo) == MG_ERR && bo == NULL,
+       "mg_variable_momentum: argument 'v' is NULL");
   mg_tensor *grad = x;
   says("tape_gradient(NULL)", mg_tape_gradient(NULL, 1, &x, 1, &x, NULL, 0, &grad) == MG_ERR && grad == NULL,
        "mg_tape_gradient: argument 't' is NULL");

@@ -237,14 +237,14 @@ static void adam_kernel (mg_dtype dt, void *w, const void *g, const void *m, con
   }
 }
 
-/* t (may be NULL) has v's shape and dtype, or an error naming `what` */
-static mg_status check_like (const mg_tensor *cur, const mg_tensor *t, const char *what) {
+/* t (may be NULL) has v's shape and dtype, or an error naming fn and `what` */
+static mg_status check_like (const char *fn, const mg_tensor *cur, const mg_tensor *t, const char *what) {
   char a[160], b[160];
   if (t == NULL) return MG_OK;
   if (t->dtype != cur->dtype)
-    return mg_seterror("adam: %s is %s, the variable is %s", what, mg_dtype_name(t->dtype), mg_dtype_name(cur->dtype));
+    return mg_seterror("%s: %s is %s, the variable is %s", fn, what, mg_dtype_name(t->dtype), mg_dtype_name(cur->dtype));
   if (!mg_same_shape(t->shape, t->ndim, cur->shape, cur->ndim))
-    return mg_seterror("adam: %s has shape %s, the variable %s", what, mg_shape_str(a, sizeof a, t->shape, t->ndim),
+    return mg_seterror("%s: %s has shape %s, the variable %s", fn, what, mg_shape_str(a, sizeof a, t->shape, t->ndim),
                        mg_shape_str(b, sizeof b, cur->shape, cur->ndim));
   return MG_OK;
 }
@@ -260,8 +260,8 @@ mg_status mg_variable_adam (mg_variable *v, mg_tensor *g, mg_tensor *m, mg_tenso
   mg_tensor *cur = v->value;
   if (!mg_is_float(cur->dtype) || mg_check_computable("adam", cur->dtype) != MG_OK)
     return mg_seterror("adam: the variable must be float32 or float64, got %s", mg_dtype_name(cur->dtype));
-  if (check_like(cur, g, "the gradient") != MG_OK || check_like(cur, m, "slot m") != MG_OK ||
-      check_like(cur, s, "slot v") != MG_OK)
+  if (check_like("adam", cur, g, "the gradient") != MG_OK || check_like("adam", cur, m, "slot m") != MG_OK ||
+      check_like("adam", cur, s, "slot v") != MG_OK)
     return MG_ERR;
   /* one slot alone (a state restored by hand): the other as zeros, so both or neither */
   bool slots = m || s;
@@ -269,8 +269,9 @@ mg_status mg_variable_adam (mg_variable *v, mg_tensor *g, mg_tensor *m, mg_tenso
                       m ? mg_contiguous(m) : slots ? mg_full(cur->shape, cur->ndim, cur->dtype, 0.0) : NULL,
                       s ? mg_contiguous(s) : slots ? mg_full(cur->shape, cur->ndim, cur->dtype, 0.0) : NULL};
   mg_tensor *mo = mg_empty(cur->shape, cur->ndim, cur->dtype), *so = mg_empty(cur->shape, cur->ndim, cur->dtype);
-  /* in place when nobody else holds w (nor reads it as g), else into a copy */
-  bool exclusive = cur->refcount == 1 && cur->storage->refcount == 1 && in[0] && in[0]->storage != cur->storage;
+  /* in place when nobody else holds w (nor reads it as g or a slot), else into a copy */
+  bool exclusive = cur->refcount == 1 && cur->storage->refcount == 1;
+  for (int i = 0; i < 3; i++) exclusive = exclusive && (in[i] == NULL || in[i]->storage != cur->storage);
   mg_tensor *dst = exclusive ? cur : mg_empty(cur->shape, cur->ndim, cur->dtype);
   mg_status st = in[0] && (!slots || (in[1] && in[2])) && mo && so && dst ? MG_OK : MG_ERR;
   if (st == MG_OK) {
@@ -291,6 +292,86 @@ mg_status mg_variable_adam (mg_variable *v, mg_tensor *g, mg_tensor *m, mg_tenso
   }
   *m_out = mo;
   *s_out = so;
+  return MG_OK;
+}
+
+/* }============================================================= */
+
+/* {================= SGD with momentum's step ================== */
+
+/* the step over [lo, hi), the separate ops' numbers (mul, add, axpy);
+** one branch-free loop per case, on restrict pointers */
+#define MOMENTUM_CASE(B_I, STEP_X)                                                    \
+    for (int64_t i = lo; i < hi; i++) {                                               \
+      T gi = G[i], bi = B_I;                                                          \
+      if (BO) BO[i] = bi;                                                             \
+      W[i] = W[i] + step * (STEP_X);                                                  \
+    }
+
+#define MOMENTUM_RANGE(NAME, T_)                                                      \
+  static void NAME (T_ *restrict W, const T_ *restrict G, const T_ *restrict B,        \
+                    T_ *restrict BO, int64_t lo, int64_t hi, double momentum, double lr, \
+                    bool nesterov) {                                                  \
+    typedef T_ T;                                                                     \
+    const T mu = (T)momentum, step = (T)-lr;                                          \
+    if (B && nesterov) { MOMENTUM_CASE(B[i] * mu + gi, gi + bi * mu) }               \
+    else if (B) { MOMENTUM_CASE(B[i] * mu + gi, bi) }                                 \
+    else if (nesterov) { MOMENTUM_CASE(gi, gi + bi * mu) }                            \
+    else { MOMENTUM_CASE(gi, bi) }                                                    \
+  }
+
+MOMENTUM_RANGE(momentum_f32, float)
+MOMENTUM_RANGE(momentum_f64, double)
+
+/* parallel over blocks of 64K values; bo NULL when b is (the first step) */
+static void momentum_kernel (mg_dtype dt, void *w, const void *g, const void *b, void *bo, int64_t n,
+                             double momentum, double lr, bool nesterov) {
+  int64_t block = 1 << 16, nblocks = (n + block - 1) / block;
+  _Pragma("omp parallel for if (n >= MG_PARALLEL_MIN)")
+  for (int64_t k = 0; k < nblocks; k++) {
+    int64_t lo = k * block, hi = lo + block < n ? lo + block : n;
+    if (dt == MG_FLOAT32)
+      momentum_f32((float *)w, (const float *)g, (const float *)b, (float *)bo, lo, hi, momentum, lr, nesterov);
+    else
+      momentum_f64((double *)w, (const double *)g, (const double *)b, (double *)bo, lo, hi, momentum, lr, nesterov);
+  }
+}
+
+mg_status mg_variable_momentum (mg_variable *v, mg_tensor *g, mg_tensor *b, double momentum, double lr,
+                                int nesterov, mg_tensor **b_out) {
+  MG_CHECK_ARG("mg_variable_momentum", b_out, MG_ERR);
+  *b_out = NULL;
+  MG_CHECK_ARG("mg_variable_momentum", v, MG_ERR);
+  MG_CHECK_ARG("mg_variable_momentum", g, MG_ERR);
+  mg_tensor *cur = v->value;
+  if (!mg_is_float(cur->dtype) || mg_check_computable("momentum", cur->dtype) != MG_OK)
+    return mg_seterror("momentum: the variable must be float32 or float64, got %s", mg_dtype_name(cur->dtype));
+  if (check_like("momentum", cur, g, "the gradient") != MG_OK || check_like("momentum", cur, b, "slot momentum") != MG_OK)
+    return MG_ERR;
+  mg_tensor *gc = mg_contiguous(g), *bc = b ? mg_contiguous(b) : NULL;
+  /* the first step's buffer is g itself, as PyTorch's */
+  mg_tensor *bo = b ? mg_empty(cur->shape, cur->ndim, cur->dtype) : mg_retain_or_null(gc);
+  bool exclusive = cur->refcount == 1 && cur->storage->refcount == 1 && (gc == NULL || gc->storage != cur->storage) &&
+                   (bc == NULL || bc->storage != cur->storage);
+  mg_tensor *dst = exclusive ? cur : mg_empty(cur->shape, cur->ndim, cur->dtype);
+  mg_status st = gc && (bc || !b) && bo && dst ? MG_OK : MG_ERR;
+  if (st == MG_OK) {
+    if (!exclusive) mg_copy_into(dst, cur);
+    momentum_kernel(cur->dtype, mg_ptr(dst), mg_ptr(gc), bc ? mg_ptr(bc) : NULL, b ? mg_ptr(bo) : NULL, cur->numel,
+                    momentum, lr, nesterov != 0);
+  }
+  mg_tensor_release(gc);
+  mg_tensor_release(bc);
+  if (st != MG_OK) {
+    mg_tensor_release(bo);
+    if (!exclusive) mg_tensor_release(dst);
+    return MG_ERR;
+  }
+  if (!exclusive) {
+    disown(v);
+    adopt(v, dst);
+  }
+  *b_out = bo;
   return MG_OK;
 }
 

@@ -382,12 +382,9 @@ optimizer_class("SGD", spec_of({{"learning_rate", lr_rule, 0.01}, {"momentum", c
     local mu = self.momentum
     if mu == 0 then
       v:assign_sub(g, lr)                                     -- one pass, in place
-    else
+    else                                                      -- one pass too (mg._momentum)
       local slots = slot_table(self, "momentum")
-      local m = slots[v]
-      m = m and m * mu + g or g
-      slots[v] = mg.keep(m)                                  -- state: it outlives a tidy step
-      v:assign_sub(self.nesterov and g + m * mu or m, lr)
+      slots[v] = mg.keep(mg._momentum(v, g, slots[v], mu, lr, self.nesterov))  -- state: it outlives a tidy step
     end
   end,
 })

@@ -122,6 +122,22 @@ static int l_adam (lua_State *L) {
   return 2;
 }
 
+/* mg._momentum(v, g, b, momentum, lr, nesterov) -> b': SGD with momentum's
+** step in one pass (mg_variable_momentum); b may be nil (the first step) */
+static int l_momentum (lua_State *L) {
+  mg_variable *v = mgL_checkvariable(L, 1);
+  mg_tensor *g = mgL_checktensor(L, 2);
+  mg_tensor *b = lua_isnil(L, 3) ? NULL : mgL_checktensor(L, 3);
+  double momentum = luaL_checknumber(L, 4), lr = luaL_checknumber(L, 5);
+  int nesterov = lua_toboolean(L, 6);
+  mgL_checkchange(L, "SGD");
+  ltensor *box = mgL_newbox(L);
+  mg_tensor *bo;
+  if (mg_variable_momentum(v, g, b, momentum, lr, nesterov, &bo) != MG_OK) return mgL_error(L);
+  box->t = bo;
+  return 1;
+}
+
 static int variable_tostring (lua_State *L) {
   mg_variable *v = mgL_checkvariable(L, 1);
   char *s = mg_tensor_format(mg_variable_peek(v));
@@ -179,6 +195,8 @@ void mgL_open_variable (lua_State *L) {
   lua_setfield(L, module, "is_variable");
   lua_pushcfunction(L, l_adam);
   lua_setfield(L, module, "_adam");
+  lua_pushcfunction(L, l_momentum);
+  lua_setfield(L, module, "_momentum");
   lua_newtable(L);                                /* the weak box table */
   lua_newtable(L);
   lua_pushstring(L, "v");
