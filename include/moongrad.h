@@ -549,6 +549,15 @@ MG_API mg_status    mg_variable_adam    (mg_variable *v, mg_tensor *g, mg_tensor
 ** tensor, or g's); b is left as it was; w in place unless someone holds it */
 MG_API mg_status    mg_variable_momentum (mg_variable *v, mg_tensor *g, mg_tensor *b, double momentum, double lr,
                                           int nesterov, mg_tensor **b_out);
+/* RMSprop (Keras' rule) in one pass: v' = rho v + (1 - rho) g^2; centered:
+** a' = rho a + (1 - rho) g and d = v' - a'^2 + epsilon, else d = v' + epsilon;
+** s = g / sqrt(d); with momentum b' = momentum b + lr s and w -= b', else
+** w -= lr s; the separate ops' numbers. slots: {v, a, b}, each NULL for zeros
+** (a, b only read when centered, with momentum); out gets {v', a', b'}, new
+** tensors (NULL where unused); the slots are left as they were */
+typedef struct mg_rmsprop_params { double lr, rho, epsilon, momentum; int centered; } mg_rmsprop_params;
+MG_API mg_status    mg_variable_rmsprop (mg_variable *v, mg_tensor *g, mg_tensor *const slots[3],
+                                         const mg_rmsprop_params *p, mg_tensor *out[3]);
 MG_API const char  *mg_variable_name    (const mg_variable *v);
 MG_API int          mg_variable_trainable (const mg_variable *v);
 

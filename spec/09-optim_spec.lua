@@ -172,6 +172,53 @@ describe("optimizer steps match their formulas", function()
                      "momentum: slot momentum is float64, the variable is float32")
   end)
 
+  it("RMSprop (plain, centered, with momentum) steps in one pass with the separate ops' numbers, bit for bit", function()
+    -- Keras' rule op by op, as the optimizer ran it before its fused step
+    local function by_ops (opt, var, g, lr, st)
+      local rho = opt.rho
+      st.v = (st.v or mg.zeros_like(g)) * rho + g * g * (1 - rho)
+      local denom = st.v + opt.epsilon
+      if opt.centered then
+        st.a = (st.a or mg.zeros_like(g)) * rho + g * (1 - rho)
+        denom = st.v - st.a * st.a + opt.epsilon
+      end
+      local step = g / mg.sqrt(denom)
+      if opt.momentum > 0 then
+        st.b = (st.b or mg.zeros_like(g)) * opt.momentum + step * lr
+        var:assign_sub(st.b)
+      else
+        var:assign_sub(step, lr)
+      end
+    end
+    local function same (a, b) assert.equal(0, mg.sum(mg.cast(mg.not_equal(a, b), "int64")):item()) end
+    mg.random.seed(11)
+    for _, dtype in ipairs{"float32", "float64"} do
+      for _, shape in ipairs{{1}, {3, 5}, {600, 500}} do
+        for _, centered in ipairs{false, true} do
+          for _, momentum in ipairs{0, 0.8} do
+            local w0 = mg.random.normal(shape, 0, 1, dtype)
+            local fused, ops = mg.Variable(w0 + 0), mg.Variable(w0 + 0)
+            local opt = mg.optim.RMSprop{learning_rate = 0.01, momentum = momentum, centered = centered}
+            local st = {}
+            for _ = 1, 3 do
+              local g = mg.random.normal(shape, 0, 1, dtype)
+              opt:apply_gradients({g}, {fused})
+              by_ops(opt, ops, g, 0.01, st)
+            end
+            same(fused:value(), ops:value())
+            local state = opt:get_state({fused}).slots
+            same(state.velocity[1], st.v)
+            if centered then same(state.average_gradient[1], st.a) end
+            if momentum > 0 then same(state.momentum[1], st.b) end
+          end
+        end
+      end
+    end
+    local w = mg.Variable({1, 2})
+    assert.has_error(function() mg._rmsprop(w, mg.ones{2}, mg.ones{3}, nil, nil, 0.1, 0.9, 1e-7, 0, false) end,
+                     "rmsprop: slot velocity has shape (3), the variable (2)")
+  end)
+
   it("Adam's step leaves the slots it read as they were (get_state's tensors stay a snapshot)", function()
     local w = mg.Variable({1, 2, 3})
     local opt = mg.optim.Adam{learning_rate = 0.1}

@@ -74,6 +74,10 @@ static void null_arguments (void) {
   mg_tensor *bo = x;
   says("momentum(NULL)", mg_variable_momentum(NULL, x, NULL, 0.9, 0.1, 0, &bo) == MG_ERR && bo == NULL,
        "mg_variable_momentum: argument 'v' is NULL");
+  mg_tensor *slots[3] = {NULL, NULL, NULL}, *rout[3] = {x, x, x};
+  mg_rmsprop_params rp = {0.1, 0.9, 1e-7, 0, 0};
+  says("rmsprop(NULL)", mg_variable_rmsprop(NULL, x, slots, &rp, rout) == MG_ERR && rout[0] == NULL,
+       "mg_variable_rmsprop: argument 'v' is NULL");
   mg_tensor *grad = x;
   says("tape_gradient(NULL)", mg_tape_gradient(NULL, 1, &x, 1, &x, NULL, 0, &grad) == MG_ERR && grad == NULL,
        "mg_tape_gradient: argument 't' is NULL");

@@ -376,3 +376,102 @@ mg_status mg_variable_momentum (mg_variable *v, mg_tensor *g, mg_tensor *b, doub
 }
 
 /* }============================================================= */
+
+/* {======================= RMSprop's step ======================= */
+
+/* the step over [lo, hi), the separate ops' numbers (Keras' rule, as
+** optim.lua wrote it op by op); one branch-free loop per case */
+#define RMSPROP_CASE(DENOM, UPDATE)                                                   \
+    for (int64_t i = lo; i < hi; i++) {                                               \
+      T gi = G[i], vi = V[i] * rho + gi * gi * c;                                     \
+      VO[i] = vi;                                                                     \
+      T st = gi / (SQRT_OF(DENOM));                                                   \
+      UPDATE;                                                                         \
+    }
+
+#define RMSPROP_RANGE(NAME, T_)                                                       \
+  static void NAME (T_ *restrict W, const T_ *restrict G, const T_ *restrict V,        \
+                    const T_ *restrict A, const T_ *restrict B, T_ *restrict VO,      \
+                    T_ *restrict AO, T_ *restrict BO, int64_t lo, int64_t hi,         \
+                    const mg_rmsprop_params *p) {                                     \
+    typedef T_ T;                                                                     \
+    const T rho = (T)p->rho, c = (T)(1 - p->rho), eps = (T)p->epsilon, mom = (T)p->momentum; \
+    const T lr = (T)p->lr, minus_lr = (T)-p->lr, minus_one = (T)-1;                   \
+    if (A && B) {                                                                     \
+      RMSPROP_CASE((AO[i] = A[i] * rho + gi * c, vi - AO[i] * AO[i] + eps),          \
+                   (BO[i] = B[i] * mom + st * lr, W[i] = W[i] + minus_one * BO[i]))   \
+    } else if (A) {                                                                   \
+      RMSPROP_CASE((AO[i] = A[i] * rho + gi * c, vi - AO[i] * AO[i] + eps), W[i] = W[i] + minus_lr * st) \
+    } else if (B) {                                                                   \
+      RMSPROP_CASE(vi + eps, (BO[i] = B[i] * mom + st * lr, W[i] = W[i] + minus_one * BO[i])) \
+    } else {                                                                          \
+      RMSPROP_CASE(vi + eps, W[i] = W[i] + minus_lr * st)                             \
+    }                                                                                 \
+  }
+
+RMSPROP_RANGE(rmsprop_f32, float)
+RMSPROP_RANGE(rmsprop_f64, double)
+
+typedef struct { void *w; const void *g, *v, *a, *b; void *vo, *ao, *bo; } rmsprop_bufs;
+
+static void rmsprop_kernel (mg_dtype dt, const rmsprop_bufs *k, int64_t n, const mg_rmsprop_params *p) {
+  int64_t block = 1 << 16, nblocks = (n + block - 1) / block;
+  _Pragma("omp parallel for if (n >= MG_PARALLEL_MIN)")
+  for (int64_t i = 0; i < nblocks; i++) {
+    int64_t lo = i * block, hi = lo + block < n ? lo + block : n;
+    if (dt == MG_FLOAT32)
+      rmsprop_f32(k->w, k->g, k->v, k->a, k->b, k->vo, k->ao, k->bo, lo, hi, p);
+    else
+      rmsprop_f64(k->w, k->g, k->v, k->a, k->b, k->vo, k->ao, k->bo, lo, hi, p);
+  }
+}
+
+mg_status mg_variable_rmsprop (mg_variable *v, mg_tensor *g, mg_tensor *const slots[3], const mg_rmsprop_params *p,
+                               mg_tensor *out[3]) {
+  MG_CHECK_ARG("mg_variable_rmsprop", out, MG_ERR);
+  out[0] = out[1] = out[2] = NULL;
+  MG_CHECK_ARG("mg_variable_rmsprop", v, MG_ERR);
+  MG_CHECK_ARG("mg_variable_rmsprop", g, MG_ERR);
+  MG_CHECK_ARG("mg_variable_rmsprop", slots, MG_ERR);
+  MG_CHECK_ARG("mg_variable_rmsprop", p, MG_ERR);
+  mg_tensor *cur = v->value;
+  static const char *const names[3] = {"slot velocity", "slot average_gradient", "slot momentum"};
+  if (!mg_is_float(cur->dtype) || mg_check_computable("rmsprop", cur->dtype) != MG_OK)
+    return mg_seterror("rmsprop: the variable must be float32 or float64, got %s", mg_dtype_name(cur->dtype));
+  if (check_like("rmsprop", cur, g, "the gradient") != MG_OK) return MG_ERR;
+  for (int i = 0; i < 3; i++)
+    if (check_like("rmsprop", cur, slots[i], names[i]) != MG_OK) return MG_ERR;
+  /* the slots in use (velocity always; the average if centered, the buffer
+  ** with momentum), zeros where none is kept yet */
+  bool used[3] = {true, p->centered != 0, p->momentum > 0};
+  mg_tensor *in[4] = {mg_contiguous(g), NULL, NULL, NULL};
+  bool ok = in[0] != NULL, exclusive = cur->refcount == 1 && cur->storage->refcount == 1;
+  for (int i = 0; i < 3; i++) {
+    if (!used[i]) continue;
+    in[i + 1] = slots[i] ? mg_contiguous(slots[i]) : mg_full(cur->shape, cur->ndim, cur->dtype, 0.0);
+    out[i] = mg_empty(cur->shape, cur->ndim, cur->dtype);
+    ok = ok && in[i + 1] && out[i];
+  }
+  for (int i = 0; i < 4; i++) exclusive = exclusive && (in[i] == NULL || in[i]->storage != cur->storage);
+  mg_tensor *dst = exclusive ? cur : mg_empty(cur->shape, cur->ndim, cur->dtype);
+  if (ok && dst) {
+    if (!exclusive) mg_copy_into(dst, cur);
+    rmsprop_bufs k = {mg_ptr(dst), mg_ptr(in[0]), mg_ptr(in[1]), in[2] ? mg_ptr(in[2]) : NULL,
+                      in[3] ? mg_ptr(in[3]) : NULL, mg_ptr(out[0]), out[1] ? mg_ptr(out[1]) : NULL,
+                      out[2] ? mg_ptr(out[2]) : NULL};
+    rmsprop_kernel(cur->dtype, &k, cur->numel, p);
+  }
+  for (int i = 0; i < 4; i++) mg_tensor_release(in[i]);
+  if (!ok || !dst) {
+    for (int i = 0; i < 3; i++) { mg_tensor_release(out[i]); out[i] = NULL; }
+    if (!exclusive) mg_tensor_release(dst);
+    return MG_ERR;
+  }
+  if (!exclusive) {
+    disown(v);
+    adopt(v, dst);
+  }
+  return MG_OK;
+}
+
+/* }============================================================= */

@@ -448,27 +448,15 @@ optimizer_class("RMSprop", spec_of({{"learning_rate", lr_rule, 1e-3}, {"rho", ch
     if self.centered then names[#names + 1] = "average_gradient" end
     return names
   end,
+  -- in one pass over w, g and the slots (mg._rmsprop: the numbers of the rule
+  -- written op by op); new slot tensors, w in place
   update = function(self, var, g, lr)
-    local rho = self.rho
-    local vs = slot_table(self, "velocity")
-    local v = (vs[var] or mg.zeros_like(g)) * rho + g * g * (1 - rho)
+    local vs, as, bs = slot_table(self, "velocity"), slot_table(self, "average_gradient"), slot_table(self, "momentum")
+    local v, a, b = mg._rmsprop(var, g, vs[var], as[var], bs[var], lr, self.rho, self.epsilon, self.momentum,
+                                self.centered)
     vs[var] = mg.keep(v)
-    local denom = v + self.epsilon
-    if self.centered then
-      local as = slot_table(self, "average_gradient")
-      local a = (as[var] or mg.zeros_like(g)) * rho + g * (1 - rho)
-      as[var] = mg.keep(a)
-      denom = v - a * a + self.epsilon
-    end
-    local step = g / mg.sqrt(denom)
-    if self.momentum > 0 then
-      local bs = slot_table(self, "momentum")
-      local buf = (bs[var] or mg.zeros_like(g)) * self.momentum + step * lr
-      bs[var] = mg.keep(buf)
-      var:assign_sub(buf)
-    else
-      var:assign_sub(step, lr)
-    end
+    if a then as[var] = mg.keep(a) end
+    if b then bs[var] = mg.keep(b) end
   end,
 })
 

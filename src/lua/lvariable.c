@@ -138,6 +138,29 @@ static int l_momentum (lua_State *L) {
   return 1;
 }
 
+/* mg._rmsprop(var, g, v, a, b, lr, rho, epsilon, momentum, centered) -> v', a', b'
+** (nil where unused): RMSprop's step in one pass (mg_variable_rmsprop) */
+static int l_rmsprop (lua_State *L) {
+  mg_variable *var = mgL_checkvariable(L, 1);
+  mg_tensor *g = mgL_checktensor(L, 2), *slots[3];
+  for (int i = 0; i < 3; i++) slots[i] = lua_isnil(L, 3 + i) ? NULL : mgL_checktensor(L, 3 + i);
+  mg_rmsprop_params p = {luaL_checknumber(L, 6), luaL_checknumber(L, 7), luaL_checknumber(L, 8),
+                         luaL_checknumber(L, 9), lua_toboolean(L, 10)};
+  mgL_checkchange(L, "RMSprop");
+  ltensor *box[3];
+  for (int i = 0; i < 3; i++) box[i] = mgL_newbox(L);
+  mg_tensor *out[3];
+  if (mg_variable_rmsprop(var, g, slots, &p, out) != MG_OK) return mgL_error(L);
+  for (int i = 0; i < 3; i++) {
+    box[i]->t = out[i];
+    if (out[i] == NULL) {                         /* unused: nil in its place */
+      lua_pushnil(L);
+      lua_replace(L, -4 + i);                     /* box i, below the nil just pushed */
+    }
+  }
+  return 3;
+}
+
 static int variable_tostring (lua_State *L) {
   mg_variable *v = mgL_checkvariable(L, 1);
   char *s = mg_tensor_format(mg_variable_peek(v));
@@ -197,6 +220,8 @@ void mgL_open_variable (lua_State *L) {
   lua_setfield(L, module, "_adam");
   lua_pushcfunction(L, l_momentum);
   lua_setfield(L, module, "_momentum");
+  lua_pushcfunction(L, l_rmsprop);
+  lua_setfield(L, module, "_rmsprop");
   lua_newtable(L);                                /* the weak box table */
   lua_newtable(L);
   lua_pushstring(L, "v");
