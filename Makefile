@@ -27,7 +27,10 @@ WARN = -Wall -Wextra \
 #      -Wcast-qual
 
 # -fno-math-errno: nothing reads errno, and it lets loops call libmvec (src/ops/vecmath.h)
-CFLAGS  = -std=c11 -D_POSIX_C_SOURCE=200809L $(OPT) $(MARCH) -fno-math-errno -fPIC -fopenmp \
+# -ffp-contract=off: a fused loop (dense's bias and activation, the optimizers'
+# one-pass steps) gives the numbers of the separate ops only without FMA
+# contraction, which clang does by default (GCC not under -std=c11)
+CFLAGS  = -std=c11 -D_POSIX_C_SOURCE=200809L $(OPT) $(MARCH) -fno-math-errno -ffp-contract=off -fPIC -fopenmp \
           -Iinclude -Isrc -I$(LUA_INC) $(WARN) $(MYCFLAGS)
 # CFLAGS += -DMG_ASSERT_ON      (internal invariants)
 # OpenBLAS' OpenMP build, by path: it shares the OpenMP threads with oneDNN

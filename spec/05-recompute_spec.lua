@@ -509,6 +509,25 @@ describe("recompute_grad's save policies", function()
     end
   end)
 
+  it("a recompute with a policy inside one with a policy: the outer runs count the same ops", function()
+    -- the outer's first run (tapes paused) runs the inner f as it is; its re-run
+    -- must too, or the outer's own exp takes the inner exp's kept output
+    local x = mg.constant({0.1, 0.2, 0.3}, "float64")
+    local inner = mg.recompute_grad(function(u) return mg.exp(u) end, {policy = "dots"})
+    local function g (v) return inner(v) + mg.exp(v * 2) end
+    local function grad_of (f)
+      local t = mg.tape()
+      t:watch(x)
+      local y = mg.sum(f(x))
+      t:stop()
+      return t:gradient(y, x)
+    end
+    local want = grad_of(g)
+    for _, p in ipairs{function(op) return op == "exp" end, "dots", "nothing", function() return true end} do
+      h.assert_close(grad_of(mg.recompute_grad(g, {policy = p})), want, 0)
+    end
+  end)
+
   it("a policy's own ops are not asked about", function()
     local asked = 0
     local f = mg.recompute_grad(function(v) return mg.tanh(v) * 2 end,

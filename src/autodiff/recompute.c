@@ -240,7 +240,13 @@ mg_status mg_recompute_call_saving (const mg_function *fn, void *ud, int nin,
 /* the inputs are held: the forward may release what the caller lent */
 static mg_status recompute_call (const mg_function *fn, void *ud, int nin, mg_tensor *const *in,
                                  mg_list *out, mg_save_policy save, void *save_ud) {
-  if (mg_recording_tapes == 0) {                 /* nothing to save memory from */
+  /* Nothing to save memory from; or inside an enclosing recompute whose save
+  ** policy counts ops: its first run (tapes paused) ran this f as it is, so
+  ** its re-run must too, or the two runs count different ops and a kept
+  ** output goes to the wrong op. f's ops then join the enclosing re-run's
+  ** tape, which lives only for that block's backward. */
+  const mg_replay_state *rs = &mg_ctx()->replay;
+  if (mg_recording_tapes == 0 || rs->recording != NULL || rs->playing != NULL) {
     mg_status st = fn->forward(ud, nin, in, out);
     if (st != MG_OK) mg_list_clear(out);
     if (fn->release) fn->release(ud);
