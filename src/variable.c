@@ -192,7 +192,7 @@ mg_status mg_variable_axpy (mg_variable *v, double alpha, mg_tensor *x) {
 /* {======================== Adam's step ========================= */
 
 /* the step over values [lo, hi), each element's numbers those of the separate
-** ops (mul, add, sqrt, div, axpy; -std=c11 contracts nothing into FMAs).
+** ops (mul, add, sqrt, div, axpy; the build contracts nothing into FMAs: -ffp-contract=off).
 ** One loop per case (slots or zeros, decay or none), each without a branch
 ** and on restrict pointers, so that it vectorises */
 #define ADAM_CASE(M_I, S_I, DECAY)                                                    \
