@@ -149,6 +149,15 @@ static void axpy (void *dst, const void *a, double alpha, const void *x, bool xs
   else axpy_i64((int64_t *)dst, (const int64_t *)a, (int64_t)alpha, (const int64_t *)x, xstep, n);
 }
 
+/* Does v's value belong to v alone: nobody else holds it, and none of the n
+** tensors a step reads (any may be NULL) shares its storage? Then the step
+** writes it in place. */
+static bool owns_value (const mg_tensor *cur, mg_tensor *const *reads, int n) {
+  bool own = cur->refcount == 1 && cur->storage->refcount == 1;
+  for (int i = 0; i < n; i++) own = own && (reads[i] == NULL || reads[i]->storage != cur->storage);
+  return own;
+}
+
 /*
 ** v = v + alpha * x, in one pass and in place when nobody else holds v's
 ** value (else into a fresh copy, as assign does). x has v's shape or one
@@ -174,7 +183,7 @@ mg_status mg_variable_axpy (mg_variable *v, double alpha, mg_tensor *x) {
     return mg_seterror("assign_add: cannot scale an int64 variable by %g", alpha);
   mg_tensor *xc = mg_contiguous(x);
   if (xc == NULL) return MG_ERR;
-  bool exclusive = cur->refcount == 1 && cur->storage->refcount == 1 && xc->storage != cur->storage;
+  bool exclusive = owns_value(cur, &xc, 1);
   mg_tensor *dst = exclusive ? cur : mg_empty(cur->shape, cur->ndim, cur->dtype);
   if (dst == NULL) {
     mg_tensor_release(xc);
@@ -188,6 +197,63 @@ mg_status mg_variable_axpy (mg_variable *v, double alpha, mg_tensor *x) {
   }
   return MG_OK;
 }
+
+/* {================ the optimizers' one-pass steps =============== */
+
+/* where a step writes v's new value: v's own when it owns it, else a copy
+** of it (NULL: out of memory); settle_value ends the step */
+static mg_tensor *value_to_write (mg_variable *v, mg_tensor *const *reads, int n) {
+  mg_tensor *cur = v->value;
+  if (owns_value(cur, reads, n)) return cur;
+  mg_tensor *copy = mg_empty(cur->shape, cur->ndim, cur->dtype);
+  if (copy && mg_copy_into(copy, cur) != MG_OK) {
+    mg_tensor_release(copy);
+    return NULL;
+  }
+  return copy;
+}
+
+/* v takes the copy the step wrote (done), or the copy goes (failed) */
+static void settle_value (mg_variable *v, mg_tensor *dst, bool done) {
+  if (dst == NULL || dst == v->value) return;
+  if (!done) {
+    mg_tensor_release(dst);
+    return;
+  }
+  disown(v);
+  adopt(v, dst);
+}
+
+/* the variable a step updates holds float32 or float64 */
+static mg_status check_steppable (const char *fn, const mg_tensor *cur) {
+  if (mg_is_float(cur->dtype) && mg_check_computable(fn, cur->dtype) == MG_OK) return MG_OK;
+  return mg_seterror("%s: the variable must be float32 or float64, got %s", fn, mg_dtype_name(cur->dtype));
+}
+
+/* t (may be NULL) has v's shape and dtype, or an error naming fn and `what` */
+static mg_status check_like (const char *fn, const mg_tensor *cur, const mg_tensor *t, const char *what) {
+  char a[160], b[160];
+  if (t == NULL) return MG_OK;
+  if (t->dtype != cur->dtype)
+    return mg_seterror("%s: %s is %s, the variable is %s", fn, what, mg_dtype_name(t->dtype), mg_dtype_name(cur->dtype));
+  if (!mg_same_shape(t->shape, t->ndim, cur->shape, cur->ndim))
+    return mg_seterror("%s: %s has shape %s, the variable %s", fn, what, mg_shape_str(a, sizeof a, t->shape, t->ndim),
+                       mg_shape_str(b, sizeof b, cur->shape, cur->ndim));
+  return MG_OK;
+}
+
+/* step(ctx, lo, hi) over [0, n) in blocks of 64K values, on the pool's
+** threads from MG_PARALLEL_MIN values (one call per block, not per value) */
+typedef void (*step_block) (const void *ctx, int64_t lo, int64_t hi);
+
+static void for_blocks (int64_t n, step_block step, const void *ctx) {
+  int64_t block = 1 << 16, nblocks = (n + block - 1) / block;
+  _Pragma("omp parallel for if (n >= MG_PARALLEL_MIN)")
+  for (int64_t k = 0; k < nblocks; k++) step(ctx, k * block, k * block + block < n ? k * block + block : n);
+}
+
+/* }============================================================= */
+
 
 /* {======================== Adam's step ========================= */
 
@@ -223,30 +289,13 @@ ADAM_RANGE(adam_f32, float)
 ADAM_RANGE(adam_f64, double)
 
 /* w updated in place; m and s both given or both NULL (zeros); no buffer
-** written is another's. Parallel over blocks of 64K values */
-static void adam_kernel (mg_dtype dt, void *w, const void *g, const void *m, const void *s, void *mo, void *so,
-                         int64_t n, const mg_adam_params *p) {
-  int64_t block = 1 << 16, nblocks = (n + block - 1) / block;
-  _Pragma("omp parallel for if (n >= MG_PARALLEL_MIN)")
-  for (int64_t k = 0; k < nblocks; k++) {
-    int64_t lo = k * block, hi = lo + block < n ? lo + block : n;
-    if (dt == MG_FLOAT32) adam_f32((float *)w, (const float *)g, (const float *)m, (const float *)s, (float *)mo,
-                                   (float *)so, lo, hi, p);
-    else adam_f64((double *)w, (const double *)g, (const double *)m, (const double *)s, (double *)mo,
-                  (double *)so, lo, hi, p);
-  }
-}
+** written is another's */
+typedef struct { mg_dtype dt; void *w; const void *g, *m, *s; void *mo, *so; const mg_adam_params *p; } adam_bufs;
 
-/* t (may be NULL) has v's shape and dtype, or an error naming fn and `what` */
-static mg_status check_like (const char *fn, const mg_tensor *cur, const mg_tensor *t, const char *what) {
-  char a[160], b[160];
-  if (t == NULL) return MG_OK;
-  if (t->dtype != cur->dtype)
-    return mg_seterror("%s: %s is %s, the variable is %s", fn, what, mg_dtype_name(t->dtype), mg_dtype_name(cur->dtype));
-  if (!mg_same_shape(t->shape, t->ndim, cur->shape, cur->ndim))
-    return mg_seterror("%s: %s has shape %s, the variable %s", fn, what, mg_shape_str(a, sizeof a, t->shape, t->ndim),
-                       mg_shape_str(b, sizeof b, cur->shape, cur->ndim));
-  return MG_OK;
+static void adam_block (const void *ctx, int64_t lo, int64_t hi) {
+  const adam_bufs *k = (const adam_bufs *)ctx;
+  if (k->dt == MG_FLOAT32) adam_f32(k->w, k->g, k->m, k->s, k->mo, k->so, lo, hi, k->p);
+  else adam_f64(k->w, k->g, k->m, k->s, k->mo, k->so, lo, hi, k->p);
 }
 
 mg_status mg_variable_adam (mg_variable *v, mg_tensor *g, mg_tensor *m, mg_tensor *s, const mg_adam_params *p,
@@ -258,10 +307,8 @@ mg_status mg_variable_adam (mg_variable *v, mg_tensor *g, mg_tensor *m, mg_tenso
   MG_CHECK_ARG("mg_variable_adam", g, MG_ERR);
   MG_CHECK_ARG("mg_variable_adam", p, MG_ERR);
   mg_tensor *cur = v->value;
-  if (!mg_is_float(cur->dtype) || mg_check_computable("adam", cur->dtype) != MG_OK)
-    return mg_seterror("adam: the variable must be float32 or float64, got %s", mg_dtype_name(cur->dtype));
-  if (check_like("adam", cur, g, "the gradient") != MG_OK || check_like("adam", cur, m, "slot m") != MG_OK ||
-      check_like("adam", cur, s, "slot v") != MG_OK)
+  if (check_steppable("adam", cur) != MG_OK || check_like("adam", cur, g, "the gradient") != MG_OK ||
+      check_like("adam", cur, m, "slot m") != MG_OK || check_like("adam", cur, s, "slot v") != MG_OK)
     return MG_ERR;
   /* one slot alone (a state restored by hand): the other as zeros, so both or neither */
   bool slots = m || s;
@@ -269,26 +316,19 @@ mg_status mg_variable_adam (mg_variable *v, mg_tensor *g, mg_tensor *m, mg_tenso
                       m ? mg_contiguous(m) : slots ? mg_full(cur->shape, cur->ndim, cur->dtype, 0.0) : NULL,
                       s ? mg_contiguous(s) : slots ? mg_full(cur->shape, cur->ndim, cur->dtype, 0.0) : NULL};
   mg_tensor *mo = mg_empty(cur->shape, cur->ndim, cur->dtype), *so = mg_empty(cur->shape, cur->ndim, cur->dtype);
-  /* in place when nobody else holds w (nor reads it as g or a slot), else into a copy */
-  bool exclusive = cur->refcount == 1 && cur->storage->refcount == 1;
-  for (int i = 0; i < 3; i++) exclusive = exclusive && (in[i] == NULL || in[i]->storage != cur->storage);
-  mg_tensor *dst = exclusive ? cur : mg_empty(cur->shape, cur->ndim, cur->dtype);
-  mg_status st = in[0] && (!slots || (in[1] && in[2])) && mo && so && dst ? MG_OK : MG_ERR;
-  if (st == MG_OK) {
-    if (!exclusive) mg_copy_into(dst, cur);
-    adam_kernel(cur->dtype, mg_ptr(dst), mg_ptr(in[0]), in[1] ? mg_ptr(in[1]) : NULL, in[2] ? mg_ptr(in[2]) : NULL,
-                mg_ptr(mo), mg_ptr(so), cur->numel, p);
+  mg_tensor *dst = value_to_write(v, in, 3);
+  bool ok = in[0] && (!slots || (in[1] && in[2])) && mo && so && dst;
+  if (ok) {
+    adam_bufs k = {cur->dtype, mg_ptr(dst), mg_ptr(in[0]), in[1] ? mg_ptr(in[1]) : NULL,
+                   in[2] ? mg_ptr(in[2]) : NULL, mg_ptr(mo), mg_ptr(so), p};
+    for_blocks(cur->numel, adam_block, &k);
   }
   for (int i = 0; i < 3; i++) mg_tensor_release(in[i]);
-  if (st != MG_OK) {
+  settle_value(v, dst, ok);
+  if (!ok) {
     mg_tensor_release(mo);
     mg_tensor_release(so);
-    if (!exclusive) mg_tensor_release(dst);
     return MG_ERR;
-  }
-  if (!exclusive) {
-    disown(v);
-    adopt(v, dst);
   }
   *m_out = mo;
   *s_out = so;
@@ -323,18 +363,13 @@ mg_status mg_variable_adam (mg_variable *v, mg_tensor *g, mg_tensor *m, mg_tenso
 MOMENTUM_RANGE(momentum_f32, float)
 MOMENTUM_RANGE(momentum_f64, double)
 
-/* parallel over blocks of 64K values; bo NULL when b is (the first step) */
-static void momentum_kernel (mg_dtype dt, void *w, const void *g, const void *b, void *bo, int64_t n,
-                             double momentum, double lr, bool nesterov) {
-  int64_t block = 1 << 16, nblocks = (n + block - 1) / block;
-  _Pragma("omp parallel for if (n >= MG_PARALLEL_MIN)")
-  for (int64_t k = 0; k < nblocks; k++) {
-    int64_t lo = k * block, hi = lo + block < n ? lo + block : n;
-    if (dt == MG_FLOAT32)
-      momentum_f32((float *)w, (const float *)g, (const float *)b, (float *)bo, lo, hi, momentum, lr, nesterov);
-    else
-      momentum_f64((double *)w, (const double *)g, (const double *)b, (double *)bo, lo, hi, momentum, lr, nesterov);
-  }
+/* bo NULL when b is (the first step) */
+typedef struct { mg_dtype dt; void *w; const void *g, *b; void *bo; double momentum, lr; bool nesterov; } momentum_bufs;
+
+static void momentum_block (const void *ctx, int64_t lo, int64_t hi) {
+  const momentum_bufs *k = (const momentum_bufs *)ctx;
+  if (k->dt == MG_FLOAT32) momentum_f32(k->w, k->g, k->b, k->bo, lo, hi, k->momentum, k->lr, k->nesterov);
+  else momentum_f64(k->w, k->g, k->b, k->bo, lo, hi, k->momentum, k->lr, k->nesterov);
 }
 
 mg_status mg_variable_momentum (mg_variable *v, mg_tensor *g, mg_tensor *b, double momentum, double lr,
@@ -344,32 +379,24 @@ mg_status mg_variable_momentum (mg_variable *v, mg_tensor *g, mg_tensor *b, doub
   MG_CHECK_ARG("mg_variable_momentum", v, MG_ERR);
   MG_CHECK_ARG("mg_variable_momentum", g, MG_ERR);
   mg_tensor *cur = v->value;
-  if (!mg_is_float(cur->dtype) || mg_check_computable("momentum", cur->dtype) != MG_OK)
-    return mg_seterror("momentum: the variable must be float32 or float64, got %s", mg_dtype_name(cur->dtype));
-  if (check_like("momentum", cur, g, "the gradient") != MG_OK || check_like("momentum", cur, b, "slot momentum") != MG_OK)
+  if (check_steppable("momentum", cur) != MG_OK || check_like("momentum", cur, g, "the gradient") != MG_OK ||
+      check_like("momentum", cur, b, "slot momentum") != MG_OK)
     return MG_ERR;
-  mg_tensor *gc = mg_contiguous(g), *bc = b ? mg_contiguous(b) : NULL;
+  mg_tensor *in[2] = {mg_contiguous(g), b ? mg_contiguous(b) : NULL};
   /* the first step's buffer is g itself, as PyTorch's */
-  mg_tensor *bo = b ? mg_empty(cur->shape, cur->ndim, cur->dtype) : mg_retain_or_null(gc);
-  bool exclusive = cur->refcount == 1 && cur->storage->refcount == 1 && (gc == NULL || gc->storage != cur->storage) &&
-                   (bc == NULL || bc->storage != cur->storage);
-  mg_tensor *dst = exclusive ? cur : mg_empty(cur->shape, cur->ndim, cur->dtype);
-  mg_status st = gc && (bc || !b) && bo && dst ? MG_OK : MG_ERR;
-  if (st == MG_OK) {
-    if (!exclusive) mg_copy_into(dst, cur);
-    momentum_kernel(cur->dtype, mg_ptr(dst), mg_ptr(gc), bc ? mg_ptr(bc) : NULL, b ? mg_ptr(bo) : NULL, cur->numel,
-                    momentum, lr, nesterov != 0);
+  mg_tensor *bo = b ? mg_empty(cur->shape, cur->ndim, cur->dtype) : mg_retain_or_null(in[0]);
+  mg_tensor *dst = value_to_write(v, in, 2);
+  bool ok = in[0] && (in[1] || !b) && bo && dst;
+  if (ok) {
+    momentum_bufs k = {cur->dtype, mg_ptr(dst), mg_ptr(in[0]), in[1] ? mg_ptr(in[1]) : NULL, b ? mg_ptr(bo) : NULL,
+                       momentum, lr, nesterov != 0};
+    for_blocks(cur->numel, momentum_block, &k);
   }
-  mg_tensor_release(gc);
-  mg_tensor_release(bc);
-  if (st != MG_OK) {
+  for (int i = 0; i < 2; i++) mg_tensor_release(in[i]);
+  settle_value(v, dst, ok);
+  if (!ok) {
     mg_tensor_release(bo);
-    if (!exclusive) mg_tensor_release(dst);
     return MG_ERR;
-  }
-  if (!exclusive) {
-    disown(v);
-    adopt(v, dst);
   }
   *b_out = bo;
   return MG_OK;
@@ -412,18 +439,14 @@ mg_status mg_variable_momentum (mg_variable *v, mg_tensor *g, mg_tensor *b, doub
 RMSPROP_RANGE(rmsprop_f32, float)
 RMSPROP_RANGE(rmsprop_f64, double)
 
-typedef struct { void *w; const void *g, *v, *a, *b; void *vo, *ao, *bo; } rmsprop_bufs;
+typedef struct {
+  mg_dtype dt; void *w; const void *g, *v, *a, *b; void *vo, *ao, *bo; const mg_rmsprop_params *p;
+} rmsprop_bufs;
 
-static void rmsprop_kernel (mg_dtype dt, const rmsprop_bufs *k, int64_t n, const mg_rmsprop_params *p) {
-  int64_t block = 1 << 16, nblocks = (n + block - 1) / block;
-  _Pragma("omp parallel for if (n >= MG_PARALLEL_MIN)")
-  for (int64_t i = 0; i < nblocks; i++) {
-    int64_t lo = i * block, hi = lo + block < n ? lo + block : n;
-    if (dt == MG_FLOAT32)
-      rmsprop_f32(k->w, k->g, k->v, k->a, k->b, k->vo, k->ao, k->bo, lo, hi, p);
-    else
-      rmsprop_f64(k->w, k->g, k->v, k->a, k->b, k->vo, k->ao, k->bo, lo, hi, p);
-  }
+static void rmsprop_block (const void *ctx, int64_t lo, int64_t hi) {
+  const rmsprop_bufs *k = (const rmsprop_bufs *)ctx;
+  if (k->dt == MG_FLOAT32) rmsprop_f32(k->w, k->g, k->v, k->a, k->b, k->vo, k->ao, k->bo, lo, hi, k->p);
+  else rmsprop_f64(k->w, k->g, k->v, k->a, k->b, k->vo, k->ao, k->bo, lo, hi, k->p);
 }
 
 mg_status mg_variable_rmsprop (mg_variable *v, mg_tensor *g, mg_tensor *const slots[3], const mg_rmsprop_params *p,
@@ -436,40 +459,37 @@ mg_status mg_variable_rmsprop (mg_variable *v, mg_tensor *g, mg_tensor *const sl
   MG_CHECK_ARG("mg_variable_rmsprop", p, MG_ERR);
   mg_tensor *cur = v->value;
   static const char *const names[3] = {"slot velocity", "slot average_gradient", "slot momentum"};
-  if (!mg_is_float(cur->dtype) || mg_check_computable("rmsprop", cur->dtype) != MG_OK)
-    return mg_seterror("rmsprop: the variable must be float32 or float64, got %s", mg_dtype_name(cur->dtype));
-  if (check_like("rmsprop", cur, g, "the gradient") != MG_OK) return MG_ERR;
+  if (check_steppable("rmsprop", cur) != MG_OK || check_like("rmsprop", cur, g, "the gradient") != MG_OK)
+    return MG_ERR;
   for (int i = 0; i < 3; i++)
     if (check_like("rmsprop", cur, slots[i], names[i]) != MG_OK) return MG_ERR;
   /* the slots in use (velocity always; the average if centered, the buffer
   ** with momentum), zeros where none is kept yet */
   bool used[3] = {true, p->centered != 0, p->momentum > 0};
   mg_tensor *in[4] = {mg_contiguous(g), NULL, NULL, NULL};
-  bool ok = in[0] != NULL, exclusive = cur->refcount == 1 && cur->storage->refcount == 1;
+  bool ok = in[0] != NULL;
   for (int i = 0; i < 3; i++) {
     if (!used[i]) continue;
     in[i + 1] = slots[i] ? mg_contiguous(slots[i]) : mg_full(cur->shape, cur->ndim, cur->dtype, 0.0);
     out[i] = mg_empty(cur->shape, cur->ndim, cur->dtype);
     ok = ok && in[i + 1] && out[i];
   }
-  for (int i = 0; i < 4; i++) exclusive = exclusive && (in[i] == NULL || in[i]->storage != cur->storage);
-  mg_tensor *dst = exclusive ? cur : mg_empty(cur->shape, cur->ndim, cur->dtype);
-  if (ok && dst) {
-    if (!exclusive) mg_copy_into(dst, cur);
-    rmsprop_bufs k = {mg_ptr(dst), mg_ptr(in[0]), mg_ptr(in[1]), in[2] ? mg_ptr(in[2]) : NULL,
+  mg_tensor *dst = value_to_write(v, in, 4);
+  ok = ok && dst;
+  if (ok) {
+    rmsprop_bufs k = {cur->dtype, mg_ptr(dst), mg_ptr(in[0]), mg_ptr(in[1]), in[2] ? mg_ptr(in[2]) : NULL,
                       in[3] ? mg_ptr(in[3]) : NULL, mg_ptr(out[0]), out[1] ? mg_ptr(out[1]) : NULL,
-                      out[2] ? mg_ptr(out[2]) : NULL};
-    rmsprop_kernel(cur->dtype, &k, cur->numel, p);
+                      out[2] ? mg_ptr(out[2]) : NULL, p};
+    for_blocks(cur->numel, rmsprop_block, &k);
   }
   for (int i = 0; i < 4; i++) mg_tensor_release(in[i]);
-  if (!ok || !dst) {
-    for (int i = 0; i < 3; i++) { mg_tensor_release(out[i]); out[i] = NULL; }
-    if (!exclusive) mg_tensor_release(dst);
+  settle_value(v, dst, ok);
+  if (!ok) {
+    for (int i = 0; i < 3; i++) {
+      mg_tensor_release(out[i]);
+      out[i] = NULL;
+    }
     return MG_ERR;
-  }
-  if (!exclusive) {
-    disown(v);
-    adopt(v, dst);
   }
   return MG_OK;
 }
