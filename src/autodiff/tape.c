@@ -600,15 +600,20 @@ static bool reuse_allowed (void) {
   return mg_tapes_recording() == 0 && r->recording == NULL && r->playing == NULL;
 }
 
-/* Can g be added into acc in place? When acc is a sum nothing else can
-** see (one reference, its storage's only view, held by no tape or variable)
+/* Does nothing but the walk see gradient t: one reference, its storage's
+** only view, held by no tape or variable, and a contiguous float tensor (a
+** buffer the walk may write)? */
+static bool walk_alone_sees (const mg_tensor *t) {
+  const mg_storage *s = t->storage;
+  return t->refcount == 1 && s->refcount == 1 && s->holds[MG_ROLE_SAVED] == 0 && s->holds[MG_ROLE_VARIABLE] == 0 &&
+         !s->external && mg_is_float(t->dtype) && mg_tensor_is_contiguous(t);
+}
+
+/* Can g be added into acc in place? When acc is a sum only the walk sees
 ** and the walk may reuse buffers. */
 static bool adds_in_place (const mg_tensor *acc, const mg_tensor *g) {
-  const mg_storage *s = acc->storage;
-  return acc->refcount == 1 && s->refcount == 1 && s->holds[MG_ROLE_SAVED] == 0 &&
-         s->holds[MG_ROLE_VARIABLE] == 0 && !s->external && g->storage != s && acc->dtype == g->dtype &&
-         (acc->dtype == MG_FLOAT32 || acc->dtype == MG_FLOAT64) && acc->numel < MG_PARALLEL_MIN &&
-         mg_same_shape(acc->shape, acc->ndim, g->shape, g->ndim) && mg_tensor_is_contiguous(acc) &&
+  return walk_alone_sees(acc) && g->storage != acc->storage && acc->dtype == g->dtype &&
+         acc->numel < MG_PARALLEL_MIN && mg_same_shape(acc->shape, acc->ndim, g->shape, g->ndim) &&
          mg_tensor_is_contiguous(g) && reuse_allowed();
 }
 
@@ -719,15 +724,11 @@ static void repack_all (mg_node *n, mg_tensor **packed) {
   }
 }
 
-/* May the rule write over its output gradient g? When the walk alone
-** holds it (one reference, its storage's only view, held by no tape or
-** variable), drops it after the rule (not a gradient the caller asked
+/* May the rule write over its output gradient g? When only the walk sees
+** it, the walk drops it after the rule (not a gradient the caller asked
 ** for) and may reuse buffers: as adds_in_place's sums */
 static bool spare_gradient (const mg_tensor *g, uint64_t id, const idmap *keep_ids) {
-  const mg_storage *s = g->storage;
-  return g->refcount == 1 && s->refcount == 1 && s->holds[MG_ROLE_SAVED] == 0 &&
-         s->holds[MG_ROLE_VARIABLE] == 0 && !s->external && mg_is_float(g->dtype) &&
-         mg_tensor_is_contiguous(g) && !idmap_has(keep_ids, id) && reuse_allowed();
+  return walk_alone_sees(g) && !idmap_has(keep_ids, id) && reuse_allowed();
 }
 
 /* runs node n's backward rule and adds what it gives to the map */
