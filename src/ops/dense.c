@@ -3,8 +3,8 @@
 **
 ** The product goes to the GEMM (matmul.c's mg_matrix_product); the bias add
 ** and the activation then run as one pass over each block of output rows
-** while it is in cache, with the kernels of `add` and of the activation's
-** own op, so the numbers are those of the three ops bit for bit. The tape
+** while it is in cache: the same sum as `add` and the activation op's own
+** kernel, so the numbers are those of the three ops bit for bit. The tape
 ** holds one node (x, w and y) where it held three. The backward is the
 ** activation's one-pass gradient (relu_grad, tanh_grad, sigmoid_grad), the
 ** bias' column sum and two products, all public ops: a tape that records
