@@ -19,13 +19,7 @@ end
 
 -- d/dv of sum(f(v)), recorded, so that gradcheck checks the second derivative
 local function grad_of (f)
-  return function(v)
-    local t = mg.tape()
-    t:watch(v)
-    local y = mg.sum(f(v))
-    t:stop()
-    return t:gradient(y, v)
-  end
+  return function(v) return h.grad(f, v) end
 end
 
 -- the gradient of sum(f(x) * w) (w: ones by default) with respect to x

@@ -20,14 +20,7 @@ local function shown (t)
   return out
 end
 
--- the gradient of f(v) at x, from a fresh tape
-local function grad (f, x)
-  local t = mg.tape()
-  t:watch(x)
-  local y = mg.sum(f(x))
-  t:stop()
-  return t:gradient(y, x)
-end
+local grad = h.grad        -- the gradient of sum(f(x)) at x, from a fresh tape
 
 describe("sort, argsort and topk", function()
   it("sort gives values and 1-based int64 indices, stably", function()

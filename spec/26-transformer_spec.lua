@@ -17,13 +17,7 @@ local function f64 (x) return mg.cast(x, "float64") end
 -- an outer recording tape (nested = true) the backward rules take their
 -- op-built form, else their fused kernels
 local function grads (f, xs, seed, nested)
-  local function inner ()
-    local t = mg.tape()
-    t:watch(xs)
-    local y = mg.sum(f(table.unpack(xs)) * seed)
-    t:stop()
-    return t:gradient(y, xs)
-  end
+  local function inner () return h.grads(f, xs, seed) end
   if not nested then return inner() end
   local outer = mg.tape()
   outer:watch(xs)

@@ -106,6 +106,15 @@ function helpers.oom_sweep (step, limit)
   return failures, before, helpers.settled(), expected
 end
 
+-- the gradient of sum(f(x)) at x, from a fresh tape that watches x
+function helpers.grad (f, x)
+  local t = mg.tape()
+  t:watch(x)
+  local y = mg.sum(f(x))
+  t:stop()
+  return t:gradient(y, x)
+end
+
 -- the gradient of sum(f(xs...) * seed) with respect to each of xs, on a tape
 -- that watches them
 function helpers.grads (f, xs, seed)
