@@ -83,6 +83,26 @@ describe("layer_norm", function()
     h.assert_close(g32[1], fused[1], 1e-4)
   end)
 
+  it("agrees with its definition on rows longer than the kernel's 16 lanes, with a tail", function()
+    for _, D in ipairs({16, 37, 256}) do
+      local x, g, b, seed = rnd({3, 2, D}, -2, 2) + 50, rnd({D}), rnd({D}), rnd({3, 2, D})
+      h.assert_close(mg.layer_norm(x, g, b), ln_ref(x, g, b), 1e-11)
+      h.assert_close(mg.layer_norm(x, nil, b), ln_ref(x, nil, b), 1e-11)
+      h.assert_close(f32(x):layer_norm(f32(g), f32(b)), ln_ref(x, g, b), 1e-3)
+      for _, f in ipairs({function(a, c, d) return mg.layer_norm(a, c, d) end,
+                          function(a, _, d) return mg.layer_norm(a, nil, d) end}) do
+        local fused, ops = grads(f, {x, g, b}, seed), grads(f, {x, g, b}, seed, true)
+        for i = 1, 3 do
+          if ops[i] then h.assert_close(fused[i], ops[i], 1e-10) end
+        end
+        local g32 = grads(function(a, c, d) return f(a, c, d) end, {f32(x), f32(g), f32(b)}, f32(seed))
+        for i = 1, 3 do
+          if ops[i] then h.assert_close(g32[i], ops[i], 2e-3) end
+        end
+      end
+    end
+  end)
+
   it("names the mismatch", function()
     local x = mg.ones{2, 4}
     assert.has_error(function() mg.layer_norm(x, mg.ones{3}) end,
@@ -201,6 +221,27 @@ describe("scaled_dot_product_attention", function()
     end
     local g32 = grads(f, {f32(q), f32(k), f32(v)}, f32(seed))
     for i = 1, 3 do h.assert_close(g32[i], ref[i], 1e-4) end
+  end)
+
+  it("agrees with the plain ops on rows longer than the kernel's 16 lanes, causal with Tq ~= Tk", function()
+    for _, sz in ipairs({{37, 37}, {20, 37}, {40, 19}, {16, 16}}) do
+      local Tq, Tk = sz[1], sz[2]
+      local q, k, v = qkv(2, 2, Tq, Tk, 5, 3)
+      local mask = mg.greater(mg.random.uniform({2, 1, Tq, Tk}), 0.2)
+      local seed = rnd({2, 2, Tq, 3})
+      for _, opt in ipairs({{}, {causal = true}, {mask = mask}, {causal = true, mask = mask}}) do
+        local f = function(a, b, c) return mg.scaled_dot_product_attention(a, b, c, opt) end
+        local r = function(a, b, c) return attention_ref(a, b, c, opt.mask, opt.causal) end
+        h.assert_close(f(q, k, v), r(q, k, v), 1e-12)
+        h.assert_close(f(f32(q), f32(k), f32(v)), r(q, k, v), 1e-5)
+        local ref, fused = grads(r, {q, k, v}, seed), grads(f, {q, k, v}, seed)
+        local g32 = grads(f, {f32(q), f32(k), f32(v)}, f32(seed))
+        for i = 1, 3 do
+          h.assert_close(fused[i], ref[i], 1e-11)
+          h.assert_close(g32[i], ref[i], 1e-4)
+        end
+      end
+    end
   end)
 
   it("keeps only q, k and v on the tape", function()

@@ -30,6 +30,7 @@
 #include <omp.h>
 
 #include "moongrad_impl.h"
+#include "lanes.h"
 #include "vecmath.h"
 
 static const mg_opdef layer_norm_op, gelu_op, sdpa_op;
@@ -56,6 +57,15 @@ static mg_storage *scratch (size_t bytes) { return mg_storage_new(bytes > 0 ? by
 
 /* {======================== layer_norm ========================== */
 
+/* the mean and 1/sqrt(var + eps) of the D values at xr */
+#define ROW_STATS(T, xr, mu, rstd) do {                                             \
+    T s_, v_;                                                                       \
+    LANE_SUM(T, s_, D, xr[j]);                                                      \
+    mu = s_ / (T)D;                                                                 \
+    LANE_SUM(T, v_, D, (xr[j] - mu) * (xr[j] - mu));                                \
+    rstd = (T)(1 / sqrt((double)(v_ / (T)D) + eps));                                \
+  } while (0)
+
 /* y (rows, D) = (x - mean) / sqrt(var + eps) * gamma + beta, row by row;
 ** gamma/beta may be NULL */
 #define LN_FWD(T) do {                                                              \
@@ -63,15 +73,15 @@ static mg_storage *scratch (size_t bytes) { return mg_storage_new(bytes > 0 ? by
     _Pragma("omp parallel for if (rows * D > 65536)")                              \
     for (int64_t r = 0; r < rows; r++) {                                            \
       const T *xr = X + r * D; T *yr = Y + r * D;                                   \
-      T mu = 0, var = 0;                                                            \
-      for (int64_t j = 0; j < D; j++) mu += xr[j];                                  \
-      mu /= (T)D;                                                                   \
-      for (int64_t j = 0; j < D; j++) { T c = xr[j] - mu; var += c * c; }           \
-      T rstd = 1 / sqrt((double)(var / (T)D) + eps);                                \
-      for (int64_t j = 0; j < D; j++) {                                             \
-        T h = (xr[j] - mu) * rstd;                                                  \
-        yr[j] = (G ? h * G[j] : h) + (Bt ? Bt[j] : 0);                              \
-      }                                                                             \
+      T mu, rstd;                                                                   \
+      ROW_STATS(T, xr, mu, rstd);                                                   \
+      if (G && Bt)                                                                  \
+        for (int64_t j = 0; j < D; j++) yr[j] = (xr[j] - mu) * rstd * G[j] + Bt[j]; \
+      else                                                                          \
+        for (int64_t j = 0; j < D; j++) {                                           \
+          T h = (xr[j] - mu) * rstd;                                                \
+          yr[j] = (G ? h * G[j] : h) + (Bt ? Bt[j] : 0);                            \
+        }                                                                           \
     }                                                                               \
   } while (0)
 
@@ -98,24 +108,24 @@ static void ln_forward (mg_dtype dt, const void *x, const void *g, const void *b
       _Pragma("omp for schedule(static)")                                          \
       for (int64_t r = 0; r < rows; r++) {                                          \
         const T *xr = X + r * D, *dyr = DY + r * D;                                 \
-        T mu = 0, var = 0;                                                          \
-        for (int64_t j = 0; j < D; j++) mu += xr[j];                                \
-        mu /= (T)D;                                                                 \
-        for (int64_t j = 0; j < D; j++) { T c = xr[j] - mu; var += c * c; }         \
-        T rstd = 1 / sqrt((double)(var / (T)D) + eps);                              \
-        T sg = 0, sgh = 0;                                                          \
+        T mu, rstd, sg, sgh;                                                        \
+        ROW_STATS(T, xr, mu, rstd);                                                 \
+        if (want_g)                                                                 \
+          for (int64_t j = 0; j < D; j++) ag[j] += (double)(dyr[j] * ((xr[j] - mu) * rstd)); \
+        if (want_b)                                                                 \
+          for (int64_t j = 0; j < D; j++) ab[j] += (double)dyr[j];                  \
+        if (!DX) continue;                                                          \
+        if (G) {                                                                    \
+          LANE_SUM(T, sg, D, dyr[j] * G[j]);                                        \
+          LANE_SUM(T, sgh, D, dyr[j] * G[j] * ((xr[j] - mu) * rstd));               \
+        } else {                                                                    \
+          LANE_SUM(T, sg, D, dyr[j]);                                               \
+          LANE_SUM(T, sgh, D, dyr[j] * ((xr[j] - mu) * rstd));                      \
+        }                                                                           \
+        T mg_ = sg / (T)D, mgh = sgh / (T)D; T *dxr = DX + r * D;                   \
         for (int64_t j = 0; j < D; j++) {                                           \
           T h = (xr[j] - mu) * rstd, gj = G ? dyr[j] * G[j] : dyr[j];               \
-          sg += gj; sgh += gj * h;                                                  \
-          if (want_g) ag[j] += (double)(dyr[j] * h);                                \
-          if (want_b) ab[j] += (double)dyr[j];                                      \
-        }                                                                           \
-        if (DX) {                                                                   \
-          T mg_ = sg / (T)D, mgh = sgh / (T)D; T *dxr = DX + r * D;                 \
-          for (int64_t j = 0; j < D; j++) {                                         \
-            T h = (xr[j] - mu) * rstd, gj = G ? dyr[j] * G[j] : dyr[j];             \
-            dxr[j] = rstd * (gj - mg_ - h * mgh);                                   \
-          }                                                                         \
+          dxr[j] = rstd * (gj - mg_ - h * mgh);                                     \
         }                                                                           \
       }                                                                             \
     }                                                                               \
@@ -445,32 +455,31 @@ static void gemm (mg_dtype dt, char ta, char tb, int64_t M, int64_t N, int64_t K
     dgemm_ref(ta, tb, M, N, K, alpha, (const double *)A, lda, (const double *)B, ldb, (double *)C, ldc);
 }
 
-/* is (i, j) of batch entry b attended to? */
-static inline bool allowed (const sdpa_geom *g, const uint8_t *mrow, int64_t i, int64_t j) {
-  return (!g->causal || j <= i) && (mrow == NULL || mrow[j * g->mcol]);
-}
-
 /* P (Tq,Tk), holding the scaled scores, becomes the masked softmax of
-** each row: masked entries 0, a row with nothing to attend to all 0 */
+** each row: masked entries 0, a row with nothing to attend to all 0. A
+** causal row i attends to its first i + 1 entries only: the rest are 0
+** without an exp. */
 #define SOFTMAX_ROWS(T, EXP) do {                                                   \
     T *P_ = (T *)P;                                                                 \
     const uint8_t *mb = g->mask ? g->mask + offset_of(g, g->mbstride, b) : NULL;    \
     for (int64_t i = 0; i < g->Tq; i++) {                                           \
-      T *row = P_ + i * g->Tk;                                                      \
-      const uint8_t *mr = mb ? mb + i * g->mrow : NULL;                             \
-      T m = -INFINITY;                                                              \
-      for (int64_t j = 0; j < g->Tk; j++) {                                         \
-        if (!allowed(g, mr, i, j)) row[j] = -INFINITY;                              \
-        else if (row[j] > m) m = row[j];                                            \
+      T *row = P_ + i * g->Tk, m, s;                                                \
+      int64_t n = g->causal && i + 1 < g->Tk ? i + 1 : g->Tk;                       \
+      for (int64_t j = n; j < g->Tk; j++) row[j] = 0;                               \
+      if (mb) {                                                                     \
+        const uint8_t *mr = mb + i * g->mrow;                                       \
+        for (int64_t j = 0; j < n; j++)                                             \
+          if (!mr[j * g->mcol]) row[j] = -INFINITY;                                 \
       }                                                                             \
+      LANE_MAX(T, m, row, n);                                                       \
       if (m == -INFINITY) {                   /* nothing to attend to (or all -inf) */ \
-        for (int64_t j = 0; j < g->Tk; j++) row[j] = 0;                             \
+        for (int64_t j = 0; j < n; j++) row[j] = 0;                                 \
         continue;                                                                   \
       }                                                                             \
-      T s = 0;                                                                      \
-      for (int64_t j = 0; j < g->Tk; j++) { T e = EXP(row[j] - m); row[j] = e; s += e; } \
+      for (int64_t j = 0; j < n; j++) row[j] = EXP(row[j] - m);                     \
+      LANE_SUM(T, s, n, row[j]);                                                    \
       T r = 1 / s;                                                                  \
-      for (int64_t j = 0; j < g->Tk; j++) row[j] *= r;                              \
+      for (int64_t j = 0; j < n; j++) row[j] *= r;                                  \
     }                                                                               \
   } while (0)
 
@@ -498,8 +507,8 @@ static void sdpa_forward_kernel (const sdpa_geom *g, mg_dtype dt, char *out, cha
 #define SOFTMAX_GRAD(T) do {                                                        \
     const T *P_ = (const T *)P; T *S_ = (T *)dP;                                    \
     for (int64_t i = 0; i < g->Tq; i++) {                                           \
-      const T *p = P_ + i * g->Tk; T *d = S_ + i * g->Tk; T s = 0;                  \
-      for (int64_t j = 0; j < g->Tk; j++) s += p[j] * d[j];                         \
+      const T *p = P_ + i * g->Tk; T *d = S_ + i * g->Tk, s;                        \
+      LANE_SUM(T, s, g->Tk, p[j] * d[j]);                                           \
       for (int64_t j = 0; j < g->Tk; j++) d[j] = p[j] * (d[j] - s) * (T)g->scale;   \
     }                                                                               \
   } while (0)
