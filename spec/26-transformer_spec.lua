@@ -145,6 +145,35 @@ describe("gelu", function()
     end
   end)
 
+  it("writes its backward, and layer_norm's, over the output gradient the walk spares it", function()
+    local x, g, b = mg.Variable(f32(rnd({128, 64}))), mg.Variable(f32(rnd({64}))), mg.Variable(f32(rnd({64})))
+    local bytes = 128 * 64 * 4
+    local function run (keep_middle)
+      local t = mg.tape()
+      local a = mg.layer_norm(x, g, b)
+      local m = mg.gelu(a)
+      local y = mg.gelu(mg.layer_norm(m) * 1.5, true)
+      t:stop()
+      local seed = mg.full({128, 64}, 0.25)
+      local before = mg.memory.stats().allocated_bytes
+      local gr = t:gradient(y, keep_middle and {x, m} or {x}, {seed})
+      return gr, mg.memory.stats().allocated_bytes - before
+    end
+    local gr, alloc = run(false)
+    local gr2, alloc2 = run(true)
+    assert.equal(0, mg.sum(mg.cast(mg.not_equal(gr[1], gr2[1]), "int64")):item())
+    -- the seed is the caller's, so the last gelu makes the first (128, 64)
+    -- tensor and the product's rule the second; layer_norm, gelu and
+    -- layer_norm then write over them
+    assert.is_true(alloc < 3 * bytes, alloc)
+    -- asked for, m's gradient is the caller's: the first gelu's rule leaves it alone
+    assert.is_true(alloc2 >= alloc + bytes, alloc2 .. " " .. alloc)
+    -- and the numbers are the op-built rules'
+    local ops = grads(function(v) return mg.gelu(mg.layer_norm(mg.gelu(mg.layer_norm(v, g, b))) * 1.5, true) end,
+                      {x}, mg.full({128, 64}, 0.25), true)
+    h.assert_close(gr[1], ops[1], 1e-4)
+  end)
+
   it("names the mismatch", function()
     assert.has_error(function() mg.gelu(mg.ones({2}, "int64")) end, "gelu: x must be float32 or float64, got int64")
     assert.has_error(function() mg.gelu(mg.ones{2}, "erf") end,

@@ -149,7 +149,10 @@ static mg_status ln_backward_fused (mg_node *n, mg_tensor *dy, mg_tensor **din, 
   int nthr = rows * D > 65536 ? omp_get_max_threads() : 1;
   mg_tensor *xc = mg_contiguous(x), *dyc = mg_contiguous(dy);
   mg_tensor *gc = gamma ? mg_contiguous(gamma) : NULL;
-  mg_tensor *dx = n->needs[0] ? mg_empty(x->shape, x->ndim, x->dtype) : NULL;
+  /* dx over dy when the walk spares it: a row's dy is read before its dx is written */
+  mg_tensor *dx = !n->needs[0] || dyc == NULL ? NULL
+                : (n->spare & 1) && dyc == dy ? mg_tensor_retain(dy)
+                                              : mg_empty(x->shape, x->ndim, x->dtype);
   mg_storage *acc = scratch(sizeof(double) * 2 * (size_t)D * (size_t)nthr);
   mg_status st = xc && dyc && (gc || !gamma) && (dx || !n->needs[0]) && acc ? MG_OK : MG_ERR;
   if (st == MG_OK) {
@@ -206,7 +209,7 @@ static mg_status layer_norm_backward (mg_node *n, mg_tensor *const *dout, mg_ten
 static const mg_opdef layer_norm_op = {
   .info = {.name = "layer_norm", .kind = MG_OP_OTHER,
            .doc = "(x - mean) / sqrt(var + epsilon) * gamma + beta over the last axis"},
-  .saves = MG_SAVE_IN(0) | MG_SAVE_IN(1), .backward = layer_norm_backward,
+  .saves = MG_SAVE_IN(0) | MG_SAVE_IN(1), .backward = layer_norm_backward, .reuses_gradient = true,
 };
 
 mg_tensor *mg_layer_norm (mg_tensor *x, mg_tensor *gamma, mg_tensor *beta, double epsilon) {
@@ -302,10 +305,14 @@ static void gelu_kernel (mg_dtype dt, bool approx, const void *x, const void *dy
   else GELU_LOOP(double);
 }
 
-/* gelu(x) or dy * gelu'(x) on contiguous copies; dy may be NULL */
-static mg_tensor *gelu_run (mg_tensor *x, mg_tensor *dy, bool approx) {
+/* gelu(x) or dy * gelu'(x) on contiguous copies; dy may be NULL. The
+** gradient goes over dy itself when the walk spares it (`over`) and it is
+** contiguous: each element is read before it is written */
+static mg_tensor *gelu_run (mg_tensor *x, mg_tensor *dy, bool approx, bool over) {
   mg_tensor *xc = mg_contiguous(x), *dyc = dy ? mg_contiguous(dy) : NULL;
-  mg_tensor *out = xc && (dyc || !dy) ? mg_empty(x->shape, x->ndim, x->dtype) : NULL;
+  mg_tensor *out = !xc || (dy && !dyc) ? NULL
+                 : over && dyc == dy   ? mg_tensor_retain(dy)
+                                       : mg_empty(x->shape, x->ndim, x->dtype);
   if (out && out->numel > 0)
     gelu_kernel(x->dtype, approx, mg_ptr(xc), dyc ? mg_ptr(dyc) : NULL, mg_ptr(out), out->numel);
   mg_tensor_release(xc);
@@ -344,7 +351,7 @@ static mg_tensor *gelu_grad_ops (mg_tensor *x, bool approx) {
 static mg_status gelu_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **din) {
   bool approx = n->attr->a[0];
   if (!recorded_backward()) {
-    din[0] = gelu_run(n->in[0], dout[0], approx);
+    din[0] = gelu_run(n->in[0], dout[0], approx, n->spare & 1);
     return MG_OK;
   }
   mg_tensor *d = gelu_grad_ops(n->in[0], approx);
@@ -355,7 +362,7 @@ static mg_status gelu_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **
 static const mg_opdef gelu_op = {
   .info = {.name = "gelu", .kind = MG_OP_OTHER,
            .doc = "x * Phi(x), the Gaussian error linear unit (exact, or the tanh approximation)"},
-  .saves = MG_SAVE_IN(0), .backward = gelu_backward,
+  .saves = MG_SAVE_IN(0), .backward = gelu_backward, .reuses_gradient = true,
 };
 
 mg_tensor *mg_gelu (mg_tensor *x, int approximate) {
@@ -365,7 +372,7 @@ mg_tensor *mg_gelu (mg_tensor *x, int approximate) {
   attr.a[0] = approximate != 0;
   mg_tensor *kept = mg_replay_take(&gelu_op, x->shape, x->ndim, x->dtype);   /* a save policy's */
   if (kept) return mg_finish(&gelu_op, 1, &x, kept, &attr);
-  mg_tensor *out = gelu_run(x, NULL, approximate != 0);
+  mg_tensor *out = gelu_run(x, NULL, approximate != 0, false);
   return out ? mg_finish(&gelu_op, 1, &x, out, &attr) : NULL;
 }
 
