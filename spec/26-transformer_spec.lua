@@ -273,6 +273,39 @@ describe("scaled_dot_product_attention", function()
     end
   end)
 
+  it("propagates a NaN or inf score as the plain ops do: NaN where attended, 0 where masked", function()
+    local function nan_at (t) return mg.cast(mg.not_equal(t, t), "int64") end
+    local function same (a, b)                 -- NaN in the same places, equal elsewhere
+      assert.same(nan_at(b):totable(), nan_at(a):totable())
+      h.assert_close(mg.where(mg.not_equal(a, a), 0, a), mg.where(mg.not_equal(b, b), 0, b), 1e-11)
+    end
+    local q, k, v = qkv(1, 2, 6, 6, 3, 2)
+    local mask = mg.greater(mg.random.uniform({1, 1, 6, 6}), 0.3)
+    local seed = rnd({1, 2, 6, 2})
+    local function poke (t, idx, x)            -- t with one entry set to x
+      local c = t:totable()
+      c[idx[1]][idx[2]][idx[3]][idx[4]] = x
+      return mg.tensor(c, "float64")
+    end
+    local cases = {
+      {poke(poke(q, {1, 1, 2, 1}, 0 / 0), {1, 1, 2, 2}, 0 / 0), k, v},   -- a query of NaN scores
+      {q, poke(k, {1, 2, 4, 3}, 0 / 0), v},                              -- a key every query sees as NaN
+      {poke(q, {1, 1, 5, 1}, math.huge), k, v},                          -- +inf and -inf scores
+    }
+    for _, c in ipairs(cases) do
+      for _, opt in ipairs({{}, {causal = true}, {mask = mask}, {causal = true, mask = mask}}) do
+        local f = function(a, b, d) return mg.scaled_dot_product_attention(a, b, d, opt) end
+        local r = function(a, b, d) return attention_ref(a, b, d, opt.mask, opt.causal) end
+        same(f(c[1], c[2], c[3]), r(c[1], c[2], c[3]))
+        local ref, fused, ops = grads(r, c, seed), grads(f, c, seed), grads(f, c, seed, true)
+        for i = 1, 3 do
+          same(fused[i], ref[i])
+          same(ops[i], ref[i])
+        end
+      end
+    end
+  end)
+
   it("keeps only q, k and v on the tape", function()
     local q, k, v = f32(rnd({2, 4, 32, 8})), f32(rnd({2, 4, 32, 8})), f32(rnd({2, 4, 32, 8}))
     local t = mg.tape()

@@ -465,26 +465,33 @@ static void gemm (mg_dtype dt, char ta, char tb, int64_t M, int64_t N, int64_t K
 /* P (Tq,Tk), holding the scaled scores, becomes the masked softmax of
 ** each row: masked entries 0, a row with nothing to attend to all 0. A
 ** causal row i attends to its first i + 1 entries only: the rest are 0
-** without an exp. */
+** without an exp. A NaN (or +inf) among the scores a row attends to makes
+** those entries NaN, as softmax and where give: the max skips NaN, so such
+** a row is found by its sum, or by a max of -inf. */
 #define SOFTMAX_ROWS(T, EXP) do {                                                   \
     T *P_ = (T *)P;                                                                 \
     const uint8_t *mb = g->mask ? g->mask + offset_of(g, g->mbstride, b) : NULL;    \
     for (int64_t i = 0; i < g->Tq; i++) {                                           \
       T *row = P_ + i * g->Tk, m, s;                                                \
+      const uint8_t *mr = mb ? mb + i * g->mrow : NULL;                             \
       int64_t n = g->causal && i + 1 < g->Tk ? i + 1 : g->Tk;                       \
       for (int64_t j = n; j < g->Tk; j++) row[j] = 0;                               \
-      if (mb) {                                                                     \
-        const uint8_t *mr = mb + i * g->mrow;                                       \
+      if (mr)                                                                       \
         for (int64_t j = 0; j < n; j++)                                             \
           if (!mr[j * g->mcol]) row[j] = -INFINITY;                                 \
-      }                                                                             \
       LANE_MAX(T, m, row, n);                                                       \
-      if (m == -INFINITY) {                   /* nothing to attend to (or all -inf) */ \
-        for (int64_t j = 0; j < n; j++) row[j] = 0;                                 \
+      if (m == -INFINITY) {                   /* nothing to attend to, all -inf, or NaN */ \
+        bool nan = false;                                                           \
+        for (int64_t j = 0; j < n; j++) nan |= row[j] != row[j];                    \
+        for (int64_t j = 0; j < n; j++) row[j] = nan && !(mr && !mr[j * g->mcol]) ? (T)NAN : 0; \
         continue;                                                                   \
       }                                                                             \
       for (int64_t j = 0; j < n; j++) row[j] = EXP(row[j] - m);                     \
       LANE_SUM(T, s, n, row[j]);                                                    \
+      if (s != s) {                                                                 \
+        for (int64_t j = 0; j < n; j++) row[j] = mr && !mr[j * g->mcol] ? 0 : (T)NAN; \
+        continue;                                                                   \
+      }                                                                             \
       T r = 1 / s;                                                                  \
       for (int64_t j = 0; j < n; j++) row[j] *= r;                                  \
     }                                                                               \
@@ -510,13 +517,14 @@ static void sdpa_forward_kernel (const sdpa_geom *g, mg_dtype dt, char *out, cha
   }
 }
 
-/* dS = P * (dP - rowsum(P * dP)) * scale, in place of dP */
+/* dS = P * (dP - rowsum(P * dP)) * scale, in place of dP; 0 where P is 0
+** (a masked entry of a NaN row stays 0, as through where) */
 #define SOFTMAX_GRAD(T) do {                                                        \
     const T *P_ = (const T *)P; T *S_ = (T *)dP;                                    \
     for (int64_t i = 0; i < g->Tq; i++) {                                           \
       const T *p = P_ + i * g->Tk; T *d = S_ + i * g->Tk, s;                        \
       LANE_SUM(T, s, g->Tk, p[j] * d[j]);                                           \
-      for (int64_t j = 0; j < g->Tk; j++) d[j] = p[j] * (d[j] - s) * (T)g->scale;   \
+      for (int64_t j = 0; j < g->Tk; j++) d[j] = p[j] == 0 ? 0 : p[j] * (d[j] - s) * (T)g->scale; \
     }                                                                               \
   } while (0)
 
@@ -656,6 +664,10 @@ static mg_status sdpa_backward_ops (mg_node *n, mg_tensor *dout, mg_tensor **din
     mg_tensor *dp = mg_tmp(&sc, mg_matmul(dout, mg_tmp(&sc, mg_transpose(v, nd - 2, nd - 1))));
     mg_tensor *rs = mg_tmp(&sc, mg_sum(mg_tmp(&sc, mg_mul(p, dp)), nd - 1, 1));
     mg_tensor *ds = mg_tmp(&sc, mg_mul(mg_tmp(&sc, mg_mul(p, mg_tmp(&sc, mg_sub(dp, rs)))), scale));
+    if (mask || n->attr->a[0]) {          /* 0 where P is 0, as the fused kernel (a NaN row's masked entries) */
+      mg_tensor *zero = mg_tmp(&sc, mg_scalar(0, q->dtype));
+      ds = mg_tmp(&sc, mg_where(mg_tmp(&sc, mg_not_equal(p, zero)), ds, zero));
+    }
     if (n->needs[0]) din[0] = mg_matmul(ds, k);
     if (n->needs[1]) din[1] = mg_matmul(mg_tmp(&sc, mg_transpose(ds, nd - 2, nd - 1)), q);
   }
