@@ -100,7 +100,7 @@ describe("GEMM dispatch", function()
     ls:close()
     table.sort(names)
     assert.equal(3, #names, table.concat(names, " "))
-    local pattern = "^gemm%-v4%-[%w%-]+%-avx[%d]*%-openblas%-[%w.]+%-(%w+)%-onednn%-[%w.]+%-([%w_]+)%.tsv$"
+    local pattern = "^gemm%-v5%-[%w%-]+%-avx[%d]*%-openblas%-[%w.]+%-(%w+)%-onednn%-[%w.]+%-([%w_]+)%.tsv$"
     local seen = {}
     for _, name in ipairs(names) do
       local core, isa = name:match(pattern)

@@ -324,7 +324,7 @@ static void load_choices (void) {
     else return;
     machine_name(machine, sizeof machine);
     mkdir(dir, 0777);                            /* may exist; failing to, there is no file */
-    snprintf(choices.path, sizeof choices.path, "%s/gemm-v4-%s.tsv", dir, machine);   /* v4: with the speeds */
+    snprintf(choices.path, sizeof choices.path, "%s/gemm-v5-%s.tsv", dir, machine);   /* v5: median rounds */
   }
   FILE *f = fopen(choices.path, "r");
   char line[256], lib[32];
@@ -377,15 +377,18 @@ static double time_calls (gemm_way w, const gemm_call *g, int reps) {
 ** once more to size its rounds (sized by the first call, a 5-us product on
 ** AVX-512 got two calls a round, still warming up: oneDNN lost to an
 ** OpenBLAS at half its speed), then three rounds of a few milliseconds
-** each; a way's best round counts. The rounds take the ways in turn (a
-** burst of other work on a shared machine slows one round of each, not
-** every round of one: a 40-us product chose one thread, at 0.6x of two,
-** and kept it), each after an untimed call that wakes the pool at the
-** way's thread count. */
+** each. The rounds take the ways in turn (a burst of other work on a shared
+** machine slows one round of each, not every round of one: a 40-us product
+** chose one thread, at 0.6x of two, and kept it), each after an untimed call
+** that wakes the pool at the way's thread count. A way's median round counts:
+** its best would favour the way whose rounds vary most (OpenBLAS' GEMV on
+** 1x1024x1024 ran at 43-53 GFLOPS from run to run, oneDNN at 52, and the
+** best rounds chose GEMV), and the median still drops one disturbed round. */
 static gemm_way calibrate (const gemm_call *g, int threads, double *gflops) {
+  enum { ROUNDS = 3 };
   gemm_way ways[2 * LIB__COUNT];
   int n = 0, reps[2 * LIB__COUNT];
-  double best_t[2 * LIB__COUNT];
+  double t[2 * LIB__COUNT][ROUNDS], typical[2 * LIB__COUNT];
   double flop = 2.0 * (double)g->m * (double)g->n * (double)g->k;
   for (int l = 0; l < LIB__COUNT; l++)
     if (lib_fits((gemm_lib)l, g)) ways[n++] = (gemm_way){(gemm_lib)l, threads};
@@ -395,19 +398,20 @@ static gemm_way calibrate (const gemm_call *g, int threads, double *gflops) {
     time_calls(ways[i], g, 1);                  /* oneDNN compiles its kernel */
     double one = time_calls(ways[i], g, 1);      /* the first call's time would make too few reps */
     reps[i] = one >= 4e-3 ? 1 : (int)(4e-3 / (one > 1e-7 ? one : 1e-7)) + 1;
-    best_t[i] = INFINITY;
   }
-  int rounds = flop > 2e10 ? 1 : 3;             /* a big product: once is enough */
+  int rounds = flop > 2e10 ? 1 : ROUNDS;        /* a big product: once is enough */
   for (int r = 0; r < rounds; r++)
     for (int i = 0; i < n; i++) {
       if (rounds > 1) time_calls(ways[i], g, 1);
-      double t = time_calls(ways[i], g, reps[i]);
-      if (t < best_t[i]) best_t[i] = t;
+      t[i][r] = time_calls(ways[i], g, reps[i]);
     }
   int best = 0;
-  for (int i = 1; i < n; i++)
-    if (best_t[i] < best_t[best]) best = i;
-  *gflops = flop / best_t[best] * 1e-9;
+  for (int i = 0; i < n; i++) {
+    double *x = t[i];
+    typical[i] = rounds == 1 ? x[0] : fmax(fmin(x[0], x[1]), fmin(fmax(x[0], x[1]), x[2]));  /* the median */
+    if (typical[i] < typical[best]) best = i;
+  }
+  *gflops = flop / typical[best] * 1e-9;
   return ways[best];
 }
 
