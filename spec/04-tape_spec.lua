@@ -186,6 +186,25 @@ describe("tape", function()
     assert.equal(48, outer:gradient(dz, v):item())       -- 12 v^2: the sums were recorded
   end)
 
+  it("sums large gradients in place too, on every thread", function()
+    -- x feeds four ops: its gradient is three sums of (300, 1000) tensors,
+    -- past the size where kernels split across threads
+    local x = mg.Variable(mg.random.normal{300, 1000})
+    local bytes = 300 * 1000 * 4
+    local t = mg.tape()
+    local y = mg.sum(mg.tanh(x) + mg.sigmoid(x) + mg.relu(x) + x * 2)
+    t:stop()
+    local before = mg.memory.stats().allocated_bytes
+    local g = t:gradient(y, {x})[1]
+    local alloc = mg.memory.stats().allocated_bytes - before
+    -- the four ops' gradients, and no tensor for their sums
+    assert.is_true(alloc < 5 * bytes, alloc)
+    local v = x:value()
+    local s = mg.sigmoid(v)
+    local want = (1 - mg.tanh(v) ^ 2) + s * (1 - s) + mg.cast(mg.greater(v, 0), "float32") + 2
+    assert.equal(0, mg.sum(mg.cast(mg.greater(mg.abs(g - want), 1e-5), "int64")):item())
+  end)
+
   it("weights the targets by output_gradients", function()
     local x = c({1, 2})
     local t = mg.tape()

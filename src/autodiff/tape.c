@@ -613,7 +613,7 @@ static bool walk_alone_sees (const mg_tensor *t) {
 ** and the walk may reuse buffers. */
 static bool adds_in_place (const mg_tensor *acc, const mg_tensor *g) {
   return walk_alone_sees(acc) && g->storage != acc->storage && acc->dtype == g->dtype &&
-         acc->numel < MG_PARALLEL_MIN && mg_same_shape(acc->shape, acc->ndim, g->shape, g->ndim) &&
+         mg_same_shape(acc->shape, acc->ndim, g->shape, g->ndim) &&
          mg_tensor_is_contiguous(g) && reuse_allowed();
 }
 

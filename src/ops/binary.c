@@ -191,10 +191,22 @@ static const mg_opdef add_op = {
 };
 mg_tensor *mg_add (mg_tensor *a, mg_tensor *b) { return binary(&add_op, a, b); }
 
+/* out[i] = k(a[i], b[i]) over n contiguous elements of esz bytes (out may
+** be a): in chunks split across threads when n is large */
+static void run_contiguous (mg_kernel k, char *out, const char *a, const char *b, int64_t n, int64_t esz) {
+  int64_t chunk = 1 << 16, nchunks = (n + chunk - 1) / chunk;
+  _Pragma("omp parallel for if (n >= MG_PARALLEL_MIN)")
+  for (int64_t c = 0; c < nchunks; c++) {
+    int64_t at = c * chunk, len = at + chunk < n ? chunk : n - at;
+    char *base[3] = {out + at * esz, (char *)a + at * esz, (char *)b + at * esz};
+    int64_t st[3] = {1, 1, 1};
+    k(len, base, st);
+  }
+}
+
 void mg_add_into (mg_tensor *acc, const mg_tensor *g) {
-  char *base[3] = {mg_ptr(acc), mg_ptr(acc), mg_ptr(g)};
-  int64_t st[3] = {1, 1, 1};
-  add_op.kernel[acc->dtype](acc->numel, base, st);
+  run_contiguous(add_op.kernel[acc->dtype], mg_ptr(acc), mg_ptr(acc), mg_ptr(g), acc->numel,
+                 (int64_t)mg_dtype_size(acc->dtype));
 }
 
 /* sub: out = a - b.  grad: da = dout, db = -dout */
@@ -440,15 +452,7 @@ static bool activation_grad_into (const mg_opdef *op, mg_tensor *d, const mg_ten
   if (d->dtype != y->dtype || !mg_is_float(d->dtype) || !mg_tensor_is_contiguous(d) ||
       !mg_tensor_is_contiguous(y) || !mg_same_shape(d->shape, d->ndim, y->shape, y->ndim))
     return false;
-  mg_kernel k = op->kernel[d->dtype];
-  int64_t n = d->numel, esz = (int64_t)mg_dtype_size(d->dtype), chunk = 1 << 16, nchunks = (n + chunk - 1) / chunk;
-  _Pragma("omp parallel for if (n >= MG_PARALLEL_MIN)")
-  for (int64_t c = 0; c < nchunks; c++) {
-    int64_t at = c * chunk, len = at + chunk < n ? chunk : n - at;
-    char *base[3] = {mg_ptr(d) + at * esz, mg_ptr(d) + at * esz, mg_ptr(y) + at * esz};
-    int64_t st[3] = {1, 1, 1};
-    k(len, base, st);
-  }
+  run_contiguous(op->kernel[d->dtype], mg_ptr(d), mg_ptr(d), mg_ptr(y), d->numel, (int64_t)mg_dtype_size(d->dtype));
   return true;
 }
 
