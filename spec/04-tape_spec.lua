@@ -205,6 +205,31 @@ describe("tape", function()
     assert.equal(0, mg.sum(mg.cast(mg.greater(mg.abs(g - want), 1e-5), "int64")):item())
   end)
 
+  it("writes a product's input gradient over the output gradient the walk spares it", function()
+    local x = mg.Variable(mg.random.normal{200, 100})
+    local a, b = mg.random.normal{200, 100}, mg.constant(1.5)
+    local seed = mg.random.normal{200, 100}
+    local bytes = 200 * 100 * 4
+    local function run (keep)
+      local t = mg.tape()
+      local m = x * a
+      local y = (m * b) * a
+      t:stop()
+      local before = mg.memory.stats().allocated_bytes
+      local g = t:gradient(y, keep and {x, m} or {x}, {seed})
+      return g[1], mg.memory.stats().allocated_bytes - before
+    end
+    local g, alloc = run(false)
+    local g2, alloc2 = run(true)
+    assert.equal(0, mg.sum(mg.cast(mg.not_equal(g, g2), "int64")):item())
+    h.assert_close(g, seed * a * 1.5 * a, 1e-6)
+    -- the seed is the caller's: the last product's rule makes one tensor,
+    -- the two before write over it (a scalar operand, then a tensor)
+    assert.is_true(alloc < 2 * bytes, alloc)
+    -- asked for, m's gradient is the caller's: x's product leaves it alone
+    assert.is_true(alloc2 >= alloc + bytes, alloc2 .. " " .. alloc)
+  end)
+
   it("weights the targets by output_gradients", function()
     local x = c({1, 2})
     local t = mg.tape()

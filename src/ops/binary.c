@@ -191,22 +191,46 @@ static const mg_opdef add_op = {
 };
 mg_tensor *mg_add (mg_tensor *a, mg_tensor *b) { return binary(&add_op, a, b); }
 
-/* out[i] = k(a[i], b[i]) over n contiguous elements of esz bytes (out may
-** be a): in chunks split across threads when n is large */
-static void run_contiguous (mg_kernel k, char *out, const char *a, const char *b, int64_t n, int64_t esz) {
+/* out[i] = k(a[i], b[i * bs]) over n contiguous elements of esz bytes (out
+** may be a; bs 0 repeats one b): in chunks split across threads when n is
+** large. (A parallel region costs even with its `if` false: libgomp sets up
+** a team of one, allocating.) */
+static void run_contiguous (mg_kernel k, char *out, const char *a, const char *b, int64_t bs, int64_t n,
+                            int64_t esz) {
+  if (n < MG_PARALLEL_MIN) {
+    char *base[3] = {out, (char *)a, (char *)b};
+    int64_t st[3] = {1, 1, bs};
+    k(n, base, st);
+    return;
+  }
   int64_t chunk = 1 << 16, nchunks = (n + chunk - 1) / chunk;
-  _Pragma("omp parallel for if (n >= MG_PARALLEL_MIN)")
+  _Pragma("omp parallel for")
   for (int64_t c = 0; c < nchunks; c++) {
     int64_t at = c * chunk, len = at + chunk < n ? chunk : n - at;
-    char *base[3] = {out + at * esz, (char *)a + at * esz, (char *)b + at * esz};
-    int64_t st[3] = {1, 1, 1};
+    char *base[3] = {out + at * esz, (char *)a + at * esz, (char *)b + at * bs * esz};
+    int64_t st[3] = {1, 1, bs};
     k(len, base, st);
   }
 }
 
 void mg_add_into (mg_tensor *acc, const mg_tensor *g) {
-  run_contiguous(add_op.kernel[acc->dtype], mg_ptr(acc), mg_ptr(acc), mg_ptr(g), acc->numel,
+  run_contiguous(add_op.kernel[acc->dtype], mg_ptr(acc), mg_ptr(acc), mg_ptr(g), 1, acc->numel,
                  (int64_t)mg_dtype_size(acc->dtype));
+}
+
+/* d = op(d, b) over d's own buffer when the walk spares d to n's rule
+** (mg_node.spare), input j's gradient has d's shape, and b is contiguous
+** with d's shape and dtype, or one element broadcast to it (else false,
+** changing nothing) */
+static bool spare_binary_into (const mg_node *n, int j, const mg_opdef *op, mg_tensor *d, const mg_tensor *b) {
+  if (!(n->spare & 1) || d->dtype != b->dtype || !mg_is_float(d->dtype) || !mg_tensor_is_contiguous(d) ||
+      !mg_tensor_is_contiguous(b) || !mg_same_shape(d->shape, d->ndim, SHAPE_OF(n, j)))
+    return false;
+  bool scalar = b->numel == 1 && b->ndim <= d->ndim;
+  if (!scalar && !mg_same_shape(d->shape, d->ndim, b->shape, b->ndim)) return false;
+  run_contiguous(op->kernel[d->dtype], mg_ptr(d), mg_ptr(d), mg_ptr(b), !scalar, d->numel,
+                 (int64_t)mg_dtype_size(d->dtype));
+  return true;
 }
 
 /* sub: out = a - b.  grad: da = dout, db = -dout */
@@ -230,10 +254,14 @@ mg_tensor *mg_sub (mg_tensor *a, mg_tensor *b) { return binary(&sub_op, a, b); }
 /* mul: out = a * b.  grad: da = dout * b, db = dout * a */
 FLOAT_KERNELS(mul, x * y)
 KERNEL(mul_i64, int64_t, int64_t, (uint64_t)x * (uint64_t)y)
+static const mg_opdef mul_op;
 static mg_status mul_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **din) {
   mg_scope sc = {0};
-  if (n->needs[0]) din[0] = mg_sum_to_shape(mg_tmp(&sc, mg_mul(dout[0], n->in[1])), SHAPE_OF(n, 0));
   if (n->needs[1]) din[1] = mg_sum_to_shape(mg_tmp(&sc, mg_mul(dout[0], n->in[0])), SHAPE_OF(n, 1));
+  if (n->needs[0]) {          /* last: over dout itself when the walk spares it */
+    if (spare_binary_into(n, 0, &mul_op, dout[0], n->in[1])) din[0] = mg_tensor_retain(dout[0]);
+    else din[0] = mg_sum_to_shape(mg_tmp(&sc, mg_mul(dout[0], n->in[1])), SHAPE_OF(n, 0));
+  }
   mg_scope_end(&sc);
   return MG_OK;
 }
@@ -242,7 +270,7 @@ static const mg_opdef mul_op = {
            .verb = "multiply", .doc = "a * b, elementwise (the matrix product is matmul)",
            .fn.binary = mg_mul},
   .kernel = {[MG_FLOAT32] = mul_f32, [MG_FLOAT64] = mul_f64, [MG_INT64] = mul_i64},
-  .saves = MG_SAVE_IN(0) | MG_SAVE_IN(1), .backward = mul_backward,
+  .saves = MG_SAVE_IN(0) | MG_SAVE_IN(1), .backward = mul_backward, .reuses_gradient = true,
 };
 mg_tensor *mg_mul (mg_tensor *a, mg_tensor *b) { return binary(&mul_op, a, b); }
 
@@ -452,7 +480,7 @@ static bool activation_grad_into (const mg_opdef *op, mg_tensor *d, const mg_ten
   if (d->dtype != y->dtype || !mg_is_float(d->dtype) || !mg_tensor_is_contiguous(d) ||
       !mg_tensor_is_contiguous(y) || !mg_same_shape(d->shape, d->ndim, y->shape, y->ndim))
     return false;
-  run_contiguous(op->kernel[d->dtype], mg_ptr(d), mg_ptr(d), mg_ptr(y), d->numel, (int64_t)mg_dtype_size(d->dtype));
+  run_contiguous(op->kernel[d->dtype], mg_ptr(d), mg_ptr(d), mg_ptr(y), 1, d->numel, (int64_t)mg_dtype_size(d->dtype));
   return true;
 }
 
