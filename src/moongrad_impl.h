@@ -37,6 +37,24 @@ mg_status mg_null_arg (const char *fn, const char *name);
 ** are memory-bound, and below this waking the threads costs more than it saves */
 #define MG_PARALLEL_MIN  (1 << 18)
 
+/* The for statement `...` split across the thread pool when cond holds, else
+** run on this thread alone; `clauses` are the pragma's others (collapse(2),
+** reduction(...), or nothing). Not an OpenMP `if` clause: one that is false
+** still sets up a team of one, which libgomp allocates per region (about
+** 2,000 instructions, 0.4 us: more than a small op costs). The loop is
+** compiled twice. */
+#define MG_PRAGMA_(x) _Pragma(#x)
+#define MG_PARALLEL_FOR(cond, clauses, ...) do {                        \
+    if (cond) { MG_PRAGMA_(omp parallel for clauses) __VA_ARGS__ }       \
+    else { __VA_ARGS__ }                                                 \
+  } while (0)
+/* the block `...` (its loops under `omp for`) run by the thread pool when
+** cond holds, else by this thread alone, as MG_PARALLEL_FOR */
+#define MG_PARALLEL(cond, clauses, ...) do {                            \
+    if (cond) { MG_PRAGMA_(omp parallel clauses) __VA_ARGS__ }           \
+    else { __VA_ARGS__ }                                                 \
+  } while (0)
+
 
 /* {========================= storage ========================= */
 

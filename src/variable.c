@@ -122,8 +122,8 @@ mg_status mg_variable_assign (mg_variable *v, mg_tensor *value) {
     T *d_ = (T *)dst; const T *a_ = (const T *)a, *x_ = (const T *)x;          \
     T al = (T)alpha;                                                          \
     if (xstep) {                                                              \
-      _Pragma("omp parallel for if (n >= MG_PARALLEL_MIN)")                   \
-      for (int64_t i = 0; i < n; i++) d_[i] = a_[i] + al * x_[i];            \
+      MG_PARALLEL_FOR(n >= MG_PARALLEL_MIN, ,                   \
+      for (int64_t i = 0; i < n; i++) d_[i] = a_[i] + al * x_[i];);            \
     } else {                                                                  \
       T s_ = al * x_[0];                                                      \
       for (int64_t i = 0; i < n; i++) d_[i] = a_[i] + s_;                     \
@@ -134,8 +134,8 @@ mg_status mg_variable_assign (mg_variable *v, mg_tensor *value) {
 static void axpy_i64 (int64_t *d, const int64_t *a, int64_t alpha, const int64_t *x, bool xstep, int64_t n) {
   uint64_t al = (uint64_t)alpha;
   if (xstep) {
-    _Pragma("omp parallel for if (n >= MG_PARALLEL_MIN)")
-    for (int64_t i = 0; i < n; i++) d[i] = (int64_t)((uint64_t)a[i] + al * (uint64_t)x[i]);
+    MG_PARALLEL_FOR(n >= MG_PARALLEL_MIN, ,
+    for (int64_t i = 0; i < n; i++) d[i] = (int64_t)((uint64_t)a[i] + al * (uint64_t)x[i]););
   } else {
     uint64_t s = al * (uint64_t)x[0];
     for (int64_t i = 0; i < n; i++) d[i] = (int64_t)((uint64_t)a[i] + s);
@@ -248,8 +248,8 @@ typedef void (*step_block) (const void *ctx, int64_t lo, int64_t hi);
 
 static void for_blocks (int64_t n, step_block step, const void *ctx) {
   int64_t block = 1 << 16, nblocks = (n + block - 1) / block;
-  _Pragma("omp parallel for if (n >= MG_PARALLEL_MIN)")
-  for (int64_t k = 0; k < nblocks; k++) step(ctx, k * block, k * block + block < n ? k * block + block : n);
+  MG_PARALLEL_FOR(n >= MG_PARALLEL_MIN, ,
+  for (int64_t k = 0; k < nblocks; k++) step(ctx, k * block, k * block + block < n ? k * block + block : n););
 }
 
 /* }============================================================= */

@@ -25,7 +25,7 @@ static void bias_act (mg_dtype dt, char *y, const char *b, int64_t rows, int64_t
   size_t esz = mg_dtype_size(dt);
   mg_kernel k = mg_activation_kernel(act, dt);
   int64_t per = n >= BLOCK_ELEMS ? 1 : BLOCK_ELEMS / n, nblocks = (rows + per - 1) / per;
-  _Pragma("omp parallel for if (rows * n >= MG_PARALLEL_MIN)")
+  MG_PARALLEL_FOR(rows * n >= MG_PARALLEL_MIN, ,
   for (int64_t blk = 0; blk < nblocks; blk++) {
     int64_t r0 = blk * per, r1 = r0 + per < rows ? r0 + per : rows;
     char *base = y + (size_t)(r0 * n) * esz;
@@ -47,7 +47,7 @@ static void bias_act (mg_dtype dt, char *y, const char *b, int64_t rows, int64_t
       int64_t s[2] = {1, 1};
       k((r1 - r0) * n, p, s);
     }
-  }
+  });
 }
 
 static mg_status dense_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **din) {

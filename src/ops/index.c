@@ -80,7 +80,7 @@ static const mg_opdef take_op, put_op;
 ** middle; an index outside [-n, n) sets bad (and is not followed) */
 #define TAKE(T) do {                                                              \
     T *o_ = (T *)mg_ptr(out); const T *x_ = (const T *)mg_ptr(xc);               \
-    _Pragma("omp parallel for reduction(|:bad) if (outer > 1 && out->numel >= MG_PARALLEL_MIN)") \
+    MG_PARALLEL_FOR(outer > 1 && out->numel >= MG_PARALLEL_MIN, reduction(|:bad), \
     for (int64_t o = 0; o < outer; o++) {                                        \
       const T *src = x_ + o * n * inner;                                         \
       for (int64_t j = 0; j < k; j++) {                                          \
@@ -92,7 +92,7 @@ static const mg_opdef take_op, put_op;
           dst[i] = src[(r < (uint64_t)n ? (int64_t)r : 0) * inner + i];          \
         }                                                                        \
       }                                                                          \
-    }                                                                            \
+    });                                                                            \
   } while (0)
 
 /* x: (..., n, ...), indices: (..., k, ...), the same sizes elsewhere */
@@ -135,7 +135,7 @@ done:
 /* put_add: out = x with values added at indices along axis a (bool: or) */
 #define PUT(T, UPDATE) do {                                                       \
     T *o_ = (T *)mg_ptr(out); const T *s_ = (const T *)mg_ptr(vc);               \
-    _Pragma("omp parallel for if (outer > 1 && vc->numel >= MG_PARALLEL_MIN)")    \
+    MG_PARALLEL_FOR(outer > 1 && vc->numel >= MG_PARALLEL_MIN, ,    \
     for (int64_t o = 0; o < outer; o++) {                                        \
       T *dst = o_ + o * n * inner;                                               \
       for (int64_t j = 0; j < k; j++) {                                          \
@@ -146,7 +146,7 @@ done:
           *d = UPDATE(*d, sj[i]);                                                \
         }                                                                        \
       }                                                                          \
-    }                                                                            \
+    });                                                                            \
   } while (0)
 #define ADD(a, b)    ((a) + (b))
 #define ADD_I(a, b)  ((int64_t)((uint64_t)(a) + (uint64_t)(b)))    /* wraps, as Lua's */
@@ -463,7 +463,7 @@ static const mg_opdef repeat_op;
 static void gather_rows (char *out, const char *x, const int64_t *idx, int64_t k, int64_t outer,
                          int64_t n, int64_t inner, size_t esz) {
   size_t row = (size_t)inner * esz;
-  #pragma omp parallel for if (outer > 1 && outer * k * inner >= MG_PARALLEL_MIN)
+  MG_PARALLEL_FOR(outer > 1 && outer * k * inner >= MG_PARALLEL_MIN, ,
   for (int64_t o = 0; o < outer; o++) {
     char *dst = out + (size_t)(o * k) * row;
     const char *src = x + (size_t)(o * n) * row;
@@ -473,7 +473,7 @@ static void gather_rows (char *out, const char *x, const int64_t *idx, int64_t k
       for (int64_t j = 0; j < k; j++) ((uint64_t *)dst)[j] = ((const uint64_t *)src)[idx[j]];
     else
       for (int64_t j = 0; j < k; j++) memcpy(dst + (size_t)j * row, src + (size_t)idx[j] * row, row);
-  }
+  });
 }
 
 /* repeat_interleave: each entry of x along axis repeated (np.repeat,
@@ -704,7 +704,7 @@ static mg_tensor *triangle (const mg_opdef *def, mg_tensor *x, int64_t k, bool l
     int64_t rows = x->shape[x->ndim - 2], cols = x->shape[x->ndim - 1];
     int64_t mats = rows * cols == 0 ? 0 : x->numel / (rows * cols);
     size_t esz = mg_dtype_size(x->dtype);
-    #pragma omp parallel for if (x->numel >= MG_PARALLEL_MIN)
+    MG_PARALLEL_FOR(x->numel >= MG_PARALLEL_MIN, ,
     for (int64_t r = 0; r < mats * rows; r++) {
       int64_t i = r % rows;
       __int128 edge = lower ? (__int128)i + k + 1 : (__int128)i + k;   /* first column not kept / kept */
@@ -718,7 +718,7 @@ static mg_tensor *triangle (const mg_opdef *def, mg_tensor *x, int64_t k, bool l
         memset(dst, 0, (size_t)e * esz);
         memcpy(dst + (size_t)e * esz, src + (size_t)e * esz, (size_t)(cols - e) * esz);
       }
-    }
+    });
   }
   mg_tensor_release(xc);
   mg_attr attr = {0};

@@ -318,11 +318,6 @@ mg_tensor *mg_clamp (mg_tensor *x, mg_tensor *lo, mg_tensor *hi) {
 #define LANES 16
 #define EXPBUF 256               /* exponentials computed per batch */
 
-/* the loop after it splits across threads when the work is large (the
-** condition is computed first: _Pragma's text takes no macro arguments) */
-#define PAR_IF(work) \
-  bool par_ = (work) >= MG_PARALLEL_MIN; MG_UNUSED(par_); _Pragma("omp parallel for if (par_)")
-
 /*
 ** A reduction kernel sees x (contiguous) as (outer, n, inner) around the
 ** reduced axis. A row (inner == 1) runs in LANES independent lanes, which
@@ -346,12 +341,12 @@ static int64_t column_chunks (int64_t outer, int64_t inner) {
 ** slice o */
 #define FOR_CHUNKS(...) do {                                                  \
     int64_t nc_ = column_chunks(outer, inner), cw_ = (inner + nc_ - 1) / nc_; \
-    PAR_IF(outer * n * inner)                                                 \
+    MG_PARALLEL_FOR((outer * n * inner) >= MG_PARALLEL_MIN, ,                                                 \
     for (int64_t it_ = 0; it_ < outer * nc_; it_++) {                         \
       int64_t o = it_ / nc_, b0 = (it_ % nc_) * cw_;                          \
       int64_t w = inner - b0 < cw_ ? inner - b0 : cw_;                        \
       if (w > 0) { __VA_ARGS__ }                                              \
-    }                                                                         \
+    });                                                                         \
   } while (0)
 
 /* where a reduction runs: x as (outer, n, inner), the result's shape */
@@ -464,7 +459,7 @@ static mg_tensor *record_reduction (const mg_opdef *op, mg_tensor *x, mg_tensor 
 #define PROD_BODY(T, ACC) do {                                                \
     const T *X = (const T *)xs; T *Y = (T *)ys;                               \
     if (inner == 1) {                                                         \
-      PAR_IF(outer * n)                                                       \
+      MG_PARALLEL_FOR((outer * n) >= MG_PARALLEL_MIN, ,                                                       \
       for (int64_t o = 0; o < outer; o++) {                                   \
         const T *r = X + o * n;                                               \
         ACC lane[LANES];                                                      \
@@ -476,7 +471,7 @@ static mg_tensor *record_reduction (const mg_opdef *op, mg_tensor *x, mg_tensor 
         ACC t = 1;                                                            \
         for (int l = 0; l < LANES; l++) t *= lane[l];                         \
         Y[o] = (T)t;                                                          \
-      }                                                                       \
+      });                                                                       \
     } else FOR_CHUNKS(                                                        \
       ACC *acc = (ACC *)scratch + o * inner + b0;                             \
       for (int64_t i = 0; i < w; i++) acc[i] = 1;                             \
@@ -555,7 +550,7 @@ mg_tensor *mg_prod (mg_tensor *x, int axis, int keepdims) {
 #define LSE_BODY(T) do {                                                      \
     const T *X = (const T *)xs; T *Y = (T *)ys;                               \
     if (inner == 1) {                                                         \
-      PAR_IF(outer * n)                                                       \
+      MG_PARALLEL_FOR((outer * n) >= MG_PARALLEL_MIN, ,                                                       \
       for (int64_t o = 0; o < outer; o++) {                                   \
         const T *r = X + o * n;                                               \
         T lm[LANES];                                                          \
@@ -579,7 +574,7 @@ mg_tensor *mg_prod (mg_tensor *x, int axis, int keepdims) {
         double t = 0;                                                         \
         for (int l = 0; l < LANES; l++) t += ls[l];                           \
         Y[o] = (T)((double)m + log(t));                                       \
-      }                                                                       \
+      });                                                                       \
     } else FOR_CHUNKS(                                                        \
       T *mx = Y + o * inner + b0;              /* the maxima, then the result */ \
       double *acc = scratch + o * inner + b0;                                 \
@@ -640,7 +635,7 @@ mg_tensor *mg_logsumexp (mg_tensor *x, int axis, int keepdims) {
 #define MOMENT_BODY(T, ROOT) do {                                             \
     const T *X = (const T *)xs; T *Y = (T *)ys;                               \
     if (inner == 1) {                                                         \
-      PAR_IF(outer * n)                                                       \
+      MG_PARALLEL_FOR((outer * n) >= MG_PARALLEL_MIN, ,                                                       \
       for (int64_t o = 0; o < outer; o++) {                                   \
         const T *r = X + o * n;                                               \
         double ls[LANES] = {0};                                               \
@@ -660,7 +655,7 @@ mg_tensor *mg_logsumexp (mg_tensor *x, int axis, int keepdims) {
         double m2 = 0;                                                        \
         for (int l = 0; l < LANES; l++) m2 += ls[l];                          \
         Y[o] = (T)ROOT(m2 / p);                                               \
-      }                                                                       \
+      });                                                                       \
     } else FOR_CHUNKS(                                                        \
       double *mean = scratch + o * inner + b0;                                \
       double *m2 = scratch + (outer + o) * inner + b0;                        \
@@ -770,7 +765,7 @@ mg_tensor *mg_std (mg_tensor *x, int axis, int keepdims, double ddof) {
 #define NORM_SUM_BODY(T, TERM, ROOT) do {                                     \
     const T *X = (const T *)xs; T *Y = (T *)ys;                               \
     if (inner == 1) {                                                         \
-      PAR_IF(outer * n)                                                       \
+      MG_PARALLEL_FOR((outer * n) >= MG_PARALLEL_MIN, ,                                                       \
       for (int64_t o = 0; o < outer; o++) {                                   \
         const T *r = X + o * n;                                               \
         double ls[LANES] = {0};                                               \
@@ -781,7 +776,7 @@ mg_tensor *mg_std (mg_tensor *x, int axis, int keepdims, double ddof) {
         double t = 0;                                                         \
         for (int l = 0; l < LANES; l++) t += ls[l];                           \
         Y[o] = (T)ROOT(t);                                                    \
-      }                                                                       \
+      });                                                                       \
     } else FOR_CHUNKS(                                                        \
       double *acc = scratch + o * inner + b0;                                 \
       for (int64_t i = 0; i < w; i++) acc[i] = 0;                             \
@@ -797,7 +792,7 @@ mg_tensor *mg_std (mg_tensor *x, int axis, int keepdims, double ddof) {
 #define NORM_MAX_BODY(T) do {                                                 \
     const T *X = (const T *)xs; T *Y = (T *)ys;                               \
     if (inner == 1) {                                                         \
-      PAR_IF(outer * n)                                                       \
+      MG_PARALLEL_FOR((outer * n) >= MG_PARALLEL_MIN, ,                                                       \
       for (int64_t o = 0; o < outer; o++) {                                   \
         const T *r = X + o * n;                                               \
         T lm[LANES] = {0};                                                    \
@@ -810,7 +805,7 @@ mg_tensor *mg_std (mg_tensor *x, int axis, int keepdims, double ddof) {
         T m = 0;                                                              \
         for (int l = 0; l < LANES; l++) m = (lm[l] > m || lm[l] != lm[l]) ? lm[l] : m; \
         Y[o] = m;                                                             \
-      }                                                                       \
+      });                                                                       \
     } else FOR_CHUNKS(                                                        \
       T *acc = Y + o * inner + b0;                                            \
       for (int64_t i = 0; i < w; i++) acc[i] = 0;                             \
@@ -910,7 +905,7 @@ mg_tensor *mg_norm (mg_tensor *x, int axis, int keepdims, double ord) {
     const T *X = (const T *)xs; T *Y = (T *)ys;                               \
     if (inner == 1) {                                                         \
       int64_t groups = (outer + 3) / 4;                                       \
-      PAR_IF(outer * n)                                                       \
+      MG_PARALLEL_FOR((outer * n) >= MG_PARALLEL_MIN, ,                                                       \
       for (int64_t g = 0; g < groups; g++) {                                  \
         int64_t o0 = g * 4, rows = outer - o0 < 4 ? outer - o0 : 4;           \
         ACC s[4] = {0, 0, 0, 0};                                              \
@@ -927,7 +922,7 @@ mg_tensor *mg_norm (mg_tensor *x, int axis, int keepdims, double ord) {
             else { s[q] += v; yr[q][j] = (T)s[q]; }                           \
           }                                                                   \
         }                                                                     \
-      }                                                                       \
+      });                                                                       \
     } else FOR_CHUNKS(                                                        \
       ACC *acc = (ACC *)scratch + o * inner + b0;                             \
       for (int64_t i = 0; i < w; i++) acc[i] = 0;                             \

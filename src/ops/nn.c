@@ -12,7 +12,7 @@
 /* y over (outer, n, inner) with the reduced axis in the middle */
 #define SOFTMAX_BODY(T, EXP, LOG) do {                                         \
     const T *X = (const T *)mg_ptr(xc); T *Y = (T *)mg_ptr(out);               \
-    _Pragma("omp parallel for if (outer * n * inner > 65536)")                \
+    MG_PARALLEL_FOR(outer * n * inner > 65536, ,                \
     for (int64_t o = 0; o < outer; o++)                                        \
       for (int64_t i = 0; i < inner; i++) {                                    \
         const T *xr = X + o * n * inner + i; T *y = Y + o * n * inner + i;      \
@@ -27,7 +27,7 @@
           T r = 1 / s;                                                         \
           for (int64_t k = 0; k < n; k++) y[k * inner] *= r;                   \
         }                                                                      \
-      }                                                                        \
+      });                                                                        \
   } while (0)
 
 static const mg_opdef softmax_op, log_softmax_op;

@@ -80,7 +80,7 @@ static mg_tensor *draw (const char *fn, const int64_t *shape, int ndim, mg_dtype
   int64_t n = t->numel, blocks = (n + per - 1) / per;
   mg_rng_state *rng = &mg_ctx()->rng.main;
   uint64_t seed = rng->seed, base = rng->offset;
-  #pragma omp parallel for if (n > 65536)
+  MG_PARALLEL_FOR(n > 65536, ,
   for (int64_t b = 0; b < blocks; b++) {
     philox_block r = philox(seed, base + (uint64_t)b);
     double u[4];
@@ -105,7 +105,7 @@ static mg_tensor *draw (const char *fn, const int64_t *shape, int ndim, mg_dtype
         ((double *)mg_ptr(t))[i] = u[j];
       }
     }
-  }
+  });
   rng->offset = base + (uint64_t)blocks;
   return t;
 }

@@ -22,6 +22,14 @@
 
 extern const mg_opdef mg_sort_op, mg_argsort_op, mg_topk_op;
 
+static int thread_num (void) {
+#ifdef _OPENMP
+  return omp_get_thread_num();
+#else
+  return 0;
+#endif
+}
+
 /* {====================== keys and sorting ===================== */
 
 static inline uint64_t key_f32 (float v) {
@@ -247,15 +255,11 @@ static mg_status sort_along (const char *fn, mg_tensor *x, int axis, int64_t k, 
   if (flip) J.flip = J.bytes == 4 ? 0xFFFFFFFFu : UINT64_MAX;
   if (scratch != NULL) {
     uint64_t *base = (uint64_t *)scratch->data;
-    #pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
+    MG_PARALLEL_FOR(nt > 1, num_threads(nt) schedule(static),
     for (int64_t r = 0; r < rows; r++) {
-      int t = 0;
-#ifdef _OPENMP
-      t = omp_get_thread_num();
-#endif
-      uint64_t *s = base + (size_t)t * 4 * (size_t)n;
+      uint64_t *s = base + (size_t)thread_num() * 4 * (size_t)n;
       sort_row(&J, r, s, (int64_t *)(s + n), s + 2 * n, (int64_t *)(s + 3 * n));
-    }
+    });
     mg_storage_release(scratch);
   }
   mg_tensor_release(xc);
