@@ -287,6 +287,32 @@ describe("softmax", function()
     h.assert_close(mg.log_softmax(x)[1], {1 - math.log(z), 2 - math.log(z), 3 - math.log(z)}, 1e-12)
     h.assert_close(mg.sum(mg.softmax(x, 1), 1), {1, 1, 1}, 1e-12)
   end)
+
+  it("agrees with its definition on rows longer than the kernel's 16 lanes, -inf, NaN and +inf", function()
+    for _, n in ipairs({16, 37, 64}) do
+      local x = mg.random.uniform({5, n}, -3, 3, "float64") + mg.reshape(mg.arange(5, "float64") * 300, {5, 1})
+      local e = mg.exp(x - mg.max(x, 2, true))
+      local want = e / mg.sum(e, 2, true)
+      h.assert_close(mg.softmax(x), want, 1e-12)
+      h.assert_close(mg.log_softmax(x), mg.log(want), 1e-10)
+      h.assert_close(mg.softmax(mg.cast(x, "float32")), want, 1e-5)
+      h.assert_close(mg.softmax(mg.swapaxes(x, 1, 2), 1), mg.swapaxes(want, 1, 2), 1e-12)   -- columns
+      assert.is_true(mg.test.gradcheck(function(v) return mg.log_softmax(v) * mg.softmax(v) end,
+                                       {mg.random.uniform({2, n}, -2, 2, "float64")}))
+    end
+    local inf, nan = math.huge, 0 / 0
+    local row = {}
+    for j = 1, 20 do row[j] = j end
+    row[3], row[17] = -inf, -inf
+    local y = mg.softmax(c({row}, "float64")):totable()[1]
+    assert.equal(0, y[3])
+    assert.equal(0, y[17])
+    h.assert_close(mg.sum(c({y}, "float64")), 1, 1e-12)
+    row[5] = nan
+    for _, v in ipairs(mg.softmax(c({row}, "float64")):totable()[1]) do assert.is_true(v ~= v) end
+    row[5] = inf
+    for _, v in ipairs(mg.log_softmax(c({row}, "float64")):totable()[1]) do assert.is_true(v ~= v) end
+  end)
 end)
 
 describe("random", function()

@@ -7,12 +7,33 @@
 #include <math.h>
 
 #include "moongrad_impl.h"
+#include "lanes.h"
 #include "vecmath.h"
 
-/* y over (outer, n, inner) with the reduced axis in the middle */
+/* y over (outer, n, inner) with the reduced axis in the middle. Rows of
+** adjacent values (inner 1, the usual last axis) take their max and sum in
+** lanes (lanes.h) and their exps in a loop of their own, so that all three
+** vectorise; a running sum kept the exps scalar. */
 #define SOFTMAX_BODY(T, EXP, LOG) do {                                         \
     const T *X = (const T *)mg_ptr(xc); T *Y = (T *)mg_ptr(out);               \
-    MG_PARALLEL_FOR(outer * n * inner > 65536, ,                \
+    if (inner == 1 && n >= LANES) {                                           \
+      MG_PARALLEL_FOR(outer * n > 65536, ,                                     \
+      for (int64_t o = 0; o < outer; o++) {                                    \
+        const T *xr = X + o * n; T *y = Y + o * n, m, s;                       \
+        LANE_MAX(T, m, xr, n);                                                 \
+        for (int64_t k = 0; k < n; k++) y[k] = EXP(xr[k] - m);                 \
+        LANE_SUM(T, s, n, y[j]);                                               \
+        if (log_form) {                                                        \
+          T ls = LOG(s) + m;                                                   \
+          for (int64_t k = 0; k < n; k++) y[k] = xr[k] - ls;                   \
+        } else {                                                               \
+          T r = 1 / s;                                                         \
+          for (int64_t k = 0; k < n; k++) y[k] *= r;                           \
+        }                                                                      \
+      });                                                                      \
+      break;                                                                   \
+    }                                                                          \
+    MG_PARALLEL_FOR(outer * n * inner > 65536, ,                               \
     for (int64_t o = 0; o < outer; o++)                                        \
       for (int64_t i = 0; i < inner; i++) {                                    \
         const T *xr = X + o * n * inner + i; T *y = Y + o * n * inner + i;      \
@@ -27,7 +48,7 @@
           T r = 1 / s;                                                         \
           for (int64_t k = 0; k < n; k++) y[k * inner] *= r;                   \
         }                                                                      \
-      });                                                                        \
+      });                                                                      \
   } while (0)
 
 static const mg_opdef softmax_op, log_softmax_op;
