@@ -44,13 +44,13 @@ mg_status mg_null_arg (const char *fn, const char *name);
 ** 2,000 instructions, 0.4 us: more than a small op costs). The loop is
 ** compiled twice. */
 #define MG_PRAGMA_(x) _Pragma(#x)
-#define MG_PARALLEL_FOR(cond, clauses, ...) do {                        \
+#define MG_PARALLEL_FOR(cond, clauses, ...) do {                         \
     if (cond) { MG_PRAGMA_(omp parallel for clauses) __VA_ARGS__ }       \
     else { __VA_ARGS__ }                                                 \
   } while (0)
 /* the block `...` (its loops under `omp for`) run by the thread pool when
 ** cond holds, else by this thread alone, as MG_PARALLEL_FOR */
-#define MG_PARALLEL(cond, clauses, ...) do {                            \
+#define MG_PARALLEL(cond, clauses, ...) do {                             \
     if (cond) { MG_PRAGMA_(omp parallel clauses) __VA_ARGS__ }           \
     else { __VA_ARGS__ }                                                 \
   } while (0)

@@ -122,8 +122,8 @@ mg_status mg_variable_assign (mg_variable *v, mg_tensor *value) {
     T *d_ = (T *)dst; const T *a_ = (const T *)a, *x_ = (const T *)x;          \
     T al = (T)alpha;                                                          \
     if (xstep) {                                                              \
-      MG_PARALLEL_FOR(n >= MG_PARALLEL_MIN, ,                   \
-      for (int64_t i = 0; i < n; i++) d_[i] = a_[i] + al * x_[i];);            \
+      MG_PARALLEL_FOR(n >= MG_PARALLEL_MIN, ,                                 \
+      for (int64_t i = 0; i < n; i++) d_[i] = a_[i] + al * x_[i];);           \
     } else {                                                                  \
       T s_ = al * x_[0];                                                      \
       for (int64_t i = 0; i < n; i++) d_[i] = a_[i] + s_;                     \

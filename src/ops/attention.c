@@ -70,7 +70,7 @@ static mg_storage *scratch (size_t bytes) { return mg_storage_new(bytes > 0 ? by
 ** gamma/beta may be NULL */
 #define LN_FWD(T) do {                                                              \
     const T *X = (const T *)x, *G = (const T *)g, *Bt = (const T *)b; T *Y = (T *)y; \
-    MG_PARALLEL_FOR(rows * D > 65536, ,                              \
+    MG_PARALLEL_FOR(rows * D > 65536, ,                                              \
     for (int64_t r = 0; r < rows; r++) {                                            \
       const T *xr = X + r * D; T *yr = Y + r * D;                                   \
       T mu, rstd;                                                                   \
@@ -82,7 +82,7 @@ static mg_storage *scratch (size_t bytes) { return mg_storage_new(bytes > 0 ? by
           T h = (xr[j] - mu) * rstd;                                                \
           yr[j] = (G ? h * G[j] : h) + (Bt ? Bt[j] : 0);                            \
         }                                                                           \
-    });                                                                               \
+    });                                                                             \
   } while (0)
 
 static void ln_forward (mg_dtype dt, const void *x, const void *g, const void *b, void *y, int64_t rows,
@@ -102,7 +102,7 @@ static void ln_forward (mg_dtype dt, const void *x, const void *g, const void *b
 #define LN_BWD(T) do {                                                              \
     const T *X = (const T *)x, *G = (const T *)g, *DY = (const T *)dy;              \
     T *DX = (T *)dx;                                                                \
-    MG_PARALLEL(nthr > 1, num_threads(nthr),                        \
+    MG_PARALLEL(nthr > 1, num_threads(nthr),                                        \
     {                                                                               \
       double *ag = acc + (size_t)omp_get_thread_num() * 2 * D, *ab = ag + D;        \
       _Pragma("omp for schedule(static)")                                          \
@@ -128,7 +128,7 @@ static void ln_forward (mg_dtype dt, const void *x, const void *g, const void *b
           dxr[j] = rstd * (gj - mg_ - h * mgh);                                     \
         }                                                                           \
       }                                                                             \
-    });                                                                               \
+    });                                                                             \
     for (int t = 1; t < nthr; t++)                                                  \
       for (int64_t j = 0; j < 2 * D; j++) acc[j] += acc[(size_t)t * 2 * D + j];     \
   } while (0)
@@ -274,29 +274,29 @@ mg_tensor *mg_layer_norm (mg_tensor *x, mg_tensor *gamma, mg_tensor *beta, doubl
 #define GELU_LOOP(T) do {                                                           \
     const T *X = (const T *)x, *DY = (const T *)dy; T *Y = (T *)y;                  \
     if (!approx && !DY) {                                                           \
-      MG_PARALLEL_FOR(n > MG_PARALLEL_MIN, simd,                    \
+      MG_PARALLEL_FOR(n > MG_PARALLEL_MIN, simd,                                    \
       for (int64_t i = 0; i < n; i++) Y[i] = (T)0.5 * X[i] * (1 + ERF_(X[i] * (T)SQRT_HALF));); \
     } else if (!approx) {                                                           \
-      MG_PARALLEL_FOR(n > MG_PARALLEL_MIN, simd,                    \
+      MG_PARALLEL_FOR(n > MG_PARALLEL_MIN, simd,                                    \
       for (int64_t i = 0; i < n; i++) {                                             \
         T v = X[i];                                                                 \
         T cdf = (T)0.5 * (1 + ERF_(v * (T)SQRT_HALF));                              \
         Y[i] = DY[i] * (cdf + v * (T)INV_SQRT_2PI * EXP_((T)-0.5 * v * v));         \
-      });                                                                             \
+      });                                                                           \
     } else if (!DY) {                                                               \
-      MG_PARALLEL_FOR(n > MG_PARALLEL_MIN, simd,                    \
+      MG_PARALLEL_FOR(n > MG_PARALLEL_MIN, simd,                                    \
       for (int64_t i = 0; i < n; i++) {                                             \
         T v = X[i];                                                                 \
         Y[i] = (T)0.5 * v * (1 + TANH_((T)SQRT_2_PI * (v + (T)GELU_C * v * v * v))); \
-      });                                                                             \
+      });                                                                            \
     } else {                                                                        \
-      MG_PARALLEL_FOR(n > MG_PARALLEL_MIN, simd,                    \
+      MG_PARALLEL_FOR(n > MG_PARALLEL_MIN, simd,                                    \
       for (int64_t i = 0; i < n; i++) {                                             \
         T v = X[i];                                                                 \
         T t = TANH_((T)SQRT_2_PI * (v + (T)GELU_C * v * v * v));                    \
         T du = (T)SQRT_2_PI * (1 + 3 * (T)GELU_C * v * v);                          \
         Y[i] = DY[i] * ((T)0.5 * (1 + t) + (T)0.5 * v * (1 - t * t) * du);          \
-      });                                                                             \
+      });                                                                           \
     }                                                                               \
   } while (0)
 

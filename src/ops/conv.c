@@ -171,7 +171,7 @@ static mg_status check_shape4 (const char *fn, const char *what, const int64_t *
 /* y (N,OH,OW,O) = conv(x (N,H,W,C), w (KH,KW,C,O)) + b */
 #define CONV_FWD(T) do {                                                            \
     const T *X = (const T *)x, *Wt = (const T *)w, *B = (const T *)b; T *Y = (T *)y; \
-    MG_PARALLEL_FOR(out_numel(g) * g->C * g->KH * g->KW > 65536, collapse(2), \
+    MG_PARALLEL_FOR(out_numel(g) * g->C * g->KH * g->KW > 65536, collapse(2),        \
     for (int64_t n = 0; n < g->N; n++)                                              \
       for (int64_t oh = 0; oh < g->OH; oh++)                                        \
         for (int64_t ow = 0; ow < g->OW; ow++) {                                    \
@@ -191,13 +191,13 @@ static mg_status check_shape4 (const char *fn, const char *what, const int64_t *
               }                                                                     \
             }                                                                       \
           }                                                                         \
-        });                                                                           \
+        });                                                                         \
   } while (0)
 
 /* dx (N,H,W,C) = the transpose of conv applied to dy (N,OH,OW,O); one image per thread */
 #define CONV_BWD_INPUT(T) do {                                                      \
     const T *DY = (const T *)dy, *Wt = (const T *)w; T *DX = (T *)dx;               \
-    MG_PARALLEL_FOR(out_numel(g) * g->C * g->KH * g->KW > 65536, ,   \
+    MG_PARALLEL_FOR(out_numel(g) * g->C * g->KH * g->KW > 65536, ,                  \
     for (int64_t n = 0; n < g->N; n++) {                                            \
       T *dxn = DX + n * g->H * g->W * g->C;                                         \
       for (int64_t i = 0; i < g->H * g->W * g->C; i++) dxn[i] = 0;                  \
@@ -220,13 +220,13 @@ static mg_status check_shape4 (const char *fn, const char *what, const int64_t *
             }                                                                       \
           }                                                                         \
         }                                                                           \
-    });                                                                               \
+    });                                                                             \
   } while (0)
 
 /* dw (KH,KW,C,O) = sum over n, oh, ow of x (the tap's pixel) outer dy; one tap per thread */
 #define CONV_BWD_FILTER(T) do {                                                     \
     const T *X = (const T *)x, *DY = (const T *)dy; T *DW = (T *)dw;                \
-    MG_PARALLEL_FOR(out_numel(g) * g->C * g->KH * g->KW > 65536, ,   \
+    MG_PARALLEL_FOR(out_numel(g) * g->C * g->KH * g->KW > 65536, ,                  \
     for (int64_t uv = 0; uv < g->KH * g->KW; uv++) {                                \
       int64_t u = uv / g->KW, v = uv % g->KW;                                       \
       T *dwp = DW + uv * g->C * g->O;                                               \
@@ -246,7 +246,7 @@ static mg_status check_shape4 (const char *fn, const char *what, const int64_t *
             }                                                                       \
           }                                                                         \
         }                                                                           \
-    });                                                                               \
+    });                                                                             \
   } while (0)
 
 /* the window of output (oh, ow): its rows [u0, u1) and columns [v0, v1) in
@@ -264,7 +264,7 @@ static mg_status check_shape4 (const char *fn, const char *what, const int64_t *
 #define MAX_POOL_FWD(T) do {                                                        \
     const T *X = (const T *)x; T *Y = (T *)y;                                       \
     const int64_t C = g->C;                                                         \
-    MG_PARALLEL_FOR(out_numel(g) * g->KH * g->KW > 65536, collapse(2), \
+    MG_PARALLEL_FOR(out_numel(g) * g->KH * g->KW > 65536, collapse(2),              \
     for (int64_t n = 0; n < g->N; n++)                                              \
       for (int64_t oh = 0; oh < g->OH; oh++)                                        \
         for (int64_t ow = 0; ow < g->OW; ow++) {                                    \
@@ -277,7 +277,7 @@ static mg_status check_shape4 (const char *fn, const char *what, const int64_t *
               if (u == u0 && v == v0) { for (int64_t c = 0; c < C; c++) yp[c] = xp[c]; } \
               else { for (int64_t c = 0; c < C; c++) yp[c] = xp[c] > yp[c] ? xp[c] : yp[c]; } \
             }                                                                       \
-        });                                                                           \
+        });                                                                         \
   } while (0)
 
 /* dx (N,H,W,C): each dy added at its window's first maximum in x; one
@@ -291,7 +291,7 @@ static mg_status check_shape4 (const char *fn, const char *what, const int64_t *
     const int64_t C = g->C, HWC = g->H * g->W * C;                                  \
     const bool tiled = g->sh == g->KH && g->sw == g->KW && g->dh == 1 && g->dw == 1 \
                        && g->pt == 0 && g->pl == 0;                                 \
-    MG_PARALLEL(nthreads > 1, num_threads(nthreads),                                   \
+    MG_PARALLEL(nthreads > 1, num_threads(nthreads),                                \
     {                                                                               \
       char *mine = (char *)scratch + (size_t)omp_get_thread_num() * 2 * slice;     \
       T *restrict m = (T *)mine;                                                    \
@@ -336,13 +336,13 @@ static mg_status check_shape4 (const char *fn, const char *what, const int64_t *
             }                                                                       \
           }                                                                         \
       }                                                                             \
-    });                                                                               \
+    });                                                                             \
   } while (0)
 
 /* y (N,OH,OW,C) = the mean over each window's pixels in x (padding not counted) */
 #define AVG_POOL_FWD(T) do {                                                        \
     const T *X = (const T *)x; T *Y = (T *)y;                                       \
-    MG_PARALLEL_FOR(out_numel(g) * g->KH * g->KW > 65536, collapse(2), \
+    MG_PARALLEL_FOR(out_numel(g) * g->KH * g->KW > 65536, collapse(2),              \
     for (int64_t n = 0; n < g->N; n++)                                              \
       for (int64_t oh = 0; oh < g->OH; oh++)                                        \
         for (int64_t ow = 0; ow < g->OW; ow++) {                                    \
@@ -356,13 +356,13 @@ static mg_status check_shape4 (const char *fn, const char *what, const int64_t *
               for (int64_t c = 0; c < g->C; c++) yp[c] += xp[c];                    \
             }                                                                       \
           for (int64_t c = 0; c < g->C; c++) yp[c] *= share;                        \
-        });                                                                           \
+        });                                                                         \
   } while (0)
 
 /* dx (N,H,W,C): each dy shared evenly among its window's pixels; one image per thread */
 #define AVG_POOL_BWD(T) do {                                                        \
     const T *DY = (const T *)dy; T *DX = (T *)dx;                                   \
-    MG_PARALLEL_FOR(out_numel(g) * g->KH * g->KW > 65536, ,          \
+    MG_PARALLEL_FOR(out_numel(g) * g->KH * g->KW > 65536, ,                         \
     for (int64_t n = 0; n < g->N; n++) {                                            \
       T *dxn = DX + n * g->H * g->W * g->C;                                         \
       for (int64_t i = 0; i < g->H * g->W * g->C; i++) dxn[i] = 0;                  \
@@ -377,7 +377,7 @@ static mg_status check_shape4 (const char *fn, const char *what, const int64_t *
               for (int64_t c = 0; c < g->C; c++) dxp[c] += dyp[c] * share;          \
             }                                                                       \
         }                                                                           \
-    });                                                                               \
+    });                                                                             \
   } while (0)
 
 static void conv_fwd_ref (const geom *g, mg_dtype dt, const void *x, const void *w, const void *b, void *y) {

@@ -79,7 +79,7 @@ static const mg_opdef take_op, put_op;
 /* out (outer,k,inner) = x (outer,n,inner) at idx (outer,k,inner) along the
 ** middle; an index outside [-n, n) sets bad (and is not followed) */
 #define TAKE(T) do {                                                              \
-    T *o_ = (T *)mg_ptr(out); const T *x_ = (const T *)mg_ptr(xc);               \
+    T *o_ = (T *)mg_ptr(out); const T *x_ = (const T *)mg_ptr(xc);                \
     MG_PARALLEL_FOR(outer > 1 && out->numel >= MG_PARALLEL_MIN, reduction(|:bad), \
     for (int64_t o = 0; o < outer; o++) {                                        \
       const T *src = x_ + o * n * inner;                                         \
@@ -92,7 +92,7 @@ static const mg_opdef take_op, put_op;
           dst[i] = src[(r < (uint64_t)n ? (int64_t)r : 0) * inner + i];          \
         }                                                                        \
       }                                                                          \
-    });                                                                            \
+    });                                                                          \
   } while (0)
 
 /* x: (..., n, ...), indices: (..., k, ...), the same sizes elsewhere */
@@ -134,8 +134,8 @@ done:
 
 /* put_add: out = x with values added at indices along axis a (bool: or) */
 #define PUT(T, UPDATE) do {                                                       \
-    T *o_ = (T *)mg_ptr(out); const T *s_ = (const T *)mg_ptr(vc);               \
-    MG_PARALLEL_FOR(outer > 1 && vc->numel >= MG_PARALLEL_MIN, ,    \
+    T *o_ = (T *)mg_ptr(out); const T *s_ = (const T *)mg_ptr(vc);                \
+    MG_PARALLEL_FOR(outer > 1 && vc->numel >= MG_PARALLEL_MIN, ,                  \
     for (int64_t o = 0; o < outer; o++) {                                        \
       T *dst = o_ + o * n * inner;                                               \
       for (int64_t j = 0; j < k; j++) {                                          \
@@ -146,7 +146,7 @@ done:
           *d = UPDATE(*d, sj[i]);                                                \
         }                                                                        \
       }                                                                          \
-    });                                                                            \
+    });                                                                          \
   } while (0)
 #define ADD(a, b)    ((a) + (b))
 #define ADD_I(a, b)  ((int64_t)((uint64_t)(a) + (uint64_t)(b)))    /* wraps, as Lua's */

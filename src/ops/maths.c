@@ -238,12 +238,12 @@ static inline int64_t clamp_i64 (int64_t x, int64_t lo, int64_t hi) {
     const T *x = (const T *)p[1], *l = (const T *)p[2], *h = (const T *)p[3]; \
     if (s[1] == 1 && s[2] == 0 && s[3] == 0) {                                \
       T lo = l[0], hi = h[0];                                                 \
-      for (int64_t i = 0; i < n; i++) o[i] = CL(x[i], lo, hi);             \
+      for (int64_t i = 0; i < n; i++) o[i] = CL(x[i], lo, hi);                \
     } else if (s[1] == 1 && s[2] == 1 && s[3] == 1) {                         \
-      for (int64_t i = 0; i < n; i++) o[i] = CL(x[i], l[i], h[i]);         \
+      for (int64_t i = 0; i < n; i++) o[i] = CL(x[i], l[i], h[i]);            \
     } else {                                                                  \
       for (int64_t i = 0; i < n; i++)                                         \
-        o[i] = CL(x[i * s[1]], l[i * s[2]], h[i * s[3]]);                  \
+        o[i] = CL(x[i * s[1]], l[i * s[2]], h[i * s[3]]);                     \
     }                                                                         \
   } while (0)
 
@@ -341,12 +341,12 @@ static int64_t column_chunks (int64_t outer, int64_t inner) {
 ** slice o */
 #define FOR_CHUNKS(...) do {                                                  \
     int64_t nc_ = column_chunks(outer, inner), cw_ = (inner + nc_ - 1) / nc_; \
-    MG_PARALLEL_FOR((outer * n * inner) >= MG_PARALLEL_MIN, ,                                                 \
+    MG_PARALLEL_FOR((outer * n * inner) >= MG_PARALLEL_MIN, ,                 \
     for (int64_t it_ = 0; it_ < outer * nc_; it_++) {                         \
       int64_t o = it_ / nc_, b0 = (it_ % nc_) * cw_;                          \
       int64_t w = inner - b0 < cw_ ? inner - b0 : cw_;                        \
       if (w > 0) { __VA_ARGS__ }                                              \
-    });                                                                         \
+    });                                                                       \
   } while (0)
 
 /* where a reduction runs: x as (outer, n, inner), the result's shape */
@@ -459,7 +459,7 @@ static mg_tensor *record_reduction (const mg_opdef *op, mg_tensor *x, mg_tensor 
 #define PROD_BODY(T, ACC) do {                                                \
     const T *X = (const T *)xs; T *Y = (T *)ys;                               \
     if (inner == 1) {                                                         \
-      MG_PARALLEL_FOR((outer * n) >= MG_PARALLEL_MIN, ,                                                       \
+      MG_PARALLEL_FOR((outer * n) >= MG_PARALLEL_MIN, ,                       \
       for (int64_t o = 0; o < outer; o++) {                                   \
         const T *r = X + o * n;                                               \
         ACC lane[LANES];                                                      \
@@ -471,7 +471,7 @@ static mg_tensor *record_reduction (const mg_opdef *op, mg_tensor *x, mg_tensor 
         ACC t = 1;                                                            \
         for (int l = 0; l < LANES; l++) t *= lane[l];                         \
         Y[o] = (T)t;                                                          \
-      });                                                                       \
+      });                                                                     \
     } else FOR_CHUNKS(                                                        \
       ACC *acc = (ACC *)scratch + o * inner + b0;                             \
       for (int64_t i = 0; i < w; i++) acc[i] = 1;                             \
@@ -550,7 +550,7 @@ mg_tensor *mg_prod (mg_tensor *x, int axis, int keepdims) {
 #define LSE_BODY(T) do {                                                      \
     const T *X = (const T *)xs; T *Y = (T *)ys;                               \
     if (inner == 1) {                                                         \
-      MG_PARALLEL_FOR((outer * n) >= MG_PARALLEL_MIN, ,                                                       \
+      MG_PARALLEL_FOR((outer * n) >= MG_PARALLEL_MIN, ,                       \
       for (int64_t o = 0; o < outer; o++) {                                   \
         const T *r = X + o * n;                                               \
         T lm[LANES];                                                          \
@@ -574,7 +574,7 @@ mg_tensor *mg_prod (mg_tensor *x, int axis, int keepdims) {
         double t = 0;                                                         \
         for (int l = 0; l < LANES; l++) t += ls[l];                           \
         Y[o] = (T)((double)m + log(t));                                       \
-      });                                                                       \
+      });                                                                     \
     } else FOR_CHUNKS(                                                        \
       T *mx = Y + o * inner + b0;              /* the maxima, then the result */ \
       double *acc = scratch + o * inner + b0;                                 \
@@ -589,7 +589,7 @@ mg_tensor *mg_prod (mg_tensor *x, int axis, int keepdims) {
         for (int64_t i = 0; i < w; i++) acc[i] += (double)EXP((T)(r[i] - mx[i])); \
       }                                                                       \
       for (int64_t i = 0; i < w; i++) mx[i] = (T)((double)mx[i] + log(acc[i])); \
-    );                                                                        \
+    );                                                                          \
   } while (0)
 
 static void lse_kernel (mg_dtype dt, const void *xs, void *ys, int64_t outer, int64_t n,
@@ -635,7 +635,7 @@ mg_tensor *mg_logsumexp (mg_tensor *x, int axis, int keepdims) {
 #define MOMENT_BODY(T, ROOT) do {                                             \
     const T *X = (const T *)xs; T *Y = (T *)ys;                               \
     if (inner == 1) {                                                         \
-      MG_PARALLEL_FOR((outer * n) >= MG_PARALLEL_MIN, ,                                                       \
+      MG_PARALLEL_FOR((outer * n) >= MG_PARALLEL_MIN, ,                       \
       for (int64_t o = 0; o < outer; o++) {                                   \
         const T *r = X + o * n;                                               \
         double ls[LANES] = {0};                                               \
@@ -655,7 +655,7 @@ mg_tensor *mg_logsumexp (mg_tensor *x, int axis, int keepdims) {
         double m2 = 0;                                                        \
         for (int l = 0; l < LANES; l++) m2 += ls[l];                          \
         Y[o] = (T)ROOT(m2 / p);                                               \
-      });                                                                       \
+      });                                                                     \
     } else FOR_CHUNKS(                                                        \
       double *mean = scratch + o * inner + b0;                                \
       double *m2 = scratch + (outer + o) * inner + b0;                        \
@@ -672,7 +672,7 @@ mg_tensor *mg_logsumexp (mg_tensor *x, int axis, int keepdims) {
         }                                                                     \
       }                                                                       \
       for (int64_t i = 0; i < w; i++) Y[o * inner + b0 + i] = (T)ROOT(m2[i] / p); \
-    );                                                                        \
+    );                                                                            \
   } while (0)
 
 #define NO_ROOT(v) (v)
@@ -765,7 +765,7 @@ mg_tensor *mg_std (mg_tensor *x, int axis, int keepdims, double ddof) {
 #define NORM_SUM_BODY(T, TERM, ROOT) do {                                     \
     const T *X = (const T *)xs; T *Y = (T *)ys;                               \
     if (inner == 1) {                                                         \
-      MG_PARALLEL_FOR((outer * n) >= MG_PARALLEL_MIN, ,                                                       \
+      MG_PARALLEL_FOR((outer * n) >= MG_PARALLEL_MIN, ,                       \
       for (int64_t o = 0; o < outer; o++) {                                   \
         const T *r = X + o * n;                                               \
         double ls[LANES] = {0};                                               \
@@ -776,7 +776,7 @@ mg_tensor *mg_std (mg_tensor *x, int axis, int keepdims, double ddof) {
         double t = 0;                                                         \
         for (int l = 0; l < LANES; l++) t += ls[l];                           \
         Y[o] = (T)ROOT(t);                                                    \
-      });                                                                       \
+      });                                                                     \
     } else FOR_CHUNKS(                                                        \
       double *acc = scratch + o * inner + b0;                                 \
       for (int64_t i = 0; i < w; i++) acc[i] = 0;                             \
@@ -785,14 +785,14 @@ mg_tensor *mg_std (mg_tensor *x, int axis, int keepdims, double ddof) {
         for (int64_t i = 0; i < w; i++) { double v = (double)r[i]; acc[i] += TERM(v); } \
       }                                                                       \
       for (int64_t i = 0; i < w; i++) Y[o * inner + b0 + i] = (T)ROOT(acc[i]); \
-    );                                                                        \
+    );                                                                         \
   } while (0)
 
 /* the largest |x|; NaN wins */
 #define NORM_MAX_BODY(T) do {                                                 \
     const T *X = (const T *)xs; T *Y = (T *)ys;                               \
     if (inner == 1) {                                                         \
-      MG_PARALLEL_FOR((outer * n) >= MG_PARALLEL_MIN, ,                                                       \
+      MG_PARALLEL_FOR((outer * n) >= MG_PARALLEL_MIN, ,                       \
       for (int64_t o = 0; o < outer; o++) {                                   \
         const T *r = X + o * n;                                               \
         T lm[LANES] = {0};                                                    \
@@ -805,7 +805,7 @@ mg_tensor *mg_std (mg_tensor *x, int axis, int keepdims, double ddof) {
         T m = 0;                                                              \
         for (int l = 0; l < LANES; l++) m = (lm[l] > m || lm[l] != lm[l]) ? lm[l] : m; \
         Y[o] = m;                                                             \
-      });                                                                       \
+      });                                                                     \
     } else FOR_CHUNKS(                                                        \
       T *acc = Y + o * inner + b0;                                            \
       for (int64_t i = 0; i < w; i++) acc[i] = 0;                             \
@@ -905,7 +905,7 @@ mg_tensor *mg_norm (mg_tensor *x, int axis, int keepdims, double ord) {
     const T *X = (const T *)xs; T *Y = (T *)ys;                               \
     if (inner == 1) {                                                         \
       int64_t groups = (outer + 3) / 4;                                       \
-      MG_PARALLEL_FOR((outer * n) >= MG_PARALLEL_MIN, ,                                                       \
+      MG_PARALLEL_FOR((outer * n) >= MG_PARALLEL_MIN, ,                       \
       for (int64_t g = 0; g < groups; g++) {                                  \
         int64_t o0 = g * 4, rows = outer - o0 < 4 ? outer - o0 : 4;           \
         ACC s[4] = {0, 0, 0, 0};                                              \
@@ -922,7 +922,7 @@ mg_tensor *mg_norm (mg_tensor *x, int axis, int keepdims, double ord) {
             else { s[q] += v; yr[q][j] = (T)s[q]; }                           \
           }                                                                   \
         }                                                                     \
-      });                                                                       \
+      });                                                                     \
     } else FOR_CHUNKS(                                                        \
       ACC *acc = (ACC *)scratch + o * inner + b0;                             \
       for (int64_t i = 0; i < w; i++) acc[i] = 0;                             \

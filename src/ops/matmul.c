@@ -35,7 +35,7 @@ static bool layout_of (const mg_tensor *t, gemm_layout *l) {
 /* C (M,N) = A (M,K) @ B (K,N), all contiguous row-major; C zeroed first */
 #define SIMPLE_GEMM(T) do {                                                        \
     const T *A = (const T *)a; const T *B = (const T *)b; T *C = (T *)c;           \
-    MG_PARALLEL_FOR(M * N * K > 32768, ,                            \
+    MG_PARALLEL_FOR(M * N * K > 32768, ,                                           \
     for (int64_t i = 0; i < M; i++) {                                              \
       T *crow = C + i * N;                                                         \
       for (int64_t j = 0; j < N; j++) crow[j] = 0;                                 \
@@ -43,7 +43,7 @@ static bool layout_of (const mg_tensor *t, gemm_layout *l) {
         T aik = A[i * K + k]; const T *brow = B + k * N;                           \
         for (int64_t j = 0; j < N; j++) crow[j] += aik * brow[j];                  \
       }                                                                            \
-    });                                                                              \
+    });                                                                            \
   } while (0)
 
 static void gemm_f64 (const void *a, const void *b, void *c, int64_t M, int64_t N, int64_t K) {

@@ -17,7 +17,7 @@
 #define SOFTMAX_BODY(T, EXP, LOG) do {                                         \
     const T *X = (const T *)mg_ptr(xc); T *Y = (T *)mg_ptr(out);               \
     if (inner == 1 && n >= LANES) {                                           \
-      MG_PARALLEL_FOR(outer * n > 65536, ,                                     \
+      MG_PARALLEL_FOR(outer * n > 65536, ,                                    \
       for (int64_t o = 0; o < outer; o++) {                                    \
         const T *xr = X + o * n; T *y = Y + o * n, m, s;                       \
         LANE_MAX(T, m, xr, n);                                                 \
