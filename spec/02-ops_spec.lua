@@ -315,6 +315,27 @@ describe("softmax", function()
   end)
 end)
 
+describe("threads", function()
+  it("elementwise results do not depend on the thread count (chunks of whole vector blocks)", function()
+    local was = mg.get_num_threads()
+    for _, dt in ipairs({"float32", "float64"}) do
+      for _, n in ipairs({262145, 600001}) do
+        mg.random.seed(5)
+        local x, y = mg.random.normal({n}, 0, 1, dt), mg.random.normal({n}, 0, 1, dt)
+        local function run (threads)
+          mg.set_num_threads(threads)
+          return {mg.tanh(x), mg.exp(x), mg.sigmoid(x), mg.log(mg.abs(x) + 1), mg.sin(x), mg.gelu(x), x * y + x}
+        end
+        local one, two = run(1), run(2)
+        for i = 1, #one do
+          assert.equal(0, mg.sum(mg.cast(mg.not_equal(one[i], two[i]), "int64")):item())
+        end
+      end
+    end
+    mg.set_num_threads(was)
+  end)
+end)
+
 describe("random", function()
   it("is reproducible from a seed, and its state can be saved and restored", function()
     mg.random.seed(42)

@@ -107,7 +107,10 @@ void mg_iter_run (const mg_iter *it, char **base, const size_t *sz, mg_run_fn ru
   int nt = omp_get_max_threads();
   if (nt > 1 && outer * inner >= MG_PARALLEL_MIN && !omp_in_parallel()) {
     if (outer == 1) {      /* one long run: cut it into chunks */
-      int64_t chunk = (inner + nt - 1) / nt, st[4] = {0, 0, 0, 0};
+      /* of whole 64-element blocks: each element then takes the same path
+      ** (the vector loop, or the scalar one at the run's end, whose libm
+      ** results differ from libmvec's in the last bits) at any thread count */
+      int64_t chunk = ((inner + nt - 1) / nt + 63) / 64 * 64, st[4] = {0, 0, 0, 0};
       for (int k = 0; k < it->nops; k++) st[k] = it->strides[k][0];
       #pragma omp parallel for num_threads(nt)
       for (int t = 0; t < nt; t++) {

@@ -271,38 +271,46 @@ mg_tensor *mg_layer_norm (mg_tensor *x, mg_tensor *gamma, mg_tensor *beta, doubl
 #define EXP_(x)   _Generic((x), float: expf, default: exp)(x)
 
 /* y = gelu(x), or (dy given) dx = dy * gelu'(x), over n contiguous values */
+/* y = gelu(x), or (dy given) dx = dy * gelu'(x), over [lo, hi) */
 #define GELU_LOOP(T) do {                                                           \
     const T *X = (const T *)x, *DY = (const T *)dy; T *Y = (T *)y;                  \
     if (!approx && !DY) {                                                           \
-      MG_PARALLEL_FOR(n > MG_PARALLEL_MIN, simd,                                    \
-      for (int64_t i = 0; i < n; i++) Y[i] = (T)0.5 * X[i] * (1 + ERF_(X[i] * (T)SQRT_HALF));); \
+      for (int64_t i = lo; i < hi; i++) Y[i] = (T)0.5 * X[i] * (1 + ERF_(X[i] * (T)SQRT_HALF)); \
     } else if (!approx) {                                                           \
-      MG_PARALLEL_FOR(n > MG_PARALLEL_MIN, simd,                                    \
-      for (int64_t i = 0; i < n; i++) {                                             \
+      for (int64_t i = lo; i < hi; i++) {                                           \
         T v = X[i];                                                                 \
         T cdf = (T)0.5 * (1 + ERF_(v * (T)SQRT_HALF));                              \
         Y[i] = DY[i] * (cdf + v * (T)INV_SQRT_2PI * EXP_((T)-0.5 * v * v));         \
-      });                                                                           \
+      }                                                                             \
     } else if (!DY) {                                                               \
-      MG_PARALLEL_FOR(n > MG_PARALLEL_MIN, simd,                                    \
-      for (int64_t i = 0; i < n; i++) {                                             \
+      for (int64_t i = lo; i < hi; i++) {                                           \
         T v = X[i];                                                                 \
         Y[i] = (T)0.5 * v * (1 + TANH_((T)SQRT_2_PI * (v + (T)GELU_C * v * v * v))); \
-      });                                                                            \
+      }                                                                             \
     } else {                                                                        \
-      MG_PARALLEL_FOR(n > MG_PARALLEL_MIN, simd,                                    \
-      for (int64_t i = 0; i < n; i++) {                                             \
+      for (int64_t i = lo; i < hi; i++) {                                           \
         T v = X[i];                                                                 \
         T t = TANH_((T)SQRT_2_PI * (v + (T)GELU_C * v * v * v));                    \
         T du = (T)SQRT_2_PI * (1 + 3 * (T)GELU_C * v * v);                          \
         Y[i] = DY[i] * ((T)0.5 * (1 + t) + (T)0.5 * v * (1 - t * t) * du);          \
-      });                                                                           \
+      }                                                                             \
     }                                                                               \
   } while (0)
 
-static void gelu_kernel (mg_dtype dt, bool approx, const void *x, const void *dy, void *y, int64_t n) {
+static void gelu_range (mg_dtype dt, bool approx, const void *x, const void *dy, void *y, int64_t lo,
+                        int64_t hi) {
   if (dt == MG_FLOAT32) GELU_LOOP(float);
   else GELU_LOOP(double);
+}
+
+/* in blocks of a fixed size whatever the thread count: each element then
+** takes the same path (the vector loop, or the scalar one at a block's end,
+** whose libm results differ from libmvec's in the last bits) */
+static void gelu_kernel (mg_dtype dt, bool approx, const void *x, const void *dy, void *y, int64_t n) {
+  int64_t block = 1 << 14, nblocks = (n + block - 1) / block;
+  MG_PARALLEL_FOR(n > MG_PARALLEL_MIN, ,
+  for (int64_t k = 0; k < nblocks; k++)
+    gelu_range(dt, approx, x, dy, y, k * block, k * block + block < n ? k * block + block : n););
 }
 
 /* gelu(x) or dy * gelu'(x) on contiguous copies; dy may be NULL. The
