@@ -133,3 +133,9 @@ void mg_iter_run (const mg_iter *it, char **base, const size_t *sz, mg_run_fn ru
 #endif
   run_range(it, base, sz, run, ud, 0, outer);
 }
+
+void mg_for_blocks (int64_t n, mg_block_fn fn, const void *ctx) {
+  int64_t block = 1 << 16, nblocks = (n + block - 1) / block;
+  MG_PARALLEL_FOR(n >= MG_PARALLEL_MIN, ,
+  for (int64_t k = 0; k < nblocks; k++) fn(ctx, k * block, k * block + block < n ? k * block + block : n););
+}

@@ -43,17 +43,20 @@ mg_status mg_null_arg (const char *fn, const char *name);
 ** still sets up a team of one, which libgomp allocates per region (about
 ** 2,000 instructions, 0.4 us: more than a small op costs). The loop is
 ** compiled twice. */
-#define MG_PRAGMA_(x) _Pragma(#x)
-#define MG_PARALLEL_FOR(cond, clauses, ...) do {                         \
-    if (cond) { MG_PRAGMA_(omp parallel for clauses) __VA_ARGS__ }       \
-    else { __VA_ARGS__ }                                                 \
-  } while (0)
+#define MG_PARALLEL_FOR(cond, clauses, ...)  MG_PARALLEL(cond, for clauses, __VA_ARGS__)
 /* the block `...` (its loops under `omp for`) run by the thread pool when
 ** cond holds, else by this thread alone, as MG_PARALLEL_FOR */
 #define MG_PARALLEL(cond, clauses, ...) do {                             \
     if (cond) { MG_PRAGMA_(omp parallel clauses) __VA_ARGS__ }           \
     else { __VA_ARGS__ }                                                 \
   } while (0)
+#define MG_PRAGMA_(x) _Pragma(#x)
+
+/* fn(ctx, lo, hi) over [0, n) in blocks of 64K values (whole 64-value
+** vector blocks, so each value takes the same path at any thread count), on
+** the pool's threads from MG_PARALLEL_MIN values: one call per block */
+typedef void (*mg_block_fn) (const void *ctx, int64_t lo, int64_t hi);
+void mg_for_blocks (int64_t n, mg_block_fn fn, const void *ctx);
 
 
 /* {========================= storage ========================= */

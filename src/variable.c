@@ -242,16 +242,6 @@ static mg_status check_like (const char *fn, const mg_tensor *cur, const mg_tens
   return MG_OK;
 }
 
-/* step(ctx, lo, hi) over [0, n) in blocks of 64K values, on the pool's
-** threads from MG_PARALLEL_MIN values (one call per block, not per value) */
-typedef void (*step_block) (const void *ctx, int64_t lo, int64_t hi);
-
-static void for_blocks (int64_t n, step_block step, const void *ctx) {
-  int64_t block = 1 << 16, nblocks = (n + block - 1) / block;
-  MG_PARALLEL_FOR(n >= MG_PARALLEL_MIN, ,
-  for (int64_t k = 0; k < nblocks; k++) step(ctx, k * block, k * block + block < n ? k * block + block : n););
-}
-
 /* }============================================================= */
 
 
@@ -321,7 +311,7 @@ mg_status mg_variable_adam (mg_variable *v, mg_tensor *g, mg_tensor *m, mg_tenso
   if (ok) {
     adam_bufs k = {cur->dtype, mg_ptr(dst), mg_ptr(in[0]), in[1] ? mg_ptr(in[1]) : NULL,
                    in[2] ? mg_ptr(in[2]) : NULL, mg_ptr(mo), mg_ptr(so), p};
-    for_blocks(cur->numel, adam_block, &k);
+    mg_for_blocks(cur->numel, adam_block, &k);
   }
   for (int i = 0; i < 3; i++) mg_tensor_release(in[i]);
   settle_value(v, dst, ok);
@@ -390,7 +380,7 @@ mg_status mg_variable_momentum (mg_variable *v, mg_tensor *g, mg_tensor *b, doub
   if (ok) {
     momentum_bufs k = {cur->dtype, mg_ptr(dst), mg_ptr(in[0]), in[1] ? mg_ptr(in[1]) : NULL, b ? mg_ptr(bo) : NULL,
                        momentum, lr, nesterov != 0};
-    for_blocks(cur->numel, momentum_block, &k);
+    mg_for_blocks(cur->numel, momentum_block, &k);
   }
   for (int i = 0; i < 2; i++) mg_tensor_release(in[i]);
   settle_value(v, dst, ok);
@@ -480,7 +470,7 @@ mg_status mg_variable_rmsprop (mg_variable *v, mg_tensor *g, mg_tensor *const sl
     rmsprop_bufs k = {cur->dtype, mg_ptr(dst), mg_ptr(in[0]), mg_ptr(in[1]), in[2] ? mg_ptr(in[2]) : NULL,
                       in[3] ? mg_ptr(in[3]) : NULL, mg_ptr(out[0]), out[1] ? mg_ptr(out[1]) : NULL,
                       out[2] ? mg_ptr(out[2]) : NULL, p};
-    for_blocks(cur->numel, rmsprop_block, &k);
+    mg_for_blocks(cur->numel, rmsprop_block, &k);
   }
   for (int i = 0; i < 4; i++) mg_tensor_release(in[i]);
   settle_value(v, dst, ok);

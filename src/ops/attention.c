@@ -270,7 +270,6 @@ mg_tensor *mg_layer_norm (mg_tensor *x, mg_tensor *gamma, mg_tensor *beta, doubl
 #define TANH_(x)  _Generic((x), float: tanhf, default: tanh)(x)
 #define EXP_(x)   _Generic((x), float: expf, default: exp)(x)
 
-/* y = gelu(x), or (dy given) dx = dy * gelu'(x), over n contiguous values */
 /* y = gelu(x), or (dy given) dx = dy * gelu'(x), over [lo, hi) */
 #define GELU_LOOP(T) do {                                                           \
     const T *X = (const T *)x, *DY = (const T *)dy; T *Y = (T *)y;                  \
@@ -297,20 +296,28 @@ mg_tensor *mg_layer_norm (mg_tensor *x, mg_tensor *gamma, mg_tensor *beta, doubl
     }                                                                               \
   } while (0)
 
-static void gelu_range (mg_dtype dt, bool approx, const void *x, const void *dy, void *y, int64_t lo,
-                        int64_t hi) {
-  if (dt == MG_FLOAT32) GELU_LOOP(float);
+typedef struct gelu_args {
+  mg_dtype dt;
+  bool approx;
+  const void *x, *dy;
+  void *y;
+} gelu_args;
+
+static void gelu_block (const void *ctx, int64_t lo, int64_t hi) {
+  const gelu_args *a = (const gelu_args *)ctx;
+  const void *x = a->x, *dy = a->dy;
+  void *y = a->y;
+  bool approx = a->approx;
+  if (a->dt == MG_FLOAT32) GELU_LOOP(float);
   else GELU_LOOP(double);
 }
 
-/* in blocks of a fixed size whatever the thread count: each element then
-** takes the same path (the vector loop, or the scalar one at a block's end,
-** whose libm results differ from libmvec's in the last bits) */
+/* in mg_for_blocks' fixed blocks: each element takes the same path (the
+** vector loop, or the scalar one at a block's end, whose libm results
+** differ from libmvec's in the last bits) at any thread count */
 static void gelu_kernel (mg_dtype dt, bool approx, const void *x, const void *dy, void *y, int64_t n) {
-  int64_t block = 1 << 14, nblocks = (n + block - 1) / block;
-  MG_PARALLEL_FOR(n > MG_PARALLEL_MIN, ,
-  for (int64_t k = 0; k < nblocks; k++)
-    gelu_range(dt, approx, x, dy, y, k * block, k * block + block < n ? k * block + block : n););
+  gelu_args a = {dt, approx, x, dy, y};
+  mg_for_blocks(n, gelu_block, &a);
 }
 
 /* gelu(x) or dy * gelu'(x) on contiguous copies; dy may be NULL. The
@@ -488,20 +495,20 @@ static void gemm (mg_dtype dt, char ta, char tb, int64_t M, int64_t N, int64_t K
         for (int64_t j = 0; j < n; j++)                                             \
           if (!mr[j * g->mcol]) row[j] = -INFINITY;                                 \
       LANE_MAX(T, m, row, n);                                                       \
-      if (m == -INFINITY) {                   /* nothing to attend to, all -inf, or NaN */ \
-        bool nan = false;                                                           \
+      bool nan = false;                       /* a NaN or +inf score it attends to */ \
+      if (m != -INFINITY) {                                                         \
+        for (int64_t j = 0; j < n; j++) row[j] = EXP(row[j] - m);                   \
+        LANE_SUM(T, s, n, row[j]);                                                  \
+        if (s == s) {                                                               \
+          T r = 1 / s;                                                              \
+          for (int64_t j = 0; j < n; j++) row[j] *= r;                              \
+          continue;                                                                 \
+        }                                                                           \
+        nan = true;                                                                 \
+      } else {                                /* nothing to attend to, all -inf, or NaN */ \
         for (int64_t j = 0; j < n; j++) nan |= row[j] != row[j];                    \
-        for (int64_t j = 0; j < n; j++) row[j] = nan && !(mr && !mr[j * g->mcol]) ? (T)NAN : 0; \
-        continue;                                                                   \
       }                                                                             \
-      for (int64_t j = 0; j < n; j++) row[j] = EXP(row[j] - m);                     \
-      LANE_SUM(T, s, n, row[j]);                                                    \
-      if (s != s) {                                                                 \
-        for (int64_t j = 0; j < n; j++) row[j] = mr && !mr[j * g->mcol] ? 0 : (T)NAN; \
-        continue;                                                                   \
-      }                                                                             \
-      T r = 1 / s;                                                                  \
-      for (int64_t j = 0; j < n; j++) row[j] *= r;                                  \
+      for (int64_t j = 0; j < n; j++) row[j] = nan && !(mr && !mr[j * g->mcol]) ? (T)NAN : 0; \
     }                                                                               \
   } while (0)
 

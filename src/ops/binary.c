@@ -191,46 +191,38 @@ static const mg_opdef add_op = {
 };
 mg_tensor *mg_add (mg_tensor *a, mg_tensor *b) { return binary(&add_op, a, b); }
 
-/* out[i] = k(a[i], b[i * bs]) over n contiguous elements of esz bytes (out
-** may be a; bs 0 repeats one b): in chunks split across threads when n is
-** large. (A parallel region costs even with its `if` false: libgomp sets up
-** a team of one, allocating.) */
-static void run_contiguous (mg_kernel k, char *out, const char *a, const char *b, int64_t bs, int64_t n,
-                            int64_t esz) {
-  if (n < MG_PARALLEL_MIN) {
-    char *base[3] = {out, (char *)a, (char *)b};
-    int64_t st[3] = {1, 1, bs};
-    k(n, base, st);
-    return;
-  }
-  int64_t chunk = 1 << 16, nchunks = (n + chunk - 1) / chunk;
-  _Pragma("omp parallel for")
-  for (int64_t c = 0; c < nchunks; c++) {
-    int64_t at = c * chunk, len = at + chunk < n ? chunk : n - at;
-    char *base[3] = {out + at * esz, (char *)a + at * esz, (char *)b + at * bs * esz};
-    int64_t st[3] = {1, 1, bs};
-    k(len, base, st);
-  }
+/* a kernel over contiguous arrays: out[i] = k(a[i], b[i * bs]), elements of
+** esz bytes (out may be a; bs 0 repeats one b) */
+typedef struct run_args {
+  mg_kernel k;
+  char *out;
+  const char *a, *b;
+  int64_t bs, esz;
+} run_args;
+
+static void run_block (const void *ctx, int64_t lo, int64_t hi) {
+  const run_args *r = (const run_args *)ctx;
+  char *base[3] = {r->out + lo * r->esz, (char *)r->a + lo * r->esz, (char *)r->b + lo * r->bs * r->esz};
+  int64_t st[3] = {1, 1, r->bs};
+  r->k(hi - lo, base, st);
 }
 
-void mg_add_into (mg_tensor *acc, const mg_tensor *g) {
-  run_contiguous(add_op.kernel[acc->dtype], mg_ptr(acc), mg_ptr(acc), mg_ptr(g), 1, acc->numel,
-                 (int64_t)mg_dtype_size(acc->dtype));
-}
-
-/* d = op(d, b) over d's own buffer when the walk spares d to n's rule
-** (mg_node.spare), input j's gradient has d's shape, and b is contiguous
-** with d's shape and dtype, or one element broadcast to it (else false,
+/* d = op(d, b) over d's own buffer, when d is contiguous and b is too, of
+** d's float dtype and shape, or one element broadcast to it (else false,
 ** changing nothing) */
-static bool spare_binary_into (const mg_node *n, int j, const mg_opdef *op, mg_tensor *d, const mg_tensor *b) {
-  if (!(n->spare & 1) || d->dtype != b->dtype || !mg_is_float(d->dtype) || !mg_tensor_is_contiguous(d) ||
-      !mg_tensor_is_contiguous(b) || !mg_same_shape(d->shape, d->ndim, SHAPE_OF(n, j)))
+static bool binary_into (const mg_opdef *op, mg_tensor *d, const mg_tensor *b) {
+  if (d->dtype != b->dtype || !mg_is_float(d->dtype) || !mg_tensor_is_contiguous(d) || !mg_tensor_is_contiguous(b))
     return false;
   bool scalar = b->numel == 1 && b->ndim <= d->ndim;
   if (!scalar && !mg_same_shape(d->shape, d->ndim, b->shape, b->ndim)) return false;
-  run_contiguous(op->kernel[d->dtype], mg_ptr(d), mg_ptr(d), mg_ptr(b), !scalar, d->numel,
-                 (int64_t)mg_dtype_size(d->dtype));
+  run_args r = {op->kernel[d->dtype], mg_ptr(d), mg_ptr(d), mg_ptr(b), !scalar, (int64_t)mg_dtype_size(d->dtype)};
+  mg_for_blocks(d->numel, run_block, &r);
   return true;
+}
+
+void mg_add_into (mg_tensor *acc, const mg_tensor *g) {
+  run_args r = {add_op.kernel[acc->dtype], mg_ptr(acc), mg_ptr(acc), mg_ptr(g), 1, (int64_t)mg_dtype_size(acc->dtype)};
+  mg_for_blocks(acc->numel, run_block, &r);
 }
 
 /* sub: out = a - b.  grad: da = dout, db = -dout */
@@ -259,7 +251,9 @@ static mg_status mul_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **d
   mg_scope sc = {0};
   if (n->needs[1]) din[1] = mg_sum_to_shape(mg_tmp(&sc, mg_mul(dout[0], n->in[0])), SHAPE_OF(n, 1));
   if (n->needs[0]) {          /* last: over dout itself when the walk spares it */
-    if (spare_binary_into(n, 0, &mul_op, dout[0], n->in[1])) din[0] = mg_tensor_retain(dout[0]);
+    if ((n->spare & 1) && mg_same_shape(SHAPE_OF(n, 0), dout[0]->shape, dout[0]->ndim) &&
+        binary_into(&mul_op, dout[0], n->in[1]))
+      din[0] = mg_tensor_retain(dout[0]);
     else din[0] = mg_sum_to_shape(mg_tmp(&sc, mg_mul(dout[0], n->in[1])), SHAPE_OF(n, 0));
   }
   mg_scope_end(&sc);
@@ -474,20 +468,10 @@ static const mg_opdef sigmoid_grad_op = {
 };
 mg_tensor *mg_sigmoid_grad (mg_tensor *d, mg_tensor *y) { return binary(&sigmoid_grad_op, d, y); }
 
-/* d = act's gradient of (d, y) over d's own buffer, when d and y are
-** contiguous and of one shape and dtype (else false, changing nothing) */
-static bool activation_grad_into (const mg_opdef *op, mg_tensor *d, const mg_tensor *y) {
-  if (d->dtype != y->dtype || !mg_is_float(d->dtype) || !mg_tensor_is_contiguous(d) ||
-      !mg_tensor_is_contiguous(y) || !mg_same_shape(d->shape, d->ndim, y->shape, y->ndim))
-    return false;
-  run_contiguous(op->kernel[d->dtype], mg_ptr(d), mg_ptr(d), mg_ptr(y), 1, d->numel, (int64_t)mg_dtype_size(d->dtype));
-  return true;
-}
-
 mg_tensor *mg_activation_backward (const mg_node *n, mg_activation act, mg_tensor *dout, mg_tensor *y) {
   static const mg_opdef *const defs[MG_ACT__COUNT] = {NULL, &relu_grad_op, &tanh_grad_op, &sigmoid_grad_op};
   if (defs[act] == NULL) return mg_tensor_retain(dout);
-  if ((n->spare & 1) && activation_grad_into(defs[act], dout, y)) return mg_tensor_retain(dout);
+  if ((n->spare & 1) && binary_into(defs[act], dout, y)) return mg_tensor_retain(dout);
   return binary(defs[act], dout, y);
 }
 

@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "moongrad_impl.h"
+#include "lanes.h"
 #include "vecmath.h"
 
 /* {============= elementwise: kernels and the common path ========= */
@@ -315,7 +316,6 @@ mg_tensor *mg_clamp (mg_tensor *x, mg_tensor *lo, mg_tensor *hi) {
 
 /* {================ reductions: the common path =============== */
 
-#define LANES 16
 #define EXPBUF 256               /* exponentials computed per batch */
 
 /*

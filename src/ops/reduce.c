@@ -12,10 +12,10 @@
 #include <string.h>
 
 #include "moongrad_impl.h"
+#include "lanes.h"
 
 typedef enum redop { R_SUM, R_MAX, R_MIN, R_ARGMAX, R_ARGMIN } redop;
 
-#define LANES 16
 #define BLOCK 4096
 
 /* sum of n contiguous values */
