@@ -433,8 +433,8 @@ static bool too_slow (const gemm_call *g, double seconds, double expected) {
 ** one runs again, warm: a fresh output's pages fault in during the first),
 ** and at under 1/2.5 of the class's speed the shape gets a choice of its
 ** own, kept in the file. Settled before the shape's first product, a shape
-** runs one way in a process; a shape that keeps its class's way is not
-** written (a file of every shape a fuzzer makes would be slow to read), so
+** runs one way in a process; a shape that keeps its class's way (other
+** than the shape the class was timed on) is not written (a file of every shape a fuzzer makes would be slow to read), so
 ** a later process times it again, and only a run on a machine far busier
 ** than the class's own timing could see it fall below 1/2.5 then.
 */
@@ -478,7 +478,8 @@ static gemm_way way_for (const gemm_call *g) {
     w = calibrate(g, threads, &gflops);
     add_choice(key, w, gflops);
     save_choice(key, w, gflops);
-    add_choice(exact, w, gflops);            /* the class's shape: its own choice too */
+    add_choice(exact, w, gflops);            /* the class's shape: its own choice too, kept, */
+    save_choice(exact, w, gflops);           /* or a later process times it again, and on a busy machine may choose anew */
   }
   if (!lib_fits(w.lib, g)) w.lib = LIB_DNNL;   /* (forced, or a file edited by hand) */
   pthread_mutex_unlock(&choices.lock);
