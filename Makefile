@@ -14,6 +14,10 @@ LUA_LIB  ?= -llua5.4
 MARCH    ?= -march=native
 OPT      ?= -O3
 MYCFLAGS ?=
+# link-time optimisation: the core's small functions (a tensor's retain, a
+# dtype's size, the tape's checks) inline across files into each op's path.
+# Fat objects: libmoongrad.a links into C hosts without LTO too (make LTO= for none)
+LTO      ?= -flto=auto -ffat-lto-objects
 PREFIX   ?= /usr/local
 BUILD    ?= build
 
@@ -30,7 +34,9 @@ WARN = -Wall -Wextra \
 # -ffp-contract=off: a fused loop (dense's bias and activation, the optimizers'
 # one-pass steps) gives the numbers of the separate ops only without FMA
 # contraction, which clang does by default (GCC not under -std=c11)
-CFLAGS  = -std=c11 -D_POSIX_C_SOURCE=200809L $(OPT) $(MARCH) -fno-math-errno -ffp-contract=off -fPIC -fopenmp \
+# -fno-plt: each op calls Lua's API a dozen times, each call then one jump
+# through the GOT instead of two (the seed chain: 2-3% faster)
+CFLAGS  = -std=c11 -D_POSIX_C_SOURCE=200809L $(OPT) $(MARCH) -fno-math-errno -ffp-contract=off -fPIC -fno-plt -fopenmp \
           -Iinclude -Isrc -I$(LUA_INC) $(WARN) $(MYCFLAGS)
 # CFLAGS += -DMG_ASSERT_ON      (internal invariants)
 # OpenBLAS' OpenMP build, by path: it shares the OpenMP threads with oneDNN
@@ -79,7 +85,7 @@ all: $(BUILD)/moongrad $(BUILD)/moongrad.so $(BUILD)/libmoongrad.a
 
 $(BUILD)/obj/%.o: src/%.c $(HEADERS)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -c $< -o $@
+	$(CC) $(CFLAGS) $(LTO) -c $< -o $@
 
 $(BUILD)/embedded.c: src/lua/embed.lua $(LUA_MODS)
 	@mkdir -p $(BUILD)
@@ -89,21 +95,21 @@ $(BUILD)/obj/dist/mpi.o: CFLAGS += $(MPI_CFLAGS)
 
 $(BUILD)/obj/embedded.o: $(BUILD)/embedded.c $(HEADERS)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -Isrc/lua -c $< -o $@
+	$(CC) $(CFLAGS) $(LTO) -Isrc/lua -c $< -o $@
 
 $(BUILD)/libmoongrad.a: $(LIB_OBJ)
 	rm -f $@
 	ar rcs $@ $^
 
 $(BUILD)/moongrad.so: $(LIB_OBJ) $(DIST_OBJ)
-	$(CC) -shared -o $@ $^ $(LIBS) $(MPI_LIBS)
+	$(CC) $(CFLAGS) $(LTO) -shared -o $@ $^ $(LIBS) $(MPI_LIBS)
 
 $(BUILD)/moongrad: $(BUILD)/obj/main.o $(DIST_OBJ) $(KERNEL_OBJ) $(BUILD)/libmoongrad.a
-	$(CC) -o $@ $^ $(LUA_LIB) -lreadline $(LIBS) $(MPI_LIBS) $(KERNEL_LIBS) -Wl,-E
+	$(CC) $(CFLAGS) $(LTO) -o $@ $^ $(LUA_LIB) -lreadline $(LIBS) $(MPI_LIBS) $(KERNEL_LIBS) -Wl,-E
 
 $(BUILD)/obj/main.o: src/main.c $(HEADERS)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -DMG_USE_READLINE $(MAIN_DEFS) -c $< -o $@
+	$(CC) $(CFLAGS) $(LTO) -DMG_USE_READLINE $(MAIN_DEFS) -c $< -o $@
 
 # C programs on the public API: a host embedding Lua (examples/embed_host.c),
 # recompute and a checkpointed loop from C alone (examples/recompute_host.c,
@@ -163,7 +169,7 @@ demo: deps
 
 # AddressSanitizer + UBSan: the interpreter is built instrumented and runs
 # busted itself; the C programs run instrumented too
-ASAN_MAKE = $(MAKE) BUILD=build-asan OPT="-O1 -g -fno-omit-frame-pointer" \
+ASAN_MAKE = $(MAKE) BUILD=build-asan OPT="-O1 -g -fno-omit-frame-pointer" LTO= \
   MYCFLAGS="-fsanitize=address,undefined -fno-sanitize-recover=undefined" \
   LIBS="$(BASE_LIBS) -fopenmp -fsanitize=address,undefined"
 export ASAN_OPTIONS ?= allocator_may_return_null=1:detect_leaks=1
@@ -178,7 +184,7 @@ asan: asan-build
 # ThreadSanitizer: two Lua states on two threads (spec/threads_test.c). One
 # OpenMP thread each: libgomp is not instrumented, and would be all noise.
 tsan: deps
-	$(MAKE) BUILD=build-tsan OPT="-O1 -g" MYCFLAGS="-fsanitize=thread" \
+	$(MAKE) BUILD=build-tsan OPT="-O1 -g" LTO= MYCFLAGS="-fsanitize=thread" \
 	  LIBS="$(BASE_LIBS) -fopenmp -fsanitize=thread" build-tsan/threads_test
 	OMP_NUM_THREADS=1 TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 build-tsan/threads_test
 

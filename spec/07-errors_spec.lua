@@ -61,6 +61,27 @@ describe("errors name the function and the mismatch", function()
           "bad argument #1 to 'constant' (number, boolean, table or tensor expected, got function)")
   end)
 
+  it("another userdata is no tensor or variable, whatever its metatable", function()
+    -- a box is told by the mark it starts with, not by its metatable: a file
+    -- handle dressed in the tensor's or the variable's metatable stays a file
+    local f = assert(io.tmpfile())
+    local file_mt = getmetatable(f)
+    for _, like in ipairs{mg.ones{2}, mg.Variable(1)} do
+      debug.setmetatable(f, getmetatable(like))
+      local ok, err = pcall(mg.exp, f)
+      local ok2, err2 = pcall(function() return mg.ones{2} + f end)
+      local ok3, err3 = pcall(mg.add, f, mg.ones{2})
+      debug.setmetatable(f, file_mt)
+      assert.is_false(ok)
+      assert.truthy(tostring(err):find("(moongrad.Tensor expected, got userdata)", 1, true), err)
+      assert.is_false(ok2)
+      assert.truthy(tostring(err2):find("add", 1, true), err2)
+      assert.is_false(ok3)
+      assert.truthy(tostring(err3):find("(moongrad.Tensor or number expected, got userdata)", 1, true), err3)
+    end
+    f:close()
+  end)
+
   it("NaN, negative and oversized shapes", function()
     fails(function() return mg.zeros{0 / 0} end, "bad argument #1 to 'zeros' (dimension 1 is NaN, not an integer)")
     fails(function() return mg.zeros{-1} end, "bad argument #1 to 'zeros' (dimension 1 is negative (-1))")

@@ -16,54 +16,26 @@
 _Thread_local lua_State *mgL_running = NULL;
 
 /* The tensor and variable metatables are also kept in the registry under
-** these addresses: finding one by light userdata costs a pointer hash,
-** by name (luaL_checkudata) a string compare, on every op. */
+** these addresses (a pointer hash, where luaL_setmetatable compares a
+** name), and the addresses are the boxes' marks (lbinding.h). */
 static const char tensor_key = 'T', variable_key = 'V';
 
-/* The metatables' addresses, to recognise tensors and variables with one
-** pointer compare. Only a first guess: a miss falls back to the registry,
-** and the state's closing (a finalizer on a sentinel) forgets them. */
-static _Thread_local const void *tensor_mt, *variable_mt;
-
-static int forget_metatables (lua_State *L) {
-  (void)L;
-  tensor_mt = variable_mt = NULL;
-  return 0;
-}
+_Static_assert(sizeof(ltensor) == sizeof(lvariable), "one size tells both kinds of box");
 
 void mgL_remember_metatables (lua_State *L) {
   luaL_getmetatable(L, MG_TENSOR_MT);
   lua_rawsetp(L, LUA_REGISTRYINDEX, &tensor_key);
   luaL_getmetatable(L, MG_VARIABLE_MT);
   lua_rawsetp(L, LUA_REGISTRYINDEX, &variable_key);
-  lua_newuserdatauv(L, 1, 0);                       /* the sentinel, kept by the registry */
-  lua_createtable(L, 0, 1);
-  lua_pushcfunction(L, forget_metatables);
-  lua_setfield(L, -2, "__gc");
-  lua_setmetatable(L, -2);
-  lua_rawsetp(L, LUA_REGISTRYINDEX, &tensor_mt);
 }
 
-/* what the userdata at idx is, by its metatable, fetched once: &tensor_key,
-** &variable_key or NULL; *p gets the block */
+/* what the value at idx is, by its mark: &tensor_key, &variable_key or
+** NULL; *p gets the block (a light userdata's length is 0) */
 static const char *box_kind (lua_State *L, int idx, void **p) {
   *p = lua_touserdata(L, idx);
-  if (*p == NULL || !lua_getmetatable(L, idx)) return NULL;
-  const void *mt = lua_topointer(L, -1);
-  const char *kind = NULL;
-  if (mt == tensor_mt && mt != NULL) kind = &tensor_key;
-  else if (mt == variable_mt && mt != NULL) kind = &variable_key;
-  for (int k = 0; k < 2 && kind == NULL; k++) {       /* a first sight: ask the registry */
-    const char *key = k == 0 ? &tensor_key : &variable_key;
-    lua_rawgetp(L, LUA_REGISTRYINDEX, key);
-    if (lua_rawequal(L, -1, -2)) {
-      kind = key;
-      *(k == 0 ? &tensor_mt : &variable_mt) = mt;
-    }
-    lua_pop(L, 1);
-  }
-  lua_pop(L, 1);
-  return kind;
+  if (*p == NULL || lua_rawlen(L, idx) != sizeof(ltensor)) return NULL;
+  const char *mark = ((const ltensor *)*p)->mark;
+  return mark == &tensor_key || mark == &variable_key ? mark : NULL;
 }
 
 /* the userdata at idx when its metatable is the one kept under key */
@@ -121,10 +93,18 @@ ltensor *mgL_newbox (lua_State *L) {
   mgL_checkfinalizer(L);
   mgL_gc_pressure(L);
   ltensor *b = (ltensor *)lua_newuserdatauv(L, sizeof(ltensor), 0);
-  b->t = NULL;
+  *b = (ltensor){&tensor_key, NULL};
   lua_rawgetp(L, LUA_REGISTRYINDEX, &tensor_key);
   lua_setmetatable(L, -2);
   mgL_tidy_track(L, -1);
+  return b;
+}
+
+lvariable *mgL_newvariablebox (lua_State *L) {
+  lvariable *b = (lvariable *)lua_newuserdatauv(L, sizeof(lvariable), 0);
+  *b = (lvariable){&variable_key, NULL};
+  lua_rawgetp(L, LUA_REGISTRYINDEX, &variable_key);
+  lua_setmetatable(L, -2);
   return b;
 }
 
@@ -503,7 +483,7 @@ static void push_element (lua_State *L, const mg_tensor *t, const char *p) {
     case MG_INT64: lua_pushinteger(L, (lua_Integer)*(const int64_t *)p); break;
     case MG_BOOL: lua_pushboolean(L, *(const uint8_t *)p); break;
     default: {                                   /* float16, bfloat16 */
-      double d;
+      double d = 0;
       mg_convert(&d, MG_FLOAT64, p, mg_tensor_dtype(t), 1);
       lua_pushnumber(L, d);
       break;

@@ -10,12 +10,18 @@
 #include <stdbool.h>
 #include "moongrad.h"
 
-typedef struct ltensor { mg_tensor *t; } ltensor;       /* one reference, or NULL */
-typedef struct lvariable { mg_variable *v; } lvariable;
+/* A tensor or variable box starts with its kind's mark, the address of a
+** static of lauxmg.c: with the block's size, it tells the box from any other
+** userdata without fetching its metatable, on every argument of every op.
+** Lua code cannot write a userdata's bytes, and no other C knows the mark. */
+typedef struct ltensor { const char *mark; mg_tensor *t; } ltensor;     /* t: one reference, or NULL */
+typedef struct lvariable { const char *mark; mg_variable *v; } lvariable;
 typedef struct ltape { mg_tape *t; } ltape;
 
 /* an empty tensor box on the stack, safe to collect, before any work */
 ltensor   *mgL_newbox      (lua_State *L);
+/* an empty variable box on the stack (v NULL), its metatable set */
+lvariable *mgL_newvariablebox (lua_State *L);
 /* a box made while an mg.tidy scope is open joins it (ltidy.c) */
 void       mgL_tidy_track  (lua_State *L, int box);
 /* lua_pcall of the function below nargs arguments in a tidy scope: boxes
@@ -31,7 +37,7 @@ void       mgL_checkchange (lua_State *L, const char *what);   /* a variable's v
 void       mgL_releasebox  (ltensor *box);
 /* the tensor box at arg, or NULL */
 ltensor   *mgL_testbox     (lua_State *L, int arg);
-/* keeps the tensor and variable metatables where the fast checks find them */
+/* keeps the tensor and variable metatables where new boxes find them */
 void       mgL_remember_metatables (lua_State *L);
 /* fills the box at the top with t (a new reference); raises on NULL */
 int        mgL_fill        (lua_State *L, ltensor *box, mg_tensor *t);

@@ -29,9 +29,8 @@ void mgL_pushvariable (lua_State *L, mg_variable *v) {
     return;
   }
   lua_pop(L, 1);
-  lvariable *b = (lvariable *)lua_newuserdatauv(L, sizeof(lvariable), 0);
+  lvariable *b = mgL_newvariablebox(L);
   b->v = mg_variable_retain(v);
-  luaL_setmetatable(L, MG_VARIABLE_MT);
   lua_pushvalue(L, -1);
   lua_rawsetp(L, -3, v);
   lua_remove(L, -2);
@@ -56,9 +55,7 @@ static int l_variable (lua_State *L) {
   }
   mgL_checkfinalizer(L);
   mg_tensor *init = mgL_pushconstant(L, 1, dt, given, "Variable");
-  lvariable *b = (lvariable *)lua_newuserdatauv(L, sizeof(lvariable), 0);
-  b->v = NULL;
-  luaL_setmetatable(L, MG_VARIABLE_MT);
+  lvariable *b = mgL_newvariablebox(L);
   b->v = mg_variable_new(init, name, trainable);
   if (b->v == NULL) return mgL_error(L);
   lua_getfield(L, LUA_REGISTRYINDEX, BOXES);

@@ -111,7 +111,7 @@ mg_status mg_dnn_execute (const char *fn, mg_dnn *d, const_dnnl_primitive_desc_t
     snprintf(msg, sizeof msg, "%s for oneDNN's scratchpad", mg_errmsg_raw());
     return mg_seterror("%s", msg);
   }
-  dnnl_exec_arg_t a[MG_DNN_ARGS];
+  dnnl_exec_arg_t a[MG_DNN_ARGS] = {{0, NULL}};
   int used = sp ? n + 1 : n;
   dnnl_status_t st = dnnl_success;
   for (int i = 0; i < used && st == dnnl_success; i++) {
