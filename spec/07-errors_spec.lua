@@ -71,6 +71,7 @@ describe("errors name the function and the mismatch", function()
       local ok, err = pcall(mg.exp, f)
       local ok2, err2 = pcall(function() return mg.ones{2} + f end)
       local ok3, err3 = pcall(mg.add, f, mg.ones{2})
+      getmetatable(like).__gc(f)                        -- its finalizer leaves it alone
       debug.setmetatable(f, file_mt)
       assert.is_false(ok)
       assert.truthy(tostring(err):find("(moongrad.Tensor expected, got userdata)", 1, true), err)
@@ -79,6 +80,7 @@ describe("errors name the function and the mismatch", function()
       assert.is_false(ok3)
       assert.truthy(tostring(err3):find("(moongrad.Tensor or number expected, got userdata)", 1, true), err3)
     end
+    assert.equal("x", (function() f:write("x"); f:seek("set"); return f:read(1) end)())   -- still a file
     f:close()
   end)
 

@@ -117,6 +117,10 @@ ltensor *mgL_testbox (lua_State *L, int arg) {
   return (ltensor *)udata_with(L, arg, &tensor_key);
 }
 
+lvariable *mgL_testvariablebox (lua_State *L, int arg) {
+  return (lvariable *)udata_with(L, arg, &variable_key);
+}
+
 int mgL_fill (lua_State *L, ltensor *box, mg_tensor *t) {
   if (t == NULL) return mgL_error(L);
   box->t = t;
@@ -143,7 +147,7 @@ static mg_variable *variable_in (lua_State *L, lvariable *b) {
 }
 
 mg_variable *mgL_testvariable (lua_State *L, int arg) {
-  lvariable *b = (lvariable *)udata_with(L, arg, &variable_key);
+  lvariable *b = mgL_testvariablebox(L, arg);
   return b ? variable_in(L, b) : NULL;
 }
 

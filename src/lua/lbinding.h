@@ -37,6 +37,8 @@ void       mgL_checkchange (lua_State *L, const char *what);   /* a variable's v
 void       mgL_releasebox  (ltensor *box);
 /* the tensor box at arg, or NULL */
 ltensor   *mgL_testbox     (lua_State *L, int arg);
+/* the variable box at arg (released or not), or NULL */
+lvariable *mgL_testvariablebox (lua_State *L, int arg);
 /* keeps the tensor and variable metatables where new boxes find them */
 void       mgL_remember_metatables (lua_State *L);
 /* fills the box at the top with t (a new reference); raises on NULL */

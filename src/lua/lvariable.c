@@ -14,7 +14,8 @@
 #define BOXES "moongrad.variable_boxes"     /* weak: mg_variable* -> box */
 
 static int variable_gc (lua_State *L) {     /* may run twice: by hand, then by Lua */
-  lvariable *b = (lvariable *)luaL_checkudata(L, 1, MG_VARIABLE_MT);   /* rare: no fast path */
+  lvariable *b = mgL_testvariablebox(L, 1);
+  if (b == NULL) return luaL_checkudata(L, 1, MG_VARIABLE_MT), 0;   /* another userdata in its metatable */
   if (b->v == NULL) return 0;
   mgL_checkrelease(L, "Variable");
   mg_variable_release(b->v);
