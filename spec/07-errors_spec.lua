@@ -80,8 +80,41 @@ describe("errors name the function and the mismatch", function()
       assert.is_false(ok3)
       assert.truthy(tostring(err3):find("(moongrad.Tensor or number expected, got userdata)", 1, true), err3)
     end
+    -- a variable's methods and metamethods on it: errors, never a made-up answer
+    local vmt = getmetatable(mg.Variable(1))
+    debug.setmetatable(f, vmt)
+    local results = {}
+    for _, use in ipairs{function() return f:ndim() end, function() return f.shape end,
+                         function() return f:assign(1) end, function() return tostring(f) end,
+                         function() return f + 1 end} do
+      results[#results + 1] = table.pack(pcall(use))
+    end
+    debug.setmetatable(f, file_mt)
+    for _, r in ipairs(results) do assert.is_false(r[1], tostring(r[2])) end
+    assert.truthy(tostring(results[1][2]):find("moongrad.Variable expected", 1, true), results[1][2])
     assert.equal("x", (function() f:write("x"); f:seek("set"); return f:read(1) end)())   -- still a file
     f:close()
+  end)
+
+  it("two copies of the library in one Lua state take each other's tensors and release them", function()
+    -- stock lua5.4 with moongrad.so, and a second copy of it opened by hand
+    local so = (os.getenv("MOONGRAD_SO_DIR") or "build") .. "/moongrad.so"
+    local dir = h.run("mktemp -d"):match("^(%S+)")
+    assert.is_true(os.execute(("cp %s %s/moongrad.so && cp %s %s/copy.so"):format(so, dir, so, dir)))
+    local f = assert(io.open(dir .. "/two.lua", "w"))
+    f:write(([[package.cpath = "%s/?.so"
+      local mg = require "moongrad"
+      local mg2 = assert(package.loadlib("%s/copy.so", "luaopen_moongrad"))()
+      local x, v = mg.ones{2}, mg.Variable(2)
+      assert(mg2.sum(mg2.exp(x)):item() > 5.43 and mg2.exp(v):item() > 7.38 and (x + 1):sum():item() == 4)
+      do local big = mg.zeros{1024, 1024} end
+      collectgarbage() collectgarbage()
+      print(mg.memory.stats().live_tensors)]]):format(dir, dir))
+    f:close()
+    local out, code = h.run(("lua5.4 %s/two.lua 2>&1"):format(dir))
+    os.execute("rm -rf " .. dir)
+    assert.equal(0, code, out)
+    assert.equal("2", out:match("^%s*(.-)%s*$"))           -- x and v; the dropped one released
   end)
 
   it("NaN, negative and oversized shapes", function()

@@ -16,9 +16,14 @@
 _Thread_local lua_State *mgL_running = NULL;
 
 /* The tensor and variable metatables are also kept in the registry under
-** these addresses (a pointer hash, where luaL_setmetatable compares a
-** name), and the addresses are the boxes' marks (lbinding.h). */
+** these addresses: a pointer hash, where luaL_setmetatable compares a name. */
 static const char tensor_key = 'T', variable_key = 'V';
+
+/* The boxes' marks (lbinding.h): constants, the same in every copy of the
+** library, so two copies loaded into one state take each other's boxes,
+** as they did when a box was told by its metatable. */
+#define TENSOR_MARK UINT64_C(0x6d67546e73724d6b)      /* "mgTnsrMk" */
+#define VARIABLE_MARK UINT64_C(0x6d6756726961626b)    /* "mgVriabk" */
 
 _Static_assert(sizeof(ltensor) == sizeof(lvariable), "one size tells both kinds of box");
 
@@ -29,19 +34,19 @@ void mgL_remember_metatables (lua_State *L) {
   lua_rawsetp(L, LUA_REGISTRYINDEX, &variable_key);
 }
 
-/* what the value at idx is, by its mark: &tensor_key, &variable_key or
-** NULL; *p gets the block (a light userdata's length is 0) */
-static const char *box_kind (lua_State *L, int idx, void **p) {
+/* what the value at idx is, by its mark: TENSOR_MARK, VARIABLE_MARK or 0;
+** *p gets the block (a light userdata's length is 0) */
+static uint64_t box_kind (lua_State *L, int idx, void **p) {
   *p = lua_touserdata(L, idx);
-  if (*p == NULL || lua_rawlen(L, idx) != sizeof(ltensor)) return NULL;
-  const char *mark = ((const ltensor *)*p)->mark;
-  return mark == &tensor_key || mark == &variable_key ? mark : NULL;
+  if (*p == NULL || lua_rawlen(L, idx) != sizeof(ltensor)) return 0;
+  uint64_t mark = ((const ltensor *)*p)->mark;
+  return mark == TENSOR_MARK || mark == VARIABLE_MARK ? mark : 0;
 }
 
-/* the userdata at idx when its metatable is the one kept under key */
-static void *udata_with (lua_State *L, int idx, const char *key) {
+/* the userdata at idx when it is a box of that kind */
+static void *udata_with (lua_State *L, int idx, uint64_t kind) {
   void *p;
-  return box_kind(L, idx, &p) == key ? p : NULL;
+  return box_kind(L, idx, &p) == kind ? p : NULL;
 }
 
 /* Lua runs no finalizer for an object made while lua_close runs the
@@ -93,7 +98,7 @@ ltensor *mgL_newbox (lua_State *L) {
   mgL_checkfinalizer(L);
   mgL_gc_pressure(L);
   ltensor *b = (ltensor *)lua_newuserdatauv(L, sizeof(ltensor), 0);
-  *b = (ltensor){&tensor_key, NULL};
+  *b = (ltensor){TENSOR_MARK, NULL};
   lua_rawgetp(L, LUA_REGISTRYINDEX, &tensor_key);
   lua_setmetatable(L, -2);
   mgL_tidy_track(L, -1);
@@ -102,7 +107,7 @@ ltensor *mgL_newbox (lua_State *L) {
 
 lvariable *mgL_newvariablebox (lua_State *L) {
   lvariable *b = (lvariable *)lua_newuserdatauv(L, sizeof(lvariable), 0);
-  *b = (lvariable){&variable_key, NULL};
+  *b = (lvariable){VARIABLE_MARK, NULL};
   lua_rawgetp(L, LUA_REGISTRYINDEX, &variable_key);
   lua_setmetatable(L, -2);
   return b;
@@ -114,11 +119,11 @@ void mgL_releasebox (ltensor *box) {
 }
 
 ltensor *mgL_testbox (lua_State *L, int arg) {
-  return (ltensor *)udata_with(L, arg, &tensor_key);
+  return (ltensor *)udata_with(L, arg, TENSOR_MARK);
 }
 
 lvariable *mgL_testvariablebox (lua_State *L, int arg) {
-  return (lvariable *)udata_with(L, arg, &variable_key);
+  return (lvariable *)udata_with(L, arg, VARIABLE_MARK);
 }
 
 int mgL_fill (lua_State *L, ltensor *box, mg_tensor *t) {
@@ -153,20 +158,20 @@ mg_variable *mgL_testvariable (lua_State *L, int arg) {
 
 mg_variable *mgL_checkvariable (lua_State *L, int arg) {
   mg_variable *v = mgL_testvariable(L, arg);
-  if (v == NULL) luaL_checkudata(L, arg, MG_VARIABLE_MT);     /* raises the usual message */
+  if (v == NULL) luaL_typeerror(L, arg, MG_VARIABLE_MT);     /* luaL_checkudata's message */
   return v;
 }
 
 mg_tensor *mgL_testtensor (lua_State *L, int arg) {
   void *p;
-  const char *kind = box_kind(L, arg, &p);
-  if (kind == &tensor_key) {
+  uint64_t kind = box_kind(L, arg, &p);
+  if (kind == TENSOR_MARK) {
     ltensor *b = (ltensor *)p;
     if (b->t == NULL) luaL_error(L, "tensor has been released (by mg.dispose, mg.tidy, a <close> variable, or the end of a "
                                     "re-run: keep nothing from a run where mg.is_recomputing() is true)");
     return b->t;
   }
-  return kind == &variable_key ? mg_variable_peek(variable_in(L, (lvariable *)p)) : NULL;
+  return kind == VARIABLE_MARK ? mg_variable_peek(variable_in(L, (lvariable *)p)) : NULL;
 }
 
 mg_tensor *mgL_checktensor (lua_State *L, int arg) {

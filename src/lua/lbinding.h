@@ -8,14 +8,16 @@
 #include <lauxlib.h>
 
 #include <stdbool.h>
+#include <stdint.h>
 #include "moongrad.h"
 
-/* A tensor or variable box starts with its kind's mark, the address of a
-** static of lauxmg.c: with the block's size, it tells the box from any other
+/* A tensor or variable box starts with its kind's mark, a 64-bit constant
+** of lauxmg.c: with the block's size, it tells the box from any other
 ** userdata without fetching its metatable, on every argument of every op.
-** Lua code cannot write a userdata's bytes, and no other C knows the mark. */
-typedef struct ltensor { const char *mark; mg_tensor *t; } ltensor;     /* t: one reference, or NULL */
-typedef struct lvariable { const char *mark; mg_variable *v; } lvariable;
+** Lua code cannot write a userdata's bytes (only C, or memory a freed box
+** left to a userdata made after it and shown by the debug library). */
+typedef struct ltensor { uint64_t mark; mg_tensor *t; } ltensor;     /* t: one reference, or NULL */
+typedef struct lvariable { uint64_t mark; mg_variable *v; } lvariable;
 typedef struct ltape { mg_tape *t; } ltape;
 
 /* an empty tensor box on the stack, safe to collect, before any work */

@@ -478,8 +478,10 @@ static gemm_way way_for (const gemm_call *g) {
     w = calibrate(g, threads, &gflops);
     add_choice(key, w, gflops);
     save_choice(key, w, gflops);
-    add_choice(exact, w, gflops);            /* the class's shape: its own choice too, kept, */
-    save_choice(exact, w, gflops);           /* or a later process times it again, and on a busy machine may choose anew */
+    if (has_room(exact)) {                   /* the class's shape: its own choice too, kept, or a later */
+      add_choice(exact, w, gflops);          /* process times it again, and on a busy machine may choose anew */
+      save_choice(exact, w, gflops);
+    }
   }
   if (!lib_fits(w.lib, g)) w.lib = LIB_DNNL;   /* (forced, or a file edited by hand) */
   pthread_mutex_unlock(&choices.lock);
