@@ -5,7 +5,8 @@
 #   make asan    the specs again under AddressSanitizer + UBSan
 #   make bench   benchmarks side by side with PyTorch
 #
-# Override any of these on the command line: make CC=clang MARCH=
+# Override any of these on the command line: make MARCH= OPT=-O2 LTO=
+# (GCC: clang before 15 has no _Float16 on x86-64, and before 18 makes no fat LTO objects)
 
 CC       ?= cc
 LUA      ?= lua5.4
