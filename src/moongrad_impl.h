@@ -245,8 +245,9 @@ static inline char *mg_ptr (const mg_tensor *t) {
   return (char *)t->storage->data + (size_t)t->offset * mg_dtype_bytes(t->dtype);
 }
 mg_status  mg_copy_into   (mg_tensor *dst, const mg_tensor *src);  /* same shape, any layout */
-void       mg_add_into    (mg_tensor *acc, const mg_tensor *g);    /* acc += g: same shape and float dtype,
-                                                                       both contiguous; not recorded */
+bool       mg_add_into    (mg_tensor *acc, const mg_tensor *g);    /* acc += g over acc's buffer when both are
+                                      contiguous, of one float dtype and acc's shape (or g one value); else
+                                      false, changing nothing; not recorded */
 
 
 /* }========================================================== */

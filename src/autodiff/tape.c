@@ -609,12 +609,10 @@ static bool walk_alone_sees (const mg_tensor *t) {
          !s->external && mg_is_float(t->dtype) && mg_tensor_is_contiguous(t);
 }
 
-/* Can g be added into acc in place? When acc is a sum only the walk sees
-** and the walk may reuse buffers. */
-static bool adds_in_place (const mg_tensor *acc, const mg_tensor *g) {
-  return walk_alone_sees(acc) && g->storage != acc->storage && acc->dtype == g->dtype &&
-         mg_same_shape(acc->shape, acc->ndim, g->shape, g->ndim) &&
-         mg_tensor_is_contiguous(g) && reuse_allowed();
+/* May g be added into acc in place? When acc is a sum only the walk sees
+** and the walk may reuse buffers (mg_add_into checks the layouts). */
+static bool may_add_in_place (const mg_tensor *acc, const mg_tensor *g) {
+  return walk_alone_sees(acc) && g->storage != acc->storage && reuse_allowed();
 }
 
 mg_status mg_accumulate (mg_tensor **acc, mg_tensor *g) {
@@ -641,8 +639,7 @@ static void grad_hold (mg_tensor *g, int delta) {
 /* adds g to the gradient in the map's slot (takes g) */
 static mg_status grads_add (void **slot, mg_tensor *g) {
   mg_tensor *acc = (mg_tensor *)*slot;
-  if (acc && g && adds_in_place(acc, g)) {       /* a step's sums: no tensor per add, the role stays */
-    mg_add_into(acc, g);
+  if (acc && g && may_add_in_place(acc, g) && mg_add_into(acc, g)) {   /* no tensor per add; the role stays */
     mg_tensor_release(g);
     return MG_OK;
   }
@@ -726,7 +723,7 @@ static void repack_all (mg_node *n, mg_tensor **packed) {
 
 /* May the rule write over its output gradient g? When only the walk sees
 ** it, the walk drops it after the rule (not a gradient the caller asked
-** for) and may reuse buffers: as adds_in_place's sums */
+** for) and may reuse buffers: as may_add_in_place's sums */
 static bool spare_gradient (const mg_tensor *g, uint64_t id, const idmap *keep_ids) {
   return walk_alone_sees(g) && !idmap_has(keep_ids, id) && reuse_allowed();
 }

@@ -220,10 +220,7 @@ static bool binary_into (const mg_opdef *op, mg_tensor *d, const mg_tensor *b) {
   return true;
 }
 
-void mg_add_into (mg_tensor *acc, const mg_tensor *g) {
-  run_args r = {add_op.kernel[acc->dtype], mg_ptr(acc), mg_ptr(acc), mg_ptr(g), 1, (int64_t)mg_dtype_size(acc->dtype)};
-  mg_for_blocks(acc->numel, run_block, &r);
-}
+bool mg_add_into (mg_tensor *acc, const mg_tensor *g) { return binary_into(&add_op, acc, g); }
 
 /* sub: out = a - b.  grad: da = dout, db = -dout */
 FLOAT_KERNELS(sub, x - y)

@@ -434,9 +434,10 @@ static bool too_slow (const gemm_call *g, double seconds, double expected) {
 ** and at under 1/2.5 of the class's speed the shape gets a choice of its
 ** own, kept in the file. Settled before the shape's first product, a shape
 ** runs one way in a process; a shape that keeps its class's way (other
-** than the shape the class was timed on) is not written (a file of every shape a fuzzer makes would be slow to read), so
-** a later process times it again, and only a run on a machine far busier
-** than the class's own timing could see it fall below 1/2.5 then.
+** than the shape the class was timed on) is not written (a file of every
+** shape a fuzzer makes would be slow to read), so a later process times it
+** again, and only a run on a machine far busier than the class's own
+** timing could see it fall below 1/2.5 then.
 */
 static gemm_way settle_shape (const gemm_call *g, const choice *c, uint64_t exact, int threads) {
   gemm_way w = c->way;
