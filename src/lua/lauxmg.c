@@ -94,23 +94,26 @@ void mgL_checkchange (lua_State *L, const char *what) {
                   "where the finalizer interrupted it", what);
 }
 
+/* an empty box (its mark, then NULL) on the stack, with the metatable kept under key */
+static void *new_box (lua_State *L, uint64_t mark, const char *key) {
+  void *b = lua_newuserdatauv(L, sizeof(ltensor), 0);
+  memset(b, 0, sizeof(ltensor));
+  *(uint64_t *)b = mark;
+  lua_rawgetp(L, LUA_REGISTRYINDEX, key);
+  lua_setmetatable(L, -2);
+  return b;
+}
+
 ltensor *mgL_newbox (lua_State *L) {
   mgL_checkfinalizer(L);
   mgL_gc_pressure(L);
-  ltensor *b = (ltensor *)lua_newuserdatauv(L, sizeof(ltensor), 0);
-  *b = (ltensor){TENSOR_MARK, NULL};
-  lua_rawgetp(L, LUA_REGISTRYINDEX, &tensor_key);
-  lua_setmetatable(L, -2);
+  ltensor *b = (ltensor *)new_box(L, TENSOR_MARK, &tensor_key);
   mgL_tidy_track(L, -1);
   return b;
 }
 
 lvariable *mgL_newvariablebox (lua_State *L) {
-  lvariable *b = (lvariable *)lua_newuserdatauv(L, sizeof(lvariable), 0);
-  *b = (lvariable){VARIABLE_MARK, NULL};
-  lua_rawgetp(L, LUA_REGISTRYINDEX, &variable_key);
-  lua_setmetatable(L, -2);
-  return b;
+  return (lvariable *)new_box(L, VARIABLE_MARK, &variable_key);
 }
 
 void mgL_releasebox (ltensor *box) {
