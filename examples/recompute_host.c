@@ -30,7 +30,7 @@ static mg_status block_forward (void *ud, int nin, mg_tensor *const *in, mg_list
 }
 
 /* the block is the host's; the call keeps no data of its own to free */
-static const mg_function block_fn = {"dense_block", block_forward, NULL, NULL};
+static const mg_function block_fn = {"dense_block", block_forward, NULL, NULL, 0};
 
 static mg_tensor *run_plain (block *b, mg_tensor *x) {
   mg_list out = {0};

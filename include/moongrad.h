@@ -630,12 +630,15 @@ typedef struct mg_custom_ctx mg_custom_ctx;
 
 /* What a custom gradient's backward gets. Its inputs are the forward's
 ** inputs, then the trainable variables the forward read that were not
-** inputs; din has one slot for each. */
+** inputs, then (MG_FN_CAPTURES) the tensors it closed over; din has one
+** slot for each. */
 typedef struct mg_grad_args {
   int nout;
   mg_tensor *const *dout;        /* one per output; zeros where no gradient reached it */
   int nin, nvars;                /* din[0..nin) for inputs, din[nin..nin+nvars) for vars */
   mg_variable *const *vars;
+  int ncaptured;                 /* with MG_FN_CAPTURES: din[nin+nvars+k] for captured[k] */
+  mg_tensor *const *captured;
   const int *needs;              /* needs[j]: din[j] is wanted */
   mg_tensor **din;               /* set wanted ones (new references); left NULL: zeros */
   mg_custom_ctx *ctx;            /* the call's: what its forward saved */
@@ -650,7 +653,21 @@ typedef struct mg_function {
   ** tapes still recording, so the gradient can be differentiated again */
   mg_status (*backward) (void *ud, const mg_grad_args *a);
   void      (*release)  (void *ud);            /* frees ud; may be NULL */
+  unsigned  flags;                             /* MG_FN_*, or 0 */
 } mg_function;
+
+/* How a custom gradient's forward runs (mg_function.flags; recompute
+** always captures and never records):
+** - MG_FN_RECORD_FORWARD: the tapes record its ops, as TensorFlow's
+**   custom_gradient does, so that a backward using the forward's tensors
+**   (closed over or saved) can be differentiated again; without it the
+**   forward runs with the tapes paused (PyTorch's Function.forward) and
+**   they hold only what the call saves.
+** - MG_FN_CAPTURES: the tensors from outside the forward that a tape
+**   follows (those it closes over) become inputs of the node after the
+**   variables: a->captured, whose gradients go to din[nin + nvars + k]. */
+#define MG_FN_RECORD_FORWARD 1u
+#define MG_FN_CAPTURES       2u
 
 /* Runs fn->forward once and records one node for it, whose backward is
 ** fn->backward. out gets the outputs, each new to the tapes. ud belongs to

@@ -233,7 +233,7 @@ static mg_status saving_backward (void *ud, const mg_grad_args *a) {
 static void custom_context (void) {
   says("context outside a forward", mg_custom_context() == NULL, "no custom gradient's forward is running");
   says("save(NULL)", mg_custom_save(NULL, 0, NULL) == MG_ERR, "mg_custom_save: argument 'c' is NULL");
-  static const mg_function fn = {"exp_saving", saving_forward, saving_backward, NULL};
+  static const mg_function fn = {"exp_saving", saving_forward, saving_backward, NULL, 0};
   int64_t s[1] = {1024}, first[1] = {0};
   mg_tensor *x = mg_full(s, 1, MG_FLOAT32, 0.5), *g = NULL;
   mg_tape *t = mg_tape_new(0, 1);

@@ -458,14 +458,21 @@ void mg_node_unkeep_out (mg_node *n, int i);
 mg_tensor *mg_finish (const mg_opdef *def, int nin, mg_tensor *const *in, mg_tensor *out,
                       const mg_attr *attr);
 
-/* Variable-read watchers (recompute_grad and custom_gradient forward). */
+/* Read watchers (recompute_grad, checkpoint_loop and custom_gradient
+** forwards): the variables a forward reads and, with captures, the tensors
+** from outside it that a paused tape follows (those it closes over, and its
+** arguments), so that the node can take them as inputs. */
 typedef struct mg_var_watcher {
   mg_variable **vars;
   int n, cap;
+  mg_tensor **ts;               /* with captures: tensors read, retained, no repeats */
+  int nt, capt;
+  bool captures;
+  int level;                    /* the pause (tape state's pauses[]) the forward runs under */
   bool failed;                  /* out of memory noting a read */
   struct mg_var_watcher *prev;
 } mg_var_watcher;
-void mg_watcher_push (mg_var_watcher *w);
+void mg_watcher_push (mg_var_watcher *w, bool captures);
 void mg_watcher_pop  (mg_var_watcher *w);     /* releases nothing; caller frees vars */
 void mg_watcher_free (mg_var_watcher *w);
 
@@ -487,10 +494,12 @@ mg_status mg_call_check (const char *fn, const mg_function *f, int nin, mg_tenso
 /* a reference on each input for the call: user code may release what was lent */
 void mg_call_hold (int nin, mg_tensor *const *in);
 void mg_call_unhold (int nin, mg_tensor *const *in);
-/* runs f->forward with the tapes paused and w (pushed here, popped after)
-** noting variable reads; on failure out and w are emptied */
+/* runs f->forward with the tapes paused (how: MG_FN_* flags; recorded
+** with MG_FN_RECORD_FORWARD) and w (pushed here, popped after) noting
+** variable reads, and with MG_FN_CAPTURES the tensors a paused tape
+** follows; on failure out and w are emptied */
 mg_status mg_call_forward (const mg_function *f, void *ud, int nin, mg_tensor *const *in,
-                           mg_list *out, mg_var_watcher *w);
+                           mg_list *out, mg_var_watcher *w, unsigned how);
 mg_status mg_call_fresh_outputs (mg_list *out, mg_tensor *const *inputs, int ninputs);
 void mg_call_drop_passed (mg_var_watcher *w, int nin, mg_tensor *const *in);
 

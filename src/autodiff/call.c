@@ -1,8 +1,10 @@
 /*
 ** call.c — what custom gradients and recompute share: running a host's
-** forward as one op. The forward runs with every tape paused while a
-** watcher notes the variables it reads; its outputs get ids of their own;
-** the node's inputs are the forward's inputs plus those variables.
+** forward as one op. The forward runs with every tape paused (unless it is
+** recorded, MG_FN_RECORD_FORWARD) while a watcher notes the variables it
+** reads and, when asked, the tensors from outside it that a tape follows;
+** its outputs get ids of their own; the node's inputs are the forward's
+** inputs plus those variables and tensors.
 */
 #include <stdlib.h>
 #include <string.h>
@@ -65,15 +67,18 @@ void mg_call_unhold (int nin, mg_tensor *const *in) {
 }
 
 mg_status mg_call_forward (const mg_function *f, void *ud, int nin, mg_tensor *const *in,
-                           mg_list *out, mg_var_watcher *w) {
-  mg_watcher_push(w);
-  mg_status st = mg_pause_all();
-  if (st == MG_OK) {
+                           mg_list *out, mg_var_watcher *w, unsigned how) {
+  mg_watcher_push(w, (how & MG_FN_CAPTURES) != 0 && !(how & MG_FN_RECORD_FORWARD));
+  mg_status st;
+  if (how & MG_FN_RECORD_FORWARD) {
+    st = f->forward(ud, nin, in, out);
+  } else if ((st = mg_pause_all()) == MG_OK) {
+    w->level = mg_ctx()->tapes.npauses - 1;
     st = f->forward(ud, nin, in, out);
     mg_resume_all();
   }
   mg_watcher_pop(w);
-  if (st == MG_OK && w->failed) st = mg_seterror("out of memory noting the variables a forward reads");
+  if (st == MG_OK && w->failed) st = mg_seterror("out of memory noting what a forward reads");
   if (st == MG_OK && out->n == 0)
     st = mg_seterror("%s: the forward returned no tensors", f->name ? f->name : "function");
   if (st != MG_OK) {

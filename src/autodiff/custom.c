@@ -2,9 +2,12 @@
 ** custom.c — custom gradients (tf.custom_gradient), driven by C callbacks.
 **
 ** The host's forward runs with the tapes paused (its insides are not
-** recorded) while its variable reads are noted; the tapes then record one
-** node whose inputs are the forward's inputs plus those variables, and
-** whose backward is the host's. Ops the host's backward runs are recorded
+** recorded; with MG_FN_RECORD_FORWARD they are, as in TensorFlow, so a
+** backward that uses the forward's tensors can be differentiated again)
+** while its variable reads are noted; the tapes then record one node whose
+** inputs are the forward's inputs plus those variables (and, with
+** MG_FN_CAPTURES, the tensors it closed over), and whose backward is the
+** host's. Ops the host's backward runs are recorded
 ** by tapes still recording, so custom gradients can be differentiated again.
 **
 ** Each call has a context (PyTorch's ctx): what the forward saves through it
@@ -148,8 +151,9 @@ mg_status mg_custom_rerun (mg_custom_ctx *c, mg_status (*fn)(void *ud), void *ud
 typedef struct custom_ext {
   const mg_function *fn;
   void *ud;
-  int nargs, nvars;            /* inputs: nargs tensors, then nvars variables */
+  int nargs, nvars, ncaptured; /* inputs: nargs tensors, nvars variables, ncaptured tensors */
   mg_variable **vars;          /* retained */
+  mg_tensor **captured;        /* retained */
   mg_custom_ctx *ctx;          /* retained */
 } custom_ext;
 
@@ -161,7 +165,9 @@ static void custom_free (mg_node *n) {
   custom_ext *e = (custom_ext *)n->ext;
   release_ud(e->fn, e->ud);
   for (int k = 0; k < e->nvars; k++) mg_variable_release(e->vars[k]);
+  for (int k = 0; k < e->ncaptured; k++) mg_tensor_release(e->captured[k]);
   free(e->vars);
+  free(e->captured);
   if (e->ctx) ctx_close(e->ctx);               /* a host's handle may outlive the node */
   mg_custom_ctx_release(e->ctx);
   free(e);
@@ -193,7 +199,7 @@ static mg_status custom_backward (mg_node *n, mg_tensor *const *dout, mg_tensor 
                                : mg_seterror("out of memory in the backward of '%s'", e->fn->name);
   for (int j = 0; j < nin && needs; j++) needs[j] = n->needs[j];
   if (st == MG_OK) {
-    mg_grad_args a = {n->nout, full, e->nargs, e->nvars, e->vars, needs, din, e->ctx};
+    mg_grad_args a = {n->nout, full, e->nargs, e->nvars, e->vars, e->ncaptured, e->captured, needs, din, e->ctx};
     mg_tape_state *T = &mg_ctx()->tapes;
     int loops = T->loop_depth;
     T->loop_depth += e->ctx->loop_depth;         /* in a loop, as the call was */
@@ -228,10 +234,12 @@ static const mg_opdef custom_op = {
 
 /* {======================== the call ========================= */
 
-/* records the node; takes over ud, the context and the watcher's variables */
+/* records the node; takes over ud, the context and the watcher's variables
+** and tensors (a captured tensor that is an argument too stays twice: the
+** backward gives each use its own gradient, and the walk adds them) */
 static mg_status record (const mg_function *fn, void *ud, mg_custom_ctx *c, int nin,
                          mg_tensor *const *in, mg_var_watcher *w, mg_list *out) {
-  int ninputs = nin + w->n;
+  int ninputs = nin + w->n + w->nt;
   custom_ext *e = (custom_ext *)calloc(1, sizeof(custom_ext));
   mg_tensor **inputs = (mg_tensor **)malloc(sizeof(mg_tensor *) * (size_t)(ninputs + 1));
   if (e == NULL || inputs == NULL) {
@@ -245,9 +253,11 @@ static mg_status record (const mg_function *fn, void *ud, mg_custom_ctx *c, int 
   }
   memcpy(inputs, in, sizeof(mg_tensor *) * (size_t)nin);
   for (int k = 0; k < w->n; k++) inputs[nin + k] = w->vars[k]->value;
-  *e = (custom_ext){fn, ud, nin, w->n, w->vars, c};
+  for (int k = 0; k < w->nt; k++) inputs[nin + w->n + k] = w->ts[k];
+  *e = (custom_ext){fn, ud, nin, w->n, w->nt, w->vars, w->ts, c};
   w->vars = NULL;                                /* the node owns them now */
-  w->n = w->cap = 0;
+  w->ts = NULL;
+  w->n = w->cap = w->nt = w->capt = 0;
   mg_status st = mg_call_fresh_outputs(out, inputs, ninputs);
   c->state = CTX_RECORDED;                       /* closed again if no tape records it */
   if (st == MG_OK)
@@ -276,7 +286,7 @@ mg_status mg_custom_call (const mg_function *fn, void *ud, int nin, mg_tensor *c
   c->prev = T->custom;                           /* the forward finds it (mg_custom_context) */
   T->custom = c;
   mg_var_watcher w;
-  st = mg_call_forward(fn, ud, nin, in, out, &w);
+  st = mg_call_forward(fn, ud, nin, in, out, &w, fn->flags);
   T->custom = c->prev;
   c->prev = NULL;
   if (st == MG_OK && mg_recording_tapes > 0) {

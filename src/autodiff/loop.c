@@ -23,7 +23,9 @@
 ** 26(1), 2000; the sub-costs add up to it by Pascal's rule). The loop's
 ** forward made n - 1 of them, so its gradient re-runs the rest.
 **
-** Variable gradients: the plain tape sums a variable's gradient over every
+** Variable gradients (and those of the tensors the steps close over, which
+** the loop's node takes as inputs after the variables, MG_FN_CAPTURES):
+** the plain tape sums a variable's gradient over every
 ** read, one op's share at a time, from the last step back. Each local tape
 ** gets the gradient so far first (it records sum(v * g) last, whose
 ** gradient is g exactly), so the sums round as the plain tape's do and the
@@ -100,7 +102,7 @@ typedef struct loop_call {
   bool save;                   /* a tape records the call: keep the snapshots */
   mg_custom_ctx *ctx;          /* borrowed: the call's */
   const mg_grad_args *g;       /* during the backward */
-  mg_tensor **vgrad;           /* [g->nvars] the variables' gradients so far */
+  mg_tensor **vgrad;           /* [nvars + ncaptured] the outside tensors' gradients so far */
   mg_tensor **adj;             /* [L] the gradient of the state being reversed */
 } loop_call;
 
@@ -211,7 +213,13 @@ static mg_status from_kept (loop_call *c, kept *k, loop_state *e) {
   e->rng = k->rng;
   e->x = (mg_tensor **)calloc((size_t)c->L, sizeof(mg_tensor *));
   if (e->x == NULL) return mg_seterror("checkpoint_loop: out of memory");
-  for (int j = 0; j < c->L; j++) e->x[j] = mg_tensor_retain(mg_custom_saved(c->ctx, k->first + j));
+  /* views with ids of their own: a step that also reads x_0 through its
+  ** closure (a captured input) gets that use's gradient apart from the state's */
+  for (int j = 0; j < c->L; j++) {
+    mg_tensor *t = mg_custom_saved(c->ctx, k->first + j);
+    e->x[j] = mg_tensor_view(t->storage, t->dtype, t->shape, t->ndim, t->strides, t->offset);
+    if (e->x[j] == NULL) return state_free(c, e), MG_ERR;
+  }
   return MG_OK;
 }
 
@@ -250,9 +258,21 @@ static mg_status fetch (loop_call *c, const loop_state *e, int64_t pos, loop_sta
   return st;
 }
 
-/* sum(v * g), whose gradient for v is g exactly (see the top) */
-static mg_tensor *carry (mg_variable *v, mg_tensor *g) {
-  mg_tensor *p = mg_mul(mg_variable_read(v), g);
+/* what the steps read from outside the state: the variables, then the
+** tensors they close over (MG_FN_CAPTURES) */
+static int noutside (const loop_call *c) { return c->g->nvars + c->g->ncaptured; }
+
+/* outside tensor q as the local tape's source */
+static mg_tensor *outside (const loop_call *c, int q) {
+  const mg_grad_args *g = c->g;
+  return q < g->nvars ? mg_variable_peek(g->vars[q]) : g->captured[q - g->nvars];
+}
+
+/* sum(x * g) for outside tensor q, whose gradient for it is g exactly (see
+** the top); a variable is read, so the tape watches it */
+static mg_tensor *carry (const loop_call *c, int q, mg_tensor *g) {
+  mg_tensor *x = q < c->g->nvars ? mg_variable_read(c->g->vars[q]) : outside(c, q);
+  mg_tensor *p = mg_mul(x, g);
   mg_tensor *s = p ? mg_sum(p, MG_ALL_AXES, 0) : NULL;
   mg_tensor_release(p);
   return s;
@@ -265,7 +285,7 @@ typedef struct turn_lists {
 } turn_lists;
 
 static mg_status turn_alloc (loop_call *c, turn_lists *t) {
-  int nv = c->g->nvars, n = c->L + nv + 1;
+  int n = c->L + noutside(c) + 1;
   t->targets = (mg_tensor **)calloc((size_t)n, sizeof(mg_tensor *));
   t->seeds = (mg_tensor **)calloc((size_t)n, sizeof(mg_tensor *));
   t->sources = (mg_tensor **)calloc((size_t)n, sizeof(mg_tensor *));
@@ -282,7 +302,7 @@ static void turn_free (loop_call *c, turn_lists *t, int owned_from) {
     mg_tensor_release(t->targets[i]);
     mg_tensor_release(t->seeds[i]);
   }
-  release_all(t->grads, c->L + c->g->nvars);
+  release_all(t->grads, c->L + noutside(c));
   free(t->targets);
   free(t->seeds);
   free(t->sources);
@@ -292,7 +312,7 @@ static void turn_free (loop_call *c, turn_lists *t, int owned_from) {
 
 /* the local tape's gradient: c->adj and c->vgrad become those of e's step input */
 static mg_status take_gradient (loop_call *c, mg_tape *tape, const loop_state *e, turn_lists *t) {
-  int nv = c->g->nvars;
+  int nv = noutside(c);
   for (int j = 0; j < c->L; j++) {
     t->at[j] = -1;
     if (!mg_is_float(e->x[j]->dtype)) continue;
@@ -300,7 +320,7 @@ static mg_status take_gradient (loop_call *c, mg_tape *tape, const loop_state *e
     t->sources[t->ns++] = e->x[j];
   }
   int base = t->ns;
-  for (int q = 0; q < nv; q++) t->sources[t->ns++] = mg_variable_peek(c->g->vars[q]);
+  for (int q = 0; q < nv; q++) t->sources[t->ns++] = outside(c, q);
   mg_status st = mg_tape_gradient(tape, t->nt, t->targets, t->ns, t->sources, t->seeds, 0, t->grads);
   if (st != MG_OK) return st;
   for (int j = 0; j < c->L; j++) {
@@ -328,6 +348,7 @@ static mg_status turn (loop_call *c, const loop_state *e) {
   mg_random_set_state(e->rng);
   for (int j = 0; st == MG_OK && j < c->L; j++)
     if (mg_is_float(e->x[j]->dtype)) st = mg_tape_watch(tape, e->x[j]);
+  for (int k = 0; st == MG_OK && k < c->g->ncaptured; k++) st = mg_tape_watch(tape, c->g->captured[k]);
   if (st == MG_OK) st = run_step(c, e->pos + 1, MG_LOOP_TAPED, e->x, &y);
   for (int j = 0; st == MG_OK && j < c->L; j++) {
     if (c->adj[j] == NULL || !mg_is_float(y[j]->dtype)) continue;
@@ -336,9 +357,9 @@ static mg_status turn (loop_call *c, const loop_state *e) {
   }
   owned = t.nt;
   bool any = t.nt > 0;
-  for (int q = 0; st == MG_OK && any && q < c->g->nvars; q++) {
+  for (int q = 0; st == MG_OK && any && q < noutside(c); q++) {
     if (c->vgrad[q] == NULL) continue;
-    mg_tensor *sum = carry(c->g->vars[q], c->vgrad[q]);
+    mg_tensor *sum = carry(c, q, c->vgrad[q]);
     mg_tensor *one = sum ? mg_full(NULL, 0, sum->dtype, 1.0) : NULL;
     t.targets[t.nt] = sum;
     t.seeds[t.nt++] = one;
@@ -403,7 +424,7 @@ static mg_status loop_backward (void *ud, const mg_grad_args *g) {
   loop_call *c = (loop_call *)ud;
   c->g = g;
   c->ctx = g->ctx;
-  c->vgrad = (mg_tensor **)calloc((size_t)g->nvars + 1, sizeof(mg_tensor *));
+  c->vgrad = (mg_tensor **)calloc((size_t)noutside(c) + 1, sizeof(mg_tensor *));
   c->adj = (mg_tensor **)calloc((size_t)c->L, sizeof(mg_tensor *));
   mg_status st = c->vgrad && c->adj ? MG_OK : mg_seterror("checkpoint_loop: out of memory");
   for (int j = 0; st == MG_OK && j < c->L; j++)
@@ -414,13 +435,13 @@ static mg_status loop_backward (void *ud, const mg_grad_args *g) {
     else mg_tensor_release(c->adj[j]);
     c->adj[j] = NULL;
   }
-  for (int q = 0; st == MG_OK && q < g->nvars; q++) {
+  for (int q = 0; st == MG_OK && q < noutside(c); q++) {
     if (g->needs[g->nin + q]) g->din[g->nin + q] = c->vgrad[q];
     else mg_tensor_release(c->vgrad[q]);
     c->vgrad[q] = NULL;
   }
   if (c->adj) release_all(c->adj, c->L);
-  if (c->vgrad) release_all(c->vgrad, g->nvars);
+  if (c->vgrad) release_all(c->vgrad, noutside(c));
   free(c->adj);
   free(c->vgrad);
   c->adj = c->vgrad = NULL;
@@ -473,7 +494,8 @@ mg_status mg_checkpoint_loop (const mg_loop_fn *fn, void *ud, int n, mg_tensor *
   for (int j = 0; j < n; j++) x0[j] = mg_tensor_retain(state[j]);
   *c = (loop_call){.fn = fn, .ud = ud, .L = n, .n = steps, .k = snapshots, .x0 = x0, .kept = k,
                    .save = mg_tapes_recording() > 0};   /* (the forward runs with them paused) */
-  static const mg_function loop_fn = {"checkpoint_loop", loop_forward, loop_backward, loop_release};
+  static const mg_function loop_fn = {"checkpoint_loop", loop_forward, loop_backward, loop_release,
+                                      MG_FN_CAPTURES};
   return mg_custom_call(&loop_fn, c, n, state, out);
 }
 

@@ -3,8 +3,12 @@
 ** callbacks.
 **
 ** mg_recompute_call runs the host's forward with the tapes paused, noting
-** the variables it reads, and records one node whose inputs are the
-** distinct input tensors and those variables, holding only them. Its
+** the variables it reads and the tensors from outside it that a tape
+** follows (those it closes over), and records one node whose inputs are
+** the distinct input tensors, those tensors and those variables, holding
+** only them. A closed-over tensor is read again through the closure by
+** the re-run, and gets its gradient as an argument does (PyTorch's
+** non-reentrant checkpoint and JAX get it; TF2 drops it). Its
 ** backward rule runs the forward again under a fresh local tape, exactly
 ** as it ran the first time: the same input tensors (the node kept them),
 ** the random state of the call restored (dropout masks match), the
@@ -165,28 +169,37 @@ static const mg_opdef recompute_op = {
 
 /* {====================== the forward ======================= */
 
-/* the node's inputs: distinct tensors of in[], then the variables of w;
+/* is a tensor of id among xs[0..n)? */
+static int index_of (uint64_t id, mg_tensor *const *xs, int n) {
+  for (int j = 0; j < n; j++) if (xs[j]->id == id) return j;
+  return -1;
+}
+
+/* the node's inputs: distinct tensors of in[], then the tensors from
+** outside that f read (those it closes over), then the variables of w;
 ** fills e->argmap and e->var_of */
 static mg_tensor **node_inputs (recompute_ext *e, int nin, mg_tensor *const *in,
                                 const mg_var_watcher *w) {
-  mg_tensor **inputs = (mg_tensor **)malloc(sizeof(mg_tensor *) * (size_t)(nin + w->n + 1));
+  int most = nin + w->nt + w->n + 1;
+  mg_tensor **inputs = (mg_tensor **)malloc(sizeof(mg_tensor *) * (size_t)most);
   e->argmap = (int *)malloc(sizeof(int) * (size_t)(nin + 1));
-  e->var_of = (mg_variable **)calloc((size_t)(nin + w->n + 1), sizeof(mg_variable *));
+  e->var_of = (mg_variable **)calloc((size_t)most, sizeof(mg_variable *));
   if (inputs == NULL || e->argmap == NULL || e->var_of == NULL) {
     free(inputs);
     return mg_seterror("%s: out of memory", e->fn->name), NULL;
   }
   int nd = 0;
   for (int k = 0; k < nin; k++) {
-    int j = 0;
-    while (j < nd && inputs[j]->id != in[k]->id) j++;
-    if (j == nd) {
-      inputs[nd] = in[k];
-      if (in[k]->var) e->var_of[nd] = mg_variable_retain(in[k]->var);
-      nd++;
+    int j = index_of(in[k]->id, inputs, nd);
+    if (j < 0) {
+      j = nd++;
+      inputs[j] = in[k];
+      if (in[k]->var) e->var_of[j] = mg_variable_retain(in[k]->var);
     }
     e->argmap[k] = j;
   }
+  for (int k = 0; k < w->nt; k++)
+    if (index_of(w->ts[k]->id, inputs, nd) < 0) inputs[nd++] = w->ts[k];
   for (int k = 0; k < w->n; k++, nd++) {
     inputs[nd] = w->vars[k]->value;
     e->var_of[nd] = mg_variable_retain(w->vars[k]);
@@ -200,14 +213,14 @@ static mg_status first_run (const mg_function *fn, void *ud, int nin, mg_tensor 
                             mg_list *out, mg_var_watcher *w, mg_save_policy save, void *save_ud,
                             mg_replay **kept) {
   *kept = NULL;
-  if (save == NULL) return mg_call_forward(fn, ud, nin, in, out, w);
+  if (save == NULL) return mg_call_forward(fn, ud, nin, in, out, w, MG_FN_CAPTURES);
   if ((*kept = mg_replay_new()) == NULL) return MG_ERR;
   mg_replay_state *rs = &mg_ctx()->replay, was = *rs;
   rs->recording = *kept;
   rs->playing = NULL;                            /* (an enclosing re-run's ops are not these) */
   rs->save = save;
   rs->save_ud = save_ud;
-  mg_status st = mg_call_forward(fn, ud, nin, in, out, w);
+  mg_status st = mg_call_forward(fn, ud, nin, in, out, w, MG_FN_CAPTURES);
   *rs = was;
   if (st != MG_OK) {
     mg_replay_free(*kept);

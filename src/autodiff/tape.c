@@ -244,10 +244,14 @@ int mg_is_in_loop (void) { return tapes()->loop_depth > 0; }
 
 /* {================ variable-read watchers =================== */
 
-void mg_watcher_push (mg_var_watcher *w) {
+void mg_watcher_push (mg_var_watcher *w, bool captures) {
   mg_tape_state *T = tapes();
   w->vars = NULL;
   w->n = w->cap = 0;
+  w->ts = NULL;
+  w->nt = w->capt = 0;
+  w->captures = captures;
+  w->level = -1;                      /* set once its pause is in place */
   w->failed = false;
   w->prev = T->watchers;
   T->watchers = w;
@@ -264,14 +268,52 @@ void mg_watcher_pop (mg_var_watcher *w) {
 
 void mg_watcher_free (mg_var_watcher *w) {
   for (int i = 0; i < w->n; i++) mg_variable_release(w->vars[i]);
+  for (int i = 0; i < w->nt; i++) mg_tensor_release(w->ts[i]);
   free(w->vars);
+  free(w->ts);
   w->vars = NULL;
-  w->n = w->cap = 0;
+  w->ts = NULL;
+  w->n = w->cap = w->nt = w->capt = 0;
 }
 
 static void watcher_add (mg_var_watcher *w, mg_variable *v) {
   bool added;
   if (add_variable(&w->vars, &w->n, &w->cap, v, &added) != MG_OK) w->failed = true;
+}
+
+/* Was x there before w's forward began, for a tape it paused to follow? The
+** paused tapes record nothing while it runs, so an id they follow came from
+** outside: an argument, or a tensor the forward closes over. */
+static bool from_outside (const mg_tape_state *T, const mg_var_watcher *w, const mg_tensor *x) {
+  if (w->level < 0 || w->level >= T->npauses || x->var || !mg_is_float(x->dtype)) return false;
+  for (int i = 0; i < T->pauses[w->level].n; i++)
+    if (idmap_has(&T->pauses[w->level].t[i]->tracked, x->id)) return true;
+  return false;
+}
+
+static void capture (mg_var_watcher *w, mg_tensor *x) {
+  for (int i = 0; i < w->nt; i++) if (w->ts[i]->id == x->id) return;
+  if (w->nt == w->capt) {
+    int cap = w->capt ? w->capt * 2 : 8;
+    mg_tensor **a = (mg_tensor **)realloc(w->ts, sizeof(mg_tensor *) * (size_t)cap);
+    if (a == NULL) {
+      w->failed = true;
+      return;
+    }
+    w->ts = a;
+    w->capt = cap;
+  }
+  w->ts[w->nt++] = mg_tensor_retain(x);
+}
+
+/* an op read in[]: every watcher notes the variables, and those that
+** capture the tensors from outside their forward */
+static void note_inputs (mg_tape_state *T, int nin, mg_tensor *const *in) {
+  for (mg_var_watcher *w = T->watchers; w; w = w->prev)
+    for (int j = 0; j < nin; j++) {
+      if (in[j]->var) watcher_add(w, in[j]->var);
+      else if (w->captures && from_outside(T, w, in[j])) capture(w, in[j]);
+    }
 }
 
 /* a read of v (variables call it through the context's on_read, so the
@@ -482,10 +524,7 @@ mg_status mg_record_ex (const mg_opdef *def, int nin, mg_tensor *const *in, int 
                         mg_tensor *const *out, const mg_attr *attr, void *ext, mg_node **node) {
   mg_tape_state *T = tapes();
   if (node) *node = NULL;
-  if (T->watching > 0)
-    for (int j = 0; j < nin; j++)
-      if (in[j]->var)
-        for (mg_var_watcher *w = T->watchers; w; w = w->prev) watcher_add(w, in[j]->var);
+  if (T->watching > 0) note_inputs(T, nin, in);
   enum { FEW = 8 };
   mg_tape *few[FEW], **want = few;
   int nwant = 0;

@@ -30,6 +30,8 @@ void       mgL_tidy_track  (lua_State *L, int box);
 ** made meanwhile are released after, except among the results if
 ** keep_results */
 int        mgL_tidy_pcall  (lua_State *L, int nargs, bool keep_results);
+/* the tensors the function at idx closes over leave every open tidy scope */
+void       mgL_tidy_keep_captured (lua_State *L, int fn);
 /* raises inside a finalizer: what is made there may never be released */
 void       mgL_checkfinalizer (lua_State *L);
 void       mgL_checkrelease (lua_State *L, const char *what);

@@ -357,7 +357,7 @@ static mg_status recompute_forward (void *ud, int nin, mg_tensor *const *in, mg_
   return L ? protected(L, rerun_body, &fa) : MG_ERR;
 }
 
-static const mg_function recompute_fn = {"recompute_grad", recompute_forward, NULL, lfn_release};
+static const mg_function recompute_fn = {"recompute_grad", recompute_forward, NULL, lfn_release, 0};
 
 /* Pushes the template of the n arguments from `first`: {n=, ...} with plain
 ** tables copied, variables kept and tensors as holes (mgL_hollow); then
@@ -606,6 +606,7 @@ static int custom_first_body (lua_State *L) {
                         luaL_typename(L, i));
     if (mg_list_push(fa->out, mg_tensor_retain(t)) != MG_OK) return mgL_error(L);
   }
+  mgL_tidy_keep_captured(L, last);         /* made in a re-run, used after it */
   lua_rawgeti(L, LUA_REGISTRYINDEX, fa->u->ref);
   lua_pushvalue(L, last);
   lua_setfield(L, -2, "grad_fn");
@@ -686,8 +687,14 @@ static mg_status custom_backward (void *ud, const mg_grad_args *g) {
   return L ? protected(L, custom_backward_body, &b) : MG_ERR;
 }
 
+/* Without a context (TensorFlow's form) the forward is recorded, so a
+** grad_fn using the forward's tensors can be differentiated again (TF's
+** log1pexp to any order); with one (PyTorch's Function) it runs paused and
+** the tapes hold what ctx:save keeps. */
 static const mg_function custom_fn = {"custom_gradient", custom_forward, custom_backward,
-                                      lfn_release};
+                                      lfn_release, MG_FN_RECORD_FORWARD};
+static const mg_function custom_ctx_fn = {"custom_gradient", custom_forward, custom_backward,
+                                          lfn_release, 0};
 
 /* g(...): upvalue 1 is f, upvalue 2 whether f takes a context */
 static int custom_call (lua_State *L) {
@@ -705,9 +712,10 @@ static int custom_call (lua_State *L) {
   mg_tensor **in = tensor_array(L, list, ntensors);
   lua_newtable(L);                                 /* the lfn table */
   first_run first = {L, fidx, 1, nargs, 0, 0, 0};
-  lfn *u = lfn_new(L, lua_toboolean(L, lua_upvalueindex(2)), &first);
+  bool context = lua_toboolean(L, lua_upvalueindex(2));
+  lfn *u = lfn_new(L, context, &first);
   mg_list out = {0};
-  mg_status st = mg_custom_call(&custom_fn, u, ntensors, in, &out);
+  mg_status st = mg_custom_call(context ? &custom_ctx_fn : &custom_fn, u, ntensors, in, &out);
   if (st != MG_OK) return raise_call_error(L, &first);
   int outs = push_outputs(L, &out), n = (int)lua_rawlen(L, outs);
   for (int i = 1; i <= n; i++) lua_geti(L, outs, i);

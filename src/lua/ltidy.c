@@ -46,26 +46,37 @@ void mgL_tidy_track (lua_State *L, int box) {
 }
 
 /* marks in table `keep` every tensor box reachable from the value at idx
-** through tables (each table once) */
-static void mark (lua_State *L, int idx, int keep) {
+** through tables (each table once), and with upvalues through functions'
+** upvalues too */
+static void mark_from (lua_State *L, int idx, int keep, bool upvalues) {
   idx = lua_absindex(L, idx);
   if (mgL_testbox(L, idx) != NULL) {
     set_add(L, keep, idx);
     return;
   }
-  if (lua_type(L, idx) != LUA_TTABLE) return;
+  int type = lua_type(L, idx);
+  if (type != LUA_TTABLE && !(upvalues && type == LUA_TFUNCTION)) return;
   lua_pushvalue(L, idx);
   if (lua_rawget(L, keep) != LUA_TNIL) { lua_pop(L, 1); return; }   /* seen */
   lua_pop(L, 1);
   set_add(L, keep, idx);
   luaL_checkstack(L, 4, "mg.tidy: results nested too deeply");
+  if (type == LUA_TFUNCTION) {
+    for (int i = 1; lua_getupvalue(L, idx, i) != NULL; i++) {
+      mark_from(L, -1, keep, upvalues);
+      lua_pop(L, 1);
+    }
+    return;
+  }
   lua_pushnil(L);
   while (lua_next(L, idx)) {
-    mark(L, -1, keep);
-    mark(L, -2, keep);
+    mark_from(L, -1, keep, upvalues);
+    mark_from(L, -2, keep, upvalues);
     lua_pop(L, 1);
   }
 }
+
+static void mark (lua_State *L, int idx, int keep) { mark_from(L, idx, keep, false); }
 
 /* Takes the innermost scope off (nothing that can raise: an error later
 ** only leaves its boxes to the collector) and pushes its boxes, then the
@@ -170,16 +181,11 @@ static int l_dispose (lua_State *L) {
   return 0;
 }
 
-/* keep(x, ...) -> x, ...: the tensors in them (or tables of them) leave
-** every open tidy scope, to live on as usual (TF.js's keep): what a scope's
-** code stores for later, as an optimizer's slots */
-static int l_keep (lua_State *L) {
-  int n = lua_gettop(L);
-  if (depth == 0) return n;
-  int set = mark_arguments(L, n);
+/* the tensor boxes in set leave every open scope */
+static void leave_scopes (lua_State *L, int set) {
   lua_rawgetp(L, LUA_REGISTRYINDEX, &scopes_key);
   for (int d = 1; d <= depth; d++) {
-    if (lua_rawgeti(L, set + 1, d) == LUA_TTABLE) {
+    if (lua_rawgeti(L, -1, d) == LUA_TTABLE) {
       lua_pushnil(L);
       while (lua_next(L, set)) {
         lua_pop(L, 1);
@@ -192,8 +198,32 @@ static int l_keep (lua_State *L) {
     }
     lua_pop(L, 1);
   }
+  lua_pop(L, 1);
+}
+
+/* keep(x, ...) -> x, ...: the tensors in them (or tables of them) leave
+** every open tidy scope, to live on as usual (TF.js's keep): what a scope's
+** code stores for later, as an optimizer's slots */
+static int l_keep (lua_State *L) {
+  int n = lua_gettop(L);
+  if (depth == 0) return n;
+  leave_scopes(L, mark_arguments(L, n));
   lua_settop(L, n);
   return n;
+}
+
+/* The tensors a function closes over (through its upvalues and their
+** tables) leave every open scope: a custom gradient's grad_fn runs after
+** the re-run that made it has ended, and needs what it captured. */
+void mgL_tidy_keep_captured (lua_State *L, int fn) {
+  if (depth == 0) return;
+  fn = lua_absindex(L, fn);
+  luaL_checkstack(L, 8, "mg.tidy");
+  lua_newtable(L);
+  int set = lua_gettop(L);
+  mark_from(L, fn, set, true);
+  leave_scopes(L, set);
+  lua_settop(L, set - 1);
 }
 
 void mgL_open_tidy (lua_State *L) {
