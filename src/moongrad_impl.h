@@ -475,6 +475,7 @@ typedef struct mg_var_watcher {
 void mg_watcher_push (mg_var_watcher *w, bool captures);
 void mg_watcher_pop  (mg_var_watcher *w);     /* releases nothing; caller frees vars */
 void mg_watcher_free (mg_var_watcher *w);
+void mg_watcher_note_outputs (mg_var_watcher *w, int n, mg_tensor *const *out);
 
 /* true when a recording or paused tape has seen this id */
 bool mg_any_tape_tracks (uint64_t id);

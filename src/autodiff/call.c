@@ -75,6 +75,7 @@ mg_status mg_call_forward (const mg_function *f, void *ud, int nin, mg_tensor *c
   } else if ((st = mg_pause_all()) == MG_OK) {
     w->level = mg_ctx()->tapes.npauses - 1;
     st = f->forward(ud, nin, in, out);
+    if (st == MG_OK) mg_watcher_note_outputs(w, out->n, out->t);
     mg_resume_all();
   }
   mg_watcher_pop(w);

@@ -316,6 +316,14 @@ static void note_inputs (mg_tape_state *T, int nin, mg_tensor *const *in) {
     }
 }
 
+/* the forward of w returned out[0..n): those from outside it are captured
+** too (a closed-over tensor returned as it is, read by no op) */
+void mg_watcher_note_outputs (mg_var_watcher *w, int n, mg_tensor *const *out) {
+  mg_tape_state *T = tapes();
+  for (int i = 0; w->captures && i < n; i++)
+    if (from_outside(T, w, out[i])) capture(w, out[i]);
+}
+
 /* a read of v (variables call it through the context's on_read, so the
 ** core below the tapes never calls up into them): every watcher sees it;
 ** tapes that watch accessed variables watch it */

@@ -500,6 +500,7 @@ static int recompute_call (lua_State *L) {
   luaL_unref(L, LUA_REGISTRYINDEX, ask.ref);
   /* u may be gone by now (when no tape recorded the call): only `first` is read */
   if (st != MG_OK) return raise_call_error(L, &first);
+  mgL_tidy_keep_captured(L, fidx);                 /* f runs again after an enclosing re-run */
   int outs = push_outputs(L, &out), k = 0;
   reuse_boxes(L, first.results, first.nresults, outs);
   for (int i = 0; i < first.nresults; i++) mgL_rebuild(L, first.results + i, outs, &k);

@@ -213,14 +213,23 @@ static int l_keep (lua_State *L) {
 }
 
 /* The tensors a function closes over (through its upvalues and their
-** tables) leave every open scope: a custom gradient's grad_fn runs after
-** the re-run that made it has ended, and needs what it captured. */
+** tables, not into loaded modules) leave every open scope: a custom
+** gradient's grad_fn, or a recomputed function called in a re-run, runs
+** again after the re-run that made it has ended, and needs what it
+** captured. */
 void mgL_tidy_keep_captured (lua_State *L, int fn) {
   if (depth == 0) return;
   fn = lua_absindex(L, fn);
   luaL_checkstack(L, 8, "mg.tidy");
   lua_newtable(L);
   int set = lua_gettop(L);
+  lua_getfield(L, LUA_REGISTRYINDEX, LUA_LOADED_TABLE);   /* modules count as seen: not walked */
+  lua_pushnil(L);
+  while (lua_next(L, -2)) {
+    if (lua_istable(L, -1)) set_add(L, set, lua_gettop(L));
+    lua_pop(L, 1);
+  }
+  lua_pop(L, 1);
   mark_from(L, fn, set, true);
   leave_scopes(L, set);
   lua_settop(L, set - 1);
