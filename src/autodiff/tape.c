@@ -961,12 +961,16 @@ mg_status mg_walk_begin (mg_held *h, mg_tape *t, const char *fn, int na, mg_tens
   for (int i = 0; c && i < nc; i++) if (c[i]) h->xs[h->n++] = mg_tensor_retain(c[i]);
   h->t = mg_tape_retain(t);
   t->walking++;
-  mg_tape_pause(t);                  /* its own backward pass is not its business */
+  /* A persistent tape still recording records its own backward pass, as
+  ** TensorFlow's does (a second order from one tape); a non-persistent one
+  ** is done once it gives its gradient. */
+  h->paused = !t->persistent;
+  if (h->paused) mg_tape_pause(t);
   return MG_OK;
 }
 
 void mg_walk_end (mg_held *h) {
-  mg_tape_resume(h->t);
+  if (h->paused) mg_tape_resume(h->t);
   h->t->walking--;
   for (int i = 0; i < h->n; i++) mg_tensor_release(h->xs[i]);
   if (h->xs != h->small) free(h->xs);
