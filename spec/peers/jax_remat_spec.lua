@@ -71,8 +71,8 @@ describe("tests/api_test.py RematTest", function()
     end)
 
     -- tests/api_test.py: RematTest.test_remat_freevars
-    known("issue 27 item 1: test_remat_freevars" .. suffix .. ": y = 2 * sin(x) closed over by the " ..
-          "remat'd lambda: the gradient through y is lost", function()
+    it("test_remat_freevars" .. suffix .. ": y = 2 * sin(x) closed over by the remat'd lambda " ..
+       "gets its gradient", function()
       local function f1 (x)
         local y = 2 * mg.sin(x)
         return mg.cos(x) * mg.sin(y)

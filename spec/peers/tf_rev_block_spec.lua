@@ -304,8 +304,8 @@ describe("tensorflow/contrib/layers/python/layers/rev_block_lib_test.py Recomput
   -- tensorflow/contrib/layers/python/layers/rev_block_lib_test.py: RecomputeTest.testErrorOnClosedOverTensor
   -- differs on purpose: TF1 raised "closes over"; moongrad must give the closed-over
   -- tensor its exact gradient (DESIGN.md), as TF2 does not and PyTorch and JAX do
-  known("issue 27 item 1: RecomputeTest.testErrorOnClosedOverTensor (moongrad's form): the gradient " ..
-        "reaching x and y through the closed-over z = x * y", function()
+  it("RecomputeTest.testErrorOnClosedOverTensor (moongrad's form): the gradient reaches x and y " ..
+     "through the closed-over z = x * y", function()
     local x = mg.random.uniform({4, 8}, 0, 1, "float64")
     local y = mg.random.uniform({4, 8}, 0, 1, "float64")
     local a = mg.random.uniform({4, 8}, 0, 1, "float64")
