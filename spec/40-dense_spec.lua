@@ -121,7 +121,22 @@ describe("dense", function()
     end
     assert.equal(256 * 64 * 2 * 4, saved(function() return mg.dense(x, w, b, "relu") end))
     assert.equal(256 * 64 * 4, saved(function() return mg.dense(x, w, b) end))
-    assert.equal(256 * 64 * 2 * 4 + 64 * 64 * 4, saved(function() return mg.dense(x, w2, b, "tanh") end))
+    -- only b is followed: y alone (x and w2 serve the gradients of w2 and x)
+    assert.equal(256 * 64 * 4, saved(function() return mg.dense(x, w2, b, "tanh") end))
+  end)
+
+  it("keeps what the wanted gradients need: x for w's, w for x's (PyTorch's needs_input_grad)", function()
+    local x, w = rnd({256, 64}, "float32"), rnd({64, 32}, "float32")
+    local function saved (watch)
+      local t = mg.tape()
+      for _, v in ipairs(watch) do t:watch(v) end
+      local _ = mg.dense(x, w)
+      t:stop()
+      return t:saved_bytes()
+    end
+    assert.equal(64 * 32 * 4, saved{x})
+    assert.equal(256 * 64 * 4, saved{w})
+    assert.equal(256 * 64 * 4 + 64 * 32 * 4, saved{x, w})
   end)
 
   it("is rebuilt under a memory budget, with the plain gradients bit for bit", function()

@@ -340,3 +340,79 @@ describe("a persistent tape that is still recording records its own gradient (Te
                      "tape:gradient: a non-persistent tape can only compute one gradient; create it with mg.tape{persistent=true} to call it again")
   end)
 end)
+
+describe("a node saves only what the wanted gradients need (needs_input_grad)", function()
+  local x = mg.random.normal({32, 16}, 0, 1, "float64")
+  local y = mg.random.normal({32, 16}, 0, 1, "float64")
+  local w = mg.random.normal({16, 8}, 0, 1, "float64")
+  local B = 32 * 16 * 8                          -- bytes of x (and y)
+  local function saved (op, watch)
+    local t = mg.tape()
+    for _, v in ipairs(watch) do t:watch(v) end
+    local _ = op()
+    t:stop()
+    return t:saved_bytes()
+  end
+
+  it("x * y keeps y for x's gradient and x for y's", function()
+    assert.equal(B, saved(function() return x * y end, {x}))
+    assert.equal(B, saved(function() return x * y end, {y}))
+    assert.equal(2 * B, saved(function() return x * y end, {x, y}))
+  end)
+
+  it("matmul, dense and conv2d keep the other operand only", function()
+    local WB = 16 * 8 * 8
+    assert.equal(WB, saved(function() return mg.matmul(x, w) end, {x}))
+    assert.equal(B, saved(function() return mg.matmul(x, w) end, {w}))
+    assert.equal(B + WB, saved(function() return mg.dense(x, w) end, {x, w}))
+    local img = mg.random.normal({2, 5, 5, 3}, 0, 1, "float64")
+    local f = mg.random.normal({3, 3, 3, 4}, 0, 1, "float64")
+    assert.equal(3 * 3 * 3 * 4 * 8, saved(function() return mg.conv2d(img, f) end, {img}))
+    assert.equal(2 * 5 * 5 * 3 * 8, saved(function() return mg.conv2d(img, f) end, {f}))
+  end)
+
+  it("a / b keeps b for a's gradient, b and the quotient for b's", function()
+    assert.equal(B, saved(function() return x / y end, {x}))
+    assert.equal(2 * B, saved(function() return x / y end, {y}))
+  end)
+
+  it("layer_norm keeps gamma only for x's gradient", function()
+    local g = mg.random.normal({16}, 0, 1, "float64")
+    assert.equal(B, saved(function() return mg.layer_norm(x, g) end, {g}))
+    assert.equal(B + 16 * 8, saved(function() return mg.layer_norm(x, g) end, {x}))
+  end)
+
+  it("the gradients stay exact, to second order", function()
+    for _, watch in ipairs{{1}, {2}, {1, 2}} do
+      local a, b = mg.constant({1.5, -2.0}, "float64"), mg.constant({0.5, 3.0}, "float64")
+      local src = {a, b}
+      local t1, t2 = mg.tape(), mg.tape()
+      for _, i in ipairs(watch) do t1:watch(src[i]); t2:watch(src[i]) end
+      local z = mg.sum(a * b * a / b) + mg.sum(mg.matmul(mg.reshape(a, {1, 2}), mg.reshape(b, {2, 1})))
+      t2:stop()
+      local g = t2:gradient(z, src[watch[1]])
+      local s = mg.sum(g * g)
+      t1:stop()
+      local g2 = t1:gradient(s, src[watch[1]])
+      -- z = sum(a^2) + a.b: dz/da = 2a + b, dz/db = a
+      if watch[1] == 1 then
+        h.assert_close(g, 2 * a + b, 1e-12)
+        h.assert_close(g2, 4 * (2 * a + b), 1e-12)
+      else
+        h.assert_close(g, a, 1e-12)
+        if g2 then assert.same({0, 0}, g2:totable()) end   -- a is constant here: d/db of a is 0
+      end
+    end
+  end)
+
+  it("an input watched only after the op ran gets no gradient through it, as in PyTorch", function()
+    local a, b = mg.constant({1, 2}, "float64"), mg.constant({3, 4}, "float64")
+    local t = mg.tape{persistent = true}
+    t:watch(a)
+    local z = mg.sum(a * b)
+    t:watch(b)
+    assert.same({3, 4}, t:gradient(z, a):totable())
+    assert.is_nil(t:gradient(z, b))
+    t:stop()
+  end)
+end)

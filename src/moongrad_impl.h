@@ -325,6 +325,7 @@ typedef enum mg_result { MG_RESULT_SAME, MG_RESULT_BOOL, MG_RESULT_FLOAT, MG_RES
 ** family lists its rows for the registry (registry.c).
 */
 struct mg_attr;
+#define MG_GRAD_SAVES 3                 /* inputs whose saves depend on their need */
 typedef struct mg_opdef {
   mg_opinfo info;                       /* name, kind, symbol, metamethod, doc, entry */
   mg_kernel kernel[MG_DTYPE__COUNT];    /* elementwise: by input dtype; NULL: not defined */
@@ -336,6 +337,12 @@ typedef struct mg_opdef {
   /* what it saves when that depends on what it recorded (dense keeps y
   ** only for an activation's gradient); NULL: saves */
   unsigned (*saves_for)(const struct mg_attr *attr);
+  /* what input j's gradient needs besides: saved only when a tape that
+  ** records the op follows input j (PyTorch's needs_input_grad), so x * w
+  ** with only w followed keeps x alone. All zero: saves (or saves_for) is
+  ** everything. An input no tape followed when the op ran gets no gradient
+  ** through such an op, even if watched later. */
+  unsigned grad_saves[MG_GRAD_SAVES];
   mg_status (*backward)(mg_node *n, mg_tensor *const *dout, mg_tensor **din);  /* NULL: none */
   void (*free_ext)(mg_node *n);         /* for ops with private data; may be NULL */
   /* tensors the op keeps besides its saved inputs and outputs (recompute's
@@ -397,6 +404,7 @@ struct mg_node {
   mg_meta *in_meta, *out_meta;          /* [nin], [nout] */
   mg_tensor **in, **out;                /* saved tensors or NULL, [nin], [nout] */
   bool *needs;                          /* [nin], set by the walk */
+  unsigned followed;                    /* bit j: a recording tape followed input j (j < 32) */
   const mg_attr *attr;                  /* what the op recorded; all zero if nothing */
   void *ext;                            /* op-private data (custom, recompute) */
   struct mg_hooks_ref *hooks;           /* saved-tensor hooks its saved tensors went through */

@@ -408,8 +408,21 @@ static mg_status keep_slot (mg_node *n, mg_tensor **slot, mg_tensor *t, int k) {
   return MG_OK;
 }
 
+/* what def saves for a node whose inputs a tape followed as `followed` says */
+static unsigned saves_of (const mg_opdef *def, const mg_attr *attr, unsigned followed) {
+  unsigned saves = def->saves_for ? def->saves_for(attr) : def->saves;
+  for (int j = 0; j < MG_GRAD_SAVES; j++)
+    if (followed & (1u << j)) saves |= def->grad_saves[j];
+  return saves;
+}
+
+static bool by_need (const mg_opdef *def) {
+  for (int j = 0; j < MG_GRAD_SAVES; j++) if (def->grad_saves[j]) return true;
+  return false;
+}
+
 static mg_node *node_new (const mg_opdef *def, int nin, mg_tensor *const *in, int nout,
-                          mg_tensor *const *out, const mg_attr *attr, void *ext) {
+                          mg_tensor *const *out, const mg_attr *attr, void *ext, unsigned followed) {
   size_t dims = 0;
   for (int j = 0; j < nin; j++) dims += (size_t)in[j]->ndim;
   for (int i = 0; i < nout; i++) dims += (size_t)out[i]->ndim;
@@ -428,6 +441,7 @@ static mg_node *node_new (const mg_opdef *def, int nin, mg_tensor *const *in, in
   n->spare = 0;
   n->going = false;
   n->dtr = NULL;
+  n->followed = by_need(def) ? followed : ~0u;
   if (n->hooks) mg_hooks_retain(n->hooks);
   n->in_meta = (mg_meta *)(n + 1);
   n->out_meta = n->in_meta + nin;
@@ -443,7 +457,7 @@ static mg_node *node_new (const mg_opdef *def, int nin, mg_tensor *const *in, in
     meta_of(&n->out_meta[i], out[i], &shapes);
     n->out[i] = NULL;
   }
-  unsigned saves = def->saves_for ? def->saves_for(attr) : def->saves;
+  unsigned saves = saves_of(def, attr, n->followed);
   for (int j = 0; j < nin && st == MG_OK; j++)
     if (saves_input(saves, j)) st = keep_slot(n, &n->in[j], in[j], j);
   for (int i = 0; i < nout && st == MG_OK; i++)
@@ -547,11 +561,15 @@ mg_status mg_record_ex (const mg_opdef *def, int nin, mg_tensor *const *in, int 
     want[nwant++] = t;
   }
   if (nwant == 0) return free_unrecorded_ext(def, ext), MG_OK;
+  unsigned followed = 0;                /* the inputs a recording tape follows */
+  for (int j = 0; j < nin && j < 32; j++)
+    for (int i = 0; i < nwant && mg_is_float(in[j]->dtype) && !(followed & (1u << j)); i++)
+      if (idmap_has(&want[i]->tracked, in[j]->id)) followed |= 1u << j;
   bool callouts = T->hooks != NULL;     /* pack hooks: user code may run below */
   for (int i = 0; callouts && i < nwant; i++) mg_tape_retain(want[i]);
   for (int j = 0; callouts && j < nin; j++) mg_tensor_retain(in[j]);
   mg_status st = MG_OK;
-  mg_node *n = node_new(def, nin, in, nout, out, attr, ext);
+  mg_node *n = node_new(def, nin, in, nout, out, attr, ext, followed);
   if (n == NULL) {
     free_unrecorded_ext(def, ext);
     st = MG_ERR;
@@ -795,7 +813,8 @@ static mg_status step_back (mg_node *n, idmap *grads, const idmap *dep, const id
   }
   for (int j = 0; j < n->nin; j++) {
     din[j] = NULL;
-    n->needs[j] = mg_is_float(n->in_meta[j].dtype) && idmap_has(dep, n->in_meta[j].id);
+    n->needs[j] = mg_is_float(n->in_meta[j].dtype) && idmap_has(dep, n->in_meta[j].id) &&
+                  (j >= 32 || (n->followed & (1u << j)));
   }
   mg_tensor *packed[32];
   mg_dtr_take_failure();                   /* a refusal from before is not this rule's */
@@ -862,7 +881,8 @@ mg_status mg_walk (mg_tape *t, int ntargets, mg_tensor *const *targets,
   for (size_t i = 0; i < t->nnodes; i++) {     /* which nodes a source reaches */
     mg_node *n = t->nodes[i];
     for (int j = 0; j < n->nin && !relevant[i]; j++)
-      relevant[i] = mg_is_float(n->in_meta[j].dtype) && idmap_has(&dep, n->in_meta[j].id);
+      relevant[i] = mg_is_float(n->in_meta[j].dtype) && idmap_has(&dep, n->in_meta[j].id) &&
+                    (j >= 32 || (n->followed & (1u << j)));
     for (int k = 0; relevant[i] && k < n->nout; k++)
       if (idmap_slot(&dep, n->out_meta[k].id) == NULL) { st = MG_ERR; goto done; }
   }

@@ -209,7 +209,8 @@ static mg_status layer_norm_backward (mg_node *n, mg_tensor *const *dout, mg_ten
 static const mg_opdef layer_norm_op = {
   .info = {.name = "layer_norm", .kind = MG_OP_OTHER,
            .doc = "(x - mean) / sqrt(var + epsilon) * gamma + beta over the last axis"},
-  .saves = MG_SAVE_IN(0) | MG_SAVE_IN(1), .backward = layer_norm_backward, .reuses_gradient = true,
+  .saves = MG_SAVE_IN(0), .grad_saves = {MG_SAVE_IN(1)}, .backward = layer_norm_backward,
+  .reuses_gradient = true,                /* gamma only for x's gradient */
 };
 
 mg_tensor *mg_layer_norm (mg_tensor *x, mg_tensor *gamma, mg_tensor *beta, double epsilon) {

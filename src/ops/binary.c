@@ -261,7 +261,7 @@ static const mg_opdef mul_op = {
            .verb = "multiply", .doc = "a * b, elementwise (the matrix product is matmul)",
            .fn.binary = mg_mul},
   .kernel = {[MG_FLOAT32] = mul_f32, [MG_FLOAT64] = mul_f64, [MG_INT64] = mul_i64},
-  .saves = MG_SAVE_IN(0) | MG_SAVE_IN(1), .backward = mul_backward, .reuses_gradient = true,
+  .grad_saves = {MG_SAVE_IN(1), MG_SAVE_IN(0)}, .backward = mul_backward, .reuses_gradient = true,
 };
 mg_tensor *mg_mul (mg_tensor *a, mg_tensor *b) { return binary(&mul_op, a, b); }
 
@@ -271,7 +271,7 @@ FLOAT_KERNELS(div, x / y)
 KERNEL(div_i64, int64_t, double, (double)x / (double)y)
 static mg_status div_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **din) {
   mg_scope sc = {0};
-  mg_tensor *g = mg_tmp(&sc, mg_div(dout[0], n->in[1]));    /* dout / b */
+  mg_tensor *g = mg_tmp(&sc, mg_div(dout[0], n->in[1]));    /* dout / b: b is saved for either */
   if (n->needs[0]) din[0] = mg_sum_to_shape(g, SHAPE_OF(n, 0));
   if (n->needs[1])
     din[1] = mg_sum_to_shape(mg_tmp(&sc, mg_neg(mg_tmp(&sc, mg_mul(g, n->out[0])))), SHAPE_OF(n, 1));
@@ -283,7 +283,7 @@ static const mg_opdef div_op = {
            .verb = "divide", .doc = "a / b (int64 / int64 gives float64)", .fn.binary = mg_div},
   .kernel = {[MG_FLOAT32] = div_f32, [MG_FLOAT64] = div_f64, [MG_INT64] = div_i64},
   .result = MG_RESULT_FLOAT,
-  .saves = MG_SAVE_IN(1) | MG_SAVE_OUT(0), .backward = div_backward,
+  .grad_saves = {MG_SAVE_IN(1), MG_SAVE_IN(1) | MG_SAVE_OUT(0)}, .backward = div_backward,
 };
 mg_tensor *mg_div (mg_tensor *a, mg_tensor *b) { return binary(&div_op, a, b); }
 

@@ -835,7 +835,7 @@ static mg_status conv2d_backward (mg_node *n, mg_tensor *const *dout, mg_tensor 
 static const mg_opdef conv2d_op = {
   .info = {.name = "conv2d", .kind = MG_OP_OTHER,
            .doc = "2-D convolution of NHWC images x with HWIO filters w, plus a bias (TensorFlow's conv2d)"},
-  .saves = MG_SAVE_IN(0) | MG_SAVE_IN(1), .backward = conv2d_backward,
+  .grad_saves = {MG_SAVE_IN(1), MG_SAVE_IN(0)}, .backward = conv2d_backward,
 };
 
 mg_tensor *mg_conv2d (mg_tensor *x, mg_tensor *w, mg_tensor *b, const mg_conv_params *p) {

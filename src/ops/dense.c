@@ -78,15 +78,15 @@ static mg_tensor *dense_replay (const mg_node *n, mg_tensor *const *in) {
   return mg_dense(in[0], in[1], n->nin == 3 ? in[2] : NULL, act_names[n->attr->a[0]]);
 }
 
-/* y for the activation's gradient; a linear layer keeps x and w alone */
+/* y for the activation's gradient, whichever is wanted; x for w's, w for x's */
 static unsigned dense_saves (const mg_attr *attr) {
-  return MG_SAVE_IN(0) | MG_SAVE_IN(1) | (attr->a[0] != MG_ACT_LINEAR ? MG_SAVE_OUT(0) : 0);
+  return attr->a[0] != MG_ACT_LINEAR ? MG_SAVE_OUT(0) : 0;
 }
 
 static const mg_opdef dense_op = {
   .info = {.name = "dense", .kind = MG_OP_OTHER,
            .doc = "act(x @ w + b) in one op: the product, then the bias and activation in one pass"},
-  .saves_for = dense_saves, .backward = dense_backward, .replay = dense_replay, .reuses_gradient = true,
+  .saves_for = dense_saves, .grad_saves = {MG_SAVE_IN(1), MG_SAVE_IN(0)}, .backward = dense_backward, .replay = dense_replay, .reuses_gradient = true,
 };
 
 /* the checks: x (..., K) and w (K, N) of one float dtype, b (N) or NULL */

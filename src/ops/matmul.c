@@ -190,7 +190,7 @@ static mg_status matmul_backward (mg_node *n, mg_tensor *const *dout, mg_tensor 
   mg_scope_end(&sc);
   return MG_OK;
 }
-static const mg_opdef matmul_op = {.info = {.name = "matmul", .kind = MG_OP_BINARY, .symbol = "@", .doc = "the matrix product a @ b (batched, broadcast, vectors)", .fn.binary = mg_matmul}, .saves = MG_SAVE_IN(0) | MG_SAVE_IN(1), .backward = matmul_backward};
+static const mg_opdef matmul_op = {.info = {.name = "matmul", .kind = MG_OP_BINARY, .symbol = "@", .doc = "the matrix product a @ b (batched, broadcast, vectors)", .fn.binary = mg_matmul}, .grad_saves = {MG_SAVE_IN(1), MG_SAVE_IN(0)}, .backward = matmul_backward};
 
 static const mg_opdef *const rows[] = {&matmul_op};
 _Static_assert(sizeof rows / sizeof rows[0] == 1, "matmul.c: a row is missing from rows[]");
