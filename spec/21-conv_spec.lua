@@ -250,6 +250,61 @@ describe("pooling", function()
     end
   end)
 
+  -- max_pool2d's gradient by its definition, in Lua, for TensorFlow's SAME
+  -- padding: each dy to its window's first maximum, the window clipped
+  local function lua_max_pool_bwd (x, dy, kh, kw, sh, sw)
+    local H, W = #x[1], #x[1][1]
+    local OH, OW = #dy[1], #dy[1][1]
+    local pt = math.max((OH - 1) * sh + kh - H, 0) // 2
+    local pl = math.max((OW - 1) * sw + kw - W, 0) // 2
+    local dx = {}
+    for n = 1, #x do
+      dx[n] = {}
+      for i = 1, H do
+        dx[n][i] = {}
+        for j = 1, W do
+          dx[n][i][j] = {}
+          for c = 1, #x[1][1][1] do dx[n][i][j][c] = 0 end
+        end
+      end
+      for i = 1, OH do
+        for j = 1, OW do
+          for c = 1, #x[1][1][1] do
+            local bi, bj
+            for u = 1, kh do
+              for v = 1, kw do
+                local r, q = (i - 1) * sh + u - pt, (j - 1) * sw + v - pl
+                if r >= 1 and r <= H and q >= 1 and q <= W and (not bi or x[n][r][q][c] > x[n][bi][bj][c]) then
+                  bi, bj = r, q
+                end
+              end
+            end
+            dx[n][bi][bj][c] = dx[n][bi][bj][c] + dy[n][i][j][c]
+          end
+        end
+      end
+    end
+    return dx
+  end
+
+  it("stride = window with SAME padding that overhangs the image: dx stays inside (issue 27)", function()
+    -- pt = pl = 0 with pb or pr > 0: the windows tile the image but the last
+    -- ones hang over its bottom and right; the tiled loop wrote their clipped taps past dx
+    for _, case in ipairs({{{2, 1, 2, 2}, {2, 1}}, {{1, 1, 2, 2}, {2, 1}}, {{2, 5, 7, 3}, {2, 2}},
+                           {{1, 5, 8, 2}, {3, 3}}, {{1, 1, 1, 4}, {5, 5}}, {{2, 3, 4, 1}, {1, 3}},
+                           {{1, 6, 5, 2}, {2, 2}}}) do
+      local o = {pool_size = case[2], padding = "same"}
+      for _, dt in ipairs({"float64", "float32"}) do
+        local x = mg.cast(rnd(case[1]), dt)
+        local dy = mg.cast(rnd(mg.max_pool2d(x, o).shape), dt)
+        local want = lua_max_pool_bwd(x:totable(), dy:totable(), case[2][1], case[2][2], case[2][1], case[2][2])
+        for _ = 1, 3 do h.assert_close(mg.max_pool2d_backward(x, dy, o), want, 1e-6) end
+        h.assert_close(grads(function(v) return mg.max_pool2d(v, o) end, {x}, dy)[1], want, 1e-6)
+      end
+      check(function(v) return mg.max_pool2d(v, o) end, rnd(case[1]))
+    end
+  end)
+
   it("max_pool2d_backward sends each dy to its window's maximum", function()
     local x = mg.constant({{1, 5}, {3, 2}}):reshape{1, 2, 2, 1}
     assert.same({{0, 7}, {0, 0}}, plane(mg.max_pool2d_backward(x, mg.full({1, 1, 1, 1}, 7))))

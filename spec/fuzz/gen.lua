@@ -891,6 +891,234 @@ end
 -- }===================================================================
 
 
+-- {=============== structured ops, typed (images, indices, attention) ===============
+-- sexpr is gexpr's counterpart for the ops whose shapes must fit: conv2d's and
+-- the pools' windows, put_along_axis's and take_along_axis's indices, topk's k,
+-- attention's keys. It returns the code and the shape it gives; the filters,
+-- gammas and keys it needs are declared before f (ctx.pre) as constants or
+-- variables. These programs run nested tapes (a gradient of a gradient)
+-- through recompute_grad, which is how issue 27's heap overflow in
+-- max_pool2d's backward was reached.
+
+local function ceil_div (a, b) return (a + b - 1) // b end
+
+-- a parameter of shape s declared before f; a variable sometimes (recompute_grad
+-- then sees a variable read inside f)
+local function sparam (ctx, s)
+  ctx.n = ctx.n + 1
+  local name = "p" .. ctx.n
+  local e = fmt("mg.random.normal(%s, 0, 1, %q)", shape_code(s), ctx.dt)
+  if chance(0.3) then e = fmt("mg.Variable(%s)", e); ctx.vars[#ctx.vars + 1] = name end
+  ctx.pre[#ctx.pre + 1] = fmt("local %s = %s", name, e)
+  return name
+end
+
+-- 1-based indices along an axis of size n, m of them (distinct when asked)
+local function sindices (n, m, distinct)
+  local out, pool = {}, {}
+  for i = 1, n do pool[i] = i end
+  for i = 1, m do
+    if distinct then out[i] = table.remove(pool, R(1, #pool)) else out[i] = R(1, n) end
+  end
+  return out
+end
+
+-- an int64 constant of shape s, 1..n; with `distinct`, no index twice
+-- along any line of `axis` (put_along_axis "set" then writes each entry once)
+local function sindex_lit (s, axis, n, distinct)
+  local lines, at = {}, {}
+  local function value ()
+    local key = {}
+    for d = 1, #s do if d ~= axis then key[#key + 1] = at[d] end end
+    key = table.concat(key, ",")
+    lines[key] = lines[key] or sindices(n, s[axis], distinct)
+    return lines[key][at[axis]]
+  end
+  local function level (d)
+    if d > #s then return tostring(value()) end
+    local parts = {}
+    for i = 1, s[d] do at[d] = i; parts[i] = level(d + 1) end
+    return "{" .. table.concat(parts, ", ") .. "}"
+  end
+  return fmt("mg.constant(%s, 'int64')", level(1))
+end
+
+local function with (s, a, v) local c = copy(s); c[a] = v; return c end
+
+-- one window dimension: in pixels, window k dilated by d, stride st, padding
+-- -> the output size, or nil when the window does not fit
+local function sout (n, k, st, d, padding)
+  local ext = (k - 1) * d + 1
+  if padding == "same" then return ceil_div(n, st) end
+  local p = padding == "valid" and 0 or padding
+  if n + 2 * p < ext then return nil end
+  return (n + 2 * p - ext) // st + 1
+end
+
+local function sexpr (ctx, e, s, depth)
+  if depth <= 0 then return e, s end
+  local x, sh = sexpr(ctx, e, s, depth - 1)
+  local nd = #sh
+  local options = {}
+  local function add (w, f) options[#options + 1] = w; options[#options + 1] = f end
+  -- any shape -> an (N,H,W,C) image, its entries gathered (repeats: ties for the pools)
+  add(nd == 4 and 1 or 6, function()
+    local n = numel_of(sh)
+    if n == 0 then return x, sh end
+    local img = {R(1, 2), R(1, 4), R(1, 4), R(1, 3)}
+    local idx = {}
+    for i = 1, numel_of(img) do idx[i] = chance(0.2) and 1 or R(1, n) end
+    return fmt("mg.reshape(mg.gather(mg.reshape(%s, {-1}), {%s}), %s)", x, table.concat(idx, ", "), shape_code(img)), img end)
+  add(2, function() return fmt("mg.tanh(%s)", x), sh end)
+  add(1, function() return fmt("(%s) * (%s)", x, x), sh end)
+  if nd == 4 then
+    add(6, function()                                  -- conv2d
+      local kh, kw, o = R(1, 3), R(1, 3), R(1, 3)
+      local st = {R(1, 2), R(1, 2)}
+      local dl = chance(0.3) and {R(1, 2), R(1, 2)} or {1, 1}
+      local padding = pick{"valid", "same", "same", R(0, 2)}
+      local oh, ow = sout(sh[2], kh, st[1], dl[1], padding), sout(sh[3], kw, st[2], dl[2], padding)
+      if not oh or not ow then padding, oh, ow = "same", ceil_div(sh[2], st[1]), ceil_div(sh[3], st[2]) end
+      local w = sparam(ctx, {kh, kw, sh[4], o})
+      local b = chance(0.5) and ", " .. sparam(ctx, {o}) or ""
+      return fmt("mg.conv2d(%s, %s%s, {strides = {%d, %d}, padding = %s, dilation_rate = {%d, %d}})", x, w, b,
+                 st[1], st[2], type(padding) == "string" and fmt("%q", padding) or padding, dl[1], dl[2]),
+             {sh[1], oh, ow, o} end)
+    add(6, function()                                  -- the pools: strides default to the window
+      local kh, kw = R(1, 3), R(1, 3)
+      local st = chance(0.5) and {kh, kw} or {R(1, 3), R(1, 3)}
+      local padding = pick{"valid", "same", "same"}
+      local oh, ow = sout(sh[2], kh, st[1], 1, padding), sout(sh[3], kw, st[2], 1, padding)
+      if not oh or not ow then padding, oh, ow = "same", ceil_div(sh[2], st[1]), ceil_div(sh[3], st[2]) end
+      local strides = (st[1] == kh and st[2] == kw and chance(0.5)) and "" or fmt(", strides = {%d, %d}", st[1], st[2])
+      local f = pick{"max_pool2d", "avg_pool2d"}
+      if f == "max_pool2d" then ctx.kinks = true end
+      return fmt("mg.%s(%s, {pool_size = {%d, %d}%s, padding = %q})", f, x, kh, kw, strides, padding), {sh[1], oh, ow, sh[4]} end)
+  end
+  if nd >= 1 and numel_of(sh) > 0 then
+    add(2, function()                                  -- layer_norm over the last axis
+      local gb = chance(0.6) and fmt(", %s, %s", sparam(ctx, {sh[nd]}), sparam(ctx, {sh[nd]})) or ""
+      return fmt("mg.layer_norm(%s%s)", x, gb), sh end)
+    add(2, function()
+      return fmt("mg.cumsum(%s, %d%s)", x, R(1, nd), pick{"", ", {exclusive = true}", ", {reverse = true}", ", {exclusive = true, reverse = true}"}), sh end)
+    add(2, function()                                  -- pad: reflect needs pads below the size
+      local parts, out = {}, copy(sh)
+      local mode = pick{"constant", "edge", "reflect", "symmetric", "wrap"}
+      for i = 1, nd do
+        local lim = mode == "reflect" and sh[i] - 1 or mode == "symmetric" and sh[i] or mode == "wrap" and sh[i] or 2
+        local a, b = R(0, math.min(lim, 2)), R(0, math.min(lim, 2))
+        parts[i] = fmt("{%d, %d}", a, b); out[i] = sh[i] + a + b
+      end
+      return fmt("mg.pad(%s, {%s}, {mode = %q})", x, table.concat(parts, ", "), mode), out end)
+    add(2, function()
+      local a = R(1, nd)
+      ctx.kinks = true
+      if chance(0.5) then return fmt("first(mg.sort(%s, %d%s))", x, a, pick{"", ", {descending = true}"}), sh end
+      local k = R(1, sh[a])
+      return fmt("first(mg.topk(%s, %d, %d%s))", x, k, a, pick{"", ", {largest = false}", ", {sorted = false}"}), with(sh, a, k) end)
+    add(3, function()                                  -- put_along_axis: set needs distinct indices along a line
+      local a, mode = R(1, nd), pick{"add", "set"}
+      local m = R(1, mode == "set" and sh[a] or 3)
+      local is = with(sh, a, m)
+      local vals = sparam(ctx, is)
+      return fmt("mg.put_along_axis(%s, %s, %s, %d, {mode = %q})", x, sindex_lit(is, a, sh[a], mode == "set"), vals, a, mode), sh end)
+    add(2, function()
+      local a = R(1, nd)
+      if chance(0.4) then ctx.kinks = true; return fmt("mg.take_along_axis(%s, mg.argsort(%s, %d), %d)", x, x, a, a), sh end
+      local m = R(1, 3)
+      return fmt("mg.take_along_axis(%s, %s, %d)", x, sindex_lit(with(sh, a, m), a, sh[a]), a), with(sh, a, m) end)
+    add(2, function()
+      local a = R(1, nd)
+      local idx = sindices(sh[a], R(1, 3))
+      return fmt("mg.gather(%s, {%s}, %d)", x, table.concat(idx, ", "), a), with(sh, a, #idx) end)
+    add(1, function() return fmt("mg.reshape(%s, {-1})", x), {numel_of(sh)} end)
+  end
+  if nd >= 2 and nd <= 4 and numel_of(sh) > 0 then
+    add(3, function()                                  -- attention over the last two axes
+      local how = R(1, 3)
+      if how == 1 then return fmt("mg.scaled_dot_product_attention(%s, %s, %s%s)", x, x, x, pick{"", ", {causal = true}", ", {scale = 0.5}"}), sh end
+      local lk, dv = R(1, 4), R(1, 3)
+      local k = sparam(ctx, with(sh, nd - 1, lk))
+      local v = sparam(ctx, with(with(sh, nd - 1, lk), nd, dv))
+      local opt = ""
+      if how == 3 then                                 -- a row may be all masked out
+        ctx.n = ctx.n + 1; ctx.kinks = true
+        ctx.pre[#ctx.pre + 1] = fmt("local p%d = mg.greater(mg.random.normal(%s, 0, 1, 'float64'), -0.5)", ctx.n, shape_code({sh[nd - 1], lk}))
+        opt = fmt(", {mask = p%d}", ctx.n)
+      end
+      return fmt("mg.scaled_dot_product_attention(%s, %s, %s%s)", x, k, v, opt), with(sh, nd, dv) end)
+  end
+  if nd == 2 then
+    add(2, function()
+      return pick{{fmt("mg.einsum('ij,kj->ik', %s, %s)", x, x), {sh[1], sh[1]}}, {fmt("mg.einsum('ij->ji', %s)", x), {sh[2], sh[1]}},
+                  {fmt("mg.einsum('ij,ij->i', %s, %s)", x, x), {sh[1]}}, {fmt("mg.einsum('ij->', %s)", x), {}}} end)
+  elseif nd == 3 then
+    add(2, function() return fmt("mg.einsum('bij,bkj->bik', %s, %s)", x, x), {sh[1], sh[2], sh[2]} end)
+  elseif nd == 4 then
+    add(1, function() return fmt("mg.einsum('nhwc,nhwc->nc', %s, %s)", x, x), {sh[1], sh[4]} end)
+  end
+  local r, rs = wpick(options)
+  if type(r) == "table" then return r[1], r[2] end
+  return r, rs
+end
+
+-- x, the parameters and f, declared; returns that code, ctx and f's output shape
+local function struct_setup (dt)
+  local ctx = {n = 0, pre = {}, vars = {}, dt = dt, kinks = false}
+  local s = {}
+  for i = 1, R(1, 4) do s[i] = R(1, 4) end
+  if numel_of(s) > 48 then s = {2, 3, 2} end
+  local code, out = sexpr(ctx, "x1", s, R(2, 5))
+  local x = fmt("mg.random.normal(%s, 0, 1, %q)", shape_code(s), dt)
+  if chance(0.4) then x = fmt("mg.Variable(%s)", x) end
+  local pre = table.concat(ctx.pre, "; ")
+  return fmt("%s%slocal x = %s; local function f(x1) return %s end", pre, pre ~= "" and "; " or "", x, code), ctx, out
+end
+
+-- the sources of the inner gradient: x and the variables among the parameters
+local function struct_sources (ctx)
+  local s = {"x"}
+  for _, v in ipairs(ctx.vars) do s[#s + 1] = v end
+  return "{" .. table.concat(s, ", ") .. "}"
+end
+
+-- a gradient of a gradient: t2's gradient of sum(y * y), then t1's of the sum
+-- of its squares; `gcode` is the function called (f, recompute_grad(f) ...)
+local function nested_grad (ctx, gcode, outer)
+  return fmt("local g = %s; local t1 = mg.tape(); local t2 = mg.tape(); t1:watch(x); t2:watch(x); local y = first(g(x)); local l = mg.sum(y * y); t2:stop(); local d = t2:gradient(l, %s, nil, {unconnected = 'zero'}); local s = mg.sum(d[1] * d[1]); for i = 2, #d do s = s + mg.sum(d[i] * d[i]) end; t1:stop(); local dd = %s",
+             gcode, struct_sources(ctx), outer and "t1:gradient(s, x, nil, {unconnected = 'zero'})" or "nil")
+end
+
+local function struct_wrap ()
+  return wpick{3, "f", 6, "mg.recompute_grad(f)",
+               2, function() return fmt("mg.recompute_grad(f, {policy = %s})", policy()) end,
+               1, "mg.recompute_grad(mg.recompute_grad(f))", 1, "mg.recompute_grad(function(a) return RG(f(a)) end)"}
+end
+
+-- crashes only: the nested gradients a few times over, collecting in between
+local function struct_stmt ()
+  local setup, ctx = struct_setup(chance(0.6) and "float64" or "float32")
+  return fmt("%s; for _ = 1, %d do %s; V[%d] = first(dd or d); collectgarbage() end", setup, R(1, 3),
+             nested_grad(ctx, struct_wrap(), chance(0.8)), slot())
+end
+
+-- oracles: recompute_grad against f, first and second order; gradcheck
+-- where f is smooth (no max pool, sort, topk, argsort or mask)
+local function struct_oracle_stmt ()
+  local dt = chance(0.8) and "float64" or "float32"
+  local tol = dt == "float64" and 1e-9 or 1e-4
+  local setup, ctx = struct_setup(dt)
+  local both = fmt("local function run(gcode) %s; return y, d[1], dd end; local ok1, y1, d1, e1 = pcall(run, f); if not ok1 then return end; local y2, d2, e2 = run(mg.recompute_grad(f%s)); CHECK('struct-recompute-forward', y1, y2, %g); CHECK('struct-recompute-gradient', d1, d2, %g); CHECK('struct-recompute-2nd-order', e1, e2, %g)",
+                   nested_grad(ctx, "gcode", true), chance(0.3) and fmt(", {policy = %s}", pick{"'nothing'", "'dots'", "'everything'"}) or "", tol, tol, tol)
+  if dt == "float64" and not ctx.kinks and chance(0.5) then
+    return fmt("mg.memory.fail_after(0); %s; local x0 = mg.is_variable(x) and x:value() or x; local ok, err = pcall(mg.test.gradcheck, function(a) return f(a) end, {x0}, {atol = 1e-5, rtol = 1e-3}); if not ok and tostring(err):find('gradcheck: input', 1, true) then WRONG('struct-gradcheck', err) end", setup)
+  end
+  return fmt("mg.memory.fail_after(0); %s; %s", setup, both)
+end
+
+-- }===================================================================
+
+
 -- a statement body; depth > 2 gives only simple ones
 body = function (depth)
   depth = depth or 0
@@ -914,6 +1142,8 @@ body = function (depth)
     0.7, big_stmt,
     2.5, function() return hooks_stmt(depth) end,
     depth == 0 and ORACLE_WEIGHT or 0, oracle_stmt,     -- not inside hooks, traces, records ...
+    depth <= 1 and 4 or 0, struct_stmt,
+    depth == 0 and 3 or 0, struct_oracle_stmt,
   }
 end
 

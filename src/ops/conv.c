@@ -284,13 +284,17 @@ static mg_status check_shape4 (const char *fn, const char *what, const int64_t *
 ** image per thread, which keeps per channel the best value m and its tap k
 ** (in scratch: a slice of each per thread, 64-byte aligned so that threads
 ** share no cache line: sharing one made 2 threads 4x slower). When the windows tile the image
-** (stride = window, no padding, no dilation) every pixel of dx is written
-** once, dy or 0, with no zeroing pass; otherwise dx is zeroed and added to. */
+** (stride = window, no dilation, every window inside it) every pixel of dx
+** is written once, dy or 0, with no zeroing pass; otherwise dx is zeroed
+** and added to. "Inside" matters: "same" padding pads at the bottom and
+** right (pt = pl = 0, pb or pr > 0), and there the tiled loop would write
+** each window's clipped taps past the image, past dx's end. */
 #define MAX_POOL_BWD(T) do {                                                        \
     const T *X = (const T *)x, *DY = (const T *)dy; T *DX = (T *)dx;                \
     const int64_t C = g->C, HWC = g->H * g->W * C;                                  \
     const bool tiled = g->sh == g->KH && g->sw == g->KW && g->dh == 1 && g->dw == 1 \
-                       && g->pt == 0 && g->pl == 0;                                 \
+                       && g->pt == 0 && g->pl == 0                                  \
+                       && g->OH * g->KH <= g->H && g->OW * g->KW <= g->W;           \
     MG_PARALLEL(nthreads > 1, num_threads(nthreads),                                \
     {                                                                               \
       char *mine = (char *)scratch + (size_t)omp_get_thread_num() * 2 * slice;     \
