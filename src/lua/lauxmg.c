@@ -6,6 +6,7 @@
 ** check the arguments (may raise), push an empty box (may raise), then do
 ** the C work, which never raises, and fill the box or raise its error.
 */
+#include <limits.h>
 #include <math.h>
 #include <string.h>
 
@@ -554,29 +555,40 @@ static bool is_structure (lua_State *L, int idx) {
     }                                                                           \
   } while (0)
 
-/* the place of a bad leaf, for the message: what[1].key[2]... */
+/* the place of a leaf, for messages: what[1].key[2]... */
 typedef struct path { int depth; int keys[32]; const char *names[32]; } path;
 
-static void bad_leaf (lua_State *L, int idx, const char *what, const path *p) {
+/* pushes the place p names: what, then .name, [k] or [?] (another key) for each level */
+static void push_place (lua_State *L, const char *what, const path *p) {
   luaL_Buffer b;
   luaL_buffinit(L, &b);
   luaL_addstring(&b, what);
   for (int d = 0; d < p->depth && d < 32; d++) {
     if (p->names[d]) { luaL_addchar(&b, '.'); luaL_addstring(&b, p->names[d]); }
-    else { lua_pushfstring(L, "[%d]", p->keys[d]); luaL_addvalue(&b); }
+    else if (p->keys[d] != INT_MIN) { lua_pushfstring(L, "[%d]", p->keys[d]); luaL_addvalue(&b); }
+    else luaL_addstring(&b, "[?]");
   }
   luaL_pushresult(&b);
+}
+
+static void bad_leaf (lua_State *L, int idx, const char *what, const path *p) {
+  push_place(L, what, p);
   luaL_error(L, "%s is a %s, not a tensor or variable", lua_tostring(L, -1), luaL_typename(L, idx));
 }
 
-static int flatten_at (lua_State *L, int idx, int acc, int n, bool strict, const char *what, path *p) {
+/* what flatten_at appends for each leaf: the leaf (LOOSE skips other
+** values, STRICT raises on them), or the place of the leaf (PLACES) */
+enum { LOOSE, STRICT, PLACES };
+
+static int flatten_at (lua_State *L, int idx, int acc, int n, int mode, const char *what, path *p) {
   if (mgL_isleaf(L, idx)) {
-    lua_pushvalue(L, idx);
+    if (mode == PLACES) push_place(L, what, p);
+    else lua_pushvalue(L, idx);
     lua_rawseti(L, acc, ++n);
     return n;
   }
   if (!is_structure(L, idx)) {
-    if (strict) bad_leaf(L, idx, what, p);
+    if (mode == STRICT) bad_leaf(L, idx, what, p);
     return n;
   }
   if (p->depth >= 32) luaL_error(L, "%s: nested more than 32 deep (a cycle?)", what);
@@ -585,8 +597,9 @@ static int flatten_at (lua_State *L, int idx, int acc, int n, bool strict, const
   FOR_ENTRIES(L, idx, {
     bool named = lua_type(L, -2) == LUA_TSTRING;
     p->names[p->depth - 1] = named ? lua_tostring(L, -2) : NULL;
-    p->keys[p->depth - 1] = named ? 0 : (int)lua_tointeger(L, -2);
-    n = flatten_at(L, lua_gettop(L), acc, n, strict, what, p);
+    lua_Integer key_ = lua_isinteger(L, -2) ? lua_tointeger(L, -2) : INT_MIN;
+    p->keys[p->depth - 1] = named || key_ <= INT_MIN || key_ > INT_MAX ? INT_MIN : (int)key_;
+    n = flatten_at(L, lua_gettop(L), acc, n, mode, what, p);
   });
   p->depth--;
   return n;
@@ -595,7 +608,13 @@ static int flatten_at (lua_State *L, int idx, int acc, int n, bool strict, const
 int mgL_flatten (lua_State *L, int idx, int acc, int n, bool strict, const char *what) {
   path p;
   p.depth = 0;
-  return flatten_at(L, lua_absindex(L, idx), lua_absindex(L, acc), n, strict, what, &p);
+  return flatten_at(L, lua_absindex(L, idx), lua_absindex(L, acc), n, strict ? STRICT : LOOSE, what, &p);
+}
+
+int mgL_leafplaces (lua_State *L, int idx, int acc, int n, const char *what) {
+  path p;
+  p.depth = 0;
+  return flatten_at(L, lua_absindex(L, idx), lua_absindex(L, acc), n, PLACES, what, &p);
 }
 
 static const char hole_key = 0;

@@ -104,6 +104,9 @@ bool       mgL_isleaf      (lua_State *L, int idx);
 ** returns the new count. strict: any other leaf raises, naming `what` and
 ** its place; otherwise other leaves are skipped (and kept by rebuild). */
 int        mgL_flatten     (lua_State *L, int idx, int acc, int n, bool strict, const char *what);
+/* as mgL_flatten (not strict), but appends the places of the leaves, as
+** strings naming them from what: "what", "what.key[2]" */
+int        mgL_leafplaces  (lua_State *L, int idx, int acc, int n, const char *what);
 /* pushes a copy of the value at idx with its leaves replaced, in the same
 ** order, by acc[*k], acc[*k+1], ... */
 void       mgL_rebuild     (lua_State *L, int idx, int acc, int *k);

@@ -109,6 +109,7 @@ typedef struct first_run {
   int f, args, nargs;          /* stack indices of f and its first argument; the count */
   int results, nresults;       /* f's results, after the run */
   int error;                   /* the error object's index, 0 if none */
+  bool untaped;                /* recompute: f gave no tensor, so nothing is recorded */
 } first_run;
 
 typedef struct lfn {
@@ -197,23 +198,41 @@ typedef struct forward_args {
   const char *who;
 } forward_args;
 
-/* the tensors among f's results first..last, strictly, into fa->out */
-static void collect_outputs (lua_State *L, int first, int last, forward_args *fa) {
-  if (last < first) luaL_error(L, "%s: f returned nothing; it must return tensors", fa->who);
+/* the tensors and variables among f's results first..last (in nested
+** plain tables too; other values pass by) into fa->out; returns how many */
+static int collect_outputs (lua_State *L, int first, int last, forward_args *fa) {
   lua_newtable(L);
   int list = lua_gettop(L), n = 0;
-  for (int i = first; i <= last; i++) {
-    char what[64];
-    snprintf(what, sizeof what, "%s: result %d of f", fa->who, i - first + 1);
-    n = mgL_flatten(L, i, list, n, true, what);
-  }
-  if (n == 0) luaL_error(L, "%s: f returned no tensors", fa->who);
+  for (int i = first; i <= last; i++) n = mgL_flatten(L, i, list, n, false, "recompute_grad: a result of f");
   for (int i = 1; i <= n; i++) {
     lua_geti(L, list, i);
     if (mg_list_push(fa->out, mg_tensor_retain(mgL_testtensor(L, -1))) != MG_OK) mgL_error(L);
     lua_pop(L, 1);
   }
   lua_pop(L, 1);
+  return n;
+}
+
+/* pushes where the tensors among f's results first..last are, for the
+** re-run to compare: "tensors at result 1, result 3.h[2]", or "no tensors" */
+static void push_places (lua_State *L, int first, int last) {
+  lua_newtable(L);
+  int list = lua_gettop(L), n = 0;
+  for (int i = first; i <= last; i++) {
+    char what[32];
+    snprintf(what, sizeof what, "result %d", i - first + 1);
+    n = mgL_leafplaces(L, i, list, n, what);
+  }
+  luaL_Buffer b;
+  luaL_buffinit(L, &b);
+  luaL_addstring(&b, n == 0 ? "no tensors" : "tensors at ");
+  for (int i = 1; i <= n; i++) {
+    if (i > 1) luaL_addstring(&b, ", ");
+    lua_geti(L, list, i);
+    luaL_addvalue(&b);
+  }
+  luaL_pushresult(&b);
+  lua_remove(L, list);
 }
 
 /* pushes the flag table of recompute_grad(f, {pass_is_recomputing=true}) */
@@ -247,13 +266,23 @@ static mg_status run_first (forward_args *fa, lua_CFunction body) {
   return MG_OK;
 }
 
-/* recompute's first run: (fa, f, args...) -> f's results */
+/* recompute's first run: (fa, f, args...) -> f's results, whatever they
+** are. Where its tensors are goes to the lfn table, for the re-run to
+** check; with none, the call records nothing (first->untaped). */
 static int recompute_first_body (lua_State *L) {
   forward_args *fa = (forward_args *)lua_touserdata(L, 1);
   int n = lua_gettop(L) - 2 + push_flag(L, fa->u->pass_flag);
   lua_call(L, n, LUA_MULTRET);
-  collect_outputs(L, 2, lua_gettop(L), fa);
-  return lua_gettop(L) - 1;
+  int last = lua_gettop(L);
+  if (collect_outputs(L, 2, last, fa) == 0) {
+    fa->u->first->untaped = true;
+  } else {
+    lua_rawgeti(L, LUA_REGISTRYINDEX, fa->u->ref);
+    push_places(L, 2, last);
+    lua_setfield(L, -2, "places");
+    lua_pop(L, 1);
+  }
+  return last - 1;
 }
 
 /* A re-run: the arguments are rebuilt from the template with the tensors
@@ -284,7 +313,14 @@ static int rerun_inner (lua_State *L) {
     lua_remove(L, -2);
   }
   lua_call(L, (int)nargs + push_flag(L, fa->u->pass_flag), LUA_MULTRET);
-  collect_outputs(L, fidx, lua_gettop(L), fa);
+  int last = lua_gettop(L);
+  push_places(L, fidx, last);
+  lua_getfield(L, 1, "places");
+  if (!lua_rawequal(L, -1, -2))
+    return luaL_error(L, "the recomputed function gave %s, the first run gave %s (it must be "
+                      "deterministic)", lua_tostring(L, -2), lua_tostring(L, -1));
+  lua_pop(L, 2);
+  collect_outputs(L, fidx, last, fa);
   return 0;
 }
 
@@ -373,7 +409,11 @@ static int capture (lua_State *L, int first, int n, int *leaves, int *kinds) {
     lua_rawseti(L, orig, i + 1);
   }
   lua_newtable(L);                          /* its leaves, to put back as they are */
-  mgL_flatten(L, orig, orig + 1, 0, false, "recompute_grad: argument");
+  for (int i = 1, nl = 0; i <= n; i++) {    /* one by one, as rebuilt: nil holes keep the order */
+    lua_geti(L, orig, i);
+    nl = mgL_flatten(L, -1, orig + 1, nl, false, "recompute_grad: an argument");
+    lua_pop(L, 1);
+  }
   int k = 0;
   for (int i = 1; i <= n; i++) {
     lua_geti(L, orig, i);
@@ -389,7 +429,7 @@ static int capture (lua_State *L, int first, int n, int *leaves, int *kinds) {
   int nl = 0;
   for (int i = 1; i <= n; i++) {
     lua_geti(L, tmpl, i);
-    nl = mgL_flatten(L, -1, *leaves, nl, false, "recompute_grad: argument");
+    nl = mgL_flatten(L, -1, *leaves, nl, false, "recompute_grad: an argument");
     lua_pop(L, 1);
   }
   lua_createtable(L, nl, 0);
@@ -445,7 +485,7 @@ static int push_outputs (lua_State *L, mg_list *out) {
 static void reuse_boxes (lua_State *L, int first, int n, int outs) {
   lua_newtable(L);
   int mine = lua_gettop(L), nl = 0;
-  for (int i = 0; i < n; i++) nl = mgL_flatten(L, first + i, mine, nl, true, "recompute_grad: result");
+  for (int i = 0; i < n; i++) nl = mgL_flatten(L, first + i, mine, nl, false, "recompute_grad: a result of f");
   for (int i = 1; i <= nl; i++) {
     lua_geti(L, mine, i);
     lua_geti(L, outs, i);
@@ -487,7 +527,7 @@ static int recompute_call (lua_State *L) {
   lua_setfield(L, -2, "template");
   lua_pushvalue(L, kinds);
   lua_setfield(L, -2, "kinds");
-  first_run first = {L, fidx, 2, nargs, 0, 0, 0};
+  first_run first = {L, fidx, 2, nargs, 0, 0, 0, false};
   lfn *u = lfn_new(L, pass_flag, &first);
   mg_list out = {0};
   if (policy == KEEP_ASK) {
@@ -499,6 +539,8 @@ static int recompute_call (lua_State *L) {
                                           : policy == KEEP_ASK ? ask_lua : NULL, &ask);
   luaL_unref(L, LUA_REGISTRYINDEX, ask.ref);
   /* u may be gone by now (when no tape recorded the call): only `first` is read */
+  if (st != MG_OK && first.error == 0 && first.untaped)
+    return first.nresults;     /* no tensor to record (the core refused the empty call): f's results */
   if (st != MG_OK) return raise_call_error(L, &first);
   int outs = push_outputs(L, &out), k = 0;
   reuse_boxes(L, first.results, first.nresults, outs);
@@ -704,7 +746,7 @@ static int custom_call (lua_State *L) {
     }
   mg_tensor **in = tensor_array(L, list, ntensors);
   lua_newtable(L);                                 /* the lfn table */
-  first_run first = {L, fidx, 1, nargs, 0, 0, 0};
+  first_run first = {L, fidx, 1, nargs, 0, 0, 0, false};
   lfn *u = lfn_new(L, lua_toboolean(L, lua_upvalueindex(2)), &first);
   mg_list out = {0};
   mg_status st = mg_custom_call(&custom_fn, u, ntensors, in, &out);
@@ -1056,7 +1098,7 @@ static int l_loop_run (lua_State *L) {
   lua_createtable(L, 0, 1);                        /* the lfn table */
   lua_pushvalue(L, 1);
   lua_setfield(L, -2, "f");
-  first_run first = {L, 1, 4, n, 0, 0, 0};
+  first_run first = {L, 1, 4, n, 0, 0, 0, false};
   lfn *u = lfn_new(L, false, &first);
   mg_list out = {0};
   if (mg_checkpoint_loop(&lua_loop_fn, u, n, in, (int64_t)steps, (int)k, &out) != MG_OK)
