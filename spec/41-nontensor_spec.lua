@@ -284,6 +284,32 @@ describe("recompute_grad with non-tensor values: errors", function()
       "the first run gave tensors at result 1 (it must be deterministic)")
   end)
 
+  it("a long list of places is cut to the first entry that differs", function()
+    local runs = 0
+    local f = mg.recompute_grad(function(v)
+      runs = runs + 1
+      local t = {}
+      for i = 1, 40 do t[i] = {a_rather_long_key_name = v * i} end
+      if runs > 1 then t[40] = {other = v * 40} end
+      if runs > 2 then t[41] = v end
+      return t, "tail"
+    end)
+    local x = f64{1}
+    local t = mg.tape{persistent = true}
+    t:watch(x)
+    local r = f(x)
+    local y = mg.sum(r[1].a_rather_long_key_name)
+    t:stop()
+    assert.has_error(function() t:gradient(y, x) end,
+      "tape:gradient: in the backward of 'recompute_grad': the recomputed function gave tensors at ..., " ..
+      "result 1[40].other, the first run gave tensors at ..., result 1[40].a_rather_long_key_name (it must " ..
+      "be deterministic)")
+    assert.has_error(function() t:gradient(y, x) end,
+      "tape:gradient: in the backward of 'recompute_grad': the recomputed function gave tensors at ..., " ..
+      "result 1[40].other, ..., the first run gave tensors at ..., result 1[40].a_rather_long_key_name (it " ..
+      "must be deterministic)")
+  end)
+
   it("a re-run with the tensors in place but other non-tensor values is fine", function()
     local runs = 0
     local f = mg.recompute_grad(function(v)

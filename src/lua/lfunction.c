@@ -213,28 +213,6 @@ static int collect_outputs (lua_State *L, int first, int last, forward_args *fa)
   return n;
 }
 
-/* pushes where the tensors among f's results first..last are, for the
-** re-run to compare: "tensors at result 1, result 3.h[2]", or "no tensors" */
-static void push_places (lua_State *L, int first, int last) {
-  lua_newtable(L);
-  int list = lua_gettop(L), n = 0;
-  for (int i = first; i <= last; i++) {
-    char what[32];
-    snprintf(what, sizeof what, "result %d", i - first + 1);
-    n = mgL_leafplaces(L, i, list, n, what);
-  }
-  luaL_Buffer b;
-  luaL_buffinit(L, &b);
-  luaL_addstring(&b, n == 0 ? "no tensors" : "tensors at ");
-  for (int i = 1; i <= n; i++) {
-    if (i > 1) luaL_addstring(&b, ", ");
-    lua_geti(L, list, i);
-    luaL_addvalue(&b);
-  }
-  luaL_pushresult(&b);
-  lua_remove(L, list);
-}
-
 /* pushes the flag table of recompute_grad(f, {pass_is_recomputing=true}) */
 static int push_flag (lua_State *L, bool pass_flag) {
   if (!pass_flag) return 0;
@@ -278,11 +256,42 @@ static int recompute_first_body (lua_State *L) {
     fa->u->first->untaped = true;
   } else {
     lua_rawgeti(L, LUA_REGISTRYINDEX, fa->u->ref);
-    push_places(L, 2, last);
+    mgL_pushplaces(L, 2, last - 1, "result");
     lua_setfield(L, -2, "places");
     lua_pop(L, 1);
   }
   return last - 1;
+}
+
+/* pushes the place list s (mgL_pushplaces's) from the entry at `at`:
+** "tensors at ..., <that entry>[, ...]" */
+static void push_excerpt (lua_State *L, const char *s, size_t at) {
+  size_t len = strlen(s), end = at;
+  while (end < len && !(s[end] == ',' && s[end + 1] == ' ')) end++;
+  const char *entry = lua_pushlstring(L, s + at, end - at);
+  lua_pushfstring(L, "tensors at %s%s%s", at > sizeof "tensors at " - 1 ? "..., " : "", entry,
+                  end < len ? ", ..." : "");
+  lua_remove(L, -2);
+}
+
+/* raises for a re-run whose tensors (at -2) are not where the first run's
+** (at -1) were: both lists when short, else from the first entry that differs */
+static int moved_tensors (lua_State *L) {
+  const char *now = lua_tostring(L, -2), *then = lua_tostring(L, -1);
+  static const char head[] = "tensors at ";
+  size_t hl = sizeof head - 1;
+  if (strlen(now) + strlen(then) > 300 && strncmp(now, head, hl) == 0 && strncmp(then, head, hl) == 0) {
+    size_t c = 0, at = hl;
+    while (now[c] && now[c] == then[c]) c++;
+    for (size_t i = hl; i + 2 <= c; i++)
+      if (now[i] == ',' && now[i + 1] == ' ') at = i + 2;
+    push_excerpt(L, now, at);
+    push_excerpt(L, then, at);
+    now = lua_tostring(L, -2);
+    then = lua_tostring(L, -1);
+  }
+  return luaL_error(L, "the recomputed function gave %s, the first run gave %s (it must be deterministic)",
+                    now, then);
 }
 
 /* A re-run: the arguments are rebuilt from the template with the tensors
@@ -314,11 +323,9 @@ static int rerun_inner (lua_State *L) {
   }
   lua_call(L, (int)nargs + push_flag(L, fa->u->pass_flag), LUA_MULTRET);
   int last = lua_gettop(L);
-  push_places(L, fidx, last);
+  mgL_pushplaces(L, fidx, last - fidx + 1, "result");
   lua_getfield(L, 1, "places");
-  if (!lua_rawequal(L, -1, -2))
-    return luaL_error(L, "the recomputed function gave %s, the first run gave %s (it must be "
-                      "deterministic)", lua_tostring(L, -2), lua_tostring(L, -1));
+  if (!lua_rawequal(L, -1, -2)) return moved_tensors(L);
   lua_pop(L, 2);
   collect_outputs(L, fidx, last, fa);
   return 0;
