@@ -15,7 +15,10 @@
 ** node's saved inputs at the re-run), so the re-run gets exactly what the
 ** forward got whatever the caller does to its tables afterwards. Variables
 ** are kept as themselves (f may use their methods); the C side shows them
-** with the values they had at the call.
+** with the values they had at the call. Any other value passes through, in
+** and out: f's results come back as it gave them (tables rebuilt around the
+** node's outputs); the re-run's tensors must sit where the first run's did,
+** its other values are dropped.
 */
 #include <limits.h>
 #include <stdlib.h>
@@ -203,7 +206,8 @@ typedef struct forward_args {
 static int collect_outputs (lua_State *L, int first, int last, forward_args *fa) {
   lua_newtable(L);
   int list = lua_gettop(L), n = 0;
-  for (int i = first; i <= last; i++) n = mgL_flatten(L, i, list, n, false, "recompute_grad: a result of f");
+  for (int i = first; i <= last; i++)
+    n = mgL_flatten(L, i, list, n, false, "recompute_grad: a result of f");
   for (int i = 1; i <= n; i++) {
     lua_geti(L, list, i);
     if (mg_list_push(fa->out, mg_tensor_retain(mgL_testtensor(L, -1))) != MG_OK) mgL_error(L);
@@ -290,8 +294,8 @@ static int moved_tensors (lua_State *L) {
     now = lua_tostring(L, -2);
     then = lua_tostring(L, -1);
   }
-  return luaL_error(L, "the recomputed function gave %s, the first run gave %s (it must be deterministic)",
-                    now, then);
+  return luaL_error(L, "the recomputed function gave %s, the first run gave %s (it must be "
+                    "deterministic)", now, then);
 }
 
 /* A re-run: the arguments are rebuilt from the template with the tensors
@@ -492,7 +496,8 @@ static int push_outputs (lua_State *L, mg_list *out) {
 static void reuse_boxes (lua_State *L, int first, int n, int outs) {
   lua_newtable(L);
   int mine = lua_gettop(L), nl = 0;
-  for (int i = 0; i < n; i++) nl = mgL_flatten(L, first + i, mine, nl, false, "recompute_grad: a result of f");
+  for (int i = 0; i < n; i++)
+    nl = mgL_flatten(L, first + i, mine, nl, false, "recompute_grad: a result of f");
   for (int i = 1; i <= nl; i++) {
     lua_geti(L, mine, i);
     lua_geti(L, outs, i);
