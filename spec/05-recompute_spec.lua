@@ -385,10 +385,9 @@ describe("recompute_grad errors", function()
     local x = c(1)
     local t = mg.tape()
     t:watch(x)
-    assert.has_error(function() mg.recompute_grad(function() return "no" end)(x) end,
-      "recompute_grad: result 1 of f is a string, not a tensor or variable")
-    assert.has_error(function() mg.recompute_grad(function() end)(x) end,
-      "recompute_grad: f returned nothing; it must return tensors")
+    -- results of any type pass through (spec/41-nontensor_spec.lua): no tensor, nothing recorded
+    assert.equal("no", mg.recompute_grad(function() return "no" end)(x))
+    assert.equal(0, select("#", mg.recompute_grad(function() end)(x)))
     local calls = 0
     local shifty = mg.recompute_grad(function(v)
       calls = calls + 1

@@ -8,7 +8,10 @@
 -- mg_checkpoint_loop); this module gives the state its structure (a tensor
 -- or nested tables of tensors, flattened to a list of leaves and rebuilt for
 -- each step), checks what each step returns, and counts the steps by phase
--- for {stats = tbl}.
+-- for {stats = tbl}. Other values in a table state (numbers, strings,
+-- booleans, tables holding no tensor, any object) pass through the steps:
+-- the forward pass notes the ones each step got, and a re-run of step i in
+-- the backward gets those again.
 -- @module moongrad.checkpoint_loop
 local mg = require "moongrad"
 local check = require "moongrad.check"
@@ -40,35 +43,64 @@ local function sorted_keys (who, t, path)
   return keys
 end
 
--- the template of a state (true for a leaf, {keys = ..., [k] = template}
--- for a table) and its leaves in order, with their shapes and dtypes
-local function describe (who, v, path, leaves, depth)
+local function is_plain (v) return type(v) == "table" and getmetatable(v) == nil end
+
+-- does v (a plain table, nested at most 32 deep) hold a tensor or a variable?
+local function holds_leaf (v, depth)
+  if is_leaf(v) then return true end
+  if not is_plain(v) or depth > 32 then return false end
+  for _, x in pairs(v) do
+    if holds_leaf(x, depth + 1) then return true end
+  end
+  return false
+end
+
+-- The template of a state: {leaf = j} for a tensor or variable, {value = j}
+-- for another value (a table holding no tensor is one value), {keys = ...,
+-- child = {[k] = template}} for a table holding tensors; the leaves go to
+-- `leaves` in order, with their shapes and dtypes, the values to `values`.
+local function describe (who, v, path, leaves, values, depth)
   if is_leaf(v) then
     leaves[#leaves + 1] = v
     return {leaf = #leaves, path = path, shape = v.shape, dtype = v.dtype}
   end
-  if type(v) ~= "table" or getmetatable(v) ~= nil then
-    fail(who, "%s is %s; the state must be a tensor or a table of tensors", path, show(v))
+  if depth > 0 and not holds_leaf(v, 0) then
+    values.n = values.n + 1
+    values[values.n] = v
+    return {value = values.n, path = path}
+  end
+  if not is_plain(v) then
+    fail(who, "%s is %s; the state must be a tensor or a table holding tensors", path, show(v))
   end
   if depth > 32 then fail(who, "%s is nested more than 32 deep (a cycle?)", path) end
   local node = {keys = sorted_keys(who, v, path), path = path, child = {}}
   for _, k in ipairs(node.keys) do
-    node.child[k] = describe(who, v[k], key_name(path, k), leaves, depth + 1)
+    node.child[k] = describe(who, v[k], key_name(path, k), leaves, values, depth + 1)
   end
   return node
 end
 
--- a state of the template's structure over the leaves xs (a new table)
-local function build (tmpl, xs)
+-- a state of the template's structure over the leaves xs and the values vs (a new table)
+local function build (tmpl, xs, vs)
   if tmpl.leaf then return xs[tmpl.leaf] end
+  if tmpl.value then return vs[tmpl.value] end
   local t = {}
-  for _, k in ipairs(tmpl.keys) do t[k] = build(tmpl.child[k], xs) end
+  for _, k in ipairs(tmpl.keys) do t[k] = build(tmpl.child[k], xs, vs) end
   return t
 end
 
--- the leaves of what step i returned, checked against the template
-local function leaves_of (tmpl, v, i, out)
+-- the leaves of what step i returned, checked against the template; its
+-- other values go to vs (when given)
+local function leaves_of (tmpl, v, i, out, vs)
   local where = ("step %d returned"):format(i)
+  if tmpl.value then
+    if holds_leaf(v, 0) then
+      fail(WHO, "%s %s as %s; the state had no tensor there (a loop keeps where its tensors are)",
+           where, tmpl.path, is_leaf(v) and show(v) or "a table holding tensors")
+    end
+    if vs then vs[tmpl.value] = v end
+    return out
+  end
   if tmpl.leaf then
     if not is_leaf(v) then
       fail(WHO, "%s %s as %s; it must have the structure of the state (a tensor here)", where,
@@ -88,7 +120,7 @@ local function leaves_of (tmpl, v, i, out)
   for k in pairs(v) do
     if tmpl.child[k] == nil then fail(WHO, "%s %s, which the state did not have", where, key_name(tmpl.path, k)) end
   end
-  for _, k in ipairs(tmpl.keys) do leaves_of(tmpl.child[k], v[k], i, out) end
+  for _, k in ipairs(tmpl.keys) do leaves_of(tmpl.child[k], v[k], i, out, vs) end
   return out
 end
 
@@ -124,8 +156,8 @@ local function checkpoint_loop (step, state, n, opts)
   local o = check.options(WHO, opts, {{"snapshots", check.positive_integer, nil}, {"stats", check.rule(
     "a table", function(v) return type(v) == "table" end), nil}})
   if state == nil then fail(WHO, "state is nil; give the loop's initial state (a tensor or a table of tensors)") end
-  local x0 = {}
-  local tmpl = describe(WHO, state, "state", x0, 0)
+  local x0, v0 = {}, {n = 0}
+  local tmpl = describe(WHO, state, "state", x0, v0, 0)
   if #x0 == 0 then fail(WHO, "the state holds no tensors") end
   local k = o.snapshots or math.max(1, math.ceil(math.sqrt(n)))
   local stats = o.stats or {}
@@ -134,13 +166,24 @@ local function checkpoint_loop (step, state, n, opts)
   local counted = {forward = "steps", rerun = "recomputed", taped = "taped"}
   stats.steps = 0
   local L = #x0
+  -- values[i]: the non-tensor values step i got (noted by the forward pass,
+  -- which runs the steps in order; a re-run of step i takes them again)
+  local values, nv = {v0}, v0.n
   local out = table.pack(core.run(function(i, phase, ...)
-    local y = step(build(tmpl, {...}), i)
+    local forward = phase == "forward" and nv > 0
+    local vs = forward and {n = nv} or nil
+    local y = step(build(tmpl, {...}, values[i] or v0), i)
     local key = counted[phase]
     stats[key] = stats[key] + 1
-    return table.unpack(leaves_of(tmpl, y, i, {}), 1, L)
+    local xs = leaves_of(tmpl, y, i, {}, vs)
+    if forward then                                -- the same values as before: one table
+      local was, same = values[i], true
+      for j = 1, nv do same = same and rawequal(vs[j], was[j]) end
+      values[i + 1] = same and was or vs
+    end
+    return table.unpack(xs, 1, L)
   end, n, math.min(k, n), table.unpack(x0)))
-  return build(tmpl, out)
+  return build(tmpl, out, values[n + 1] or v0)
 end
 
 return setmetatable(loop, {

@@ -896,8 +896,15 @@ end
 -- `segments` groups; every group but the last runs under recompute_grad, so
 -- the tape keeps only the groups' inputs (PyTorch's checkpoint_sequential).
 -- With segments = sqrt(#layers) the activations held are O(sqrt(#layers)).
-function nn.checkpoint_sequential (layers, segments, x)
+-- It takes one input, as PyTorch's: several go in one table, which the first
+-- layer takes apart (any value passes through recompute_grad).
+function nn.checkpoint_sequential (layers, segments, x, ...)
   local who = "checkpoint_sequential"
+  local extra = select("#", ...)
+  if extra > 0 then
+    fail(who, "takes one input (x, argument 3), got %d more argument%s; pass several inputs as one "
+         .. "table, for the first layer to take apart", extra, extra == 1 and "" or "s")
+  end
   if getmetatable(layers) == Sequential then layers = layers.layers end
   local n = check_layers(who, layers, "checkpoint_sequential({layer, ...}, segments, x)")
   if n == 0 then fail(who, "the list of layers is empty") end

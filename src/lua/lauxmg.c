@@ -6,6 +6,7 @@
 ** check the arguments (may raise), push an empty box (may raise), then do
 ** the C work, which never raises, and fill the box or raise its error.
 */
+#include <limits.h>
 #include <math.h>
 #include <string.h>
 
@@ -554,19 +555,33 @@ static bool is_structure (lua_State *L, int idx) {
     }                                                                           \
   } while (0)
 
-/* the place of a bad leaf, for the message: what[1].key[2]... */
+/* the place of a leaf, for messages: what[1].key[2]... */
 typedef struct path { int depth; int keys[32]; const char *names[32]; } path;
 
-static void bad_leaf (lua_State *L, int idx, const char *what, const path *p) {
+/* pushes the place p names: what, then .name, [k] or [?] (another key) for each level */
+static void push_place (lua_State *L, const char *what, const path *p) {
   luaL_Buffer b;
   luaL_buffinit(L, &b);
   luaL_addstring(&b, what);
   for (int d = 0; d < p->depth && d < 32; d++) {
     if (p->names[d]) { luaL_addchar(&b, '.'); luaL_addstring(&b, p->names[d]); }
-    else { lua_pushfstring(L, "[%d]", p->keys[d]); luaL_addvalue(&b); }
+    else if (p->keys[d] != INT_MIN) { lua_pushfstring(L, "[%d]", p->keys[d]); luaL_addvalue(&b); }
+    else luaL_addstring(&b, "[?]");
   }
   luaL_pushresult(&b);
+}
+
+static void bad_leaf (lua_State *L, int idx, const char *what, const path *p) {
+  push_place(L, what, p);
   luaL_error(L, "%s is a %s, not a tensor or variable", lua_tostring(L, -1), luaL_typename(L, idx));
+}
+
+/* the key at -2 as the path's level d (1-based, while it is on the stack) */
+static void set_level (lua_State *L, path *p, int d) {
+  bool named = lua_type(L, -2) == LUA_TSTRING;
+  p->names[d - 1] = named ? lua_tostring(L, -2) : NULL;
+  lua_Integer key = lua_isinteger(L, -2) ? lua_tointeger(L, -2) : INT_MIN;
+  p->keys[d - 1] = named || key <= INT_MIN || key > INT_MAX ? INT_MIN : (int)key;
 }
 
 static int flatten_at (lua_State *L, int idx, int acc, int n, bool strict, const char *what, path *p) {
@@ -583,9 +598,7 @@ static int flatten_at (lua_State *L, int idx, int acc, int n, bool strict, const
   luaL_checkstack(L, 8, "structure too deep");
   p->depth++;
   FOR_ENTRIES(L, idx, {
-    bool named = lua_type(L, -2) == LUA_TSTRING;
-    p->names[p->depth - 1] = named ? lua_tostring(L, -2) : NULL;
-    p->keys[p->depth - 1] = named ? 0 : (int)lua_tointeger(L, -2);
+    set_level(L, p, p->depth);
     n = flatten_at(L, lua_gettop(L), acc, n, strict, what, p);
   });
   p->depth--;
@@ -596,6 +609,78 @@ int mgL_flatten (lua_State *L, int idx, int acc, int n, bool strict, const char 
   path p;
   p.depth = 0;
   return flatten_at(L, lua_absindex(L, idx), lua_absindex(L, acc), n, strict, what, &p);
+}
+
+/* a growing text: a C array first, then a userdata at stack slot box
+** (garbage if an error unwinds: nothing to free) */
+typedef struct text { char *s; size_t n, cap; int box; char local[256]; } text;
+
+static void text_add (lua_State *L, text *t, const char *s, size_t len) {
+  if (t->n + len > t->cap) {
+    size_t cap = t->cap * 2;
+    while (cap < t->n + len) cap *= 2;
+    char *grown = (char *)lua_newuserdatauv(L, cap, 0);
+    memcpy(grown, t->s, t->n);
+    lua_replace(L, t->box);
+    t->s = grown;
+    t->cap = cap;
+  }
+  memcpy(t->s + t->n, s, len);
+  t->n += len;
+}
+
+/* adds the places of the leaves of the value at idx to t, ", " between
+** them, in flatten_at's order; returns the new count */
+static int places_at (lua_State *L, int idx, text *t, int n, const char *what, path *p) {
+  if (mgL_isleaf(L, idx)) {
+    if (n > 0) text_add(L, t, ", ", 2);
+    text_add(L, t, what, strlen(what));
+    for (int d = 0; d < p->depth; d++) {
+      char key[24];
+      if (p->names[d]) {
+        text_add(L, t, ".", 1);
+        text_add(L, t, p->names[d], strlen(p->names[d]));
+      } else {
+        int len = p->keys[d] != INT_MIN ? snprintf(key, sizeof key, "[%d]", p->keys[d])
+                                        : snprintf(key, sizeof key, "[?]");
+        text_add(L, t, key, (size_t)len);
+      }
+    }
+    return n + 1;
+  }
+  if (!is_structure(L, idx)) return n;
+  if (p->depth >= 32) luaL_error(L, "%s: nested more than 32 deep (a cycle?)", what);
+  luaL_checkstack(L, 8, "structure too deep");
+  p->depth++;
+  FOR_ENTRIES(L, idx, {
+    set_level(L, p, p->depth);
+    n = places_at(L, lua_gettop(L), t, n, what, p);
+  });
+  p->depth--;
+  return n;
+}
+
+void mgL_pushplaces (lua_State *L, int first, int count, const char *what) {
+  first = lua_absindex(L, first);
+  text t;
+  t.s = t.local;
+  t.n = 0;
+  t.cap = sizeof t.local;
+  lua_pushnil(L);
+  t.box = lua_gettop(L);
+  static const char head[] = "tensors at ";
+  text_add(L, &t, head, sizeof head - 1);
+  int n = 0;
+  for (int i = 0; i < count; i++) {
+    char name[64];
+    snprintf(name, sizeof name, "%s %d", what, i + 1);
+    path p;
+    p.depth = 0;
+    n = places_at(L, first + i, &t, n, name, &p);
+  }
+  if (n == 0) lua_pushliteral(L, "no tensors");
+  else lua_pushlstring(L, t.s, t.n);
+  lua_replace(L, t.box);
 }
 
 static const char hole_key = 0;

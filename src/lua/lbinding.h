@@ -106,6 +106,10 @@ bool       mgL_isleaf      (lua_State *L, int idx);
 ** returns the new count. strict: any other leaf raises, naming `what` and
 ** its place; otherwise other leaves are skipped (and kept by rebuild). */
 int        mgL_flatten     (lua_State *L, int idx, int acc, int n, bool strict, const char *what);
+/* pushes where the tensor and variable leaves of the count values from
+** first are, in mgL_flatten's order: "tensors at what 1, what 3.h[2]", or
+** "no tensors" */
+void       mgL_pushplaces  (lua_State *L, int first, int count, const char *what);
 /* pushes a copy of the value at idx with its leaves replaced, in the same
 ** order, by acc[*k], acc[*k+1], ... */
 void       mgL_rebuild     (lua_State *L, int idx, int acc, int *k);

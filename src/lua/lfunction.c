@@ -15,7 +15,10 @@
 ** node's saved inputs at the re-run), so the re-run gets exactly what the
 ** forward got whatever the caller does to its tables afterwards. Variables
 ** are kept as themselves (f may use their methods); the C side shows them
-** with the values they had at the call.
+** with the values they had at the call. Any other value passes through, in
+** and out: f's results come back as it gave them (tables rebuilt around the
+** node's outputs); the re-run's tensors must sit where the first run's did,
+** its other values are dropped.
 */
 #include <limits.h>
 #include <stdlib.h>
@@ -109,6 +112,7 @@ typedef struct first_run {
   int f, args, nargs;          /* stack indices of f and its first argument; the count */
   int results, nresults;       /* f's results, after the run */
   int error;                   /* the error object's index, 0 if none */
+  bool untaped;                /* recompute: f gave no tensor, so nothing is recorded */
 } first_run;
 
 typedef struct lfn {
@@ -197,23 +201,20 @@ typedef struct forward_args {
   const char *who;
 } forward_args;
 
-/* the tensors among f's results first..last, strictly, into fa->out */
-static void collect_outputs (lua_State *L, int first, int last, forward_args *fa) {
-  if (last < first) luaL_error(L, "%s: f returned nothing; it must return tensors", fa->who);
+/* the tensors and variables among f's results first..last (in nested
+** plain tables too; other values pass by) into fa->out; returns how many */
+static int collect_outputs (lua_State *L, int first, int last, forward_args *fa) {
   lua_newtable(L);
   int list = lua_gettop(L), n = 0;
-  for (int i = first; i <= last; i++) {
-    char what[64];
-    snprintf(what, sizeof what, "%s: result %d of f", fa->who, i - first + 1);
-    n = mgL_flatten(L, i, list, n, true, what);
-  }
-  if (n == 0) luaL_error(L, "%s: f returned no tensors", fa->who);
+  for (int i = first; i <= last; i++)
+    n = mgL_flatten(L, i, list, n, false, "recompute_grad: a result of f");
   for (int i = 1; i <= n; i++) {
     lua_geti(L, list, i);
     if (mg_list_push(fa->out, mg_tensor_retain(mgL_testtensor(L, -1))) != MG_OK) mgL_error(L);
     lua_pop(L, 1);
   }
   lua_pop(L, 1);
+  return n;
 }
 
 /* pushes the flag table of recompute_grad(f, {pass_is_recomputing=true}) */
@@ -247,13 +248,54 @@ static mg_status run_first (forward_args *fa, lua_CFunction body) {
   return MG_OK;
 }
 
-/* recompute's first run: (fa, f, args...) -> f's results */
+/* recompute's first run: (fa, f, args...) -> f's results, whatever they
+** are. Where its tensors are goes to the lfn table, for the re-run to
+** check; with none, the call records nothing (first->untaped). */
 static int recompute_first_body (lua_State *L) {
   forward_args *fa = (forward_args *)lua_touserdata(L, 1);
   int n = lua_gettop(L) - 2 + push_flag(L, fa->u->pass_flag);
   lua_call(L, n, LUA_MULTRET);
-  collect_outputs(L, 2, lua_gettop(L), fa);
-  return lua_gettop(L) - 1;
+  int last = lua_gettop(L);
+  if (collect_outputs(L, 2, last, fa) == 0) {
+    fa->u->first->untaped = true;
+  } else {
+    lua_rawgeti(L, LUA_REGISTRYINDEX, fa->u->ref);
+    mgL_pushplaces(L, 2, last - 1, "result");
+    lua_setfield(L, -2, "places");
+    lua_pop(L, 1);
+  }
+  return last - 1;
+}
+
+/* pushes the place list s (mgL_pushplaces's) from the entry at `at`:
+** "tensors at ..., <that entry>[, ...]" */
+static void push_excerpt (lua_State *L, const char *s, size_t at) {
+  size_t len = strlen(s), end = at;
+  while (end < len && !(s[end] == ',' && s[end + 1] == ' ')) end++;
+  const char *entry = lua_pushlstring(L, s + at, end - at);
+  lua_pushfstring(L, "tensors at %s%s%s", at > sizeof "tensors at " - 1 ? "..., " : "", entry,
+                  end < len ? ", ..." : "");
+  lua_remove(L, -2);
+}
+
+/* raises for a re-run whose tensors (at -2) are not where the first run's
+** (at -1) were: both lists when short, else from the first entry that differs */
+static int moved_tensors (lua_State *L) {
+  const char *now = lua_tostring(L, -2), *then = lua_tostring(L, -1);
+  static const char head[] = "tensors at ";
+  size_t hl = sizeof head - 1;
+  if (strlen(now) + strlen(then) > 300 && strncmp(now, head, hl) == 0 && strncmp(then, head, hl) == 0) {
+    size_t c = 0, at = hl;
+    while (now[c] && now[c] == then[c]) c++;
+    for (size_t i = hl; i + 2 <= c; i++)
+      if (now[i] == ',' && now[i + 1] == ' ') at = i + 2;
+    push_excerpt(L, now, at);
+    push_excerpt(L, then, at);
+    now = lua_tostring(L, -2);
+    then = lua_tostring(L, -1);
+  }
+  return luaL_error(L, "the recomputed function gave %s, the first run gave %s (it must be "
+                    "deterministic)", now, then);
 }
 
 /* A re-run: the arguments are rebuilt from the template with the tensors
@@ -284,7 +326,12 @@ static int rerun_inner (lua_State *L) {
     lua_remove(L, -2);
   }
   lua_call(L, (int)nargs + push_flag(L, fa->u->pass_flag), LUA_MULTRET);
-  collect_outputs(L, fidx, lua_gettop(L), fa);
+  int last = lua_gettop(L);
+  mgL_pushplaces(L, fidx, last - fidx + 1, "result");
+  lua_getfield(L, 1, "places");
+  if (!lua_rawequal(L, -1, -2)) return moved_tensors(L);
+  lua_pop(L, 2);
+  collect_outputs(L, fidx, last, fa);
   return 0;
 }
 
@@ -373,7 +420,11 @@ static int capture (lua_State *L, int first, int n, int *leaves, int *kinds) {
     lua_rawseti(L, orig, i + 1);
   }
   lua_newtable(L);                          /* its leaves, to put back as they are */
-  mgL_flatten(L, orig, orig + 1, 0, false, "recompute_grad: argument");
+  for (int i = 1, nl = 0; i <= n; i++) {    /* one by one, as rebuilt: nil holes keep the order */
+    lua_geti(L, orig, i);
+    nl = mgL_flatten(L, -1, orig + 1, nl, false, "recompute_grad: an argument");
+    lua_pop(L, 1);
+  }
   int k = 0;
   for (int i = 1; i <= n; i++) {
     lua_geti(L, orig, i);
@@ -389,7 +440,7 @@ static int capture (lua_State *L, int first, int n, int *leaves, int *kinds) {
   int nl = 0;
   for (int i = 1; i <= n; i++) {
     lua_geti(L, tmpl, i);
-    nl = mgL_flatten(L, -1, *leaves, nl, false, "recompute_grad: argument");
+    nl = mgL_flatten(L, -1, *leaves, nl, false, "recompute_grad: an argument");
     lua_pop(L, 1);
   }
   lua_createtable(L, nl, 0);
@@ -445,7 +496,8 @@ static int push_outputs (lua_State *L, mg_list *out) {
 static void reuse_boxes (lua_State *L, int first, int n, int outs) {
   lua_newtable(L);
   int mine = lua_gettop(L), nl = 0;
-  for (int i = 0; i < n; i++) nl = mgL_flatten(L, first + i, mine, nl, true, "recompute_grad: result");
+  for (int i = 0; i < n; i++)
+    nl = mgL_flatten(L, first + i, mine, nl, false, "recompute_grad: a result of f");
   for (int i = 1; i <= nl; i++) {
     lua_geti(L, mine, i);
     lua_geti(L, outs, i);
@@ -487,7 +539,7 @@ static int recompute_call (lua_State *L) {
   lua_setfield(L, -2, "template");
   lua_pushvalue(L, kinds);
   lua_setfield(L, -2, "kinds");
-  first_run first = {L, fidx, 2, nargs, 0, 0, 0};
+  first_run first = {L, fidx, 2, nargs, 0, 0, 0, false};
   lfn *u = lfn_new(L, pass_flag, &first);
   mg_list out = {0};
   if (policy == KEEP_ASK) {
@@ -499,6 +551,8 @@ static int recompute_call (lua_State *L) {
                                           : policy == KEEP_ASK ? ask_lua : NULL, &ask);
   luaL_unref(L, LUA_REGISTRYINDEX, ask.ref);
   /* u may be gone by now (when no tape recorded the call): only `first` is read */
+  if (st != MG_OK && first.error == 0 && first.untaped)
+    return first.nresults;     /* no tensor to record (the core refused the empty call): f's results */
   if (st != MG_OK) return raise_call_error(L, &first);
   mgL_tidy_keep_captured(L, fidx);                 /* f runs again after an enclosing re-run */
   int outs = push_outputs(L, &out), k = 0;
@@ -712,7 +766,7 @@ static int custom_call (lua_State *L) {
     }
   mg_tensor **in = tensor_array(L, list, ntensors);
   lua_newtable(L);                                 /* the lfn table */
-  first_run first = {L, fidx, 1, nargs, 0, 0, 0};
+  first_run first = {L, fidx, 1, nargs, 0, 0, 0, false};
   bool context = lua_toboolean(L, lua_upvalueindex(2));
   lfn *u = lfn_new(L, context, &first);
   mg_list out = {0};
@@ -1065,7 +1119,7 @@ static int l_loop_run (lua_State *L) {
   lua_createtable(L, 0, 1);                        /* the lfn table */
   lua_pushvalue(L, 1);
   lua_setfield(L, -2, "f");
-  first_run first = {L, 1, 4, n, 0, 0, 0};
+  first_run first = {L, 1, 4, n, 0, 0, 0, false};
   lfn *u = lfn_new(L, false, &first);
   mg_list out = {0};
   if (mg_checkpoint_loop(&lua_loop_fn, u, n, in, (int64_t)steps, (int)k, &out) != MG_OK)
