@@ -93,8 +93,8 @@ describe("tests/api_test.py RematTest", function()
     end)
 
     -- tests/api_test.py: RematTest.test_remat_scan
-    known("issue 27 item 4: test_remat_scan" .. suffix .. " (lax.scan as a Lua loop): to_scan returns " ..
-          "(sin(c), None) and recompute_grad refuses the nil result", function()
+    it("test_remat_scan" .. suffix .. " (lax.scan as a Lua loop): to_scan returns (sin(c), None), " ..
+       "the nil passing through", function()
       local to_scan = function(c, _x) return mg.sin(c), nil end
       local function scan (fn, init, xs)
         local c = init
