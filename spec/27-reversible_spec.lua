@@ -169,7 +169,7 @@ describe("custom_gradient with a context", function()
       mg.custom_gradient(function(c, v) c:save(v, "no"); return v, function(d) return d end end, {context = true})(x)
     end, "ctx:save: argument 2 is a string, not a tensor (or nil)")
     assert.has_error(function() mg.custom_gradient(mg.exp, {contxt = true}) end,
-      "bad argument #2 to 'custom_gradient' (unknown option 'contxt' (did you mean 'context'?); known: context)")
+      "bad argument #2 to 'custom_gradient' (unknown option 'contxt' (did you mean 'context'?); known: context, captures)")
   end)
 end)
 

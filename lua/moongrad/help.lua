@@ -179,7 +179,7 @@ local groups = {
     {"nn.Reshape", "nn.Reshape(target_shape [, {name=}])", "each sample reshaped"},
     {"nn.RecomputeLayer", "nn.RecomputeLayer:subclass(name)", "a base whose call is recomputed in the backward"},
     {"nn.ReversibleLayer", "nn.ReversibleLayer:subclass(name)", "a base with forward and inverse: activations rebuilt from the outputs"},
-    {"nn.RevBlock", "nn.RevBlock(f, g [, {num_layers=, name=}])", "a reversible residual block (RevNet)"},
+    {"nn.RevBlock", "nn.RevBlock(f, g [, {num_layers=, name=, f_side_input=, g_side_input=}])", "a reversible residual block (RevNet)"},
     {"nn.AffineCoupling", "nn.AffineCoupling(net [, {swap=false, clamp=2}])", "an affine coupling layer of a normalising flow"},
     {"nn.InvertibleLinear", "nn.InvertibleLinear()", "an invertible 1x1 mixing (Glow)"},
     {"nn.checkpoint_sequential", "nn.checkpoint_sequential(layers, segments, x)", "runs layers keeping only segment boundaries for the backward"},

@@ -317,7 +317,7 @@ function reversible.install (nn, internal)
       ys.n = ys.n + 1
       ys[ys.n] = function(...) return backward_of(rec, ...) end
       return unpack(ys)
-    end, {context = true})
+    end, {context = true, captures = true})   -- what forward closes over gets its gradient too
     local outs = pack(fn(...))
     if rec.ctx:is_recorded() then link(rec, xs, outs) end
     return unpack(outs)
@@ -380,8 +380,17 @@ local function halves (x)
   return h1, mg.slice(x, table.unpack(spec, 1, n))
 end
 
--- gradient of h(x) seeded with dy, with respect to x and the variables (nil
--- for those h does not read: a block's other layers)
+-- f or g of layer i as a function of x alone: with side inputs (TF1's
+-- f_side_input), h(x, side_inputs). The block's node takes the side inputs
+-- as tensors its forward closes over, and they get their gradients.
+local function side (block, which, i)
+  local h, inputs = block[which][i], block[which .. "_side_input"]
+  if inputs == nil then return h end
+  return function(x) return h(x, inputs) end
+end
+
+-- gradient of h(x) seeded with dy, with respect to x and the variables (and
+-- the tensors the block closes over; nil for those h does not read)
 local function vjp (h, x, dy, variables)
   local t = mg.tape()
   t:watch(x)
@@ -395,8 +404,11 @@ end
 function reversible.RevBlock (nn, internal, ReversibleLayer)
   local class, new_layer, check_input = internal.class, internal.new_layer, internal.check_input
 
-  --- RevBlock(f, g, {num_layers=1, name=}): reversible residual layers (RevNet; TF1's
-  -- rev_block). Each layer maps (x1, x2) to y1 = x1 + f(x2), y2 = x2 + g(y1).
+  --- RevBlock(f, g, {num_layers=1, name=, f_side_input=, g_side_input=}): reversible
+  -- residual layers (RevNet; TF1's rev_block). Each layer maps (x1, x2) to
+  -- y1 = x1 + f(x2), y2 = x2 + g(y1); with side inputs (lists of tensors),
+  -- f(x2, f_side_input) and g(y1, g_side_input), and the side inputs get
+  -- their gradients (so does any tensor f or g closes over).
   -- The backward pass rebuilds each layer's inputs from its outputs
   -- (x2 = y2 - g(y1), x1 = y1 - f(x2)) instead of keeping them, so the tape
   -- holds the block's outputs only, and a chain of RevBlocks the last
@@ -408,13 +420,20 @@ function reversible.RevBlock (nn, internal, ReversibleLayer)
   local RevBlock = class("RevBlock", ReversibleLayer)
   nn.RevBlock = RevBlock
 
-  local REVBLOCK_OPTIONS = {{"num_layers", check.positive_integer}, {"name", check.string}}
+  local side_rule = check.rule("a list of tensors", function(v)
+    if type(v) ~= "table" then return false end
+    for i = 1, #v do if not mg.is_tensor(v[i]) then return false end end
+    return true
+  end)
+  local REVBLOCK_OPTIONS = {{"num_layers", check.positive_integer}, {"name", check.string},
+                            {"f_side_input", side_rule}, {"g_side_input", side_rule}}
 
   setmetatable(RevBlock, {__index = ReversibleLayer, __call = function(_, f, g, opts)
     opts = check.options("RevBlock", opts, REVBLOCK_OPTIONS)
     local n = opts.num_layers or (is_list(f) and #f) or (is_list(g) and #g) or 1
     local self = new_layer(RevBlock, {num_layers = n, name = opts.name}, "rev_block")
     self.f, self.g = callables(f, n, "f"), callables(g, n, "g")
+    self.f_side_input, self.g_side_input = opts.f_side_input, opts.g_side_input
     local seen = {}
     local shared = rawlen(self.f) == 0 and rawlen(self.g) == 0    -- then layer 1 stands for all
     for i = 1, shared and 1 or n do
@@ -440,9 +459,9 @@ function reversible.RevBlock (nn, internal, ReversibleLayer)
     local states = {}
     for i = 1, self.num_layers do
       states[2 * i - 1] = mg.random.get_state()
-      local y1 = x1 + residual(self.f[i](x2), x1, "f", i)
+      local y1 = x1 + residual(side(self, "f", i)(x2), x1, "f", i)
       states[2 * i] = mg.random.get_state()
-      x2 = x2 + residual(self.g[i](y1), x2, "g", i)
+      x2 = x2 + residual(side(self, "g", i)(y1), x2, "g", i)
       x1 = y1
     end
     local now = mg.random.get_state()
@@ -460,9 +479,9 @@ function reversible.RevBlock (nn, internal, ReversibleLayer)
     local states = self:memo().states
     for i = self.num_layers, 1, -1 do
       replay(states, 2 * i)
-      local x2 = y2 - self.g[i](y1)
+      local x2 = y2 - side(self, "g", i)(y1)
       replay(states, 2 * i - 1)
-      y1, y2 = y1 - self.f[i](x2), x2
+      y1, y2 = y1 - side(self, "f", i)(x2), x2
     end
     return y1, y2
   end
@@ -491,12 +510,12 @@ function reversible.RevBlock (nn, internal, ReversibleLayer)
     end
     local function g_half (i)                   -- x2 = y2 - g(y1), and through y2 = x2 + g(y1)
       replay(states, 2 * i)
-      local gy1, dz, dv = vjp(self.g[i], y1, dy2, variables)
+      local gy1, dz, dv = vjp(side(self, "g", i), y1, dy2, variables)
       return y2 - gy1, dz and dy1 + dz or dy1, sums_with(dv)
     end
     local function f_half (i, x2, dy1_total)    -- x1 = y1 - f(x2), and through y1 = x1 + f(x2)
       replay(states, 2 * i - 1)
-      local fx2, dx2f, dv = vjp(self.f[i], x2, dy1_total, variables)
+      local fx2, dx2f, dv = vjp(side(self, "f", i), x2, dy1_total, variables)
       return y1 - fx2, dx2f and dy2 + dx2f or dy2, sums_with(dv)
     end
     for i = self.num_layers, 1, -1 do

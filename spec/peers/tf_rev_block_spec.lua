@@ -104,8 +104,7 @@ describe("tensorflow/contrib/layers/python/layers/rev_block_lib_test.py RevBlock
   end)
 
   -- tensorflow/contrib/layers/python/layers/rev_block_lib_test.py: RevBlockTest.testSideInput
-  -- (the option names are TF's; the fix may spell them otherwise)
-  known("issue 27 item 7: RevBlockTest.testSideInput: mg.nn.RevBlock takes no side inputs", function()
+  it("RevBlockTest.testSideInput: f_side_input gets its gradient", function()
     mg.random.seed(1234)
     local f_side_input = mg.random.uniform({BATCH_SIZE, CHANNELS // 2})
     local fd, g = dense_list(NUM_LAYERS), dense_list(NUM_LAYERS)

@@ -258,14 +258,18 @@ static mg_status fetch (loop_call *c, const loop_state *e, int64_t pos, loop_sta
   return st;
 }
 
-/* what the steps read from outside the state: the variables, then the
-** tensors they close over (MG_FN_CAPTURES) */
-static int noutside (const loop_call *c) { return c->g->nvars + c->g->ncaptured; }
+/* What the steps read from outside the state: the variables, the tensors
+** they close over (MG_FN_CAPTURES), then the initial state's own tensors,
+** which a step may read through its closure too (the walk starts each
+** state from a view with an id of its own, so the two uses stay apart). */
+static int noutside (const loop_call *c) { return c->g->nvars + c->g->ncaptured + c->L; }
 
 /* outside tensor q as the local tape's source */
 static mg_tensor *outside (const loop_call *c, int q) {
   const mg_grad_args *g = c->g;
-  return q < g->nvars ? mg_variable_peek(g->vars[q]) : g->captured[q - g->nvars];
+  if (q < g->nvars) return mg_variable_peek(g->vars[q]);
+  q -= g->nvars;
+  return q < g->ncaptured ? g->captured[q] : c->x0[q - g->ncaptured];
 }
 
 /* sum(x * g) for outside tensor q, whose gradient for it is g exactly (see
@@ -348,7 +352,7 @@ static mg_status turn (loop_call *c, const loop_state *e) {
   mg_random_set_state(e->rng);
   for (int j = 0; st == MG_OK && j < c->L; j++)
     if (mg_is_float(e->x[j]->dtype)) st = mg_tape_watch(tape, e->x[j]);
-  for (int k = 0; st == MG_OK && k < c->g->ncaptured; k++) st = mg_tape_watch(tape, c->g->captured[k]);
+  for (int q = c->g->nvars; st == MG_OK && q < noutside(c); q++) st = mg_tape_watch(tape, outside(c, q));
   if (st == MG_OK) st = run_step(c, e->pos + 1, MG_LOOP_TAPED, e->x, &y);
   for (int j = 0; st == MG_OK && j < c->L; j++) {
     if (c->adj[j] == NULL || !mg_is_float(y[j]->dtype)) continue;
@@ -430,12 +434,18 @@ static mg_status loop_backward (void *ud, const mg_grad_args *g) {
   for (int j = 0; st == MG_OK && j < c->L; j++)
     if (mg_is_float(g->dout[j]->dtype)) c->adj[j] = mg_tensor_retain(g->dout[j]);
   if (st == MG_OK) st = mg_custom_rerun(c->ctx, reverse_all, c);
+  int x0 = g->nvars + g->ncaptured;             /* the initial state's closure uses */
   for (int j = 0; st == MG_OK && j < c->L; j++) {
-    if (g->needs[j]) g->din[j] = c->adj[j];
-    else mg_tensor_release(c->adj[j]);
+    if (g->needs[j] && c->vgrad[x0 + j] && c->adj[j]) {
+      g->din[j] = mg_add(c->adj[j], c->vgrad[x0 + j]);
+      if (g->din[j] == NULL) st = MG_ERR;
+    } else if (g->needs[j]) {
+      g->din[j] = c->adj[j] ? mg_tensor_retain(c->adj[j]) : mg_tensor_retain(c->vgrad[x0 + j]);
+    }
+    mg_tensor_release(c->adj[j]);
     c->adj[j] = NULL;
   }
-  for (int q = 0; st == MG_OK && q < noutside(c); q++) {
+  for (int q = 0; st == MG_OK && q < x0; q++) {
     if (g->needs[g->nin + q]) g->din[g->nin + q] = c->vgrad[q];
     else mg_tensor_release(c->vgrad[q]);
     c->vgrad[q] = NULL;

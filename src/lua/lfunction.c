@@ -688,19 +688,27 @@ static void take_grad (lua_State *L, int idx, const mg_grad_args *g, int j) {
   g->din[j] = mg_tensor_retain(t);
 }
 
+/* what f read from outside it: its variables, then (captures) the tensors
+** it closed over; grad_fn gets them as one list and returns their gradients
+** as one list */
+static int noutside (const mg_grad_args *g) { return g->nvars + g->ncaptured; }
+
 /* the list of variable gradients at vt: one per variable, nil allowed
 ** inside it ({g1, nil, g3}) or at the end with n set ({g1, nil, n = 2}) */
 static void take_var_grads (lua_State *L, int vt, const mg_grad_args *g) {
+  int nx = noutside(g);
   if (!lua_istable(L, vt))
     luaL_error(L, "grad_fn must return a list of variable gradients after the input gradients "
-                  "(f read %d variables), got a %s", g->nvars, luaL_typename(L, vt));
+                  "(f read %d variables%s), got a %s", nx, g->ncaptured ? " and closed-over tensors" : "",
+               luaL_typename(L, vt));
   lua_Integer n = (lua_Integer)lua_rawlen(L, vt);
   if (lua_getfield(L, vt, "n") == LUA_TNUMBER) n = lua_tointeger(L, -1);
   lua_pop(L, 1);
-  if (n != g->nvars)
-    luaL_error(L, "grad_fn returned %I variable gradients for the %d variables f read (use nil for "
-                  "none; a trailing nil needs n = %d in the list)", n, g->nvars, g->nvars);
-  for (int k = 0; k < g->nvars; k++) {
+  if (n != nx)
+    luaL_error(L, "grad_fn returned %I variable gradients for the %d variables%s f read (use nil for "
+                  "none; a trailing nil needs n = %d in the list)", n, nx,
+               g->ncaptured ? " and closed-over tensors" : "", nx);
+  for (int k = 0; k < nx; k++) {
     lua_geti(L, vt, k + 1);
     take_grad(L, lua_gettop(L), g, g->nin + k);
     lua_pop(L, 1);
@@ -711,27 +719,32 @@ static void take_var_grads (lua_State *L, int vt, const mg_grad_args *g) {
 static int custom_backward_body (lua_State *L) {
   backward_args *b = (backward_args *)lua_touserdata(L, 1);
   const mg_grad_args *g = b->g;
+  int nx = noutside(g);
   lua_settop(L, 0);
   luaL_checkstack(L, g->nout + g->nin + 8, "too many outputs");
   lua_rawgeti(L, LUA_REGISTRYINDEX, b->u->ref);
   lua_getfield(L, 1, "grad_fn");
   for (int i = 0; i < g->nout; i++) push_tensor(L, g->dout[i]);
-  if (g->nvars > 0) {
-    lua_createtable(L, g->nvars, 0);
+  if (nx > 0) {
+    lua_createtable(L, nx, 0);
     for (int k = 0; k < g->nvars; k++) {
       mgL_pushvariable(L, g->vars[k]);
       lua_rawseti(L, -2, k + 1);
     }
+    for (int k = 0; k < g->ncaptured; k++) {
+      push_tensor(L, g->captured[k]);
+      lua_rawseti(L, -2, g->nvars + k + 1);
+    }
   }
-  int want = g->nin + (g->nvars > 0), top = lua_gettop(L) - (g->nout + (g->nvars > 0)) - 1;
-  lua_call(L, g->nout + (g->nvars > 0), LUA_MULTRET);
+  int want = g->nin + (nx > 0), top = lua_gettop(L) - (g->nout + (nx > 0)) - 1;
+  lua_call(L, g->nout + (nx > 0), LUA_MULTRET);
   int got = lua_gettop(L) - top, base = top + 1;
   if (got != want)                   /* a forgotten gradient must not become a silent zero */
     return luaL_error(L, "grad_fn returned %d values; it must return %d: one gradient per tensor "
                          "argument (nil for none)%s", got, want,
-                      g->nvars > 0 ? ", then a list of the gradients of the variables f read" : "");
+                      nx > 0 ? ", then a list of the gradients of the variables f read" : "");
   for (int j = 0; j < g->nin; j++) take_grad(L, base + j, g, j);
-  if (g->nvars > 0) take_var_grads(L, base + g->nin, g);
+  if (nx > 0) take_var_grads(L, base + g->nin, g);
   return 0;
 }
 
@@ -750,6 +763,11 @@ static const mg_function custom_fn = {"custom_gradient", custom_forward, custom_
                                       lfn_release, MG_FN_RECORD_FORWARD};
 static const mg_function custom_ctx_fn = {"custom_gradient", custom_forward, custom_backward,
                                           lfn_release, 0};
+/* with captures: the tensors f closes over that a tape follows come after
+** the variables, in the list grad_fn gets and returns (ReversibleLayer) */
+static const mg_function custom_captures_fn = {"custom_gradient", custom_forward, custom_backward,
+                                               lfn_release, MG_FN_CAPTURES};
+static const mg_function *const custom_forms[3] = {&custom_fn, &custom_ctx_fn, &custom_captures_fn};
 
 /* g(...): upvalue 1 is f, upvalue 2 whether f takes a context */
 static int custom_call (lua_State *L) {
@@ -767,10 +785,10 @@ static int custom_call (lua_State *L) {
   mg_tensor **in = tensor_array(L, list, ntensors);
   lua_newtable(L);                                 /* the lfn table */
   first_run first = {L, fidx, 1, nargs, 0, 0, 0, false};
-  bool context = lua_toboolean(L, lua_upvalueindex(2));
-  lfn *u = lfn_new(L, context, &first);
+  lua_Integer form = lua_tointeger(L, lua_upvalueindex(2));
+  lfn *u = lfn_new(L, form > 0, &first);
   mg_list out = {0};
-  mg_status st = mg_custom_call(context ? &custom_ctx_fn : &custom_fn, u, ntensors, in, &out);
+  mg_status st = mg_custom_call(custom_forms[form], u, ntensors, in, &out);
   if (st != MG_OK) return raise_call_error(L, &first);
   int outs = push_outputs(L, &out), n = (int)lua_rawlen(L, outs);
   for (int i = 1; i <= n; i++) lua_geti(L, outs, i);
@@ -781,14 +799,18 @@ static int custom_call (lua_State *L) {
 ** of f(...), or of f(ctx, ...) with a context */
 static int l_custom_gradient (lua_State *L) {
   luaL_checktype(L, 1, LUA_TFUNCTION);
-  bool context = false;
+  bool context = false, captures = false;
   if (!lua_isnoneornil(L, 2)) {
-    static const char *const keys[] = {"context", NULL};
+    static const char *const keys[] = {"context", "captures", NULL};
     mgL_checkoptions(L, 2, keys);
     if (mgL_optionfield(L, 2, "context", LUA_TBOOLEAN) != LUA_TNIL) context = lua_toboolean(L, -1);
+    if (mgL_optionfield(L, 2, "captures", LUA_TBOOLEAN) != LUA_TNIL) captures = lua_toboolean(L, -1);
   }
+  if (captures && !context)
+    return luaL_error(L, "custom_gradient: captures = true needs context = true (without a context the "
+                         "forward is recorded, and what it closes over gets its gradient through it)");
   lua_settop(L, 1);
-  lua_pushboolean(L, context);
+  lua_pushinteger(L, context + captures);          /* the form: 0, 1 context, 2 and captures */
   lua_pushcclosure(L, custom_call, 2);
   return 1;
 }
