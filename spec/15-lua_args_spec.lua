@@ -26,7 +26,7 @@ local with_options = {
   {"Sequential", function(o) return nn.Sequential({}, o) end, "name"},
   {"Dropout", function(o) return nn.Dropout(0.5, o) end, "training, name"},
   {"BatchNorm", function(o) return nn.BatchNorm(o) end, "momentum, epsilon, training, name"},
-  {"RevBlock", function(o) return nn.RevBlock(mg.tanh, mg.tanh, o) end, "num_layers, name"},
+  {"RevBlock", function(o) return nn.RevBlock(mg.tanh, mg.tanh, o) end, "num_layers, name, f_side_input, g_side_input"},
   {"AffineCoupling", function(o) return nn.AffineCoupling(mg.tanh, o) end, "swap, clamp, name"},
   {"InvertibleLinear", function(o) return nn.InvertibleLinear(o) end, "name"},
   {"Embedding", function(o) return nn.Embedding(5, 3, o) end, "embeddings_initializer, dtype, name"},
@@ -105,7 +105,7 @@ describe("options tables", function()
       {function() nn.BatchNorm{momentun = 0.5} end, "BatchNorm: unknown option 'momentun' "
         .. "(did you mean 'momentum'? known: momentum, epsilon, training, name)"},
       {function() nn.RevBlock(mg.tanh, mg.tanh, {num_layer = 3}) end, "RevBlock: unknown option "
-        .. "'num_layer' (did you mean 'num_layers'? known: num_layers, name)"},
+        .. "'num_layer' (did you mean 'num_layers'? known: num_layers, name, f_side_input, g_side_input)"},
       {function() nn.Sequential({}, {nme = "x"}) end, "Sequential: unknown option 'nme' "
         .. "(did you mean 'name'? known: name)"},
       {function() mg.progress(10, {lable = "x"}) end, "progress: unknown option 'lable' "

@@ -459,3 +459,27 @@ describe("reversible layers: side inputs and tensors the functions close over", 
                      "RevBlock: option 'f_side_input' must be a list of tensors, got a tensor (2) float32")
   end)
 end)
+
+describe("ctx:saved() gives back what ctx:save was given", function()
+  it("the same tensor objects while they live, nil for a forgotten one", function()
+    local seen
+    local f = mg.custom_gradient(function(ctx, a, b)
+      local e = mg.exp(a)
+      ctx:save(a, e, b)
+      return e * b, function(dy)
+        local sa, se, sb = ctx:saved()
+        seen = {sa == a, se == e, sb == b}
+        return dy * se * sb, dy * se
+      end
+    end, {context = true})
+    local a, b = c({0.5, 1.0}, "float64"), c({2.0, 3.0}, "float64")
+    local t = mg.tape()
+    t:watch({a, b})
+    local y = mg.sum(f(a, b))
+    t:stop()
+    local g = t:gradient(y, {a, b})
+    assert.same({true, true, true}, seen)
+    h.assert_close(g[1], mg.exp(a) * b, 1e-12)
+    h.assert_close(g[2], mg.exp(a), 1e-12)
+  end)
+end)

@@ -827,10 +827,19 @@ static int l_custom_gradient (lua_State *L) {
 
 typedef struct lctx { mg_custom_ctx *c; } lctx;
 
+/* a ctx box's user value: the boxes ctx:save was given, by index, held
+** weakly (ctx:saved gives the same objects back while they live, as
+** PyTorch's saved_tensors does; the counters see only what the node keeps) */
 static void push_ctx (lua_State *L, mg_custom_ctx *c) {
-  lctx *b = (lctx *)lua_newuserdatauv(L, sizeof(lctx), 0);
+  lctx *b = (lctx *)lua_newuserdatauv(L, sizeof(lctx), 1);
   b->c = NULL;
   luaL_setmetatable(L, CTX_MT);
+  lua_createtable(L, 0, 0);
+  lua_createtable(L, 0, 1);
+  lua_pushliteral(L, "v");
+  lua_setfield(L, -2, "__mode");
+  lua_setmetatable(L, -2);
+  lua_setiuservalue(L, -2, 1);
   b->c = mg_custom_ctx_retain(c);
 }
 
@@ -857,7 +866,7 @@ static int ctx_error (lua_State *L, const char *who) {
 ** for the backward */
 static int ctx_save (lua_State *L) {
   mg_custom_ctx *c = checkctx(L);
-  int n = lua_gettop(L) - 1;
+  int n = lua_gettop(L) - 1, first = mg_custom_nsaved(c);
   mg_tensor **ts = (mg_tensor **)lua_newuserdatauv(L, sizeof(mg_tensor *) * (size_t)(n + 1), 0);
   for (int i = 0; i < n; i++) {
     if (lua_isnil(L, i + 2)) {
@@ -867,7 +876,14 @@ static int ctx_save (lua_State *L) {
                         luaL_typename(L, i + 2));
     }
   }
-  return mg_custom_save(c, n, ts) == MG_OK ? 0 : ctx_error(L, "ctx:save");
+  if (mg_custom_save(c, n, ts) != MG_OK) return ctx_error(L, "ctx:save");
+  lua_getiuservalue(L, 1, 1);
+  for (int i = 0; i < n; i++)
+    if (mgL_testbox(L, i + 2) != NULL) {
+      lua_pushvalue(L, i + 2);
+      lua_rawseti(L, -2, first + i + 1);
+    }
+  return 0;
 }
 
 /* ctx:saved(): what the forward saved, in order (nil where nil was saved,
@@ -878,11 +894,16 @@ static int ctx_saved (lua_State *L) {
   if (n > 0 && !mg_custom_recorded(c))
     return luaL_error(L, "ctx:saved: what this call saved is gone (no tape recorded the call, "
                          "or its tape let go of it)");
-  luaL_checkstack(L, n, "too many saved tensors");
+  luaL_checkstack(L, n + 2, "too many saved tensors");
+  lua_getiuservalue(L, 1, 1);
+  int given = lua_gettop(L);
   for (int i = 0; i < n; i++) {
     mg_tensor *t = mg_custom_saved(c, i);
-    if (t) push_tensor(L, t);
-    else lua_pushnil(L);
+    ltensor *box = lua_rawgeti(L, given, i + 1) == LUA_TNIL ? NULL : mgL_testbox(L, -1);
+    if (t == NULL) lua_pushnil(L);
+    else if (box && box->t == t) continue;         /* the object that was saved, still there */
+    else push_tensor(L, t);
+    lua_remove(L, -2);
   }
   return n;
 }
