@@ -111,8 +111,8 @@ mg_status mg_call_fresh_outputs (mg_list *out, mg_tensor *const *inputs, int nin
   return MG_OK;
 }
 
-/* drops from w the variables whose value is among in[0..nin) (they are
-** inputs already) */
+/* drops from w the variables whose value, and the captured tensors that,
+** are among in[0..nin): they are inputs already */
 void mg_call_drop_passed (mg_var_watcher *w, int nin, mg_tensor *const *in) {
   int k = 0;
   for (int i = 0; i < w->n; i++) {
@@ -122,6 +122,12 @@ void mg_call_drop_passed (mg_var_watcher *w, int nin, mg_tensor *const *in) {
     else w->vars[k++] = w->vars[i];
   }
   w->n = k;
+  k = 0;
+  for (int i = 0; i < w->nt; i++) {
+    if (among(w->ts[i]->id, in, nin)) mg_tensor_release(w->ts[i]);
+    else w->ts[k++] = w->ts[i];
+  }
+  w->nt = k;
 }
 
 /* }========================================================== */

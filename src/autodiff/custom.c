@@ -234,24 +234,10 @@ static const mg_opdef custom_op = {
 
 /* {======================== the call ========================= */
 
-/* drops from w the captured tensors that are among in[0..nin): an argument
-** is an input already */
-static void drop_passed_tensors (mg_var_watcher *w, int nin, mg_tensor *const *in) {
-  int k = 0;
-  for (int i = 0; i < w->nt; i++) {
-    bool passed = false;
-    for (int j = 0; j < nin && !passed; j++) passed = in[j]->id == w->ts[i]->id;
-    if (passed) mg_tensor_release(w->ts[i]);
-    else w->ts[k++] = w->ts[i];
-  }
-  w->nt = k;
-}
-
 /* records the node; takes over ud, the context and the watcher's variables
 ** and tensors */
 static mg_status record (const mg_function *fn, void *ud, mg_custom_ctx *c, int nin,
                          mg_tensor *const *in, mg_var_watcher *w, mg_list *out) {
-  drop_passed_tensors(w, nin, in);
   int ninputs = nin + w->n + w->nt;
   custom_ext *e = (custom_ext *)calloc(1, sizeof(custom_ext));
   mg_tensor **inputs = (mg_tensor **)malloc(sizeof(mg_tensor *) * (size_t)(ninputs + 1));

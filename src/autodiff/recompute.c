@@ -176,7 +176,8 @@ static int index_of (uint64_t id, mg_tensor *const *xs, int n) {
 }
 
 /* the node's inputs: distinct tensors of in[], then the tensors from
-** outside that f read (those it closes over), then the variables of w;
+** outside that f read (those it closes over, not arguments), then the
+** variables of w;
 ** fills e->argmap and e->var_of */
 static mg_tensor **node_inputs (recompute_ext *e, int nin, mg_tensor *const *in,
                                 const mg_var_watcher *w) {
@@ -198,8 +199,7 @@ static mg_tensor **node_inputs (recompute_ext *e, int nin, mg_tensor *const *in,
     }
     e->argmap[k] = j;
   }
-  for (int k = 0; k < w->nt; k++)
-    if (index_of(w->ts[k]->id, inputs, nd) < 0) inputs[nd++] = w->ts[k];
+  for (int k = 0; k < w->nt; k++) inputs[nd++] = w->ts[k];   /* none is an argument (drop_passed) */
   for (int k = 0; k < w->n; k++, nd++) {
     inputs[nd] = w->vars[k]->value;
     e->var_of[nd] = mg_variable_retain(w->vars[k]);
