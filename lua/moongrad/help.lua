@@ -139,8 +139,8 @@ local groups = {
   {"autodiff", {
     {"tape", "tape([{persistent=false, watch_accessed_variables=true, budget=nil}])", "a gradient tape recording the ops run while it is active"},
     {"Tape:gradient", "t:gradient(target, sources [, output_gradients] [, {unconnected=\"none\" | \"zero\"}])", "gradients of target with respect to sources (a tensor, variable or nested table)"},
-    {"Tape:jacobian", "t:jacobian(target, source [, {unconnected=}])", "the full Jacobian of a tensor target by a tensor source"},
-    {"Tape:batch_jacobian", "t:batch_jacobian(target, source [, {unconnected=}])", "per-example Jacobians (first axis the batch)"},
+    {"Tape:jacobian", "t:jacobian(target, sources [, {unconnected=}])", "the full Jacobian of a tensor target by each source (a tensor, variable or nested table, answered in its structure)"},
+    {"Tape:batch_jacobian", "t:batch_jacobian(target, source [, {unconnected=}])", "per-example Jacobians (first axis the batch; one source, as TensorFlow's)"},
     {"Tape:watch", "t:watch(x)", "records ops on x (a tensor, a variable or nested tables of them)"},
     {"Tape:watched_variables", "t:watched_variables()", "the variables the tape watches"},
     {"Tape:stop", "t:stop()", "stops recording"},
