@@ -235,7 +235,7 @@ local groups = {
     {"optim.RMSprop", "optim.RMSprop{learning_rate=0.001, rho=0.9, momentum=0, epsilon=1e-7, centered=false, weight_decay=, clipnorm=, clipvalue=, global_clipnorm=}", "RMSprop"},
     {"optim.get", "optim.get(spec)", "an optimizer for compile: one given, or a name (\"sgd\", \"adam\", \"adamw\", \"rmsprop\") with the defaults"},
     {"optim.schedules", "optim.schedules", "the same table as mg.schedules"},
-    {"Optimizer:apply_gradients", "opt:apply_gradients(grads, vars)", "one update (nil gradients skipped; Keras' {grad, var} pairs too)"},
+    {"Optimizer:apply_gradients", "opt:apply_gradients(grads, vars)", "one update (nil gradients skipped; Keras' {grad, var} pairs too; a variable twice is an error)"},
     {"Optimizer:build", "opt:build(vars)", "makes the slots for vars before the first step"},
     {"Optimizer:get_state", "opt:get_state([vars])", "the slots and step count as a plain table of tensors"},
     {"Optimizer:set_state", "opt:set_state(state [, vars])", "restores what get_state gave"},
