@@ -591,10 +591,17 @@ MG_API mg_status mg_tape_gradient (mg_tape *t, int ntargets, mg_tensor *const *t
                                    mg_tensor *const *out_grads, int unconnected_zero,
                                    mg_tensor **grads);
 /* *out: target.shape ++ source.shape, or NULL when unconnected and
-** !unconnected_zero */
+** !unconnected_zero; a jacobian with no elements (an empty target or
+** source) is zeros of that shape */
 MG_API mg_status mg_tape_jacobian (mg_tape *t, mg_tensor *target, mg_tensor *source,
                                    int unconnected_zero, mg_tensor **out);
-/* target (B,...), source (B,...) -> (B, target rest..., source rest...) */
+/* outs[s]: the jacobian of target by sources[s], as mg_tape_jacobian; one
+** reverse walk per target element serves every source */
+MG_API mg_status mg_tape_jacobians (mg_tape *t, mg_tensor *target, int nsources,
+                                    mg_tensor *const *sources, int unconnected_zero,
+                                    mg_tensor **outs);
+/* target (B,...), source (B,...) -> (B, target rest..., source rest...);
+** empty as mg_tape_jacobian */
 MG_API mg_status mg_tape_batch_jacobian (mg_tape *t, mg_tensor *target, mg_tensor *source,
                                          int unconnected_zero, mg_tensor **out);
 /* nonzero while recompute_grad re-runs a function for a gradient */

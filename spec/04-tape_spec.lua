@@ -487,6 +487,109 @@ describe("jacobians", function()
     assert.is_nil(t:jacobian(y, z))
     assert.same({{0}, {0}}, t:jacobian(y, z, {unconnected = "zero"}):totable())
   end)
+
+  it("a jacobian with no elements is an empty tensor of TensorFlow's shape, never nil", function()
+    local x, xb = f64({1, 2, 3}), f64({{1, 2, 3}, {4, 5, 6}})
+    local e, eb, e0 = mg.zeros({0}, "float64"), mg.zeros({2, 0}, "float64"), mg.zeros({0, 2}, "float64")
+    local t = mg.tape{persistent = true}
+    t:watch({x, xb, e, eb, e0})
+    local y0 = mg.zeros({0}, "float64") * mg.sum(x)          -- empty targets, connected to x
+    local y20 = mg.zeros({2, 0}, "float64") * mg.sum(xb)
+    local y = x * x                                           -- e and eb: empty and unconnected
+    local yb = xb * 2
+    local y0b = mg.matmul(e0, mg.ones({2, 3}, "float64"))     -- batch 0: (0, 3)
+    t:stop()
+    local function empty (want, j)
+      assert.is_not_nil(j)
+      assert.same(want, j.shape)
+      assert.equal("float64", j.dtype)
+      assert.equal(0, j:numel())
+    end
+    empty({0, 3}, t:jacobian(y0, x))                          -- y.shape ++ x.shape
+    empty({2, 0, 2, 3}, t:jacobian(y20, xb))
+    empty({3, 0}, t:jacobian(y, e))                           -- an empty source
+    empty({3, 2, 0}, t:jacobian(y, eb))
+    empty({0, 0}, t:jacobian(y0, e))
+    empty({0, 3}, t:jacobian(y0, x, {unconnected = "zero"}))
+    empty({2, 0, 3}, t:batch_jacobian(y20, xb))               -- (batch, y rest, x rest)
+    empty({2, 3, 0}, t:batch_jacobian(yb, eb))
+    empty({0, 3, 2}, t:batch_jacobian(y0b, e0))
+    local j = t:jacobian(y0, {x, e})                          -- in a list too
+    empty({0, 3}, j[1])
+    empty({0, 0}, j[2])
+    -- a non-persistent tape answers once, empty or not
+    local once = mg.tape()
+    once:watch(x)
+    local z = mg.zeros({0}, "float64") * mg.sum(x)
+    once:stop()
+    empty({0, 3}, once:jacobian(z, x))
+    assert.has_error(function() once:jacobian(z, x) end, "tape:jacobian: a non-persistent tape can only compute "
+                     .. "one gradient; create it with mg.tape{persistent=true} to call it again")
+  end)
+
+  -- dy_i/dx_k of f at args by args[s], by central differences: rows y's
+  -- elements, columns args[s]'s elements (both flattened)
+  local function flat (x) return mg.reshape(x, {-1}):totable() end
+  local function fd_jacobian (f, args, s)
+    local eps, base, rows = 1e-6, flat(args[s]), {}
+    for k = 1, #base do
+      local function at (d)
+        local v = table.move(base, 1, #base, 1, {})
+        v[k] = v[k] + d
+        local a = table.move(args, 1, #args, 1, {})
+        a[s] = mg.reshape(f64(v), args[s].shape)
+        return flat(f(table.unpack(a)))
+      end
+      local up, down = at(eps), at(-eps)
+      for i = 1, #up do
+        rows[i] = rows[i] or {}
+        rows[i][k] = (up[i] - down[i]) / (2 * eps)
+      end
+    end
+    return rows
+  end
+
+  it("a list or nested table of sources answers in that structure (TensorFlow's tape.jacobian(y, [x, w]))", function()
+    local function f (x, w, b) return mg.tanh(mg.sum(w * x, {2}) + b) * x[1] end
+    local x0, w0, b0 = f64({0.5, -1, 2}), f64({{0.1, 0.2, -0.3}, {0.4, -0.5, 0.6}}), f64({0.3, -0.2})
+    local x, w, b = mg.Variable(x0, {name = "x"}), mg.Variable(w0, {name = "w"}), mg.Variable(b0, {name = "b"})
+    local u = f64({7})                                        -- watched, unconnected
+    local t = mg.tape{persistent = true}
+    t:watch(u)
+    local y = f(x, w, b)
+    t:stop()
+    local j = t:jacobian(y, {x, {weights = {w = w, b = b}, none = u}})
+    assert.same({2, 3}, j[1].shape)
+    assert.same({2, 2, 3}, j[2].weights.w.shape)
+    assert.same({2, 2}, j[2].weights.b.shape)
+    assert.is_nil(j[2].none)                                  -- unconnected: nil, in its place
+    local args = {x0, w0, b0}
+    for s, got in ipairs({j[1], j[2].weights.w, j[2].weights.b}) do   -- float64, against central differences
+      h.assert_close(mg.reshape(got, {2, -1}), fd_jacobian(f, args, s), 1e-6)
+    end
+    h.assert_close(j[2].weights.w, t:jacobian(y, w), 0)        -- the same as one source at a time
+    local g = t:gradient(y, {x, w, b})                          -- summed over y: the gradient
+    h.assert_close(mg.sum(j[1], {1}), g[1], 1e-12)
+    h.assert_close(mg.sum(j[2].weights.w, {1}), g[2], 1e-12)
+    local z = t:jacobian(y, {u, x}, {unconnected = "zero"})
+    assert.same({{0}, {0}}, z[1]:totable())
+    h.assert_close(z[2], j[1], 0)
+    local twice = t:jacobian(y, {x, x})                         -- a source twice: its jacobian twice
+    h.assert_close(twice[1], j[1], 0)
+    h.assert_close(twice[2], j[1], 0)
+    assert.same({}, t:jacobian(y, {}))
+  end)
+
+  it("batch_jacobian takes one source, as TensorFlow's, and says so for a table", function()
+    local x = f64({{1, 2}, {3, 4}})
+    local t = mg.tape{persistent = true}
+    t:watch(x)
+    local y = x * x
+    t:stop()
+    assert.same({{{2, 0}, {0, 4}}, {{6, 0}, {0, 8}}}, t:batch_jacobian(y, x):totable())  -- TF's docstring example
+    assert.has_error(function() t:batch_jacobian(y, {x}) end, "tape:batch_jacobian: source must be one tensor or "
+                     .. "variable, got a table (it takes one source, as TensorFlow's; t:jacobian takes several)")
+  end)
 end)
 
 describe("custom_gradient", function()

@@ -66,6 +66,48 @@ describe("optimizers", function()
     end
   end)
 
+  it("refuse a variable given twice in one step, before anything moves (as PyTorch)", function()
+    local makers = {
+      SGD = function() return mg.optim.SGD{learning_rate = 0.1} end,
+      ["SGD with momentum"] = function() return mg.optim.SGD{learning_rate = 0.1, momentum = 0.9, nesterov = true} end,
+      Adam = function() return mg.optim.Adam{learning_rate = 0.1} end,
+      AdamW = function() return mg.optim.AdamW{learning_rate = 0.1} end,
+      RMSprop = function() return mg.optim.RMSprop{learning_rate = 0.1, momentum = 0.5, centered = true} end,
+    }
+    for label, make in pairs(makers) do
+      local opt, who = make(), label:match("^%a+")
+      local v, a = mg.Variable({1.0, 2.0}, {name = "w", dtype = "float64"}), mg.Variable(3.0, {dtype = "float64"})
+      opt:apply_gradients({f64({0.5, -0.5}), f64(1)}, {v, a})           -- slots exist
+      local before, a_before, state = v:value():totable(), a:value():item(), opt:get_state({v, a})
+      local g1, g2 = f64({1, 2}), f64({3, 4})
+      local said = who .. ": variables[2] is variables[1] again ('w'); give each variable once, with the sum of "
+                   .. "its gradients"
+      assert.has_error(function() opt:apply_gradients({{g1, v}, {g2, v}}) end, said, label)
+      assert.has_error(function() opt:apply_gradients({g1, f64(1), g2}, {v, a, v}) end,
+                       (said:gsub("%[2%] is", "[3] is")), label)
+      assert.has_error(function() opt:apply_gradients({nil, g2}, {v, v}) end, said, label)   -- nil or not
+      assert.same(before, v:value():totable(), label)                   -- nothing moved
+      assert.equal(a_before, a:value():item(), label)
+      assert.equal(1, opt.iterations, label)
+      local now = opt:get_state({v, a})
+      for name, list in pairs(state.slots) do
+        for i = 1, 2 do assert.same(list[i]:totable(), now.slots[name][i]:totable(), label .. " " .. name) end
+      end
+      -- the advice works: the summed gradient once is one ordinary step
+      local twin = make()
+      local w = mg.Variable(f64(before))
+      twin:set_state(state, {w, mg.Variable(f64(a_before))})
+      opt:apply_gradients({{g1 + g2, v}})
+      twin:apply_gradients({f64({4, 6})}, {w})
+      assert.same(w:value():totable(), v:value():totable(), label)
+    end
+    local v = mg.Variable(f64({1.0, 2.0}))
+    mg.optim.SGD{learning_rate = 0.5}:apply_gradients({{f64({1, 2}) + f64({3, 4}), v}})
+    assert.same({-1, -1}, v:value():totable())                          -- w - lr (g1 + g2)
+    local built = mg.optim.Adam():build({v, v})                          -- build may repeat: it registers once
+    assert.equal(1, #built:get_state().slots.m)
+  end)
+
   it("take Keras' list of {gradient, variable} pairs", function()
     local a, b = mg.Variable({1.0, 2.0}), mg.Variable(5.0)
     mg.optim.SGD{learning_rate = 0.5}:apply_gradients({{mg.constant({2.0, 2.0}), a}, {nil, b}})

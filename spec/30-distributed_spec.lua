@@ -71,6 +71,11 @@ describe("mg.distributed", function()
     assert.equal(0.01, opt.learning_rate)                -- the inner optimizer's fields
     assert.equal(0, opt.iterations)
     assert.equal(opt, D(opt))                           -- wrapping twice is once
+    local v = mg.Variable({1.0, 2.0}, {name = "w"})         -- a variable twice: refused before any collective
+    assert.has_error(function() opt:apply_gradients({{mg.ones({2}), v}, {mg.ones({2}), v}}) end,
+      "DistributedOptimizer: variables[2] is variables[1] again ('w'); give each variable once, with the sum of its gradients")
+    assert.has_error(function() opt:apply_gradients({mg.ones({2}), mg.ones({2})}, {v, v}) end,
+      "DistributedOptimizer: variables[2] is variables[1] again ('w'); give each variable once, with the sum of its gradients")
   end)
 
   it("matches a serial reference for every collective, dtype and shape (mpirun -np 2)", function()

@@ -86,6 +86,15 @@ static void null_arguments (void) {
   mg_tensor *out = x;
   says("jacobian(NULL)", mg_tape_jacobian(NULL, x, x, 0, &out) == MG_ERR && out == NULL,
        "mg_tape_jacobian");
+  mg_tensor *outs[2] = {x, x}, *srcs[2] = {x, NULL};
+  says("jacobians(NULL)", mg_tape_jacobians(NULL, x, 2, srcs, 0, outs) == MG_ERR && outs[0] == NULL
+       && outs[1] == NULL, "mg_tape_jacobians: argument 't' is NULL");
+  says("jacobians(-1)", mg_tape_jacobians(NULL, x, -1, srcs, 0, outs) == MG_ERR,
+       "mg_tape_jacobians: the count of sources is negative (-1)");
+  mg_tape *tp = mg_tape_new(0, 1);
+  says("jacobians(sources[1] NULL)", mg_tape_jacobians(tp, x, 2, srcs, 0, outs) == MG_ERR,
+       "mg_tape_jacobians: sources[1] is NULL");
+  mg_tape_release(tp);
   says("custom_call(NULL)", mg_custom_call(NULL, NULL, 0, NULL, NULL) == MG_ERR, "mg_custom_call");
   says("list_push(NULL)", mg_list_push(NULL, mg_tensor_retain(x)) == MG_ERR, "mg_list_push");
   /* a chain keeps the failure that started it */

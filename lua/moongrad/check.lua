@@ -154,6 +154,24 @@ function check.list (who, t, what, item, skip)
   return n
 end
 
+--- Raises when a variable comes twice in vars[1..n] (one optimizer step, as
+-- PyTorch refuses a parameter in two groups): two updates through one slot
+-- would follow neither gradient's rule.
+function check.distinct_variables (who, vars, n)
+  local first = {}
+  for i = 1, n do
+    local v = vars[i]
+    if v ~= nil then
+      local j = first[v]
+      if j then
+        check.fail(who, "variables[%d] is variables[%d] again (%s); give each variable once, with the sum "
+                   .. "of its gradients", i, j, check.show(v.name))
+      end
+      first[v] = i
+    end
+  end
+end
+
 -- }=============================================================
 
 

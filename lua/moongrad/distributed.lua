@@ -173,13 +173,16 @@ end
 -- a rank's share of an uneven batch, so the result is the whole batch's.
 function DistributedOptimizer.apply_gradients (self, grads, vars)
   local who = "DistributedOptimizer"
-  started(who)
-  if vars == nil then                                     -- Keras' list of pairs
+  if vars == nil and type(grads) == "table" then          -- Keras' list of pairs
     local list = grads
     grads, vars = {n = #list}, {}
-    for i, p in ipairs(list) do grads[i], vars[i] = p[1], p[2] end
+    for i, p in ipairs(list) do
+      if type(p) == "table" then grads[i], vars[i] = p[1], p[2] end
+    end
   end
-  local n = #vars
+  local n = type(vars) == "table" and #vars or 0
+  check.distinct_variables(who, vars, n)                  -- before any collective
+  started(who)
   sync(self, vars, n)
   local present, at = {}, {}
   for i = 1, n do

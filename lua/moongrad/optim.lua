@@ -3,6 +3,8 @@
 --   opt:apply_gradients(grads, vars)        -- grads[i] is the gradient of vars[i]
 --   opt:apply_gradients({{g1, v1}, {g2, v2}})   -- Keras' list of pairs, the same
 -- A nil gradient (an unconnected variable) is skipped: grads may have holes.
+-- A variable given twice in one call is an error, as PyTorch refuses a
+-- parameter in two groups (sum its gradients and give it once).
 -- Every pair is checked before any variable or slot moves, so a bad call
 -- leaves the optimizer and the variables as they were. Updates run outside
 -- any tape's view: they are not recorded.
@@ -106,6 +108,7 @@ local function updates (who, grads, vars)
   check_grads(who, grads, n)
   local checked = {}
   for i = 1, n do checked[i] = check_pair(who, grads[i], vars[i], i) end
+  check.distinct_variables(who, vars, n)
   return checked, vars, n
 end
 

@@ -1244,11 +1244,11 @@ describe("tensorflow/python/eager/backprop_test.py JacobianTest", function()
 
   -- tensorflow/python/eager/backprop_test.py: JacobianTest.testPfor and testWhileLoop (pfor and the
   -- while_loop are two ways TF builds the jacobian; moongrad has one)
-  known("issue 27 item 6: JacobianTest.testPfor: tape:jacobian with a list of sources", function()
+  it("JacobianTest.testPfor: tape:jacobian with a list of sources", function()
     local jacobian, answer = _jacobian(false)
     for i = 1, 2 do assert.same(answer[i], jacobian[i]:totable()) end
   end)
-  known("issue 27 item 6: JacobianTest.testWhileLoop: tape:jacobian with a list of sources", function()
+  it("JacobianTest.testWhileLoop: tape:jacobian with a list of sources", function()
     local jacobian, answer = _jacobian(true)
     for i = 1, 2 do assert.same(answer[i], jacobian[i]:totable()) end
   end)
@@ -1370,7 +1370,7 @@ describe("tensorflow/python/eager/backprop_test.py BatchJacobianTest", function(
 
   -- tensorflow/python/eager/backprop_test.py: BatchJacobianTest.test_degenerate_shape
   -- (use_function False; the use_function=True variants are tf.function)
-  known("issue 27 item 6: BatchJacobianTest.test_degenerate_shape: batch_jacobian of a zero-size " ..
+  it("BatchJacobianTest.test_degenerate_shape: batch_jacobian of a zero-size " ..
         "(1,0) target gives nil, want a (1,0,0) tensor", function()
     local x = mg.zeros({1, 0}, "float64")
     local tape = mg.tape{persistent = true}

@@ -25,47 +25,63 @@ static mg_tensor *one_hot (const mg_tensor *target, int64_t j, int64_t batch) {
 }
 
 /*
-** Rows of a jacobian: for j in [0, rows), the gradient of target seeded with
-** one-hot j (in each of `batch` rows), stacked along a new first axis.
-** *out stays NULL when source is unconnected and !zero. The tape is
-** consumed once, at the end.
+** Rows of the jacobians of target by each of ns sources: for j in [0, rows),
+** one reverse walk seeded with one-hot j (in each of `batch` rows) gives row
+** j of every source's jacobian; out[s] stacks those rows along a new first
+** axis, or stays NULL when sources[s] is unconnected and !zero. A jacobian
+** with no elements (no rows, or an empty source) is zeros of its shape,
+** connected or not, and needs no walk. The tape is consumed once, at the end.
 */
-static mg_status jacobian_rows (mg_tape *t, mg_tensor *target, mg_tensor *source, int zero,
-                                int64_t rows, int64_t batch, const char *fn, mg_tensor **out) {
+static mg_status jacobian_rows (mg_tape *t, mg_tensor *target, int ns, mg_tensor *const *sources,
+                                int zero, int64_t rows, int64_t batch, const char *fn,
+                                mg_tensor **out) {
   if (mg_tape_check_usable(t, fn) != MG_OK) return MG_ERR;
-  if (rows > (1 << 20))
+  bool any = false;                     /* a source with elements: else no walk is needed */
+  for (int s = 0; s < ns; s++) any |= sources[s]->numel > 0;
+  int64_t walks = any ? rows : 0;
+  if (walks > (1 << 20))
     return mg_seterror("tape:%s: target is too large (%lld elements)", fn, (long long)rows);
   mg_held h = {0};
-  if (mg_walk_begin(&h, t, fn, 1, &target, 1, &source, 0, NULL) != MG_OK) return MG_ERR;
-  bool differentiable = mg_is_float(target->dtype) && mg_is_float(source->dtype);
-  mg_tensor **parts = (mg_tensor **)calloc((size_t)(rows > 0 ? rows : 1), sizeof(mg_tensor *));
-  mg_status st = parts ? MG_OK : mg_seterror("out of memory in tape:%s", fn);
-  bool connected = false;
-  for (int64_t j = 0; j < rows && st == MG_OK; j++) {
+  if (mg_walk_begin(&h, t, fn, 1, &target, ns, sources, 0, NULL) != MG_OK) return MG_ERR;
+  bool differentiable = mg_is_float(target->dtype);
+  size_t np = (size_t)walks * (size_t)ns;            /* parts[s * walks + j]: row j of source s */
+  mg_tensor **parts = (mg_tensor **)calloc(np ? np : 1, sizeof(mg_tensor *));
+  bool *connected = (bool *)calloc((size_t)(ns ? ns : 1), sizeof(bool));
+  mg_status st = parts && connected ? MG_OK : mg_seterror("out of memory in tape:%s", fn);
+  for (int64_t j = 0; j < walks && st == MG_OK; j++) {
     idmap map = {0};
     mg_tensor *seed = differentiable ? one_hot(target, j, batch) : NULL;
     if (differentiable)
-      st = seed ? mg_walk(t, 1, &target, &seed, 1, &source, &map, false, fn) : MG_ERR;
+      st = seed ? mg_walk(t, 1, &target, &seed, ns, sources, &map, false, fn) : MG_ERR;
     mg_tensor_release(seed);
-    mg_tensor *g = st == MG_OK ? (mg_tensor *)idmap_get(&map, source->id) : NULL;
-    connected |= g != NULL;
-    if (st == MG_OK)
-      parts[j] = g ? mg_tensor_retain(g) : mg_full(source->shape, source->ndim, source->dtype, 0.0);
-    if (st == MG_OK && parts[j] == NULL) st = MG_ERR;
+    for (int s = 0; s < ns && st == MG_OK; s++) {
+      mg_tensor *x = sources[s];
+      mg_tensor *g = mg_is_float(x->dtype) ? (mg_tensor *)idmap_get(&map, x->id) : NULL;
+      connected[s] |= g != NULL;
+      mg_tensor *row = g ? mg_tensor_retain(g) : mg_full(x->shape, x->ndim, x->dtype, 0.0);
+      parts[(size_t)s * (size_t)walks + (size_t)j] = row;
+      if (row == NULL) st = MG_ERR;
+    }
     mg_release_grads(&map);
   }
-  if (st == MG_OK && (connected || zero)) {
-    if (rows > 0) {
-      *out = mg_stack(parts, (int)rows, 0);
+  for (int s = 0; s < ns && st == MG_OK; s++) {
+    mg_tensor *x = sources[s];
+    if (walks == 0 || x->numel == 0) {              /* no elements: zeros of (rows, source...) */
+      int64_t sh[MG_MAX_DIMS + 1];
+      sh[0] = rows;
+      memcpy(sh + 1, x->shape, sizeof(int64_t) * (size_t)x->ndim);
+      out[s] = mg_full(sh, x->ndim + 1, x->dtype, 0.0);
+    } else if (connected[s] || zero) {
+      out[s] = mg_stack(parts + (size_t)s * (size_t)walks, (int)walks, 0);
     } else {
-      int64_t sh[MG_MAX_DIMS + 1] = {0};
-      memcpy(sh + 1, source->shape, sizeof(int64_t) * (size_t)source->ndim);
-      *out = mg_full(sh, source->ndim + 1, source->dtype, 0.0);
+      continue;
     }
-    if (*out == NULL) st = MG_ERR;
+    if (out[s] == NULL) st = MG_ERR;
   }
-  for (int64_t j = 0; parts && j < rows; j++) mg_tensor_release(parts[j]);
+  for (int s = 0; st != MG_OK && s < ns; s++) { mg_tensor_release(out[s]); out[s] = NULL; }
+  for (size_t k = 0; parts && k < np; k++) mg_tensor_release(parts[k]);
   free(parts);
+  free(connected);
   if (st == MG_OK) mg_tape_consume(t);
   mg_walk_end(&h);                      /* last: it may drop the final reference to t */
   return st;
@@ -86,16 +102,6 @@ static int jacobian_shape (const mg_tensor *y, const mg_tensor *x, int from, con
   return nd;
 }
 
-static mg_status jacobian_args (const char *fn, mg_tape *t, mg_tensor *y, mg_tensor *x,
-                                mg_tensor **out) {
-  MG_CHECK_ARG(fn, out, MG_ERR);
-  *out = NULL;
-  MG_CHECK_ARG(fn, t, MG_ERR);
-  MG_CHECK_ARG(fn, y, MG_ERR);
-  MG_CHECK_ARG(fn, x, MG_ERR);
-  return MG_OK;
-}
-
 /* rows (n, ...) reshaped to shape; takes over rows */
 static mg_status reshape_rows (mg_tensor **r, const int64_t *shape, int nd) {
   if (*r == NULL) return MG_OK;
@@ -105,20 +111,49 @@ static mg_status reshape_rows (mg_tensor **r, const int64_t *shape, int nd) {
   return x ? MG_OK : MG_ERR;
 }
 
+mg_status mg_tape_jacobians (mg_tape *t, mg_tensor *target, int nsources,
+                             mg_tensor *const *sources, int zero, mg_tensor **outs) {
+  const char *fn = "mg_tape_jacobians";
+  if (nsources < 0) return mg_seterror("%s: the count of sources is negative (%d)", fn, nsources);
+  if (nsources > 0) MG_CHECK_ARG(fn, outs, MG_ERR);
+  for (int s = 0; s < nsources; s++) outs[s] = NULL;
+  MG_CHECK_ARG(fn, t, MG_ERR);
+  MG_CHECK_ARG(fn, target, MG_ERR);
+  if (nsources > 0) MG_CHECK_ARG(fn, sources, MG_ERR);
+  int64_t shape[MG_MAX_DIMS];
+  for (int s = 0; s < nsources; s++) {              /* every shape checked before any work */
+    if (sources[s] == NULL) return mg_seterror("%s: sources[%d] is NULL", fn, s);
+    if (jacobian_shape(target, sources[s], 0, "jacobian", shape) < 0) return MG_ERR;
+  }
+  if (jacobian_rows(t, target, nsources, sources, zero, target->numel, 1, "jacobian", outs) != MG_OK)
+    return MG_ERR;
+  mg_status st = MG_OK;
+  for (int s = 0; s < nsources && st == MG_OK; s++)
+    st = reshape_rows(&outs[s], shape, jacobian_shape(target, sources[s], 0, "jacobian", shape));
+  for (int s = 0; st != MG_OK && s < nsources; s++) { mg_tensor_release(outs[s]); outs[s] = NULL; }
+  return st;
+}
+
 mg_status mg_tape_jacobian (mg_tape *t, mg_tensor *target, mg_tensor *source, int zero,
                             mg_tensor **out) {
-  int64_t shape[MG_MAX_DIMS];
-  if (jacobian_args("mg_tape_jacobian", t, target, source, out) != MG_OK) return MG_ERR;
-  int nd = jacobian_shape(target, source, 0, "jacobian", shape);
-  if (nd < 0 || jacobian_rows(t, target, source, zero, target->numel, 1, "jacobian", out) != MG_OK)
-    return MG_ERR;
-  return reshape_rows(out, shape, nd);
+  const char *fn = "mg_tape_jacobian";
+  MG_CHECK_ARG(fn, out, MG_ERR);
+  *out = NULL;
+  MG_CHECK_ARG(fn, t, MG_ERR);
+  MG_CHECK_ARG(fn, target, MG_ERR);
+  MG_CHECK_ARG(fn, source, MG_ERR);
+  return mg_tape_jacobians(t, target, 1, &source, zero, out);
 }
 
 mg_status mg_tape_batch_jacobian (mg_tape *t, mg_tensor *target, mg_tensor *source, int zero,
                                   mg_tensor **out) {
   char a[160], b[160];
-  if (jacobian_args("mg_tape_batch_jacobian", t, target, source, out) != MG_OK) return MG_ERR;
+  const char *fn = "mg_tape_batch_jacobian";
+  MG_CHECK_ARG(fn, out, MG_ERR);
+  *out = NULL;
+  MG_CHECK_ARG(fn, t, MG_ERR);
+  MG_CHECK_ARG(fn, target, MG_ERR);
+  MG_CHECK_ARG(fn, source, MG_ERR);
   if (target->ndim < 1 || source->ndim < 1 || target->shape[0] != source->shape[0])
     return mg_seterror("tape:batch_jacobian: target %s and source %s need the same first (batch) "
                        "dimension", mg_shape_str(a, sizeof a, target->shape, target->ndim),
@@ -126,8 +161,8 @@ mg_status mg_tape_batch_jacobian (mg_tape *t, mg_tensor *target, mg_tensor *sour
   int64_t shape[MG_MAX_DIMS];
   int nd = jacobian_shape(target, source, 1, "batch_jacobian", shape);
   int64_t batch = target->shape[0], per = batch ? target->numel / batch : 0;
-  if (nd < 0 || jacobian_rows(t, target, source, zero, per, batch ? batch : 1, "batch_jacobian",
-                              out) != MG_OK)
+  if (nd < 0 || jacobian_rows(t, target, 1, &source, zero, per, batch ? batch : 1,
+                              "batch_jacobian", out) != MG_OK)
     return MG_ERR;
   if (*out == NULL) return MG_OK;
   /* rows: (T, B, S...) -> (B, T, S...) -> (B, target rest..., source rest...) */

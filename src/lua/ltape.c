@@ -160,33 +160,39 @@ static int new_answers (lua_State *L) {
 }
 
 /*
-** Pushes the list of gradients of the targets for the sources (nil where
-** unconnected) and returns its stack index; raises on failure. The boxes
-** are made after the walk: the young collections during it would make
-** boxes made before it old, and the step's gradients, garbage after its
-** update, would wait for a full collection. A protected call makes them,
-** so running out of memory there cannot leak the results.
+** Pushes the list of results[0..n) as tensors (nil where NULL) and returns
+** its stack index; takes over results. The boxes are made after the walk:
+** the young collections during it would make boxes made before it old, and
+** the step's gradients, garbage after its update, would wait for a full
+** collection. A protected call makes them, so running out of memory there
+** cannot leak the results.
 */
-static int answer (lua_State *L, mg_tape *t, int nt, mg_tensor **targets, int ns,
-                   mg_tensor **sources, mg_tensor **seeds, int zero, mg_tensor **grads) {
-  if (run_gradient(L, t, nt, targets, ns, sources, seeds, zero, grads) != MG_OK) mgL_error(L);
+static int box_answers (lua_State *L, int n, mg_tensor **results) {
   lua_pushcfunction(L, new_answers);
-  lua_pushinteger(L, ns);
+  lua_pushinteger(L, n);
   if (lua_pcall(L, 1, 1, 0) != LUA_OK) {
-    for (int i = 0; i < ns; i++) mg_tensor_release(grads[i]);
+    for (int i = 0; i < n; i++) mg_tensor_release(results[i]);
     lua_error(L);
   }
   int answers = lua_gettop(L);
-  for (int i = 0; i < ns; i++) {
+  for (int i = 0; i < n; i++) {
     lua_rawgeti(L, answers, i + 1);
-    ((ltensor *)lua_touserdata(L, -1))->t = grads[i];
+    ((ltensor *)lua_touserdata(L, -1))->t = results[i];
     lua_pop(L, 1);
-    if (grads[i] == NULL) {
+    if (results[i] == NULL) {
       lua_pushnil(L);
       lua_rawseti(L, answers, i + 1);
     }
   }
   return answers;
+}
+
+/* the list of gradients of the targets for the sources (nil where
+** unconnected), as box_answers; raises on failure */
+static int answer (lua_State *L, mg_tape *t, int nt, mg_tensor **targets, int ns,
+                   mg_tensor **sources, mg_tensor **seeds, int zero, mg_tensor **grads) {
+  if (run_gradient(L, t, nt, targets, ns, sources, seeds, zero, grads) != MG_OK) mgL_error(L);
+  return box_answers(L, ns, grads);
 }
 
 /*
@@ -261,23 +267,50 @@ static int l_gradient (lua_State *L) {
   return 1;
 }
 
-typedef mg_status (*jacobian_fn)(mg_tape *, mg_tensor *, mg_tensor *, int, mg_tensor **);
-
-static int jacobian (lua_State *L, jacobian_fn fn) {
+/*
+** jacobian(target, sources [, {unconnected=}]): sources is a tensor, a
+** variable, or nested tables of them (TensorFlow's tape.jacobian(y, [x, z])
+** or a dict), and the answer has their structure, as gradient's. One walk
+** per element of the target serves every source.
+*/
+static int l_jacobian (lua_State *L) {
   mg_tape *t = checktape(L, 1)->t;
-  mg_tensor *y = mgL_checktensor(L, 2), *x = mgL_checktensor(L, 3);
+  mg_tensor *y = mgL_checktensor(L, 2);
+  if (lua_isnoneornil(L, 3))
+    luaL_argerror(L, 3, "sources expected (a tensor, a variable or a table of them), got nil");
   int zero = unconnected_zero(L, 4);
-  ltensor *box = mgL_newbox(L);
+  lua_settop(L, 4);
+  lua_newtable(L);                                        /* 5: sources */
+  int ns = mgL_flatten(L, 3, 5, 0, true, "tape:jacobian: sources");
+  mg_tensor **sources = leaves(L, 5, ns);
+  mg_tensor **outs = (mg_tensor **)lua_newuserdatauv(L, sizeof(mg_tensor *) * (size_t)(ns ? ns : 1), 0);
   mgL_call prev = mgL_enter(L);
-  mg_status st = fn(t, y, x, zero, &box->t);
+  mg_status st = mg_tape_jacobians(t, y, ns, sources, zero, outs);
   mgL_leave(L, prev);
   if (st != MG_OK) return mgL_error(L);
-  if (box->t == NULL) lua_pushnil(L);
+  int answers = box_answers(L, ns, outs);
+  int k = 0;
+  mgL_rebuild(L, 3, answers, &k);
   return 1;
 }
 
-static int l_jacobian (lua_State *L) { return jacobian(L, mg_tape_jacobian); }
-static int l_batch_jacobian (lua_State *L) { return jacobian(L, mg_tape_batch_jacobian); }
+/* batch_jacobian(target, source [, {unconnected=}]): one source, as TensorFlow's */
+static int l_batch_jacobian (lua_State *L) {
+  mg_tape *t = checktape(L, 1)->t;
+  mg_tensor *y = mgL_checktensor(L, 2);
+  if (lua_istable(L, 3) && !mgL_isleaf(L, 3))
+    return luaL_error(L, "tape:batch_jacobian: source must be one tensor or variable, got a table "
+                         "(it takes one source, as TensorFlow's; t:jacobian takes several)");
+  mg_tensor *x = mgL_checktensor(L, 3);
+  int zero = unconnected_zero(L, 4);
+  mg_tensor *out = NULL;
+  mgL_call prev = mgL_enter(L);
+  mg_status st = mg_tape_batch_jacobian(t, y, x, zero, &out);
+  mgL_leave(L, prev);
+  if (st != MG_OK) return mgL_error(L);
+  lua_rawgeti(L, box_answers(L, 1, &out), 1);
+  return 1;
+}
 
 /* calls the function at 2 with the arguments after it, in protected mode */
 static int pcall_rest (lua_State *L) {
