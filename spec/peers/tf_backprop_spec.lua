@@ -1371,7 +1371,7 @@ describe("tensorflow/python/eager/backprop_test.py BatchJacobianTest", function(
   -- tensorflow/python/eager/backprop_test.py: BatchJacobianTest.test_degenerate_shape
   -- (use_function False; the use_function=True variants are tf.function)
   it("BatchJacobianTest.test_degenerate_shape: batch_jacobian of a zero-size " ..
-        "(1,0) target gives nil, want a (1,0,0) tensor", function()
+     "(1,0) target is a (1,0,0) tensor", function()
     local x = mg.zeros({1, 0}, "float64")
     local tape = mg.tape{persistent = true}
     tape:watch(x)
