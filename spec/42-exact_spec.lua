@@ -483,3 +483,34 @@ describe("ctx:saved() gives back what ctx:save was given", function()
     h.assert_close(g[2], mg.exp(a), 1e-12)
   end)
 end)
+
+describe("what cannot be exact is an error naming the tensor", function()
+  it("a closure that holds another tensor when the gradient re-runs the block", function()
+    local x = c({1.0, 2.0}, "float64")
+    local t = mg.tape()
+    t:watch(x)
+    local k = x * 2
+    local f = mg.recompute_grad(function(a) return a * k end)
+    local y = mg.sum(f(x))
+    k = x * 3
+    t:stop()
+    assert.has_error(function() t:gradient(y, x) end,
+                     "tape:gradient: in the backward of 'recompute_grad': the recomputed function did not read "
+                     .. "again the (2) float64 tensor it closed over in its first run (a closure that now holds "
+                     .. "another tensor?); it must read the same tensors each run")
+  end)
+
+  it("a custom gradient with a context inside the block keeps its closure a constant, as plainly", function()
+    agree(function(wrap)
+      local x = c({1.0, 2.0}, "float64")
+      local t = mg.tape()
+      t:watch(x)
+      local k = x * 5
+      local cg = mg.custom_gradient(function(_, a) return a * k, function(dy) return dy * k end end,
+                                    {context = true})
+      local y = mg.sum(wrap(function(a) return cg(a) end)(x))
+      t:stop()
+      return t:gradient(y, x)
+    end)
+  end)
+end)

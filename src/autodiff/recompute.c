@@ -20,7 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "moongrad_impl.h"
+#include "autodiff.h"
 
 typedef struct recompute_ext {
   const mg_function *fn;
@@ -29,6 +29,7 @@ typedef struct recompute_ext {
   int nargs;                   /* the forward's inputs, repeats included ... */
   int *argmap;                 /* ... input k is node input argmap[k] */
   int ninputs;                 /* node inputs: the distinct tensors, then variables */
+  int first_captured, ncaptured; /* node inputs [first, first + n): tensors f closed over */
   mg_variable **var_of;        /* [ninputs]: the variable whose value input j was, retained */
   mg_replay *kept;             /* outputs a save policy kept, or NULL */
   int loop_depth;              /* mg_is_in_loop's depth at the call, for the re-run */
@@ -107,6 +108,31 @@ static mg_status local_gradient (mg_node *n, mg_tape *tape, const mg_list *out,
   return st;
 }
 
+/* Did the re-run read (or give back) the tensor closed over as input j?
+** One it did not read the first run did: the closure now holds another
+** tensor, and the gradient through the first would silently be lost. */
+static bool reread (const mg_tape *tape, const mg_list *out, uint64_t id) {
+  for (int i = 0; i < out->n; i++) if (out->t[i]->id == id) return true;
+  for (size_t i = 0; i < tape->nnodes; i++)
+    for (int j = 0; j < tape->nodes[i]->nin; j++)
+      if (tape->nodes[i]->in_meta[j].id == id) return true;
+  return false;
+}
+
+static mg_status check_captures (const mg_node *n, const recompute_ext *e, const mg_tape *tape,
+                                 const mg_list *out) {
+  for (int j = e->first_captured; j < e->first_captured + e->ncaptured; j++) {
+    if (reread(tape, out, n->in_meta[j].id)) continue;
+    char a[160];
+    const mg_meta *m = &n->in_meta[j];
+    return mg_seterror("the recomputed function did not read again the %s %s tensor it closed over "
+                       "in its first run (a closure that now holds another tensor?); it must read "
+                       "the same tensors each run", mg_shape_str(a, sizeof a, m->shape, m->ndim),
+                       mg_dtype_name(m->dtype));
+  }
+  return MG_OK;
+}
+
 static mg_status rerun (mg_node *n, recompute_ext *e, mg_tape *tape, mg_list *out) {
   mg_tensor **in = (mg_tensor **)malloc(sizeof(mg_tensor *) * (size_t)(e->nargs + 1));
   mg_tensor **kept = (mg_tensor **)calloc((size_t)e->ninputs + 1, sizeof(mg_tensor *));
@@ -144,6 +170,7 @@ static mg_status recompute_backward (mg_node *n, mg_tensor *const *dout, mg_tens
   mg_memory_span("recompute", 1);
   mg_status st = rerun(n, e, tape, &out);
   if (st == MG_OK) st = check_outputs(n, &out);
+  if (st == MG_OK) st = check_captures(n, e, tape, &out);
   if (st == MG_OK) st = local_gradient(n, tape, &out, dout, din);
   mg_memory_span("recompute", 0);
   *loops = was;
@@ -199,6 +226,8 @@ static mg_tensor **node_inputs (recompute_ext *e, int nin, mg_tensor *const *in,
     }
     e->argmap[k] = j;
   }
+  e->first_captured = nd;
+  e->ncaptured = w->nt;
   for (int k = 0; k < w->nt; k++) inputs[nd++] = w->ts[k];   /* none is an argument (drop_passed) */
   for (int k = 0; k < w->n; k++, nd++) {
     inputs[nd] = w->vars[k]->value;

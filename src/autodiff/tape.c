@@ -307,13 +307,18 @@ static void capture (mg_var_watcher *w, mg_tensor *x) {
 }
 
 /* an op read in[]: every watcher notes the variables, and those that
-** capture the tensors from outside their forward */
+** capture the tensors from outside their forward, up to a paused forward
+** that does not (a custom gradient with a context: what it closes over is
+** a constant to it, and its node will not read it again in a re-run) */
 static void note_inputs (mg_tape_state *T, int nin, mg_tensor *const *in) {
-  for (mg_var_watcher *w = T->watchers; w; w = w->prev)
+  bool capturing = true;
+  for (mg_var_watcher *w = T->watchers; w; w = w->prev) {
     for (int j = 0; j < nin; j++) {
       if (in[j]->var) watcher_add(w, in[j]->var);
-      else if (w->captures && from_outside(T, w, in[j])) capture(w, in[j]);
+      else if (capturing && w->captures && from_outside(T, w, in[j])) capture(w, in[j]);
     }
+    if (!w->captures && w->level >= 0) capturing = false;
+  }
 }
 
 /* the forward of w returned out[0..n): those from outside it are captured
