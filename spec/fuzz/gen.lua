@@ -998,6 +998,10 @@ local function sexpr (ctx, e, s, depth)
   if nd >= 1 and numel_of(sh) > 0 then
     add(2, function()                                  -- layer_norm over the last axis
       local gb = chance(0.6) and fmt(", %s, %s", sparam(ctx, {sh[nd]}), sparam(ctx, {sh[nd]})) or ""
+      -- a row of equal entries (the gathers repeat them) has variance 0: its
+      -- derivatives scale as 1/sqrt(epsilon) per order, so rounding in the
+      -- last bits of x - mean shows at the second order (stiff)
+      ctx.stiff = true
       return fmt("mg.layer_norm(%s%s)", x, gb), sh end)
     add(2, function()
       return fmt("mg.cumsum(%s, %d%s)", x, R(1, nd), pick{"", ", {exclusive = true}", ", {reverse = true}", ", {exclusive = true, reverse = true}"}), sh end)
@@ -1108,8 +1112,11 @@ local function struct_oracle_stmt ()
   local dt = chance(0.8) and "float64" or "float32"
   local tol = dt == "float64" and 1e-9 or 1e-4
   local setup, ctx = struct_setup(dt)
-  local both = fmt("local function run(gcode) %s; return y, d[1], dd end; local ok1, y1, d1, e1 = pcall(run, f); if not ok1 then return end; local y2, d2, e2 = run(mg.recompute_grad(f%s)); CHECK('struct-recompute-forward', y1, y2, %g); CHECK('struct-recompute-gradient', d1, d2, %g); CHECK('struct-recompute-2nd-order', e1, e2, %g)",
-                   nested_grad(ctx, "gcode", true), chance(0.3) and fmt(", {policy = %s}", pick{"'nothing'", "'dots'", "'everything'"}) or "", tol, tol, tol)
+  -- a stiff function's second order compares only in float64, loosely
+  local second = not ctx.stiff and fmt("CHECK('struct-recompute-2nd-order', e1, e2, %g)", tol)
+                 or dt == "float64" and "CHECK('struct-recompute-2nd-order', e1, e2, 1e-5)" or ""
+  local both = fmt("local function run(gcode) %s; return y, d[1], dd end; local ok1, y1, d1, e1 = pcall(run, f); if not ok1 then return end; local y2, d2, e2 = run(mg.recompute_grad(f%s)); CHECK('struct-recompute-forward', y1, y2, %g); CHECK('struct-recompute-gradient', d1, d2, %g); %s",
+                   nested_grad(ctx, "gcode", true), chance(0.3) and fmt(", {policy = %s}", pick{"'nothing'", "'dots'", "'everything'"}) or "", tol, tol, second)
   if dt == "float64" and not ctx.kinks and chance(0.5) then
     return fmt("mg.memory.fail_after(0); %s; local x0 = mg.is_variable(x) and x:value() or x; local ok, err = pcall(mg.test.gradcheck, function(a) return f(a) end, {x0}, {atol = 1e-5, rtol = 1e-3}); if not ok and tostring(err):find('gradcheck: input', 1, true) then WRONG('struct-gradcheck', err) end", setup)
   end
