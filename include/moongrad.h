@@ -647,7 +647,7 @@ typedef struct mg_grad_args {
   int ncaptured;                 /* with MG_FN_CAPTURES: din[nin+nvars+k] for captured[k] */
   mg_tensor *const *captured;
   const int *needs;              /* needs[j]: din[j] is wanted */
-  mg_tensor **din;               /* set wanted ones (new references); left NULL: zeros */
+  mg_tensor **din;               /* set wanted ones (new references); left NULL: none flows (TF's None) */
   mg_custom_ctx *ctx;            /* the call's: what its forward saved */
 } mg_grad_args;
 

@@ -321,6 +321,9 @@ typedef enum mg_result { MG_RESULT_SAME, MG_RESULT_BOOL, MG_RESULT_FLOAT, MG_RES
 ** and the tape see it. backward reads dout[i] (NULL: no gradient reached
 ** output i) and writes din[j] for each j with n->needs[j]; it builds them
 ** with the public ops so that an outer tape records the backward pass too.
+** A rule that finds no path from its outputs to input j (a recomputed
+** function that does not use an argument) clears needs[j] and leaves din[j]
+** NULL: the input is then unconnected through this node, as on the plain tape.
 ** Rows are written with designated initializers next to their op; each op
 ** family lists its rows for the registry (registry.c).
 */
@@ -403,7 +406,7 @@ struct mg_node {
   int nin, nout;
   mg_meta *in_meta, *out_meta;          /* [nin], [nout] */
   mg_tensor **in, **out;                /* saved tensors or NULL, [nin], [nout] */
-  bool *needs;                          /* [nin], set by the walk */
+  bool *needs;                          /* [nin], set by the walk; cleared by a rule: unconnected */
   unsigned followed;                    /* bit j: a recording tape followed input j (j < 32) */
   const mg_attr *attr;                  /* what the op recorded; all zero if nothing */
   void *ext;                            /* op-private data (custom, recompute) */

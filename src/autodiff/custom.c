@@ -212,8 +212,8 @@ static mg_status custom_backward (mg_node *n, mg_tensor *const *dout, mg_tensor 
     if (!n->needs[j]) {                          /* not asked for: dropped */
       mg_tensor_release(din[j]);
       din[j] = NULL;
-    } else if (din[j] == NULL && (din[j] = mg_zeros_meta(&n->in_meta[j])) == NULL) {
-      st = MG_ERR;
+    } else if (din[j] == NULL) {                 /* no gradient given: unconnected, as in TF */
+      n->needs[j] = false;
     }
   }
   if (st != MG_OK)

@@ -81,7 +81,8 @@ static mg_status check_outputs (const mg_node *n, const mg_list *out) {
 }
 
 /* the local tape's gradient of the outputs, seeded with dout, for the
-** inputs the outer walk asked for */
+** inputs the outer walk asked for; an input the outputs do not reach stays
+** unconnected (needs cleared), as the plain tape leaves it */
 static mg_status local_gradient (mg_node *n, mg_tape *tape, const mg_list *out,
                                  mg_tensor *const *dout, mg_tensor **din) {
   int nt = 0, ns = 0;
@@ -100,9 +101,9 @@ static mg_status local_gradient (mg_node *n, mg_tape *tape, const mg_list *out,
   }
   for (int j = 0; j < n->nin; j++)
     if (n->needs[j]) sources[ns++] = n->in[j];
-  mg_status st = mg_tape_gradient(tape, nt, targets, ns, sources, seeds, 1, grads);
+  mg_status st = mg_tape_gradient(tape, nt, targets, ns, sources, seeds, 0, grads);
   for (int j = 0, k = 0; st == MG_OK && j < n->nin; j++)
-    if (n->needs[j]) din[j] = grads[k++];
+    if (n->needs[j] && (din[j] = grads[k++]) == NULL) n->needs[j] = false;
   free(targets);
   free(sources);
   return st;

@@ -678,7 +678,7 @@ static mg_status custom_forward (void *ud, int nin, mg_tensor *const *in, mg_lis
 
 typedef struct backward_args { lfn *u; const mg_grad_args *g; } backward_args;
 
-/* din[j] from the value at idx (nil: zeros, left to the C side) */
+/* din[j] from the value at idx (nil: unconnected, left to the C side) */
 static void take_grad (lua_State *L, int idx, const mg_grad_args *g, int j) {
   if (!g->needs[j] || lua_isnil(L, idx)) return;
   mg_tensor *t = mgL_testtensor(L, idx);
