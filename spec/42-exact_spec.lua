@@ -567,3 +567,52 @@ describe("an input the outputs do not reach stays unconnected (nil), as on the p
     h.assert_close(t:gradient(z, b), b * 2, TOL)
   end)
 end)
+
+describe("recompute_grad: the gradient at one output through the others, as the plain tape", function()
+  local function fn (x)
+    local y = mg.cos(mg.sin(x))
+    local w = y * x
+    local z = mg.cos(mg.sin(y)) + w * 2
+    return y, z, w
+  end
+
+  it("d z / d y between two outputs, with and without their own seeds, and x besides", function()
+    agree(function(wrap)
+      local x = c({0.3, -1.2, 2.0}, "float64")
+      local t = mg.tape{persistent = true}
+      t:watch(x)
+      local y, z, w = wrap(fn)(x)
+      local L = mg.sum(z * 3) + mg.sum(y * y) + mg.sum(w)
+      t:stop()
+      return t:gradient(z, y), t:gradient(z, {y, w}), t:gradient(L, {y, w, x}),
+             t:gradient(mg.sum(y), y), t:gradient(z, x)
+    end)
+  end)
+
+  it("to second order through a tape recording the first", function()
+    agree(function(wrap)
+      local x = c({0.3, -1.2, 2.0}, "float64")
+      local outer = mg.tape()
+      outer:watch(x)
+      local inner = mg.tape()
+      inner:watch(x)
+      local y, z = wrap(fn)(x)
+      local s = mg.sum(z)
+      inner:stop()
+      local gy = inner:gradient(s, y)
+      outer:stop()
+      return gy, outer:gradient(mg.sum(gy * gy), x)
+    end)
+  end)
+
+  it("jacobian of one output w.r.t. another", function()
+    agree(function(wrap)
+      local x = c({0.3, -1.2}, "float64")
+      local t = mg.tape()
+      t:watch(x)
+      local y, z = wrap(fn)(x)
+      t:stop()
+      return t:jacobian(z, y)
+    end)
+  end)
+end)

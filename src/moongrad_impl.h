@@ -357,6 +357,12 @@ typedef struct mg_opdef {
   /* its backward may write over an output gradient the walk spares it
   ** (mg_node.spare): only then does the walk look */
   bool reuses_gradient;
+  /* its outputs may depend on one another inside it (a recomputed function
+  ** returning y and cos(y)): when output i is a source of the gradient, the
+  ** walk sets bit i of mg_node.out_sources and the backward writes
+  ** din[nin + i], the whole gradient at that output, which replaces the
+  ** walk's (the plain tape's d z / d y between two outputs) */
+  bool linked_outputs;
 } mg_opdef;
 
 /* an op family's rows, for the registry */
@@ -408,6 +414,7 @@ struct mg_node {
   mg_tensor **in, **out;                /* saved tensors or NULL, [nin], [nout] */
   bool *needs;                          /* [nin], set by the walk; cleared by a rule: unconnected */
   unsigned followed;                    /* bit j: a recording tape followed input j (j < 32) */
+  unsigned out_sources;                 /* linked_outputs: bit i, output i is a source (i < 32) */
   const mg_attr *attr;                  /* what the op recorded; all zero if nothing */
   void *ext;                            /* op-private data (custom, recompute) */
   struct mg_hooks_ref *hooks;           /* saved-tensor hooks its saved tensors went through */

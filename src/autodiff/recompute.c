@@ -85,15 +85,15 @@ static mg_status check_outputs (const mg_node *n, const mg_list *out) {
 ** unconnected (needs cleared), as the plain tape leaves it */
 static mg_status local_gradient (mg_node *n, mg_tape *tape, const mg_list *out,
                                  mg_tensor *const *dout, mg_tensor **din) {
-  int nt = 0, ns = 0;
+  int nt = 0, ns = 0, most = n->nin + n->nout;
   mg_tensor **targets = (mg_tensor **)malloc(sizeof(mg_tensor *) * (size_t)(2 * n->nout + 1));
-  mg_tensor **sources = (mg_tensor **)malloc(sizeof(mg_tensor *) * (size_t)(2 * n->nin + 1));
+  mg_tensor **sources = (mg_tensor **)malloc(sizeof(mg_tensor *) * (size_t)(2 * most + 1));
   if (targets == NULL || sources == NULL) {
     free(targets);
     free(sources);
     return mg_seterror("out of memory in the backward of a recompute");
   }
-  mg_tensor **seeds = targets + n->nout, **grads = sources + n->nin;
+  mg_tensor **seeds = targets + n->nout, **grads = sources + most;
   for (int i = 0; i < n->nout; i++) {
     if (dout[i] == NULL || !mg_is_float(out->t[i]->dtype)) continue;
     targets[nt] = out->t[i];
@@ -101,9 +101,14 @@ static mg_status local_gradient (mg_node *n, mg_tape *tape, const mg_list *out,
   }
   for (int j = 0; j < n->nin; j++)
     if (n->needs[j]) sources[ns++] = n->in[j];
+  for (int i = 0; i < n->nout && i < 32; i++)     /* outputs asked for: through the others too */
+    if (n->out_sources & (1u << i)) sources[ns++] = out->t[i];
   mg_status st = mg_tape_gradient(tape, nt, targets, ns, sources, seeds, 0, grads);
-  for (int j = 0, k = 0; st == MG_OK && j < n->nin; j++)
+  int k = 0;
+  for (int j = 0; st == MG_OK && j < n->nin; j++)
     if (n->needs[j] && (din[j] = grads[k++]) == NULL) n->needs[j] = false;
+  for (int i = 0; st == MG_OK && i < n->nout && i < 32; i++)
+    if (n->out_sources & (1u << i)) din[n->nin + i] = grads[k++];
   free(targets);
   free(sources);
   return st;
@@ -189,7 +194,7 @@ static mg_tensor *recompute_kept (const mg_node *n, int i) {
 static const mg_opdef recompute_op = {
   .info = {.name = "recompute_grad", .kind = MG_OP_OTHER},
   .saves = MG_SAVE_INPUTS, .backward = recompute_backward, .free_ext = recompute_free,
-  .saved_extra = recompute_kept,
+  .saved_extra = recompute_kept, .linked_outputs = true,
 };
 
 /* }========================================================== */

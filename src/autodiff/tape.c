@@ -799,11 +799,26 @@ static bool spare_gradient (const mg_tensor *g, uint64_t id, const idmap *keep_i
 }
 
 /* runs node n's backward rule and adds what it gives to the map */
+/* a linked-outputs node's whole gradient at output i (see mg_opdef) */
+static mg_status replace_gradient (idmap *grads, const mg_node *n, int i, mg_tensor **g) {
+  const mg_meta *m = &n->out_meta[i];
+  if (!mg_same_shape((*g)->shape, (*g)->ndim, m->shape, m->ndim) || (*g)->dtype != m->dtype)
+    return mg_seterror("the backward of '%s' gave output " MG_POS1 " a gradient of another shape or dtype",
+                       n->def->info.name, (long long)i);
+  void **slot = idmap_slot(grads, m->id);
+  if (slot == NULL) return MG_ERR;
+  if (*slot) grads_drop(slot);
+  mg_status st = grads_add(slot, *g);
+  *g = NULL;
+  return st;
+}
+
 static mg_status step_back (mg_node *n, idmap *grads, const idmap *dep, const idmap *keep_ids, bool going,
                             const char *fn) {
   mg_tensor *dout_small[4], *din_small[8];
+  int ndin = n->nin + (n->def->linked_outputs ? n->nout : 0);
   mg_tensor **dout = n->nout <= 4 ? dout_small : (mg_tensor **)malloc(sizeof(mg_tensor *) * (size_t)n->nout);
-  mg_tensor **din = n->nin <= 8 ? din_small : (mg_tensor **)calloc((size_t)n->nin, sizeof(mg_tensor *));
+  mg_tensor **din = ndin <= 8 ? din_small : (mg_tensor **)calloc((size_t)ndin, sizeof(mg_tensor *));
   mg_status st = MG_OK;
   if (dout == NULL || din == NULL) {
     st = mg_seterror("out of memory in the backward of '%s'", n->def->info.name);
@@ -816,8 +831,11 @@ static mg_status step_back (mg_node *n, idmap *grads, const idmap *dep, const id
     if (n->def->reuses_gradient && i < 32 && dout[i] && spare_gradient(dout[i], n->out_meta[i].id, keep_ids))
       n->spare |= 1u << i;
   }
+  n->out_sources = 0;
+  for (int i = 0; n->def->linked_outputs && i < n->nout && i < 32; i++)
+    if (idmap_has(keep_ids, n->out_meta[i].id) && mg_is_float(n->out_meta[i].dtype)) n->out_sources |= 1u << i;
+  for (int j = 0; j < ndin; j++) din[j] = NULL;
   for (int j = 0; j < n->nin; j++) {
-    din[j] = NULL;
     n->needs[j] = mg_is_float(n->in_meta[j].dtype) && idmap_has(dep, n->in_meta[j].id) &&
                   (j >= 32 || (n->followed & (1u << j)));
   }
@@ -854,7 +872,9 @@ static mg_status step_back (mg_node *n, idmap *grads, const idmap *dep, const id
     st = grads_add(slot, din[j]);
     din[j] = NULL;
   }
-  for (int j = 0; j < n->nin; j++) mg_tensor_release(din[j]);
+  for (int i = 0; i < n->nout && i < 32 && st == MG_OK; i++)
+    if ((n->out_sources & (1u << i)) && din[n->nin + i]) st = replace_gradient(grads, n, i, &din[n->nin + i]);
+  for (int j = 0; j < ndin; j++) mg_tensor_release(din[j]);
 done:
   if (dout != dout_small) free(dout);
   if (din != din_small) free(din);
@@ -888,6 +908,8 @@ mg_status mg_walk (mg_tape *t, int ntargets, mg_tensor *const *targets,
     for (int j = 0; j < n->nin && !relevant[i]; j++)
       relevant[i] = mg_is_float(n->in_meta[j].dtype) && idmap_has(&dep, n->in_meta[j].id) &&
                     (j >= 32 || (n->followed & (1u << j)));
+    for (int k = 0; n->def->linked_outputs && k < n->nout && !relevant[i]; k++)
+      relevant[i] = idmap_has(&keep_ids, n->out_meta[k].id);   /* an output is a source */
     for (int k = 0; relevant[i] && k < n->nout; k++)
       if (idmap_slot(&dep, n->out_meta[k].id) == NULL) { st = MG_ERR; goto done; }
   }
