@@ -485,6 +485,38 @@ describe("ctx:saved() gives back what ctx:save was given", function()
 end)
 
 describe("what cannot be exact is an error naming the tensor", function()
+  it("a re-run that computes something else, with outputs of the same shapes", function()
+    local runs = 0
+    local f = mg.recompute_grad(function(x)
+      runs = runs + 1
+      if runs == 1 then return mg.sin(mg.exp(mg.sin(x))) end
+      return mg.exp(mg.sin(x))
+    end)
+    local x = c({0.5, 1.5}, "float64")
+    local t = mg.tape()
+    t:watch(x)
+    local y = mg.sum(f(x))
+    t:stop()
+    local ok, err = pcall(t.gradient, t, y, x)
+    assert.is_false(ok)
+    assert.matches("the recomputed function gave output 1 other values than its first run", err, 1, true)
+  end)
+
+  it("is_recomputing changing side effects only, dropout and a float32 block are not flagged", function()
+    local count = mg.Variable(0.0, {trainable = false})
+    local f = mg.recompute_grad(function(x)
+      if not mg.is_recomputing() then count:assign(count + 1) end
+      return mg.nn.dropout(mg.tanh(mg.matmul(x, x)), 0.3)
+    end)
+    local x = mg.random.normal{64, 64}
+    local t = mg.tape()
+    t:watch(x)
+    local y = mg.sum(f(x))
+    t:stop()
+    assert.is_not_nil(t:gradient(y, x))
+    assert.equal(1, count:value():item())
+  end)
+
   it("a closure that holds another tensor when the gradient re-runs the block", function()
     local x = c({1.0, 2.0}, "float64")
     local t = mg.tape()

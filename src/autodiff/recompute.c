@@ -17,6 +17,8 @@
 ** the incoming output gradients. Tapes still recording see the re-run and
 ** its backward pass, so second-order gradients through it are right.
 */
+#include <float.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -33,6 +35,7 @@ typedef struct recompute_ext {
   mg_variable **var_of;        /* [ninputs]: the variable whose value input j was, retained */
   mg_replay *kept;             /* outputs a save policy kept, or NULL */
   int loop_depth;              /* mg_is_in_loop's depth at the call, for the re-run */
+  double *digest;              /* [2 nout]: each float output's sum and sum of magnitudes */
 } recompute_ext;
 
 static void recompute_free (mg_node *n) {
@@ -41,6 +44,7 @@ static void recompute_free (mg_node *n) {
   for (int j = 0; e->var_of && j < e->ninputs; j++) mg_variable_release(e->var_of[j]);
   free(e->var_of);
   free(e->argmap);
+  free(e->digest);
   mg_replay_free(e->kept);
   free(e);
 }
@@ -61,6 +65,49 @@ static void swap_values (mg_node *n, recompute_ext *e, mg_tensor **kept, bool re
       mg_tensor_release(kept[j]);
     }
   }
+}
+
+/* A float tensor's sum and sum of magnitudes, in float64: enough to tell a
+** re-run that computes something else (PyTorch checks what a re-run saves;
+** here what it gives) without keeping the outputs. */
+static mg_status digest (mg_tensor *t, double *sum, double *mag) {
+  *sum = *mag = 0;
+  if (!mg_is_float(t->dtype)) return MG_OK;
+  mg_tensor *c = mg_contiguous(t);
+  if (c == NULL) return MG_ERR;
+  const char *p = (const char *)mg_tensor_data(c);
+  double buf[256];
+  for (int64_t i = 0; i < c->numel; i += 256) {
+    int64_t m = c->numel - i < 256 ? c->numel - i : 256;
+    mg_convert(buf, MG_FLOAT64, p + (size_t)i * mg_dtype_size(c->dtype), c->dtype, m);
+    for (int64_t k = 0; k < m; k++) { *sum += buf[k]; *mag += fabs(buf[k]); }
+  }
+  mg_tensor_release(c);
+  return MG_OK;
+}
+
+/* the same values within what a change of summation order (threads) moves */
+static bool same_digest (double a, double b, double scale, mg_dtype dt) {
+  double tol = dt == MG_FLOAT64 ? 1e-9 : dt == MG_FLOAT32 ? 1e-4 : 1e-2;
+  if (a == b || (isnan(a) && isnan(b))) return true;
+  return fabs(a - b) <= tol * scale;
+}
+
+static mg_status check_values (const mg_node *n, const recompute_ext *e, const mg_list *out) {
+  for (int i = 0; i < out->n; i++) {
+    double sum, mag;
+    if (digest(out->t[i], &sum, &mag) != MG_OK) return MG_ERR;
+    double was = e->digest[2 * i], wasmag = e->digest[2 * i + 1];
+    double scale = fmax(fmax(mag, wasmag), DBL_MIN);
+    if (same_digest(sum, was, scale, out->t[i]->dtype) && same_digest(mag, wasmag, scale, out->t[i]->dtype))
+      continue;
+    return mg_seterror("the recomputed function gave output " MG_POS1 " other values than its first "
+                       "run (they sum to %.6g, the first run's to %.6g): it must compute the same "
+                       "each run (randomness is replayed; is_recomputing may change side effects only)",
+                       (long long)i, sum, was);
+  }
+  (void)n;
+  return MG_OK;
 }
 
 static mg_status check_outputs (const mg_node *n, const mg_list *out) {
@@ -177,6 +224,7 @@ static mg_status recompute_backward (mg_node *n, mg_tensor *const *dout, mg_tens
   mg_status st = rerun(n, e, tape, &out);
   if (st == MG_OK) st = check_outputs(n, &out);
   if (st == MG_OK) st = check_captures(n, e, tape, &out);
+  if (st == MG_OK) st = check_values(n, e, &out);
   if (st == MG_OK) st = local_gradient(n, tape, &out, dout, din);
   mg_memory_span("recompute", 0);
   *loops = was;
@@ -319,7 +367,11 @@ static mg_status recompute_call (const mg_function *fn, void *ud, int nin, mg_te
     *e = (recompute_ext){.fn = fn, .ud = ud, .rng = rng, .nargs = nin, .kept = kept,
                          .loop_depth = mg_ctx()->tapes.loop_depth};
     inputs = node_inputs(e, nin, in, &w);
-    st = inputs ? mg_call_fresh_outputs(out, inputs, e->ninputs) : MG_ERR;
+    e->digest = (double *)malloc(sizeof(double) * (size_t)(2 * out->n + 1));
+    st = inputs == NULL ? MG_ERR : e->digest == NULL ? mg_seterror("%s: out of memory", fn->name)
+                                                     : mg_call_fresh_outputs(out, inputs, e->ninputs);
+    for (int i = 0; i < out->n && st == MG_OK; i++)
+      st = digest(out->t[i], &e->digest[2 * i], &e->digest[2 * i + 1]);
     if (st == MG_OK)
       st = mg_record_ex(&recompute_op, e->ninputs, inputs, out->n, out->t, NULL, e, NULL);
     else
