@@ -163,7 +163,10 @@ MG_API char        *mg_tensor_format   (const mg_tensor *t);
 MG_API mg_tensor *mg_empty     (const int64_t *shape, int ndim, mg_dtype dt);
 MG_API mg_tensor *mg_full      (const int64_t *shape, int ndim, mg_dtype dt, double value);
 MG_API mg_tensor *mg_full_int64 (const int64_t *shape, int ndim, int64_t value);  /* exact */
-MG_API mg_tensor *mg_scalar    (double value, mg_dtype dt);   /* 0-d */
+/* a number as a 0-d tensor (x * 3's 3; PyTorch's wrapped number): what a
+** tape saves of it, or of what ops make from numbers alone, skips the
+** saved-tensor hooks. mg_full(NULL, 0, ...) makes a plain 0-d tensor. */
+MG_API mg_tensor *mg_scalar    (double value, mg_dtype dt);
 /* copies n = prod(shape) values, converting from double */
 MG_API mg_tensor *mg_from_doubles (const double *values, const int64_t *shape, int ndim, mg_dtype dt);
 MG_API mg_tensor *mg_arange    (double start, double stop, double step, mg_dtype dt);

@@ -204,6 +204,7 @@ struct mg_tensor {
   int64_t offset;         /* in elements */
   mg_storage *storage;
   mg_variable *var;       /* weak: set while this is a live variable's value */
+  bool number;            /* mg_scalar's, or made from such alone (PyTorch's wrapped number) */
   int64_t shape[MG_MAX_DIMS];
   int64_t strides[MG_MAX_DIMS];   /* in elements; 0 for broadcast dims */
 };

@@ -133,6 +133,7 @@ mg_tensor *mg_tensor_view (mg_storage *s, mg_dtype dt, const int64_t *shape, int
   t->offset = offset;
   t->storage = s;
   t->var = NULL;
+  t->number = false;
   s->refcount++;
   t->numel = 1;
   for (int i = 0; i < ndim; i++) {

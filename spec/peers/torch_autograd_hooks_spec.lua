@@ -569,26 +569,25 @@ describe("test/test_autograd.py TestAutograd saved_tensors_hooks cases", functio
     local a = randn{5}
     H(id, id, function() h.assert_close(double_backward(a), 6 * a, 1e-15) end)
   end)
-  known("test_default_saved_tensors_hooks_double_backward (2x hooks on the forward): BUG: the " ..
-        "exponent 3 of a ^ 3, a Lua number, is packed too (torch skips wrapped numbers)", function()
+  it("test_default_saved_tensors_hooks_double_backward (2x hooks on the forward): the exponent 3 " ..
+     "of a ^ 3, a Lua number, is not packed (as torch's wrapped numbers)", function()
     local a = randn{5}
     h.assert_close(double_backward(a, twice, nil), 6 * 2 * a, 1e-12)   -- factor 2: only a is saved
   end)
-  known("test_default_saved_tensors_hooks_double_backward (2x hooks on the backward): BUG: the " ..
-        "backward of ^ saves a bool mask through the user's pack hook, and its failure comes out as " ..
-        "\"mg_sum_to_shape: argument 'x' is NULL\"", function()
+  it("test_default_saved_tensors_hooks_double_backward (2x hooks on the backward): what ^'s " ..
+     "backward makes from numbers alone (its mask) is not packed either", function()
     local a = randn{5}
     -- factor 4: pow's backward saves grad and a
     h.assert_close(double_backward(a, nil, twice), 6 * 4 * a, 1e-12)
   end)
-  known("test_default_saved_tensors_hooks_double_backward (2x hooks on both): the two bugs above", function()
+  it("test_default_saved_tensors_hooks_double_backward (2x hooks on both)", function()
     local a = randn{5}
     h.assert_close(double_backward(a, twice, twice), 6 * 8 * a, 1e-12)
   end)
 
   -- test/test_autograd.py: TestAutograd.test_wrapped_number_saved_tensors_hooks
-  known("test_wrapped_number_saved_tensors_hooks: BUG: a Lua number in an op (a * 3) is saved " ..
-        "through the user's pack hook; torch special-cases wrapped numbers", function()
+  it("test_wrapped_number_saved_tensors_hooks: a Lua number in an op (a * 3) skips the pack " ..
+     "hook, as torch's wrapped numbers", function()
     local function err_hook () error("this hook should not be called") end
     H(err_hook, err_hook, function()
       local a = randn{5}

@@ -398,10 +398,11 @@ static mg_hooks_ref *hooks_for (const mg_opdef *def) {
 }
 
 /* slot k of n holds t: through the hooks when they apply (a variable's
-** value stays as it is: the variable holds it anyway) */
+** value stays as it is: the variable holds it anyway; a number is not a
+** tensor to the user, as PyTorch's wrapped numbers) */
 static mg_status keep_slot (mg_node *n, mg_tensor **slot, mg_tensor *t, int k) {
   mg_hooks_ref *h = n->hooks;
-  if (h == NULL || k >= 32 || t->storage->holds[MG_ROLE_VARIABLE] > 0) {
+  if (h == NULL || k >= 32 || t->number || t->storage->holds[MG_ROLE_VARIABLE] > 0) {
     keep(slot, t);
     return MG_OK;
   }
@@ -612,6 +613,9 @@ mg_status mg_record (const mg_opdef *def, int nin, mg_tensor *const *in, int nou
 mg_tensor *mg_finish (const mg_opdef *def, int nin, mg_tensor *const *in, mg_tensor *out,
                       const mg_attr *attr) {
   if (out == NULL) return NULL;
+  bool numbers = nin > 0;                /* from numbers alone: a number */
+  for (int j = 0; j < nin && numbers; j++) numbers = in[j]->number;
+  if (numbers) out->number = true;
   mg_context *c = mg_ctx();
   if (c->check_numerics && mg_numerics_check(def, nin, in, out) != MG_OK) {
     mg_tensor_release(out);
@@ -748,7 +752,9 @@ static mg_status check_seed (const mg_tensor *target, const mg_tensor *seed, int
 static mg_status locate (const char *fn, const mg_node *n) {
   char msg[512];
   const char *budget = mg_dtr_take_failure();   /* what a NULL argument came from */
-  snprintf(msg, sizeof msg, "%s", budget ? budget : mg_errmsg_raw());
+  const mg_context *c = mg_ctx();               /* a rule passes on NULL only from an op that failed */
+  const char *root = c->error.null_chain && c->error.cause[0] ? c->error.cause : mg_errmsg_raw();
+  snprintf(msg, sizeof msg, "%s", budget ? budget : root);
   return mg_seterror("tape:%s: in the backward of '%s': %s", fn, n->def->info.name, msg);
 }
 

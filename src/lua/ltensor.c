@@ -87,7 +87,7 @@ static int l_constant (lua_State *L) {
   bool given = !lua_isnoneornil(L, 2);
   if (!given && lua_type(L, 1) == LUA_TNUMBER) {          /* constant(1.0): the common case */
     ltensor *box = mgL_newbox(L);
-    return mgL_fill(L, box, mg_scalar(lua_tonumber(L, 1), MG_FLOAT32));
+    return mgL_fill(L, box, mg_full(NULL, 0, MG_FLOAT32, lua_tonumber(L, 1)));  /* a tensor, not a number */
   }
   mgL_pushconstant(L, 1, mgL_optdtype(L, 2, MG_FLOAT32), given, "constant");
   return 1;

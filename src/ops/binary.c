@@ -161,6 +161,7 @@ static mg_tensor *binary (const mg_opdef *op, mg_tensor *a, mg_tensor *b) {
     kernel_ud ud = {k};
     mg_iter_run(&it, base, sz, run_kernel, &ud);
   }
+  out->number = a->number && b->number;       /* (comparisons skip mg_finish) */
   return op->backward && mg_is_float(out->dtype) ? mg_finish(op, 2, in, out, NULL) : out;
 }
 

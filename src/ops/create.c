@@ -49,7 +49,9 @@ mg_tensor *mg_zeros_meta (const mg_meta *m) {
 }
 
 mg_tensor *mg_scalar (double value, mg_dtype dt) {
-  return mg_full(NULL, 0, dt, value);
+  mg_tensor *t = mg_full(NULL, 0, dt, value);
+  if (t) t->number = true;
+  return t;
 }
 
 mg_tensor *mg_from_doubles (const double *values, const int64_t *shape, int ndim, mg_dtype dt) {
