@@ -521,6 +521,7 @@ void mg_call_unhold (int nin, mg_tensor *const *in);
 mg_status mg_call_forward (const mg_function *f, void *ud, int nin, mg_tensor *const *in,
                            mg_list *out, mg_var_watcher *w, unsigned how);
 mg_status mg_call_fresh_outputs (mg_list *out, mg_tensor *const *inputs, int ninputs);
+int mg_call_index_of (uint64_t id, mg_tensor *const *xs, int n);   /* -1: not among xs */
 void mg_call_drop_passed (mg_var_watcher *w, int nin, mg_tensor *const *in);
 
 /* save policies (replay.c) */

@@ -89,10 +89,12 @@ mg_status mg_call_forward (const mg_function *f, void *ud, int nin, mg_tensor *c
   return st;
 }
 
-static bool among (uint64_t id, mg_tensor *const *xs, int n) {
-  for (int i = 0; i < n; i++) if (xs[i]->id == id) return true;
-  return false;
+int mg_call_index_of (uint64_t id, mg_tensor *const *xs, int n) {
+  for (int i = 0; i < n; i++) if (xs[i]->id == id) return i;
+  return -1;
 }
+
+static bool among (uint64_t id, mg_tensor *const *xs, int n) { return mg_call_index_of(id, xs, n) >= 0; }
 
 /* An op's output must be new to the tapes, or the record would loop: an
 ** output that is an input, a variable's value, an earlier output, or a

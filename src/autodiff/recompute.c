@@ -250,12 +250,6 @@ static const mg_opdef recompute_op = {
 
 /* {====================== the forward ======================= */
 
-/* is a tensor of id among xs[0..n)? */
-static int index_of (uint64_t id, mg_tensor *const *xs, int n) {
-  for (int j = 0; j < n; j++) if (xs[j]->id == id) return j;
-  return -1;
-}
-
 /* the node's inputs: distinct tensors of in[], then the tensors from
 ** outside that f read (those it closes over, not arguments), then the
 ** variables of w;
@@ -272,7 +266,7 @@ static mg_tensor **node_inputs (recompute_ext *e, int nin, mg_tensor *const *in,
   }
   int nd = 0;
   for (int k = 0; k < nin; k++) {
-    int j = index_of(in[k]->id, inputs, nd);
+    int j = mg_call_index_of(in[k]->id, inputs, nd);
     if (j < 0) {
       j = nd++;
       inputs[j] = in[k];
