@@ -292,6 +292,11 @@ MG_API mg_tensor *mg_dense   (mg_tensor *x, mg_tensor *w, mg_tensor *b, const ch
 /* Views share storage where the strides allow; otherwise a copy is made. */
 
 MG_API mg_tensor *mg_reshape     (mg_tensor *x, const int64_t *shape, int ndim); /* one -1 allowed */
+/* the same data as a new tensor, no copy: identity is recorded (gradient
+** dout, as tf.identity); stop_gradient is not, so it is a constant to every
+** tape (tf.stop_gradient, torch's detach) */
+MG_API mg_tensor *mg_identity      (mg_tensor *x);
+MG_API mg_tensor *mg_stop_gradient (mg_tensor *x);
 MG_API mg_tensor *mg_permute     (mg_tensor *x, const int *perm);   /* out dim i = x dim perm[i] */
 MG_API mg_tensor *mg_transpose   (mg_tensor *x, int axis1, int axis2);
 MG_API mg_tensor *mg_expand_dims (mg_tensor *x, int axis);

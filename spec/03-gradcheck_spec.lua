@@ -166,6 +166,18 @@ describe("gradcheck", function()
   end)
 
   describe("movement ops", function()
+    it("identity (gradient dout); stop_gradient is a constant to the tape", function()
+      local x = rnd({3, 2}, -1, 1)
+      check(function(v) return mg.identity(v) * v end, x)
+      check(function(v) return v:identity():sum(1) end, x)
+      local t = mg.tape()
+      t:watch(x)
+      local y = mg.sum(x * mg.stop_gradient(x))
+      t:stop()
+      assert.same(x:totable(), t:gradient(y, x):totable())   -- d(x * c)/dx = c = x
+      assert.is_nil((function() local t2 = mg.tape(); t2:watch(x); local z = mg.sum(mg.stop_gradient(x)); t2:stop(); return t2:gradient(z, x) end)())
+    end)
+
     it("reshape, transpose, swapaxes, expand_dims, squeeze, broadcast_to", function()
       local x, w = rnd({2, 3, 4}), rnd({3, 4, 2})
       check(function(v) return v:reshape{4, -1} end, x)

@@ -146,6 +146,8 @@ local groups = {
     {"Tape:stop", "t:stop()", "stops recording"},
     {"Tape:record", "t:record(fn, ...)", "records during fn(...)"},
     {"Tape:stop_recording", "t:stop_recording(fn, ...)", "fn(...) with this tape paused"},
+    {"stop_gradient", "stop_gradient(x)", "x as a constant to every tape, no copy (tf.stop_gradient, torch's x:detach())"},
+    {"identity", "identity(x)", "x as a new tensor, no copy, recorded (tf.identity): its gradient is dout"},
     {"Tape:reset", "t:reset()", "forgets what was recorded"},
     {"Tape:is_recording", "t:is_recording()", "whether the tape records now"},
     {"Tape:saved_bytes", "t:saved_bytes()", "bytes the tape holds for its backward"},

@@ -560,6 +560,45 @@ static const mg_opdef scatter_add_op = {.info = {.name = "scatter_add", .kind = 
 
 /* }========================================================== */
 
-static const mg_opdef *const rows[] = {&reshape_op, &permute_op, &broadcast_op, &slice_op, &unslice_op, &concat_op, &gather_op, &scatter_add_op};
-_Static_assert(sizeof rows / sizeof rows[0] == 8, "shape.c: a row is missing from rows[]");
+
+/* {=============== identity and stop_gradient ================ */
+
+/* a new tensor viewing x's data: a new id, so tapes see a new value */
+static mg_tensor *fresh_view (mg_tensor *x) {
+  return mg_tensor_view(x->storage, x->dtype, x->shape, x->ndim, x->strides, x->offset);
+}
+
+/* identity: the same values as a new tensor (TF's tf.identity).  grad: dout */
+static const mg_opdef identity_op;
+mg_tensor *mg_identity (mg_tensor *x) {
+  MG_CHECK_ARG("mg_identity", x, NULL);
+  mg_tensor *in[1] = {x}, *out = fresh_view(x);
+  return out && mg_is_float(x->dtype) ? mg_finish(&identity_op, 1, in, out, NULL) : out;
+}
+static mg_status identity_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **din) {
+  (void)n;
+  din[0] = mg_tensor_retain(dout[0]);
+  return MG_OK;
+}
+static const mg_opdef identity_op = {
+  .info = {.name = "identity", .kind = MG_OP_UNARY, .fn.unary = mg_identity,
+           .doc = "x as a new tensor, no copy (tf.identity): a tape sees a new value"},
+  .backward = identity_backward,
+};
+
+/* stop_gradient: the same values, recorded by no tape, so a constant to
+** every gradient (tf.stop_gradient, torch's detach); no copy */
+mg_tensor *mg_stop_gradient (mg_tensor *x) {
+  MG_CHECK_ARG("mg_stop_gradient", x, NULL);
+  return fresh_view(x);
+}
+static const mg_opdef stop_gradient_op = {
+  .info = {.name = "stop_gradient", .kind = MG_OP_UNARY, .fn.unary = mg_stop_gradient,
+           .doc = "x as a constant to every tape, no copy (tf.stop_gradient, torch's detach)"},
+};
+
+/* }========================================================== */
+
+static const mg_opdef *const rows[] = {&reshape_op, &permute_op, &broadcast_op, &slice_op, &unslice_op, &concat_op, &gather_op, &scatter_add_op, &identity_op, &stop_gradient_op};
+_Static_assert(sizeof rows / sizeof rows[0] == 10, "shape.c: a row is missing from rows[]");
 const mg_opfamily mg_shape_ops = {rows, sizeof rows / sizeof rows[0]};
