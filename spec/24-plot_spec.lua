@@ -8,14 +8,22 @@ local read = h.read
 
 local function quote (s) return "'" .. s:gsub("'", "'\\''") .. "'" end
 
--- runs fn with os.tmpname recording the names it hands out; returns them
-local function temporaries (fn)
-  local names, tmpname = {}, os.tmpname
-  os.tmpname = function() local n = tmpname(); names[#names + 1] = n; return n end
-  local ok, e = pcall(fn)
-  os.tmpname = tmpname
-  if not ok then error(e, 0) end
+-- the private directories plots draw in, now
+local function plot_dirs ()
+  local p = io.popen('ls -d "${TMPDIR:-/tmp}"/moongrad-plot.* 2>/dev/null')
+  local names = {}
+  for line in p:lines() do names[line] = true end
+  p:close()
   return names
+end
+
+-- fn(), then the directories it left behind
+local function left_behind (fn)
+  local before = plot_dirs()
+  fn()
+  local left = {}
+  for name in pairs(plot_dirs()) do if not before[name] then left[#left + 1] = name end end
+  return left
 end
 
 local has_gnuplot = select(2, h.run("command -v gnuplot")) == 0
@@ -36,12 +44,63 @@ describe("plot", function()
 
   it("draws a PNG (pngcairo or png), a file in a directory with a space and a quote", function()
     local path = dir .. "/with space's/loss.png"
-    local names = temporaries(function()
+    local left = left_behind(function()
       assert.equal(path, mg.plot({3, 2, 1.5, 1.2}, mg.constant({4, 3, 2, 1}), {path = path, title = "loss's fall"}))
     end)
     assert.equal("\137PNG\r\n\26\n", read(path):sub(1, 8))
-    for _, n in ipairs(names) do assert.is_nil(io.open(n), n .. " was left behind") end
-    assert.is_true(#names >= 2)                                   -- the data and the script went through files
+    assert.same({}, left)                                         -- the private directory went
+  end)
+
+  it("never hands gnuplot a name it could run: a path starting with '|' is refused", function()
+    local marker = dir .. "/ran"
+    local cwd_file = "|touch " .. marker .. "; cat >/dev/null; echo .png"
+    for _, path in ipairs({cwd_file, "  |touch " .. marker .. " .svg"}) do
+      err(function() mg.plot({1, 2}, {path = path}) end,
+          "plot: path must be a file name, got '" .. path .. "' (a name starting with '|' would be a command to gnuplot)")
+    end
+    local history = mg.callbacks.History()
+    history.epoch, history.history = {1, 2}, {loss = {2, 1}}
+    err(function() history:plot(cwd_file) end,
+        "History:plot: path must be a file name, got '" .. cwd_file .. "' (a name starting with '|' would be a command to gnuplot)")
+    err(function() mg.plot({1, 2}, {path = dir .. "/a.png\0.svg"}) end,
+        "plot: path must not contain a NUL byte or a line break, got '" .. dir .. "/a.png\0.svg'")
+    err(function() mg.plot({1, 2}, {path = dir .. "/a\nb.png"}) end)
+    assert.is_nil(io.open(marker), "a shell command ran")
+    assert.is_nil(io.open(cwd_file))
+  end)
+
+  it("an inline plot (in a notebook) is drawn in a private directory, not at a name others can guess", function()
+    local real, tmpname = package.loaded["moongrad.notebook"], os.tmpname
+    local shown
+    package.loaded["moongrad.notebook"] = {active = function() return true end,
+                                           _plot_data = function(bytes) shown = bytes end}
+    os.tmpname = function() error("os.tmpname used: a name another user can plant a link at") end
+    local ok, e = pcall(function()
+      return left_behind(function() assert.is_nil(mg.plot({1, 3, 2})) end)
+    end)
+    package.loaded["moongrad.notebook"], os.tmpname = real, tmpname
+    assert(ok, e)
+    assert.same({}, e)
+    assert.equal("\137PNG\r\n\26\n", shown:sub(1, 8))
+  end)
+
+  it("titles, labels and series names are text to gnuplot, never commands", function()
+    local marker = dir .. "/ran2"
+    local evil = {"x' ; system('touch " .. marker .. "') ; '", "`touch " .. marker .. "`",
+                  "a\nset output '|touch " .. marker .. "'\nplot 1", "a\0\nsystem('touch " .. marker .. "')",
+                  "@evil \\' \" $x"}
+    for _, s in ipairs(evil) do
+      local path = dir .. "/evil.svg"
+      os.remove(path)
+      mg.plot({{1, 2}, {3, 4}, label = s}, {path = path, title = s, xlabel = s, ylabel = s})
+      assert.truthy(read(path):find("<svg", 1, true))
+      local text = mg.plot({1, 2, label = s}, {title = s})
+      assert.is_string(text)
+    end
+    local history = mg.callbacks.History()
+    history.epoch, history.history = {1, 2}, {[evil[1]] = {2, 1}}
+    history:plot(dir .. "/evil2.png")
+    assert.is_nil(io.open(marker), "a shell command ran")
   end)
 
   it("draws an SVG, from {x, y} pairs with labels and styles", function()

@@ -134,8 +134,10 @@ function notebook.image (path, opts)
   show_file("notebook.image", path, ("[image: %s]"):format(path), opts)
 end
 
---- mg.plot's inline PNG (internal)
-function notebook._plot (path) show_file("plot", path, "[plot]") end
+--- mg.plot's inline PNG, its bytes (internal: drawn in a private directory)
+function notebook._plot_data (bytes)
+  send("plot", {["text/plain"] = "[plot]", ["image/png"] = kernel().base64(bytes)})
+end
 
 -- }=============================================================
 

@@ -29,7 +29,10 @@ local plot = {}
 -- {========================= gnuplot ===========================
 
 local function shell_quote (s) return "'" .. s:gsub("'", "'\\''") .. "'" end
-local function gp_quote (s) return "'" .. tostring(s):gsub("[\r\n]", " "):gsub("'", "''") .. "'" end
+-- a gnuplot string: single quotes expand nothing (no backquotes, no
+-- escapes), a quote is doubled, and a line break or NUL (which would end the
+-- command) becomes a space
+local function gp_quote (s) return "'" .. tostring(s):gsub("[%z\r\n]", " "):gsub("'", "''") .. "'" end
 
 local function binary () return os.getenv("GNUPLOT") or "gnuplot" end
 
@@ -43,18 +46,47 @@ local function read_file (path)
   return s
 end
 
--- runs gnuplot on script (text); returns true, or false and its stderr
-local function run (who, script)
+-- A private directory (mktemp -d: 0700, a name no one could guess) holds
+-- the script, the data and the drawing: gnuplot never sees a name the user
+-- gave (it would run one starting with '|' as a command), and no other local
+-- user can plant a link where a file of ours is written.
+local function private_dir (who)
+  local p = io.popen('mktemp -d "${TMPDIR:-/tmp}/moongrad-plot.XXXXXXXX" 2>/dev/null')
+  local dir = p and p:read("l")
+  if p then p:close() end
+  if not dir or not dir:match("^/[^\n]*$") then
+    fail(who, "cannot make a private temporary directory (mktemp -d failed; check $TMPDIR)")
+  end
+  return dir
+end
+
+-- removes the files named in dir, then dir (os.remove takes an empty one)
+local function remove_dir (dir, names)
+  for _, name in ipairs(names) do os.remove(dir .. "/" .. name) end
+  os.remove(dir)
+end
+
+local function write_file (who, path, s)
+  local f, err = io.open(path, "wb")
+  if not f then fail(who, "cannot write '%s': %s", path, err) end
+  local ok, werr = f:write(s)
+  local closed, cerr = f:close()
+  if not ok or not closed then fail(who, "writing '%s' failed: %s", path, tostring(werr or cerr)) end
+end
+
+-- runs gnuplot on script (text) in dir; returns true, or false and its stderr
+local function run (who, script, dir)
   local bin = binary()
-  local script_path, err_path = os.tmpname(), os.tmpname()
-  local f = assert(io.open(script_path, "w"))
-  f:write(script)
-  f:close()
+  local own = dir == nil
+  dir = dir or private_dir(who)
+  local script_path, err_path = dir .. "/script.gp", dir .. "/stderr.txt"
+  write_file(who, script_path, script)
   local ok = os.execute(shell_quote(bin) .. " " .. shell_quote(script_path) .. " </dev/null >/dev/null 2>"
                         .. shell_quote(err_path))
   local err = read_file(err_path) or ""
   os.remove(script_path)
   os.remove(err_path)
+  if own then os.remove(dir) end
   return ok == true, err
 end
 
@@ -158,44 +190,28 @@ local function inline (opts)
   return notebook and notebook.active() and notebook or nil
 end
 
---- Draws panels (each {series = {...}, title =, ylabel =}) one above the other.
--- Returns the path, or the text without one (nothing when shown inline).
-function plot.draw (who, panels, opts)
-  check_gnuplot(who)
-  local notebook, tmp = inline(opts), nil
-  if notebook then
-    tmp = os.tmpname()
-    opts.path = tmp .. ".png"
-  end
-  local path, out = opts.path, nil
+-- the script and data that draw panels into out (a file in dir)
+local function draw_into (who, panels, opts, dir, out, kind)
   local lines = {}
   local function add (fmt_, ...) lines[#lines + 1] = fmt_:format(...) end
-  if path then
-    local ext = path:match("%.(%w+)$")
-    ext = ext and ext:lower()
-    local w, h = opts.width or 800, opts.height or 500
-    if ext == "png" then
-      add("set terminal %s size %d,%d", has_pngcairo(who) and "pngcairo" or "png", w, h)
-    elseif ext == "svg" then
-      add("set terminal svg size %d,%d", w, h)
-    else
-      fail(who, "path must end in .png or .svg, got '%s' (without a path the plot is text)", path)
-    end
-    out = path
+  local file = kind ~= "text"
+  if kind == "png" then
+    add("set terminal %s size %d,%d", has_pngcairo(who) and "pngcairo" or "png", opts.width or 800, opts.height or 500)
+  elseif kind == "svg" then
+    add("set terminal svg size %d,%d", opts.width or 800, opts.height or 500)
   else
     add("set terminal dumb nofeed size %d,%d", opts.width or 79, opts.height or 24)
-    out = os.tmpname()
   end
   add("set termoption noenhanced")
   add("set output %s", gp_quote(out))
   add("set datafile missing '?'")
-  add(path and "set grid\nset key outside right top" or "set key below")
+  add(file and "set grid\nset key outside right top" or "set key below")
   if opts.integer_x then add("set xtics 1") end
   if opts.logscale then add("set logscale %s", opts.logscale) end
-  if path and #panels > 1 then add("set lmargin at screen 0.1\nset rmargin at screen 0.76") end
+  if file and #panels > 1 then add("set lmargin at screen 0.1\nset rmargin at screen 0.76") end
   if #panels > 1 then add("set multiplot layout %d,1%s", #panels, opts.title and " title " .. gp_quote(opts.title) or "") end
-  local data = os.tmpname()
-  local f = assert(io.open(data, "w"))
+  local data = dir .. "/data.txt"
+  local chunks = {}
   local index = 0
   for _, panel in ipairs(panels) do
     local title = #panels > 1 and panel.title or opts.title
@@ -205,8 +221,8 @@ function plot.draw (who, panels, opts)
     if ylabel then add("set ylabel %s", gp_quote(ylabel)) else add("unset ylabel") end
     local parts = {}
     for i, s in ipairs(panel.series) do
-      for j = 1, #s.x do f:write(fmt(s.x[j]), " ", fmt(s.y[j]), "\n") end
-      f:write("\n\n")
+      for j = 1, #s.x do chunks[#chunks + 1] = fmt(s.x[j]) .. " " .. fmt(s.y[j]) .. "\n" end
+      chunks[#chunks + 1] = "\n\n"
       local name = s.label or (#panel.series > 1 and ("series %d"):format(i) or nil)
       parts[i] = ("%s index %d using 1:2 with %s %s"):format(i == 1 and gp_quote(data) or "''", index, s.style,
                                                             name and "title " .. gp_quote(name) or "notitle")
@@ -216,22 +232,47 @@ function plot.draw (who, panels, opts)
   end
   if #panels > 1 then add("unset multiplot") end
   add("set output")
-  f:close()
-  local ok, err = run(who, table.concat(lines, "\n") .. "\n")
-  os.remove(data)
-  local text = not path and read_file(out) or nil
-  if text then           -- the dumb terminal pads every line to the width: trim the blank ends
-    text = text:gsub("\f", ""):gsub("[ \t]+\n", "\n"):gsub("[ \t]+$", ""):gsub("^\n+", ""):gsub("\n*$", "\n")
+  write_file(who, data, table.concat(chunks))
+  return run(who, table.concat(lines, "\n") .. "\n", dir)
+end
+
+--- Draws panels (each {series = {...}, title =, ylabel =}) one above the other.
+-- Returns the path, or the text without one (nothing when shown inline).
+function plot.draw (who, panels, opts)
+  check_gnuplot(who)
+  local notebook, path = inline(opts), opts.path
+  local kind = "text"
+  if path then
+    if path:find("[%z\r\n]") then fail(who, "path must not contain a NUL byte or a line break, got %s", show(path)) end
+    if path:find("^%s*|") then
+      fail(who, "path must be a file name, got '%s' (a name starting with '|' would be a command to gnuplot)", path)
+    end
+    local ext = path:match("%.(%w+)$")
+    kind = ext and ext:lower()
+    if kind ~= "png" and kind ~= "svg" then
+      fail(who, "path must end in .png or .svg, got '%s' (without a path the plot is text)", path)
+    end
+  elseif notebook then
+    kind = "png"
   end
-  if not path then os.remove(out) end
-  if notebook then
-    if ok then notebook._plot(path) end
-    os.remove(path)
-    os.remove(tmp)
-  end
+  local dir = private_dir(who)
+  local out = dir .. "/plot." .. kind
+  local done, ok, err = pcall(draw_into, who, panels, opts, dir, out, kind)
+  local drawing = done and ok and read_file(out) or nil
+  remove_dir(dir, {"plot." .. kind, "data.txt"})
+  if not done then error(ok, 0) end
   if not ok then fail(who, "gnuplot failed: %s", (err:gsub("%s+$", ""))) end
-  if notebook then return end
-  return path or text
+  if drawing == nil then fail(who, "gnuplot wrote no %s", kind) end
+  if path then
+    write_file(who, path, drawing)
+    return path
+  end
+  if notebook then
+    notebook._plot_data(drawing)
+    return
+  end
+  -- the dumb terminal pads every line to the width: trim the blank ends
+  return (drawing:gsub("\f", ""):gsub("[ \t]+\n", "\n"):gsub("[ \t]+$", ""):gsub("^\n+", ""):gsub("\n*$", "\n"))
 end
 
 local function is_options (v)
