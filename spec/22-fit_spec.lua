@@ -181,6 +181,19 @@ describe("fit", function()
     assert.is_true(bad.layers[1].training)
   end)
 
+  it("a 1-D x is N samples of one feature (Keras' expand_1d), in fit, evaluate and predict", function()
+    local x = mg.constant({-2, -1, 1, 2, 3})
+    local y = mg.constant({-4, -2, 2, 4, 6})
+    local model = nn.Sequential{nn.Dense(1)}
+    model:compile{optimizer = "sgd", loss = "mse"}
+    model:fit(x, mg.reshape(y, {5, 1}), {epochs = 2, batch_size = 2, verbose = 0})
+    local out = model:predict(mg.constant({1, 2, 3}))
+    assert.same({3, 1}, out.shape)                                  -- 3 samples, not 1 of 3 features
+    h.assert_close(out, model(mg.constant({{1}, {2}, {3}})), 0)
+    assert.same({5, 1}, model:predict(x, {batch_size = 2}).shape)
+    assert.is_number(model:evaluate(x, mg.reshape(y, {5, 1}), {verbose = 0}).loss)
+  end)
+
   it("writes Keras' lines into a pipe: Epoch i/n, then the final bar", function()
     local x, y = blobs(30)
     local model = compiled(classifier())

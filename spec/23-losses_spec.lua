@@ -300,7 +300,15 @@ describe("metrics", function()
     err(function() M.sparse_categorical_accuracy(f64{1, 2}, logits) end,
         "sparse_categorical_accuracy: y_true must be int64 class numbers (1-based), got float64")
     err(function() M.sparse_categorical_accuracy(i64{1, 2}, logits) end,
-        "sparse_categorical_accuracy: y_true has shape (2); for y_pred of shape (4,3) it must be (4) (without the class axis)")
+        "sparse_categorical_accuracy: y_true must have shape (4) (y_pred's shape (4,3) without its last axis), got (2)")
+    -- the labels the matching loss refuses, the metric refuses with the loss's words
+    for _, bad in ipairs({{{0, 1, 2, 2}, 0, "; add 1 to 0-based labels"}, {{1, 2, 3, 4}, 4, ""}}) do
+      for _, fn in ipairs({"sparse_categorical_accuracy", "sparse_categorical_crossentropy"}) do
+        local f = fn == "sparse_categorical_accuracy" and M[fn] or mg.losses[fn]
+        err(function() f(i64(bad[1]), logits) end,
+            fn .. ": y_true must be class numbers in 1..3 (1-based), got " .. bad[2] .. bad[3])
+      end
+    end
     err(function() M.accuracy(f64{1, 2}, logits) end, "accuracy: y_true has shape (2); for y_pred of shape (4,3) it "
         .. "must be int64 class numbers shaped (4) or targets shaped like y_pred")
     err(function() M.binary_accuracy(f64{1}, f64{1}, {threshold = "half"}) end,

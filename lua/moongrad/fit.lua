@@ -111,8 +111,15 @@ local function check_data (who, what, v)
   return mg.is_variable(v) and v:value() or v
 end
 
+-- the inputs x: a 1-D x is N samples of one feature, (N, 1), as Keras's
+-- expand_1d (else a layer would take it for one sample of N features)
+local function check_inputs (who, what, x)
+  x = check_data(who, what, x)
+  return x.ndim == 1 and x:reshape{-1, 1} or x
+end
+
 local function check_pair (who, x, y, what_x, what_y)
-  x = check_data(who, what_x, x)
+  x = check_inputs(who, what_x, x)
   y = check_data(who, what_y, y)
   if x.shape[1] ~= y.shape[1] then
     fail(who, "%s has %d samples but %s has %d (their first axes must match)", what_x, x.shape[1], what_y, y.shape[1])
@@ -773,7 +780,7 @@ local PREDICT = {{"batch_size", batch_size_rule, 32}, {"verbose", verbose_rule, 
 -- batch by batch in inference mode, concatenated along the first axis.
 local function predict (self, x, opts)
   local who = "predict"
-  x = check_data(who, "x", x)
+  x = check_inputs(who, "x", x)
   local o = check.options(who, opts, PREDICT)
   local n = x.shape[1]
   if n == 0 then fail(who, "x has no samples") end

@@ -331,4 +331,9 @@ end
 
 -- }=============================================================
 
+--- (internal) the sparse metrics check their labels as the losses do
+function losses._class_numbers (who, y_true, shape)
+  return class_numbers(who, y_true, shape, KERAS_NAMES, true)
+end
+
 return losses

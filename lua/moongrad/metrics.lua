@@ -39,13 +39,7 @@ function metrics.sparse_categorical_accuracy (y_true, y_pred)
   pred(who, y_pred)
   tensor(who, "y_true", y_true)
   if y_true.dtype ~= "int64" then fail(who, "y_true must be int64 class numbers (1-based), got %s", y_true.dtype) end
-  local want = without_last(y_pred.shape)
-  local got = y_true.shape
-  if #got == #y_pred.shape and got[#got] == 1 and check.same_shape(without_last(got), want) then
-    y_true = mg.squeeze(y_true, -1)
-  elseif not check.same_shape(got, want) then
-    mismatch(who, y_true, y_pred, check.shape(want) .. " (without the class axis)")
-  end
+  y_true = require("moongrad.losses")._class_numbers(who, y_true, y_pred.shape)   -- as the loss checks them
   return mg.mean(mg.equal(mg.argmax(y_pred, -1), y_true))
 end
 

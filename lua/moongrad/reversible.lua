@@ -793,11 +793,14 @@ function reversible.flows (nn, ReversibleLayer)
       for j = 1, i do u[i][j] = 0 end
       for j = i, c do l[i][j] = 0 end
     end
-    self.lower = self:add_variable("lower", mg.constant(l, dtype))
-    self.upper = self:add_variable("upper", mg.constant(u, dtype))
-    self.log_s = self:add_variable("log_s", mg.constant(diag, dtype))
-    self.sign_s = self:add_variable("sign_s", mg.constant(sign, dtype), {trainable = false})
-    self.permutation = self:add_variable("permutation", mg.constant(p, dtype), {trainable = false})
+    -- (C, C) and (C) even for C = 0, where the nested tables are empty
+    local function matrix (m) return mg.reshape(mg.constant(c > 0 and m or {}, dtype), {c, c}) end
+    local function vector (v) return mg.reshape(mg.constant(v, dtype), {c}) end
+    self.lower = self:add_variable("lower", matrix(l))
+    self.upper = self:add_variable("upper", matrix(u))
+    self.log_s = self:add_variable("log_s", vector(diag))
+    self.sign_s = self:add_variable("sign_s", vector(sign), {trainable = false})
+    self.permutation = self:add_variable("permutation", matrix(p), {trainable = false})
     self.lower_mask = mg.tril(mg.ones({c, c}, dtype), -1)
     self.upper_mask = mg.triu(mg.ones({c, c}, dtype), 1)
   end
