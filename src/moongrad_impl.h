@@ -474,6 +474,8 @@ void mg_node_unkeep_out (mg_node *n, int i);
 /* records op `def` with one output when anyone listens, releasing the
 ** output on failure; the usual tail of an op:
 **   return mg_finish(&add_op, 2, in, out, NULL); */
+/* a one-input elementwise op's common path (unary.c; maths.c's rows too) */
+mg_tensor *mg_unary_op (const mg_opdef *op, mg_tensor *x);
 mg_tensor *mg_finish (const mg_opdef *def, int nin, mg_tensor *const *in, mg_tensor *out,
                       const mg_attr *attr);
 

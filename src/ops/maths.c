@@ -67,35 +67,6 @@ static inline double floor_f64v (double x) { return -ceil_f64v(-x); }
 #define FLOOR(x)       _Generic((x), float: floor_f32v, default: floor_f64v)(x)
 #define CEIL(x)        _Generic((x), float: ceil_f32v, default: ceil_f64v)(x)
 
-typedef struct { mg_kernel k; } kernel_ud;
-
-static void run_kernel (int64_t n, char **p, const int64_t *s, void *ud) {
-  ((const kernel_ud *)ud)->k(n, p, s);
-}
-
-/* the common path of a one-input elementwise op: checks, the kernel over
-** the iterator, the record (unary.c's, for this file's rows) */
-static mg_tensor *unary (const mg_opdef *op, mg_tensor *x) {
-  const char *fn = op->info.name;
-  if (x == NULL) {
-    char cfn[32];
-    snprintf(cfn, sizeof cfn, "mg_%s", fn);
-    return mg_null_arg(cfn, "x"), NULL;
-  }
-  mg_kernel k = op->kernel[x->dtype];
-  if (k == NULL) return mg_refuse_dtype(fn, x->dtype, 0), NULL;
-  mg_tensor *out = mg_empty(x->shape, x->ndim, x->dtype);
-  if (out == NULL) return NULL;
-  mg_iter it;
-  const mg_tensor *ops[2] = {out, x};
-  mg_iter_init(&it, x->shape, x->ndim, 2, ops);
-  char *base[2] = {mg_ptr(out), mg_ptr(x)};
-  size_t sz[2] = {mg_dtype_size(x->dtype), mg_dtype_size(x->dtype)};
-  kernel_ud ud = {k};
-  mg_iter_run(&it, base, sz, run_kernel, &ud);
-  return op->backward && mg_is_float(x->dtype) ? mg_finish(op, 1, &x, out, NULL) : out;
-}
-
 /* }========================================================== */
 
 
@@ -114,7 +85,7 @@ static const mg_opdef sin_op = {
   .kernel = {[MG_FLOAT32] = sin_f32, [MG_FLOAT64] = sin_f64},
   .saves = MG_SAVE_IN(0), .backward = sin_backward,
 };
-mg_tensor *mg_sin (mg_tensor *x) { return unary(&sin_op, x); }
+mg_tensor *mg_sin (mg_tensor *x) { return mg_unary_op(&sin_op, x); }
 
 /* cos: out = cos x.  grad: dx = -dout * sin x */
 FLOAT_KERNELS(cos, COS(x))
@@ -130,7 +101,7 @@ static const mg_opdef cos_op = {
   .kernel = {[MG_FLOAT32] = cos_f32, [MG_FLOAT64] = cos_f64},
   .saves = MG_SAVE_IN(0), .backward = cos_backward,
 };
-mg_tensor *mg_cos (mg_tensor *x) { return unary(&cos_op, x); }
+mg_tensor *mg_cos (mg_tensor *x) { return mg_unary_op(&cos_op, x); }
 
 /* log1p: out = log(1 + x), exact near 0.  grad: dx = dout / (1 + x) */
 FLOAT_KERNELS(log1p, LOG1P(x))
@@ -147,7 +118,7 @@ static const mg_opdef log1p_op = {
   .kernel = {[MG_FLOAT32] = log1p_f32, [MG_FLOAT64] = log1p_f64},
   .saves = MG_SAVE_IN(0), .backward = log1p_backward,
 };
-mg_tensor *mg_log1p (mg_tensor *x) { return unary(&log1p_op, x); }
+mg_tensor *mg_log1p (mg_tensor *x) { return mg_unary_op(&log1p_op, x); }
 
 /* expm1: out = e^x - 1, exact near 0.  grad: dx = dout * (out + 1) */
 FLOAT_KERNELS(expm1, EXPM1(x))
@@ -164,7 +135,7 @@ static const mg_opdef expm1_op = {
   .kernel = {[MG_FLOAT32] = expm1_f32, [MG_FLOAT64] = expm1_f64},
   .saves = MG_SAVE_OUT(0), .backward = expm1_backward,
 };
-mg_tensor *mg_expm1 (mg_tensor *x) { return unary(&expm1_op, x); }
+mg_tensor *mg_expm1 (mg_tensor *x) { return mg_unary_op(&expm1_op, x); }
 
 /* erf: the error function.  grad: dx = dout * 2/sqrt(pi) * e^(-x^2) */
 FLOAT_KERNELS(erf, ERF(x))
@@ -182,7 +153,7 @@ static const mg_opdef erf_op = {
   .kernel = {[MG_FLOAT32] = erf_f32, [MG_FLOAT64] = erf_f64},
   .saves = MG_SAVE_IN(0), .backward = erf_backward,
 };
-mg_tensor *mg_erf (mg_tensor *x) { return unary(&erf_op, x); }
+mg_tensor *mg_erf (mg_tensor *x) { return mg_unary_op(&erf_op, x); }
 
 /* floor, ceil, round: integers stay as they are. Not differentiable (their
 ** results are constants to the tape, as sign and //: TensorFlow's None;
@@ -197,21 +168,21 @@ static const mg_opdef floor_op = {
            .doc = "the largest integer <= x (not differentiable)", .fn.unary = mg_floor},
   .kernel = {[MG_FLOAT32] = floor_f32, [MG_FLOAT64] = floor_f64, [MG_INT64] = same_i64},
 };
-mg_tensor *mg_floor (mg_tensor *x) { return unary(&floor_op, x); }
+mg_tensor *mg_floor (mg_tensor *x) { return mg_unary_op(&floor_op, x); }
 
 static const mg_opdef ceil_op = {
   .info = {.name = "ceil", .kind = MG_OP_UNARY,
            .doc = "the smallest integer >= x (not differentiable)", .fn.unary = mg_ceil},
   .kernel = {[MG_FLOAT32] = ceil_f32, [MG_FLOAT64] = ceil_f64, [MG_INT64] = same_i64},
 };
-mg_tensor *mg_ceil (mg_tensor *x) { return unary(&ceil_op, x); }
+mg_tensor *mg_ceil (mg_tensor *x) { return mg_unary_op(&ceil_op, x); }
 
 static const mg_opdef round_op = {
   .info = {.name = "round", .kind = MG_OP_UNARY,
            .doc = "the nearest integer, halves to even (not differentiable)", .fn.unary = mg_round},
   .kernel = {[MG_FLOAT32] = round_f32, [MG_FLOAT64] = round_f64, [MG_INT64] = same_i64},
 };
-mg_tensor *mg_round (mg_tensor *x) { return unary(&round_op, x); }
+mg_tensor *mg_round (mg_tensor *x) { return mg_unary_op(&round_op, x); }
 
 /* }========================================================== */
 

@@ -40,7 +40,9 @@ static void run_kernel (int64_t n, char **p, const int64_t *s, void *ud) {
   ((const kernel_ud *)ud)->k(n, p, s);
 }
 
-static mg_tensor *unary (const mg_opdef *op, mg_tensor *x) {
+/* the common path of a one-input elementwise op (maths.c's rows take it
+** too): checks, a save policy's kept output, the kernel, the record */
+mg_tensor *mg_unary_op (const mg_opdef *op, mg_tensor *x) {
   const char *fn = op->info.name;
   if (x == NULL) {
     char cfn[32];
@@ -82,7 +84,7 @@ static const mg_opdef neg_op = {
   .kernel = {[MG_FLOAT32] = neg_f32, [MG_FLOAT64] = neg_f64, [MG_INT64] = neg_i64},
   .backward = neg_backward,
 };
-mg_tensor *mg_neg (mg_tensor *x) { return unary(&neg_op, x); }
+mg_tensor *mg_neg (mg_tensor *x) { return mg_unary_op(&neg_op, x); }
 
 /* exp: out = e^x.  grad: dx = dout * out */
 FLOAT_KERNELS(exp, EXP(x))
@@ -95,7 +97,7 @@ static const mg_opdef exp_op = {
   .kernel = {[MG_FLOAT32] = exp_f32, [MG_FLOAT64] = exp_f64},
   .saves = MG_SAVE_OUT(0), .backward = exp_backward,
 };
-mg_tensor *mg_exp (mg_tensor *x) { return unary(&exp_op, x); }
+mg_tensor *mg_exp (mg_tensor *x) { return mg_unary_op(&exp_op, x); }
 
 /* log: out = ln x.  grad: dx = dout / x */
 FLOAT_KERNELS(log, LOG(x))
@@ -108,7 +110,7 @@ static const mg_opdef log_op = {
   .kernel = {[MG_FLOAT32] = log_f32, [MG_FLOAT64] = log_f64},
   .saves = MG_SAVE_IN(0), .backward = log_backward,
 };
-mg_tensor *mg_log (mg_tensor *x) { return unary(&log_op, x); }
+mg_tensor *mg_log (mg_tensor *x) { return mg_unary_op(&log_op, x); }
 
 /* sqrt: out = sqrt(x).  grad: dx = dout * 0.5 / out */
 FLOAT_KERNELS(sqrt, SQRT(x))
@@ -124,7 +126,7 @@ static const mg_opdef sqrt_op = {
   .kernel = {[MG_FLOAT32] = sqrt_f32, [MG_FLOAT64] = sqrt_f64},
   .saves = MG_SAVE_OUT(0), .backward = sqrt_backward,
 };
-mg_tensor *mg_sqrt (mg_tensor *x) { return unary(&sqrt_op, x); }
+mg_tensor *mg_sqrt (mg_tensor *x) { return mg_unary_op(&sqrt_op, x); }
 
 /* abs: out = |x|.  grad: dx = dout * sign(x) (0 at 0) */
 FLOAT_KERNELS(abs, FABS(x))
@@ -140,7 +142,7 @@ static const mg_opdef abs_op = {
   .kernel = {[MG_FLOAT32] = abs_f32, [MG_FLOAT64] = abs_f64, [MG_INT64] = abs_i64},
   .saves = MG_SAVE_IN(0), .backward = abs_backward,
 };
-mg_tensor *mg_abs (mg_tensor *x) { return unary(&abs_op, x); }
+mg_tensor *mg_abs (mg_tensor *x) { return mg_unary_op(&abs_op, x); }
 
 /* sign: -1, 0 or 1 (NaN stays NaN).  Not differentiable */
 FLOAT_KERNELS(sign, (x > 0) - (x < 0) + (x != x ? x : 0))
@@ -150,7 +152,7 @@ static const mg_opdef sign_op = {
            .fn.unary = mg_sign},
   .kernel = {[MG_FLOAT32] = sign_f32, [MG_FLOAT64] = sign_f64, [MG_INT64] = sign_i64},
 };
-mg_tensor *mg_sign (mg_tensor *x) { return unary(&sign_op, x); }
+mg_tensor *mg_sign (mg_tensor *x) { return mg_unary_op(&sign_op, x); }
 
 /* tanh: out = tanh(x).  grad: dx = tanh_grad(dout, out) = dout * (1 - out^2), one
 ** pass; keeps the output only */
@@ -164,7 +166,7 @@ static const mg_opdef tanh_op = {
   .kernel = {[MG_FLOAT32] = tanh_f32, [MG_FLOAT64] = tanh_f64},
   .saves = MG_SAVE_OUT(0), .backward = tanh_backward, .reuses_gradient = true,
 };
-mg_tensor *mg_tanh (mg_tensor *x) { return unary(&tanh_op, x); }
+mg_tensor *mg_tanh (mg_tensor *x) { return mg_unary_op(&tanh_op, x); }
 
 /* sigmoid: out = 1 / (1 + e^-x).  grad: dx = sigmoid_grad(dout, out), one pass */
 FLOAT_KERNELS(sigmoid, 1 / (1 + EXP(-x)))
@@ -177,7 +179,7 @@ static const mg_opdef sigmoid_op = {
   .kernel = {[MG_FLOAT32] = sigmoid_f32, [MG_FLOAT64] = sigmoid_f64},
   .saves = MG_SAVE_OUT(0), .backward = sigmoid_backward, .reuses_gradient = true,
 };
-mg_tensor *mg_sigmoid (mg_tensor *x) { return unary(&sigmoid_op, x); }
+mg_tensor *mg_sigmoid (mg_tensor *x) { return mg_unary_op(&sigmoid_op, x); }
 
 /* relu: out = max(x, 0), NaN kept.  grad: dx = relu_grad(dout, out), one pass */
 FLOAT_KERNELS(relu, (x > 0 || x != x) ? x : 0)
@@ -191,7 +193,7 @@ static const mg_opdef relu_op = {
   .kernel = {[MG_FLOAT32] = relu_f32, [MG_FLOAT64] = relu_f64, [MG_INT64] = relu_i64},
   .saves = MG_SAVE_OUT(0), .backward = relu_backward, .reuses_gradient = true,
 };
-mg_tensor *mg_relu (mg_tensor *x) { return unary(&relu_op, x); }
+mg_tensor *mg_relu (mg_tensor *x) { return mg_unary_op(&relu_op, x); }
 
 mg_kernel mg_activation_kernel (mg_activation act, mg_dtype dt) {
   static const mg_opdef *const defs[MG_ACT__COUNT] = {NULL, &relu_op, &tanh_op, &sigmoid_op};
@@ -213,7 +215,7 @@ static const mg_opdef softplus_op = {
   .kernel = {[MG_FLOAT32] = softplus_f32, [MG_FLOAT64] = softplus_f64},
   .saves = MG_SAVE_IN(0), .backward = softplus_backward,
 };
-mg_tensor *mg_softplus (mg_tensor *x) { return unary(&softplus_op, x); }
+mg_tensor *mg_softplus (mg_tensor *x) { return mg_unary_op(&softplus_op, x); }
 
 /* logical_not: not x, on bool tensors.  Not differentiable */
 KERNEL(logical_not_b, uint8_t, uint8_t, !x)
@@ -222,7 +224,7 @@ static const mg_opdef logical_not_op = {
            .doc = "not x, elementwise on a bool tensor", .fn.unary = mg_logical_not},
   .kernel = {[MG_BOOL] = logical_not_b},
 };
-mg_tensor *mg_logical_not (mg_tensor *x) { return unary(&logical_not_op, x); }
+mg_tensor *mg_logical_not (mg_tensor *x) { return mg_unary_op(&logical_not_op, x); }
 
 /* }========================================================== */
 
