@@ -203,6 +203,7 @@ typedef struct mg_opinfo {
     mg_tensor *(*binary)(mg_tensor *a, mg_tensor *b);
     mg_tensor *(*reduce)(mg_tensor *x, int axis, int keepdims);
   } fn;                  /* NULL for MG_OP_OTHER */
+  int product;           /* a product (matmul, dense, conv2d, einsum, attention): "dots" keeps it */
 } mg_opinfo;
 
 MG_API int               mg_op_count (void);

@@ -27,6 +27,13 @@ describe("the op registry", function()
     end
   end)
 
+  it("the rows say which ops are products (what policy \"dots\" keeps, what a budget weighs by multiply-adds)", function()
+    local products = {}
+    for _, op in ipairs(ops()) do if op.product then products[#products + 1] = op.name end end
+    table.sort(products)
+    assert.same({"conv2d", "dense", "einsum", "matmul", "scaled_dot_product_attention"}, products)
+  end)
+
   it("metamethods come from the rows, for tensors and variables alike", function()
     local v = mg.Variable({1, 2})
     for _, op in ipairs(ops()) do

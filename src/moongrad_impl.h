@@ -364,6 +364,9 @@ typedef struct mg_opdef {
   ** din[nin + i], the whole gradient at that output, which replaces the
   ** walk's (the plain tape's d z / d y between two outputs) */
   bool linked_outputs;
+  /* a product's multiply-adds, from the node's shapes (what a memory budget
+  ** weighs a rebuild by); NULL: an elementwise op, its elements */
+  double (*macs)(const struct mg_node *n);
 } mg_opdef;
 
 /* an op family's rows, for the registry */
@@ -474,6 +477,7 @@ void mg_node_unkeep_out (mg_node *n, int i);
 /* records op `def` with one output when anyone listens, releasing the
 ** output on failure; the usual tail of an op:
 **   return mg_finish(&add_op, 2, in, out, NULL); */
+double mg_product_macs (const struct mg_node *n);   /* matmul.c: out elements x inner dim */
 /* a one-input elementwise op's common path (unary.c; maths.c's rows too) */
 mg_tensor *mg_unary_op (const mg_opdef *op, mg_tensor *x);
 mg_tensor *mg_finish (const mg_opdef *def, int nin, mg_tensor *const *in, mg_tensor *out,

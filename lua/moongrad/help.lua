@@ -35,7 +35,7 @@ local groups = {
     {"repr", "repr(v [, {width=80, depth=4, items=20}])", "the REPL's text for any value"},
     {"help", "help([x])", "this text: of a function, layer, tensor, tape or name; help() lists the groups"},
     {"version", "version", "the version string"},
-    {"ops", "ops()", "the op registry, one {name=, kind=, symbol=, metamethod=, doc=} per op"},
+    {"ops", "ops()", "the op registry, one {name=, kind=, symbol=, metamethod=, doc=, product=} per op"},
     {"debug.check_numerics", "debug.check_numerics(on)", "on: the first op whose float output holds NaN or Inf raises, naming it; returns the previous setting"},
   }},
   {"arithmetic", {

@@ -180,10 +180,8 @@ static double numel_of (const mg_meta *m) {
 /* the op's cost, estimated from its shapes: a product's multiply-adds, an
 ** elementwise op's elements */
 static double op_cost (const mg_node *n) {
+  if (n->def->macs) return n->def->macs(n);
   double c = numel_of(&n->out_meta[0]);
-  const char *name = n->def->info.name;
-  if ((strcmp(name, "matmul") == 0 || strcmp(name, "dense") == 0) && n->in_meta[0].ndim > 0)
-    return c * (double)n->in_meta[0].shape[n->in_meta[0].ndim - 1];
   for (int j = 0; j < n->nin; j++) c += numel_of(&n->in_meta[j]);
   return c;
 }

@@ -124,6 +124,5 @@ void mg_replay_rewind (mg_replay *r) {
 int mg_save_dots (void *ud, const mg_opinfo *op, const mg_tensor *out) {
   MG_UNUSED(ud);
   MG_UNUSED(out);
-  return strcmp(op->name, "matmul") == 0 || strcmp(op->name, "dense") == 0 || strcmp(op->name, "conv2d") == 0 ||
-         strcmp(op->name, "einsum") == 0 || strcmp(op->name, "scaled_dot_product_attention") == 0;
+  return op->product;
 }

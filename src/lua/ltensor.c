@@ -224,7 +224,7 @@ static void setfield_str (lua_State *L, const char *k, const char *v) {
   lua_setfield(L, -2, k);
 }
 
-/* ops(): the op registry, {name=, kind=, symbol=, metamethod=, doc=} per op */
+/* ops(): the op registry, {name=, kind=, symbol=, metamethod=, doc=, product=} per op */
 static int l_ops (lua_State *L) {
   mgL_checknargs(L, 0);
   static const char *const kinds[] = {"unary", "binary", "reduce", "other"};
@@ -232,7 +232,9 @@ static int l_ops (lua_State *L) {
   lua_createtable(L, n, 0);
   for (int i = 0; i < n; i++) {
     const mg_opinfo *op = mg_op_info(i);
-    lua_createtable(L, 0, 5);
+    lua_createtable(L, 0, 6);
+    lua_pushboolean(L, op->product);
+    lua_setfield(L, -2, "product");
     setfield_str(L, "name", op->name);
     setfield_str(L, "kind", kinds[op->kind]);
     setfield_str(L, "symbol", op->symbol);

@@ -698,10 +698,18 @@ static mg_status sdpa_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **
   if (recorded_backward()) return sdpa_backward_ops(n, dout[0], din);
   return sdpa_backward_fused(n, dout[0], din);
 }
+/* two products: q @ k^T and p @ v, each (..., Lq, D) by Lk */
+static double sdpa_macs (const mg_node *n) {
+  const mg_meta *q = &n->in_meta[0], *k = &n->in_meta[1];
+  double c = 2;
+  for (int d = 0; d < q->ndim; d++) c *= (double)q->shape[d];
+  return k->ndim >= 2 ? c * (double)k->shape[k->ndim - 2] : c;
+}
 static const mg_opdef sdpa_op = {
   .info = {.name = "scaled_dot_product_attention", .kind = MG_OP_OTHER,
-           .doc = "softmax(q @ k^T * scale, masked) @ v, fused; keeps only q, k, v for its gradient"},
-  .saves = MG_SAVE_INPUTS, .backward = sdpa_backward,
+           .doc = "softmax(q @ k^T * scale, masked) @ v, fused; keeps only q, k, v for its gradient",
+           .product = 1},
+  .macs = sdpa_macs, .saves = MG_SAVE_INPUTS, .backward = sdpa_backward,
 };
 
 /* the checks of q, k, v and mask; MG_ERR + error */

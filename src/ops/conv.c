@@ -836,10 +836,18 @@ static mg_status conv2d_backward (mg_node *n, mg_tensor *const *dout, mg_tensor 
   }
   return MG_OK;
 }
+/* each output element: a filter's height x width x input channels */
+static double conv2d_macs (const mg_node *n) {
+  double c = 1;
+  for (int d = 0; d < n->out_meta[0].ndim; d++) c *= (double)n->out_meta[0].shape[d];
+  const mg_meta *w = &n->in_meta[1];
+  return w->ndim == 4 ? c * (double)w->shape[0] * (double)w->shape[1] * (double)w->shape[2] : c;
+}
 static const mg_opdef conv2d_op = {
   .info = {.name = "conv2d", .kind = MG_OP_OTHER,
-           .doc = "2-D convolution of NHWC images x with HWIO filters w, plus a bias (TensorFlow's conv2d)"},
-  .grad_saves = {MG_SAVE_IN(1), MG_SAVE_IN(0)}, .backward = conv2d_backward,
+           .doc = "2-D convolution of NHWC images x with HWIO filters w, plus a bias (TensorFlow's conv2d)",
+           .product = 1},
+  .macs = conv2d_macs, .grad_saves = {MG_SAVE_IN(1), MG_SAVE_IN(0)}, .backward = conv2d_backward,
 };
 
 mg_tensor *mg_conv2d (mg_tensor *x, mg_tensor *w, mg_tensor *b, const mg_conv_params *p) {

@@ -85,8 +85,9 @@ static unsigned dense_saves (const mg_attr *attr) {
 
 static const mg_opdef dense_op = {
   .info = {.name = "dense", .kind = MG_OP_OTHER,
-           .doc = "act(x @ w + b) in one op: the product, then the bias and activation in one pass"},
-  .saves_for = dense_saves, .grad_saves = {MG_SAVE_IN(1), MG_SAVE_IN(0)}, .backward = dense_backward, .replay = dense_replay, .reuses_gradient = true,
+           .doc = "act(x @ w + b) in one op: the product, then the bias and activation in one pass",
+           .product = 1},
+  .macs = mg_product_macs, .saves_for = dense_saves, .grad_saves = {MG_SAVE_IN(1), MG_SAVE_IN(0)}, .backward = dense_backward, .replay = dense_replay, .reuses_gradient = true,
 };
 
 /* the checks: x (..., K) and w (K, N) of one float dtype, b (N) or NULL */

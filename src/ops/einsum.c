@@ -284,5 +284,6 @@ mg_tensor *mg_einsum (const char *spec, int n, mg_tensor *const *xs) {
 
 const mg_opdef mg_einsum_op = {
   .info = {.name = "einsum", .kind = MG_OP_OTHER,
-           .doc = "Einstein summation of one or two operands (one batched matmul; its gradient is its parts')"},
+           .doc = "Einstein summation of one or two operands (one batched matmul; its gradient is its parts')",
+           .product = 1},
 };

@@ -190,7 +190,14 @@ static mg_status matmul_backward (mg_node *n, mg_tensor *const *dout, mg_tensor 
   mg_scope_end(&sc);
   return MG_OK;
 }
-static const mg_opdef matmul_op = {.info = {.name = "matmul", .kind = MG_OP_BINARY, .symbol = "@", .doc = "the matrix product a @ b (batched, broadcast, vectors)", .fn.binary = mg_matmul}, .grad_saves = {MG_SAVE_IN(1), MG_SAVE_IN(0)}, .backward = matmul_backward};
+/* the output's elements times the inner dimension (a's last axis) */
+double mg_product_macs (const mg_node *n) {
+  double c = 1;
+  for (int d = 0; d < n->out_meta[0].ndim; d++) c *= (double)n->out_meta[0].shape[d];
+  const mg_meta *a = &n->in_meta[0];
+  return a->ndim > 0 ? c * (double)a->shape[a->ndim - 1] : c;
+}
+static const mg_opdef matmul_op = {.info = {.name = "matmul", .kind = MG_OP_BINARY, .symbol = "@", .doc = "the matrix product a @ b (batched, broadcast, vectors)", .fn.binary = mg_matmul, .product = 1}, .grad_saves = {MG_SAVE_IN(1), MG_SAVE_IN(0)}, .backward = matmul_backward, .macs = mg_product_macs};
 
 static const mg_opdef *const rows[] = {&matmul_op};
 _Static_assert(sizeof rows / sizeof rows[0] == 1, "matmul.c: a row is missing from rows[]");
