@@ -467,7 +467,9 @@ static const mg_opdef sigmoid_grad_op = {
 mg_tensor *mg_sigmoid_grad (mg_tensor *d, mg_tensor *y) { return binary(&sigmoid_grad_op, d, y); }
 
 mg_tensor *mg_activation_backward (const mg_node *n, mg_activation act, mg_tensor *dout, mg_tensor *y) {
-  static const mg_opdef *const defs[MG_ACT__COUNT] = {NULL, &relu_grad_op, &tanh_grad_op, &sigmoid_grad_op};
+  static const mg_opdef *const defs[MG_ACT__COUNT] = {
+    [MG_ACT_LINEAR] = NULL, [MG_ACT_RELU] = &relu_grad_op, [MG_ACT_TANH] = &tanh_grad_op,
+    [MG_ACT_SIGMOID] = &sigmoid_grad_op};
   if (defs[act] == NULL) return mg_tensor_retain(dout);
   if ((n->spare & 1) && binary_into(defs[act], dout, y)) return mg_tensor_retain(dout);
   return binary(defs[act], dout, y);

@@ -15,7 +15,8 @@
 
 #include "moongrad_impl.h"
 
-static const char *const act_names[MG_ACT__COUNT] = {"linear", "relu", "tanh", "sigmoid"};
+static const char *const act_names[MG_ACT__COUNT] = {
+  [MG_ACT_LINEAR] = "linear", [MG_ACT_RELU] = "relu", [MG_ACT_TANH] = "tanh", [MG_ACT_SIGMOID] = "sigmoid"};
 
 /* the output rows a pass covers: about 16 KiB of float32, in L1 */
 #define BLOCK_ELEMS 4096

@@ -196,7 +196,8 @@ static const mg_opdef relu_op = {
 mg_tensor *mg_relu (mg_tensor *x) { return mg_unary_op(&relu_op, x); }
 
 mg_kernel mg_activation_kernel (mg_activation act, mg_dtype dt) {
-  static const mg_opdef *const defs[MG_ACT__COUNT] = {NULL, &relu_op, &tanh_op, &sigmoid_op};
+  static const mg_opdef *const defs[MG_ACT__COUNT] = {
+    [MG_ACT_LINEAR] = NULL, [MG_ACT_RELU] = &relu_op, [MG_ACT_TANH] = &tanh_op, [MG_ACT_SIGMOID] = &sigmoid_op};
   return defs[act] ? defs[act]->kernel[dt] : NULL;
 }
 
