@@ -36,7 +36,7 @@ data.read_csv = mg._io.read_csv
 -- {========================= shuffling =========================
 
 -- splitmix64's finaliser over (seed, epoch): the seed of an epoch's order
--- (fit.lua's mix, so a Dataset and fit shuffle alike)
+-- (fit's epoch_order is this permutation, so a Dataset and fit shuffle alike)
 local function mix (seed, epoch)
   local z = seed ~ (epoch * -7046029254386353131)            -- 0x9E3779B97F4A7C15
   z = (z ~ (z >> 30)) * -4658895280553007687                 -- 0xBF58476D1CE4E5B9

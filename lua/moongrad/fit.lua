@@ -340,25 +340,11 @@ local function meter ()
   return m
 end
 
--- splitmix64's finaliser over (seed, epoch): the seed of an epoch's order
-local function mix (seed, epoch)
-  local z = seed ~ (epoch * -7046029254386353131)            -- 0x9E3779B97F4A7C15
-  z = (z ~ (z >> 30)) * -4658895280553007687                 -- 0xBF58476D1CE4E5B9
-  z = (z ~ (z >> 27)) * -7723592293110705685                 -- 0x94D049BB133111EB
-  return z ~ (z >> 31)
-end
-fit.mix = mix
-
---- The order of n samples in epoch `epoch` for `seed`: mg.random.permutation(n)
--- from the state {seed = mix(seed, epoch), offset = 0}, mg.random's own state
--- left as it was.
+--- The order of n samples in epoch `epoch` for `seed`: mg.data.permutation
+-- (mg.random.permutation(n) from a state mixed of seed and epoch, mg.random's
+-- own state left as it was), so that fit and a Dataset shuffle alike.
 function fit.epoch_order (n, seed, epoch)
-  local saved = mg.random.get_state()
-  mg.random.set_state({seed = mix(seed, epoch), offset = 0})
-  local ok, p = pcall(mg.random.permutation, n)
-  mg.random.set_state(saved)
-  if not ok then error(p, 0) end
-  return p
+  return require("moongrad.data").permutation(n, seed, epoch)
 end
 
 -- runs test_step over x, y in batches, in inference mode; the means

@@ -829,48 +829,12 @@ end
 
 -- {=========================== losses ==========================
 
--- p, the one-hot (B, C) of labels (B): int64 class numbers in 1..C
-local function one_hot (who, labels, shape, dtype)
-  local count, want = shape[#shape], table.move(shape, 1, #shape - 1, 1, {})
-  local got = labels.shape
-  if not check.same_shape(got, want) then
-    local squeeze = #got == #shape and got[#got] == 1 and check.same_shape(table.move(got, 1, #want, 1, {}), want)
-    fail(who, "labels must have shape %s (the logits' shape %s without its last axis), got %s%s",
-         check.shape(want), check.shape(shape), check.shape(got), squeeze and "; squeeze the last axis" or "")
-  end
-  if labels:numel() > 0 then
-    local lo, hi = mg.min(labels):item(), mg.max(labels):item()
-    if lo < 1 or hi > count then
-      fail(who, "labels must be class numbers in 1..%d (1-based), got %d%s", count, lo < 1 and lo or hi,
-           (lo == 0 and hi < count) and "; add 1 to 0-based labels" or "")
-    end
-  end
-  return mg.cast(mg.equal(mg.expand_dims(labels, -1), mg.arange(1, count + 1, 1, "int64")), dtype)
-end
-
 --- softmax_cross_entropy(logits, labels): the mean over the batch of
 -- -sum(p * log_softmax(logits)) over the last axis. logits (B, C); labels
 -- either int64 class numbers (B), 1-based, or probabilities p (B, C) (one-hot
--- or soft) of the logits' dtype.
+-- or soft) of the logits' dtype. (moongrad.losses holds the one definition.)
 function nn.softmax_cross_entropy (logits, labels)
-  local who = "softmax_cross_entropy"
-  check.float_tensor(who, "logits", logits)
-  local shape = logits.shape
-  if #shape == 0 then fail(who, "logits must have a class axis (at least 1 dimension), got shape ()") end
-  if not check.is_array(labels) then
-    fail(who, "labels must be a tensor of int64 class numbers or of probabilities, got %s", show(labels))
-  end
-  local p = labels
-  if labels.dtype == "int64" then
-    p = one_hot(who, labels, shape, logits.dtype)
-  elseif labels.dtype ~= logits.dtype then
-    fail(who, "labels must be int64 class numbers or %s probabilities (the logits' dtype), got %s",
-         logits.dtype, labels.dtype)
-  elseif not check.same_shape(labels.shape, shape) then
-    fail(who, "%s labels are probabilities and must have the logits' shape %s, got %s "
-         .. "(class numbers must be int64)", labels.dtype, check.shape(shape), check.shape(labels.shape))
-  end
-  return -mg.mean(mg.sum(p * mg.log_softmax(logits, -1), -1))
+  return require("moongrad.losses").softmax_cross_entropy(logits, labels)
 end
 
 --- mean_squared_error(y, target): mean((y - target)^2); y and target of one
