@@ -34,6 +34,33 @@ describe("the op registry", function()
     assert.same({"conv2d", "dense", "einsum", "matmul", "scaled_dot_product_attention"}, products)
   end)
 
+  it("every op the C header declares has a row, and every row a function in the header", function()
+    local f = assert(io.open("include/moongrad.h"))
+    local header = f:read("a")
+    f:close()
+    local rows = {}
+    for _, op in ipairs(ops()) do rows[op.name] = true end
+    -- functions that make tensors without being ops of their own: creation and
+    -- reading (nothing to differentiate), views and composites built of rows
+    -- (their gradients are their parts'), references
+    local not_ops = {
+      arange = "creation", arange_int64 = "creation", empty = "creation", eye = "creation",
+      from_blob = "creation", from_dlpack = "creation", from_doubles = "creation", full = "creation",
+      full_int64 = "creation", scalar = "creation", random_normal = "creation", random_uniform = "creation",
+      read_csv = "reading", read_idx = "reading", indices_from_1based = "indices",
+      contiguous = "a copy through rows", expand_dims = "reshape", squeeze = "reshape",
+      transpose = "permute", stack = "concat", select = "slice", sum_to_shape = "sum and reshape",
+      custom_saved = "a reference", tensor_retain = "a reference", variable_peek = "a reference",
+      variable_read = "a reference",
+    }
+    for name in header:gmatch("MG_API%s+mg_tensor%s+%*mg_([%w_]+)%s*%(") do
+      assert.is_true(rows[name] or not_ops[name] ~= nil, "mg_" .. name .. " has no row (or a reason in not_ops)")
+    end
+    for name in pairs(rows) do
+      assert.truthy(header:find("%*?mg_" .. name .. "%s*%("), "row " .. name .. " has no mg_" .. name .. " in the header")
+    end
+  end)
+
   it("metamethods come from the rows, for tensors and variables alike", function()
     local v = mg.Variable({1, 2})
     for _, op in ipairs(ops()) do
