@@ -478,6 +478,11 @@ void mg_node_unkeep_out (mg_node *n, int i);
 ** output on failure; the usual tail of an op:
 **   return mg_finish(&add_op, 2, in, out, NULL); */
 double mg_product_macs (const struct mg_node *n);   /* matmul.c: out elements x inner dim */
+/* where an optimizer's one-pass step writes v's new value: v's own when no
+** one else holds it (reads[0..n) are the step's inputs), else a copy (NULL:
+** out of memory); end_write makes the copy v's value (done) or drops it */
+mg_tensor *mg_variable_begin_write (mg_variable *v, mg_tensor *const *reads, int n);
+void       mg_variable_end_write   (mg_variable *v, mg_tensor *dst, bool done);
 /* a one-input elementwise op's common path (unary.c; maths.c's rows too) */
 mg_tensor *mg_unary_op (const mg_opdef *op, mg_tensor *x);
 mg_tensor *mg_finish (const mg_opdef *def, int nin, mg_tensor *const *in, mg_tensor *out,
