@@ -68,7 +68,7 @@ static void release_pools (mg_context *c) {
   c->tensors.npool = 0;
   free(c->tapes.active);
   c->tapes.active = NULL;
-  mg_dtr_state_free(c);
+  if (c->pressure) c->pressure->release(c);
   c->tapes.nactive = c->tapes.capactive = 0;
 }
 

@@ -253,7 +253,7 @@ static mg_storage *count_new (mg_context *c, mg_storage *s, size_t nbytes, bool 
 mg_storage *mg_storage_new (size_t nbytes) {
   if (mg_alloc_should_fail()) return out_of_memory(nbytes, " (injected failure)");
   mg_context *c = mg_ctx();
-  if (c->dtr && mg_dtr_make_room(nbytes) != MG_OK) return NULL;    /* a budget: evict first */
+  if (c->pressure && c->pressure->make_room(nbytes) != MG_OK) return NULL;   /* a budget: evict first */
   mg_memory_state *m = &c->memory;
   mg_storage *s = cache_take(m, nbytes);
   if (s == NULL && (s = fresh_block(nbytes)) == NULL) return out_of_memory(nbytes, "");
@@ -321,7 +321,7 @@ mg_memory_stats mg_memory_stats_get (void) {
   st.live_storages = m->live_storages;
   st.allocations = m->allocations;
   st.allocated_bytes = m->allocated;
-  mg_dtr_stats(&st);
+  if (mg_ctx()->pressure) mg_ctx()->pressure->stats(&st);
   return st;
 }
 

@@ -103,11 +103,16 @@ void        mg_memory_release_small (void);  /* free() the recycled small blocks
 void        mg_storage_hold (mg_storage *s, mg_role role, int delta);   /* a holder in role came (1) or went (-1) */
 /* "1.50 MiB" into buf */
 const char *mg_human_bytes (char *buf, size_t n, double bytes);
-/* the memory budget (src/autodiff/dtr.c): room for nbytes more, evicting
-** saved tensors if need be; MG_ERR + error when the budget cannot hold them */
-mg_status   mg_dtr_make_room (size_t nbytes);
-void        mg_dtr_stats (mg_memory_stats *st);    /* its counters into st */
-void        mg_dtr_state_free (mg_context *c);
+/* What the allocator asks of a memory budget. The budget (autodiff's
+** dtr.c) installs it in the context when one is set, so the core never
+** calls up into autodiff. */
+typedef struct mg_pressure {
+  /* room for nbytes more, evicting saved tensors if need be; MG_ERR + error
+  ** when the budget cannot hold them */
+  mg_status (*make_room)(size_t nbytes);
+  void (*stats)(mg_memory_stats *st);       /* its counters into st */
+  void (*release)(mg_context *c);           /* its state, when the context goes */
+} mg_pressure;
 
 /* }========================================================== */
 
@@ -179,6 +184,7 @@ struct mg_context {
   mg_replay_state replay;
   bool check_numerics;                      /* mg_check_numerics (numerics.c) */
   struct mg_dtr_state *dtr;                 /* the memory budget (dtr.c); NULL until one is set */
+  const mg_pressure *pressure;              /* installed with it: what the allocator calls */
 };
 
 extern _Thread_local mg_context *mg_current_context;

@@ -66,22 +66,31 @@ typedef struct mg_dtr_state {
   size_t evicted_bytes, remat_bytes;
 } mg_dtr_state;
 
+static void state_free (mg_context *c);
+static void dtr_stats (mg_memory_stats *st);
+static mg_status make_room (size_t nbytes);
+
+/* what the allocator calls, installed with the state */
+static const mg_pressure pressure = {make_room, dtr_stats, state_free};
+
 static mg_dtr_state *state (void) {
   mg_context *c = mg_ctx();
   if (c->dtr == NULL) {
     c->dtr = calloc(1, sizeof(mg_dtr_state));
     if (c->dtr == NULL) mg_seterror("out of memory setting a memory budget");
+    else c->pressure = &pressure;
   }
   return c->dtr;
 }
 
-void mg_dtr_state_free (mg_context *c) {
+static void state_free (mg_context *c) {
   mg_dtr_state *S = c->dtr;
   if (S == NULL) return;
   idmap_free(&S->made);
   free(S->tapes);
   free(S);
   c->dtr = NULL;
+  c->pressure = NULL;
 }
 
 
@@ -151,7 +160,7 @@ bool mg_dtr_recording (void) {
   return S != NULL && budget_now(S) > 0;
 }
 
-void mg_dtr_stats (mg_memory_stats *st) {
+static void dtr_stats (mg_memory_stats *st) {
   mg_dtr_state *S = mg_ctx()->dtr;
   if (S == NULL) return;
   st->budget = budget_now(S);
@@ -451,7 +460,7 @@ static const char *human (char *buf, size_t n, double bytes) {
 ** the cheapest tensors to rebuild per byte and per step of staleness until
 ** there is; checks first that evicting everything evictable would do, so a
 ** budget too small fails with nothing changed */
-mg_status mg_dtr_make_room (size_t nbytes) {
+static mg_status make_room (size_t nbytes) {
   mg_context *ctx = mg_ctx();
   mg_dtr_state *S = ctx->dtr;
   size_t budget = budget_now(S);
