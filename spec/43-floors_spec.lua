@@ -1,0 +1,59 @@
+-- The floors of the C code (README, "The layers of the code"): core <- ops <-
+-- autodiff. A floor calls only into the floors below it; what goes the other
+-- way (a variable read, an allocation under a memory budget) goes through a
+-- hook the upper floor installs in the context.
+
+-- the non-static functions defined in the C files of a folder
+local function defined (folder)
+  local names = {}
+  local p = io.popen("ls " .. folder .. "/*.c")
+  for path in p:lines() do
+    local f = assert(io.open(path))
+    for line in f:lines() do
+      if line:match("^[%a_]") and not line:match("^static") and not line:match("^typedef") then
+        local name = line:match("[%s%*](mg_[%w_]+) %(")
+        if name then names[name] = path end
+      end
+    end
+    f:close()
+  end
+  p:close()
+  return names
+end
+
+-- the C source of path without its comments
+local function code_of (path)
+  local f = assert(io.open(path))
+  local s = f:read("a")
+  f:close()
+  return (s:gsub("/%*.-%*/", " "):gsub("//[^\n]*", " "))
+end
+
+-- the names of `names` that the files of `paths` call or mention
+local function used (paths, names)
+  local hits = {}
+  for _, path in ipairs(paths) do
+    local code = code_of(path)
+    for word in code:gmatch("mg_[%w_]+") do
+      if names[word] then hits[#hits + 1] = path .. " -> " .. word .. " (" .. names[word] .. ")" end
+    end
+  end
+  table.sort(hits)
+  return hits
+end
+
+local function core_files ()
+  local list = {}
+  local p = io.popen("ls src/*.c")
+  for path in p:lines() do if path ~= "src/main.c" then list[#list + 1] = path end end
+  p:close()
+  return list
+end
+
+describe("the floors of the C code", function()
+  it("no core file (src/*.c) names a function of the ops or of autodiff", function()
+    local above = defined("src/ops")
+    for name, path in pairs(defined("src/autodiff")) do above[name] = path end
+    assert.same({}, used(core_files(), above))
+  end)
+end)
