@@ -17,6 +17,7 @@
 static void adopt (mg_variable *v, mg_tensor *t) {
   t->id = v->id;
   t->var = v;
+  t->number = false;                  /* a variable's value is state, never a number */
   mg_storage_hold(t->storage, MG_ROLE_VARIABLE, 1);
   v->value = t;
 }
