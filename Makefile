@@ -213,12 +213,16 @@ tsan: deps
 # random programs over the whole API under the sanitizers (spec/fuzz/):
 # FUZZ_SECONDS=600 by default, FUZZ_SEED= to replay a run;
 # the fuzzer's minimal reproducers (each once a crash or a wrong result), then fuzzing;
-# then the parsers' libFuzzer harnesses (fuzz-parsers)
+# then the parsers' libFuzzer harnesses (fuzz-parsers), and what they kept run
+# once more through the whole library under GCC's ASan + UBSan (in the harnesses
+# only the parsers are instrumented)
 fuzz: asan-build fuzz-build
+	$(ASAN_MAKE) $(patsubst %,build-asan/fuzz_replay_%,$(FUZZ_NAMES))
 	bash spec/fuzz/repro.sh
 	bash spec/fuzz/harness/run.sh --replay
 	bash spec/fuzz/run.sh
 	bash spec/fuzz/harness/run.sh
+	@for n in $(FUZZ_NAMES); do build-asan/fuzz_replay_$$n $(FUZZ_BUILD)/corpus/$$n || exit 1; done
 
 # libFuzzer harnesses (spec/fuzz/harness/) for the safetensors, IDX and CSV
 # readers and the kernel's wire format: each harness and the parser sources it

@@ -9,9 +9,10 @@
 ** an empty key (signing off). The rest is the frames, one a line ('\n'
 ** separates them: write the JSON parts on one line each).
 **
-** Oracles: a message that decodes with a key decodes once (the same frames
-** again are a replay); its header and content are objects; an index is in
-** its range; mg_ktext gives valid UTF-8 without NUL. A self-test of the
+** Oracles: a message signed here is refused only for its JSON; one that
+** decodes with a key decodes once (the same frames again are a replay); its
+** header and content are objects; an index is in its range; mg_ktext gives
+** valid UTF-8 without NUL. A self-test of the
 ** signature store (mg_kseen) runs first.
 */
 #include "harness.h"
@@ -108,6 +109,8 @@ int LLVMFuzzerTestOneInput (const uint8_t *data, size_t size) {
     if (twice == 1) mg_kmsg_free(&again);
   } else {
     CHECK(got == 0 && why != NULL && m.header == NULL && m.ids == NULL, "a refusal leaves nothing");
+    if ((mode & 1) && n - d >= 6)                     /* signed here: only its JSON can be wrong */
+      CHECK(strstr(why, "JSON") != NULL, "signed with the key, refused: %s", why);
   }
   mg_kseen_free(&seen);
   cJSON *text = mg_ktext((const char *)data, size);

@@ -58,7 +58,7 @@ static int folder (const char *dir) {
     n++;
   }
   closedir(d);
-  qsort(names, n, sizeof *names, compare);
+  if (n > 1) qsort(names, n, sizeof *names, compare);
   int count = 0;
   for (size_t i = 0; i < n; i++) {
     struct stat st;
