@@ -628,7 +628,7 @@ static void history (Kernel *k, mg_kmsg *m) {
     from = total - n;
   cJSON *list = cJSON_CreateArray();
   long i = 0;
-  for (cJSON *h = k->history->child; h; h = h->next, i++)
+  for (cJSON *h = k->history ? k->history->child : NULL; h; h = h->next, i++)
     if (i >= from) cJSON_AddItemToArray(list, cJSON_Duplicate(h, 1));
   cJSON *c = cJSON_CreateObject();
   cJSON_AddStringToObject(c, "status", "ok");
