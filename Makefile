@@ -3,6 +3,7 @@
 #   make demo    build and run the seed example (installs missing Debian packages)
 #   make test    build and run every test        (installs missing Debian packages)
 #   make asan    the specs again under AddressSanitizer + UBSan
+#   make fuzz    random Lua programs, then libFuzzer on every parser (spec/fuzz/)
 #   make bench   benchmarks side by side with PyTorch
 #
 # Override any of these on the command line: make MARCH= OPT=-O2 LTO=
@@ -55,6 +56,9 @@ VERSION = $(shell sed -n 's/^#define MG_VERSION  *"moongrad \(.*\)"/\1/p' includ
 DEPS = lua5.4 liblua5.4-dev lua-busted libreadline-dev libdnnl-dev libopenblas-openmp-dev libcjson-dev \
        libdlpack-dev zlib1g-dev gnuplot-nox tmux luarocks pkg-config libopenmpi-dev openmpi-bin \
        libzmq3-dev libssl-dev
+# what the libFuzzer harnesses need (make fuzz, make fuzz-parsers): clang and its
+# runtimes (libclang-rt-dev: libFuzzer, ASan, UBSan); the library itself stays on GCC
+FUZZ_DEPS = clang libclang-rt-dev
 # what the notebook specs need besides (spec/37-kernel_spec.lua): make notebook-deps,
 # which .ci/run calls; make test skips those specs, saying so, when they are missing
 NOTEBOOK_DEPS = python3-jupyter-client python3-nbclient python3-ipykernel jupyter-nbconvert chromium
@@ -80,7 +84,8 @@ LUA_MODS = $(wildcard lua/moongrad/*.lua)
 LIB_OBJ = $(patsubst src/%.c,$(BUILD)/obj/%.o,$(LIB_SRC)) $(BUILD)/obj/embedded.o
 HEADERS = $(wildcard include/*.h src/*.h src/*/*.h)
 
-.PHONY: all deps notebook-deps install-kernel test demo asan asan-build tsan fuzz run-c-tests bench install clean check sz api-table
+.PHONY: all deps notebook-deps fuzz-deps install-kernel test demo asan asan-build tsan fuzz fuzz-build fuzz-parsers \
+        run-c-tests bench install clean check sz api-table
 
 all: $(BUILD)/moongrad $(BUILD)/moongrad.so $(BUILD)/libmoongrad.a
 
@@ -118,6 +123,11 @@ $(BUILD)/obj/main.o: src/main.c $(HEADERS)
 # and files (spec/)
 C_TESTS = $(BUILD)/embed_host $(BUILD)/recompute_host $(BUILD)/c_api_test $(BUILD)/threads_test \
           $(BUILD)/io_test $(BUILD)/loop_host
+# the fuzz harnesses of spec/fuzz/harness/ built by $(CC) with a main of their
+# own (replay.c), which runs each on its seeds and reproducers: a regression test
+# without clang (make fuzz fuzzes them; see there)
+FUZZ_NAMES = safetensors idx csv wire
+FUZZ_REPLAY = $(patsubst %,$(BUILD)/fuzz_replay_%,$(FUZZ_NAMES))
 
 $(BUILD)/%: examples/%.c $(BUILD)/libmoongrad.a
 	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libmoongrad.a $(LUA_LIB) $(LIBS)
@@ -125,8 +135,15 @@ $(BUILD)/%: examples/%.c $(BUILD)/libmoongrad.a
 $(BUILD)/%: spec/%.c $(BUILD)/libmoongrad.a
 	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libmoongrad.a $(LUA_LIB) $(LIBS) -lpthread
 
-run-c-tests: $(C_TESTS)
+$(BUILD)/fuzz_replay_%: spec/fuzz/harness/fuzz_%.c spec/fuzz/harness/replay.c spec/fuzz/harness/harness.h \
+                        $(BUILD)/obj/kernel/wire.o $(BUILD)/libmoongrad.a
+	$(CC) $(CFLAGS) -o $@ spec/fuzz/harness/replay.c $< $(BUILD)/obj/kernel/wire.o $(BUILD)/libmoongrad.a \
+	  $(LIBS) $(KERNEL_LIBS)
+
+run-c-tests: $(C_TESTS) $(FUZZ_REPLAY)
 	@for t in $(C_TESTS); do $$t || exit 1; done
+	@for n in $(FUZZ_NAMES); do \
+	  $(BUILD)/fuzz_replay_$$n spec/fuzz/harness/corpus/$$n spec/fuzz/harness/repro/$$n || exit 1; done
 
 # installs what is missing, and nothing when all is there; as root directly,
 # otherwise through sudo (env after sudo: sudo resets the environment).
@@ -150,6 +167,10 @@ deps:
 # the notebook specs' packages (Jupyter's client, nbconvert, headless Chromium)
 notebook-deps:
 	@$(MAKE) -s deps DEPS="$(NOTEBOOK_DEPS)"
+
+# clang and libFuzzer for the parser harnesses
+fuzz-deps:
+	@$(MAKE) -s deps DEPS="$(FUZZ_DEPS)"
 
 # the kernelspec, so that jupyter notebook / jupyter lab list moongrad;
 # KERNEL_FLAGS= for a system-wide one (/usr/local/share/jupyter/kernels)
@@ -190,11 +211,48 @@ tsan: deps
 	OMP_NUM_THREADS=1 TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 build-tsan/threads_test
 
 # random programs over the whole API under the sanitizers (spec/fuzz/):
-# FUZZ_SECONDS=600 by default, FUZZ_SEED= to replay a run
-# the fuzzer's minimal reproducers (each once a crash or a wrong result), then fuzzing
-fuzz: asan-build
+# FUZZ_SECONDS=600 by default, FUZZ_SEED= to replay a run;
+# the fuzzer's minimal reproducers (each once a crash or a wrong result), then fuzzing;
+# then the parsers' libFuzzer harnesses (fuzz-parsers), and what they kept run
+# once more through the whole library under GCC's ASan + UBSan (in the harnesses
+# only the parsers are instrumented)
+fuzz: asan-build fuzz-build
+	$(ASAN_MAKE) $(patsubst %,build-asan/fuzz_replay_%,$(FUZZ_NAMES))
 	bash spec/fuzz/repro.sh
+	bash spec/fuzz/harness/run.sh --replay
 	bash spec/fuzz/run.sh
+	bash spec/fuzz/harness/run.sh
+	@for n in $(FUZZ_NAMES); do build-asan/fuzz_replay_$$n $(FUZZ_BUILD)/corpus/$$n || exit 1; done
+
+# libFuzzer harnesses (spec/fuzz/harness/) for the safetensors, IDX and CSV
+# readers and the kernel's wire format: each harness and the parser sources it
+# calls (src/io/*.c, src/kernel/wire.c) compiled by clang with coverage, ASan
+# and UBSan; the rest of the library by GCC into $(FUZZ_BUILD)/ (uninstrumented:
+# clang 14 has no _Float16). FUZZ_HARNESS_SECONDS a harness (default: FUZZ_SECONDS,
+# else 600); reproducers in spec/fuzz/harness/repro/ run first
+FUZZ_CC     ?= clang
+FUZZ_BUILD  ?= build-fuzz
+FUZZ_CFLAGS  = -std=c11 -D_POSIX_C_SOURCE=200809L -g -O1 -fno-omit-frame-pointer \
+               -fsanitize=address,undefined -fno-sanitize-recover=undefined -Iinclude -Isrc $(WARN)
+FUZZ_PARSERS = $(patsubst src/%.c,$(FUZZ_BUILD)/parsers/%.o,$(wildcard src/io/*.c) src/kernel/wire.c)
+FUZZ_BINS    = $(patsubst %,$(FUZZ_BUILD)/fuzz_%,$(FUZZ_NAMES))
+
+$(FUZZ_BUILD)/parsers/%.o: src/%.c $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link -c $< -o $@
+
+# the parsers' objects come first: the library's own copies of them are never linked
+$(FUZZ_BUILD)/fuzz_%: spec/fuzz/harness/fuzz_%.c spec/fuzz/harness/harness.h $(FUZZ_PARSERS) $(FUZZ_BUILD)/libmoongrad.a
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer -o $@ $< $(FUZZ_PARSERS) $(FUZZ_BUILD)/libmoongrad.a \
+	  $(BASE_LIBS) -lgomp $(KERNEL_LIBS)
+
+fuzz-build: deps fuzz-deps
+	$(MAKE) BUILD=$(FUZZ_BUILD) OPT="-O1 -g" LTO= $(FUZZ_BUILD)/libmoongrad.a
+	$(MAKE) $(FUZZ_BINS)
+
+fuzz-parsers: fuzz-build
+	bash spec/fuzz/harness/run.sh --replay
+	bash spec/fuzz/harness/run.sh
 
 bench: deps
 	$(MAKE) all
@@ -221,4 +279,4 @@ sz:
 	@wc -l include/*.h src/*.c src/*.h src/*/*.c src/*/*.h lua/moongrad/*.lua | sort -n
 
 clean:
-	rm -rf build build-asan build-tsan
+	rm -rf build build-asan build-tsan $(FUZZ_BUILD)

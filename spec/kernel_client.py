@@ -175,6 +175,14 @@ def complete(k):
     k.kc.complete("é = mg.nn.Den", 13)                # cursor in code points, not bytes
     r = k.kc.get_shell_msg(timeout=TIMEOUT)["content"]
     check("mg.nn.Dense" in r["matches"] and r["cursor_start"] == 4, "code points", r)
+    for pos in (-1, 12, -1e300, 1e300):               # outside the code: its end
+        k.kc.complete("z = mg.matm", pos)
+        r = k.kc.get_shell_msg(timeout=TIMEOUT)["content"]
+        check(r["status"] == "ok" and "mg.matmul" in r["matches"] and r["cursor_end"] == 11,
+              "cursor_pos %r is taken for the end" % pos, r)
+    k.kc.inspect("mg.matmul(a, b)", pos)
+    r = k.kc.get_shell_msg(timeout=TIMEOUT)["content"]
+    check(r["status"] == "ok" and not r["found"], "inspect with cursor_pos 1e300: at the end, after ')'", r)
     k.kc.inspect("mg.matmul(a, b)", 9)
     r = k.kc.get_shell_msg(timeout=TIMEOUT)["content"]
     check(r["found"] and "mg.matmul(a, b)" in r["data"]["text/plain"] and "matrix product" in r["data"]["text/plain"],
@@ -281,6 +289,16 @@ def history(k):
     k.kc.history(hist_access_type="range")
     r = k.kc.get_shell_msg(timeout=TIMEOUT)["content"]
     check(len(r["history"]) == 3, "all three", r)
+    # n is taken only when 0 <= n < the count; else all of it, as IPython's
+    # LIMIT n (a negative one is no limit): -1e300 once spun for half a minute
+    for n, want in [(-1, 3), (-1e300, 3), (1e300, 3), (3, 3), (2.5, 2), (0, 0), ("2", 3), (None, 3)]:
+        k.kc.history(hist_access_type="tail", n=n)
+        r = k.kc.get_shell_msg(timeout=TIMEOUT)["content"]
+        check(r["status"] == "ok" and len(r["history"]) == want, "tail with n = %r: %d" % (n, want), r)
+        check(r["history"] == [[1, i, c] for i, c in enumerate(["a = 1", "b = 2", "return a + b"], 1)][3 - want:],
+              "the last %d in order" % want, r)
+    reply, _ = k.run("return 1")
+    check(reply["status"] == "ok", "the kernel goes on", reply)
 
 
 def restart(k):
@@ -345,6 +363,67 @@ def forged(k):
     log = k.log_text()
     check(log.count("dropped a message") == 4, "each logged", log)
     check("wrong signature" in log and "not signed" in log and "a replay" in log, "saying why", log)
+    sock.close(0)
+
+
+def raw_shell(k):
+    """a DEALER of our own on the shell port, a Session with the key, and a reader of its replies"""
+    info = k.km.get_connection_info()
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.connect("%s://%s:%d" % (info["transport"], info["ip"], info["shell_port"]))
+    session = Session(key=info["key"])
+
+    def reply():
+        check(sock.poll(TIMEOUT * 1000), "a reply")
+        return session.deserialize(session.feed_identities(sock.recv_multipart())[1])
+    return sock, session, reply
+
+
+def execute_content(code):
+    return {"code": code, "silent": False, "store_history": True, "user_expressions": {}, "allow_stdin": False}
+
+
+def replays(k):
+    """a captured signed message is refused however many came after it (it was the last 4096 only)"""
+    sock, session, reply = raw_shell(k)
+    counter = os.path.join(k.tmp, "runs")
+    first = session.serialize(session.msg("execute_request", execute_content(
+        'io.open(%s, "a"):write("x"):close()' % json.dumps(counter))))
+    sock.send_multipart(first)
+    r = reply()
+    check(r["msg_type"] == "execute_reply" and r["content"]["status"] == "ok", "it runs once", r)
+    for _ in range(4200):                                                  # signed, each its own
+        sock.send_multipart(session.serialize(session.msg("kernel_info_request", {})))
+        r = reply()
+        check(r["msg_type"] == "kernel_info_reply", "kernel_info_reply", r["msg_type"])
+    sock.send_multipart(first)                                             # the replay
+    sock.send_multipart(session.serialize(session.msg("kernel_info_request", {})))
+    r = reply()
+    check(r["msg_type"] == "kernel_info_reply", "no reply to the replay: the next message's comes first", r)
+    check(open(counter).read() == "x", "the replay did not run", open(counter).read())
+    log = k.log_text()
+    check(log.count("a replay (its signature was seen before)") == 1, "logged", log[-2000:])
+    sock.close(0)
+
+
+def oversized(k):
+    """a frame above 16 MiB (MG_KMAXFRAME) is refused by ZeroMQ before it is stored; one below is run"""
+    sock, session, reply = raw_shell(k)
+    for size, runs in ((17 << 20, False), (15 << 20, True)):
+        target = os.path.join(k.tmp, "ran-%d" % size)
+        code = 'io.open(%s, "w"):write("ran"):close()\n--' % json.dumps(target)
+        parts = session.serialize(session.msg("execute_request", execute_content(code + "x" * (size - len(code)))))
+        check(len(parts[-1]) > size if not runs else len(parts[-1]) < 16 << 20, "the content's size", len(parts[-1]))
+        sock.send_multipart(parts)                                         # correctly signed
+        sock.send_multipart(session.serialize(session.msg("kernel_info_request", {})))
+        r = reply()
+        if runs:
+            check(r["msg_type"] == "execute_reply" and r["content"]["status"] == "ok", "15 MiB runs", r["content"])
+            r = reply()
+        check(r["msg_type"] == "kernel_info_reply", "the next message is answered", r["msg_type"])
+        check(os.path.exists(target) == runs, "ran" if runs else "did not run", size)
+    reply_, _ = k.run("return 1")
+    check(reply_["status"] == "ok", "the kernel still answers", reply_)
     sock.close(0)
 
 

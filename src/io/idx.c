@@ -120,7 +120,12 @@ mg_tensor *mg_read_idx (const char *path, int dtype) {
   mg_dtype src = code == 0x0D ? MG_FLOAT32 : code == 0x0E ? MG_FLOAT64 : MG_INT64;
   mg_dtype dt = dtype >= 0 ? (mg_dtype)dtype
               : src != MG_INT64 ? src : (nd >= 2 && esize <= 2) ? MG_FLOAT32 : MG_INT64;
-  if ((t = mg_empty(shape, nd, dt)) == NULL) goto fail;
+  if ((t = mg_empty(shape, nd, dt)) == NULL) {     /* zero elements, sizes too big for a tensor */
+    char why[300];
+    snprintf(why, sizeof why, "%s", mg_errmsg_raw());
+    mg_io_error(FN, path, "%s", why);
+    goto fail;
+  }
   raw = (unsigned char *)malloc((size_t)CHUNK * (size_t)esize);
   vals = malloc((size_t)CHUNK * 8);
   if (raw == NULL || vals == NULL) {

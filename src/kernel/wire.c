@@ -4,12 +4,16 @@
 **   [identities...] "<IDS|MSG>" signature header parent_header metadata content
 **
 ** The signature is the hex HMAC-SHA256 (OpenSSL) of the four JSON parts
-** with the connection file's key. A received message whose signature is
-** missing or wrong is dropped and logged before anything reads it; the
-** comparison takes the same time wherever the strings differ
-** (CRYPTO_memcmp). A signature seen before is a replay, dropped too (as
-** jupyter_client's Session keeps a digest history). An empty key means
-** signing is off, as Jupyter has it.
+** with the connection file's key, computed over the frames where ZeroMQ
+** left them (nothing is copied before the signature is known good). A
+** received message whose signature is missing or wrong is dropped and
+** logged before anything reads it; the comparison takes the same time
+** wherever the strings differ (CRYPTO_memcmp). A signature seen before is a
+** replay, dropped too: every good signature is remembered for the kernel's
+** life (jupyter_client's Session keeps the last 2^16), as 8 bytes of its
+** digest in a hash set (mg_kseen). An empty key means signing is off, as
+** Jupyter has it. The kernel's sockets take frames of at most MG_KMAXFRAME
+** bytes (kernel.h).
 */
 #include <errno.h>
 #include <stdarg.h>
@@ -19,18 +23,20 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <openssl/core_names.h>
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
-#include <openssl/hmac.h>
+#include <openssl/params.h>
 #include <openssl/rand.h>
 #include <zmq.h>
 
 #include "kernel/kernel.h"
 
 #define DELIM     "<IDS|MSG>"
-#define HEXSIG    (2 * 32)              /* SHA-256, in hex */
+#define DIGEST    32                    /* SHA-256 */
+#define HEXSIG    (2 * DIGEST)          /* in hex */
+_Static_assert(DIGEST == MG_KDIGEST && HEXSIG == MG_KHEXSIG, "kernel.h's sizes");
 #define MAXFRAMES 64                    /* identities + 6 + buffers: more is not a client */
-#define SEEN      4096                  /* signatures remembered against replays */
 
 /* {======================== the log ======================== */
 
@@ -121,32 +127,78 @@ void mg_kconn_endpoint (const mg_kconn *c, int which, char *buf, size_t n) {
 
 /* {======================== signatures ======================= */
 
-/* hex HMAC-SHA256 of the parts, or "" with no key; 0, or -1 out of memory */
-static int sign (const char *key, const char *const part[4], const size_t len[4], char out[HEXSIG + 1]) {
+/* HMAC-SHA256 of the four parts with key, read where they lie; 0 or -1 */
+static int hmac (const char *key, const void *const part[4], const size_t len[4], unsigned char md[DIGEST]) {
+  EVP_MAC *mac = EVP_MAC_fetch(NULL, "HMAC", NULL);
+  EVP_MAC_CTX *ctx = mac ? EVP_MAC_CTX_new(mac) : NULL;
+  char digest[] = "SHA256";
+  OSSL_PARAM params[2] = {OSSL_PARAM_construct_utf8_string(OSSL_MAC_PARAM_DIGEST, digest, 0),
+                          OSSL_PARAM_construct_end()};
+  size_t n = 0;
+  int ok = ctx && EVP_MAC_init(ctx, (const unsigned char *)key, strlen(key), params);
+  for (int i = 0; ok && i < 4; i++) ok = len[i] == 0 || EVP_MAC_update(ctx, part[i], len[i]);
+  ok = ok && EVP_MAC_final(ctx, md, &n, DIGEST) && n == DIGEST;
+  EVP_MAC_CTX_free(ctx);
+  EVP_MAC_free(mac);
+  return ok ? 0 : -1;
+}
+
+static void tohex (const unsigned char md[DIGEST], char out[HEXSIG + 1]) {
+  static const char hex[] = "0123456789abcdef";
+  for (int i = 0; i < DIGEST; i++) {
+    out[2 * i] = hex[md[i] >> 4];
+    out[2 * i + 1] = hex[md[i] & 15];
+  }
+  out[HEXSIG] = '\0';
+}
+
+int mg_ksign (const char *key, const void *const part[4], const size_t len[4], char out[MG_KHEXSIG + 1]) {
+  unsigned char md[DIGEST];
   out[0] = '\0';
   if (key[0] == '\0') return 0;
-  size_t total = len[0] + len[1] + len[2] + len[3];
-  unsigned char *all = malloc(total ? total : 1), md[EVP_MAX_MD_SIZE];
-  if (all == NULL) return -1;
-  for (size_t i = 0, at = 0; i < 4; at += len[i], i++) memcpy(all + at, part[i], len[i]);
-  unsigned int mdlen = 0;
-  unsigned char *ok = HMAC(EVP_sha256(), key, (int)strlen(key), all, total, md, &mdlen);
-  free(all);
-  if (ok == NULL) return -1;
-  for (unsigned int i = 0; i < mdlen; i++) snprintf(out + 2 * i, 3, "%02x", md[i]);
+  if (hmac(key, part, len, md) != 0) return -1;
+  tohex(md, out);
   return 0;
 }
 
-/* was sig (HEXSIG characters) seen among the last SEEN? remembers it if not */
-static int replayed (const char *sig) {
-  static char seen[SEEN][HEXSIG];
-  static size_t next, filled;
-  for (size_t i = 0; i < filled; i++)
-    if (memcmp(seen[i], sig, HEXSIG) == 0) return 1;
-  memcpy(seen[next], sig, HEXSIG);
-  next = (next + 1) % SEEN;
-  if (filled < SEEN) filled++;
+/*
+** The signatures seen: the first 8 bytes of each digest (HMAC output, so
+** uniform: they are their own hash) in an open-addressed table, at most 3/4
+** full, doubled when it would be more. 0 marks a free slot (a digest whose
+** 8 bytes are 0 is kept as 1). Two messages are taken for one only if 64
+** bits of their HMACs agree: about 3 in 10^8 after 10^6 messages.
+*/
+static size_t seen_slot (const mg_kseen *s, uint64_t v) {
+  size_t i = (size_t)v & (s->cap - 1);
+  while (s->slot[i] != 0 && s->slot[i] != v) i = (i + 1) & (s->cap - 1);
+  return i;
+}
+
+static int seen_grow (mg_kseen *s) {
+  mg_kseen t = {NULL, s->cap ? 2 * s->cap : 1024, s->n};
+  if (t.cap > SIZE_MAX / 2 / sizeof *t.slot || (t.slot = calloc(t.cap, sizeof *t.slot)) == NULL) return -1;
+  for (size_t i = 0; i < s->cap; i++)
+    if (s->slot[i] != 0) t.slot[seen_slot(&t, s->slot[i])] = s->slot[i];
+  free(s->slot);
+  *s = t;
   return 0;
+}
+
+int mg_kseen_add (mg_kseen *s, const unsigned char digest[MG_KDIGEST]) {
+  uint64_t v;
+  memcpy(&v, digest, sizeof v);
+  if (v == 0) v = 1;
+  if ((s->n + 1) * 4 > s->cap * 3 && seen_grow(s) != 0) return -1;
+  size_t i = seen_slot(s, v);
+  if (s->slot[i] == v) return 0;
+  s->slot[i] = v;
+  s->n++;
+  return 1;
+}
+
+void mg_kseen_free (mg_kseen *s) {
+  free(s->slot);
+  memset(s, 0, sizeof *s);
 }
 
 /* }========================================================== */
@@ -183,8 +235,8 @@ static int frames_recv (void *sock, frames *fs) {
   return overflow ? 0 : 1;
 }
 
-static cJSON *parse_part (zmq_msg_t *m) {
-  return cJSON_ParseWithLength((const char *)zmq_msg_data(m), zmq_msg_size(m));
+static cJSON *parse_part (const void *data, size_t n) {
+  return n ? cJSON_ParseWithLength((const char *)data, n) : NULL;
 }
 
 void mg_kmsg_free (mg_kmsg *m) {
@@ -198,62 +250,83 @@ void mg_kmsg_free (mg_kmsg *m) {
   memset(m, 0, sizeof *m);
 }
 
-static int drop (frames *fs, const char *why) {
-  mg_klog("dropped a message: %s", why);
-  frames_close(fs);
+/* 0, with *why; nothing is kept */
+static int refuse (mg_kmsg *m, const char **why, const char *reason) {
+  mg_kmsg_free(m);
+  *why = reason;
   return 0;
 }
 
-int mg_kmsg_recv (void *sock, const char *key, mg_kmsg *m) {
+int mg_kmsg_decode (int n, const void *const frame[], const size_t len[], const char *key, mg_kseen *seen,
+                    mg_kmsg *m, const char **why) {
+  memset(m, 0, sizeof *m);
+  int d = 0;
+  while (d < n && !(len[d] == sizeof DELIM - 1 && memcmp(frame[d], DELIM, sizeof DELIM - 1) == 0)) d++;
+  if (n - d < 6) return refuse(m, why, "not a Jupyter message (no <IDS|MSG> and five parts after it)");
+  const void *const *part = frame + d + 2;
+  const size_t *plen = len + d + 2;
+  if (key[0]) {
+    unsigned char md[DIGEST];
+    char want[HEXSIG + 1];
+    if (len[d + 1] != HEXSIG)
+      return refuse(m, why, len[d + 1] ? "its signature is not an HMAC-SHA256" : "it is not signed");
+    if (hmac(key, part, plen, md) != 0) return refuse(m, why, "out of memory checking its signature");
+    tohex(md, want);
+    if (CRYPTO_memcmp(frame[d + 1], want, HEXSIG) != 0) return refuse(m, why, "wrong signature");
+    int fresh = mg_kseen_add(seen, md);
+    if (fresh < 0) return refuse(m, why, "out of memory remembering its signature");
+    if (fresh == 0) return refuse(m, why, "a replay (its signature was seen before)");
+  }
+  m->header = parse_part(part[0], plen[0]);
+  m->parent = parse_part(part[1], plen[1]);
+  m->metadata = parse_part(part[2], plen[2]);
+  m->content = parse_part(part[3], plen[3]);
+  if (!cJSON_IsObject(m->header) || !cJSON_IsObject(m->content))
+    return refuse(m, why, "its header or content is not a JSON object");
+  m->ids = calloc((size_t)d + 1, sizeof *m->ids);
+  m->idlen = calloc((size_t)d + 1, sizeof *m->idlen);
+  if (m->ids == NULL || m->idlen == NULL) return refuse(m, why, "out of memory");
+  for (int i = 0; i < d; i++) {
+    m->idlen[i] = len[i];
+    if ((m->ids[i] = malloc(len[i] ? len[i] : 1)) == NULL) return refuse(m, why, "out of memory");
+    if (len[i]) memcpy(m->ids[i], frame[i], len[i]);
+    m->nids = i + 1;
+  }
+  return 1;
+}
+
+int mg_kmsg_recv (void *sock, const char *key, mg_kseen *seen, mg_kmsg *m) {
   frames fs;
   memset(m, 0, sizeof *m);
   int got = frames_recv(sock, &fs);
   if (got < 0) return -1;
-  if (got == 0) return drop(&fs, "too many frames");
-  int d = 0;
-  while (d < fs.n && !(zmq_msg_size(&fs.f[d]) == sizeof DELIM - 1 &&
-                       memcmp(zmq_msg_data(&fs.f[d]), DELIM, sizeof DELIM - 1) == 0)) d++;
-  if (fs.n - d < 6) return drop(&fs, "not a Jupyter message (no <IDS|MSG> and five parts after it)");
-  const char *part[4];
-  size_t len[4];
-  for (int i = 0; i < 4; i++) {
-    part[i] = (const char *)zmq_msg_data(&fs.f[d + 2 + i]);
-    len[i] = zmq_msg_size(&fs.f[d + 2 + i]);
+  const char *why = "too many frames";
+  if (got > 0) {
+    const void *data[MAXFRAMES];
+    size_t len[MAXFRAMES];
+    for (int i = 0; i < fs.n; i++) {
+      data[i] = zmq_msg_data(&fs.f[i]);
+      len[i] = zmq_msg_size(&fs.f[i]);
+    }
+    got = mg_kmsg_decode(fs.n, data, len, key, seen, m, &why);
   }
-  if (key[0]) {
-    char want[HEXSIG + 1];
-    if (sign(key, part, len, want) != 0) return drop(&fs, "out of memory checking its signature");
-    zmq_msg_t *sig = &fs.f[d + 1];
-    if (zmq_msg_size(sig) != HEXSIG) return drop(&fs, zmq_msg_size(sig) ? "its signature is not an HMAC-SHA256"
-                                                                        : "it is not signed");
-    if (CRYPTO_memcmp(zmq_msg_data(sig), want, HEXSIG) != 0) return drop(&fs, "wrong signature");
-    if (replayed(want)) return drop(&fs, "a replay (its signature was seen before)");
-  }
-  m->header = parse_part(&fs.f[d + 2]);
-  m->parent = parse_part(&fs.f[d + 3]);
-  m->metadata = parse_part(&fs.f[d + 4]);
-  m->content = parse_part(&fs.f[d + 5]);
-  m->ids = calloc((size_t)d + 1, sizeof *m->ids);
-  m->idlen = calloc((size_t)d + 1, sizeof *m->idlen);
-  int ok = cJSON_IsObject(m->header) && cJSON_IsObject(m->content) && m->ids && m->idlen;
-  for (int i = 0; ok && i < d; i++) {
-    m->idlen[i] = zmq_msg_size(&fs.f[i]);
-    m->ids[i] = malloc(m->idlen[i] ? m->idlen[i] : 1);
-    if (m->ids[i] == NULL) ok = 0;
-    else memcpy(m->ids[i], zmq_msg_data(&fs.f[i]), m->idlen[i]);
-    m->nids = i + 1;
-  }
-  if (!ok) {
-    mg_kmsg_free(m);
-    return drop(&fs, "its header or content is not a JSON object");
-  }
+  if (got == 0) mg_klog("dropped a message: %s", why);
   frames_close(&fs);
-  return 1;
+  return got;
 }
 
 const char *mg_kmsg_type (const mg_kmsg *m) {
   cJSON *t = cJSON_GetObjectItemCaseSensitive(m->header, "msg_type");
   return cJSON_IsString(t) ? t->valuestring : "";
+}
+
+int mg_kjson_index (const cJSON *j, const char *key, long lo, long hi, long *out) {
+  const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, key);
+  if (!cJSON_IsNumber(v)) return 0;
+  double d = v->valuedouble;                    /* NaN fails both tests */
+  if (!(d >= (double)lo && d < (double)hi)) return 0;
+  *out = (long)d;
+  return 1;
 }
 
 /* }========================================================== */
@@ -344,7 +417,7 @@ int mg_kmsg_send (void *sock, const char *key, const char *session, const mg_kms
   size_t len[4];
   if (part[0] && part[1] && part[2] && part[3]) {
     for (int i = 0; i < 4; i++) len[i] = strlen(part[i]);
-    rc = sign(key, (const char *const *)part, len, sig);
+    rc = mg_ksign(key, (const void *const *)part, len, sig);
   }
   if (rc == 0) {
     if (to != NULL) {

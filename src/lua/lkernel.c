@@ -7,7 +7,8 @@
 ** runs the Lua code; heartbeat (REP) echoes on a thread of its own; iopub
 ** (PUB) carries status, the code being run, its output and results; stdin
 ** is bound but input is not asked for (io.read reads /dev/null). The wire
-** format and its HMAC signatures are src/kernel/wire.c.
+** format and its HMAC signatures are src/kernel/wire.c. Every socket takes
+** frames of at most MG_KMAXFRAME bytes (16 MiB, kernel.h).
 **
 ** Output: fds 1 and 2 are pipes read by a thread (src/kernel/output.c), sent
 ** as stream messages (stdout, stderr), so print, io.write, the library's C
@@ -65,6 +66,7 @@ typedef struct Kernel {
   const mg_kmsg *request;      /* the execute_request running, for input_request */
   int allow_stdin;             /* its allow_stdin */
   cJSON *history;              /* [[1, n, code], ...] */
+  mg_kseen seen;               /* every good signature so far: replays are refused */
   int quit, restart;
 } Kernel;
 
@@ -226,13 +228,13 @@ static int k_read (lua_State *L) {
     if (rc < 0 && errno != EINTR) return luaL_error(L, "io.read: the notebook's input channel failed (%s)", zmq_strerror(errno));
     if (rc <= 0) continue;
     mg_kmsg m;
-    if ((it[1].revents & ZMQ_POLLIN) && mg_kmsg_recv(k->sock[MG_KCONTROL], k->conn.key, &m) == 1) {
+    if ((it[1].revents & ZMQ_POLLIN) && mg_kmsg_recv(k->sock[MG_KCONTROL], k->conn.key, &k->seen, &m) == 1) {
       int stop = 0;
       serve_control_busy(k, &m, &stop);
       mg_kmsg_free(&m);
       if (stop) return luaL_error(L, "interrupted!");
     }
-    if (!(it[0].revents & ZMQ_POLLIN) || mg_kmsg_recv(k->sock[MG_KSTDIN], k->conn.key, &m) != 1) continue;
+    if (!(it[0].revents & ZMQ_POLLIN) || mg_kmsg_recv(k->sock[MG_KSTDIN], k->conn.key, &k->seen, &m) != 1) continue;
     int isreply = strcmp(mg_kmsg_type(&m), "input_reply") == 0;
     if (isreply) push_read(L, getstring(m.content, "value"), fmt);
     mg_kmsg_free(&m);
@@ -284,7 +286,7 @@ static void peek_control (lua_State *L, lua_Debug *ar) {
   if (zmq_poll(&it, 1, 0) <= 0) return;
   mg_kmsg m;
   int stop = 0;
-  if (mg_kmsg_recv(K->sock[MG_KCONTROL], K->conn.key, &m) == 1) {
+  if (mg_kmsg_recv(K->sock[MG_KCONTROL], K->conn.key, &K->seen, &m) == 1) {
     serve_control_busy(K, &m, &stop);
     mg_kmsg_free(&m);
   }
@@ -504,9 +506,10 @@ static long cp_of (const char *s, size_t byte) {
   return n;
 }
 
+/* cursor_pos, a code point in [0, the code's length]; else the end */
 static long cursor (const cJSON *content, const char *code) {
-  const cJSON *v = cJSON_GetObjectItemCaseSensitive(content, "cursor_pos");
-  return cJSON_IsNumber(v) ? (long)v->valuedouble : cp_of(code, strlen(code));
+  long end = cp_of(code, strlen(code)), pos;
+  return mg_kjson_index(content, "cursor_pos", 0, end + 1, &pos) ? pos : end;
 }
 
 static int cmpstr (const void *a, const void *b) {
@@ -619,14 +622,14 @@ static void kernel_info (Kernel *k, int which, mg_kmsg *m) {
 
 static void history (Kernel *k, mg_kmsg *m) {
   const char *how = getstring(m->content, "hist_access_type");
-  const cJSON *nj = cJSON_GetObjectItemCaseSensitive(m->content, "n");
   int total = cJSON_GetArraySize(k->history);
-  int from = 0;
-  if (strcmp(how, "tail") == 0 && cJSON_IsNumber(nj) && nj->valuedouble < total)
-    from = total - (int)nj->valuedouble;
+  long n = 0, from = 0;
+  if (strcmp(how, "tail") == 0 && mg_kjson_index(m->content, "n", 0, total, &n))   /* else all, as IPython */
+    from = total - n;
   cJSON *list = cJSON_CreateArray();
-  for (int i = from; i < total; i++)
-    cJSON_AddItemToArray(list, cJSON_Duplicate(cJSON_GetArrayItem(k->history, i), 1));
+  long i = 0;
+  for (cJSON *h = k->history ? k->history->child : NULL; h; h = h->next, i++)
+    if (i >= from) cJSON_AddItemToArray(list, cJSON_Duplicate(h, 1));
   cJSON *c = cJSON_CreateObject();
   cJSON_AddStringToObject(c, "status", "ok");
   cJSON_AddItemToObject(c, "history", list);
@@ -702,7 +705,7 @@ static int nqueued;
 static void take_queued (Kernel *k) {
   zmq_pollitem_t it = {k->sock[MG_KSHELL], 0, ZMQ_POLLIN, 0};
   while (nqueued < MAXQUEUED && zmq_poll(&it, 1, 0) > 0) {
-    int got = mg_kmsg_recv(k->sock[MG_KSHELL], k->conn.key, &queued[nqueued]);
+    int got = mg_kmsg_recv(k->sock[MG_KSHELL], k->conn.key, &k->seen, &queued[nqueued]);
     if (got < 0) break;
     nqueued += got;
   }
@@ -733,7 +736,7 @@ static void answer_queued (Kernel *k) {
 
 static void serve (Kernel *k, int which) {
   mg_kmsg m;
-  if (mg_kmsg_recv(k->sock[which], k->conn.key, &m) != 1) return;
+  if (mg_kmsg_recv(k->sock[which], k->conn.key, &k->seen, &m) != 1) return;
   handle(k, which, &m);
   mg_kmsg_free(&m);
   answer_queued(k);
@@ -761,7 +764,9 @@ static int open_sockets (Kernel *k) {
     mg_kconn_endpoint(&k->conn, i, ep, sizeof ep);
     k->sock[i] = zmq_socket(k->ctx, types[i]);
     if (k->sock[i] == NULL) return -1;
+    int64_t maxframe = MG_KMAXFRAME;                 /* before bind: for every connection */
     zmq_setsockopt(k->sock[i], ZMQ_LINGER, &linger, sizeof linger);
+    zmq_setsockopt(k->sock[i], ZMQ_MAXMSGSIZE, &maxframe, sizeof maxframe);
     if (zmq_bind(k->sock[i], ep) != 0) {
       mg_klog("cannot bind the %s socket to %s (%s)", names[i], ep, zmq_strerror(errno));
       return -1;
@@ -790,6 +795,7 @@ static void stop (Kernel *k) {
     if (k->sock[i]) zmq_close(k->sock[i]);
   if (k->ctx) zmq_ctx_term(k->ctx);
   cJSON_Delete(k->history);
+  mg_kseen_free(&k->seen);
   pthread_mutex_destroy(&k->lock);
   mg_klog_to(-1);                                /* closes logfd */
 }
