@@ -840,6 +840,27 @@ describe("Debian dataset packages", function()
     assert.same({"moongrad-tiny-dataset"}, listdir(d .. "/cache/moongrad/debs"))
   end)
 
+  it("keeps its cache in the user's own directory: without HOME and XDG_CACHE_HOME it refuses", function()
+    local d = tmpdir()
+    write(d .. "/cache.lua", [[
+      print(pcall(mg.data.cache_dir))
+      print(pcall(mg.data.debian_file, "moongrad-absent", "x"))
+    ]])
+    local msg = "no directory for the package cache: XDG_CACHE_HOME and HOME are unset, empty or relative; "
+                .. "set XDG_CACHE_HOME to a directory of your own"
+    assert(os.execute(("mkdir %s/bin && printf '#!/bin/sh\\nexit 100\\n' > %s/bin/apt-get && chmod +x %s/bin/apt-get")
+                      :format(d, d, d)))                  -- should anything try to fetch
+    for _, env in ipairs{"-u HOME -u XDG_CACHE_HOME", "HOME= XDG_CACHE_HOME=", "-u HOME XDG_CACHE_HOME=rel/dir"} do
+      local out = h.run(("PATH=%s/bin:$PATH env %s %s %s/cache.lua"):format(d, env, h.bin, d))
+      assert_has(out, "false\tcache_dir: " .. msg .. "\n")
+      assert_has(out, "false\tdebian_file: " .. msg .. "\n")
+    end
+    local out = h.run(("env HOME=%s XDG_CACHE_HOME=rel/dir %s -e 'print(mg.data.cache_dir())'"):format(d, h.bin))
+    assert.equal(d .. "/.cache/moongrad/debs\n", out)
+    out = h.run(("env HOME=%s XDG_CACHE_HOME=%s/xdg %s -e 'print(mg.data.cache_dir())'"):format(d, d, h.bin))
+    assert.equal(d .. "/xdg/moongrad/debs\n", out)
+  end)
+
   it("reads Fashion-MNIST and the digits when they are here", function()
     local function present (pkg, path)
       local ok, p = pcall(mg.data.debian_file, pkg, path)
