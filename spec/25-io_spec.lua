@@ -421,6 +421,21 @@ describe("files that are not regular files, and NUL bytes", function()
     assert.same({4}, mg.load(p).a.shape)
   end)
 
+  it("the GEMM choices file ($MOONGRAD_GEMM_CACHE) is passed over when it is a FIFO, never opened", function()
+    local d = tmpdir()
+    local p = d .. "/choices.fifo"
+    local done = fifo(p, "writer")
+    -- the writer touches p.done while it holds the FIFO open, before a reader
+    -- could see the end: once the run is over, p.done says whether it opened the FIFO
+    local out, code = h.run(("MOONGRAD_GEMM=openblas MOONGRAD_GEMM_CACHE=%s %s -e %s"):format(q(p), h.bin,
+                            q("print(mg.sum(mg.matmul(mg.ones{64, 64}, mg.ones{64, 64})):item())")))
+    local opened = exists(p .. ".done")
+    done()
+    assert.equal(0, code, out)
+    assert.equal("262144.0\n", out)
+    assert.is_false(opened)
+  end)
+
   it("memory.trace refuses a FIFO and a device, and reports a write that fails", function()
     local d = tmpdir()
     local ran = false
