@@ -379,6 +379,10 @@ describe("files that are not regular files, and NUL bytes", function()
                  err(mg.memory.trace, d .. "/t.json\0", function() end))
     assert.equal("saved_tensors_hooks: the path '" .. d .. "\\0x' contains a NUL byte",
                  err(mg.saved_tensors_hooks, {offload = d .. "\0x"}, function() end))
+    assert_has(err(mg.data.read_csv, d .. "/x.csv", {delimiter = "\0"}),
+               "option 'delimiter' must be one character other than NUL")       -- it meant ','
+    assert.equal("debian_file: the path 'usr/bin/lua5.4\\0x' contains a NUL byte",
+                 err(mg.data.debian_file, "lua5.4", "usr/bin/lua5.4\0x"))
     assert.same({"w.safetensors", "x.csv"}, listdir(d))
   end)
 

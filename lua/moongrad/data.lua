@@ -403,6 +403,7 @@ function data.debian_file (package, path)
   check.value(who, "package", package, check.string)
   check.value(who, "path", path, check.string)
   if not package:match("^[a-z0-9][a-z0-9.+-]*$") then fail(who, "'%s' is not a Debian package name", package) end
+  if path:find("\0", 1, true) then fail(who, "the path '%s' contains a NUL byte", (path:gsub("\0", "\\0"))) end
   path = path:gsub("^/+", "")
   if path == "" or path:find("%.%.") then fail(who, "path must be a file inside the package, got '%s'", path) end
   if exists("/" .. path) then return "/" .. path end

@@ -220,6 +220,8 @@ static int l_read_csv (lua_State *L) {
       size_t len;
       const char *d = lua_tolstring(L, -1, &len);
       if (len != 1) luaL_argerror(L, 2, lua_pushfstring(L, "option 'delimiter' must be one character, got '%s'", d));
+      if (d[0] == '\0')                               /* the C reader would take it for the default ',' */
+        luaL_argerror(L, 2, "option 'delimiter' must be one character other than NUL");
       o.delimiter = d[0];
     }
     if (lua_getfield(L, 2, "dtype") != LUA_TNIL) {
