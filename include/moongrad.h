@@ -804,7 +804,10 @@ MG_API int64_t   mg_revolve_recomputed (int64_t n, int64_t k);
 /* {============ files: safetensors, IDX and CSV datasets ========== */
 /* (src/io/) Errors name the function, the file and the problem:
 ** "load_safetensors: 'w.safetensors': the header length 4096 runs past the
-** end of the file (120 bytes; truncated, or not a safetensors file?)". */
+** end of the file (120 bytes; truncated, or not a safetensors file?)".
+** Files are regular files: the readers refuse a FIFO (without waiting for a
+** writer) or a device, and a save refuses one as its target ("is a FIFO,
+** not a regular file") rather than rename over it. */
 
 /* safetensors (Hugging Face's format): an 8-byte little-endian header
 ** length, a JSON header {"name": {"dtype": "F32", "shape": [2,3],
@@ -812,8 +815,9 @@ MG_API int64_t   mg_revolve_recomputed (int64_t n, int64_t k);
 ** the raw little-endian bytes. Dtypes: F32 F64 I64 BOOL F16 BF16. The
 ** header lists the tensors in the order given (unique names, UTF-8). The
 ** write is atomic: a temporary file beside path, fsync, rename; a failure
-** or a crash leaves the previous file as it was. nmeta pairs of strings go
-** in "__metadata__" (0 and NULLs for none). */
+** or a crash leaves the previous file as it was, and the new file keeps
+** the permissions of the one it replaces. nmeta pairs of strings go in
+** "__metadata__" (0 and NULLs for none). */
 MG_API mg_status mg_save_safetensors (const char *path, int n, const char *const *names,
                                       mg_tensor *const *tensors, int nmeta,
                                       const char *const *meta_keys,
@@ -828,8 +832,9 @@ typedef struct mg_named_tensors {
   char **meta_keys, **meta_values;
 } mg_named_tensors;
 /* Reads every tensor, or none: the header is checked whole first (JSON,
-** dtypes, shapes against offsets, offsets that tile the data with no gap
-** or overlap, unique names); NULL + error on any problem. */
+** no NUL in any string, dtypes, shapes against offsets, offsets that tile
+** the data with no gap or overlap, unique names); NULL + error on any
+** problem. */
 MG_API mg_named_tensors *mg_load_safetensors (const char *path);
 MG_API void              mg_named_tensors_free (mg_named_tensors *f);   /* NULL is fine */
 

@@ -96,6 +96,77 @@ describe("the moongrad interpreter", function()
       assert.truthy(out:find("42", 1, true))
       assert.is_nil(f)
     end)
+
+    -- on a terminal that script(1) makes (util-linux), typing a file of lines
+    describe("on a terminal, the history file", function()
+      local function q (s) return "'" .. s:gsub("'", "'\\''") .. "'" end
+      local function mode (path)
+        local p = io.popen("stat -c %a " .. q(path))
+        local m = p:read("l")
+        p:close()
+        return m
+      end
+      local dir
+      local it = it
+      if os.execute("command -v script >/dev/null 2>&1") ~= true then
+        it = function(name) pending(name .. ": no script(1) to run the REPL on a terminal") end
+      end
+
+      before_each(function()
+        dir = os.tmpname()
+        os.remove(dir)
+        assert(os.execute("mkdir " .. q(dir)))
+      end)
+
+      after_each(function() os.execute("rm -rf " .. q(dir)) end)
+
+      -- a session that types `lines` and then os.exit(0), history in `history`, under umask 000
+      local function session (history, lines)
+        local input = dir .. "/input"
+        local f = assert(io.open(input, "w"))
+        f:write(lines, "os.exit(0)\n")
+        f:close()
+        local cmd = ("env HOME=%s MOONGRAD_HISTORY=%s %s"):format(q(dir), q(history), h.bin)
+        return h.run(("umask 000; script -qec %s /dev/null < %s"):format(q(cmd), q(input)))
+      end
+
+      it("is created readable by its owner only (0600), whatever the umask", function()
+        local out, code = session(dir .. "/history", "x = 6 * 7\n=x\n")
+        assert.equal(0, code, out)
+        assert.truthy(out:find("42", 1, true), out)
+        assert.equal("600", mode(dir .. "/history"))
+        assert.truthy(h.read(dir .. "/history"):find("x = 6 * 7\n", 1, true))
+      end)
+
+      it("keeps the mode of a file that exists", function()
+        local f = assert(io.open(dir .. "/history", "w"))
+        f:write("old = 1\n")
+        f:close()
+        assert(os.execute("chmod 640 " .. q(dir .. "/history")))
+        session(dir .. "/history", "new = 2\n")
+        assert.equal("640", mode(dir .. "/history"))
+        assert.truthy(h.read(dir .. "/history"):find("old = 1\nnew = 2\n", 1, true))
+      end)
+
+      it("is refused, with a warning, when it is a FIFO or a device; /dev/null means none", function()
+        -- something holds the FIFO open read-write, so opening it never blocks
+        -- (a wrong REPL would write its history into it rather than hang)
+        assert(os.execute("mkfifo " .. q(dir .. "/fifo")))
+        local p = io.popen(("sleep 100000 3<>%s >/dev/null 2>&1 & echo $!"):format(q(dir .. "/fifo")))
+        local holder = p:read("l")
+        p:close()
+        local out, code = session(dir .. "/fifo", "=6 * 7\n")
+        os.execute("kill " .. holder)
+        assert.equal(0, code, out)
+        assert.truthy(out:find("history not saved: '" .. dir .. "/fifo': is a FIFO, not a regular file", 1, true), out)
+        assert.truthy(out:find("42", 1, true), out)
+        out = session("/dev/full", "=6 * 7\n")
+        assert.truthy(out:find("history not saved: '/dev/full': is a character device, not a regular file", 1, true), out)
+        out = session("/dev/null", "=6 * 7\n")
+        assert.falsy(out:find("history not saved", 1, true), out)
+        assert.truthy(out:find("42", 1, true), out)
+      end)
+    end)
   end)
 end)
 

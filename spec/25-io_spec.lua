@@ -154,7 +154,7 @@ describe("safetensors", function()
       write(d .. "/file", "x")
       assert_has(err(mg.save, d .. "/file/w.safetensors", {a = mg.ones{2}}), "Not a directory")
       os.execute("mkdir '" .. d .. "/sub'")
-      assert_has(err(mg.save, d .. "/sub", {a = mg.ones{2}}), "save: '" .. d .. "/sub': cannot replace the file")
+      assert_has(err(mg.save, d .. "/sub", {a = mg.ones{2}}), "save: '" .. d .. "/sub': is a directory, not a regular file")
       assert.same({"file", "sub"}, listdir(d))
     end)
 
@@ -268,7 +268,7 @@ describe("safetensors", function()
     end)
 
     it("a directory and a missing file", function()
-      assert_has(err(mg.load, d), "load: '" .. d .. "': is a directory, not a file")
+      assert_has(err(mg.load, d), "load: '" .. d .. "': is a directory, not a regular file")
       assert_has(err(mg.load, d .. "/none"), "load: '" .. d .. "/none': cannot open: No such file or directory")
     end)
 
@@ -294,6 +294,180 @@ describe("safetensors", function()
       assert.equal(before.live_tensors, after.live_tensors)
       assert.equal(before.current_bytes, after.current_bytes)
     end)
+  end)
+end)
+
+describe("files that are not regular files, and NUL bytes", function()
+  local function q (s) return "'" .. s:gsub("'", "'\\''") .. "'" end
+  local function shell_out (cmd)
+    local p = io.popen(cmd)
+    local out = p:read("a")
+    p:close()
+    return (out:gsub("%s+$", ""))
+  end
+  local function mode (path) return shell_out("stat -c %a " .. q(path)) end
+  local function is_fifo (path) return os.execute("test -p " .. q(path)) == true end
+  local function exists (path) return os.execute("test -e " .. q(path)) == true end
+
+  -- A FIFO at p with a helper in the background on its other side, so that
+  -- code that wrongly opens the FIFO and waits finds a peer, and the spec
+  -- ends (with the wrong answer) instead of hanging: side "writer" opens it
+  -- for writing and closes it at once (a reader sees an empty stream),
+  -- "reader" copies it to /dev/null. The returned function frees the helper
+  -- when nothing opened the FIFO (opening it read-write is never blocked)
+  -- and waits for it to end.
+  local function fifo (p, side)
+    assert(os.execute("mkfifo " .. q(p)))
+    local body = side == "writer" and "exec 3>" .. q(p) or "cat " .. q(p) .. " >/dev/null"
+    assert(os.execute(("(%s; touch %s) >/dev/null 2>&1 &"):format(body, q(p .. ".done"))))
+    return function()
+      os.execute(("while [ ! -e %s ]; do exec 3<>%s; exec 3>&-; done"):format(q(p .. ".done"), q(p)))
+      os.remove(p .. ".done")
+    end
+  end
+
+  it("save refuses a FIFO, a device and a directory, and leaves them as they were", function()
+    local d = tmpdir()
+    local one = {a = mg.ones{2}}
+    local done = fifo(d .. "/fifo", "reader")
+    assert.equal("save: '" .. d .. "/fifo': is a FIFO, not a regular file", err(mg.save, d .. "/fifo", one))
+    done()
+    assert.truthy(is_fifo(d .. "/fifo"))
+    -- /dev/full through a link: a save that went wrong replaces the link, never the device
+    assert(os.execute("ln -s /dev/full " .. q(d .. "/full")))
+    assert.equal("save: '" .. d .. "/full': is a character device, not a regular file",
+                 err(mg.save, d .. "/full", one))
+    assert.equal("/dev/full", shell_out("readlink " .. q(d .. "/full")))
+    os.execute("mkdir " .. q(d .. "/sub"))
+    assert.equal("save: '" .. d .. "/sub': is a directory, not a regular file", err(mg.save, d .. "/sub", one))
+    assert.same({"fifo", "full", "sub"}, listdir(d))           -- no temporary file left
+  end)
+
+  it("load, read_csv and read_idx refuse a FIFO at once instead of waiting for a writer", function()
+    local d = tmpdir()
+    for _, c in ipairs{{"load", mg.load}, {"read_csv", mg.data.read_csv}, {"read_idx", mg.data.read_idx}} do
+      local p = d .. "/" .. c[1] .. ".fifo"
+      local done = fifo(p, "writer")
+      local ok, e = pcall(c[2], p)
+      done()
+      assert.is_false(ok)
+      assert.equal(c[1] .. ": '" .. p .. "': is a FIFO, not a regular file", tostring(e))
+    end
+  end)
+
+  it("load, read_csv and read_idx refuse devices: /dev/zero is not a file of 0 bytes", function()
+    for _, c in ipairs{{"load", mg.load}, {"read_csv", mg.data.read_csv}, {"read_idx", mg.data.read_idx}} do
+      for _, dev in ipairs{"/dev/zero", "/dev/null", "/dev/full"} do
+        assert.equal(c[1] .. ": '" .. dev .. "': is a character device, not a regular file", err(c[2], dev))
+      end
+    end
+    assert.equal("load: '/tmp': is a directory, not a regular file", err(mg.load, "/tmp"))
+  end)
+
+  it("a path with a NUL byte is refused, not cut short at the NUL", function()
+    local d = tmpdir()
+    local p = d .. "/w.safetensors"
+    assert.equal("save: the path '" .. p .. "\\0x' contains a NUL byte", err(mg.save, p .. "\0x", {a = mg.ones{2}}))
+    assert.is_false(exists(p))
+    mg.save(p, {a = mg.ones{2}})
+    write(d .. "/x.csv", "1,2\n")
+    assert.equal("load: the path '" .. p .. "\\0' contains a NUL byte", err(mg.load, p .. "\0"))
+    assert.equal("read_csv: the path '" .. d .. "/x.csv\\0.gz' contains a NUL byte",
+                 err(mg.data.read_csv, d .. "/x.csv\0.gz"))
+    assert.equal("read_idx: the path '" .. p .. "\\0' contains a NUL byte", err(mg.data.read_idx, p .. "\0"))
+    assert.equal("memory.trace: the path '" .. d .. "/t.json\\0' contains a NUL byte",
+                 err(mg.memory.trace, d .. "/t.json\0", function() end))
+    assert.equal("saved_tensors_hooks: the path '" .. d .. "\\0x' contains a NUL byte",
+                 err(mg.saved_tensors_hooks, {offload = d .. "\0x"}, function() end))
+    assert_has(err(mg.data.read_csv, d .. "/x.csv", {delimiter = "\0"}),
+               "option 'delimiter' must be one character other than NUL")       -- it meant ','
+    assert.equal("debian_file: the path 'usr/bin/lua5.4\\0x' contains a NUL byte",
+                 err(mg.data.debian_file, "lua5.4", "usr/bin/lua5.4\0x"))
+    assert.same({"w.safetensors", "x.csv"}, listdir(d))
+  end)
+
+  it("a NUL byte in a tensor name or in metadata is refused when saving and when loading", function()
+    local d = tmpdir()
+    local p = d .. "/w.safetensors"
+    local one = mg.ones{1}
+    assert.equal("save: the tensor name 'a\\0b' contains a NUL byte", err(mg.save, p, {["a\0b"] = one}))
+    assert.equal("save: the tensor name 'x/a\\0' contains a NUL byte", err(mg.save, p, {x = {["a\0"] = one}}))
+    assert_has(err(mg.save, p, {a = one}, {metadata = {["k\0"] = "v"}}), "metadata key 'k\\0' contains a NUL byte")
+    assert_has(err(mg.save, p, {a = one}, {metadata = {k = "v\0w"}}), "metadata['k'] contains a NUL byte")
+    assert.same({}, listdir(d))
+    local entry = '{"dtype":"F32","shape":[1],"data_offsets":[0,4]}'
+    for _, c in ipairs{
+      {'{"a\\u0000b":' .. entry .. '}', 3},                    -- an escaped NUL in a name
+      {'{"a\0b":' .. entry .. '}', 3},                         -- a raw NUL byte in a name
+      {'{"__metadata__":{"k":"v\\u0000"},"a":' .. entry .. '}', 23},
+      {'{"a\\\\u0000":' .. entry .. '}', nil},                 -- a backslash, then "u0000": no NUL
+    } do
+      write(p, st_bytes(c[1], floats(1)))
+      if c[2] then
+        assert.equal(("load: '%s': the header has a NUL character at byte %d; tensor names and metadata "
+                      .. "cannot hold NUL"):format(p, c[2]), err(mg.load, p))
+      else
+        assert.same({1}, mg.load(p)["a\\u0000"].shape)
+      end
+    end
+  end)
+
+  it("save keeps the permissions of the file it replaces", function()
+    local d = tmpdir()
+    local p = d .. "/w.safetensors"
+    mg.save(p, {a = mg.ones{2}})
+    assert(os.execute("chmod 600 " .. q(p)))
+    mg.save(p, {a = mg.ones{3}})
+    assert.equal("600", mode(p))
+    assert(os.execute("chmod 640 " .. q(p)))
+    mg.save(p, {a = mg.ones{4}})
+    assert.equal("640", mode(p))
+    assert.same({4}, mg.load(p).a.shape)
+  end)
+
+  it("the GEMM choices file ($MOONGRAD_GEMM_CACHE) is passed over when it is a FIFO, never opened", function()
+    local d = tmpdir()
+    local p = d .. "/choices.fifo"
+    local done = fifo(p, "writer")
+    -- the writer touches p.done while it holds the FIFO open, before a reader
+    -- could see the end: once the run is over, p.done says whether it opened the FIFO
+    local out, code = h.run(("MOONGRAD_GEMM=openblas MOONGRAD_GEMM_CACHE=%s %s -e %s"):format(q(p), h.bin,
+                            q("print(mg.sum(mg.matmul(mg.ones{64, 64}, mg.ones{64, 64})):item())")))
+    local opened = exists(p .. ".done")
+    done()
+    assert.equal(0, code, out)
+    assert.equal("262144.0\n", out)
+    assert.is_false(opened)
+  end)
+
+  it("memory.trace refuses a FIFO and a device, and reports a write that fails", function()
+    local d = tmpdir()
+    local ran = false
+    local function fn () ran = true end
+    assert.equal("memory.trace: '/dev/full': is a character device, not a regular file",
+                 err(mg.memory.trace, "/dev/full", fn))
+    local done = fifo(d .. "/fifo", "reader")
+    local ok, e = pcall(mg.memory.trace, d .. "/fifo", fn)
+    done()
+    assert.is_false(ok)
+    assert.equal("memory.trace: '" .. d .. "/fifo': is a FIFO, not a regular file", tostring(e))
+    assert.is_false(ran)
+    -- a file that cannot grow past 512 bytes (ulimit -f; SIGXFSZ ignored, so
+    -- write fails with EFBIG): the trace, a few KiB, fails when it is closed
+    write(d .. "/small.lua", ([[
+      local r, msg = mg.memory.trace(%q, function()
+        local x = mg.ones{4}
+        for _ = 1, 8 do x = x + 1 end
+        return "ran"
+      end)
+      print(r, msg)
+      print(pcall(mg.save, %q, {x = mg.ones{1000}}))
+    ]]):format(d .. "/t.json", d .. "/w.safetensors"))
+    local out = h.run(("trap '' XFSZ; ulimit -f 1 && %s %s"):format(h.bin, q(d .. "/small.lua")))
+    assert_has(out, "nil\tmemory.trace: '" .. d .. "/t.json': writing the trace failed: File too large\n")
+    assert_has(out, "false\tsave: '" .. d .. "/w.safetensors': writing the temporary file '")
+    assert_has(out, "' failed: File too large\n")
+    assert.same({"fifo", "small.lua", "t.json"}, listdir(d))
   end)
 end)
 
@@ -368,7 +542,7 @@ describe("IDX files", function()
     write(p, gz:sub(1, #gz // 2))
     assert_has(err(mg.data.read_idx, p), "truncated: shape (1000) of i16 needs 2000 bytes of data")
     assert_has(err(mg.data.read_idx, d .. "/none"), "read_idx: '" .. d .. "/none': cannot open: No such file or directory")
-    assert_has(err(mg.data.read_idx, d), "is a directory, not a file")
+    assert_has(err(mg.data.read_idx, d), "is a directory, not a regular file")
     assert_has(err(mg.data.read_idx, full, {dtype = "bool"}), "option 'dtype': an IDX file cannot be read as bool")
     assert_has(err(mg.data.read_idx, full, {dtyp = "int64"}), "unknown option 'dtyp'")
   end)
@@ -838,6 +1012,27 @@ describe("Debian dataset packages", function()
     assert_has(out, where)
     assert.equal("fetched\n", read(d .. "/fetches"))          -- once
     assert.same({"moongrad-tiny-dataset"}, listdir(d .. "/cache/moongrad/debs"))
+  end)
+
+  it("keeps its cache in the user's own directory: without HOME and XDG_CACHE_HOME it refuses", function()
+    local d = tmpdir()
+    write(d .. "/cache.lua", [[
+      print(pcall(mg.data.cache_dir))
+      print(pcall(mg.data.debian_file, "moongrad-absent", "x"))
+    ]])
+    local msg = "no directory for the package cache: XDG_CACHE_HOME and HOME are unset, empty or relative; "
+                .. "set XDG_CACHE_HOME to a directory of your own"
+    assert(os.execute(("mkdir %s/bin && printf '#!/bin/sh\\nexit 100\\n' > %s/bin/apt-get && chmod +x %s/bin/apt-get")
+                      :format(d, d, d)))                  -- should anything try to fetch
+    for _, env in ipairs{"-u HOME -u XDG_CACHE_HOME", "HOME= XDG_CACHE_HOME=", "-u HOME XDG_CACHE_HOME=rel/dir"} do
+      local out = h.run(("PATH=%s/bin:$PATH env %s %s %s/cache.lua"):format(d, env, h.bin, d))
+      assert_has(out, "false\tcache_dir: " .. msg .. "\n")
+      assert_has(out, "false\tdebian_file: " .. msg .. "\n")
+    end
+    local out = h.run(("env HOME=%s XDG_CACHE_HOME=rel/dir %s -e 'print(mg.data.cache_dir())'"):format(d, h.bin))
+    assert.equal(d .. "/.cache/moongrad/debs\n", out)
+    out = h.run(("env HOME=%s XDG_CACHE_HOME=%s/xdg %s -e 'print(mg.data.cache_dir())'"):format(d, d, h.bin))
+    assert.equal(d .. "/xdg/moongrad/debs\n", out)
   end)
 
   it("reads Fashion-MNIST and the digits when they are here", function()

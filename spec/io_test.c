@@ -94,6 +94,14 @@ static void safetensors (const char *dir) {
   snprintf(bad, sizeof bad, "%s/bad.safetensors", dir);
   write_file(bad, "\x10\0\0\0\0\0\0\0{\"a\":", 13);
   says("truncated header", mg_load_safetensors(bad) == NULL, "runs past the end of the file");
+  says("a device", mg_load_safetensors("/dev/zero") == NULL,
+       "load_safetensors: '/dev/zero': is a character device, not a regular file");
+  char link[512];
+  snprintf(link, sizeof link, "%s/full", dir);
+  ok("link to /dev/full", symlink("/dev/full", link) == 0);
+  says("save onto a device", mg_save_safetensors(link, 2, n2, two, 0, NULL, NULL) != MG_OK,
+       "is a character device, not a regular file");
+  unlink(link);
   for (int i = 0; i < 3; i++) mg_tensor_release(t[i]);
   mg_tensor_release(big);
   mg_tensor_release(tr);
@@ -121,6 +129,9 @@ static void datasets (const char *dir) {
   ok("csv", c && mg_tensor_shape(c)[0] == 2 && mg_tensor_shape(c)[1] == 2 && ((double *)mg_tensor_data(c))[3] == 4);
   mg_tensor_release(c);
   says("csv header as data", mg_read_csv(path, NULL) == NULL, "line 1, column 1: 'x;y' is not a number");
+  says("csv from a device", mg_read_csv("/dev/null", NULL) == NULL,
+       "read_csv: '/dev/null': is a character device, not a regular file");
+  says("idx from a directory", mg_read_idx(dir, -1) == NULL, "is a directory, not a regular file");
 }
 
 int main (void) {

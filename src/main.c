@@ -45,6 +45,7 @@
 #ifdef MG_USE_READLINE
 #include <fcntl.h>
 #include <sys/select.h>
+#include <sys/stat.h>
 #include <readline/readline.h>
 #include <readline/history.h>
 #define mg_readline(b, p)   edit_read(&(b), p)
@@ -348,20 +349,43 @@ static void history_warn (const char *path, int err) {
   fflush(stderr);
 }
 
-/* loads the history file and makes sure lines can be appended to it */
+static const char *file_kind (mode_t m) {
+  return S_ISDIR(m) ? "a directory" : S_ISFIFO(m) ? "a FIFO" : S_ISCHR(m) ? "a character device"
+       : S_ISBLK(m) ? "a block device" : S_ISSOCK(m) ? "a socket" : "something other than a file";
+}
+
+/*
+** Makes sure the history file exists (append_history wants it to) as a
+** regular file, created readable by its owner only (0600, as bash and
+** readline make theirs; an existing file keeps its mode), then loads it.
+** A FIFO or a device is refused with a warning, before anything opens it
+** (reading a FIFO would wait for a writer); /dev/null quietly means none.
+*/
 static void history_open (void) {
   char *path = history_path();
   if (path == NULL) return;
-  read_history(path);                           /* none yet is fine */
-  FILE *f = fopen(path, "a");                   /* append_history wants it to exist */
-  if (f == NULL) {
+  struct stat st;
+  int fd = -1;
+  if (strcmp(path, "/dev/null") == 0) goto none;
+  if (stat(path, &st) == 0 && !S_ISREG(st.st_mode)) goto refuse;
+  fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_NONBLOCK | O_NOCTTY | O_CLOEXEC, 0600);
+  if (fd < 0 || fstat(fd, &st) != 0) {
     history_warn(path, errno);
-    free(path);
-    return;
+    goto none;
   }
-  fclose(f);
+  if (!S_ISREG(st.st_mode)) goto refuse;
+  close(fd);
+  read_history(path);                           /* empty is fine */
   history_truncate_file(path, HISTSIZE);
   histfile = path;
+  return;
+refuse:
+  fprintf(stderr, "%s: history not saved: '%s': is %s, not a regular file\n", PROGNAME, path,
+          file_kind(st.st_mode));
+  fflush(stderr);
+none:
+  if (fd >= 0) close(fd);
+  free(path);
 }
 
 /* adds a statement to the history and to the file at once, so that a

@@ -354,13 +354,28 @@ end
 
 -- {=================== Debian dataset packages ===================
 
---- The cache for packages fetched by debian_file:
--- $XDG_CACHE_HOME/moongrad/debs, or ~/.cache/moongrad/debs.
-function data.cache_dir ()
-  local base = os.getenv("XDG_CACHE_HOME")
-  if base == nil or base == "" then base = (os.getenv("HOME") or "/tmp") .. "/.cache" end
+-- an absolute path from the environment variable name, or nil (the XDG
+-- rule: unset, empty and relative values do not count)
+local function env_dir (name)
+  local v = os.getenv(name)
+  return v and v:sub(1, 1) == "/" and v or nil
+end
+
+-- the package cache, or an error naming who: never a shared directory such
+-- as /tmp, where another user could plant a package before us
+local function cache_dir (who)
+  local base = env_dir("XDG_CACHE_HOME") or (env_dir("HOME") and env_dir("HOME") .. "/.cache")
+  if not base then
+    fail(who, "no directory for the package cache: XDG_CACHE_HOME and HOME are unset, empty or relative; "
+         .. "set XDG_CACHE_HOME to a directory of your own")
+  end
   return base .. "/moongrad/debs"
 end
+
+--- The cache for packages fetched by debian_file:
+-- $XDG_CACHE_HOME/moongrad/debs, or ~/.cache/moongrad/debs. Without
+-- either variable (set to an absolute path) it is an error.
+function data.cache_dir () return cache_dir("cache_dir") end
 
 local function exists (path)
   local f = io.open(path, "rb")
@@ -388,10 +403,11 @@ function data.debian_file (package, path)
   check.value(who, "package", package, check.string)
   check.value(who, "path", path, check.string)
   if not package:match("^[a-z0-9][a-z0-9.+-]*$") then fail(who, "'%s' is not a Debian package name", package) end
+  if path:find("\0", 1, true) then fail(who, "the path '%s' contains a NUL byte", (path:gsub("\0", "\\0"))) end
   path = path:gsub("^/+", "")
   if path == "" or path:find("%.%.") then fail(who, "path must be a file inside the package, got '%s'", path) end
   if exists("/" .. path) then return "/" .. path end
-  local cache = data.cache_dir()
+  local cache = cache_dir(who)
   local root = cache .. "/" .. package
   if exists(root .. "/" .. path) then return root .. "/" .. path end
   if os.rename(root, root) then fail(who, "package %s (unpacked in %s) has no file /%s", package, root, path) end

@@ -29,6 +29,16 @@ const char *mg_io_strerror (int err, char *buf, size_t n);
 /* reverses the bytes of n elements of esize bytes each, in place */
 void        mg_io_swap     (void *p, int64_t n, size_t esize);
 
+/* "a FIFO", "a character device", ... for a stat mode that is not a regular file */
+const char *mg_io_kind     (unsigned mode);
+/* opens path for reading; refuses what is not a regular file, and a FIFO
+** without waiting for a writer: "fn: 'path': is a FIFO, not a regular
+** file". The descriptor (blocking) with *size, or -1 + error naming fn */
+int         mg_io_open_regular (const char *fn, const char *path, int64_t *size);
+/* path as a file to replace: a regular file (its permission bits in *mode)
+** or nothing yet (*mode = -1): MG_OK; anything else is an error naming fn */
+mg_status   mg_io_check_target (const char *fn, const char *path, int *mode);
+
 /* A file opened for reading through zlib: gzread reads gzipped and plain
 ** files alike. size is the file's size on disk, gzipped says which it is
 ** (known once the first bytes are read: call mg_io_gzipped after a read). */
@@ -37,7 +47,7 @@ typedef struct mg_infile {
   int64_t size;
 } mg_infile;
 
-/* opens path; refuses a directory; NULL gz + error naming fn */
+/* opens path (mg_io_open_regular); NULL gz + error naming fn */
 mg_status   mg_io_open     (mg_infile *f, const char *fn, const char *path);
 /* reads exactly n bytes; short (end of file) or failed: an error naming
 ** fn, the file and `what` ("the header"); *got says how many came */

@@ -36,24 +36,64 @@ void mg_io_swap (void *p, int64_t n, size_t esize) {
     }
 }
 
-mg_status mg_io_open (mg_infile *f, const char *fn, const char *path) {
+const char *mg_io_kind (unsigned mode) {
+  return S_ISDIR(mode) ? "a directory" : S_ISFIFO(mode) ? "a FIFO" : S_ISCHR(mode) ? "a character device"
+       : S_ISBLK(mode) ? "a block device" : S_ISSOCK(mode) ? "a socket" : S_ISLNK(mode) ? "a symbolic link"
+       : "something other than a file";
+}
+
+/* "fn: 'path': is a FIFO, not a regular file" */
+static mg_status not_regular (const char *fn, const char *path, unsigned mode) {
+  return mg_io_error(fn, path, "is %s, not a regular file", mg_io_kind(mode));
+}
+
+/*
+** Opens path for reading, refusing what is not a regular file: a stat
+** first, so a device is never opened, then the open itself with O_NONBLOCK
+** (a FIFO that appeared since answers at once instead of waiting for a
+** writer) and an fstat of what was opened. Returns the descriptor, in
+** blocking mode again, with *size set; or -1 and an error naming fn.
+*/
+int mg_io_open_regular (const char *fn, const char *path, int64_t *size) {
   char eb[128];
-  f->gz = NULL;
-  f->size = 0;
-  if (path == NULL) return mg_null_arg(fn, "path");
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return mg_io_error(fn, path, "cannot open: %s", mg_io_strerror(errno, eb, sizeof eb));
   struct stat st;
+  if (stat(path, &st) == 0 && !S_ISREG(st.st_mode)) return not_regular(fn, path, st.st_mode), -1;
+  int fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+  if (fd < 0) return mg_io_error(fn, path, "cannot open: %s", mg_io_strerror(errno, eb, sizeof eb)), -1;
   if (fstat(fd, &st) != 0) {
     int e = errno;
     close(fd);
-    return mg_io_error(fn, path, "cannot stat: %s", mg_io_strerror(e, eb, sizeof eb));
+    return mg_io_error(fn, path, "cannot stat: %s", mg_io_strerror(e, eb, sizeof eb)), -1;
   }
-  if (S_ISDIR(st.st_mode)) {
+  if (!S_ISREG(st.st_mode)) {
     close(fd);
-    return mg_io_error(fn, path, "is a directory, not a file");
+    return not_regular(fn, path, st.st_mode), -1;
   }
-  f->size = (int64_t)st.st_size;
+  int fl = fcntl(fd, F_GETFL);
+  if (fl != -1) fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+  *size = (int64_t)st.st_size;
+  return fd;
+}
+
+mg_status mg_io_check_target (const char *fn, const char *path, int *mode) {
+  char eb[128];
+  struct stat st;
+  *mode = -1;
+  if (stat(path, &st) != 0) {
+    if (errno == ENOENT) return MG_OK;                /* a new file (or a dangling link: replaced) */
+    return mg_io_error(fn, path, "cannot stat: %s", mg_io_strerror(errno, eb, sizeof eb));
+  }
+  if (!S_ISREG(st.st_mode)) return not_regular(fn, path, st.st_mode);
+  *mode = (int)(st.st_mode & 07777);
+  return MG_OK;
+}
+
+mg_status mg_io_open (mg_infile *f, const char *fn, const char *path) {
+  f->gz = NULL;
+  f->size = 0;
+  if (path == NULL) return mg_null_arg(fn, "path");
+  int fd = mg_io_open_regular(fn, path, &f->size);
+  if (fd < 0) return MG_ERR;
   f->gz = gzdopen(fd, "rb");
   if (f->gz == NULL) {
     close(fd);

@@ -12,13 +12,16 @@
 ** Writing goes to a temporary file in the target's directory, which is
 ** fsynced and then renamed over the target: a reader sees the old file or
 ** the new one, and a crash mid-save leaves the old file as it was. The
+** target is a regular file (whose permissions the new one keeps) or a new
+** name: a FIFO or a device is refused, never replaced by the rename. The
 ** header lists the tensors in the order given; their bytes are laid out by
 ** element size (8-byte dtypes first), so each is aligned to its element in
 ** a mapped file, as the format's own writer does.
 **
-** Reading checks the whole header (JSON through cJSON, dtypes, shapes
-** against offsets, the tiling, duplicate names) before it allocates, then
-** reads every tensor or hands back none.
+** Reading opens regular files only (a FIFO is refused without waiting),
+** checks the whole header (JSON through cJSON, no NUL in any string, dtypes,
+** shapes against offsets, the tiling, duplicate names) before it allocates,
+** then reads every tensor or hands back none.
 */
 #include <errno.h>
 #include <fcntl.h>
@@ -223,6 +226,8 @@ mg_status mg_save_safetensors (const char *path, int n, const char *const *names
   char eb[128];
   if (path == NULL) return mg_null_arg(SAVE, "path");
   if (check_save_args(path, n, names, tensors, nmeta, meta_keys, meta_values) != MG_OK) return MG_ERR;
+  int mode;                                         /* the replaced file's permissions, or -1 */
+  if (mg_io_check_target(SAVE, path, &mode) != MG_OK) return MG_ERR;   /* a FIFO, a device: left alone */
 
   /* the data's layout: by element size, 8 bytes first, stable */
   int *order = (int *)malloc(sizeof(int) * (size_t)n + 1);
@@ -259,6 +264,7 @@ mg_status mg_save_safetensors (const char *path, int n, const char *const *names
     goto fail;
   }
   created = true;
+  if (mode >= 0) fchmod(fd, (mode_t)(mode & 0777));   /* a private file stays private (best effort) */
   if (write_all(fd, head, 8) != 0 || write_all(fd, text, len) != 0 ||
       write_all(fd, "        ", padded - len) != 0)
     goto write_failed;
@@ -554,23 +560,38 @@ static mg_status read_data (const char *path, FILE *fp, entry *es, entry **by, m
   return MG_OK;
 }
 
+/* the offset of the first NUL in the header's strings (a raw NUL byte, or
+** the escape \u0000 that cJSON would decode into one and so cut a name
+** short), or -1; h is n bytes */
+static int64_t find_nul (const char *h, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    if (h[i] == '\0') return (int64_t)i;
+    if (h[i] != '\\' || i + 1 >= n) continue;
+    if (h[i + 1] == 'u' && i + 5 < n && memcmp(h + i + 2, "0000", 4) == 0) return (int64_t)i;
+    i++;                                            /* the escaped character: "\\u0000" is no NUL */
+  }
+  return -1;
+}
+
 mg_named_tensors *mg_load_safetensors (const char *path) {
-  char eb[128];
   if (path == NULL) return mg_null_arg(LOAD, "path"), NULL;
-  FILE *fp = fopen(path, "rb");
-  if (fp == NULL) return mg_io_error(LOAD, path, "cannot open: %s", mg_io_strerror(errno, eb, sizeof eb)), NULL;
+  int64_t size = 0;
+  int fd = mg_io_open_regular(LOAD, path, &size);
+  if (fd < 0) return NULL;
+  FILE *fp = fdopen(fd, "rb");
+  if (fp == NULL) {
+    close(fd);
+    return mg_io_error(LOAD, path, "cannot open: out of memory"), NULL;
+  }
   mg_named_tensors *f = (mg_named_tensors *)calloc(1, sizeof(mg_named_tensors));
   char *h = NULL;
   entry *es = NULL, **by = NULL;
   mg_status st = MG_OK;
-  struct stat sb;
   unsigned char head[8];
   uint64_t n = 0;
-  int64_t size = 0;
+  int64_t nul = -1;
   if (f == NULL) st = mg_io_error(LOAD, path, "out of memory");
-  else if (fstat(fileno(fp), &sb) != 0) st = mg_io_error(LOAD, path, "cannot stat: %s", mg_io_strerror(errno, eb, sizeof eb));
-  else if (S_ISDIR(sb.st_mode)) st = mg_io_error(LOAD, path, "is a directory, not a file");
-  else if ((size = (int64_t)sb.st_size) < 8)
+  else if (size < 8)
     st = mg_io_error(LOAD, path, "the file is %" PRId64 " bytes, too short for the 8-byte header length "
                      "(not a safetensors file?)", size);
   else if (fread(head, 1, 8, fp) != 8) st = mg_io_error(LOAD, path, "cannot read the header length");
@@ -587,6 +608,9 @@ mg_named_tensors *mg_load_safetensors (const char *path) {
   }
   if (st == MG_OK && (h = (char *)malloc((size_t)n + 1)) == NULL) st = mg_io_error(LOAD, path, "out of memory");
   if (st == MG_OK && fread(h, 1, (size_t)n, fp) != (size_t)n) st = mg_io_error(LOAD, path, "cannot read the header");
+  if (st == MG_OK && (nul = find_nul(h, (size_t)n)) >= 0)
+    st = mg_io_error(LOAD, path, "the header has a NUL character at byte %" PRId64 "; tensor names and metadata "
+                     "cannot hold NUL", nul);
   if (st == MG_OK) {
     h[n] = '\0';
     st = parse_header(path, h, (size_t)n, size - 8 - (int64_t)n, f, &es);

@@ -262,6 +262,32 @@ int mgL_optionfield (lua_State *L, int arg, const char *key, int type) {
   return t;
 }
 
+const char *mgL_shownul (lua_State *L, int idx) {
+  size_t len;
+  const char *s = lua_tolstring(L, idx, &len);
+  luaL_Buffer b;
+  luaL_buffinit(L, &b);
+  for (size_t i = 0; i < len; i++) {
+    if (s[i] == '\0') luaL_addstring(&b, "\\0");
+    else luaL_addchar(&b, s[i]);
+  }
+  luaL_pushresult(&b);
+  return lua_tostring(L, -1);
+}
+
+bool mgL_hasnul (lua_State *L, int idx) {
+  size_t len;
+  const char *s = lua_tolstring(L, idx, &len);
+  return s != NULL && strlen(s) != len;
+}
+
+const char *mgL_checkpath (lua_State *L, int arg, const char *fn) {
+  const char *path = luaL_checkstring(L, arg);
+  if (mgL_hasnul(L, arg))                             /* C would cut the path at the NUL */
+    luaL_error(L, "%s: the path '%s' contains a NUL byte", fn, mgL_shownul(L, arg));
+  return path;
+}
+
 /* what the value at idx is, for messages: "1.5", "NaN", "a string" */
 static const char *describe (lua_State *L, int idx) {
   if (lua_type(L, idx) != LUA_TNUMBER) return lua_pushfstring(L, "a %s", luaL_typename(L, idx));

@@ -137,6 +137,13 @@ void       mgL_leave (lua_State *L, mgL_call c);
 /* a memory size at arg: positive bytes, or a string with a unit ("300 MB",
 ** "1.5 GiB"); raises naming fn (lmemory.c) */
 size_t     mgL_checkbytes  (lua_State *L, int arg, const char *fn);
+/* the string at arg as a file path; one with a NUL byte inside (which C
+** would cut short there) raises "fn: the path 'a\0b' contains a NUL byte" */
+const char *mgL_checkpath  (lua_State *L, int arg, const char *fn);
+/* does the string at idx hold a NUL byte? */
+bool       mgL_hasnul      (lua_State *L, int idx);
+/* pushes the string at idx with each NUL written as \0, for messages */
+const char *mgL_shownul    (lua_State *L, int idx);
 /* raises unless the table at arg (if not nil) has only these string keys */
 void       mgL_checkoptions (lua_State *L, int arg, const char *const keys[]);
 

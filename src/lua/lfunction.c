@@ -1081,7 +1081,7 @@ static int push_hooks (lua_State *L) {
     if (mgL_optionfield(L, 1, "offload", LUA_TSTRING) == LUA_TNIL)
       return luaL_argerror(L, 1, "option 'offload' (a directory) expected");
     luaL_checktype(L, 2, LUA_TFUNCTION);
-    void *dir = mg_hooks_offload_dir(lua_tostring(L, -1));
+    void *dir = mg_hooks_offload_dir(mgL_checkpath(L, lua_gettop(L), "saved_tensors_hooks"));
     if (dir == NULL || mg_saved_hooks_push(&mg_hooks_offload, dir) != MG_OK) return mgL_error(L);
     lua_pop(L, 1);
     return 2;

@@ -22,9 +22,15 @@ static int raise_as (lua_State *L, const char *cname, const char *luaname) {
 
 /* {======================== mg.save ========================== */
 
-/* the key at -2 as a name part: a string, or an integer in decimal */
+/* the key at -2 as a name part: a string (without NUL, which C would cut
+** the name at), or an integer in decimal */
 static const char *key_part (lua_State *L, const char *prefix) {
-  if (lua_type(L, -2) == LUA_TSTRING) return lua_tostring(L, -2);
+  if (lua_type(L, -2) == LUA_TSTRING) {
+    if (mgL_hasnul(L, -2))
+      luaL_error(L, "save: the tensor name '%s%s%s' contains a NUL byte", prefix, *prefix ? "/" : "",
+                 mgL_shownul(L, -2));
+    return lua_tostring(L, -2);
+  }
   if (lua_isinteger(L, -2)) return lua_pushfstring(L, "%I", lua_tointeger(L, -2));   /* left on the stack */
   return luaL_error(L, "save: the tensors table%s%s has a key of type %s; names are strings (or integers)",
                     *prefix ? " at " : "", prefix, luaL_typename(L, -2)), NULL;
@@ -72,9 +78,10 @@ static int compare_names (const void *a, const void *b) {
 
 /* save(path, tensors [, {metadata = {key = "value"}}]): tensors is name ->
 ** tensor (or variable); nested tables are flattened, their names joined
-** with "/". The header lists them sorted by name. */
+** with "/". The header lists them sorted by name. A NUL byte in the path, a
+** name or the metadata is an error (C strings would end there). */
 static int l_save (lua_State *L) {
-  const char *path = luaL_checkstring(L, 1);
+  const char *path = mgL_checkpath(L, 1, "save");
   luaL_checktype(L, 2, LUA_TTABLE);
   static const char *const keys[] = {"metadata", NULL};
   mgL_checkoptions(L, 3, keys);
@@ -94,6 +101,10 @@ static int l_save (lua_State *L) {
       if (lua_type(L, -1) != LUA_TSTRING && lua_type(L, -1) != LUA_TNUMBER)
         luaL_argerror(L, 3, lua_pushfstring(L, "metadata['%s'] must be a string, got %s", lua_tostring(L, -2),
                                             luaL_typename(L, -1)));
+      if (mgL_hasnul(L, -2))
+        luaL_argerror(L, 3, lua_pushfstring(L, "metadata key '%s' contains a NUL byte", mgL_shownul(L, -2)));
+      if (lua_type(L, -1) == LUA_TSTRING && mgL_hasnul(L, -1))
+        luaL_argerror(L, 3, lua_pushfstring(L, "metadata['%s'] contains a NUL byte", lua_tostring(L, -2)));
       lua_pop(L, 1);
       nmeta++;
     }
@@ -156,7 +167,7 @@ static int file_gc (lua_State *L) {
 
 /* load(path) -> tensors (name -> tensor), metadata (key -> string) */
 static int l_load (lua_State *L) {
-  const char *path = luaL_checkstring(L, 1);
+  const char *path = mgL_checkpath(L, 1, "load");
   lfile *h = (lfile *)lua_newuserdatauv(L, sizeof(lfile), 0);
   h->f = NULL;
   luaL_setmetatable(L, FILE_MT);
@@ -185,7 +196,7 @@ static int l_load (lua_State *L) {
 
 /* read_idx(path [, {dtype=}]) */
 static int l_read_idx (lua_State *L) {
-  const char *path = luaL_checkstring(L, 1);
+  const char *path = mgL_checkpath(L, 1, "read_idx");
   static const char *const keys[] = {"dtype", NULL};
   mgL_checkoptions(L, 2, keys);
   int dt = -1;
@@ -199,7 +210,7 @@ static int l_read_idx (lua_State *L) {
 
 /* read_csv(path [, {header=false, delimiter=",", dtype="float32"}]) */
 static int l_read_csv (lua_State *L) {
-  const char *path = luaL_checkstring(L, 1);
+  const char *path = mgL_checkpath(L, 1, "read_csv");
   static const char *const keys[] = {"header", "delimiter", "dtype", NULL};
   mgL_checkoptions(L, 2, keys);
   mg_csv_options o = {',', 0, MG_FLOAT32};
@@ -209,6 +220,8 @@ static int l_read_csv (lua_State *L) {
       size_t len;
       const char *d = lua_tolstring(L, -1, &len);
       if (len != 1) luaL_argerror(L, 2, lua_pushfstring(L, "option 'delimiter' must be one character, got '%s'", d));
+      if (d[0] == '\0')                               /* the C reader would take it for the default ',' */
+        luaL_argerror(L, 2, "option 'delimiter' must be one character other than NUL");
       o.delimiter = d[0];
     }
     if (lua_getfield(L, 2, "dtype") != LUA_TNIL) {

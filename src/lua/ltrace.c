@@ -7,9 +7,13 @@
 ** "recompute" (each re-run of a recompute_grad function), plus a track of
 ** the caller's own spans from mg.memory.span(name, fn).
 */
+#include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <cjson/cJSON.h>
 
@@ -79,13 +83,55 @@ static void thread_name (tracer *tr, int tid, const char *name) {
                  "\"args\":{\"name\":\"%s\"}}", tid, name);
 }
 
+/* raises "memory.trace: 'path': is a FIFO, not a regular file" */
+static int not_regular (lua_State *L, const char *path, mode_t m) {
+  const char *kind = S_ISDIR(m) ? "a directory" : S_ISFIFO(m) ? "a FIFO" : S_ISCHR(m) ? "a character device"
+                   : S_ISBLK(m) ? "a block device" : S_ISSOCK(m) ? "a socket" : "something other than a file";
+  return luaL_error(L, "memory.trace: '%s': is %s, not a regular file", path, kind);
+}
+
+/* path opened for the trace: a regular file (emptied) or a new one. What
+** is not a regular file raises (a FIFO is never waited on: the stat comes
+** first and the open is non-blocking); NULL with errno when it cannot be
+** opened */
+static FILE *open_trace (lua_State *L, const char *path) {
+  struct stat st;
+  if (stat(path, &st) == 0 && !S_ISREG(st.st_mode)) not_regular(L, path, st.st_mode);
+  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_NONBLOCK | O_NOCTTY | O_CLOEXEC, 0666);
+  if (fd < 0) return NULL;
+  if (fstat(fd, &st) != 0) {
+    int e = errno;
+    close(fd);
+    errno = e;
+    return NULL;
+  }
+  if (!S_ISREG(st.st_mode)) {                        /* made since the stat */
+    close(fd);
+    not_regular(L, path, st.st_mode);
+  }
+  int fl = fcntl(fd, F_GETFL);
+  if (fl != -1) fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+  FILE *f = fdopen(fd, "w");
+  if (f == NULL) close(fd);
+  return f;
+}
+
+/* flushes and closes the trace: 0, or the errno of a write that failed */
+static int close_trace (FILE *f) {
+  errno = 0;
+  int bad = fflush(f) != 0 || ferror(f), e = bad ? errno : 0;
+  if (fclose(f) != 0 && !bad) bad = 1, e = errno;
+  return bad ? (e ? e : EIO) : 0;
+}
+
 /* trace(path, fn, ...): runs fn(...) recording its timeline into path;
-** returns fn's results, or nil and a message when path cannot be written */
+** returns fn's results, or nil and a message when path cannot be opened or
+** written. A path that is not a regular file (or a new one) raises. */
 static int l_trace (lua_State *L) {
-  const char *path = luaL_checkstring(L, 1);
+  const char *path = mgL_checkpath(L, 1, "memory.trace");
   luaL_checktype(L, 2, LUA_TFUNCTION);
   if (active) return luaL_error(L, "memory.trace: a trace is already running");
-  tracer tr = {fopen(path, "w"), now_us(), 0, 0, {0, 0, 0, 0}};
+  tracer tr = {open_trace(L, path), now_us(), 0, 0, {0, 0, 0, 0}};
   if (tr.f == NULL) return luaL_fileresult(L, 0, path);
   fprintf(tr.f, "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n"
                 "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":1,\"args\":{\"name\":\"moongrad\"}}");
@@ -101,11 +147,14 @@ static int l_trace (lua_State *L) {
   while (tr.depth > 0) on_span("backward", 0, &tr);      /* an error mid-backward */
   event(&tr, "forward", 'E', TID_PHASES);
   fprintf(tr.f, "\n]}\n");
-  int werr = ferror(tr.f);
-  fclose(tr.f);
+  int werr = close_trace(tr.f);
   active = NULL;
   if (st != LUA_OK) return lua_error(L);
-  if (werr) return luaL_fileresult(L, 0, path);
+  if (werr) {
+    luaL_pushfail(L);
+    lua_pushfstring(L, "memory.trace: '%s': writing the trace failed: %s", path, strerror(werr));
+    return 2;
+  }
   return lua_gettop(L) - 1;
 }
 

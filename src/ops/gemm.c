@@ -20,6 +20,7 @@
 ** MOONGRAD_GEMM=dnnl|openblas forces a library, MOONGRAD_GEMM_CACHE=path
 ** moves the file ("off": none).
 */
+#include <fcntl.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -27,6 +28,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <cblas.h>
 #include <omp.h>
@@ -303,6 +305,27 @@ static void machine_name (char *buf, size_t n) {
       *p = '-';
 }
 
+/* the choices file, for reading or appending, when it is a regular file (or,
+** appending, a new one); a FIFO or a device ($MOONGRAD_GEMM_CACHE names any
+** path) is passed over, never waited on: a stat first, then a non-blocking
+** open checked again */
+static FILE *open_choices (bool append) {
+  struct stat st;
+  if (stat(choices.path, &st) == 0 && !S_ISREG(st.st_mode)) return NULL;
+  int fd = open(choices.path, (append ? O_WRONLY | O_APPEND | O_CREAT : O_RDONLY) | O_NONBLOCK | O_NOCTTY | O_CLOEXEC,
+                0666);
+  if (fd < 0) return NULL;
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    close(fd);
+    return NULL;
+  }
+  int fl = fcntl(fd, F_GETFL);
+  if (fl != -1) fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+  FILE *f = fdopen(fd, append ? "a" : "r");
+  if (f == NULL) close(fd);
+  return f;
+}
+
 /* the environment, and the choices earlier processes made on this machine */
 static void load_choices (void) {
   choices.loaded = true;
@@ -326,7 +349,7 @@ static void load_choices (void) {
     mkdir(dir, 0777);                            /* may exist; failing to, there is no file */
     snprintf(choices.path, sizeof choices.path, "%s/gemm-v5-%s.tsv", dir, machine);   /* v5: median rounds */
   }
-  FILE *f = fopen(choices.path, "r");
+  FILE *f = open_choices(false);
   char line[256], lib[32];
   unsigned long long key;
   int threads;
@@ -348,7 +371,7 @@ static void load_choices (void) {
 ** The speed in whole MFLOPS: no decimal point for a host's locale to change. */
 static void save_choice (uint64_t key, gemm_way w, double gflops) {
   if (choices.path[0] == '\0') return;
-  FILE *f = fopen(choices.path, "a");
+  FILE *f = open_choices(true);
   if (f == NULL) return;
   fprintf(f, "%llx %s %d %.0f\n", (unsigned long long)key, lib_names[w.lib], w.threads, gflops * 1e3);
   fclose(f);
