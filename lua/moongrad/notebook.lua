@@ -112,6 +112,7 @@ local IMAGE_TYPES = {png = "image/png", svg = "image/svg+xml"}
 
 -- shows the file at path (PNG or SVG) with text as its text/plain
 local function show_file (who, path, text, opts)
+  if path:find("%z") then check.fail(who, "the path %s contains a NUL byte", check.show(path)) end
   local mime = IMAGE_TYPES[(path:match("%.(%w+)$") or ""):lower()]
   if not mime then check.fail(who, "path must end in .png or .svg, got '%s'", path) end
   local f, err = io.open(path, "rb")
