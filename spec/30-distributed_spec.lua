@@ -1,5 +1,5 @@
 -- mg.distributed (issue 15): collectives, DistributedOptimizer, fit{distributed = true},
--- faults. The multi-process parts run the programs of spec/dist/ under
+-- faults; ranks that disagree on a call, a lying peer and a hanging one (issue 28). The multi-process parts run the programs of spec/dist/ under
 -- `mpirun -np 2` (as root Open MPI needs --allow-run-as-root; --oversubscribe
 -- lets 2 ranks share fewer cores); without mpirun they are pending, with a message.
 local mg = require "moongrad"
@@ -12,10 +12,32 @@ local has_mpirun = os.execute("command -v mpirun >/dev/null 2>&1") == true
 -- mpirun's own connections on lo. Under make asan the ranks keep AddressSanitizer but not LeakSanitizer:
 -- Open MPI leaves its own allocations at exit, in plugins it has unloaded by
 -- then (so no suppression can name them)
-local function mpirun (n, args, limit)
+local function mpirun (n, args, limit, extra)
   return helpers.run(('ASAN_OPTIONS="${ASAN_OPTIONS:-}:detect_leaks=0" timeout %d mpirun --allow-run-as-root '
-                      .. "--oversubscribe --mca btl self,vader --mca oob_tcp_if_include lo -np %d %s %s"):format(
-                      limit or 180, n, helpers.bin, args))
+                      .. "--oversubscribe --mca btl self,vader --mca oob_tcp_if_include lo %s -np %d %s %s"):format(
+                      limit or 180, extra or "", n, helpers.bin, args))
+end
+
+-- the lines "rank <r> <case>: <text>" of out as lines[r][case] = text, the
+-- error's position ("moongrad/distributed.lua:72: ") left out
+local function cases (out)
+  local lines = {}
+  for r, name, text in out:gmatch("rank (%d+) ([^:\n]+): ([^\n]*)") do
+    lines[tonumber(r)] = lines[tonumber(r)] or {}
+    lines[tonumber(r)][name] = text:gsub("^[%w_./]+%.lua:%d+: ", "")
+  end
+  return lines
+end
+
+-- every case's text on each of the ranks; want[case] is one text for all, or one per rank
+local function same_on_every_rank (out, ranks, want)
+  local lines = cases(out)
+  for name, text in pairs(want) do
+    for r = 0, ranks - 1 do
+      local expected = type(text) == "table" and text[r + 1] or text
+      assert.equal(expected, (lines[r] or {})[name], ("rank %d, case '%s':\n%s"):format(r, name, out))
+    end
+  end
 end
 
 local function needs_mpirun ()
@@ -62,6 +84,18 @@ describe("mg.distributed", function()
       .. "(make deps installs libopenmpi-dev and openmpi-bin) and rebuild")
   end)
 
+  it("checks init's timeout option and MOONGRAD_DIST_TIMEOUT (before MPI starts)", function()
+    local dist = mg.distributed
+    assert.has_error(function() dist.init{timeout = -1} end,
+      "init: option 'timeout' must be a number of seconds >= 0 (0: no timeout), got -1")
+    assert.has_error(function() dist.init{timeot = 5} end, "init: unknown option 'timeot' (did you mean 'timeout'? known: timeout)")
+    assert.is_false(dist.is_initialized())
+    if not dist.available() then return end
+    local out, code = helpers.run("MOONGRAD_DIST_TIMEOUT=soon " .. helpers.bin .. " -e 'mg.distributed.init()'")
+    assert.is_true(code ~= 0, out)
+    assert.matches("init: MOONGRAD_DIST_TIMEOUT must be a number of seconds from 0 %(no timeout%) to 1e9, got 'soon'", out)
+  end)
+
   it("checks DistributedOptimizer's arguments", function()
     local D = mg.distributed.DistributedOptimizer
     assert.has_error(function() D(3) end, "DistributedOptimizer: the optimizer must be an optimizer (mg.optim.Adam{...}), got 3")
@@ -83,6 +117,79 @@ describe("mg.distributed", function()
     local out, code = mpirun(2, "spec/dist/collectives.lua")
     assert.equal(0, code, out)
     assert.matches("ok %d+ checks on 2 ranks", out)
+  end)
+
+  it("gives every rank the same error when the ranks disagree on a call, and stays in step (mpirun -np 2)", function()
+    if not needs_mpirun() then return end
+    local out, code = mpirun(2, "spec/dist/disagree.lua", 120)
+    assert.equal(0, code, out)
+    local shape = "ranks disagree on the shape after the first axis: "
+    same_on_every_rank(out, 2, {
+      ["allgather dims"] = "allgather: " .. shape .. "rank 0 gives float32 (2,1), rank 1 gives float32 (2,2)",
+      ["allgather ndim"] = "allgather: " .. shape .. "rank 0 gives float32 (2), rank 1 gives float32 (2,1)",
+      ["allreduce op"] = "allreduce: ranks disagree on op: rank 0 gives 'sum', rank 1 gives 'max'",
+      ["allreduce dtype"] = "allreduce: ranks disagree on the dtype: rank 0 gives float32 (3), rank 1 gives float64 (3)",
+      ["allreduce op on a variable"] = "allreduce: ranks disagree on op: rank 0 gives 'sum', rank 1 gives 'min'",
+      ["broadcast root"] = "broadcast: ranks disagree on root: rank 0 gives 0, rank 1 gives 1",
+      ["broadcast root out of range on one rank"] = "broadcast: ranks disagree on root: rank 0 gives 0, rank 1 gives 5",
+      ["broadcast root out of range on all"] = "broadcast: root must be a rank from 0 to 1, got 5",
+      call = {"barrier: ranks disagree on the call: rank 0 calls barrier, rank 1 calls allreduce",
+              "allreduce: ranks disagree on the call: rank 0 calls barrier, rank 1 calls allreduce"},
+      ["optimizer nil gradient"] = "DistributedOptimizer: ranks disagree on gradient 2: rank 0 gives float32 (3), "
+        .. "rank 1 gives nil (every rank must leave out the same ones)",
+      ["optimizer other variables (first step)"] =
+        "DistributedOptimizer: ranks disagree on the number of variables: rank 0 gives 2, rank 1 gives 1",
+      ["optimizer other variables"] =
+        "DistributedOptimizer: ranks disagree on the number of gradients: rank 0 gives 2, rank 1 gives 1",
+      ["optimizer variables in another order"] =
+        "DistributedOptimizer: ranks disagree on gradient 1: rank 0 gives float32 (2,3), rank 1 gives float32 (3)",
+      ["optimizer op"] = "DistributedOptimizer: ranks disagree on the scale of the result: rank 0 gives 0.5, rank 1 gives 1",
+      ["optimizer fusion_bytes"] = "DistributedOptimizer: ranks disagree on fusion_bytes: rank 0 gives 64, rank 1 gives 1048576",
+      ["broadcast_variables order"] =
+        "broadcast_variables: ranks disagree on variable 1: rank 0 gives float32 (2,3), rank 1 gives float32 (3)",
+      ["in step"] = "2",
+    })
+  end)
+
+  it("checks a lying rank's header before sizing anything by it (a C peer beside 2 moongrad ranks)", function()
+    if not needs_mpirun() then return end
+    if os.execute("command -v mpicc >/dev/null 2>&1") ~= true then pending("mpicc not found (libopenmpi-dev)") return end
+    local dir = os.tmpname()
+    os.remove(dir)
+    assert(os.execute("mkdir -p " .. dir))
+    local out, code = helpers.run(("mpicc -std=c11 -Wall -Iinclude -Isrc spec/dist/bad_peer.c -o %s/bad_peer"):format(dir))
+    assert.equal(0, code, out)
+    out, code = mpirun(2, "spec/dist/bad_header.lua : -np 1 " .. dir .. "/bad_peer", 120)
+    os.execute("rm -rf " .. dir)
+    assert.equal(0, code, out)
+    local bad = "allgather: rank 2 sent an invalid call header: "
+    same_on_every_rank(out, 2, {
+      ["negative first axis"] = bad .. "dimension 1 is -5",
+      ["more than 2^63 bytes"] = bad .. "float32 (1099511627776,1099511627776) is more than 2^63 bytes",
+      ["99 dimensions"] = bad .. "99 dimensions (at most 8)",
+      bytes = bad .. "it gives 1099511627776 bytes for float32 (2,3), which has 24",
+      ["not a header"] = bad .. "it is not a moongrad call header (another program, or another version of moongrad?)",
+      ["its own failure"] = "allgather: rank 2 could not prepare its side of the call (its own error says why)",
+      ["another second axis"] = "allgather: ranks disagree on the shape after the first axis: rank 0 gives float32 (2,3), "
+        .. "rank 2 gives float32 (2,4)",
+      ["2^40 rows"] = "allgather: out of memory allocating 12.00 TiB for tensor (1099511627780,3) float32 "
+        .. "(every rank's rows together)",
+    })
+    assert.matches("rank 0 in step with the peer", out)
+    assert.matches("rank 1 in step with the peer", out)
+  end)
+
+  it("times out, naming the rank, when a rank hangs without dying, and stops the job", function()
+    if not needs_mpirun() then return end
+    local out, code = mpirun(2, "spec/dist/hang.lua", 60, "-x MOONGRAD_DIST_TIMEOUT=30")
+    assert.is_true(code ~= 0 and code ~= 124, out)           -- 124: timeout's, a hang
+    assert.is_nil(out:find("was not stopped"), out)
+    assert.matches("rank 0: moongrad/distributed.lua:%d+: allreduce: timed out after 1.5 s waiting for the other ranks: "
+      .. "rank 1 did not arrive %(it hangs, or makes fewer collective calls than rank 0%); the timeout is "
+      .. "mg.distributed.init{timeout = seconds} or MOONGRAD_DIST_TIMEOUT %(0: no timeout%)", out)
+    assert.matches("rank 0 then: moongrad/distributed.lua:%d+: barrier: a collective timed out on this rank before; "
+      .. "MPI cannot be used again in this process", out)
+    assert.matches("moongrad: rank 0 of 2 had a collective time out; stopping every rank", out)
   end)
 
   it("trains as one process: 1 x batch 64 and 2 x batch 32 give the same curve and weights", function()
@@ -112,11 +219,12 @@ describe("mg.distributed", function()
     helpers.assert_close(unfused, one, 1e-5)
     local w1, w2 = mg.load(dir .. "/one.safetensors"), mg.load(dir .. "/two.safetensors")
     for name, t in pairs(w1) do helpers.assert_close(w2[name], t, 1e-4) end
-    -- per step: one bucket of gradients and one of logs (+ its shape check);
-    -- without fusion one call per gradient (4 variables)
+    -- per step: the gradients' agreement and one bucket, the logs' agreement
+    -- and sum; without fusion one call per gradient (4 variables)
     assert.equal(calls.two + 15 * 3, calls.unfused)
-    -- at the start: 4 variables, the seed, Adam's iterations and 2 x 4 slots (2 calls each)
-    assert.equal(15 * 3 + 2 * (4 + 1 + 1 + 8), calls.two)
+    -- at the start: the 4 variables (one agreement on the list, 4 broadcasts),
+    -- the seed, Adam's iterations and 2 x 4 slots (an agreement and a broadcast each)
+    assert.equal(15 * 4 + (1 + 4) + 2 * (1 + 1 + 8), calls.two)
     os.execute("rm -rf " .. dir)
   end)
 

@@ -1,6 +1,7 @@
 --- moongrad.distributed: data-parallel training over MPI (Open MPI), as Horovod.
 --   local dist = mg.distributed
 --   dist.init()                              -- once, in every process mpirun started
+--   dist.init{timeout = 600}                 -- seconds a collective waits for every rank (0: for ever)
 --   dist.rank(), dist.size()                 -- 0-based rank, number of processes
 --   dist.allreduce(t, {op = "sum"})          -- "sum" (the default), "mean", "max", "min"
 --   dist.broadcast(t, root)                  -- root's tensor on every rank (root 0 by default)
@@ -13,7 +14,10 @@
 -- also wants --allow-run-as-root). Tensors of every dtype; a tensor's result
 -- is a new tensor reduced in one buffer (MPI_IN_PLACE), a variable is reduced
 -- or broadcast in its own storage when nobody else holds its value. Every
--- collective first checks that the ranks agree on the dtype and the shape.
+-- collective first checks that the ranks agree on what the call is (which
+-- collective, op, root, dtype, shape, DistributedOptimizer's list), each
+-- rank raising the same error when they do not (src/dist/mpi.c), and waits
+-- at most the timeout for a rank that never arrives.
 -- bool reduces by "or" (sum, max) and "and" (min); "mean" is for floats.
 -- A rank whose script fails stops every rank at once (src/main.c: MPI_Abort,
 -- mpirun names the rank); a rank that dies is seen by mpirun, which ends the job.
@@ -43,8 +47,18 @@ local function started (who)
   return mpi
 end
 
---- init(): starts MPI (once; again is a no-op); returns rank, size.
-function dist.init () return c("init").init() end
+local INIT = {{"timeout", check.rule("a number of seconds >= 0 (0: no timeout)", function(v)
+  return type(v) == "number" and v >= 0 and v <= 1e9 end)}}
+
+--- init([{timeout = 600}]): starts MPI (once; again only sets the options);
+-- returns rank, size. timeout: the seconds a collective waits for every rank
+-- to arrive before it fails (0: for ever); MOONGRAD_DIST_TIMEOUT gives it too.
+function dist.init (opts)
+  local o = check.options("init", opts, INIT)
+  local rank, size = c("init").init()
+  if o.timeout then mpi.set_timeout(o.timeout) end
+  return rank, size
+end
 function dist.is_initialized () return loaded and mpi.is_initialized() end
 function dist.available () return loaded end
 function dist.rank () return started("rank").rank() end
@@ -65,13 +79,16 @@ end
 
 --- broadcast_variables(vars [, root = 0]): every variable of the list gets
 -- root's value, in place (Horovod's broadcast_variables); returns vars.
-function dist.broadcast_variables (vars, root)
-  local who = "broadcast_variables"
+function dist.broadcast_variables (vars, root, who)
+  who = who or "broadcast_variables"
+  if root ~= nil and math.type(root) ~= "integer" then fail(who, "root must be an integer rank, got %s", show(root)) end
   started(who)
+  local list = {}
   for i = 1, check.list(who, vars, "the list of variables", "variable %d") do
     if not mg.is_variable(vars[i]) then fail(who, "variable %d must be a variable, got %s", i, show(vars[i])) end
-    mpi.broadcast(vars[i], root)
+    list[i] = vars[i]
   end
+  mpi.broadcast_variables(list, root, who)               -- one agreement on the whole list
   return vars
 end
 
@@ -146,14 +163,17 @@ function dist.DistributedOptimizer (opt, opts)
                        grad_scale = 1}, DistributedOptimizer)
 end
 
--- rank 0's values for the variables not broadcast yet
+-- rank 0's values for the variables not broadcast yet (one agreement on
+-- the list: ranks with other variables fail here, all with the same error)
 local function sync (self, vars, n)
   local fresh = {}
   for i = 1, n do
     local v = vars[i]
-    if mg.is_variable(v) and not self._synced[v] then fresh[#fresh + 1] = v; self._synced[v] = true end
+    if mg.is_variable(v) and not self._synced[v] then fresh[#fresh + 1] = v end
   end
-  if #fresh > 0 then dist.broadcast_variables(fresh, 0) end
+  if #fresh == 0 then return end
+  dist.broadcast_variables(fresh, 0, "DistributedOptimizer")
+  for _, v in ipairs(fresh) do self._synced[v] = true end
 end
 
 --- opt:mark_synced(vars): these variables were broadcast already (fit does it)
@@ -168,7 +188,8 @@ function DistributedOptimizer.build (self, vars)
 end
 
 --- opt:apply_gradients(grads, vars): averages grads over the ranks, then opt's
--- update. A nil gradient stays nil (every rank must leave out the same ones).
+-- update. A nil gradient stays nil (every rank must leave out the same ones:
+-- the ranks check that they agree on the list, nils, dtypes and shapes).
 -- opt.grad_scale (1) multiplies this rank's gradients first: fit sets it to
 -- a rank's share of an uneven batch, so the result is the whole batch's.
 function DistributedOptimizer.apply_gradients (self, grads, vars)
@@ -183,21 +204,17 @@ function DistributedOptimizer.apply_gradients (self, grads, vars)
   local n = type(vars) == "table" and #vars or 0
   check.distinct_variables(who, vars, n)                  -- before any collective
   started(who)
-  sync(self, vars, n)
-  local present, at = {}, {}
+  local list = {}
   for i = 1, n do
     local g = grads[i]
     if g ~= nil then
       if not check.is_array(g) then fail(who, "gradient %d must be a tensor, got %s", i, show(g)) end
-      present[#present + 1] = mg.is_variable(g) and g:value() or g
-      at[#at + 1] = i
+      list[i] = mg.is_variable(g) and g:value() or g
     end
   end
-  local size = mpi.size()
-  local post = self.op == "mean" and 1 / size or 1
-  local reduced = mpi.allreduce_many(present, "sum", self.grad_scale, post, math.max(self.fusion_bytes, 1))
-  local out = {n = n}
-  for k, i in ipairs(at) do out[i] = reduced[k] end
+  sync(self, vars, n)
+  local post = self.op == "mean" and 1 / mpi.size() or 1
+  local out = mpi.allreduce_many(list, "sum", self.grad_scale, post, math.max(self.fusion_bytes, 1), n, who)
   return self.optimizer:apply_gradients(out, vars)
 end
 

@@ -286,7 +286,7 @@ local groups = {
     {"data.permutation", "data.permutation(n, seed, epoch)", "the order of n elements for (seed, epoch), without moving mg.random"},
   }},
   {"distributed", {
-    {"distributed.init", "distributed.init()", "starts MPI; returns rank, size"},
+    {"distributed.init", "distributed.init([{timeout=}])", "starts MPI; returns rank, size (timeout: seconds a collective waits for every rank, 600)"},
     {"distributed.rank", "distributed.rank()", "this process's rank, from 0"},
     {"distributed.size", "distributed.size()", "the number of processes"},
     {"distributed.barrier", "distributed.barrier()", "waits for every rank"},

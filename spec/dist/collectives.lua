@@ -97,7 +97,7 @@ for _, fusion in ipairs({1, 64, 1 << 20}) do
   local out = require("moongrad.mpi").allreduce_many(list, "sum", 1, 1 / size, fusion)
   for i = 1, #list do same("fused bucket " .. i .. " at " .. fusion, out[i], ref[i], 1e-6) end
   local calls = dist.stats().calls - before
-  local want = fusion == 1 and 5 or fusion == 64 and 4 or 2   -- one per tensor, ..., one per dtype
+  local want = 1 + (fusion == 1 and 5 or fusion == 64 and 4 or 2)   -- the agreement, then one per tensor, ..., one per dtype
   assert(calls == want, ("fusion_bytes %d: %d MPI calls, expected %d"):format(fusion, calls, want))
 end
 
@@ -105,11 +105,11 @@ end
 local ok, err
 if size > 1 then
 ok, err = pcall(dist.allreduce, mg.zeros(rank + 2))
-assert(not ok and err:find("allreduce: rank 0 gives float32 %(2%) but rank 1 gives float32 %(3%); every rank must give the same dtype and shape"), err)
+assert(not ok and err:find("allreduce: ranks disagree on the shape: rank 0 gives float32 %(2%), rank 1 gives float32 %(3%)"), err)
 ok, err = pcall(dist.broadcast, mg.zeros({2}, rank == 0 and "float32" or "float64"))
-assert(not ok and err:find("broadcast: rank 0 gives float32 %(2%) but rank 1 gives float64 %(2%)"), err)
+assert(not ok and err:find("broadcast: ranks disagree on the dtype: rank 0 gives float32 %(2%), rank 1 gives float64 %(2%)"), err)
 ok, err = pcall(dist.allgather, mg.zeros({2, rank + 1}))
-assert(not ok and err:find("allgather: rank 0 gives float32 %(2,1%) but rank 1 gives float32 %(2,2%); every rank's tensor must have the same dtype and the same shape after the first axis"), err)
+assert(not ok and err:find("allgather: ranks disagree on the shape after the first axis: rank 0 gives float32 %(2,1%), rank 1 gives float32 %(2,2%)"), err)
 end
 ok, err = pcall(dist.allreduce, mg.zeros({2}, "int64"), {op = "mean"})
 assert(not ok and err:find("allreduce: op 'mean' is for float tensors, got int64 %(use 'sum'%)"), err)

@@ -3,16 +3,23 @@
 **
 ** Tensors are reduced in one buffer with MPI_IN_PLACE: a tensor's result is
 ** the only copy made, and a variable nobody else holds is reduced in its own
-** storage. Every collective on tensors first gathers each rank's dtype and
-** shape (one small MPI call), so ranks that disagree get an error naming the
-** rank and the mismatch instead of a truncated message or a hang. float16 and
-** bfloat16 reduce through user-defined MPI ops that compute in float32.
-** Errors return (MPI_ERRORS_RETURN) and become the caller's Lua error.
+** storage. Before any buffer is sized, every call exchanges one small header
+** (dist.h's mg_dist_header) with every rank: each header is validated (a
+** peer's dims, ndim and byte counts are not trusted to size anything) and
+** compared with rank 0's, so ranks that disagree on the call, its op, root,
+** dtype, shape or list all get the same error, and no data moves. Whatever a
+** call allocates is allocated before its agreement, so no rank can fail
+** between the agreement and the data; a rank that failed to prepare says so
+** in its header. The header exchange is the one wait without a bound in
+** MPI's own calls, so it is nonblocking and waited for at most the timeout.
+** float16 and bfloat16 reduce through user-defined MPI ops that compute in
+** float32. Errors return (MPI_ERRORS_RETURN) and become the caller's Lua error.
 */
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <mpi.h>
 
@@ -28,8 +35,19 @@ static MPI_Op half_ops[2][3];         /* [float16, bfloat16][sum, max, min] */
 static void *fusion;
 static size_t fusion_cap;
 
-#define MAX_META (2 + MG_MAX_DIMS)    /* dtype, ndim, shape */
+/* the agreement's buffers, sized at init: nothing is allocated between a
+** call's agreement and its data */
+static mg_dist_header *hdrs;          /* every rank's header of the call in progress (world_size) */
+static mg_dist_header my_header;      /* the one sent (MPI may read it after a timeout) */
+static int64_t *gather_bytes;         /* allgather: each rank's bytes, from its validated header */
+static int *gather_counts, *gather_displs;   /* allgatherv's, world_size each */
+static double timeout_s = MG_DIST_DEFAULT_TIMEOUT;
+static int timeout_given;             /* set by mg_dist_set_timeout: the environment's is not read */
+static int broken;                    /* an exchange timed out and is still pending */
+
 #define CHUNK    (1 << 28)            /* elements or bytes per MPI call: counts are ints */
+#define DESC     (3 + MG_MAX_DIMS)    /* a list entry: present, dtype, ndim, dims */
+#define MAX_LIST (INT_MAX / DESC)     /* a list's entries, so that an exchange of them counts in an int */
 
 static mg_status mpi_fail (const char *fn, int rc) {
   char msg[MPI_MAX_ERROR_STRING];
@@ -85,8 +103,32 @@ static void make_half_ops (void) {
 
 /* {========================= the world ========================= */
 
+mg_status mg_dist_set_timeout (double seconds) {
+  if (!(seconds >= 0 && seconds <= 1e9))
+    return mg_seterror("timeout: seconds must be a number from 0 (no timeout) to 1e9, got %g", seconds);
+  timeout_s = seconds;
+  timeout_given = 1;
+  return MG_OK;
+}
+
+double mg_dist_timeout (void) { return timeout_s; }
+
+/* MOONGRAD_DIST_TIMEOUT, unless mg_dist_set_timeout came first */
+static mg_status timeout_from_env (void) {
+  const char *s = getenv("MOONGRAD_DIST_TIMEOUT");
+  if (s == NULL || s[0] == '\0' || timeout_given) return MG_OK;
+  char *end;
+  double v = strtod(s, &end);
+  if (end == s || *end != '\0' || !(v >= 0 && v <= 1e9))
+    return mg_seterror("init: MOONGRAD_DIST_TIMEOUT must be a number of seconds from 0 (no timeout) to 1e9, "
+                       "got '%.40s'", s);
+  timeout_s = v;
+  return MG_OK;
+}
+
 mg_status mg_dist_init (void) {
   if (started) return MG_OK;
+  if (timeout_from_env() != MG_OK) return MG_ERR;
   int done = 0, provided = 0;
   MPI_Finalized(&done);
   if (done) return mg_seterror("init: MPI was finalized in this process; it cannot start again");
@@ -96,6 +138,19 @@ mg_status mg_dist_init (void) {
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
   MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
   MPI_Comm_size(MPI_COMM_WORLD, &world_size);
+  hdrs = malloc(sizeof *hdrs * (size_t)world_size);
+  gather_bytes = malloc(sizeof(int64_t) * (size_t)world_size);
+  gather_counts = malloc(sizeof(int) * 2 * (size_t)world_size);
+  if (hdrs == NULL || gather_bytes == NULL || gather_counts == NULL) {
+    free(hdrs);
+    free(gather_bytes);
+    free(gather_counts);
+    hdrs = NULL;
+    gather_bytes = NULL;
+    gather_counts = NULL;
+    return mg_seterror("init: out of memory for %d ranks' headers", world_size);
+  }
+  gather_displs = gather_counts + world_size;
   make_half_ops();
   started = 1;
   return MG_OK;
@@ -112,20 +167,24 @@ int mg_dist_rank (void) { return world_rank; }
 int mg_dist_size (void) { return world_size; }
 mg_dist_stats mg_dist_get_stats (void) { return stats; }
 
-mg_status mg_dist_barrier (const char *fn) {
-  if (need_init(fn) != MG_OK) return MG_ERR;
-  stats.calls++;
-  int rc = MPI_Barrier(MPI_COMM_WORLD);
-  return rc == MPI_SUCCESS ? MG_OK : mpi_fail(fn, rc);
-}
-
 void mg_dist_finalize (void) {
   if (!mg_dist_initialized()) return;
+  if (broken) {                 /* MPI_Finalize would wait for the exchange that timed out */
+    fprintf(stderr, "moongrad: rank %d of %d had a collective time out; stopping every rank\n", world_rank, world_size);
+    fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
   for (int i = 0; i < 2; i++)
     for (int k = 0; k < 3; k++) MPI_Op_free(&half_ops[i][k]);
   free(fusion);
   fusion = NULL;
   fusion_cap = 0;
+  free(hdrs);
+  free(gather_bytes);
+  free(gather_counts);
+  hdrs = NULL;
+  gather_bytes = NULL;
+  gather_counts = gather_displs = NULL;
   MPI_Finalize();
 }
 
@@ -139,7 +198,282 @@ void mg_dist_abort (int code) {
 /* }============================================================ */
 
 
-/* {======================== raw buffers ======================== */
+/* {================= agreement: the call header ================= */
+
+static const char *const call_names[MG_DIST_CALL__COUNT] = {   /* ORDER mg_dist_call */
+  [MG_DIST_CALL_BARRIER] = "barrier", [MG_DIST_CALL_ALLREDUCE] = "allreduce",
+  [MG_DIST_CALL_BROADCAST] = "broadcast", [MG_DIST_CALL_ALLGATHER] = "allgather",
+  [MG_DIST_CALL_ALLGATHER_READY] = "allgather's second step",
+  [MG_DIST_CALL_ALLREDUCE_MANY] = "allreduce of a list (DistributedOptimizer)",
+  [MG_DIST_CALL_BROADCAST_MANY] = "broadcast of a list of variables"};
+
+static const char *const op_names[] = {"'sum'", "'mean'", "'max'", "'min'"};   /* ORDER mg_dist_op */
+
+static void nap (long ns) {
+  struct timespec ts = {0, ns};
+  nanosleep(&ts, NULL);
+}
+
+/* Waits for req at most timeout_s seconds (0: for ever): spinning at first,
+** for a peer a few microseconds behind, then napping (20 us, after 10 ms
+** 1 ms) so that a long wait leaves the core to the others. After a timeout
+** the request stays pending (a collective cannot be cancelled): MPI is
+** unusable in this process from then on. */
+static mg_status wait_for (const char *fn, MPI_Request *req) {
+  double start = MPI_Wtime();
+  for (;;) {
+    int done = 0, rc = MPI_Test(req, &done, MPI_STATUS_IGNORE);
+    if (rc != MPI_SUCCESS) return mpi_fail(fn, rc);
+    if (done) return MG_OK;
+    double waited = MPI_Wtime() - start;
+    if (timeout_s > 0 && waited >= timeout_s) {
+      char who[32] = "a rank";
+      if (world_size == 2) snprintf(who, sizeof who, "rank %d", 1 - world_rank);
+      broken = 1;
+      return mg_seterror("%s: timed out after %g s waiting for the other ranks: %s did not arrive (it hangs, or "
+                         "makes fewer collective calls than rank %d); the timeout is "
+                         "mg.distributed.init{timeout = seconds} or MOONGRAD_DIST_TIMEOUT (0: no timeout)",
+                         fn, timeout_s, who, world_rank);
+    }
+    if (waited > 1e-4) nap(waited < 1e-2 ? 20000 : 1000000);
+  }
+}
+
+/* n int64 values from every rank into all (n per rank, rank after rank), waited for as above */
+static mg_status gather_i64 (const char *fn, const int64_t *mine, int n, int64_t *all) {
+  if (broken)
+    return mg_seterror("%s: a collective timed out on this rank before; MPI cannot be used again in this process", fn);
+  MPI_Request req;
+  stats.calls++;
+  int rc = MPI_Iallgather(mine, n, MPI_INT64_T, all, n, MPI_INT64_T, MPI_COMM_WORLD, &req);
+  return rc != MPI_SUCCESS ? mpi_fail(fn, rc) : wait_for(fn, &req);
+}
+
+/* dims x dtype size of a header whose dims are >= 0, into *out; 0 when it overflows */
+static int header_bytes (const mg_dist_header *h, int64_t *out) {
+  int64_t n = (int64_t)mg_dtype_size((mg_dtype)h->dtype);
+  for (int d = 0; d < h->ndim; d++)
+    if (h->dims[d] == 0) n = 0;
+  for (int d = 0; d < h->ndim && n > 0; d++) {
+    if (n > INT64_MAX / h->dims[d]) return 0;
+    n *= h->dims[d];
+  }
+  *out = n;
+  return 1;
+}
+
+/* a valid header's tensor, as "float32 (2,3)" */
+static void describe (char *buf, size_t n, const mg_dist_header *h) {
+  char shape[160];
+  if (h->dtype < 0) {
+    snprintf(buf, n, "no tensor");
+    return;
+  }
+  snprintf(buf, n, "%s %s", mg_dtype_name((mg_dtype)h->dtype), mg_shape_str(shape, sizeof shape, h->dims, (int)h->ndim));
+}
+
+/* rank r's header checked field by field before any of it is used: its
+** dims, ndim and bytes would otherwise size buffers */
+static mg_status check_header (const char *fn, int r) {
+  const mg_dist_header *h = &hdrs[r];
+  char why[240] = "", what[200];
+  int64_t want = 0;
+  if (h->magic != MG_DIST_MAGIC)
+    snprintf(why, sizeof why, "it is not a moongrad call header (another program, or another version of moongrad?)");
+  else if (h->kind < 1 || h->kind >= MG_DIST_CALL__COUNT) snprintf(why, sizeof why, "unknown call %lld", (long long)h->kind);
+  else if (h->failed != 0 && h->failed != 1) snprintf(why, sizeof why, "failure flag %lld", (long long)h->failed);
+  else if (h->op < -1 || h->op > MG_DIST_MIN) snprintf(why, sizeof why, "unknown op %lld", (long long)h->op);
+  else if (h->dtype < -1 || h->dtype >= MG_DTYPE__COUNT) snprintf(why, sizeof why, "unknown dtype %lld", (long long)h->dtype);
+  else if (h->ndim < 0 || h->ndim > MG_MAX_DIMS)
+    snprintf(why, sizeof why, "%lld dimensions (at most %d)", (long long)h->ndim, MG_MAX_DIMS);
+  else if (h->count < 0 || h->count > MAX_LIST)
+    snprintf(why, sizeof why, "a list of %lld entries (at most %d)", (long long)h->count, MAX_LIST);
+  else if (h->fusion < 0) snprintf(why, sizeof why, "fusion_bytes %lld", (long long)h->fusion);
+  else if (h->prescaled != 0 && h->prescaled != 1) snprintf(why, sizeof why, "prescale flag %lld", (long long)h->prescaled);
+  for (int d = 0; !why[0] && d < h->ndim; d++)
+    if (h->dims[d] < 0) snprintf(why, sizeof why, "dimension " MG_POS " is %lld", (long long)d, (long long)h->dims[d]);
+  if (!why[0] && h->dtype >= 0) {
+    describe(what, sizeof what, h);
+    if (!header_bytes(h, &want)) snprintf(why, sizeof why, "%s is more than 2^63 bytes", what);
+    else if (h->bytes != want)
+      snprintf(why, sizeof why, "it gives %lld bytes for %s, which has %lld", (long long)h->bytes, what, (long long)want);
+  }
+  if (!why[0] && h->bytes < 0) snprintf(why, sizeof why, "it gives %lld bytes", (long long)h->bytes);
+  return why[0] ? mg_seterror("%s: rank %d sent an invalid call header: %s", fn, r, why) : MG_OK;
+}
+
+/* Sends mine, receives every rank's header into hdrs and checks each. An
+** error when a rank could not prepare the call: that rank keeps its own
+** message (set before), the others name the first rank that failed. */
+static mg_status exchange (const char *fn, const mg_dist_header *mine) {
+  my_header = *mine;
+  my_header.magic = MG_DIST_MAGIC;
+  if (gather_i64(fn, (const int64_t *)(const void *)&my_header, MG_DIST_HEADER_N, (int64_t *)(void *)hdrs) != MG_OK)
+    return MG_ERR;
+  for (int r = 0; r < world_size; r++)
+    if (check_header(fn, r) != MG_OK) return MG_ERR;
+  if (hdrs[world_rank].failed) return MG_ERR;
+  for (int r = 0; r < world_size; r++)
+    if (hdrs[r].failed) return mg_seterror("%s: rank %d could not prepare its side of the call (its own error says why)", fn, r);
+  return MG_OK;
+}
+
+static mg_status differ (const char *fn, const char *what, int r, const char *a, const char *b) {
+  return mg_seterror("%s: ranks disagree on %s: rank 0 gives %s, rank %d gives %s", fn, what, a, r, b);
+}
+
+static mg_status differ_num (const char *fn, const char *what, int r, int64_t a, int64_t b) {
+  char x[24], y[24];
+  snprintf(x, sizeof x, "%lld", (long long)a);
+  snprintf(y, sizeof y, "%lld", (long long)b);
+  return differ(fn, what, r, x, y);
+}
+
+static const char *op_name (int64_t op) { return op < 0 ? "none" : op_names[op]; }
+
+/* The first field, in this order, where a rank's header differs from rank
+** 0's: kind, op, root, dtype, the shape from axis `from`, the list's length
+** (a number of `plural`), fusion_bytes, the scale. The headers are every
+** rank's, so the error is the same on every rank. */
+static mg_status agree (const char *fn, int from, const char *plural) {
+  const mg_dist_header *a = &hdrs[0], *b;
+  char x[240], y[240];
+  for (int r = 1; r < world_size; r++)
+    if ((b = &hdrs[r])->kind != a->kind)
+      return mg_seterror("%s: ranks disagree on the call: rank 0 calls %s, rank %d calls %s", fn, call_names[a->kind], r,
+                         call_names[b->kind]);
+  for (int r = 1; r < world_size; r++)
+    if ((b = &hdrs[r])->op != a->op) return differ(fn, "op", r, op_name(a->op), op_name(b->op));
+  for (int r = 1; r < world_size; r++)
+    if ((b = &hdrs[r])->root != a->root) return differ_num(fn, "root", r, a->root, b->root);
+  for (int r = 1; r < world_size; r++) {
+    b = &hdrs[r];
+    int same = b->ndim == a->ndim;
+    for (int d = from; same && d < a->ndim; d++) same = a->dims[d] == b->dims[d];
+    if (b->dtype != a->dtype || !same) {
+      describe(x, sizeof x, a);
+      describe(y, sizeof y, b);
+      return differ(fn, b->dtype != a->dtype ? "the dtype" : from ? "the shape after the first axis" : "the shape", r, x, y);
+    }
+  }
+  snprintf(x, sizeof x, "the number of %s", plural);
+  for (int r = 1; r < world_size; r++)
+    if ((b = &hdrs[r])->count != a->count) return differ_num(fn, x, r, a->count, b->count);
+  for (int r = 1; r < world_size; r++)
+    if ((b = &hdrs[r])->fusion != a->fusion) return differ_num(fn, "fusion_bytes", r, a->fusion, b->fusion);
+  for (int r = 1; r < world_size; r++)
+    if ((b = &hdrs[r])->scale != a->scale) {
+      double sa, sb;                                /* the bits of postscale */
+      memcpy(&sa, &a->scale, sizeof sa);
+      memcpy(&sb, &b->scale, sizeof sb);
+      snprintf(x, sizeof x, "%g", sa);
+      snprintf(y, sizeof y, "%g", sb);
+      return differ(fn, "the scale of the result", r, x, y);
+    }
+  return MG_OK;
+}
+
+/* {--- lists: each entry described by DESC values, hashed into the header */
+
+static void describe_entry (int64_t *e, const mg_tensor *t) {
+  memset(e, 0, sizeof(int64_t) * DESC);
+  if (t == NULL) return;
+  e[0] = 1;
+  e[1] = t->dtype;
+  e[2] = t->ndim;
+  memcpy(e + 3, t->shape, sizeof(int64_t) * (size_t)t->ndim);
+}
+
+/* FNV-1a over the entries' values */
+static int64_t hash_list (const int64_t *desc, int64_t n) {
+  uint64_t h = UINT64_C(14695981039346656037);
+  const unsigned char *p = (const unsigned char *)desc;
+  for (size_t i = 0; i < sizeof(int64_t) * (size_t)n * DESC; i++) h = (h ^ p[i]) * UINT64_C(1099511628211);
+  int64_t out;
+  memcpy(&out, &h, sizeof out);
+  return out;
+}
+
+/* one entry as "float32 (3,4)", "nil", or "an invalid entry" (a peer's) */
+static void entry_str (char *buf, size_t n, const int64_t *e) {
+  int ok = e[0] == 0 || (e[0] == 1 && e[1] >= 0 && e[1] < MG_DTYPE__COUNT && e[2] >= 0 && e[2] <= MG_MAX_DIMS);
+  for (int d = 0; ok && e[0] && d < e[2]; d++) ok = e[3 + d] >= 0;
+  if (!ok) snprintf(buf, n, "an invalid entry");
+  else if (e[0] == 0) snprintf(buf, n, "nil");
+  else {
+    char shape[160];
+    snprintf(buf, n, "%s %s", mg_dtype_name((mg_dtype)e[1]), mg_shape_str(shape, sizeof shape, e + 3, (int)e[2]));
+  }
+}
+
+/* The lists' hashes differ (their lengths agree): one more exchange, of
+** every entry, finds the first that differs. Its buffer stays allocated
+** when the exchange times out (MPI may still write into it). */
+static mg_status list_differs (const char *fn, const char *noun, const int64_t *mine, int64_t n) {
+  size_t per = (size_t)n * DESC;
+  int64_t *all = malloc(sizeof(int64_t) * per * ((size_t)world_size + 1));
+  if (all == NULL) return mg_seterror("%s: ranks disagree on the %ss (out of memory to say which)", fn, noun);
+  int64_t *sent = all + per * (size_t)world_size;
+  memcpy(sent, mine, sizeof(int64_t) * per);
+  if (gather_i64(fn, sent, (int)per, all) != MG_OK) {
+    if (!broken) free(all);
+    return MG_ERR;
+  }
+  char x[240], y[240];
+  for (int64_t i = 0; i < n; i++)
+    for (int r = 1; r < world_size; r++) {
+      const int64_t *a = all + i * DESC, *b = all + (size_t)r * per + i * DESC;
+      if (memcmp(a, b, sizeof(int64_t) * DESC) == 0) continue;
+      entry_str(x, sizeof x, a);
+      entry_str(y, sizeof y, b);
+      free(all);
+      return mg_seterror("%s: ranks disagree on %s " MG_POS ": rank 0 gives %s, rank %d gives %s%s", fn, noun,
+                         (long long)i, x, r, y, strcmp(x, "nil") == 0 || strcmp(y, "nil") == 0
+                         ? " (every rank must leave out the same ones)" : "");
+    }
+  free(all);
+  return mg_seterror("%s: ranks disagree on the %ss: the same entries give another hash (another version of moongrad?)",
+                     fn, noun);
+}
+
+/* the agreement on a list: its header (count, hash and the rest), then,
+** when the hashes differ, the entry that differs */
+static mg_status agree_list (const char *fn, const mg_dist_header *mine, const char *noun, const int64_t *desc) {
+  char plural[40];
+  snprintf(plural, sizeof plural, "%ss", noun);
+  if (exchange(fn, mine) != MG_OK || agree(fn, 0, plural) != MG_OK) return MG_ERR;
+  for (int r = 1; r < world_size; r++)
+    if (hdrs[r].hash != hdrs[0].hash) return list_differs(fn, noun, desc, mine->count);
+  return MG_OK;
+}
+
+/* }--- */
+
+/* the agreement on a collective over one tensor t (the dtype and shape this
+** rank gives); failed: this rank could not prepare its side (its error is set) */
+static mg_status agree_tensor (const char *fn, mg_dist_call kind, int op, int64_t root, const mg_tensor *t, int failed,
+                               int from) {
+  mg_dist_header h = {.kind = kind, .failed = failed, .op = op, .root = root, .dtype = t->dtype, .ndim = t->ndim,
+                      .bytes = t->numel * (int64_t)mg_dtype_size(t->dtype)};
+  memcpy(h.dims, t->shape, sizeof(int64_t) * (size_t)t->ndim);
+  if (exchange(fn, &h) != MG_OK || agree(fn, from, "entries") != MG_OK) return MG_ERR;
+  if (kind == MG_DIST_CALL_BROADCAST && (root < 0 || root >= world_size))
+    return mg_seterror("%s: root must be a rank from 0 to %d, got %lld", fn, world_size - 1, (long long)root);
+  return MG_OK;
+}
+
+/* barrier: an agreement on nothing but the call; every rank has arrived
+** once every rank's header has */
+mg_status mg_dist_barrier (const char *fn) {
+  if (need_init(fn) != MG_OK) return MG_ERR;
+  mg_dist_header h = {.kind = MG_DIST_CALL_BARRIER, .op = -1, .root = -1, .dtype = -1};
+  return exchange(fn, &h) != MG_OK ? MG_ERR : agree(fn, 0, "entries");
+}
+
+/* }============================================================ */
+
+
+/* {=============== raw buffers, after the agreement =============== */
 
 static MPI_Datatype mpi_type (mg_dtype dt) {
   switch (dt) {
@@ -183,15 +517,24 @@ static void scale (void *buf, int64_t n, mg_dtype dt, double s) {
   }
 }
 
-mg_status mg_dist_allreduce_buf (const char *fn, void *buf, int64_t n, mg_dtype dt, mg_dist_op op,
-                                 double prescale, double postscale) {
-  if (need_init(fn) != MG_OK) return MG_ERR;
+/* what op and scaling mean for dtype dt: the same answer on every rank,
+** since they agree on both */
+static mg_status check_op (const char *fn, mg_dtype dt, mg_dist_op op, double pre, double post) {
   if (op == MG_DIST_MEAN && !is_float(dt))
     return mg_seterror("%s: op 'mean' is for float tensors, got %s (use 'sum')", fn, mg_dtype_name(dt));
-  if (!is_float(dt) && (prescale != 1.0 || postscale != 1.0))
+  if (!is_float(dt) && (pre != 1.0 || post != 1.0))
     return mg_seterror("%s: scaling is for float tensors, got %s", fn, mg_dtype_name(dt));
-  if (op == MG_DIST_MEAN) postscale /= world_size;
-  scale(buf, n, dt, prescale);
+  return MG_OK;
+}
+
+/* n values of dt at buf reduced in place across the ranks, in chunks of
+** CHUNK elements (MPI counts are ints) */
+static mg_status allreduce_buf (const char *fn, void *buf, int64_t n, mg_dtype dt, mg_dist_op op) {
+  double post = 1.0;
+  if (op == MG_DIST_MEAN) {
+    op = MG_DIST_SUM;
+    post = 1.0 / world_size;
+  }
   size_t es = mg_dtype_size(dt);
   for (int64_t done = 0; done < n; done += CHUNK) {
     int m = n - done < CHUNK ? (int)(n - done) : CHUNK;
@@ -201,14 +544,11 @@ mg_status mg_dist_allreduce_buf (const char *fn, void *buf, int64_t n, mg_dtype 
                            MPI_COMM_WORLD);
     if (rc != MPI_SUCCESS) return mpi_fail(fn, rc);
   }
-  scale(buf, n, dt, postscale);
+  scale(buf, n, dt, post);
   return MG_OK;
 }
 
-mg_status mg_dist_bcast_buf (const char *fn, void *buf, int64_t nbytes, int root) {
-  if (need_init(fn) != MG_OK) return MG_ERR;
-  if (root < 0 || root >= world_size)
-    return mg_seterror("%s: root must be a rank from 0 to %d, got %d", fn, world_size - 1, root);
+static mg_status bcast_buf (const char *fn, void *buf, int64_t nbytes, int root) {
   for (int64_t done = 0; done < nbytes; done += CHUNK) {
     int m = nbytes - done < CHUNK ? (int)(nbytes - done) : CHUNK;
     stats.calls++;
@@ -219,69 +559,35 @@ mg_status mg_dist_bcast_buf (const char *fn, void *buf, int64_t nbytes, int root
   return MG_OK;
 }
 
-mg_status mg_dist_allgather_i64 (const char *fn, const int64_t *mine, int n, int64_t *out) {
-  if (need_init(fn) != MG_OK) return MG_ERR;
-  stats.calls++;
-  int rc = MPI_Allgather(mine, n, MPI_INT64_T, out, n, MPI_INT64_T, MPI_COMM_WORLD);
-  return rc == MPI_SUCCESS ? MG_OK : mpi_fail(fn, rc);
-}
-
-mg_status mg_dist_allgatherv_buf (const char *fn, const void *send, int64_t nbytes, void *recv,
-                                  const int64_t *counts) {
-  if (need_init(fn) != MG_OK) return MG_ERR;
-  int *cnt = malloc(sizeof(int) * (size_t)world_size * 2);
-  if (cnt == NULL) return mg_seterror("%s: out of memory", fn);
-  int *disp = cnt + world_size;
-  int64_t total = 0;
-  for (int r = 0; r < world_size; r++) {
-    cnt[r] = (int)counts[r];
-    disp[r] = (int)total;
-    total += counts[r];
+/* every rank's gather_bytes[q], rank after rank, into recv (total bytes in
+** all, from the validated headers); this rank's from send. Within INT_MAX
+** bytes one MPI_Allgatherv, above it one chunked broadcast per rank. */
+static mg_status allgather_buf (const char *fn, const void *send, void *recv, int64_t total) {
+  int64_t mine = gather_bytes[world_rank], at = 0;
+  if (total <= INT_MAX) {
+    for (int q = 0; q < world_size; q++) {
+      gather_counts[q] = (int)gather_bytes[q];
+      gather_displs[q] = (int)at;
+      at += gather_bytes[q];
+    }
+    stats.calls++;
+    stats.bytes += total;
+    int rc = MPI_Allgatherv(mine ? send : recv, (int)mine, MPI_BYTE, recv, gather_counts, gather_displs, MPI_BYTE,
+                            MPI_COMM_WORLD);
+    return rc == MPI_SUCCESS ? MG_OK : mpi_fail(fn, rc);
   }
-  if (total > INT_MAX) {
-    free(cnt);
-    return mg_seterror("%s: %lld bytes from all ranks; at most %d can be gathered at once", fn, (long long)total,
-                       INT_MAX);
+  for (int q = 0; q < world_size; q++) {
+    if (q == world_rank) memcpy((char *)recv + at, send, (size_t)mine);
+    if (bcast_buf(fn, (char *)recv + at, gather_bytes[q], q) != MG_OK) return MG_ERR;
+    at += gather_bytes[q];
   }
-  stats.calls++;
-  stats.bytes += total;
-  int rc = MPI_Allgatherv(nbytes ? send : recv, (int)nbytes, MPI_BYTE, recv, cnt, disp, MPI_BYTE, MPI_COMM_WORLD);
-  free(cnt);
-  return rc == MPI_SUCCESS ? MG_OK : mpi_fail(fn, rc);
+  return MG_OK;
 }
 
 /* }============================================================ */
 
 
 /* {========================== tensors ========================== */
-
-static void describe (char *buf, size_t n, const int64_t *meta) {
-  char shape[160];
-  snprintf(buf, n, "%s %s", mg_dtype_name((mg_dtype)meta[0]), mg_shape_str(shape, sizeof shape, meta + 2, (int)meta[1]));
-}
-
-/* every rank's dtype and shape into all (world_size * MAX_META values);
-** `same_from` 0: they must all match; 1: all but the first axis */
-static mg_status agree (const char *fn, const mg_tensor *t, int same_from, int64_t *all) {
-  int64_t meta[MAX_META] = {t->dtype, t->ndim};
-  memcpy(meta + 2, t->shape, sizeof(int64_t) * (size_t)t->ndim);
-  if (mg_dist_allgather_i64(fn, meta, MAX_META, all) != MG_OK) return MG_ERR;
-  for (int r = 1; r < world_size; r++) {
-    const int64_t *a = all, *b = all + r * MAX_META;
-    int ok = a[0] == b[0] && a[1] == b[1];
-    for (int d = same_from; ok && d < a[1]; d++) ok = a[2 + d] == b[2 + d];
-    if (!ok) {
-      char da[200], db[200];
-      describe(da, sizeof da, a);
-      describe(db, sizeof db, b);
-      return mg_seterror(same_from ? "%s: rank 0 gives %s but rank %d gives %s; every rank's tensor must have the "
-                                     "same dtype and the same shape after the first axis"
-                                   : "%s: rank 0 gives %s but rank %d gives %s; every rank must give the same "
-                                     "dtype and shape", fn, da, r, db);
-    }
-  }
-  return MG_OK;
-}
 
 /* a contiguous copy of t, the buffer the collective then works in */
 static mg_tensor *copy_of (const mg_tensor *t) {
@@ -293,30 +599,52 @@ static mg_tensor *copy_of (const mg_tensor *t) {
   return r;
 }
 
+static int64_t nbytes (const mg_tensor *t) { return t->numel * (int64_t)mg_dtype_size(t->dtype); }
+
 mg_tensor *mg_dist_allreduce (const char *fn, mg_tensor *t, mg_dist_op op) {
-  int64_t all[MAX_META * 64], *meta = world_size <= 64 ? all : malloc(sizeof(int64_t) * MAX_META * (size_t)world_size);
-  if (meta == NULL) return mg_seterror("%s: out of memory", fn), NULL;
-  mg_status s = need_init(fn) == MG_OK ? agree(fn, t, 0, meta) : MG_ERR;
-  if (meta != all) free(meta);
-  if (s != MG_OK) return NULL;
-  mg_tensor *r = copy_of(t);
-  if (r != NULL && mg_dist_allreduce_buf(fn, mg_ptr(r), r->numel, r->dtype, op, 1.0, 1.0) != MG_OK) {
+  if (need_init(fn) != MG_OK) return NULL;
+  mg_tensor *r = copy_of(t);                        /* before the agreement */
+  if (agree_tensor(fn, MG_DIST_CALL_ALLREDUCE, op, -1, t, r == NULL, 0) != MG_OK
+      || check_op(fn, t->dtype, op, 1.0, 1.0) != MG_OK || allreduce_buf(fn, mg_ptr(r), r->numel, r->dtype, op) != MG_OK) {
     mg_tensor_release(r);
     return NULL;
   }
   return r;
 }
 
-mg_tensor *mg_dist_broadcast (const char *fn, mg_tensor *t, int root) {
-  int64_t all[MAX_META * 64], *meta = world_size <= 64 ? all : malloc(sizeof(int64_t) * MAX_META * (size_t)world_size);
-  if (meta == NULL) return mg_seterror("%s: out of memory", fn), NULL;
-  mg_status s = need_init(fn) == MG_OK ? agree(fn, t, 0, meta) : MG_ERR;
-  if (meta != all) free(meta);
-  if (s != MG_OK) return NULL;
-  if (root < 0 || root >= world_size)
-    return mg_seterror("%s: root must be a rank from 0 to %d, got %d", fn, world_size - 1, root), NULL;
+mg_tensor *mg_dist_broadcast (const char *fn, mg_tensor *t, int64_t root) {
+  if (need_init(fn) != MG_OK) return NULL;
   mg_tensor *r = world_rank == root ? mg_contiguous(t) : mg_empty(t->shape, t->ndim, t->dtype);
-  if (r != NULL && mg_dist_bcast_buf(fn, mg_ptr(r), r->numel * (int64_t)mg_dtype_size(r->dtype), root) != MG_OK) {
+  if (agree_tensor(fn, MG_DIST_CALL_BROADCAST, -1, root, t, r == NULL, 0) != MG_OK
+      || bcast_buf(fn, mg_ptr(r), nbytes(r), (int)root) != MG_OK) {
+    mg_tensor_release(r);
+    return NULL;
+  }
+  return r;
+}
+
+/* allgather once the ranks agree: the result is sized from their validated
+** headers (kept in gather_bytes: the second exchange overwrites hdrs), then
+** a second exchange makes sure every rank could allocate it */
+static mg_tensor *gather (const char *fn, mg_tensor *c) {
+  int64_t shape[MG_MAX_DIMS], total = 0;
+  memcpy(shape, c->shape, sizeof(int64_t) * (size_t)c->ndim);
+  shape[0] = 0;
+  for (int q = 0; q < world_size; q++) {
+    if (hdrs[q].dims[0] > INT64_MAX - shape[0] || hdrs[q].bytes > INT64_MAX - total)
+      return mg_seterror("%s: the ranks' tensors have more than 2^63 rows or bytes in all", fn), NULL;
+    shape[0] += hdrs[q].dims[0];
+    total += hdrs[q].bytes;
+    gather_bytes[q] = hdrs[q].bytes;
+  }
+  mg_tensor *r = mg_empty(shape, c->ndim, c->dtype);
+  if (r == NULL) {                                  /* say whose result it was */
+    char why[400];
+    snprintf(why, sizeof why, "%s", mg_errmsg_raw());
+    mg_seterror("%s: %s (every rank's rows together)", fn, why);
+  }
+  mg_dist_header h = {.kind = MG_DIST_CALL_ALLGATHER_READY, .failed = r == NULL, .op = -1, .root = -1, .dtype = -1};
+  if (exchange(fn, &h) != MG_OK || agree(fn, 0, "entries") != MG_OK || allgather_buf(fn, mg_ptr(c), mg_ptr(r), total) != MG_OK) {
     mg_tensor_release(r);
     return NULL;
   }
@@ -327,32 +655,12 @@ mg_tensor *mg_dist_broadcast (const char *fn, mg_tensor *t, int root) {
 ** as one row); the first axes may differ */
 mg_tensor *mg_dist_allgather (const char *fn, mg_tensor *t) {
   if (need_init(fn) != MG_OK) return NULL;
-  int64_t *meta = malloc(sizeof(int64_t) * (MAX_META + 1) * (size_t)world_size);
-  if (meta == NULL) return mg_seterror("%s: out of memory", fn), NULL;
-  int64_t *counts = meta + MAX_META * world_size;
-  mg_tensor *c = NULL, *r = NULL;
   int64_t one = 1;
   mg_tensor *src = t->ndim == 0 ? mg_reshape(t, &one, 1) : mg_tensor_retain(t);
-  if (src == NULL || agree(fn, src, 1, meta) != MG_OK) goto done;
-  int64_t shape[MG_MAX_DIMS];
-  memcpy(shape, src->shape, sizeof(int64_t) * (size_t)src->ndim);
-  shape[0] = 0;
-  int64_t row = 1;                                  /* elements per first-axis entry */
-  for (int d = 1; d < src->ndim; d++) row *= src->shape[d];
-  for (int q = 0; q < world_size; q++) {
-    shape[0] += meta[q * MAX_META + 2];
-    counts[q] = meta[q * MAX_META + 2] * row * (int64_t)mg_dtype_size(src->dtype);
-  }
-  c = mg_contiguous(src);
-  r = c ? mg_empty(shape, src->ndim, src->dtype) : NULL;
-  if (r != NULL && mg_dist_allgatherv_buf(fn, mg_ptr(c), counts[world_rank], mg_ptr(r), counts) != MG_OK) {
-    mg_tensor_release(r);
-    r = NULL;
-  }
-done:
+  mg_tensor *c = src != NULL ? mg_contiguous(src) : NULL, *r = NULL;
+  if (agree_tensor(fn, MG_DIST_CALL_ALLGATHER, -1, -1, c != NULL ? c : t, c == NULL, 1) == MG_OK) r = gather(fn, c);
   mg_tensor_release(c);
   mg_tensor_release(src);
-  free(meta);
   return r;
 }
 
@@ -364,46 +672,69 @@ static mg_tensor *own_value (mg_variable *v) {
 }
 
 mg_status mg_dist_allreduce_variable (const char *fn, mg_variable *v, mg_dist_op op) {
-  mg_tensor *cur = mg_variable_peek(v);
-  if (own_value(v) != NULL) {
-    int64_t all[MAX_META * 64], *meta = world_size <= 64 ? all : malloc(sizeof(int64_t) * MAX_META * (size_t)world_size);
-    if (meta == NULL) return mg_seterror("%s: out of memory", fn);
-    mg_status s = need_init(fn) == MG_OK ? agree(fn, cur, 0, meta) : MG_ERR;
-    if (meta != all) free(meta);
-    return s != MG_OK ? MG_ERR : mg_dist_allreduce_buf(fn, mg_ptr(cur), cur->numel, cur->dtype, op, 1.0, 1.0);
+  if (need_init(fn) != MG_OK) return MG_ERR;
+  mg_tensor *cur = own_value(v);
+  if (cur != NULL) {
+    if (agree_tensor(fn, MG_DIST_CALL_ALLREDUCE, op, -1, cur, 0, 0) != MG_OK || check_op(fn, cur->dtype, op, 1.0, 1.0) != MG_OK)
+      return MG_ERR;
+    return allreduce_buf(fn, mg_ptr(cur), cur->numel, cur->dtype, op);
   }
-  mg_tensor *r = mg_dist_allreduce(fn, cur, op);
+  mg_tensor *r = mg_dist_allreduce(fn, mg_variable_peek(v), op);
   if (r == NULL) return MG_ERR;
   mg_status s = mg_variable_assign(v, r);
   mg_tensor_release(r);
   return s;
 }
 
-mg_status mg_dist_broadcast_variable (const char *fn, mg_variable *v, int root) {
+mg_status mg_dist_broadcast_variable (const char *fn, mg_variable *v, int64_t root) {
+  if (need_init(fn) != MG_OK) return MG_ERR;
   mg_tensor *cur = mg_variable_peek(v);
-  if (own_value(v) != NULL || root == world_rank) {   /* the root only reads */
-    int64_t all[MAX_META * 64], *meta = world_size <= 64 ? all : malloc(sizeof(int64_t) * MAX_META * (size_t)world_size);
-    if (meta == NULL) return mg_seterror("%s: out of memory", fn);
-    mg_status s = need_init(fn) == MG_OK ? agree(fn, cur, 0, meta) : MG_ERR;
-    if (meta != all) free(meta);
-    if (s != MG_OK) return MG_ERR;
-    if (own_value(v) != NULL) return mg_dist_bcast_buf(fn, mg_ptr(cur), cur->numel * (int64_t)mg_dtype_size(cur->dtype), root);
-    mg_tensor *c = mg_contiguous(cur);
-    if (c == NULL) return MG_ERR;
-    s = mg_dist_bcast_buf(fn, mg_ptr(c), c->numel * (int64_t)mg_dtype_size(c->dtype), root);
-    mg_tensor_release(c);
-    return s;
-  }
-  mg_tensor *r = mg_dist_broadcast(fn, cur, root);
-  if (r == NULL) return MG_ERR;
-  mg_status s = mg_variable_assign(v, r);
-  mg_tensor_release(r);
+  mg_tensor *b = own_value(v) != NULL ? mg_tensor_retain(cur)          /* in place; the root only reads */
+               : world_rank == root ? mg_contiguous(cur) : mg_empty(cur->shape, cur->ndim, cur->dtype);
+  mg_status s = agree_tensor(fn, MG_DIST_CALL_BROADCAST, -1, root, cur, b == NULL, 0);
+  if (s == MG_OK) s = bcast_buf(fn, mg_ptr(b), nbytes(b), (int)root);
+  if (s == MG_OK && b != cur && world_rank != root) s = mg_variable_assign(v, b);
+  mg_tensor_release(b);
   return s;
 }
 
-static void *fusion_buffer (size_t nbytes) {
-  if (nbytes <= fusion_cap) return fusion;
-  size_t cap = (nbytes + 4095) & ~(size_t)4095;
+/* root's values into n variables: each into its own storage when nobody
+** else holds it, else into a new value (allocated before the agreement)
+** that the variable adopts; the root only reads */
+mg_status mg_dist_broadcast_variables (const char *fn, mg_variable *const *vs, int n, int64_t root) {
+  if (need_init(fn) != MG_OK) return MG_ERR;
+  if (n < 0 || n > MAX_LIST) return mg_seterror("%s: %d variables; at most %d at once", fn, n, MAX_LIST);
+  mg_tensor **buf = calloc((size_t)(n ? n : 1), sizeof *buf);
+  int64_t *desc = malloc(sizeof(int64_t) * DESC * (size_t)(n ? n : 1));
+  mg_dist_header h = {.kind = MG_DIST_CALL_BROADCAST_MANY, .op = -1, .root = root, .dtype = -1, .count = n};
+  int failed = buf == NULL || desc == NULL;
+  if (failed) mg_seterror("%s: out of memory for a list of %d variables", fn, n);
+  for (int i = 0; i < n && !failed; i++) {
+    mg_tensor *cur = mg_variable_peek(vs[i]);
+    buf[i] = own_value(vs[i]) != NULL ? mg_tensor_retain(cur)
+           : world_rank == root ? mg_contiguous(cur) : mg_empty(cur->shape, cur->ndim, cur->dtype);
+    failed = buf[i] == NULL;
+    describe_entry(desc + (size_t)i * DESC, cur);
+    h.bytes += nbytes(cur);
+  }
+  h.failed = failed;
+  h.hash = failed ? 0 : hash_list(desc, n);
+  mg_status s = agree_list(fn, &h, "variable", desc);
+  if (s == MG_OK && (root < 0 || root >= world_size))
+    s = mg_seterror("%s: root must be a rank from 0 to %d, got %lld", fn, world_size - 1, (long long)root);
+  for (int i = 0; i < n && s == MG_OK; i++) s = bcast_buf(fn, mg_ptr(buf[i]), nbytes(buf[i]), (int)root);
+  for (int i = 0; i < n && buf != NULL; i++) {
+    if (s == MG_OK && buf[i] != mg_variable_peek(vs[i]) && world_rank != root) s = mg_variable_assign(vs[i], buf[i]);
+    mg_tensor_release(buf[i]);
+  }
+  free(buf);
+  free(desc);
+  return s;
+}
+
+static void *fusion_buffer (size_t size) {
+  if (size <= fusion_cap) return fusion;
+  size_t cap = (size + 4095) & ~(size_t)4095;
   void *p = aligned_alloc(64, cap);
   if (p == NULL) return NULL;
   free(fusion);
@@ -429,38 +760,73 @@ static void copy_scaled (void *dst, const void *src, int64_t n, mg_dtype dt, dou
   }
 }
 
-/* one bucket: ts[a..b) (one dtype) packed (times pre), reduced, and unpacked
-** (times post) into new tensors: three passes over the bytes besides MPI's */
-static mg_status bucket (const char *fn, mg_tensor *const *ts, int a, int b, mg_dist_op op, double pre, double post,
-                         mg_tensor **out) {
-  int64_t n = 0;
-  for (int i = a; i < b; i++) n += ts[i]->numel;
-  mg_dtype dt = ts[a]->dtype;
+/* allreduce_many's plan: everything allocated before the agreement */
+typedef struct {
+  int n, k;                   /* entries; present ones */
+  int *order;                 /* the present entries, grouped by dtype, in order within one (k) */
+  mg_tensor **src, **dst;     /* contiguous inputs and the results (n each; NULL: nil) */
+  int64_t *desc;              /* n x DESC: each entry described, for the agreement */
+} plan;
+
+/* the end of the bucket that starts at order[a]: one dtype, at most fusion bytes (one tensor at least) */
+static int bucket_end (const plan *p, int a, int64_t fusion_bytes, int64_t *bytes) {
+  mg_tensor *const *s = p->src;
+  int b = a + 1;
+  *bytes = nbytes(s[p->order[a]]);
+  while (b < p->k && s[p->order[b]]->dtype == s[p->order[a]]->dtype && *bytes + nbytes(s[p->order[b]]) <= fusion_bytes)
+    *bytes += nbytes(s[p->order[b++]]);
+  return b;
+}
+
+static mg_status prepare (const char *fn, plan *p, mg_tensor *const *ts, int64_t fusion_bytes) {
+  int n = p->n;
+  p->order = malloc(sizeof(int) * (size_t)(n ? n : 1));
+  p->src = calloc((size_t)(n ? 2 * n : 1), sizeof(mg_tensor *));
+  p->dst = p->src ? p->src + n : NULL;
+  p->desc = malloc(sizeof(int64_t) * DESC * (size_t)(n ? n : 1));
+  if (p->order == NULL || p->src == NULL || p->desc == NULL) return mg_seterror("%s: out of memory for %d tensors", fn, n);
+  for (int d = 0; d < MG_DTYPE__COUNT; d++)
+    for (int i = 0; i < n; i++)
+      if (ts[i] != NULL && (int)ts[i]->dtype == d) p->order[p->k++] = i;
+  int64_t most = 0, bytes;
+  for (int i = 0; i < n; i++) {
+    describe_entry(p->desc + (size_t)i * DESC, ts[i]);
+    if (ts[i] == NULL) continue;
+    if ((p->src[i] = mg_contiguous(ts[i])) == NULL) return MG_ERR;
+    if ((p->dst[i] = mg_empty(ts[i]->shape, ts[i]->ndim, ts[i]->dtype)) == NULL) return MG_ERR;
+  }
+  for (int a = 0; a < p->k;) {
+    a = bucket_end(p, a, fusion_bytes, &bytes);
+    if (bytes > most) most = bytes;
+  }
+  if (fusion_buffer((size_t)most + 1) == NULL)
+    return mg_seterror("%s: out of memory for a fusion buffer of %lld bytes", fn, (long long)most);
+  return MG_OK;
+}
+
+/* one bucket: order[a..b) (one dtype) packed (times pre), reduced, and
+** unpacked (times post) into the results: three passes over the bytes
+** besides MPI's */
+static mg_status bucket (const char *fn, const plan *p, int a, int b, mg_dist_op op, double pre, double post) {
+  mg_dtype dt = p->src[p->order[a]]->dtype;
   size_t es = mg_dtype_size(dt);
-  char *buf = fusion_buffer((size_t)n * es + 1);
-  if (buf == NULL) return mg_seterror("%s: out of memory for a fusion buffer of %lld bytes", fn, (long long)n * (long long)es);
-  if ((pre != 1.0 || post != 1.0) && !is_float(dt))
-    return mg_seterror("%s: scaling is for float tensors, got %s", fn, mg_dtype_name(dt));
+  char *buf = fusion;
+  int64_t at = 0;
+  for (int j = a; j < b; j++) {
+    const mg_tensor *c = p->src[p->order[j]];
+    copy_scaled(buf + at * (int64_t)es, mg_ptr(c), c->numel, dt, pre);
+    at += c->numel;
+  }
   if (op == MG_DIST_MEAN) {
-    if (!is_float(dt)) return mg_seterror("%s: op 'mean' is for float tensors, got %s (use 'sum')", fn, mg_dtype_name(dt));
     op = MG_DIST_SUM;
     post /= world_size;
   }
-  int64_t at = 0;
-  for (int i = a; i < b; i++) {
-    mg_tensor *c = mg_contiguous(ts[i]);
-    if (c == NULL) return MG_ERR;
-    copy_scaled(buf + at * (int64_t)es, mg_ptr(c), c->numel, dt, pre);
-    at += c->numel;
-    mg_tensor_release(c);
-  }
-  if (mg_dist_allreduce_buf(fn, buf, n, dt, op, 1.0, 1.0) != MG_OK) return MG_ERR;
+  if (allreduce_buf(fn, buf, at, dt, op) != MG_OK) return MG_ERR;
   at = 0;
-  for (int i = a; i < b; i++) {
-    out[i] = mg_empty(ts[i]->shape, ts[i]->ndim, dt);
-    if (out[i] == NULL) return MG_ERR;
-    copy_scaled(mg_ptr(out[i]), buf + at * (int64_t)es, ts[i]->numel, dt, post);
-    at += ts[i]->numel;
+  for (int j = a; j < b; j++) {
+    mg_tensor *o = p->dst[p->order[j]];
+    copy_scaled(mg_ptr(o), buf + at * (int64_t)es, o->numel, dt, post);
+    at += o->numel;
   }
   return MG_OK;
 }
@@ -468,36 +834,34 @@ static mg_status bucket (const char *fn, mg_tensor *const *ts, int a, int b, mg_
 mg_status mg_dist_allreduce_many (const char *fn, mg_tensor *const *ts, int n, mg_dist_op op,
                                   double prescale, double postscale, int64_t fusion_bytes, mg_tensor **out) {
   if (need_init(fn) != MG_OK) return MG_ERR;
+  if (n < 0 || n > MAX_LIST) return mg_seterror("%s: %d tensors; at most %d at once", fn, n, MAX_LIST);
   for (int i = 0; i < n; i++) out[i] = NULL;
-  mg_tensor **sorted = malloc(sizeof(mg_tensor *) * (size_t)(n ? n : 1) * 2);
-  int *where = malloc(sizeof(int) * (size_t)(n ? n : 1));
-  if (sorted == NULL || where == NULL) {
-    free(sorted);
-    free(where);
-    return mg_seterror("%s: out of memory", fn);
+  if (fusion_bytes < 1) fusion_bytes = 1;                /* one tensor per bucket */
+  plan p = {.n = n};
+  mg_dist_header h = {.kind = MG_DIST_CALL_ALLREDUCE_MANY, .op = op, .root = -1, .dtype = -1, .count = n,
+                      .fusion = fusion_bytes};
+  memcpy(&h.scale, &postscale, sizeof postscale);
+  h.prescaled = prescale != 1.0;
+  h.failed = prepare(fn, &p, ts, fusion_bytes) != MG_OK;
+  for (int i = 0; i < n && !h.failed; i++) h.bytes += ts[i] ? nbytes(ts[i]) : 0;
+  h.hash = h.failed ? 0 : hash_list(p.desc, n);
+  mg_status s = agree_list(fn, &h, "gradient", p.desc);
+  int prescaled = 0;                                     /* on any rank: the same answer everywhere */
+  for (int r = 0; r < world_size && s == MG_OK; r++) prescaled |= hdrs[r].prescaled != 0;
+  for (int j = 0; j < p.k && s == MG_OK; j++) s = check_op(fn, p.src[p.order[j]]->dtype, op, prescaled ? 2.0 : 1.0, postscale);
+  int64_t bytes;
+  for (int a = 0, b; a < p.k && s == MG_OK; a = b) {
+    b = bucket_end(&p, a, fusion_bytes, &bytes);
+    s = bucket(fn, &p, a, b, op, prescale, postscale);
   }
-  mg_tensor **res = sorted + n;
-  for (int i = 0; i < n; i++) res[i] = NULL;
-  int k = 0;                                        /* grouped by dtype, in order within one */
-  for (int d = 0; d < MG_DTYPE__COUNT; d++)
-    for (int i = 0; i < n; i++)
-      if ((int)ts[i]->dtype == d) { where[k] = i; sorted[k++] = ts[i]; }
-  mg_status s = MG_OK;
-  for (int a = 0; a < n && s == MG_OK;) {
-    int b = a + 1;
-    int64_t bytes = sorted[a]->numel * (int64_t)mg_dtype_size(sorted[a]->dtype);
-    while (b < n && sorted[b]->dtype == sorted[a]->dtype &&
-           bytes + sorted[b]->numel * (int64_t)mg_dtype_size(sorted[b]->dtype) <= fusion_bytes)
-      bytes += sorted[b++]->numel * (int64_t)mg_dtype_size(sorted[a]->dtype);
-    s = bucket(fn, sorted, a, b, op, prescale, postscale, res);
-    a = b;
+  for (int i = 0; i < n && p.src != NULL; i++) {
+    mg_tensor_release(p.src[i]);
+    if (s == MG_OK) out[i] = p.dst[i];
+    else mg_tensor_release(p.dst[i]);
   }
-  for (int i = 0; i < n; i++) {
-    if (s == MG_OK) out[where[i]] = res[i];
-    else mg_tensor_release(res[i]);
-  }
-  free(sorted);
-  free(where);
+  free(p.order);
+  free(p.src);
+  free(p.desc);
   return s;
 }
 

@@ -90,16 +90,15 @@ static int l_allreduce (lua_State *L) {
   return 1;
 }
 
-static int check_root (lua_State *L, int arg, const char *fn) {
-  lua_Integer root = luaL_optinteger(L, arg, 0);
-  if (mg_dist_initialized() && (root < 0 || root >= mg_dist_size()))
-    return luaL_error(L, "%s: root must be a rank from 0 to %d, got %I", fn, mg_dist_size() - 1, root);
-  return (int)root;
+/* root is checked after the ranks agree on it: out of range on one rank is
+** a disagreement, out of range on all an error on all */
+static lua_Integer check_root (lua_State *L, int arg) {
+  return luaL_optinteger(L, arg, 0);
 }
 
 /* broadcast(t [, root = 0]): root's values; on a variable, in place, returning it */
 static int l_broadcast (lua_State *L) {
-  int root = check_root(L, 2, "broadcast");
+  lua_Integer root = check_root(L, 2);
   mg_variable *v = mgL_testvariable(L, 1);
   if (v != NULL) {
     mgL_checkchange(L, "broadcast");
@@ -116,30 +115,66 @@ static int l_allgather (lua_State *L) {
   return 1;
 }
 
-/* allreduce_many(list, op, prescale, postscale, fusion_bytes): the list's
-** tensors reduced in buckets; a list of new tensors (DistributedOptimizer) */
+/* allreduce_many(list, op, prescale, postscale, fusion_bytes [, n = #list,
+** who]): the list's n tensors (nil: a nil gradient, which every rank must
+** leave out too) reduced in buckets; a list of n new tensors with the same
+** holes, and its n (DistributedOptimizer) */
 static int l_allreduce_many (lua_State *L) {
-  const char *fn = "DistributedOptimizer";
   luaL_checktype(L, 1, LUA_TTABLE);
   static const char *const names[] = {"sum", "mean", "max", "min", NULL};
   mg_dist_op op = (mg_dist_op)luaL_checkoption(L, 2, "mean", names);
   double pre = luaL_optnumber(L, 3, 1.0), post = luaL_optnumber(L, 4, 1.0);
   lua_Integer fusion = luaL_optinteger(L, 5, 64 << 20);
-  int n = (int)luaL_len(L, 1);
+  lua_Integer n = lua_isnoneornil(L, 6) ? luaL_len(L, 1) : luaL_checkinteger(L, 6);
+  const char *fn = luaL_optstring(L, 7, "DistributedOptimizer");
+  luaL_argcheck(L, n >= 0 && n <= 1 << 24, 6, "a list length from 0 to 2^24 expected");
   mg_tensor **ts = lua_newuserdatauv(L, sizeof(mg_tensor *) * (size_t)(n ? 2 * n : 1), 0);
   mg_tensor **out = ts + n;
   for (int i = 0; i < n; i++) {
-    lua_geti(L, 1, i + 1);
-    ts[i] = mgL_checktensor(L, -1);            /* borrowed: the list keeps it */
+    ts[i] = lua_geti(L, 1, i + 1) == LUA_TNIL ? NULL : mgL_checktensor(L, -1);   /* borrowed: the list keeps it */
     lua_pop(L, 1);
   }
-  if (mg_dist_allreduce_many(fn, ts, n, op, pre, post, fusion, out) != MG_OK) return mgL_error(L);
-  lua_createtable(L, n, 0);
+  if (mg_dist_allreduce_many(fn, ts, (int)n, op, pre, post, fusion, out) != MG_OK) return mgL_error(L);
+  lua_createtable(L, (int)n, 1);
   for (int i = 0; i < n; i++) {
+    if (out[i] == NULL) continue;
     mgL_pushtensor(L, out[i]);
     out[i] = NULL;
     lua_rawseti(L, -2, i + 1);
   }
+  lua_pushinteger(L, n);
+  lua_setfield(L, -2, "n");
+  return 1;
+}
+
+/* broadcast_variables(list, root [, who]): root's values into the list's
+** variables, in place, after one agreement on the whole list */
+static int l_broadcast_variables (lua_State *L) {
+  luaL_checktype(L, 1, LUA_TTABLE);
+  lua_Integer root = check_root(L, 2);
+  const char *fn = luaL_optstring(L, 3, "broadcast_variables");
+  lua_Integer n = luaL_len(L, 1);
+  luaL_argcheck(L, n >= 0 && n <= 1 << 24, 1, "a list of at most 2^24 variables expected");
+  mg_variable **vs = lua_newuserdatauv(L, sizeof(mg_variable *) * (size_t)(n ? n : 1), 0);
+  for (int i = 0; i < n; i++) {
+    lua_geti(L, 1, i + 1);
+    vs[i] = mgL_checkvariable(L, -1);             /* borrowed: the list keeps it */
+    lua_pop(L, 1);
+  }
+  mgL_checkchange(L, fn);
+  if (mg_dist_broadcast_variables(fn, vs, (int)n, root) != MG_OK) return mgL_error(L);
+  lua_settop(L, 1);
+  return 1;
+}
+
+/* set_timeout(seconds): how long a collective waits for every rank (0: for ever) */
+static int l_set_timeout (lua_State *L) {
+  if (mg_dist_set_timeout(luaL_checknumber(L, 1)) != MG_OK) return mgL_error(L);
+  return 0;
+}
+
+static int l_timeout (lua_State *L) {
+  lua_pushnumber(L, mg_dist_timeout());
   return 1;
 }
 
@@ -178,7 +213,9 @@ int luaopen_moongrad_mpi (lua_State *L) {
   static const luaL_Reg fns[] = {
     {"init", l_init}, {"is_initialized", l_is_initialized}, {"rank", l_rank}, {"size", l_size},
     {"barrier", l_barrier}, {"finalize", l_finalize}, {"allreduce", l_allreduce}, {"broadcast", l_broadcast},
-    {"allgather", l_allgather}, {"allreduce_many", l_allreduce_many}, {"stats", l_stats}, {NULL, NULL}};
+    {"allgather", l_allgather}, {"allreduce_many", l_allreduce_many},
+    {"broadcast_variables", l_broadcast_variables}, {"set_timeout", l_set_timeout}, {"timeout", l_timeout},
+    {"stats", l_stats}, {NULL, NULL}};
   static int registered;
   if (!registered) {                                             /* os.exit too */
     pin_library();
