@@ -93,7 +93,7 @@ static bool same_digest (double a, double b, double scale, mg_dtype dt) {
   return fabs(a - b) <= tol * scale;
 }
 
-static mg_status check_values (const mg_node *n, const recompute_ext *e, const mg_list *out) {
+static mg_status check_values (const recompute_ext *e, const mg_list *out) {
   for (int i = 0; i < out->n; i++) {
     double sum, mag;
     if (digest(out->t[i], &sum, &mag) != MG_OK) return MG_ERR;
@@ -106,7 +106,6 @@ static mg_status check_values (const mg_node *n, const recompute_ext *e, const m
                        "each run (randomness is replayed; is_recomputing may change side effects only)",
                        (long long)i, sum, was);
   }
-  (void)n;
   return MG_OK;
 }
 
@@ -224,7 +223,7 @@ static mg_status recompute_backward (mg_node *n, mg_tensor *const *dout, mg_tens
   mg_status st = rerun(n, e, tape, &out);
   if (st == MG_OK) st = check_outputs(n, &out);
   if (st == MG_OK) st = check_captures(n, e, tape, &out);
-  if (st == MG_OK) st = check_values(n, e, &out);
+  if (st == MG_OK) st = check_values(e, &out);
   if (st == MG_OK) st = local_gradient(n, tape, &out, dout, din);
   mg_memory_span("recompute", 0);
   *loops = was;

@@ -804,7 +804,6 @@ static bool spare_gradient (const mg_tensor *g, uint64_t id, const idmap *keep_i
   return walk_alone_sees(g) && !idmap_has(keep_ids, id) && reuse_allowed();
 }
 
-/* runs node n's backward rule and adds what it gives to the map */
 /* a linked-outputs node's whole gradient at output i (see mg_opdef) */
 static mg_status replace_gradient (idmap *grads, const mg_node *n, int i, mg_tensor **g) {
   const mg_meta *m = &n->out_meta[i];
@@ -819,6 +818,7 @@ static mg_status replace_gradient (idmap *grads, const mg_node *n, int i, mg_ten
   return st;
 }
 
+/* runs node n's backward rule and adds what it gives to the map */
 static mg_status step_back (mg_node *n, idmap *grads, const idmap *dep, const idmap *keep_ids, bool going,
                             const char *fn) {
   mg_tensor *dout_small[4], *din_small[8];
