@@ -541,6 +541,44 @@ describe("recompute_grad's save policies", function()
     assert.is_true(alloc1 < alloc0, alloc1 .. " >= " .. alloc0)   -- ... and not computed again
   end)
 
+  -- every op runs through the dispatcher: whatever a policy keeps, the
+  -- re-run takes instead of computing it again (and its gradient is the plain one)
+  it("any op's kept output is taken by the re-run, not computed again", function()
+    local x = mg.random.normal({48, 40}, 0, 1, "float64")
+    local lo, hi = mg.constant(-0.5, "float64"), mg.constant(0.5, "float64")
+    local cases = {
+      where = function(v) return mg.where(mg.greater(v, 0), v, v * 0.5) end,
+      clamp = function(v) return mg.clamp(v, lo, hi) end,
+      softmax = function(v) return mg.softmax(v, 2) end,
+      log_softmax = function(v) return mg.log_softmax(v, 2) end,
+      logsumexp = function(v) return mg.logsumexp(v, 2, true) end,
+      cumsum = function(v) return mg.cumsum(v, 2) end,
+      layer_norm = function(v) return mg.layer_norm(v) end,
+      concat = function(v) return mg.concat({v, v}, 1) end,
+      tile = function(v) return mg.tile(v, {2, 1}) end,
+      pad = function(v) return mg.pad(v, {{1, 1}, {0, 2}}) end,
+      sum = function(v) return mg.sum(v, 1, true) end,
+      var = function(v) return mg.var(v, 2, true) end,
+    }
+    for name, op in pairs(cases) do
+      local function grad_alloc (keep)
+        local f = mg.recompute_grad(function(v) return mg.exp(op(mg.sin(v))) end,
+                                    {policy = function(o) return o == keep end})
+        local t = mg.tape()
+        t:watch(x)
+        local y = mg.sum(f(x))
+        t:stop()
+        local before = mg.memory.stats().allocated_bytes
+        local g = t:gradient(y, x)
+        return g, mg.memory.stats().allocated_bytes - before
+      end
+      local g0, alloc0 = grad_alloc("none")
+      local g1, alloc1 = grad_alloc(name)
+      h.assert_close(g1, g0, 0)
+      assert.is_true(alloc1 < alloc0, name .. ": " .. alloc1 .. " >= " .. alloc0)
+    end
+  end)
+
   it("a policy's own ops are not asked about", function()
     local asked = 0
     local f = mg.recompute_grad(function(v) return mg.tanh(v) * 2 end,

@@ -56,4 +56,12 @@ describe("the floors of the C code", function()
     for name, path in pairs(defined("src/autodiff")) do above[name] = path end
     assert.same({}, used(core_files(), above))
   end)
+
+  it("no op file (src/ops/) names a function of autodiff: ops reach the tapes through the dispatcher's hooks", function()
+    local list = {}
+    local p = io.popen("ls src/ops/*.c")
+    for path in p:lines() do list[#list + 1] = path end
+    p:close()
+    assert.same({}, used(list, defined("src/autodiff")))
+  end)
 end)

@@ -174,6 +174,20 @@ typedef struct mg_replay_state {
   mg_replay *playing;                       /* a re-run: take kept outputs */
 } mg_replay_state;
 
+/* What runs around every op (the dispatcher, src/ops/dispatch.c). The
+** tapes install these (autodiff), so the ops never call up into autodiff;
+** any may be NULL. */
+struct mg_opcall;
+typedef struct mg_op_hooks {
+  /* before the kernel: an output to use instead of computing one (a save
+  ** policy's kept output during a re-run), or NULL */
+  struct mg_tensor *(*before)(const struct mg_opcall *c);
+  /* after the kernel: record the op (tapes, a save policy); MG_ERR + error */
+  mg_status (*after)(const struct mg_opcall *c);
+  /* would an op run now be recorded? (backward rules ask: second order) */
+  bool (*listening)(void);
+} mg_op_hooks;
+
 struct mg_context {
   struct { char msg[512], cause[400], shown[2][512]; bool null_chain; } error;
   struct { uint64_t next, end; } ids;       /* a block of ids taken from the process */
@@ -182,6 +196,7 @@ struct mg_context {
   struct { mg_rng_state main, init; } rng;
   mg_tape_state tapes;
   mg_replay_state replay;
+  mg_op_hooks ops;                          /* installed by the tapes */
   bool check_numerics;                      /* mg_check_numerics (numerics.c) */
   struct mg_dtr_state *dtr;                 /* the memory budget (dtr.c); NULL until one is set */
   const mg_pressure *pressure;              /* installed with it: what the allocator calls */
@@ -338,6 +353,10 @@ struct mg_attr;
 #define MG_GRAD_SAVES 3                 /* inputs whose saves depend on their need */
 typedef struct mg_opdef {
   mg_opinfo info;                       /* name, kind, symbol, metamethod, doc, entry */
+  /* the kernel: c->out[0 .. c->nout) from c's inputs, attributes and the
+  ** entry's findings (mg_dispatch runs it); MG_ERR + error, with nothing
+  ** left in c->out */
+  mg_status (*forward)(struct mg_opcall *c);
   mg_kernel kernel[MG_DTYPE__COUNT];    /* elementwise: by input dtype; NULL: not defined */
   mg_result result;                     /* elementwise: the result's dtype */
   /* elementwise: checks the kernel cannot make (integer division by zero) */
@@ -415,6 +434,35 @@ typedef struct mg_attr {
   double f;
 } mg_attr;
 
+/* One run of an op, as the dispatcher sees it: what the op's entry
+** checked and worked out, then what its kernel made. */
+typedef struct mg_opcall {
+  const mg_opdef *def;
+  int nin;
+  mg_tensor *const *in;
+  const mg_attr *attr;                  /* recorded for the backward; may be NULL */
+  const void *local;                    /* the entry's other findings, for the kernel alone */
+  /* output 0 as the entry predicts it (a kept output must match it) */
+  const int64_t *shape;
+  int ndim;
+  mg_dtype dtype;
+  int nout;                             /* 1 or 2 */
+  mg_tensor *out[2];                    /* the kernel's */
+} mg_opcall;
+
+#define MG_OPCALL(def_, nin_, in_, attr_, shape_, ndim_, dtype_) \
+  ((mg_opcall){.def = (def_), .nin = (nin_), .in = (in_), .attr = (attr_), \
+               .shape = (shape_), .ndim = (ndim_), .dtype = (dtype_), .nout = 1})
+
+/* Runs an op: the hooks before (a kept output), the row's forward, the
+** hooks after (the tapes' record, a save policy's note, numerics checks).
+** Every op goes through here. Returns c->out[0] (c->out[1] too is the
+** caller's when nout is 2), or NULL + error with nothing left. */
+mg_tensor *mg_dispatch (mg_opcall *c);
+/* would an op run now be recorded? (a backward rule choosing between its
+** fused kernel and public ops that an outer tape can follow) */
+bool mg_op_recorded (void);
+
 struct mg_node {
   int refcount;           /* tapes holding it */
   size_t size;            /* of its block */
@@ -472,27 +520,29 @@ static inline bool mg_anyone_listening (void) {
 }
 
 /* MG_ERR + error when out (an output of def, a float) holds NaN or Inf:
-** mg_check_numerics's test, run by mg_finish when it is on */
+** mg_check_numerics's test, run by mg_dispatch when it is on */
 mg_status mg_numerics_check (const mg_opdef *def, int nin, mg_tensor *const *in, const mg_tensor *out);
 
 /* a backward rule lets go of n's saved output i, done with it, when the
 ** node goes after the rule anyway (n->going; not under a memory budget or
 ** saved-tensor hooks): its bytes are free for the rest of the rule */
-void mg_node_unkeep_out (mg_node *n, int i);
+static inline void mg_node_unkeep_out (mg_node *n, int i) {
+  mg_tensor *t = n->out[i];
+  if (t == NULL || !n->going || n->dtr || (n->packed & (1u << (n->nin + i)))) return;
+  mg_storage_hold(t->storage, MG_ROLE_SAVED, -1);
+  mg_tensor_release(t);
+  n->out[i] = NULL;
+}
 
-/* records op `def` with one output when anyone listens, releasing the
-** output on failure; the usual tail of an op:
-**   return mg_finish(&add_op, 2, in, out, NULL); */
 double mg_product_macs (const struct mg_node *n);   /* matmul.c: out elements x inner dim */
 /* where an optimizer's one-pass step writes v's new value: v's own when no
 ** one else holds it (reads[0..n) are the step's inputs), else a copy (NULL:
 ** out of memory); end_write makes the copy v's value (done) or drops it */
 mg_tensor *mg_variable_begin_write (mg_variable *v, mg_tensor *const *reads, int n);
 void       mg_variable_end_write   (mg_variable *v, mg_tensor *dst, bool done);
-/* a one-input elementwise op's common path (unary.c; maths.c's rows too) */
+/* a one-input elementwise op's entry and kernel (unary.c; maths.c's rows too) */
+mg_status  mg_unary_forward (struct mg_opcall *c);
 mg_tensor *mg_unary_op (const mg_opdef *op, mg_tensor *x);
-mg_tensor *mg_finish (const mg_opdef *def, int nin, mg_tensor *const *in, mg_tensor *out,
-                      const mg_attr *attr);
 
 /* Read watchers (recompute_grad, checkpoint_loop and custom_gradient
 ** forwards): the variables a forward reads and, with captures, the tensors
@@ -545,7 +595,7 @@ void mg_call_drop_passed (mg_var_watcher *w, int nin, mg_tensor *const *in);
 mg_replay *mg_replay_new (void);
 void       mg_replay_free (mg_replay *r);
 size_t     mg_replay_count (const mg_replay *r);
-mg_status  mg_replay_note (const mg_opdef *op, mg_tensor *out);   /* mg_finish, first runs */
+mg_status  mg_replay_note (const mg_opdef *op, mg_tensor *out);   /* the tapes' after-hook, first runs */
 void       mg_replay_rewind (mg_replay *r);
 mg_tensor *mg_replay_kept (const mg_replay *r, int i);   /* the i-th kept output, or NULL */
 /* the kept output an op may take instead of computing (new to the tapes), or NULL */

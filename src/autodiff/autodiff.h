@@ -98,6 +98,10 @@ void      mg_tape_consume (mg_tape *t);
 /* }========================================================== */
 
 
+/* the tapes' hooks into the dispatcher and variable reads, in c (tape.c);
+** installed when a tape, a watcher or a save policy is made */
+void mg_autodiff_install (mg_context *c);
+
 /* {================== the memory budget (dtr.c) =============== */
 
 bool      mg_dtr_recording (void);     /* a budget is in force: nodes get provenance */

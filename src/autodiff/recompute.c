@@ -292,6 +292,7 @@ static mg_status first_run (const mg_function *fn, void *ud, int nin, mg_tensor 
   if (save == NULL) return mg_call_forward(fn, ud, nin, in, out, w, MG_FN_CAPTURES);
   if ((*kept = mg_replay_new()) == NULL) return MG_ERR;
   mg_replay_state *rs = &mg_ctx()->replay, was = *rs;
+  mg_autodiff_install(mg_ctx());                 /* the dispatcher tells the policy of each op */
   rs->recording = *kept;
   rs->playing = NULL;                            /* (an enclosing re-run's ops are not these) */
   rs->save = save;

@@ -68,7 +68,7 @@ mg_tape *mg_tape_new (int persistent, int watch_accessed_variables) {
   if (t == NULL) return mg_seterror("out of memory creating a tape"), NULL;
   memset(t, 0, sizeof *t);
   t->ctx = mg_ctx();
-  t->ctx->tapes.on_read = note_variable_read;     /* variables tell the tapes of reads */
+  mg_autodiff_install(t->ctx);
   t->refcount = 1;
   t->persistent = persistent != 0;
   t->watch_accessed = watch_accessed_variables != 0;
@@ -256,7 +256,7 @@ void mg_watcher_push (mg_var_watcher *w, bool captures) {
   w->prev = T->watchers;
   T->watchers = w;
   T->watching++;
-  T->on_read = note_variable_read;
+  mg_autodiff_install(mg_ctx());
 }
 
 void mg_watcher_pop (mg_var_watcher *w) {
@@ -358,12 +358,6 @@ static void unkeep (mg_tensor *t) {
   if (t == NULL) return;
   mg_storage_hold(t->storage, MG_ROLE_SAVED, -1);
   mg_tensor_release(t);
-}
-
-void mg_node_unkeep_out (mg_node *n, int i) {
-  if (!n->going || n->dtr || (n->packed & (1u << (n->nin + i)))) return;
-  unkeep(n->out[i]);
-  n->out[i] = NULL;
 }
 
 /* the record of t: its id, dtype and shape (copied to *shapes, advanced) */
@@ -607,32 +601,39 @@ mg_status mg_record (const mg_opdef *def, int nin, mg_tensor *const *in, int nou
   return mg_record_ex(def, nin, in, nout, out, attr, NULL, NULL);
 }
 
-/* out joins the tapes that listen (and a save policy's record). A save
-** policy may run user code that releases the op's inputs (assigning the
-** variable they are the value of): they are held until the op is recorded. */
-mg_tensor *mg_finish (const mg_opdef *def, int nin, mg_tensor *const *in, mg_tensor *out,
-                      const mg_attr *attr) {
-  if (out == NULL) return NULL;
-  bool numbers = nin > 0;                /* from numbers alone: a number */
-  for (int j = 0; j < nin && numbers; j++) numbers = in[j]->number;
-  if (numbers) out->number = true;
-  mg_context *c = mg_ctx();
-  if (c->check_numerics && mg_numerics_check(def, nin, in, out) != MG_OK) {
-    mg_tensor_release(out);
-    return NULL;
-  }
-  bool policy = c->replay.recording;
-  if (!policy && !mg_anyone_listening()) return out;
-  for (int j = 0; policy && j < nin; j++) mg_tensor_retain(in[j]);
-  mg_status st = policy ? mg_replay_note(def, out) : MG_OK;
-  if (st == MG_OK && mg_anyone_listening()) st = mg_record(def, nin, in, 1, &out, attr);
-  for (int j = 0; policy && j < nin; j++) mg_tensor_release(in[j]);
-  if (st != MG_OK) {
-    mg_tensor_release(out);
-    return NULL;
-  }
-  return out;
+/* {==================== the dispatcher's hooks ===================== */
+
+/* An op's output joins the tapes that listen (and a save policy's record).
+** A save policy may run user code that releases the op's inputs (assigning
+** the variable they are the value of): they are held until it is recorded. */
+static mg_status after_op (const mg_opcall *c) {
+  mg_context *ctx = mg_ctx();
+  bool policy = ctx->replay.recording != NULL && c->nout == 1;
+  if (!policy && !mg_anyone_listening()) return MG_OK;
+  for (int j = 0; policy && j < c->nin; j++) mg_tensor_retain(c->in[j]);
+  mg_status st = policy ? mg_replay_note(c->def, c->out[0]) : MG_OK;
+  if (st == MG_OK && mg_anyone_listening())
+    st = mg_record(c->def, c->nin, c->in, c->nout, c->out, c->attr);
+  for (int j = 0; policy && j < c->nin; j++) mg_tensor_release(c->in[j]);
+  return st;
 }
+
+/* during a re-run under a save policy: the output the first run kept */
+static mg_tensor *before_op (const mg_opcall *c) {
+  return mg_replay_take(c->def, c->shape, c->ndim, c->dtype);
+}
+
+static bool listening (void) { return mg_anyone_listening(); }
+
+void mg_autodiff_install (mg_context *c) {
+  c->ops.before = before_op;
+  c->ops.after = after_op;
+  c->ops.listening = listening;
+  c->tapes.on_read = note_variable_read;     /* variables tell the tapes of reads */
+}
+
+/* }========================================================== */
+
 
 /* the bytes only this tape's nodes keep alive: variables' values are
 ** theirs, not the tape's */

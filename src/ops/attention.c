@@ -36,7 +36,7 @@
 static const mg_opdef layer_norm_op, gelu_op, sdpa_op;
 
 /* does a tape record what a backward rule computes now (second order)? */
-static bool recorded_backward (void) { return mg_anyone_listening(); }
+static bool recorded_backward (void) { return mg_op_recorded(); }
 
 /* checks that t is a float32/float64 tensor, naming fn and `what` */
 static mg_status check_float (const char *fn, const char *what, const mg_tensor *t) {
@@ -206,7 +206,9 @@ static mg_status layer_norm_backward (mg_node *n, mg_tensor *const *dout, mg_ten
   if (recorded_backward()) return ln_backward_ops(n, dout[0], din, has_g, has_b);
   return ln_backward_fused(n, dout[0], din, has_g, has_b);
 }
+static mg_status layer_norm_forward (mg_opcall *c);
 static const mg_opdef layer_norm_op = {
+  .forward = layer_norm_forward,
   .info = {.name = "layer_norm", .kind = MG_OP_OTHER,
            .doc = "(x - mean) / sqrt(var + epsilon) * gamma + beta over the last axis"},
   .saves = MG_SAVE_IN(0), .grad_saves = {MG_SAVE_IN(1)}, .backward = layer_norm_backward,
@@ -239,8 +241,16 @@ mg_tensor *mg_layer_norm (mg_tensor *x, mg_tensor *gamma, mg_tensor *beta, doubl
   int nin = 1;
   if (gamma) in[nin++] = gamma;
   if (beta) in[nin++] = beta;
-  mg_tensor *kept = mg_replay_take(&layer_norm_op, x->shape, x->ndim, x->dtype);   /* a save policy's */
-  if (kept) return mg_finish(&layer_norm_op, nin, in, kept, &attr);
+  mg_opcall c = MG_OPCALL(&layer_norm_op, nin, in, &attr, x->shape, x->ndim, x->dtype);
+  return mg_dispatch(&c);
+}
+
+static mg_status layer_norm_forward (mg_opcall *c) {
+  mg_tensor *x = c->in[0];
+  bool has_g = c->attr->a[0], has_b = c->attr->a[1];
+  mg_tensor *gamma = has_g ? c->in[1] : NULL, *beta = has_b ? c->in[1 + has_g] : NULL;
+  int64_t D = x->shape[x->ndim - 1];
+  double epsilon = c->attr->f;
   mg_tensor *xc = mg_contiguous(x), *gc = gamma ? mg_contiguous(gamma) : NULL, *bc = beta ? mg_contiguous(beta) : NULL;
   mg_tensor *out = mg_empty(x->shape, x->ndim, x->dtype);
   bool ok = xc && out && (gc || !gamma) && (bc || !beta);
@@ -252,9 +262,10 @@ mg_tensor *mg_layer_norm (mg_tensor *x, mg_tensor *gamma, mg_tensor *beta, doubl
   mg_tensor_release(bc);
   if (!ok) {
     mg_tensor_release(out);
-    return NULL;
+    return MG_ERR;
   }
-  return mg_finish(&layer_norm_op, nin, in, out, &attr);
+  c->out[0] = out;
+  return MG_OK;
 }
 
 /* }============================================================= */
@@ -375,7 +386,12 @@ static mg_status gelu_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **
   mg_tensor_release(d);
   return MG_OK;
 }
+static mg_status gelu_forward (mg_opcall *c) {
+  c->out[0] = gelu_run(c->in[0], NULL, c->attr->a[0], false);
+  return c->out[0] ? MG_OK : MG_ERR;
+}
 static const mg_opdef gelu_op = {
+  .forward = gelu_forward,
   .info = {.name = "gelu", .kind = MG_OP_OTHER,
            .doc = "x * Phi(x), the Gaussian error linear unit (exact, or the tanh approximation)"},
   .saves = MG_SAVE_IN(0), .backward = gelu_backward, .reuses_gradient = true,
@@ -386,10 +402,8 @@ mg_tensor *mg_gelu (mg_tensor *x, int approximate) {
   if (check_float("gelu", "x", x) != MG_OK) return NULL;
   mg_attr attr = {0};
   attr.a[0] = approximate != 0;
-  mg_tensor *kept = mg_replay_take(&gelu_op, x->shape, x->ndim, x->dtype);   /* a save policy's */
-  if (kept) return mg_finish(&gelu_op, 1, &x, kept, &attr);
-  mg_tensor *out = gelu_run(x, NULL, approximate != 0, false);
-  return out ? mg_finish(&gelu_op, 1, &x, out, &attr) : NULL;
+  mg_opcall c = MG_OPCALL(&gelu_op, 1, &x, &attr, x->shape, x->ndim, x->dtype);
+  return mg_dispatch(&c);
 }
 
 /* }============================================================= */
@@ -705,7 +719,9 @@ static double sdpa_macs (const mg_node *n) {
   for (int d = 0; d < q->ndim; d++) c *= (double)q->shape[d];
   return k->ndim >= 2 ? c * (double)k->shape[k->ndim - 2] : c;
 }
+static mg_status sdpa_forward (mg_opcall *c);
 static const mg_opdef sdpa_op = {
+  .forward = sdpa_forward,
   .info = {.name = "scaled_dot_product_attention", .kind = MG_OP_OTHER,
            .doc = "softmax(q @ k^T * scale, masked) @ v, fused; keeps only q, k, v for its gradient",
            .product = 1},
@@ -773,12 +789,18 @@ mg_tensor *mg_scaled_dot_product_attention (mg_tensor *q, mg_tensor *k, mg_tenso
   int64_t shape[MG_MAX_DIMS];
   memcpy(shape, q->shape, sizeof(int64_t) * (size_t)nd);
   shape[nd - 1] = v->shape[nd - 1];
-  mg_tensor *kept = mg_replay_take(&sdpa_op, shape, nd, q->dtype);   /* a save policy's */
-  if (kept) return mg_finish(&sdpa_op, nin, in, kept, &attr);
   if (mg_shape_numel(fn, shape, nd) < 0) return NULL;
-  mg_tensor *copies[4] = {NULL, NULL, NULL, NULL}, *out = mg_empty(shape, nd, q->dtype);
+  mg_opcall c = MG_OPCALL(&sdpa_op, nin, in, &attr, shape, nd, q->dtype);
+  return mg_dispatch(&c);
+}
+
+/* the kernel: softmax(q k^T * scale, masked) v, a block of rows per thread */
+static mg_status sdpa_forward (mg_opcall *c) {
+  mg_tensor *q = c->in[0], *k = c->in[1], *v = c->in[2], *mask = c->attr->a[1] ? c->in[3] : NULL;
+  double scale = c->attr->f;
+  mg_tensor *copies[4] = {NULL, NULL, NULL, NULL}, *out = mg_empty(c->shape, c->ndim, c->dtype);
   sdpa_geom g;
-  mg_status st = out ? geom_of(&g, q, k, v, mask, attr.a[0], scale, copies) : MG_ERR;
+  mg_status st = out ? geom_of(&g, q, k, v, mask, c->attr->a[0], scale, copies) : MG_ERR;
   int nthr = st == MG_OK ? threads_for(&g) : 1;
   mg_storage *work = st == MG_OK ? scratch((size_t)(g.Tq * g.Tk) * g.esz * (size_t)nthr) : NULL;
   if (work == NULL) st = MG_ERR;
@@ -790,9 +812,10 @@ mg_tensor *mg_scaled_dot_product_attention (mg_tensor *q, mg_tensor *k, mg_tenso
   for (int i = 0; i < 4; i++) mg_tensor_release(copies[i]);
   if (st != MG_OK) {
     mg_tensor_release(out);
-    return NULL;
+    return MG_ERR;
   }
-  return mg_finish(&sdpa_op, nin, in, out, &attr);
+  c->out[0] = out;
+  return MG_OK;
 }
 
 /* }============================================================= */

@@ -129,24 +129,12 @@ static mg_dtype result_dtype (const mg_opdef *op, mg_dtype dt) {
   }
 }
 
-static mg_tensor *binary (const mg_opdef *op, mg_tensor *a, mg_tensor *b) {
-  if (a == NULL) return null_operand(op, "a");
-  if (b == NULL) return null_operand(op, "b");
-  const char *fn = op->info.name;
-  if (a->dtype != b->dtype)
-    return mg_seterror("%s: dtypes differ: %s %s %s", fn, mg_dtype_name(a->dtype),
-                       op->info.symbol, mg_dtype_name(b->dtype)), NULL;
-  mg_kernel k = op->kernel[a->dtype];
-  if (k == NULL) return mg_refuse_dtype(op->info.name, a->dtype, !op->kernel[MG_FLOAT32]), NULL;
-  if (op->check && op->check(op, a, b) != MG_OK) return NULL;
-  int64_t shape[MG_MAX_DIMS];
-  int nd = mg_broadcast_shapes(fn, op->info.symbol, a->shape, a->ndim, b->shape, b->ndim, shape);
-  if (nd < 0) return NULL;
-  mg_tensor *in[2] = {a, b};
-  mg_tensor *kept = op->backward ? mg_replay_take(op, shape, nd, result_dtype(op, a->dtype)) : NULL;
-  if (kept) return mg_finish(op, 2, in, kept, NULL);          /* a save policy's */
-  mg_tensor *out = mg_empty(shape, nd, result_dtype(op, a->dtype));
-  if (out == NULL) return NULL;
+/* the kernel of every two-input elementwise op */
+static mg_status binary_forward (mg_opcall *c) {
+  mg_tensor *a = c->in[0], *b = c->in[1];
+  mg_kernel k = c->def->kernel[a->dtype];
+  mg_tensor *out = mg_empty(c->shape, c->ndim, c->dtype);
+  if (out == NULL) return MG_ERR;
   char *base[3] = {mg_ptr(out), mg_ptr(a), mg_ptr(b)};
   int64_t n = out->numel;
   bool ca = mg_tensor_is_contiguous(a), cb = mg_tensor_is_contiguous(b);
@@ -156,13 +144,31 @@ static mg_tensor *binary (const mg_opdef *op, mg_tensor *a, mg_tensor *b) {
   } else {
     mg_iter it;
     const mg_tensor *ops[3] = {out, a, b};
-    mg_iter_init(&it, shape, nd, 3, ops);
+    mg_iter_init(&it, c->shape, c->ndim, 3, ops);
     size_t sz[3] = {mg_dtype_size(out->dtype), mg_dtype_size(a->dtype), mg_dtype_size(b->dtype)};
     kernel_ud ud = {k};
     mg_iter_run(&it, base, sz, run_kernel, &ud);
   }
-  out->number = a->number && b->number;       /* (comparisons skip mg_finish) */
-  return op->backward && mg_is_float(out->dtype) ? mg_finish(op, 2, in, out, NULL) : out;
+  c->out[0] = out;
+  return MG_OK;
+}
+
+/* the entry of every two-input elementwise op */
+static mg_tensor *binary (const mg_opdef *op, mg_tensor *a, mg_tensor *b) {
+  if (a == NULL) return null_operand(op, "a");
+  if (b == NULL) return null_operand(op, "b");
+  const char *fn = op->info.name;
+  if (a->dtype != b->dtype)
+    return mg_seterror("%s: dtypes differ: %s %s %s", fn, mg_dtype_name(a->dtype),
+                       op->info.symbol, mg_dtype_name(b->dtype)), NULL;
+  if (op->kernel[a->dtype] == NULL) return mg_refuse_dtype(op->info.name, a->dtype, !op->kernel[MG_FLOAT32]), NULL;
+  if (op->check && op->check(op, a, b) != MG_OK) return NULL;
+  int64_t shape[MG_MAX_DIMS];
+  int nd = mg_broadcast_shapes(fn, op->info.symbol, a->shape, a->ndim, b->shape, b->ndim, shape);
+  if (nd < 0) return NULL;
+  mg_tensor *in[2] = {a, b};
+  mg_opcall c = MG_OPCALL(op, 2, in, NULL, shape, nd, result_dtype(op, a->dtype));
+  return mg_dispatch(&c);
 }
 
 /* }========================================================== */
@@ -185,6 +191,7 @@ static mg_status add_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **d
   return MG_OK;
 }
 static const mg_opdef add_op = {
+  .forward = binary_forward,
   .info = {.name = "add", .kind = MG_OP_BINARY, .symbol = "+", .metamethod = "__add",
            .verb = "add", .doc = "a + b, elementwise with broadcasting", .fn.binary = mg_add},
   .kernel = {[MG_FLOAT32] = add_f32, [MG_FLOAT64] = add_f64, [MG_INT64] = add_i64},
@@ -234,6 +241,7 @@ static mg_status sub_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **d
   return MG_OK;
 }
 static const mg_opdef sub_op = {
+  .forward = binary_forward,
   .info = {.name = "sub", .kind = MG_OP_BINARY, .symbol = "-", .metamethod = "__sub",
            .verb = "subtract", .doc = "a - b", .fn.binary = mg_sub},
   .kernel = {[MG_FLOAT32] = sub_f32, [MG_FLOAT64] = sub_f64, [MG_INT64] = sub_i64},
@@ -258,6 +266,7 @@ static mg_status mul_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **d
   return MG_OK;
 }
 static const mg_opdef mul_op = {
+  .forward = binary_forward,
   .info = {.name = "mul", .kind = MG_OP_BINARY, .symbol = "*", .metamethod = "__mul",
            .verb = "multiply", .doc = "a * b, elementwise (the matrix product is matmul)",
            .fn.binary = mg_mul},
@@ -280,6 +289,7 @@ static mg_status div_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **d
   return MG_OK;
 }
 static const mg_opdef div_op = {
+  .forward = binary_forward,
   .info = {.name = "div", .kind = MG_OP_BINARY, .symbol = "/", .metamethod = "__div",
            .verb = "divide", .doc = "a / b (int64 / int64 gives float64)", .fn.binary = mg_div},
   .kernel = {[MG_FLOAT32] = div_f32, [MG_FLOAT64] = div_f64, [MG_INT64] = div_i64},
@@ -313,6 +323,7 @@ static mg_status pow_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **d
   return MG_OK;
 }
 static const mg_opdef pow_op = {
+  .forward = binary_forward,
   .info = {.name = "pow", .kind = MG_OP_BINARY, .symbol = "^", .metamethod = "__pow",
            .verb = "exponentiate", .doc = "a ^ b", .fn.binary = mg_pow},
   .kernel = {[MG_FLOAT32] = pow_f32, [MG_FLOAT64] = pow_f64, [MG_INT64] = pow_i64},
@@ -325,6 +336,7 @@ mg_tensor *mg_pow (mg_tensor *a, mg_tensor *b) { return binary(&pow_op, a, b); }
 FLOAT_KERNELS(floordiv, FLOOR(x / y))
 KERNEL(floordiv_i64, int64_t, int64_t, idiv_floor(x, y))
 static const mg_opdef floordiv_op = {
+  .forward = binary_forward,
   .info = {.name = "floordiv", .kind = MG_OP_BINARY, .symbol = "//", .metamethod = "__idiv",
            .verb = "floor-divide", .doc = "floor(a / b), as Lua's // (not differentiable)",
            .fn.binary = mg_floordiv},
@@ -348,6 +360,7 @@ static mg_status mod_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **d
   return MG_OK;
 }
 static const mg_opdef mod_op = {
+  .forward = binary_forward,
   .info = {.name = "mod", .kind = MG_OP_BINARY, .symbol = "%", .metamethod = "__mod",
            .verb = "take the modulo of", .doc = "a % b, the floor-modulo (as Lua's %)",
            .fn.binary = mg_mod},
@@ -378,6 +391,7 @@ static mg_status maximum_backward (mg_node *n, mg_tensor *const *dout, mg_tensor
   return pick_backward(n, dout, din, mg_greater_equal);
 }
 static const mg_opdef maximum_op = {
+  .forward = binary_forward,
   .info = {.name = "maximum", .kind = MG_OP_BINARY, .symbol = ",",
            .doc = "the larger of a and b, elementwise (ties: the gradient goes to a)",
            .fn.binary = mg_maximum},
@@ -392,6 +406,7 @@ static mg_status minimum_backward (mg_node *n, mg_tensor *const *dout, mg_tensor
   return pick_backward(n, dout, din, mg_less_equal);
 }
 static const mg_opdef minimum_op = {
+  .forward = binary_forward,
   .info = {.name = "minimum", .kind = MG_OP_BINARY, .symbol = ",",
            .doc = "the smaller of a and b, elementwise (ties: the gradient goes to a)",
            .fn.binary = mg_minimum},
@@ -411,6 +426,7 @@ static mg_status relu_grad_backward (mg_node *n, mg_tensor *const *dout, mg_tens
   return MG_OK;
 }
 static const mg_opdef relu_grad_op = {
+  .forward = binary_forward,
   .info = {.name = "relu_grad", .kind = MG_OP_BINARY, .symbol = ",",
            .doc = "relu_grad(d, y) = y > 0 ? d : 0, relu's backward", .fn.binary = mg_relu_grad},
   .kernel = {[MG_FLOAT32] = relu_grad_f32, [MG_FLOAT64] = relu_grad_f64},
@@ -435,6 +451,7 @@ static mg_status tanh_grad_backward (mg_node *n, mg_tensor *const *dout, mg_tens
   return MG_OK;
 }
 static const mg_opdef tanh_grad_op = {
+  .forward = binary_forward,
   .info = {.name = "tanh_grad", .kind = MG_OP_BINARY, .symbol = ",",
            .doc = "tanh_grad(d, y) = d * (1 - y^2), tanh's backward from its output y", .fn.binary = mg_tanh_grad},
   .kernel = {[MG_FLOAT32] = tanh_grad_f32, [MG_FLOAT64] = tanh_grad_f64},
@@ -458,6 +475,7 @@ static mg_status sigmoid_grad_backward (mg_node *n, mg_tensor *const *dout, mg_t
   return MG_OK;
 }
 static const mg_opdef sigmoid_grad_op = {
+  .forward = binary_forward,
   .info = {.name = "sigmoid_grad", .kind = MG_OP_BINARY, .symbol = ",",
            .doc = "sigmoid_grad(d, y) = d * y * (1 - y), sigmoid's backward from its output y",
            .fn.binary = mg_sigmoid_grad},
@@ -483,6 +501,7 @@ mg_tensor *mg_activation_backward (const mg_node *n, mg_activation act, mg_tenso
 #define COMPARE_OP(OP, SYM, EXPR, DOC)                                              \
   COMPARE_KERNELS(OP, EXPR)                                                         \
   static const mg_opdef OP##_op = {                                                 \
+    .forward = binary_forward,                                                      \
     .info = {.name = #OP, .kind = MG_OP_BINARY, .symbol = SYM, .doc = DOC,          \
              .fn.binary = mg_##OP},                                                 \
     .kernel = {[MG_FLOAT32] = OP##_f32, [MG_FLOAT64] = OP##_f64,                    \
@@ -500,6 +519,7 @@ COMPARE_OP(greater_equal, ">=", x >= y, "a >= b, elementwise (bool)")
 
 KERNEL(logical_and_b, uint8_t, uint8_t, x && y)
 static const mg_opdef logical_and_op = {
+  .forward = binary_forward,
   .info = {.name = "logical_and", .kind = MG_OP_BINARY, .symbol = "and",
            .doc = "a and b, elementwise on bool tensors", .fn.binary = mg_logical_and},
   .kernel = {[MG_BOOL] = logical_and_b}, .result = MG_RESULT_BOOL,
@@ -508,6 +528,7 @@ mg_tensor *mg_logical_and (mg_tensor *a, mg_tensor *b) { return binary(&logical_
 
 KERNEL(logical_or_b, uint8_t, uint8_t, x || y)
 static const mg_opdef logical_or_op = {
+  .forward = binary_forward,
   .info = {.name = "logical_or", .kind = MG_OP_BINARY, .symbol = "or",
            .doc = "a or b, elementwise on bool tensors", .fn.binary = mg_logical_or},
   .kernel = {[MG_BOOL] = logical_or_b}, .result = MG_RESULT_BOOL,
@@ -549,11 +570,27 @@ static mg_status where_backward (mg_node *n, mg_tensor *const *dout, mg_tensor *
   mg_scope_end(&sc);
   return MG_OK;
 }
+static mg_status where_forward (mg_opcall *c);
 static const mg_opdef where_op = {
+  .forward = where_forward,
   .info = {.name = "where", .kind = MG_OP_OTHER,
            .doc = "where(cond, a, b): a where cond is true, else b (all three broadcast)"},
   .saves = MG_SAVE_IN(0), .backward = where_backward,
 };
+
+static mg_status where_forward (mg_opcall *c) {
+  mg_tensor *cond = c->in[0], *a = c->in[1], *b = c->in[2];
+  mg_tensor *out = mg_empty(c->shape, c->ndim, c->dtype);
+  if (out == NULL) return MG_ERR;
+  mg_iter it;
+  const mg_tensor *ops[4] = {out, cond, a, b};
+  mg_iter_init(&it, c->shape, c->ndim, 4, ops);
+  char *base[4] = {mg_ptr(out), mg_ptr(cond), mg_ptr(a), mg_ptr(b)};
+  size_t esz = mg_dtype_size(a->dtype), sz[4] = {esz, 1, esz, esz};
+  mg_iter_run(&it, base, sz, where_run, &esz);
+  c->out[0] = out;
+  return MG_OK;
+}
 
 mg_tensor *mg_where (mg_tensor *cond, mg_tensor *a, mg_tensor *b) {
   MG_CHECK_ARG("mg_where", cond, NULL);
@@ -569,16 +606,9 @@ mg_tensor *mg_where (mg_tensor *cond, mg_tensor *a, mg_tensor *b) {
   if (n1 < 0) return NULL;
   int nd = mg_broadcast_shapes("where", "and", cond->shape, cond->ndim, s1, n1, shape);
   if (nd < 0) return NULL;
-  mg_tensor *out = mg_empty(shape, nd, a->dtype);
-  if (out == NULL) return NULL;
-  mg_iter it;
-  const mg_tensor *ops[4] = {out, cond, a, b};
-  mg_iter_init(&it, shape, nd, 4, ops);
-  char *base[4] = {mg_ptr(out), mg_ptr(cond), mg_ptr(a), mg_ptr(b)};
-  size_t esz = mg_dtype_size(a->dtype), sz[4] = {esz, 1, esz, esz};
-  mg_iter_run(&it, base, sz, where_run, &esz);
   mg_tensor *in[3] = {cond, a, b};
-  return mg_is_float(a->dtype) ? mg_finish(&where_op, 3, in, out, NULL) : out;
+  mg_opcall c = MG_OPCALL(&where_op, 3, in, NULL, shape, nd, a->dtype);
+  return mg_dispatch(&c);
 }
 
 /* }========================================================== */

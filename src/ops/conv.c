@@ -726,35 +726,45 @@ static mg_status pool_bwd (const char *fn, const geom *g, mg_dtype dt, bool is_m
 static const mg_opdef conv2d_op, conv2d_bi_op, conv2d_bf_op, max_pool_op, max_pool_bwd_op, avg_pool_op,
                       avg_pool_bwd_op;
 
-/* runs kernel() on contiguous copies of in[] (NULL entries: an absent
-** bias) into a new tensor of `shape`, and records op with g in its
-** attributes; kept (a save policy's output) skips the computing */
+/* runs op on geometry g (NULL entries of in[]: an absent bias, not an
+** input) into a new tensor of `shape`, with g in its attributes */
 static mg_tensor *run_op (const mg_opdef *op, const geom *g, int nin, mg_tensor *const *in,
-                          const int64_t *shape, mg_tensor *kept,
-                          mg_status (*kernel)(const mg_opdef *op, const geom *g, mg_dtype dt,
-                                              void *const *p, void *out)) {
+                          const int64_t *shape) {
   mg_attr attr;
   geom_to_attr(g, &attr);
   int recorded = nin;                             /* an absent bias is not an input */
   while (recorded > 0 && in[recorded - 1] == NULL) recorded--;
-  if (kept) return mg_finish(op, recorded, in, kept, &attr);
   if (mg_shape_numel(op->info.name, shape, 4) < 0) return NULL;   /* the error names the op */
-  mg_dtype dt = in[0]->dtype;
-  mg_tensor *c[3] = {NULL, NULL, NULL}, *out = mg_empty(shape, 4, dt);
+  mg_opcall c = MG_OPCALL(op, recorded, in, &attr, shape, 4, in[0]->dtype);
+  c.local = g;
+  return mg_dispatch(&c);
+}
+
+static mg_status conv_kernel (const mg_opdef *op, const geom *g, mg_dtype dt, void *const *p, void *out);
+static mg_status pool_kernel (const mg_opdef *op, const geom *g, mg_dtype dt, void *const *p, void *out);
+
+/* the kernel of every op here: contiguous copies of the inputs, then the
+** convolution's or the pooling's (c->local: the geometry) */
+static mg_status conv_family_forward (mg_opcall *c) {
+  const mg_opdef *op = c->def;
+  const geom *g = (const geom *)c->local;
+  mg_dtype dt = c->dtype;
+  mg_tensor *cc[3] = {NULL, NULL, NULL}, *out = mg_empty(c->shape, 4, dt);
   mg_status st = out ? MG_OK : MG_ERR;
   void *p[3] = {NULL, NULL, NULL};
-  for (int j = 0; j < nin && st == MG_OK; j++) {
-    if (in[j] == NULL) continue;                  /* no bias */
-    if ((c[j] = mg_contiguous(in[j])) == NULL) st = MG_ERR;
-    else p[j] = mg_ptr(c[j]);
+  for (int j = 0; j < c->nin && st == MG_OK; j++) {
+    if ((cc[j] = mg_contiguous(c->in[j])) == NULL) st = MG_ERR;
+    else p[j] = mg_ptr(cc[j]);
   }
-  if (st == MG_OK && out->numel > 0) st = kernel(op, g, dt, p, mg_ptr(out));
-  for (int j = 0; j < 3; j++) mg_tensor_release(c[j]);
+  bool conv = op == &conv2d_op || op == &conv2d_bi_op || op == &conv2d_bf_op;
+  if (st == MG_OK && out->numel > 0) st = (conv ? conv_kernel : pool_kernel)(op, g, dt, p, mg_ptr(out));
+  for (int j = 0; j < 3; j++) mg_tensor_release(cc[j]);
   if (st != MG_OK) {
     mg_tensor_release(out);
-    return NULL;
+    return MG_ERR;
   }
-  return mg_finish(op, recorded, in, out, &attr);
+  c->out[0] = out;
+  return MG_OK;
 }
 
 static mg_status conv_kernel (const mg_opdef *op, const geom *g, mg_dtype dt, void *const *p, void *out) {
@@ -779,40 +789,39 @@ static mg_tensor *conv2d_g (const geom *g, mg_tensor *x, mg_tensor *w, mg_tensor
   int64_t shape[4];
   out_shape(g, shape);
   mg_tensor *in[3] = {x, w, b};
-  mg_tensor *kept = mg_replay_take(&conv2d_op, shape, 4, x->dtype);   /* a save policy's */
-  return run_op(&conv2d_op, g, 3, in, shape, kept, conv_kernel);
+  return run_op(&conv2d_op, g, 3, in, shape);
 }
 
 static mg_tensor *conv2d_bi_g (const geom *g, mg_tensor *dy, mg_tensor *w) {
   int64_t shape[4];
   in_shape(g, shape);
   mg_tensor *in[2] = {dy, w};
-  return run_op(&conv2d_bi_op, g, 2, in, shape, NULL, conv_kernel);
+  return run_op(&conv2d_bi_op, g, 2, in, shape);
 }
 
 static mg_tensor *conv2d_bf_g (const geom *g, mg_tensor *x, mg_tensor *dy) {
   int64_t shape[4] = {g->KH, g->KW, g->C, g->O};
   mg_tensor *in[2] = {x, dy};
-  return run_op(&conv2d_bf_op, g, 2, in, shape, NULL, conv_kernel);
+  return run_op(&conv2d_bf_op, g, 2, in, shape);
 }
 
 static mg_tensor *pool_g (const mg_opdef *op, const geom *g, mg_tensor *x) {
   int64_t shape[4];
   out_shape(g, shape);
-  return run_op(op, g, 1, &x, shape, NULL, pool_kernel);
+  return run_op(op, g, 1, &x, shape);
 }
 
 static mg_tensor *max_pool_bwd_g (const geom *g, mg_tensor *x, mg_tensor *dy) {
   int64_t shape[4];
   in_shape(g, shape);
   mg_tensor *in[2] = {x, dy};
-  return run_op(&max_pool_bwd_op, g, 2, in, shape, NULL, pool_kernel);
+  return run_op(&max_pool_bwd_op, g, 2, in, shape);
 }
 
 static mg_tensor *avg_pool_bwd_g (const geom *g, mg_tensor *dy) {
   int64_t shape[4];
   in_shape(g, shape);
-  return run_op(&avg_pool_bwd_op, g, 1, &dy, shape, NULL, pool_kernel);
+  return run_op(&avg_pool_bwd_op, g, 1, &dy, shape);
 }
 
 /* }============================================================= */
@@ -844,6 +853,7 @@ static double conv2d_macs (const mg_node *n) {
   return w->ndim == 4 ? c * (double)w->shape[0] * (double)w->shape[1] * (double)w->shape[2] : c;
 }
 static const mg_opdef conv2d_op = {
+  .forward = conv_family_forward,
   .info = {.name = "conv2d", .kind = MG_OP_OTHER,
            .doc = "2-D convolution of NHWC images x with HWIO filters w, plus a bias (TensorFlow's conv2d)",
            .product = 1},
@@ -883,6 +893,7 @@ static mg_status conv2d_bi_backward (mg_node *n, mg_tensor *const *dout, mg_tens
   return MG_OK;
 }
 static const mg_opdef conv2d_bi_op = {
+  .forward = conv_family_forward,
   .info = {.name = "conv2d_backward_input", .kind = MG_OP_OTHER,
            .doc = "conv2d's gradient with respect to its input (TensorFlow's conv2d_transpose)"},
   .saves = MG_SAVE_IN(0) | MG_SAVE_IN(1), .backward = conv2d_bi_backward,
@@ -928,6 +939,7 @@ static mg_status conv2d_bf_backward (mg_node *n, mg_tensor *const *dout, mg_tens
   return MG_OK;
 }
 static const mg_opdef conv2d_bf_op = {
+  .forward = conv_family_forward,
   .info = {.name = "conv2d_backward_filter", .kind = MG_OP_OTHER,
            .doc = "conv2d's gradient with respect to its filters"},
   .saves = MG_SAVE_IN(0) | MG_SAVE_IN(1), .backward = conv2d_bf_backward,
@@ -978,6 +990,7 @@ static mg_status max_pool_backward (mg_node *n, mg_tensor *const *dout, mg_tenso
   return MG_OK;
 }
 static const mg_opdef max_pool_op = {
+  .forward = conv_family_forward,
   .info = {.name = "max_pool2d", .kind = MG_OP_OTHER, .doc = "the maximum of each window of NHWC images"},
   .saves = MG_SAVE_IN(0), .backward = max_pool_backward,
 };
@@ -1008,6 +1021,7 @@ static mg_status max_pool_bwd_backward (mg_node *n, mg_tensor *const *dout, mg_t
   return MG_OK;
 }
 static const mg_opdef max_pool_bwd_op = {
+  .forward = conv_family_forward,
   .info = {.name = "max_pool2d_backward", .kind = MG_OP_OTHER,
            .doc = "max_pool2d's gradient: each dy to its window's maximum in x"},
   .saves = MG_SAVE_IN(0), .backward = max_pool_bwd_backward,
@@ -1038,6 +1052,7 @@ static mg_status avg_pool_backward (mg_node *n, mg_tensor *const *dout, mg_tenso
   return MG_OK;
 }
 static const mg_opdef avg_pool_op = {
+  .forward = conv_family_forward,
   .info = {.name = "avg_pool2d", .kind = MG_OP_OTHER,
            .doc = "the mean of each window of NHWC images (padding not counted)"},
   .backward = avg_pool_backward,
@@ -1060,6 +1075,7 @@ static mg_status avg_pool_bwd_backward (mg_node *n, mg_tensor *const *dout, mg_t
   return MG_OK;
 }
 static const mg_opdef avg_pool_bwd_op = {
+  .forward = conv_family_forward,
   .info = {.name = "avg_pool2d_backward", .kind = MG_OP_OTHER,
            .doc = "avg_pool2d's gradient: each dy shared evenly among its window"},
   .backward = avg_pool_bwd_backward,

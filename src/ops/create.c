@@ -130,6 +130,7 @@ mg_tensor *mg_eye (int64_t n, int64_t m, mg_dtype dt) {
 /* {========================== cast ========================== */
 
 static const mg_opdef cast_op;
+static mg_status cast_forward (mg_opcall *c);
 
 /* cast: x converted to dt (floats truncate toward zero into int64).
 ** grad: float -> float casts pass dout back, cast to x's dtype */
@@ -137,18 +138,25 @@ mg_tensor *mg_cast (mg_tensor *x, mg_dtype dt) {
   MG_CHECK_ARG("mg_cast", x, NULL);
   if ((unsigned)dt >= MG_DTYPE__COUNT) return mg_seterror("cast: unknown dtype"), NULL;
   if (x->dtype == dt) return mg_tensor_retain(x);
-  mg_tensor *out = mg_empty(x->shape, x->ndim, dt);
-  if (out == NULL) return NULL;
-  mg_copy_into(out, x);
-  if (!mg_is_float(dt) || !mg_is_float(x->dtype)) return out;
-  return mg_finish(&cast_op, 1, &x, out, NULL);
+  mg_opcall c = MG_OPCALL(&cast_op, 1, &x, NULL, x->shape, x->ndim, dt);
+  return mg_dispatch(&c);
+}
+
+static mg_status cast_forward (mg_opcall *c) {
+  mg_tensor *out = mg_empty(c->shape, c->ndim, c->dtype);
+  if (out == NULL || mg_copy_into(out, c->in[0]) != MG_OK) {
+    mg_tensor_release(out);
+    return MG_ERR;
+  }
+  c->out[0] = out;
+  return MG_OK;
 }
 
 static mg_status cast_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **din) {
   din[0] = mg_cast(dout[0], n->in_meta[0].dtype);
   return MG_OK;
 }
-static const mg_opdef cast_op = {.info = {.name = "cast", .kind = MG_OP_OTHER, .doc = "x converted to another dtype (float to float is differentiable)"}, .backward = cast_backward};
+static const mg_opdef cast_op = {.forward = cast_forward, .info = {.name = "cast", .kind = MG_OP_OTHER, .doc = "x converted to another dtype (float to float is differentiable)"}, .backward = cast_backward};
 
 /* }========================================================== */
 

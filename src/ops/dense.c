@@ -84,7 +84,9 @@ static unsigned dense_saves (const mg_attr *attr) {
   return attr->a[0] != MG_ACT_LINEAR ? MG_SAVE_OUT(0) : 0;
 }
 
+static mg_status dense_forward (mg_opcall *c);
 static const mg_opdef dense_op = {
+  .forward = dense_forward,
   .info = {.name = "dense", .kind = MG_OP_OTHER,
            .doc = "act(x @ w + b) in one op: the product, then the bias and activation in one pass",
            .product = 1},
@@ -123,22 +125,29 @@ mg_tensor *mg_dense (mg_tensor *x, mg_tensor *w, mg_tensor *b, const char *activ
   MG_CHECK_ARG("mg_dense", w, NULL);
   mg_activation act;
   if (check_dense(x, w, b, activation, &act) != MG_OK) return NULL;
-  int64_t K = w->shape[0], N = w->shape[1], rows = 1, shape[MG_MAX_DIMS];
-  for (int d = 0; d < x->ndim - 1; d++) rows *= x->shape[d];
+  int64_t shape[MG_MAX_DIMS];
   memcpy(shape, x->shape, sizeof(int64_t) * (size_t)x->ndim);
-  shape[x->ndim - 1] = N;
+  shape[x->ndim - 1] = w->shape[1];
   mg_attr attr = {0};
   attr.a[0] = act;
   mg_tensor *in[3] = {x, w, b};
-  mg_tensor *kept = mg_replay_take(&dense_op, shape, x->ndim, x->dtype);   /* a save policy's */
-  if (kept) return mg_finish(&dense_op, b ? 3 : 2, in, kept, &attr);
+  mg_opcall c = MG_OPCALL(&dense_op, b ? 3 : 2, in, &attr, shape, x->ndim, x->dtype);
+  return mg_dispatch(&c);
+}
+
+/* the kernel: one GEMM, then the bias and activation in one pass */
+static mg_status dense_forward (mg_opcall *c) {
+  mg_tensor *x = c->in[0], *w = c->in[1], *b = c->nin > 2 ? c->in[2] : NULL;
+  mg_activation act = (mg_activation)c->attr->a[0];
+  int64_t K = w->shape[0], N = w->shape[1], rows = 1;
+  for (int d = 0; d < x->ndim - 1; d++) rows *= x->shape[d];
   /* x as the (rows, K) matrix: a 2-D view as it is (transposed views too), more dimensions folded */
   mg_tensor *xc = x->ndim == 2 ? mg_tensor_retain(x) : mg_contiguous(x);
   int64_t s2[2] = {rows, K}, st2[2] = {K, 1};
   mg_tensor *x2 = xc == NULL ? NULL
                 : x->ndim == 2 ? mg_tensor_retain(xc) : mg_tensor_view(xc->storage, xc->dtype, s2, 2, st2, xc->offset);
   mg_tensor *bc = b ? mg_contiguous(b) : NULL;
-  mg_tensor *out = mg_empty(shape, x->ndim, x->dtype);
+  mg_tensor *out = mg_empty(c->shape, c->ndim, c->dtype);
   if (out == NULL) {                    /* too large, or out of memory: say whose output */
     char msg[512];
     snprintf(msg, sizeof msg, "%s", mg_errmsg_raw());
@@ -155,9 +164,10 @@ mg_tensor *mg_dense (mg_tensor *x, mg_tensor *w, mg_tensor *b, const char *activ
   mg_tensor_release(bc);
   if (st != MG_OK) {
     mg_tensor_release(out);
-    return NULL;
+    return MG_ERR;
   }
-  return mg_finish(&dense_op, b ? 3 : 2, in, out, &attr);
+  c->out[0] = out;
+  return MG_OK;
 }
 
 static const mg_opdef *const rows_[] = {&dense_op};

@@ -75,6 +75,7 @@ mg_tensor *mg_indices_from_1based (mg_tensor *indices, const char *fn) {
 /* {============= take_along_axis and put_along_axis ============ */
 
 static const mg_opdef take_op, put_op;
+static mg_status take_forward (mg_opcall *c), put_forward (mg_opcall *c);
 
 /* out (outer,k,inner) = x (outer,n,inner) at idx (outer,k,inner) along the
 ** middle; an index outside [-n, n) sets bad (and is not followed) */
@@ -97,6 +98,16 @@ static const mg_opdef take_op, put_op;
 
 /* x: (..., n, ...), indices: (..., k, ...), the same sizes elsewhere */
 static mg_tensor *take_prim (mg_tensor *x, mg_tensor *indices, int a) {
+  mg_attr attr = {0};
+  attr.axis = a;
+  mg_tensor *in[2] = {x, indices};
+  mg_opcall c = MG_OPCALL(&take_op, 2, in, &attr, indices->shape, indices->ndim, x->dtype);
+  return mg_dispatch(&c);
+}
+
+static mg_status take_forward (mg_opcall *c) {
+  mg_tensor *x = c->in[0], *indices = c->in[1];
+  int a = c->attr->axis;
   mg_tensor *xc = mg_contiguous(x), *idx = mg_contiguous(indices), *out = NULL;
   if (xc == NULL || idx == NULL) goto done;
   int64_t outer, inner, n = x->shape[a], k = idx->shape[a];
@@ -120,16 +131,11 @@ static mg_tensor *take_prim (mg_tensor *x, mg_tensor *indices, int a) {
     out = NULL;
     goto done;
   }
-  if (mg_is_float(x->dtype)) {
-    mg_attr attr = {0};
-    attr.axis = a;
-    mg_tensor *in[2] = {x, indices};
-    out = mg_finish(&take_op, 2, in, out, &attr);
-  }
 done:
   mg_tensor_release(xc);
   mg_tensor_release(idx);
-  return out;
+  c->out[0] = out;
+  return out ? MG_OK : MG_ERR;
 }
 
 /* put_add: out = x with values added at indices along axis a (bool: or) */
@@ -154,6 +160,16 @@ done:
 
 /* x: (..., n, ...); indices and values: (..., k, ...), the same sizes elsewhere */
 static mg_tensor *put_prim (mg_tensor *x, mg_tensor *indices, mg_tensor *values, int a) {
+  mg_attr attr = {0};
+  attr.axis = a;
+  mg_tensor *in[3] = {x, indices, values};
+  mg_opcall c = MG_OPCALL(&put_op, 3, in, &attr, x->shape, x->ndim, x->dtype);
+  return mg_dispatch(&c);
+}
+
+static mg_status put_forward (mg_opcall *c) {
+  mg_tensor *x = c->in[0], *indices = c->in[1], *values = c->in[2];
+  int a = c->attr->axis;
   mg_tensor *idx = mg_contiguous(indices), *vc = mg_contiguous(values), *out = NULL;
   if (idx == NULL || vc == NULL || check_range("put_along_axis", idx, x->shape[a], a) != MG_OK) goto done;
   if ((out = mg_empty(x->shape, x->ndim, x->dtype)) == NULL) goto done;
@@ -171,16 +187,11 @@ static mg_tensor *put_prim (mg_tensor *x, mg_tensor *indices, mg_tensor *values,
     case MG_INT64: PUT(int64_t, ADD_I); break;
     default: PUT(uint8_t, OR); break;
   }
-  if (mg_is_float(x->dtype)) {
-    mg_attr attr = {0};
-    attr.axis = a;
-    mg_tensor *in[3] = {x, indices, values};
-    out = mg_finish(&put_op, 3, in, out, &attr);
-  }
 done:
   mg_tensor_release(idx);
   mg_tensor_release(vc);
-  return out;
+  c->out[0] = out;
+  return out ? MG_OK : MG_ERR;
 }
 
 /* take_along_axis: out = x[..., indices[..., j, ...], ...] along axis.
@@ -193,6 +204,7 @@ static mg_status take_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **
   return MG_OK;
 }
 static const mg_opdef take_op = {
+  .forward = take_forward,
   .info = {.name = "take_along_axis", .kind = MG_OP_OTHER,
            .doc = "x's entries at indices along an axis, elementwise (NumPy's take_along_axis, torch.gather)"},
   .saves = MG_SAVE_IN(1), .backward = take_backward,
@@ -206,6 +218,7 @@ static mg_status put_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **d
   return MG_OK;
 }
 static const mg_opdef put_op = {
+  .forward = put_forward,
   .info = {.name = "put_along_axis", .kind = MG_OP_OTHER,
            .doc = "x with values written (or added) at indices along an axis (take_along_axis's adjoint)"},
   .saves = MG_SAVE_IN(1), .backward = put_backward,
@@ -341,15 +354,23 @@ mg_tensor *mg_flip (mg_tensor *x, const int *axes, int naxes) {
     if (rev[a]) return mg_seterror("flip: axis " MG_POS " is given twice", (long long)a), NULL;
     rev[a] = true;
   }
-  int64_t strides[MG_MAX_DIMS], offset = x->offset;
   mg_attr attr = {0};
+  for (int d = 0; d < x->ndim; d++) attr.a[d] = rev[d];
+  mg_opcall c = MG_OPCALL(&flip_op, 1, &x, &attr, x->shape, x->ndim, x->dtype);
+  return mg_dispatch(&c);
+}
+
+/* the view with the flipped axes' (c->attr->a[d] set) strides negated */
+static mg_status flip_forward (mg_opcall *c) {
+  mg_tensor *x = c->in[0];
+  int64_t strides[MG_MAX_DIMS], offset = x->offset;
   for (int d = 0; d < x->ndim; d++) {
-    strides[d] = rev[d] ? -x->strides[d] : x->strides[d];
-    if (rev[d] && x->shape[d] > 0) offset += (x->shape[d] - 1) * x->strides[d];
-    attr.a[d] = rev[d];
+    bool rev = c->attr->a[d];
+    strides[d] = rev ? -x->strides[d] : x->strides[d];
+    if (rev && x->shape[d] > 0) offset += (x->shape[d] - 1) * x->strides[d];
   }
-  mg_tensor *out = mg_tensor_view(x->storage, x->dtype, x->shape, x->ndim, strides, offset);
-  return out && mg_is_float(x->dtype) ? mg_finish(&flip_op, 1, &x, out, &attr) : out;
+  c->out[0] = mg_tensor_view(x->storage, x->dtype, x->shape, x->ndim, strides, offset);
+  return c->out[0] ? MG_OK : MG_ERR;
 }
 
 static mg_status flip_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **din) {
@@ -359,6 +380,7 @@ static mg_status flip_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **
   return MG_OK;
 }
 static const mg_opdef flip_op = {
+  .forward = flip_forward,
   .info = {.name = "flip", .kind = MG_OP_OTHER, .doc = "x reversed along some axes (a view)"},
   .backward = flip_backward,
 };
@@ -393,7 +415,7 @@ mg_tensor *mg_tile (mg_tensor *x, const int64_t *reps, int nreps) {
   if (nreps < 0 || nreps > MG_MAX_DIMS)
     return mg_seterror("tile: %d repetitions given, at most %d allowed", nreps, MG_MAX_DIMS), NULL;
   int nd = x->ndim > nreps ? x->ndim : nreps;
-  int64_t xs[MG_MAX_DIMS], rs[MG_MAX_DIMS], shape[MG_MAX_DIMS];
+  int64_t xs[MG_MAX_DIMS], rs[MG_MAX_DIMS], shape[MG_MAX_DIMS] = {0};
   for (int d = 0; d < nd; d++) {
     int dx = d - (nd - x->ndim), dr = d - (nd - nreps);
     xs[d] = dx >= 0 ? x->shape[dx] : 1;
@@ -405,6 +427,20 @@ mg_tensor *mg_tile (mg_tensor *x, const int64_t *reps, int nreps) {
     shape[d] = xs[d] * rs[d];
   }
   if (mg_shape_numel("tile", shape, nd) < 0) return NULL;
+  mg_attr attr = {0};
+  attr.axis = nd;
+  for (int d = 0; d < nd; d++) attr.a[d] = rs[d];
+  mg_opcall c = MG_OPCALL(&tile_op, 1, &x, &attr, shape, nd, x->dtype);
+  return mg_dispatch(&c);
+}
+
+/* the copies of x (c->attr->a: the repetitions, x's shape padded to c's) */
+static mg_status tile_forward (mg_opcall *c) {
+  mg_tensor *x = c->in[0];
+  int nd = c->ndim;
+  const int64_t *rs = c->attr->a, *shape = c->shape;
+  int64_t xs[MG_MAX_DIMS];
+  for (int d = 0; d < nd; d++) xs[d] = d - (nd - x->ndim) >= 0 ? x->shape[d - (nd - x->ndim)] : 1;
   mg_tensor *xc = mg_contiguous(x), *out = xc ? mg_empty(shape, nd, x->dtype) : NULL;
   if (out != NULL && out->numel > 0) {
     int64_t esz = (int64_t)mg_dtype_size(x->dtype), xstr[MG_MAX_DIMS], ostr[MG_MAX_DIMS];
@@ -416,10 +452,8 @@ mg_tensor *mg_tile (mg_tensor *x, const int64_t *reps, int nreps) {
     else tile_fill(mg_ptr(out), mg_ptr(xc), 0, nd, xs, rs, xstr, ostr);
   }
   mg_tensor_release(xc);
-  mg_attr attr = {0};
-  attr.axis = nd;
-  for (int d = 0; d < nd; d++) attr.a[d] = rs[d];
-  return out && mg_is_float(x->dtype) ? mg_finish(&tile_op, 1, &x, out, &attr) : out;
+  c->out[0] = out;
+  return out ? MG_OK : MG_ERR;
 }
 
 static mg_status tile_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **din) {
@@ -447,6 +481,7 @@ static mg_status tile_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **
   return MG_OK;
 }
 static const mg_opdef tile_op = {
+  .forward = tile_forward,
   .info = {.name = "tile", .kind = MG_OP_OTHER,
            .doc = "x repeated as a whole along each dimension (NumPy's tile)"},
   .backward = tile_backward,
@@ -507,35 +542,47 @@ mg_tensor *mg_repeat_interleave (mg_tensor *x, const int64_t *repeats, int64_t n
       return mg_seterror("repeat_interleave: the result has too many elements"), NULL;
     total += add;
   }
-  int64_t shape[MG_MAX_DIMS], outer, inner;
+  int64_t shape[MG_MAX_DIMS];
   memcpy(shape, x->shape, sizeof(int64_t) * (size_t)x->ndim);
   shape[a] = total;
   if (mg_shape_numel("repeat_interleave", shape, x->ndim) < 0) return NULL;
   mg_tensor *idx = mg_empty(&total, 1, MG_INT64);        /* which entry each row copies */
-  mg_tensor *xc = idx ? mg_contiguous(x) : NULL, *out = xc ? mg_empty(shape, x->ndim, x->dtype) : NULL;
-  if (out != NULL) {
-    int64_t *v = (int64_t *)mg_ptr(idx), at = 0;
-    for (int64_t i = 0; i < n; i++)
-      for (int64_t r = 0, c = repeats[nrepeats == 1 ? 0 : i]; r < c; r++) v[at++] = i;
-    around(x->shape, x->ndim, a, &outer, &inner);
-    gather_rows(mg_ptr(out), mg_ptr(xc), v, total, outer, n, inner, mg_dtype_size(x->dtype));
-    if (mg_is_float(x->dtype)) {
-      mg_attr attr = {0};
-      attr.axis = a;
-      mg_tensor *in[2] = {x, idx};
-      out = mg_finish(&repeat_op, 2, in, out, &attr);
-    }
-  }
+  if (idx == NULL) return NULL;
+  int64_t *v = (int64_t *)mg_ptr(idx), at = 0;
+  for (int64_t i = 0; i < n; i++)
+    for (int64_t r = 0, c = repeats[nrepeats == 1 ? 0 : i]; r < c; r++) v[at++] = i;
+  mg_attr attr = {0};
+  attr.axis = a;
+  mg_tensor *in[2] = {x, idx};
+  mg_opcall c = MG_OPCALL(&repeat_op, 2, in, &attr, shape, x->ndim, x->dtype);
+  mg_tensor *out = mg_dispatch(&c);
   mg_tensor_release(idx);
-  mg_tensor_release(xc);
   return out;
+}
+
+/* the rows of x that c->in[1] names, along c->attr->axis */
+static mg_status repeat_forward (mg_opcall *c) {
+  mg_tensor *x = c->in[0], *idx = c->in[1];
+  int a = c->attr->axis;
+  int64_t outer, inner, total = idx->numel;
+  mg_tensor *xc = mg_contiguous(x), *out = xc ? mg_empty(c->shape, c->ndim, c->dtype) : NULL;
+  if (out != NULL) {
+    around(x->shape, x->ndim, a, &outer, &inner);
+    gather_rows(mg_ptr(out), mg_ptr(xc), (const int64_t *)mg_ptr(idx), total, outer, x->shape[a], inner,
+                mg_dtype_size(x->dtype));
+  }
+  mg_tensor_release(xc);
+  c->out[0] = out;
+  return out ? MG_OK : MG_ERR;
 }
 
 static mg_status repeat_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **din) {
   din[0] = mg_scatter_add(dout[0], n->in[1], n->attr->axis, SHAPE_OF(n, 0));
   return MG_OK;
 }
+static mg_status repeat_forward (mg_opcall *c);
 static const mg_opdef repeat_op = {
+  .forward = repeat_forward,
   .info = {.name = "repeat_interleave", .kind = MG_OP_OTHER,
            .doc = "each entry repeated along an axis (np.repeat, torch.repeat_interleave)"},
   .saves = MG_SAVE_IN(1), .backward = repeat_backward,
@@ -613,16 +660,33 @@ mg_tensor *mg_pad (mg_tensor *x, const int64_t *before, const int64_t *after, mg
   }
   if (mg_shape_numel("pad", shape, x->ndim) < 0) return NULL;
   if (!any) mode = MG_PAD_CONSTANT;          /* nothing to copy from: a plain copy */
+  mg_attr attr = {0};
+  attr.axis = (int)mode;
+  attr.f = value;
+  for (int d = 0; d < x->ndim; d++) {
+    attr.a[d] = before[d];
+    attr.b[d] = after[d];
+  }
+  mg_opcall c = MG_OPCALL(&pad_op, 1, &x, &attr, shape, x->ndim, x->dtype);
+  return mg_dispatch(&c);
+}
+
+/* x padded as c->attr says: mode (axis), value (f), before (a) and after (b) */
+static mg_status pad_forward (mg_opcall *c) {
+  mg_tensor *x = c->in[0];
+  mg_pad_mode mode = (mg_pad_mode)c->attr->axis;
+  const int64_t *before = c->attr->a, *shape = c->shape;
+  double value = c->attr->f;
   mg_tensor *out = NULL;
   if (mode == MG_PAD_CONSTANT) {
-    if ((out = mg_full(shape, x->ndim, x->dtype, value)) == NULL) return NULL;
+    if ((out = mg_full(shape, x->ndim, x->dtype, value)) == NULL) return MG_ERR;
     int64_t offset = 0;
     for (int d = 0; d < x->ndim; d++) offset += before[d] * out->strides[d];
     mg_tensor *mid = mg_tensor_view(out->storage, x->dtype, x->shape, x->ndim, out->strides, offset);
     if (mid == NULL || mg_copy_into(mid, x) != MG_OK) {
       mg_tensor_release(mid);
       mg_tensor_release(out);
-      return NULL;
+      return MG_ERR;
     }
     mg_tensor_release(mid);
   } else {
@@ -642,16 +706,9 @@ mg_tensor *mg_pad (mg_tensor *x, const int64_t *before, const int64_t *after, mg
       mg_tensor_release(out);
       out = next;
     }
-    if (out == NULL) return NULL;
   }
-  mg_attr attr = {0};
-  attr.axis = (int)mode;
-  attr.f = value;
-  for (int d = 0; d < x->ndim; d++) {
-    attr.a[d] = before[d];
-    attr.b[d] = after[d];
-  }
-  return mg_is_float(x->dtype) ? mg_finish(&pad_op, 1, &x, out, &attr) : out;
+  c->out[0] = out;
+  return out ? MG_OK : MG_ERR;
 }
 
 static mg_status pad_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **din) {
@@ -682,6 +739,7 @@ static mg_status pad_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **d
   return MG_OK;
 }
 static const mg_opdef pad_op = {
+  .forward = pad_forward,
   .info = {.name = "pad", .kind = MG_OP_OTHER,
            .doc = "x padded on each side of each dimension (modes constant, reflect, symmetric, edge, wrap)"},
   .backward = pad_backward,
@@ -696,9 +754,19 @@ static const mg_opdef tril_op, triu_op;
 
 /* the entries on and below (lower) or on and above diagonal k of the last
 ** two dimensions kept, the others zero */
-static mg_tensor *triangle (const mg_opdef *def, mg_tensor *x, int64_t k, bool lower) {
+static mg_tensor *triangle (const mg_opdef *def, mg_tensor *x, int64_t k) {
   const char *fn = def->info.name;
   if (x->ndim < 2) return mg_seterror("%s: needs at least 2 dimensions, got %d", fn, x->ndim), NULL;
+  mg_attr attr = {0};
+  attr.a[0] = k;
+  mg_opcall c = MG_OPCALL(def, 1, &x, &attr, x->shape, x->ndim, x->dtype);
+  return mg_dispatch(&c);
+}
+
+static mg_status triangle_forward (mg_opcall *c) {
+  mg_tensor *x = c->in[0];
+  int64_t k = c->attr->a[0];
+  bool lower = c->def == &tril_op;
   mg_tensor *xc = mg_contiguous(x), *out = xc ? mg_empty(x->shape, x->ndim, x->dtype) : NULL;
   if (out != NULL) {
     int64_t rows = x->shape[x->ndim - 2], cols = x->shape[x->ndim - 1];
@@ -721,22 +789,22 @@ static mg_tensor *triangle (const mg_opdef *def, mg_tensor *x, int64_t k, bool l
     });
   }
   mg_tensor_release(xc);
-  mg_attr attr = {0};
-  attr.a[0] = k;
-  return out && mg_is_float(x->dtype) ? mg_finish(def, 1, &x, out, &attr) : out;
+  c->out[0] = out;
+  return out ? MG_OK : MG_ERR;
 }
 
 /* tril: x's lower triangle (j <= i + k) in the last two dimensions.
 ** grad: tril(dout, k) */
 mg_tensor *mg_tril (mg_tensor *x, int64_t k) {
   MG_CHECK_ARG("mg_tril", x, NULL);
-  return triangle(&tril_op, x, k, true);
+  return triangle(&tril_op, x, k);
 }
 static mg_status tril_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **din) {
   din[0] = mg_tril(dout[0], n->attr->a[0]);
   return MG_OK;
 }
 static const mg_opdef tril_op = {
+  .forward = triangle_forward,
   .info = {.name = "tril", .kind = MG_OP_OTHER,
            .doc = "the lower triangle of the last two axes (j <= i + k), zeros above"},
   .backward = tril_backward,
@@ -745,13 +813,14 @@ static const mg_opdef tril_op = {
 /* triu: x's upper triangle (j >= i + k).  grad: triu(dout, k) */
 mg_tensor *mg_triu (mg_tensor *x, int64_t k) {
   MG_CHECK_ARG("mg_triu", x, NULL);
-  return triangle(&triu_op, x, k, false);
+  return triangle(&triu_op, x, k);
 }
 static mg_status triu_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **din) {
   din[0] = mg_triu(dout[0], n->attr->a[0]);
   return MG_OK;
 }
 static const mg_opdef triu_op = {
+  .forward = triangle_forward,
   .info = {.name = "triu", .kind = MG_OP_OTHER,
            .doc = "the upper triangle of the last two axes (j >= i + k), zeros below"},
   .backward = triu_backward,
@@ -823,8 +892,15 @@ mg_tensor *mg_masked_fill (mg_tensor *x, mg_tensor *mask, mg_tensor *value) {
   if (nd != x->ndim || !mg_same_shape(shape, nd, x->shape, x->ndim))
     return mg_seterror("masked_fill: mask %s does not broadcast to x's shape %s",
                        shape_s(s1, sizeof s1, mask), shape_s(s2, sizeof s2, x)), NULL;
+  mg_tensor *in[3] = {x, mask, value};
+  mg_opcall c = MG_OPCALL(&masked_fill_op, 3, in, NULL, x->shape, x->ndim, x->dtype);
+  return mg_dispatch(&c);
+}
+
+static mg_status masked_fill_forward (mg_opcall *c) {
+  mg_tensor *x = c->in[0], *mask = c->in[1], *value = c->in[2];
   mg_tensor *out = mg_empty(x->shape, x->ndim, x->dtype);
-  if (out == NULL) return NULL;
+  if (out == NULL) return MG_ERR;
   mg_iter it;
   const mg_tensor *ops[3] = {out, x, mask};
   mg_iter_init(&it, x->shape, x->ndim, 3, ops);
@@ -832,8 +908,8 @@ mg_tensor *mg_masked_fill (mg_tensor *x, mg_tensor *mask, mg_tensor *value) {
   size_t esz = mg_dtype_size(x->dtype), sz[3] = {esz, esz, 1};
   fill_ud ud = {esz, mg_ptr(value)};
   mg_iter_run(&it, base, sz, masked_fill_run, &ud);
-  mg_tensor *in[3] = {x, mask, value};
-  return mg_is_float(x->dtype) ? mg_finish(&masked_fill_op, 3, in, out, NULL) : out;
+  c->out[0] = out;
+  return MG_OK;
 }
 
 static mg_status masked_fill_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **din) {
@@ -845,6 +921,7 @@ static mg_status masked_fill_backward (mg_node *n, mg_tensor *const *dout, mg_te
   return MG_OK;
 }
 static const mg_opdef masked_fill_op = {
+  .forward = masked_fill_forward,
   .info = {.name = "masked_fill", .kind = MG_OP_OTHER,
            .doc = "x with value where mask is true (mask broadcasts to x's shape)"},
   .saves = MG_SAVE_IN(1), .backward = masked_fill_backward,

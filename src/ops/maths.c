@@ -81,6 +81,7 @@ static mg_status sin_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **d
   return MG_OK;
 }
 static const mg_opdef sin_op = {
+  .forward = mg_unary_forward,
   .info = {.name = "sin", .kind = MG_OP_UNARY, .doc = "the sine (radians)", .fn.unary = mg_sin},
   .kernel = {[MG_FLOAT32] = sin_f32, [MG_FLOAT64] = sin_f64},
   .saves = MG_SAVE_IN(0), .backward = sin_backward,
@@ -97,6 +98,7 @@ static mg_status cos_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **d
   return MG_OK;
 }
 static const mg_opdef cos_op = {
+  .forward = mg_unary_forward,
   .info = {.name = "cos", .kind = MG_OP_UNARY, .doc = "the cosine (radians)", .fn.unary = mg_cos},
   .kernel = {[MG_FLOAT32] = cos_f32, [MG_FLOAT64] = cos_f64},
   .saves = MG_SAVE_IN(0), .backward = cos_backward,
@@ -113,6 +115,7 @@ static mg_status log1p_backward (mg_node *n, mg_tensor *const *dout, mg_tensor *
   return MG_OK;
 }
 static const mg_opdef log1p_op = {
+  .forward = mg_unary_forward,
   .info = {.name = "log1p", .kind = MG_OP_UNARY, .doc = "log(1 + x), accurate near 0",
            .fn.unary = mg_log1p},
   .kernel = {[MG_FLOAT32] = log1p_f32, [MG_FLOAT64] = log1p_f64},
@@ -130,6 +133,7 @@ static mg_status expm1_backward (mg_node *n, mg_tensor *const *dout, mg_tensor *
   return MG_OK;
 }
 static const mg_opdef expm1_op = {
+  .forward = mg_unary_forward,
   .info = {.name = "expm1", .kind = MG_OP_UNARY, .doc = "e^x - 1, accurate near 0",
            .fn.unary = mg_expm1},
   .kernel = {[MG_FLOAT32] = expm1_f32, [MG_FLOAT64] = expm1_f64},
@@ -149,6 +153,7 @@ static mg_status erf_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **d
   return MG_OK;
 }
 static const mg_opdef erf_op = {
+  .forward = mg_unary_forward,
   .info = {.name = "erf", .kind = MG_OP_UNARY, .doc = "the error function", .fn.unary = mg_erf},
   .kernel = {[MG_FLOAT32] = erf_f32, [MG_FLOAT64] = erf_f64},
   .saves = MG_SAVE_IN(0), .backward = erf_backward,
@@ -164,6 +169,7 @@ FLOAT_KERNELS(round, ROUND_EVEN(x))
 KERNEL(same_i64, int64_t, int64_t, x)
 
 static const mg_opdef floor_op = {
+  .forward = mg_unary_forward,
   .info = {.name = "floor", .kind = MG_OP_UNARY,
            .doc = "the largest integer <= x (not differentiable)", .fn.unary = mg_floor},
   .kernel = {[MG_FLOAT32] = floor_f32, [MG_FLOAT64] = floor_f64, [MG_INT64] = same_i64},
@@ -171,6 +177,7 @@ static const mg_opdef floor_op = {
 mg_tensor *mg_floor (mg_tensor *x) { return mg_unary_op(&floor_op, x); }
 
 static const mg_opdef ceil_op = {
+  .forward = mg_unary_forward,
   .info = {.name = "ceil", .kind = MG_OP_UNARY,
            .doc = "the smallest integer >= x (not differentiable)", .fn.unary = mg_ceil},
   .kernel = {[MG_FLOAT32] = ceil_f32, [MG_FLOAT64] = ceil_f64, [MG_INT64] = same_i64},
@@ -178,6 +185,7 @@ static const mg_opdef ceil_op = {
 mg_tensor *mg_ceil (mg_tensor *x) { return mg_unary_op(&ceil_op, x); }
 
 static const mg_opdef round_op = {
+  .forward = mg_unary_forward,
   .info = {.name = "round", .kind = MG_OP_UNARY,
            .doc = "the nearest integer, halves to even (not differentiable)", .fn.unary = mg_round},
   .kernel = {[MG_FLOAT32] = round_f32, [MG_FLOAT64] = round_f64, [MG_INT64] = same_i64},
@@ -249,7 +257,9 @@ static mg_status clamp_backward (mg_node *n, mg_tensor *const *dout, mg_tensor *
   mg_scope_end(&sc);
   return MG_OK;
 }
+static mg_status clamp_forward (mg_opcall *c);
 static const mg_opdef clamp_op = {
+  .forward = clamp_forward,
   .info = {.name = "clamp", .kind = MG_OP_OTHER,
            .doc = "clamp(x, lo, hi) = min(max(x, lo), hi), broadcasting; alias clip_by_value"},
   .saves = MG_SAVE_IN(0) | MG_SAVE_IN(1) | MG_SAVE_IN(2), .backward = clamp_backward,
@@ -269,17 +279,24 @@ mg_tensor *mg_clamp (mg_tensor *x, mg_tensor *lo, mg_tensor *hi) {
   if (n1 < 0) return NULL;
   int nd = mg_broadcast_shapes("clamp", "and hi", s1, n1, hi->shape, hi->ndim, shape);
   if (nd < 0) return NULL;
-  mg_tensor *out = mg_empty(shape, nd, x->dtype);
-  if (out == NULL) return NULL;
+  mg_tensor *in[3] = {x, lo, hi};
+  mg_opcall c = MG_OPCALL(&clamp_op, 3, in, NULL, shape, nd, x->dtype);
+  return mg_dispatch(&c);
+}
+
+static mg_status clamp_forward (mg_opcall *c) {
+  mg_tensor *x = c->in[0], *lo = c->in[1], *hi = c->in[2];
+  mg_tensor *out = mg_empty(c->shape, c->ndim, x->dtype);
+  if (out == NULL) return MG_ERR;
   mg_iter it;
   const mg_tensor *ops[4] = {out, x, lo, hi};
-  mg_iter_init(&it, shape, nd, 4, ops);
+  mg_iter_init(&it, c->shape, c->ndim, 4, ops);
   char *base[4] = {mg_ptr(out), mg_ptr(x), mg_ptr(lo), mg_ptr(hi)};
   size_t esz = mg_dtype_size(x->dtype), sz[4] = {esz, esz, esz, esz};
   mg_dtype dt = x->dtype;
   mg_iter_run(&it, base, sz, clamp_run, &dt);
-  mg_tensor *in[3] = {x, lo, hi};
-  return mg_is_float(dt) ? mg_finish(&clamp_op, 3, in, out, NULL) : out;
+  c->out[0] = out;
+  return MG_OK;
 }
 
 /* }========================================================== */
@@ -402,13 +419,33 @@ static int64_t reduced_count (const mg_node *n) {
   return c;
 }
 
-static mg_tensor *record_reduction (const mg_opdef *op, mg_tensor *x, mg_tensor *out, const rview *v,
-                                    int keepdims, double p) {
+/* what a reduction's entry found, for its kernel (reduce_run's arguments) */
+typedef struct reduction {
+  red_kernel k;
+  int acc;
+  const rview *v;
+  double p, empty;
+} reduction;
+
+static mg_status reduction_forward (mg_opcall *c) {
+  const reduction *r = (const reduction *)c->local;
+  c->out[0] = reduce_run(r->k, r->acc, c->in[0], r->v, r->p, r->empty);
+  return c->out[0] ? MG_OK : MG_ERR;
+}
+
+/* runs reduction op over x as v says: the kernel k (with p, and acc
+** doubles of scratch per column; `empty` for an empty axis); the node
+** keeps `attr_f` (ddof, ord) */
+static mg_tensor *reduction_op (const mg_opdef *op, mg_tensor *x, const rview *v, int keepdims, double attr_f,
+                                red_kernel k, int acc, double p, double empty) {
   mg_attr attr = {0};
   attr.axis = v->axis;
   attr.keepdims = keepdims;
-  attr.f = p;
-  return mg_finish(op, 1, &x, out, &attr);
+  attr.f = attr_f;
+  reduction r = {k, acc, v, p, empty};
+  mg_opcall c = MG_OPCALL(op, 1, &x, &attr, v->shape, v->nd, x->dtype);
+  c.local = &r;
+  return mg_dispatch(&c);
 }
 
 /* int64 and bool reduce as float64, as mean does: returns CALL made again
@@ -491,6 +528,7 @@ static mg_status prod_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **
   return MG_OK;
 }
 static const mg_opdef prod_op = {
+  .forward = reduction_forward,
   .info = {.name = "prod", .kind = MG_OP_REDUCE,
            .doc = "the product over all axes, an axis, or a list of axes (zeros are fine for the gradient)",
            .fn.reduce = mg_prod},
@@ -506,8 +544,7 @@ mg_tensor *mg_prod (mg_tensor *x, int axis, int keepdims) {
   }
   rview v;
   if (reduce_view("prod", x, axis, keepdims, &v) < 0) return NULL;
-  mg_tensor *out = reduce_run(prod_kernel, 1, x, &v, 0, 1);
-  return mg_is_float(x->dtype) ? record_reduction(&prod_op, x, out, &v, keepdims, 0) : out;
+  return reduction_op(&prod_op, x, &v, keepdims, 0, prod_kernel, 1, 0, 1);
 }
 
 /* }========================================================== */
@@ -581,6 +618,7 @@ static mg_status lse_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **d
   return MG_OK;
 }
 static const mg_opdef logsumexp_op = {
+  .forward = reduction_forward,
   .info = {.name = "logsumexp", .kind = MG_OP_REDUCE,
            .doc = "log(sum(e^x)), computed stably (int64 and bool give float64)",
            .fn.reduce = mg_logsumexp},
@@ -592,8 +630,7 @@ mg_tensor *mg_logsumexp (mg_tensor *x, int axis, int keepdims) {
   AS_FLOAT64(x, mg_logsumexp(x, axis, keepdims));
   rview v;
   if (reduce_view("logsumexp", x, axis, keepdims, &v) < 0) return NULL;
-  mg_tensor *out = reduce_run(lse_kernel, 1, x, &v, 0, -INFINITY);
-  return record_reduction(&logsumexp_op, x, out, &v, keepdims, 0);
+  return reduction_op(&logsumexp_op, x, &v, keepdims, 0, lse_kernel, 1, 0, -INFINITY);
 }
 
 /* }========================================================== */
@@ -678,6 +715,7 @@ static mg_status var_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **d
   return MG_OK;
 }
 static const mg_opdef var_op = {
+  .forward = reduction_forward,
   .info = {.name = "var", .kind = MG_OP_OTHER,
            .doc = "the variance, sum((x - mean)^2) / (n - ddof), ddof 0 by default (as NumPy)"},
   .saves = MG_SAVE_IN(0), .backward = var_backward,
@@ -699,6 +737,7 @@ static mg_status std_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **d
   return MG_OK;
 }
 static const mg_opdef std_op = {
+  .forward = reduction_forward,
   .info = {.name = "std", .kind = MG_OP_OTHER,
            .doc = "the standard deviation, sqrt(var) (ddof 0 by default; gradient 0 where it is 0)"},
   .saves = MG_SAVE_IN(0) | MG_SAVE_OUT(0), .backward = std_backward,
@@ -712,8 +751,7 @@ static mg_tensor *moment (const mg_opdef *op, red_kernel k, mg_tensor *x, int ax
   rview v;
   if (reduce_view(fn, x, axis, keepdims, &v) < 0) return NULL;
   double div = (double)v.n - ddof;
-  mg_tensor *out = reduce_run(k, 2, x, &v, div > 0 ? div : 0, NAN);
-  return record_reduction(op, x, out, &v, keepdims, ddof);
+  return reduction_op(op, x, &v, keepdims, ddof, k, 2, div > 0 ? div : 0, NAN);
 }
 
 mg_tensor *mg_var (mg_tensor *x, int axis, int keepdims, double ddof) {
@@ -846,6 +884,7 @@ static mg_status norm_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **
   return MG_OK;
 }
 static const mg_opdef norm_op = {
+  .forward = reduction_forward,
   .info = {.name = "norm", .kind = MG_OP_OTHER,
            .doc = "the vector norm, ord 2 (default), 1 or inf (gradient 0 at 0)"},
   .saves = MG_SAVE_IN(0) | MG_SAVE_OUT(0), .backward = norm_backward,
@@ -861,8 +900,7 @@ mg_tensor *mg_norm (mg_tensor *x, int axis, int keepdims, double ord) {
   if (v.n == 0 && ord == INFINITY)
     return mg_seterror("norm: the inf-norm of an empty axis is not defined (a max of nothing)"), NULL;
   red_kernel k = ord == 1 ? norm1_kernel : ord == 2 ? norm2_kernel : norm_inf_kernel;
-  mg_tensor *out = reduce_run(k, ord == INFINITY ? 0 : 1, x, &v, 0, 0);
-  return record_reduction(&norm_op, x, out, &v, keepdims, ord);
+  return reduction_op(&norm_op, x, &v, keepdims, ord, k, ord == INFINITY ? 0 : 1, 0, 0);
 }
 
 /* }========================================================== */
@@ -928,7 +966,9 @@ static mg_status cumsum_backward (mg_node *n, mg_tensor *const *dout, mg_tensor 
   mg_scope_end(&sc);
   return MG_OK;
 }
+static mg_status cumsum_forward (mg_opcall *c);
 static const mg_opdef cumsum_op = {
+  .forward = cumsum_forward,
   .info = {.name = "cumsum", .kind = MG_OP_OTHER,
            .doc = "running sums along an axis (exclusive and reverse as TensorFlow's)"},
   .backward = cumsum_backward,
@@ -944,25 +984,35 @@ mg_tensor *mg_cumsum (mg_tensor *x, int axis, int exclusive, int reverse) {
   rview v;
   if (reduce_view("cumsum", x, axis, 0, &v) < 0) return NULL;
   int64_t flat[1] = {x->numel};
-  mg_tensor *out = v.axis == MG_ALL_AXES ? mg_empty(flat, 1, x->dtype) : mg_empty(x->shape, x->ndim, x->dtype);
+  mg_attr attr = {0};
+  attr.axis = v.axis;
+  attr.a[0] = exclusive != 0;
+  attr.a[1] = reverse != 0;
+  mg_opcall c = v.axis == MG_ALL_AXES ? MG_OPCALL(&cumsum_op, 1, &x, &attr, flat, 1, x->dtype)
+                                      : MG_OPCALL(&cumsum_op, 1, &x, &attr, x->shape, x->ndim, x->dtype);
+  c.local = &v;
+  return mg_dispatch(&c);
+}
+
+static mg_status cumsum_forward (mg_opcall *c) {
+  mg_tensor *x = c->in[0];
+  const rview *vp = (const rview *)c->local, v = *vp;
+  bool exclusive = c->attr->a[0], reverse = c->attr->a[1];
+  mg_tensor *out = mg_empty(c->shape, c->ndim, x->dtype);
   mg_tensor *sc = NULL;
   mg_tensor *xc = out && scratch_for(&v, 1, &sc) == MG_OK ? mg_contiguous(x) : NULL;
   if (xc == NULL) {
     mg_tensor_release(out);
     mg_tensor_release(sc);
-    return NULL;
+    return MG_ERR;
   }
   if (x->numel > 0)
-    cumsum_kernel(x->dtype, mg_ptr(xc), mg_ptr(out), v.outer, v.n, v.inner, exclusive != 0, reverse != 0,
+    cumsum_kernel(x->dtype, mg_ptr(xc), mg_ptr(out), v.outer, v.n, v.inner, exclusive, reverse,
                   sc ? (double *)mg_ptr(sc) : NULL);
   mg_tensor_release(xc);
   mg_tensor_release(sc);
-  if (!mg_is_float(x->dtype)) return out;
-  mg_attr attr = {0};
-  attr.axis = v.axis;
-  attr.a[0] = exclusive != 0;
-  attr.a[1] = reverse != 0;
-  return mg_finish(&cumsum_op, 1, &x, out, &attr);
+  c->out[0] = out;
+  return MG_OK;
 }
 
 /* }========================================================== */

@@ -86,6 +86,7 @@ mg_status mg_matrix_product (const mg_tensor *a, const char *pa, const mg_tensor
 }
 
 static const mg_opdef matmul_op;
+static mg_status matmul_forward (mg_opcall *c);
 
 /* a (..., M, K) @ b (..., K, N), both with at least 2 dims */
 static mg_tensor *matmul_nd (mg_tensor *a, mg_tensor *b) {
@@ -107,10 +108,18 @@ static mg_tensor *matmul_nd (mg_tensor *a, mg_tensor *b) {
   shape[nb] = M;
   shape[nb + 1] = N;
   mg_tensor *in[2] = {a, b};
-  mg_tensor *kept = mg_replay_take(&matmul_op, shape, nb + 2, a->dtype);   /* a save policy's */
-  if (kept) return mg_finish(&matmul_op, 2, in, kept, NULL);
-  mg_tensor *out = mg_empty(shape, nb + 2, a->dtype);
-  if (out == NULL) return NULL;
+  mg_opcall c = MG_OPCALL(&matmul_op, 2, in, NULL, shape, nb + 2, a->dtype);
+  return mg_dispatch(&c);
+}
+
+/* the kernel: batches of (M,K) @ (K,N) products into c's shape */
+static mg_status matmul_forward (mg_opcall *c) {
+  mg_tensor *a = c->in[0], *b = c->in[1];
+  int64_t M = a->shape[a->ndim - 2], K = a->shape[a->ndim - 1], N = b->shape[b->ndim - 1];
+  int nb = c->ndim - 2;
+  const int64_t *bshape = c->shape;
+  mg_tensor *out = mg_empty(c->shape, c->ndim, c->dtype);
+  if (out == NULL) return MG_ERR;
   int64_t batch = 1;
   for (int i = 0; i < nb; i++) batch *= bshape[i];
   size_t esz = mg_dtype_size(a->dtype);
@@ -146,9 +155,10 @@ static mg_tensor *matmul_nd (mg_tensor *a, mg_tensor *b) {
   }
   if (st != MG_OK) {
     mg_tensor_release(out);
-    return NULL;
+    return MG_ERR;
   }
-  return mg_is_float(a->dtype) ? mg_finish(&matmul_op, 2, in, out, NULL) : out;
+  c->out[0] = out;
+  return MG_OK;
 }
 
 /* matmul: out = a @ b.  grad: da = dout @ b^T, db = a^T @ dout, each summed
@@ -197,7 +207,12 @@ double mg_product_macs (const mg_node *n) {
   const mg_meta *a = &n->in_meta[0];
   return a->ndim > 0 ? c * (double)a->shape[a->ndim - 1] : c;
 }
-static const mg_opdef matmul_op = {.info = {.name = "matmul", .kind = MG_OP_BINARY, .symbol = "@", .doc = "the matrix product a @ b (batched, broadcast, vectors)", .fn.binary = mg_matmul, .product = 1}, .grad_saves = {MG_SAVE_IN(1), MG_SAVE_IN(0)}, .backward = matmul_backward, .macs = mg_product_macs};
+static const mg_opdef matmul_op = {
+  .info = {.name = "matmul", .kind = MG_OP_BINARY, .symbol = "@", .product = 1,
+           .doc = "the matrix product a @ b (batched, broadcast, vectors)", .fn.binary = mg_matmul},
+  .forward = matmul_forward,
+  .grad_saves = {MG_SAVE_IN(1), MG_SAVE_IN(0)}, .backward = matmul_backward, .macs = mg_product_macs,
+};
 
 static const mg_opdef *const rows[] = {&matmul_op};
 _Static_assert(sizeof rows / sizeof rows[0] == 1, "matmul.c: a row is missing from rows[]");

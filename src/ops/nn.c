@@ -52,38 +52,46 @@
   } while (0)
 
 static const mg_opdef softmax_op, log_softmax_op;
+static mg_status softmax_run (mg_opcall *c);
 
-static mg_tensor *softmax_forward (mg_tensor *x, int axis, bool log_form) {
-  MG_CHECK_ARG(log_form ? "mg_log_softmax" : "mg_softmax", x, NULL);
-  const char *fn = log_form ? "log_softmax" : "softmax";
-  if (!mg_is_float(x->dtype))
-    return mg_seterror("%s: needs a float tensor, got %s", fn, mg_dtype_name(x->dtype)), NULL;
-  int a = mg_check_axis(fn, axis, x->ndim);
-  if (a < 0) return NULL;
+/* the kernel of softmax and log_softmax over c->attr->axis */
+static mg_status softmax_run (mg_opcall *c) {
+  mg_tensor *x = c->in[0];
+  int a = c->attr->axis;
+  bool log_form = c->def == &log_softmax_op;
   int64_t outer = 1, n = x->shape[a], inner = 1;
   for (int i = 0; i < a; i++) outer *= x->shape[i];
   for (int i = a + 1; i < x->ndim; i++) inner *= x->shape[i];
-  const mg_opdef *op = log_form ? &log_softmax_op : &softmax_op;
-  mg_attr attr = {0};
-  attr.axis = a;
-  mg_tensor *kept = mg_replay_take(op, x->shape, x->ndim, x->dtype);   /* a save policy's */
-  if (kept) return mg_finish(op, 1, &x, kept, &attr);
   mg_tensor *xc = mg_contiguous(x), *out = mg_empty(x->shape, x->ndim, x->dtype);
   if (xc && out && n > 0) {
     if (x->dtype == MG_FLOAT32) SOFTMAX_BODY(float, expf, logf);
     else SOFTMAX_BODY(double, exp, log);
   }
   mg_tensor_release(xc);
-  if (xc == NULL) {
+  if (xc == NULL || out == NULL) {
     mg_tensor_release(out);
-    return NULL;
+    return MG_ERR;
   }
-  return mg_finish(op, 1, &x, out, &attr);
+  c->out[0] = out;
+  return MG_OK;
+}
+
+static mg_tensor *softmax_entry (mg_tensor *x, int axis, bool log_form) {
+  MG_CHECK_ARG(log_form ? "mg_log_softmax" : "mg_softmax", x, NULL);
+  const char *fn = log_form ? "log_softmax" : "softmax";
+  if (!mg_is_float(x->dtype))
+    return mg_seterror("%s: needs a float tensor, got %s", fn, mg_dtype_name(x->dtype)), NULL;
+  int a = mg_check_axis(fn, axis, x->ndim);
+  if (a < 0) return NULL;
+  mg_attr attr = {0};
+  attr.axis = a;
+  mg_opcall c = MG_OPCALL(log_form ? &log_softmax_op : &softmax_op, 1, &x, &attr, x->shape, x->ndim, x->dtype);
+  return mg_dispatch(&c);
 }
 
 /* softmax: y = exp(x - max) / sum(exp(x - max)) over axis.
 ** grad: dx = y * (dout - sum(dout * y, axis)) */
-mg_tensor *mg_softmax (mg_tensor *x, int axis) { return softmax_forward(x, axis, false); }
+mg_tensor *mg_softmax (mg_tensor *x, int axis) { return softmax_entry(x, axis, false); }
 
 static mg_status softmax_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **din) {
   mg_scope sc = {0};
@@ -93,11 +101,11 @@ static mg_status softmax_backward (mg_node *n, mg_tensor *const *dout, mg_tensor
   mg_scope_end(&sc);
   return MG_OK;
 }
-static const mg_opdef softmax_op = {.info = {.name = "softmax", .kind = MG_OP_OTHER, .doc = "exp(x) / sum(exp(x)) along an axis, computed stably"}, .saves = MG_SAVE_OUT(0), .backward = softmax_backward};
+static const mg_opdef softmax_op = {.forward = softmax_run, .info = {.name = "softmax", .kind = MG_OP_OTHER, .doc = "exp(x) / sum(exp(x)) along an axis, computed stably"}, .saves = MG_SAVE_OUT(0), .backward = softmax_backward};
 
 /* log_softmax: y = x - max - log(sum(exp(x - max))) over axis.
 ** grad: dx = dout - exp(y) * sum(dout, axis) */
-mg_tensor *mg_log_softmax (mg_tensor *x, int axis) { return softmax_forward(x, axis, true); }
+mg_tensor *mg_log_softmax (mg_tensor *x, int axis) { return softmax_entry(x, axis, true); }
 
 static mg_status log_softmax_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **din) {
   mg_scope sc = {0};
@@ -107,7 +115,7 @@ static mg_status log_softmax_backward (mg_node *n, mg_tensor *const *dout, mg_te
   mg_scope_end(&sc);
   return MG_OK;
 }
-static const mg_opdef log_softmax_op = {.info = {.name = "log_softmax", .kind = MG_OP_OTHER, .doc = "log(softmax(x)) along an axis, computed stably"}, .saves = MG_SAVE_OUT(0), .backward = log_softmax_backward};
+static const mg_opdef log_softmax_op = {.forward = softmax_run, .info = {.name = "log_softmax", .kind = MG_OP_OTHER, .doc = "log(softmax(x)) along an axis, computed stably"}, .saves = MG_SAVE_OUT(0), .backward = log_softmax_backward};
 
 static const mg_opdef *const rows[] = {&softmax_op, &log_softmax_op};
 _Static_assert(sizeof rows / sizeof rows[0] == 2, "nn.c: a row is missing from rows[]");

@@ -117,6 +117,7 @@ REDUCE_KERNEL(argmax_kernel, R_ARGMAX)
 REDUCE_KERNEL(argmin_kernel, R_ARGMIN)
 
 static const mg_opdef sum_op;
+static mg_status reduce_forward (mg_opcall *c);
 
 /* the shape left after reducing `axis` (all axes when MG_ALL_AXES) */
 static int reduced_shape (const mg_tensor *x, int axis, int keepdims, int64_t *shape) {
@@ -129,7 +130,7 @@ static int reduced_shape (const mg_tensor *x, int axis, int keepdims, int64_t *s
   return nd;
 }
 
-/* the common path: checks, the kernel over (outer, n, inner), the record */
+/* the entry of every reduction: checks, the reduced shape */
 static mg_tensor *reduce (const mg_opdef *op, mg_tensor *x, int axis, int keepdims) {
   const char *fn = op->info.name;
   bool index = op->result == MG_RESULT_INDEX;
@@ -147,42 +148,42 @@ static mg_tensor *reduce (const mg_opdef *op, mg_tensor *x, int axis, int keepdi
     mg_tensor_release(xi);
     return r;
   }
+  int64_t n = axis == MG_ALL_AXES ? x->numel : x->shape[axis];
+  if (n == 0 && op != &sum_op)
+    return mg_seterror("%s: cannot reduce over an empty axis", fn), NULL;
+  int64_t shape[MG_MAX_DIMS];
+  int nd = reduced_shape(x, axis, keepdims, shape);
+  mg_attr attr = {0};
+  attr.axis = axis;
+  attr.keepdims = keepdims;
+  mg_opcall c = MG_OPCALL(op, 1, &x, &attr, shape, nd, index ? MG_INT64 : dt);
+  return mg_dispatch(&c);
+}
+
+/* the kernel of every reduction: x seen as (outer, n, inner) */
+static mg_status reduce_forward (mg_opcall *c) {
+  mg_tensor *x = c->in[0];
+  int axis = c->attr->axis;
   int64_t outer = 1, n = x->numel, inner = 1;
   if (axis != MG_ALL_AXES) {
     n = x->shape[axis];
     for (int i = 0; i < axis; i++) outer *= x->shape[i];
     for (int i = axis + 1; i < x->ndim; i++) inner *= x->shape[i];
   }
-  if (n == 0 && op != &sum_op)
-    return mg_seterror("%s: cannot reduce over an empty axis", fn), NULL;
-  int64_t shape[MG_MAX_DIMS];
-  int nd = reduced_shape(x, axis, keepdims, shape);
-  if (op->backward && mg_is_float(dt)) {
-    mg_tensor *kept = mg_replay_take(op, shape, nd, dt);      /* a save policy's */
-    if (kept) {
-      mg_attr attr = {0};
-      attr.axis = axis;
-      attr.keepdims = keepdims;
-      return mg_finish(op, 1, &x, kept, &attr);
-    }
-  }
-  mg_tensor *out = mg_empty(shape, nd, index ? MG_INT64 : dt);
+  mg_tensor *out = mg_empty(c->shape, c->ndim, c->dtype);
   mg_tensor *xc = mg_contiguous(x);
   if (out == NULL || xc == NULL) {
     mg_tensor_release(out);
     mg_tensor_release(xc);
-    return NULL;
+    return MG_ERR;
   }
   if (n == 0)
     memset(mg_ptr(out), 0, (size_t)out->numel * mg_dtype_size(out->dtype));
   else
-    op->reduce(dt, mg_ptr(xc), mg_ptr(out), outer, n, inner);
+    c->def->reduce(x->dtype, mg_ptr(xc), mg_ptr(out), outer, n, inner);
   mg_tensor_release(xc);
-  if (!mg_is_float(dt) || op->backward == NULL) return out;
-  mg_attr attr = {0};
-  attr.axis = axis;
-  attr.keepdims = keepdims;
-  return mg_finish(op, 1, &x, out, &attr);
+  c->out[0] = out;
+  return MG_OK;
 }
 
 /* the reduced shape with the reduced axes kept as 1s */
@@ -209,6 +210,7 @@ static mg_status sum_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **d
   return MG_OK;
 }
 static const mg_opdef sum_op = {
+  .forward = reduce_forward,
   .info = {.name = "sum", .kind = MG_OP_REDUCE, .doc = "the sum over all axes, an axis, or a list of axes",
            .fn.reduce = mg_sum},
   .reduce = sum_kernel, .backward = sum_backward,
@@ -231,6 +233,7 @@ static mg_status extreme_backward (mg_node *n, mg_tensor *const *dout, mg_tensor
   return MG_OK;
 }
 static const mg_opdef max_op = {
+  .forward = reduce_forward,
   .info = {.name = "max", .kind = MG_OP_REDUCE,
            .doc = "the largest value (ties share the gradient)", .fn.reduce = mg_max},
   .reduce = max_kernel, .saves = MG_SAVE_IN(0) | MG_SAVE_OUT(0), .backward = extreme_backward,
@@ -238,6 +241,7 @@ static const mg_opdef max_op = {
 mg_tensor *mg_max (mg_tensor *x, int axis, int keepdims) { return reduce(&max_op, x, axis, keepdims); }
 
 static const mg_opdef min_op = {
+  .forward = reduce_forward,
   .info = {.name = "min", .kind = MG_OP_REDUCE,
            .doc = "the smallest value (ties share the gradient)", .fn.reduce = mg_min},
   .reduce = min_kernel, .saves = MG_SAVE_IN(0) | MG_SAVE_OUT(0), .backward = extreme_backward,
@@ -246,12 +250,14 @@ mg_tensor *mg_min (mg_tensor *x, int axis, int keepdims) { return reduce(&min_op
 
 /* argmax/argmin: the first position of the extreme (NaN wins), int64. No gradient */
 static const mg_opdef argmax_op = {
+  .forward = reduce_forward,
   .info = {.name = "argmax", .kind = MG_OP_OTHER, .doc = "the position of the largest value (int64)"},
   .reduce = argmax_kernel, .result = MG_RESULT_INDEX,
 };
 mg_tensor *mg_argmax (mg_tensor *x, int axis, int keepdims) { return reduce(&argmax_op, x, axis, keepdims); }
 
 static const mg_opdef argmin_op = {
+  .forward = reduce_forward,
   .info = {.name = "argmin", .kind = MG_OP_OTHER, .doc = "the position of the smallest value (int64)"},
   .reduce = argmin_kernel, .result = MG_RESULT_INDEX,
 };
@@ -260,6 +266,7 @@ mg_tensor *mg_argmin (mg_tensor *x, int axis, int keepdims) { return reduce(&arg
 
 /* mean = sum / n (a composite: its gradient comes from sum and div) */
 static const mg_opdef mean_op = {
+  .forward = reduce_forward,
   .info = {.name = "mean", .kind = MG_OP_REDUCE, .doc = "the mean (int64 and bool give float64)",
            .fn.reduce = mg_mean},
 };

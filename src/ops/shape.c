@@ -17,10 +17,24 @@ static char *shape_s (char *buf, size_t n, const mg_tensor *t) {
   return mg_shape_str(buf, n, t->shape, t->ndim);
 }
 
-/* records a movement op when x is float (ints are never differentiated) */
-static mg_tensor *finish1 (const mg_opdef *def, mg_tensor *x, mg_tensor *out, const mg_attr *attr) {
-  if (out == NULL || !mg_is_float(x->dtype)) return out;
-  return mg_finish(def, 1, &x, out, attr);
+/* a view's layout, from the entry to the kernel */
+typedef struct view_layout { const int64_t *strides; int64_t offset; } view_layout;
+
+/* the kernel of the views: x's storage seen with c's shape and the layout */
+static mg_status view_forward (mg_opcall *c) {
+  const view_layout *l = (const view_layout *)c->local;
+  mg_tensor *x = c->in[0];
+  c->out[0] = mg_tensor_view(x->storage, x->dtype, c->shape, c->ndim, l->strides, l->offset);
+  return c->out[0] ? MG_OK : MG_ERR;
+}
+
+/* runs view op def on x: shape, strides and offset are the view's */
+static mg_tensor *view_op (const mg_opdef *def, mg_tensor *x, const int64_t *shape, int ndim,
+                           const int64_t *strides, int64_t offset, const mg_attr *attr) {
+  view_layout l = {strides, offset};
+  mg_opcall c = MG_OPCALL(def, 1, &x, attr, shape, ndim, x->dtype);
+  c.local = &l;
+  return mg_dispatch(&c);
 }
 
 /* {========================= reshape ======================== */
@@ -59,20 +73,26 @@ mg_tensor *mg_reshape (mg_tensor *x, const int64_t *shape_in, int ndim) {
                 (long long)x->numel, mg_shape_str(b, sizeof b, shape_in, ndim));
     return NULL;
   }
-  mg_tensor *c = mg_contiguous(x);
-  if (c == NULL) return NULL;
+  mg_opcall c = MG_OPCALL(&reshape_op, 1, &x, NULL, shape, ndim, x->dtype);
+  return mg_dispatch(&c);
+}
+
+/* a view of x, or of a contiguous copy when x's strides allow none */
+static mg_status reshape_forward (mg_opcall *c) {
+  mg_tensor *xc = mg_contiguous(c->in[0]);
+  if (xc == NULL) return MG_ERR;
   int64_t strides[MG_MAX_DIMS];
-  mg_contiguous_strides(shape, ndim, strides);
-  mg_tensor *out = mg_tensor_view(c->storage, c->dtype, shape, ndim, strides, c->offset);
-  mg_tensor_release(c);
-  return finish1(&reshape_op, x, out, NULL);
+  mg_contiguous_strides(c->shape, c->ndim, strides);
+  c->out[0] = mg_tensor_view(xc->storage, xc->dtype, c->shape, c->ndim, strides, xc->offset);
+  mg_tensor_release(xc);
+  return c->out[0] ? MG_OK : MG_ERR;
 }
 
 static mg_status reshape_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **din) {
   din[0] = mg_reshape(dout[0], SHAPE_OF(n, 0));
   return MG_OK;
 }
-static const mg_opdef reshape_op = {.info = {.name = "reshape", .kind = MG_OP_OTHER, .doc = "the same values in another shape (one size may be -1)"}, .backward = reshape_backward};
+static const mg_opdef reshape_op = {.forward = reshape_forward, .info = {.name = "reshape", .kind = MG_OP_OTHER, .doc = "the same values in another shape (one size may be -1)"}, .backward = reshape_backward};
 
 mg_tensor *mg_expand_dims (mg_tensor *x, int axis) {
   MG_CHECK_ARG("mg_expand_dims", x, NULL);
@@ -121,8 +141,7 @@ mg_tensor *mg_permute (mg_tensor *x, const int *perm) {
     strides[i] = x->strides[p];
     attr.a[p] = i;                                        /* the inverse */
   }
-  mg_tensor *out = mg_tensor_view(x->storage, x->dtype, shape, x->ndim, strides, x->offset);
-  return finish1(&permute_op, x, out, &attr);
+  return view_op(&permute_op, x, shape, x->ndim, strides, x->offset, &attr);
 }
 
 static mg_status permute_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **din) {
@@ -131,7 +150,7 @@ static mg_status permute_backward (mg_node *n, mg_tensor *const *dout, mg_tensor
   din[0] = mg_permute(dout[0], inv);
   return MG_OK;
 }
-static const mg_opdef permute_op = {.info = {.name = "permute", .kind = MG_OP_OTHER, .doc = "the axes reordered (transpose with a permutation)"}, .backward = permute_backward};
+static const mg_opdef permute_op = {.forward = view_forward, .info = {.name = "permute", .kind = MG_OP_OTHER, .doc = "the axes reordered (transpose with a permutation)"}, .backward = permute_backward};
 
 mg_tensor *mg_transpose (mg_tensor *x, int axis1, int axis2) {
   MG_CHECK_ARG("mg_transpose", x, NULL);
@@ -165,8 +184,7 @@ mg_tensor *mg_broadcast_to (mg_tensor *x, const int64_t *shape, int ndim) {
     else if (x->shape[j] == 1) strides[i] = 0;
     else goto mismatch;
   }
-  mg_tensor *out = mg_tensor_view(x->storage, x->dtype, shape, ndim, strides, x->offset);
-  return finish1(&broadcast_op, x, out, NULL);
+  return view_op(&broadcast_op, x, shape, ndim, strides, x->offset, NULL);
 mismatch: {
     char a[160], b[160];
     mg_seterror("broadcast_to: cannot broadcast %s to %s", shape_s(a, sizeof a, x),
@@ -179,7 +197,7 @@ static mg_status broadcast_backward (mg_node *n, mg_tensor *const *dout, mg_tens
   din[0] = mg_sum_to_shape(dout[0], SHAPE_OF(n, 0));
   return MG_OK;
 }
-static const mg_opdef broadcast_op = {.info = {.name = "broadcast_to", .kind = MG_OP_OTHER, .doc = "a broadcast view with a larger shape"}, .backward = broadcast_backward};
+static const mg_opdef broadcast_op = {.forward = view_forward, .info = {.name = "broadcast_to", .kind = MG_OP_OTHER, .doc = "a broadcast view with a larger shape"}, .backward = broadcast_backward};
 
 /* }========================================================== */
 
@@ -231,15 +249,14 @@ mg_tensor *mg_slice (mg_tensor *x, const int64_t *start, const int64_t *stop, co
     attr.a[i] = start[i];
     attr.c[i] = step[i];
   }
-  mg_tensor *out = mg_tensor_view(x->storage, x->dtype, shape, x->ndim, strides, offset);
-  return finish1(&slice_op, x, out, &attr);
+  return view_op(&slice_op, x, shape, x->ndim, strides, offset, &attr);
 }
 
 static mg_status slice_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **din) {
   din[0] = mg_unslice(dout[0], n->in_meta[0].shape, n->attr->a, n->attr->c);
   return MG_OK;
 }
-static const mg_opdef slice_op = {.info = {.name = "slice", .kind = MG_OP_OTHER, .doc = "a view of start..stop by step along each axis"}, .backward = slice_backward};
+static const mg_opdef slice_op = {.forward = view_forward, .info = {.name = "slice", .kind = MG_OP_OTHER, .doc = "a view of start..stop by step along each axis"}, .backward = slice_backward};
 
 /* unslice: zeros of `shape` with x at start::step.  grad: slice(dout) */
 mg_tensor *mg_unslice (mg_tensor *x, const int64_t *shape, const int64_t *start, const int64_t *step) {
@@ -257,8 +274,6 @@ mg_tensor *mg_unslice (mg_tensor *x, const int64_t *shape, const int64_t *start,
                          shape_s(a, sizeof a, x), (long long)start[i], (long long)step[i], (long long)i,
                          mg_shape_str(b, sizeof b, shape, x->ndim)), NULL;
     }
-  mg_tensor *out = mg_full(shape, x->ndim, x->dtype, 0.0);
-  if (out == NULL) return NULL;
   int64_t stop[MG_MAX_DIMS];
   mg_attr attr = {0};
   for (int i = 0; i < x->ndim; i++) {   /* just past the last entry: no overflow for any step */
@@ -268,6 +283,16 @@ mg_tensor *mg_unslice (mg_tensor *x, const int64_t *shape, const int64_t *start,
     attr.b[i] = stop[i];
     attr.c[i] = step[i];
   }
+  mg_opcall c = MG_OPCALL(&unslice_op, 1, &x, &attr, shape, x->ndim, x->dtype);
+  return mg_dispatch(&c);
+}
+
+/* zeros with x written at start (c->attr->a) by step (c->attr->c) */
+static mg_status unslice_forward (mg_opcall *c) {
+  mg_tensor *x = c->in[0];
+  const int64_t *start = c->attr->a, *step = c->attr->c;
+  mg_tensor *out = mg_full(c->shape, c->ndim, x->dtype, 0.0);
+  if (out == NULL) return MG_ERR;
   /* a view into the fresh output, written through */
   int64_t strides[MG_MAX_DIMS], offset = 0;
   for (int i = 0; i < x->ndim; i++) {
@@ -277,18 +302,19 @@ mg_tensor *mg_unslice (mg_tensor *x, const int64_t *shape, const int64_t *start,
   mg_tensor *region = mg_tensor_view(out->storage, x->dtype, x->shape, x->ndim, strides, offset);
   if (region == NULL) {
     mg_tensor_release(out);
-    return NULL;
+    return MG_ERR;
   }
   mg_copy_into(region, x);
   mg_tensor_release(region);
-  return finish1(&unslice_op, x, out, &attr);
+  c->out[0] = out;
+  return MG_OK;
 }
 
 static mg_status unslice_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **din) {
   din[0] = mg_slice(dout[0], n->attr->a, n->attr->b, n->attr->c);
   return MG_OK;
 }
-static const mg_opdef unslice_op = {.info = {.name = "unslice", .kind = MG_OP_OTHER, .doc = "zeros with x placed at start..stop by step (slice's adjoint)"}, .backward = unslice_backward};
+static const mg_opdef unslice_op = {.forward = unslice_forward, .info = {.name = "unslice", .kind = MG_OP_OTHER, .doc = "zeros with x placed at start..stop by step (slice's adjoint)"}, .backward = unslice_backward};
 
 /* select: x[..., index, ...] along axis, dropping it (slice + reshape) */
 mg_tensor *mg_select (mg_tensor *x, int axis, int64_t index) {
@@ -353,23 +379,29 @@ mg_tensor *mg_concat (mg_tensor *const *xs, int n, int axis) {
                          (long long)a, 0LL, shape_s(s0, sizeof s0, x0), (long long)k, shape_s(sk, sizeof sk, x)), NULL;
     shape[a] += x->shape[a];
   }
-  mg_tensor *out = mg_empty(shape, x0->ndim, x0->dtype);
-  if (out == NULL) return NULL;
-  int64_t at = 0;
-  for (int k = 0; k < n; k++) {
-    mg_tensor *c = mg_contiguous(xs[k]);
-    if (c == NULL) {
-      mg_tensor_release(out);
-      return NULL;
-    }
-    copy_block(out, c, a, at);
-    at += c->shape[a];
-    mg_tensor_release(c);
-  }
-  if (!mg_is_float(x0->dtype)) return out;
   mg_attr attr = {0};
   attr.axis = a;
-  return mg_finish(&concat_op, n, xs, out, &attr);
+  mg_opcall c = MG_OPCALL(&concat_op, n, xs, &attr, shape, x0->ndim, x0->dtype);
+  return mg_dispatch(&c);
+}
+
+static mg_status concat_forward (mg_opcall *c) {
+  int a = c->attr->axis;
+  mg_tensor *out = mg_empty(c->shape, c->ndim, c->dtype);
+  if (out == NULL) return MG_ERR;
+  int64_t at = 0;
+  for (int k = 0; k < c->nin; k++) {
+    mg_tensor *xc = mg_contiguous(c->in[k]);
+    if (xc == NULL) {
+      mg_tensor_release(out);
+      return MG_ERR;
+    }
+    copy_block(out, xc, a, at);
+    at += xc->shape[a];
+    mg_tensor_release(xc);
+  }
+  c->out[0] = out;
+  return MG_OK;
 }
 
 static mg_status concat_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **din) {
@@ -388,7 +420,7 @@ static mg_status concat_backward (mg_node *n, mg_tensor *const *dout, mg_tensor 
   }
   return MG_OK;
 }
-static const mg_opdef concat_op = {.info = {.name = "concat", .kind = MG_OP_OTHER, .doc = "tensors joined along an axis"}, .backward = concat_backward};
+static const mg_opdef concat_op = {.forward = concat_forward, .info = {.name = "concat", .kind = MG_OP_OTHER, .doc = "tensors joined along an axis"}, .backward = concat_backward};
 
 /* stack: expand each at axis, then concat (a composite) */
 mg_tensor *mg_stack (mg_tensor *const *xs, int n, int axis) {
@@ -467,38 +499,48 @@ mg_tensor *mg_gather (mg_tensor *x, mg_tensor *indices, int axis) {
   if (a < 0) return NULL;
   if (x->ndim - 1 + indices->ndim > MG_MAX_DIMS)
     return mg_seterror("gather: result would have more than %d dimensions", MG_MAX_DIMS), NULL;
-  mg_tensor *idx = gather_indices(indices, x->shape[a], a), *xc = idx ? mg_contiguous(x) : NULL;
-  mg_tensor *out = NULL;
-  if (idx == NULL || xc == NULL) goto done;
-  int64_t shape[MG_MAX_DIMS], outer = 1, inner = 1, esz = (int64_t)mg_dtype_size(x->dtype);
+  mg_tensor *idx = gather_indices(indices, x->shape[a], a);
+  if (idx == NULL) return NULL;
+  int64_t shape[MG_MAX_DIMS];
   int nd = 0;
-  for (int i = 0; i < a; i++) { shape[nd++] = x->shape[i]; outer *= x->shape[i]; }
+  for (int i = 0; i < a; i++) shape[nd++] = x->shape[i];
   for (int i = 0; i < idx->ndim; i++) shape[nd++] = idx->shape[i];
-  for (int i = a + 1; i < x->ndim; i++) { shape[nd++] = x->shape[i]; inner *= x->shape[i]; }
-  if ((out = mg_empty(shape, nd, x->dtype)) == NULL) goto done;
+  for (int i = a + 1; i < x->ndim; i++) shape[nd++] = x->shape[i];
+  mg_attr attr = {0};
+  attr.axis = a;
+  mg_tensor *in[2] = {x, idx};                /* scatter_add gets them non-negative */
+  mg_opcall c = MG_OPCALL(&gather_op, 2, in, &attr, shape, nd, x->dtype);
+  mg_tensor *out = mg_dispatch(&c);
+  mg_tensor_release(idx);
+  return out;
+}
+
+/* rows of x along c->attr->axis at the (non-negative) indices c->in[1] */
+static mg_status gather_forward (mg_opcall *c) {
+  mg_tensor *x = c->in[0], *idx = c->in[1];
+  int a = c->attr->axis;
+  int64_t outer = 1, inner = 1, esz = (int64_t)mg_dtype_size(x->dtype);
+  for (int i = 0; i < a; i++) outer *= x->shape[i];
+  for (int i = a + 1; i < x->ndim; i++) inner *= x->shape[i];
+  mg_tensor *xc = mg_contiguous(x), *out = xc ? mg_empty(c->shape, c->ndim, c->dtype) : NULL;
+  if (out == NULL) goto done;
   const int64_t *v = (const int64_t *)mg_ptr(idx);
   int64_t k = idx->numel, rows = x->shape[a];
   for (int64_t o = 0; o < outer; o++)
     for (int64_t j = 0; j < k; j++)
       memcpy(mg_ptr(out) + ((o * k + j) * inner) * esz, mg_ptr(xc) + ((o * rows + v[j]) * inner) * esz,
              (size_t)(inner * esz));
-  if (mg_is_float(x->dtype)) {
-    mg_attr attr = {0};
-    attr.axis = a;
-    mg_tensor *in[2] = {x, idx};                /* scatter_add gets them non-negative */
-    out = mg_finish(&gather_op, 2, in, out, &attr);
-  }
 done:
-  mg_tensor_release(idx);
   mg_tensor_release(xc);
-  return out;
+  c->out[0] = out;
+  return out ? MG_OK : MG_ERR;
 }
 
 static mg_status gather_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **din) {
   din[0] = mg_scatter_add(dout[0], n->in[1], n->attr->axis, SHAPE_OF(n, 0));
   return MG_OK;
 }
-static const mg_opdef gather_op = {.info = {.name = "gather", .kind = MG_OP_OTHER, .doc = "slices of x along an axis at integer indices"}, .saves = MG_SAVE_IN(1), .backward = gather_backward};
+static const mg_opdef gather_op = {.forward = gather_forward, .info = {.name = "gather", .kind = MG_OP_OTHER, .doc = "slices of x along an axis at integer indices"}, .saves = MG_SAVE_IN(1), .backward = gather_backward};
 
 #define SCATTER_ADD(T) do {                                                         \
     T *o_ = (T *)mg_ptr(out); const T *s_ = (const T *)mg_ptr(sc);                 \
@@ -519,18 +561,36 @@ mg_tensor *mg_scatter_add (mg_tensor *src, mg_tensor *indices, int axis, const i
   if (mg_check_computable("scatter_add", src->dtype) != MG_OK) return NULL;
   int a = mg_check_axis("scatter_add", axis, ndim);
   if (a < 0) return NULL;
-  mg_tensor *idx = mg_contiguous(indices), *sc = mg_contiguous(src), *out = NULL;
-  if (idx == NULL || sc == NULL || check_indices("scatter_add", idx, shape[a], a) != MG_OK) goto done;
-  int64_t outer = 1, inner = 1, k = idx->numel, rows = shape[a];
+  mg_tensor *idx = mg_contiguous(indices);
+  if (idx == NULL) return NULL;
+  mg_status st = check_indices("scatter_add", idx, shape[a], a);
+  int64_t outer = 1, inner = 1, k = idx->numel;
+  mg_tensor_release(idx);
+  if (st != MG_OK) return NULL;
   for (int i = 0; i < a; i++) outer *= shape[i];
   for (int i = a + 1; i < ndim; i++) inner *= shape[i];
   if (src->numel != outer * k * inner) {
     char s1[160], s2[160];
-    mg_seterror("scatter_add: source %s does not fit %d indices into %s", shape_s(s1, sizeof s1, src),
-                (int)k, mg_shape_str(s2, sizeof s2, shape, ndim));
-    goto done;
+    return mg_seterror("scatter_add: source %s does not fit %d indices into %s", shape_s(s1, sizeof s1, src),
+                       (int)k, mg_shape_str(s2, sizeof s2, shape, ndim)), NULL;
   }
-  if ((out = mg_full(shape, ndim, src->dtype, 0.0)) == NULL) goto done;
+  mg_attr attr = {0};
+  attr.axis = a;
+  mg_tensor *in[2] = {src, indices};
+  mg_opcall c = MG_OPCALL(&scatter_add_op, 2, in, &attr, shape, ndim, src->dtype);
+  return mg_dispatch(&c);
+}
+
+/* zeros of c's shape with the rows of c->in[0] added at c->in[1] along c->attr->axis */
+static mg_status scatter_add_forward (mg_opcall *c) {
+  mg_tensor *src = c->in[0];
+  int a = c->attr->axis;
+  mg_tensor *idx = mg_contiguous(c->in[1]), *sc = mg_contiguous(src), *out = NULL;
+  if (idx == NULL || sc == NULL) goto done;
+  int64_t outer = 1, inner = 1, k = idx->numel, rows = c->shape[a];
+  for (int i = 0; i < a; i++) outer *= c->shape[i];
+  for (int i = a + 1; i < c->ndim; i++) inner *= c->shape[i];
+  if ((out = mg_full(c->shape, c->ndim, src->dtype, 0.0)) == NULL) goto done;
   const int64_t *v = (const int64_t *)mg_ptr(idx);
   switch (src->dtype) {
     case MG_FLOAT32: SCATTER_ADD(float); break;
@@ -538,16 +598,11 @@ mg_tensor *mg_scatter_add (mg_tensor *src, mg_tensor *indices, int axis, const i
     case MG_INT64: SCATTER_ADD(int64_t); break;
     default: SCATTER_ADD(uint8_t); break;
   }
-  if (mg_is_float(src->dtype)) {
-    mg_attr attr = {0};
-    attr.axis = a;
-    mg_tensor *in[2] = {src, indices};
-    out = mg_finish(&scatter_add_op, 2, in, out, &attr);
-  }
 done:
   mg_tensor_release(idx);
   mg_tensor_release(sc);
-  return out;
+  c->out[0] = out;
+  return out ? MG_OK : MG_ERR;
 }
 
 static mg_status scatter_add_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **din) {
@@ -556,24 +611,30 @@ static mg_status scatter_add_backward (mg_node *n, mg_tensor *const *dout, mg_te
   mg_tensor_release(g);
   return MG_OK;
 }
-static const mg_opdef scatter_add_op = {.info = {.name = "scatter_add", .kind = MG_OP_OTHER, .doc = "zeros with slices added at indices (gather's adjoint)"}, .saves = MG_SAVE_IN(1), .backward = scatter_add_backward};
+static const mg_opdef scatter_add_op = {.forward = scatter_add_forward, .info = {.name = "scatter_add", .kind = MG_OP_OTHER, .doc = "zeros with slices added at indices (gather's adjoint)"}, .saves = MG_SAVE_IN(1), .backward = scatter_add_backward};
 
 /* }========================================================== */
 
 
 /* {=============== identity and stop_gradient ================ */
 
-/* a new tensor viewing x's data: a new id, so tapes see a new value */
-static mg_tensor *fresh_view (mg_tensor *x) {
-  return mg_tensor_view(x->storage, x->dtype, x->shape, x->ndim, x->strides, x->offset);
+/* the kernel of both: a new tensor viewing x's data, a new id, so tapes see a new value */
+static mg_status fresh_view (mg_opcall *c) {
+  mg_tensor *x = c->in[0];
+  c->out[0] = mg_tensor_view(x->storage, x->dtype, x->shape, x->ndim, x->strides, x->offset);
+  return c->out[0] ? MG_OK : MG_ERR;
+}
+
+static mg_tensor *fresh_view_op (const mg_opdef *def, mg_tensor *x) {
+  mg_opcall c = MG_OPCALL(def, 1, &x, NULL, x->shape, x->ndim, x->dtype);
+  return mg_dispatch(&c);
 }
 
 /* identity: the same values as a new tensor (TF's tf.identity).  grad: dout */
-static const mg_opdef identity_op;
+static const mg_opdef identity_op, stop_gradient_op;
 mg_tensor *mg_identity (mg_tensor *x) {
   MG_CHECK_ARG("mg_identity", x, NULL);
-  mg_tensor *in[1] = {x}, *out = fresh_view(x);
-  return out && mg_is_float(x->dtype) ? mg_finish(&identity_op, 1, in, out, NULL) : out;
+  return fresh_view_op(&identity_op, x);
 }
 static mg_status identity_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **din) {
   (void)n;
@@ -581,6 +642,7 @@ static mg_status identity_backward (mg_node *n, mg_tensor *const *dout, mg_tenso
   return MG_OK;
 }
 static const mg_opdef identity_op = {
+  .forward = fresh_view,
   .info = {.name = "identity", .kind = MG_OP_UNARY, .fn.unary = mg_identity,
            .doc = "x as a new tensor, no copy (tf.identity): a tape sees a new value"},
   .backward = identity_backward,
@@ -590,9 +652,10 @@ static const mg_opdef identity_op = {
 ** every gradient (tf.stop_gradient, torch's detach); no copy */
 mg_tensor *mg_stop_gradient (mg_tensor *x) {
   MG_CHECK_ARG("mg_stop_gradient", x, NULL);
-  return fresh_view(x);
+  return fresh_view_op(&stop_gradient_op, x);
 }
 static const mg_opdef stop_gradient_op = {
+  .forward = fresh_view,
   .info = {.name = "stop_gradient", .kind = MG_OP_UNARY, .fn.unary = mg_stop_gradient,
            .doc = "x as a constant to every tape, no copy (tf.stop_gradient, torch's detach)"},
 };

@@ -213,14 +213,16 @@ static void sort_row (const sort_job *J, int64_t row, uint64_t *k1, int64_t *p1,
 ** The common part: x's entries along axis sorted (k = -1) or the k first
 ** in the order kept. 0-d x is one entry. *values may be NULL (not wanted).
 */
-static mg_status sort_along (const char *fn, mg_tensor *x, int axis, int64_t k, bool flip, bool by_position,
-                             mg_tensor **values, mg_tensor **indices, int *axis_out) {
+/* x's dtype can be sorted, and axis normalized (0-d x: 0 or -1); -1 + error */
+static int sort_axis (const char *fn, const mg_tensor *x, int axis) {
   if (x->dtype != MG_FLOAT32 && x->dtype != MG_FLOAT64 && x->dtype != MG_INT64 && x->dtype != MG_BOOL)
-    return mg_seterror("%s: not defined for %s tensors; cast them first", fn, mg_dtype_name(x->dtype));
-  int a = x->ndim == 0 ? (axis == 0 || axis == -1 ? 0 : mg_check_axis(fn, axis, 0))
-                       : mg_check_axis(fn, axis, x->ndim);
-  if (a < 0) return MG_ERR;
-  *axis_out = a;
+    return mg_seterror("%s: not defined for %s tensors; cast them first", fn, mg_dtype_name(x->dtype)), -1;
+  return x->ndim == 0 ? (axis == 0 || axis == -1 ? 0 : mg_check_axis(fn, axis, 0))
+                      : mg_check_axis(fn, axis, x->ndim);
+}
+
+static mg_status sort_along (mg_tensor *x, int a, int64_t k, bool flip, bool by_position,
+                             mg_tensor **values, mg_tensor **indices) {
   int64_t outer = 1, inner = 1, n = x->ndim ? x->shape[a] : 1, shape[MG_MAX_DIMS];
   for (int d = 0; d < x->ndim; d++) {
     if (d < a) outer *= x->shape[d];
@@ -268,13 +270,34 @@ static mg_status sort_along (const char *fn, mg_tensor *x, int axis, int64_t k, 
   return MG_OK;
 }
 
-/* records a sort or topk (values and indices) when x is float */
-static mg_status record_two (const mg_opdef *def, mg_tensor *x, mg_tensor *v, mg_tensor *ix, int axis) {
-  if (!mg_is_float(x->dtype) || !mg_anyone_listening()) return MG_OK;
+/* how to sort, from the entry to the kernel */
+typedef struct sort_how { int64_t k; bool flip, by_position; } sort_how;
+
+/* the kernel of sort, argsort and topk: values (when the op has two
+** outputs) and positions along c->attr->axis */
+static mg_status sort_forward (mg_opcall *c) {
+  const sort_how *h = (const sort_how *)c->local;
+  bool two = c->nout == 2;
+  mg_tensor *v = NULL, *ix = NULL;
+  if (sort_along(c->in[0], c->attr->axis, h->k, h->flip, h->by_position, two ? &v : NULL, &ix) != MG_OK)
+    return MG_ERR;
+  c->out[0] = two ? v : ix;
+  if (two) c->out[1] = ix;
+  return MG_OK;
+}
+
+/* runs def on x along axis a; with values NULL, its positions alone */
+static mg_status sort_op (const mg_opdef *def, mg_tensor *x, int a, sort_how how, mg_tensor **values,
+                          mg_tensor **indices) {
   mg_attr attr = {0};
-  attr.axis = axis;
-  mg_tensor *out[2] = {v, ix};
-  return mg_record(def, 1, &x, 2, out, &attr);
+  attr.axis = a;
+  mg_opcall c = MG_OPCALL(def, 1, &x, &attr, x->shape, x->ndim, values ? x->dtype : MG_INT64);
+  c.nout = values ? 2 : 1;
+  c.local = &how;
+  if (mg_dispatch(&c) == NULL) return MG_ERR;
+  if (values) *values = c.out[0];
+  *indices = c.out[values ? 1 : 0];
+  return MG_OK;
 }
 
 /* sort and topk: grad: dvalues put back where the values came from,
@@ -300,18 +323,14 @@ mg_status mg_sort (mg_tensor *x, int axis, int descending, mg_tensor **values, m
   if (values) *values = NULL;
   if (indices) *indices = NULL;
   mg_tensor *v = NULL, *ix = NULL;
-  int a;
-  if (sort_along("sort", x, axis, -1, descending != 0, false, &v, &ix, &a) != MG_OK) return MG_ERR;
-  if (record_two(&mg_sort_op, x, v, ix, a) != MG_OK) {
-    mg_tensor_release(v);
-    mg_tensor_release(ix);
-    return MG_ERR;
-  }
+  int a = sort_axis("sort", x, axis);
+  if (a < 0 || sort_op(&mg_sort_op, x, a, (sort_how){-1, descending != 0, false}, &v, &ix) != MG_OK) return MG_ERR;
   if (values) *values = v; else mg_tensor_release(v);
   if (indices) *indices = ix; else mg_tensor_release(ix);
   return MG_OK;
 }
 const mg_opdef mg_sort_op = {
+  .forward = sort_forward,
   .info = {.name = "sort", .kind = MG_OP_OTHER,
            .doc = "values sorted along an axis (stable; NaN above every number) and where they came from"},
   .saves = MG_SAVE_OUT(1), .backward = sort_backward,
@@ -321,10 +340,12 @@ const mg_opdef mg_sort_op = {
 mg_tensor *mg_argsort (mg_tensor *x, int axis, int descending) {
   MG_CHECK_ARG("mg_argsort", x, NULL);
   mg_tensor *ix = NULL;
-  int a;
-  return sort_along("argsort", x, axis, -1, descending != 0, false, NULL, &ix, &a) == MG_OK ? ix : NULL;
+  int a = sort_axis("argsort", x, axis);
+  if (a < 0 || sort_op(&mg_argsort_op, x, a, (sort_how){-1, descending != 0, false}, NULL, &ix) != MG_OK) return NULL;
+  return ix;
 }
 const mg_opdef mg_argsort_op = {
+  .forward = sort_forward,
   .info = {.name = "argsort", .kind = MG_OP_OTHER,
            .doc = "the positions that sort x along an axis (stable; not differentiable)"},
 };
@@ -345,17 +366,14 @@ mg_status mg_topk (mg_tensor *x, int64_t k, int axis, int largest, int sorted, m
     return mg_seterror("topk: k = %lld is larger than dimension " MG_POS " of size %lld", (long long)k, (long long)a,
                        (long long)x->shape[a]);
   mg_tensor *v = NULL, *ix = NULL;
-  if (sort_along("topk", x, a, k, largest != 0, !sorted, &v, &ix, &a) != MG_OK) return MG_ERR;
-  if (record_two(&mg_topk_op, x, v, ix, a) != MG_OK) {
-    mg_tensor_release(v);
-    mg_tensor_release(ix);
+  if (sort_axis("topk", x, a) < 0 || sort_op(&mg_topk_op, x, a, (sort_how){k, largest != 0, !sorted}, &v, &ix) != MG_OK)
     return MG_ERR;
-  }
   if (values) *values = v; else mg_tensor_release(v);
   if (indices) *indices = ix; else mg_tensor_release(ix);
   return MG_OK;
 }
 const mg_opdef mg_topk_op = {
+  .forward = sort_forward,
   .info = {.name = "topk", .kind = MG_OP_OTHER,
            .doc = "the k largest (or smallest) entries along an axis and their positions"},
   .saves = MG_SAVE_OUT(1), .backward = sort_backward,

@@ -40,8 +40,23 @@ static void run_kernel (int64_t n, char **p, const int64_t *s, void *ud) {
   ((const kernel_ud *)ud)->k(n, p, s);
 }
 
-/* the common path of a one-input elementwise op (maths.c's rows take it
-** too): checks, a save policy's kept output, the kernel, the record */
+/* the kernel of every one-input elementwise op (maths.c's rows too) */
+mg_status mg_unary_forward (mg_opcall *c) {
+  mg_tensor *x = c->in[0];
+  mg_tensor *out = mg_empty(x->shape, x->ndim, x->dtype);
+  if (out == NULL) return MG_ERR;
+  mg_iter it;
+  const mg_tensor *ops[2] = {out, x};
+  mg_iter_init(&it, x->shape, x->ndim, 2, ops);
+  char *base[2] = {mg_ptr(out), mg_ptr(x)};
+  size_t sz[2] = {mg_dtype_size(x->dtype), mg_dtype_size(x->dtype)};
+  kernel_ud ud = {c->def->kernel[x->dtype]};
+  mg_iter_run(&it, base, sz, run_kernel, &ud);
+  c->out[0] = out;
+  return MG_OK;
+}
+
+/* the entry of a one-input elementwise op (maths.c's rows take it too) */
 mg_tensor *mg_unary_op (const mg_opdef *op, mg_tensor *x) {
   const char *fn = op->info.name;
   if (x == NULL) {
@@ -49,20 +64,9 @@ mg_tensor *mg_unary_op (const mg_opdef *op, mg_tensor *x) {
     snprintf(cfn, sizeof cfn, "mg_%s", fn);
     return mg_null_arg(cfn, "x"), NULL;
   }
-  mg_kernel k = op->kernel[x->dtype];
-  if (k == NULL) return mg_refuse_dtype(fn, x->dtype, op->kernel[MG_BOOL] != NULL), NULL;
-  mg_tensor *kept = op->backward ? mg_replay_take(op, x->shape, x->ndim, x->dtype) : NULL;
-  if (kept) return mg_finish(op, 1, &x, kept, NULL);          /* a save policy's */
-  mg_tensor *out = mg_empty(x->shape, x->ndim, x->dtype);
-  if (out == NULL) return NULL;
-  mg_iter it;
-  const mg_tensor *ops[2] = {out, x};
-  mg_iter_init(&it, x->shape, x->ndim, 2, ops);
-  char *base[2] = {mg_ptr(out), mg_ptr(x)};
-  size_t sz[2] = {mg_dtype_size(x->dtype), mg_dtype_size(x->dtype)};
-  kernel_ud ud = {k};
-  mg_iter_run(&it, base, sz, run_kernel, &ud);
-  return op->backward && mg_is_float(x->dtype) ? mg_finish(op, 1, &x, out, NULL) : out;
+  if (op->kernel[x->dtype] == NULL) return mg_refuse_dtype(fn, x->dtype, op->kernel[MG_BOOL] != NULL), NULL;
+  mg_opcall c = MG_OPCALL(op, 1, &x, NULL, x->shape, x->ndim, x->dtype);
+  return mg_dispatch(&c);
 }
 
 /* }========================================================== */
@@ -79,6 +83,7 @@ static mg_status neg_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **d
   return MG_OK;
 }
 static const mg_opdef neg_op = {
+  .forward = mg_unary_forward,
   .info = {.name = "neg", .kind = MG_OP_UNARY, .symbol = "-", .metamethod = "__unm",
            .doc = "-x", .fn.unary = mg_neg},
   .kernel = {[MG_FLOAT32] = neg_f32, [MG_FLOAT64] = neg_f64, [MG_INT64] = neg_i64},
@@ -93,6 +98,7 @@ static mg_status exp_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **d
   return MG_OK;
 }
 static const mg_opdef exp_op = {
+  .forward = mg_unary_forward,
   .info = {.name = "exp", .kind = MG_OP_UNARY, .doc = "e^x", .fn.unary = mg_exp},
   .kernel = {[MG_FLOAT32] = exp_f32, [MG_FLOAT64] = exp_f64},
   .saves = MG_SAVE_OUT(0), .backward = exp_backward,
@@ -106,6 +112,7 @@ static mg_status log_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **d
   return MG_OK;
 }
 static const mg_opdef log_op = {
+  .forward = mg_unary_forward,
   .info = {.name = "log", .kind = MG_OP_UNARY, .doc = "the natural logarithm", .fn.unary = mg_log},
   .kernel = {[MG_FLOAT32] = log_f32, [MG_FLOAT64] = log_f64},
   .saves = MG_SAVE_IN(0), .backward = log_backward,
@@ -122,6 +129,7 @@ static mg_status sqrt_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **
   return MG_OK;
 }
 static const mg_opdef sqrt_op = {
+  .forward = mg_unary_forward,
   .info = {.name = "sqrt", .kind = MG_OP_UNARY, .doc = "the square root", .fn.unary = mg_sqrt},
   .kernel = {[MG_FLOAT32] = sqrt_f32, [MG_FLOAT64] = sqrt_f64},
   .saves = MG_SAVE_OUT(0), .backward = sqrt_backward,
@@ -138,6 +146,7 @@ static mg_status abs_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **d
   return MG_OK;
 }
 static const mg_opdef abs_op = {
+  .forward = mg_unary_forward,
   .info = {.name = "abs", .kind = MG_OP_UNARY, .doc = "|x|", .fn.unary = mg_abs},
   .kernel = {[MG_FLOAT32] = abs_f32, [MG_FLOAT64] = abs_f64, [MG_INT64] = abs_i64},
   .saves = MG_SAVE_IN(0), .backward = abs_backward,
@@ -148,6 +157,7 @@ mg_tensor *mg_abs (mg_tensor *x) { return mg_unary_op(&abs_op, x); }
 FLOAT_KERNELS(sign, (x > 0) - (x < 0) + (x != x ? x : 0))
 KERNEL(sign_i64, int64_t, int64_t, (x > 0) - (x < 0))
 static const mg_opdef sign_op = {
+  .forward = mg_unary_forward,
   .info = {.name = "sign", .kind = MG_OP_UNARY, .doc = "-1, 0 or 1 (not differentiable)",
            .fn.unary = mg_sign},
   .kernel = {[MG_FLOAT32] = sign_f32, [MG_FLOAT64] = sign_f64, [MG_INT64] = sign_i64},
@@ -162,6 +172,7 @@ static mg_status tanh_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **
   return MG_OK;
 }
 static const mg_opdef tanh_op = {
+  .forward = mg_unary_forward,
   .info = {.name = "tanh", .kind = MG_OP_UNARY, .doc = "the hyperbolic tangent", .fn.unary = mg_tanh},
   .kernel = {[MG_FLOAT32] = tanh_f32, [MG_FLOAT64] = tanh_f64},
   .saves = MG_SAVE_OUT(0), .backward = tanh_backward, .reuses_gradient = true,
@@ -175,6 +186,7 @@ static mg_status sigmoid_backward (mg_node *n, mg_tensor *const *dout, mg_tensor
   return MG_OK;
 }
 static const mg_opdef sigmoid_op = {
+  .forward = mg_unary_forward,
   .info = {.name = "sigmoid", .kind = MG_OP_UNARY, .doc = "1 / (1 + e^-x)", .fn.unary = mg_sigmoid},
   .kernel = {[MG_FLOAT32] = sigmoid_f32, [MG_FLOAT64] = sigmoid_f64},
   .saves = MG_SAVE_OUT(0), .backward = sigmoid_backward, .reuses_gradient = true,
@@ -189,6 +201,7 @@ static mg_status relu_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **
   return MG_OK;
 }
 static const mg_opdef relu_op = {
+  .forward = mg_unary_forward,
   .info = {.name = "relu", .kind = MG_OP_UNARY, .doc = "max(x, 0)", .fn.unary = mg_relu},
   .kernel = {[MG_FLOAT32] = relu_f32, [MG_FLOAT64] = relu_f64, [MG_INT64] = relu_i64},
   .saves = MG_SAVE_OUT(0), .backward = relu_backward, .reuses_gradient = true,
@@ -211,6 +224,7 @@ static mg_status softplus_backward (mg_node *n, mg_tensor *const *dout, mg_tenso
   return MG_OK;
 }
 static const mg_opdef softplus_op = {
+  .forward = mg_unary_forward,
   .info = {.name = "softplus", .kind = MG_OP_UNARY, .doc = "log(1 + e^x), computed stably",
            .fn.unary = mg_softplus},
   .kernel = {[MG_FLOAT32] = softplus_f32, [MG_FLOAT64] = softplus_f64},
@@ -221,6 +235,7 @@ mg_tensor *mg_softplus (mg_tensor *x) { return mg_unary_op(&softplus_op, x); }
 /* logical_not: not x, on bool tensors.  Not differentiable */
 KERNEL(logical_not_b, uint8_t, uint8_t, !x)
 static const mg_opdef logical_not_op = {
+  .forward = mg_unary_forward,
   .info = {.name = "logical_not", .kind = MG_OP_UNARY, .symbol = "not",
            .doc = "not x, elementwise on a bool tensor", .fn.unary = mg_logical_not},
   .kernel = {[MG_BOOL] = logical_not_b},

@@ -1,0 +1,54 @@
+/*
+** dispatch.c — the one way every op runs.
+**
+** An op's entry checks its arguments and works out what its output will
+** be (an mg_opcall); mg_dispatch then runs the context's hooks around the
+** row's forward kernel. The hooks are how autodiff (the tapes, save
+** policies) and checks see every op without the ops knowing of them:
+** PyTorch's dispatcher, kept small.
+*/
+#include "moongrad_impl.h"
+
+static void release_outputs (mg_opcall *c) {
+  for (int i = 0; i < c->nout; i++) {
+    mg_tensor_release(c->out[i]);
+    c->out[i] = NULL;
+  }
+}
+
+/* outputs of ops on numbers alone are numbers (PyTorch's wrapped numbers) */
+static void mark_numbers (mg_opcall *c) {
+  if (c->nin == 0) return;
+  for (int j = 0; j < c->nin; j++)
+    if (!c->in[j]->number) return;
+  for (int i = 0; i < c->nout; i++) c->out[i]->number = true;
+}
+
+mg_tensor *mg_dispatch (mg_opcall *c) {
+  mg_context *ctx = mg_ctx();
+  const mg_op_hooks *h = &ctx->ops;
+  /* what a tape could record: a float result of an op with a backward */
+  bool differentiable = c->def->backward != NULL && mg_is_float(c->dtype);
+  mg_tensor *kept = differentiable && c->nout == 1 && h->before ? h->before(c) : NULL;
+  if (kept != NULL) {
+    c->out[0] = kept;
+  } else if (c->def->forward(c) != MG_OK) {
+    return NULL;
+  }
+  mark_numbers(c);
+  if (differentiable && ctx->check_numerics &&
+      mg_numerics_check(c->def, c->nin, c->in, c->out[0]) != MG_OK) {
+    release_outputs(c);
+    return NULL;
+  }
+  if (differentiable && h->after && h->after(c) != MG_OK) {
+    release_outputs(c);
+    return NULL;
+  }
+  return c->out[0];
+}
+
+bool mg_op_recorded (void) {
+  bool (*listening)(void) = mg_ctx()->ops.listening;
+  return listening != NULL && listening();
+}
