@@ -63,31 +63,40 @@ FUZZ_DEPS = clang libclang-rt-dev
 # which .ci/run calls; make test skips those specs, saying so, when they are missing
 NOTEBOOK_DEPS = python3-jupyter-client python3-nbclient python3-ipykernel jupyter-nbconvert chromium
 
-LIB_SRC = $(wildcard src/*.c src/ops/*.c src/autodiff/*.c src/io/*.c src/lua/*.c)
-# the Jupyter kernel (moongrad --kernel) and the REPL's completion, which it
-# shares: ZeroMQ and OpenSSL's HMAC, in the binary only (libmoongrad.a and
-# moongrad.so need neither)
-KERNEL_SRC = $(wildcard src/kernel/*.c) src/lua/lkernel.c src/lua/lcomplete.c
-KERNEL_OBJ = $(patsubst src/%.c,$(BUILD)/obj/%.o,$(KERNEL_SRC))
+# The sources follow the folders, one floor each (docs/design.md):
+# core <- ops <- autodiff <- io, dist <- the Lua binding <- cli, kernel.
+# libmoongrad.a: the library a C host links, without Lua
+LIB_SRC  = $(wildcard src/core/*.c src/ops/*.c src/autodiff/*.c src/io/*.c)
+# libmoongrad_lua.a: the Lua binding and the embedded Lua modules (luaopen_moongrad)
+BIND_SRC = $(wildcard src/lua/*.c)
+# the moongrad binary's own: the interpreter and the REPL's completion
+CLI_SRC  = $(wildcard src/cli/*.c)
+# the Jupyter kernel (moongrad --kernel), with its Lua half: ZeroMQ and
+# OpenSSL's HMAC, in the binary only
+KERNEL_SRC = $(wildcard src/kernel/*.c)
 KERNEL_LIBS = -lzmq -lcrypto -lpthread
-LIB_SRC := $(filter-out src/main.c src/lua/ldistributed.c $(KERNEL_SRC),$(LIB_SRC))
-# mg.distributed on Open MPI: compiled into the binary and moongrad.so, never
-# into libmoongrad.a (its C hosts need no MPI); left out when mpicc is missing
+# mg.distributed on Open MPI, with its Lua half: compiled into the binary and
+# moongrad.so, never into the archives (their C hosts need no MPI); left out
+# when mpicc is missing
 MPI_CFLAGS := $(shell mpicc --showme:compile 2>/dev/null)
 MPI_LIBS   := $(shell mpicc --showme:link 2>/dev/null)
 ifneq ($(strip $(MPI_LIBS)),)
-DIST_SRC = src/dist/mpi.c src/lua/ldistributed.c
+DIST_SRC = $(wildcard src/dist/*.c)
 MAIN_DEFS = -DMG_HAVE_MPI
 endif
-DIST_OBJ = $(patsubst src/%.c,$(BUILD)/obj/%.o,$(DIST_SRC))
+obj_of = $(patsubst src/%.c,$(BUILD)/obj/%.o,$(1))
+LIB_OBJ    = $(call obj_of,$(LIB_SRC))
+BIND_OBJ   = $(call obj_of,$(BIND_SRC)) $(BUILD)/obj/embedded.o
+CLI_OBJ    = $(call obj_of,$(CLI_SRC))
+KERNEL_OBJ = $(call obj_of,$(KERNEL_SRC))
+DIST_OBJ   = $(call obj_of,$(DIST_SRC))
 LUA_MODS = $(wildcard lua/moongrad/*.lua)
-LIB_OBJ = $(patsubst src/%.c,$(BUILD)/obj/%.o,$(LIB_SRC)) $(BUILD)/obj/embedded.o
-HEADERS = $(wildcard include/*.h src/*.h src/*/*.h)
+HEADERS = $(wildcard include/*.h src/*/*.h)
 
 .PHONY: all deps notebook-deps fuzz-deps install-kernel test demo asan asan-build tsan fuzz fuzz-build fuzz-parsers \
         run-c-tests bench install clean check sz api-table
 
-all: $(BUILD)/moongrad $(BUILD)/moongrad.so $(BUILD)/libmoongrad.a
+all: $(BUILD)/moongrad $(BUILD)/moongrad.so $(BUILD)/libmoongrad.a $(BUILD)/libmoongrad_lua.a
 
 $(BUILD)/obj/%.o: src/%.c $(HEADERS)
 	@mkdir -p $(dir $@)
@@ -97,7 +106,7 @@ $(BUILD)/embedded.c: src/lua/embed.lua $(LUA_MODS)
 	@mkdir -p $(BUILD)
 	$(LUA) src/lua/embed.lua $@ $(LUA_MODS)
 
-$(BUILD)/obj/dist/mpi.o: CFLAGS += $(MPI_CFLAGS)
+$(BUILD)/obj/dist/%.o: CFLAGS += $(MPI_CFLAGS)
 
 $(BUILD)/obj/embedded.o: $(BUILD)/embedded.c $(HEADERS)
 	@mkdir -p $(dir $@)
@@ -107,15 +116,17 @@ $(BUILD)/libmoongrad.a: $(LIB_OBJ)
 	rm -f $@
 	ar rcs $@ $^
 
-$(BUILD)/moongrad.so: $(LIB_OBJ) $(DIST_OBJ)
+$(BUILD)/libmoongrad_lua.a: $(BIND_OBJ)
+	rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/moongrad.so: $(BIND_OBJ) $(DIST_OBJ) $(LIB_OBJ)
 	$(CC) $(CFLAGS) $(LTO) -shared -o $@ $^ $(LIBS) $(MPI_LIBS)
 
-$(BUILD)/moongrad: $(BUILD)/obj/main.o $(DIST_OBJ) $(KERNEL_OBJ) $(BUILD)/libmoongrad.a
+$(BUILD)/moongrad: $(CLI_OBJ) $(DIST_OBJ) $(KERNEL_OBJ) $(BUILD)/libmoongrad_lua.a $(BUILD)/libmoongrad.a
 	$(CC) $(CFLAGS) $(LTO) -o $@ $^ $(LUA_LIB) -lreadline $(LIBS) $(MPI_LIBS) $(KERNEL_LIBS) -Wl,-E
 
-$(BUILD)/obj/main.o: src/main.c $(HEADERS)
-	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(LTO) -DMG_USE_READLINE $(MAIN_DEFS) -c $< -o $@
+$(BUILD)/obj/cli/main.o: CFLAGS += -DMG_USE_READLINE $(MAIN_DEFS)
 
 # C programs on the public API: a host embedding Lua (examples/embed_host.c),
 # recompute and a checkpointed loop from C alone (examples/recompute_host.c,
@@ -129,11 +140,17 @@ C_TESTS = $(BUILD)/embed_host $(BUILD)/recompute_host $(BUILD)/c_api_test $(BUIL
 FUZZ_NAMES = safetensors idx csv wire
 FUZZ_REPLAY = $(patsubst %,$(BUILD)/fuzz_replay_%,$(FUZZ_NAMES))
 
-$(BUILD)/%: examples/%.c $(BUILD)/libmoongrad.a
-	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libmoongrad.a $(LUA_LIB) $(LIBS)
+# A C host links libmoongrad.a alone, without Lua (recompute_host, loop_host,
+# io_test show it); one that embeds Lua adds the binding's archive first
+HOST_LIBS = $(BUILD)/libmoongrad.a
+$(BUILD)/embed_host $(BUILD)/c_api_test $(BUILD)/threads_test: \
+  HOST_LIBS = $(BUILD)/libmoongrad_lua.a $(BUILD)/libmoongrad.a $(LUA_LIB)
 
-$(BUILD)/%: spec/%.c $(BUILD)/libmoongrad.a
-	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libmoongrad.a $(LUA_LIB) $(LIBS) -lpthread
+$(BUILD)/%: examples/%.c $(BUILD)/libmoongrad_lua.a $(BUILD)/libmoongrad.a
+	$(CC) $(CFLAGS) -o $@ $< $(HOST_LIBS) $(LIBS)
+
+$(BUILD)/%: spec/%.c $(BUILD)/libmoongrad_lua.a $(BUILD)/libmoongrad.a
+	$(CC) $(CFLAGS) -o $@ $< $(HOST_LIBS) $(LIBS) -lpthread
 
 $(BUILD)/fuzz_replay_%: spec/fuzz/harness/fuzz_%.c spec/fuzz/harness/replay.c spec/fuzz/harness/harness.h \
                         $(BUILD)/obj/kernel/wire.o $(BUILD)/libmoongrad.a
@@ -263,6 +280,7 @@ install: all
 	install -m 755 $(BUILD)/moongrad $(DESTDIR)$(PREFIX)/bin/moongrad
 	install -m 644 $(BUILD)/moongrad.so $(DESTDIR)$(PREFIX)/lib/lua/5.4/moongrad.so
 	install -m 644 $(BUILD)/libmoongrad.a $(DESTDIR)$(PREFIX)/lib/libmoongrad.a
+	install -m 644 $(BUILD)/libmoongrad_lua.a $(DESTDIR)$(PREFIX)/lib/libmoongrad_lua.a
 	install -m 644 include/moongrad.h $(DESTDIR)$(PREFIX)/include/moongrad.h
 	install -d $(DESTDIR)$(PREFIX)/lib/pkgconfig
 	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|$(VERSION)|' -e 's|@LIBS@|$(PC_LIBS)|' \
@@ -276,7 +294,7 @@ api-table: $(BUILD)/moongrad
 
 # lines per file, as tinygrad's sz.py
 sz:
-	@wc -l include/*.h src/*.c src/*.h src/*/*.c src/*/*.h lua/moongrad/*.lua | sort -n
+	@wc -l include/*.h src/*/*.c src/*/*.h lua/moongrad/*.lua | sort -n
 
 clean:
 	rm -rf build build-asan build-tsan $(FUZZ_BUILD)

@@ -44,14 +44,14 @@ end
 
 local function core_files ()
   local list = {}
-  local p = io.popen("ls src/*.c")
-  for path in p:lines() do if path ~= "src/main.c" then list[#list + 1] = path end end
+  local p = io.popen("ls src/core/*.c")
+  for path in p:lines() do list[#list + 1] = path end
   p:close()
   return list
 end
 
 describe("the floors of the C code", function()
-  it("no core file (src/*.c) names a function of the ops or of autodiff", function()
+  it("no core file (src/core/) names a function of the ops or of autodiff", function()
     local above = defined("src/ops")
     for name, path in pairs(defined("src/autodiff")) do above[name] = path end
     assert.same({}, used(core_files(), above))
@@ -63,5 +63,30 @@ describe("the floors of the C code", function()
     for path in p:lines() do list[#list + 1] = path end
     p:close()
     assert.same({}, used(list, defined("src/autodiff")))
+  end)
+
+  it("each floor includes only the headers of the floors below it", function()
+    local above = {           -- folder -> the folders above it
+      core = {"ops", "autodiff", "io", "dist", "lua", "cli", "kernel"},
+      ops = {"autodiff", "io", "dist", "lua", "cli", "kernel"},
+      autodiff = {"io", "dist", "lua", "cli", "kernel"},
+      io = {"lua", "cli", "kernel"},
+    }
+    local wrong = {}
+    for floor, higher in pairs(above) do
+      local p = io.popen("ls src/" .. floor .. "/*.c src/" .. floor .. "/*.h 2>/dev/null")
+      for path in p:lines() do
+        local code = code_of(path)
+        for inc in code:gmatch('#include "([^"]+)"') do
+          for _, h in ipairs(higher) do
+            if inc:match("^" .. h .. "/") then wrong[#wrong + 1] = path .. " includes " .. inc end
+          end
+          if inc == "moongrad_impl.h" then wrong[#wrong + 1] = path .. " includes " .. inc end
+        end
+      end
+      p:close()
+    end
+    table.sort(wrong)
+    assert.same({}, wrong)
   end)
 end)

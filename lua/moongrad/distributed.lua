@@ -19,7 +19,7 @@
 -- rank raising the same error when they do not (src/dist/mpi.c), and waits
 -- at most the timeout for a rank that never arrives.
 -- bool reduces by "or" (sum, max) and "and" (min); "mean" is for floats.
--- A rank whose script fails stops every rank at once (src/main.c: MPI_Abort,
+-- A rank whose script fails stops every rank at once (src/cli/main.c: MPI_Abort,
 -- mpirun names the rank); a rank that dies is seen by mpirun, which ends the job.
 -- @module moongrad.distributed
 local mg = require "moongrad"
@@ -31,7 +31,7 @@ local loaded, mpi = pcall(require, "moongrad.mpi")
 
 local dist = {}
 
--- the C half (src/lua/ldistributed.c), or a plain error saying why it is missing
+-- the C half (src/dist/ldistributed.c), or a plain error saying why it is missing
 local function c (who)
   if not loaded then
     fail(who, "this moongrad was built without MPI; install Open MPI (make deps installs libopenmpi-dev and "

@@ -11,7 +11,7 @@
 -- one display in place. Outside a kernel display prints the text and image
 -- prints the path, so code runs the same in a script.
 -- The kernel's C half is package.loaded["moongrad.kernel"] (send, base64),
--- set by src/lua/lkernel.c only.
+-- set by src/kernel/lkernel.c only.
 -- @module moongrad.notebook
 local mg = require "moongrad"
 local check = require "moongrad.check"

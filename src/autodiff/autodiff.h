@@ -5,7 +5,98 @@
 #ifndef AUTODIFF_H
 #define AUTODIFF_H
 
-#include "moongrad_impl.h"
+#include "ops/op.h"
+
+/* {================= what the tapes offer the floors above ================= */
+
+/* saved-tensor hooks, pushed (hooks.c); nodes hold a reference */
+typedef struct mg_hooks_ref mg_hooks_ref;
+void mg_hooks_retain  (mg_hooks_ref *r);
+void mg_hooks_release (mg_hooks_ref *r);
+/* pack t through r (no hooks apply while they run); a tensor saved by two
+** nodes (tanh's output, the next matmul's input) is packed once. NULL +
+** error on failure */
+mg_tensor *mg_hooks_pack   (mg_hooks_ref *r, mg_tensor *t);
+/* a node lets go of packed, the stand-in of the tensor with id src */
+void       mg_hooks_forget (mg_hooks_ref *r, uint64_t src, mg_tensor *packed);
+mg_tensor *mg_hooks_unpack (mg_hooks_ref *r, mg_tensor *packed, const mg_meta *m);
+
+/* Records an op on every recording tape that tracks one of its inputs, and
+** lets variable watchers see the variables read. Cheap when nothing
+** records. Returns MG_ERR only when out of memory. */
+mg_status mg_record (const mg_opdef *def, int nin, mg_tensor *const *in, int nout,
+                     mg_tensor *const *out, const mg_attr *attr);
+/* the same with op-private data: ext goes to the node (freed by
+** def->free_ext with it), or is freed at once when no tape records the op;
+** *node (may be NULL) gets the node, borrowed */
+mg_status mg_record_ex (const mg_opdef *def, int nin, mg_tensor *const *in, int nout,
+                        mg_tensor *const *out, const mg_attr *attr, void *ext,
+                        mg_node **node);
+
+/* tapes recording now, in this context */
+#define mg_recording_tapes  (mg_ctx()->tapes.recording)
+static inline bool mg_anyone_listening (void) {
+  const mg_tape_state *t = &mg_ctx()->tapes;
+  return t->recording > 0 || t->watching > 0;
+}
+
+/* Read watchers (recompute_grad, checkpoint_loop and custom_gradient
+** forwards): the variables a forward reads and, with captures, the tensors
+** from outside it that a paused tape follows (those it closes over, and its
+** arguments), so that the node can take them as inputs. */
+typedef struct mg_var_watcher {
+  mg_variable **vars;
+  int n, cap;
+  mg_tensor **ts;               /* with captures: tensors read, retained, no repeats */
+  int nt, capt;
+  bool captures;
+  int level;                    /* the pause (tape state's pauses[]) the forward runs under */
+  bool failed;                  /* out of memory noting a read */
+  struct mg_var_watcher *prev;
+} mg_var_watcher;
+void mg_watcher_push (mg_var_watcher *w, bool captures);
+void mg_watcher_pop  (mg_var_watcher *w);     /* releases nothing; caller frees vars */
+void mg_watcher_free (mg_var_watcher *w);
+void mg_watcher_note_outputs (mg_var_watcher *w, int n, mg_tensor *const *out);
+
+/* true when a recording or paused tape has seen this id */
+bool mg_any_tape_tracks (uint64_t id);
+/* pause / resume every tape now active, for recompute forward (nested) */
+mg_status mg_pause_all (void);
+void mg_resume_all (void);
+void mg_recompute_enter (void);
+void mg_recompute_leave (void);
+
+/* what custom gradients and recompute share (call.c) */
+mg_status mg_call_check (const char *fn, const mg_function *f, int nin, mg_tensor *const *in,
+                         mg_list *out);
+/* a reference on each input for the call: user code may release what was lent */
+void mg_call_hold (int nin, mg_tensor *const *in);
+void mg_call_unhold (int nin, mg_tensor *const *in);
+/* runs f->forward with the tapes paused (how: MG_FN_* flags; recorded
+** with MG_FN_RECORD_FORWARD) and w (pushed here, popped after) noting
+** variable reads, and with MG_FN_CAPTURES the tensors a paused tape
+** follows; on failure out and w are emptied */
+mg_status mg_call_forward (const mg_function *f, void *ud, int nin, mg_tensor *const *in,
+                           mg_list *out, mg_var_watcher *w, unsigned how);
+mg_status mg_call_fresh_outputs (mg_list *out, mg_tensor *const *inputs, int ninputs);
+int mg_call_index_of (uint64_t id, mg_tensor *const *xs, int n);   /* -1: not among xs */
+void mg_call_drop_passed (mg_var_watcher *w, int nin, mg_tensor *const *in);
+
+/* save policies (replay.c) */
+mg_replay *mg_replay_new (void);
+void       mg_replay_free (mg_replay *r);
+size_t     mg_replay_count (const mg_replay *r);
+mg_status  mg_replay_note (const mg_opdef *op, mg_tensor *out);   /* the tapes' after-hook, first runs */
+void       mg_replay_rewind (mg_replay *r);
+mg_tensor *mg_replay_kept (const mg_replay *r, int i);   /* the i-th kept output, or NULL */
+/* the kept output an op may take instead of computing (new to the tapes), or NULL */
+mg_tensor *mg_replay_take (const mg_opdef *op, const int64_t *shape, int ndim, mg_dtype dt);
+
+/* add-or-set: *acc = *acc ? *acc + g : g; takes over g */
+mg_status mg_accumulate (mg_tensor **acc, mg_tensor *g);
+
+/* }========================================================== */
 
 /* {======================= id maps (idmap.c) ================== */
 /* Open addressing keyed by tensor id (never 0); a map entry is cleared by

@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "moongrad_impl.h"
+#include "autodiff/autodiff.h"
 
 /* {========================= lists ========================== */
 

@@ -18,7 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "moongrad_impl.h"
+#include "autodiff/autodiff.h"
 
 /* {======================= the context ======================= */
 

@@ -34,7 +34,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "moongrad_impl.h"
+#include "autodiff/autodiff.h"
 
 /* {======================== the schedule ======================== */
 

@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "moongrad_impl.h"
+#include "autodiff/autodiff.h"
 
 typedef struct kept { const mg_opdef *op; int64_t ordinal; mg_tensor *t; } kept;
 typedef struct seen { const mg_opdef *op; int64_t count; } seen;

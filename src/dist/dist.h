@@ -2,7 +2,7 @@
 ** dist.h — collectives over MPI for mg.distributed (src/dist/mpi.c).
 **
 ** Not part of libmoongrad.a: the Makefile compiles mpi.c and its binding
-** (src/lua/ldistributed.c) into the moongrad binary and moongrad.so only, so
+** (src/dist/ldistributed.c) into the moongrad binary and moongrad.so only, so
 ** the core library and its C hosts never need MPI. Plain C: no lua.h here.
 ** Every function returns MG_OK, or MG_ERR with mg_errmsg() naming `fn`.
 **

@@ -23,7 +23,7 @@
 
 #include <mpi.h>
 
-#include "moongrad_impl.h"
+#include "core/core.h"
 #include "dist/dist.h"
 
 static int started;                   /* MPI_Init_thread called by us */

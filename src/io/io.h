@@ -9,7 +9,7 @@
 #include <stdio.h>
 #include <zlib.h>
 
-#include "moongrad_impl.h"
+#include "ops/op.h"
 
 /* the files are little-endian (safetensors) or big-endian (IDX) on disk */
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__

@@ -1,7 +1,7 @@
 /*
 ** kernel.h — the plain-C half of the Jupyter kernel: the connection file,
 ** the wire format with its HMAC-SHA256 signatures (wire.c), and the
-** kernelspec (install.c). The Lua half is src/lua/lkernel.c.
+** kernelspec (install.c). The Lua half is src/kernel/lkernel.c.
 */
 #ifndef MG_KERNEL_H
 #define MG_KERNEL_H

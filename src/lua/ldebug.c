@@ -1,6 +1,6 @@
 /*
 ** ldebug.c — mg.debug: check_numerics(on), the Lua face of
-** mg_check_numerics (src/numerics.c).
+** mg_check_numerics (src/ops/numerics.c).
 */
 #include "lbinding.h"
 

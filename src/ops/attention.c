@@ -29,7 +29,7 @@
 #include <dnnl.h>
 #include <omp.h>
 
-#include "moongrad_impl.h"
+#include "ops/op.h"
 #include "lanes.h"
 #include "vecmath.h"
 

@@ -12,7 +12,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "moongrad_impl.h"
+#include "ops/op.h"
 #include "vecmath.h"
 
 /* {=================== kernels and checks =================== */

@@ -4,7 +4,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "moongrad_impl.h"
+#include "ops/op.h"
 
 #define FILL(T, V) do { T *d = (T *)mg_ptr(t), v = (T)(V); \
     for (int64_t i = 0; i < t->numel; i++) d[i] = v; } while (0)

@@ -13,7 +13,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "moongrad_impl.h"
+#include "ops/op.h"
 
 static const char *const act_names[MG_ACT__COUNT] = {
   [MG_ACT_LINEAR] = "linear", [MG_ACT_RELU] = "relu", [MG_ACT_TANH] = "tanh", [MG_ACT_SIGMOID] = "sigmoid"};

@@ -7,7 +7,7 @@
 ** policies) and checks see every op without the ops knowing of them:
 ** PyTorch's dispatcher, kept small.
 */
-#include "moongrad_impl.h"
+#include "ops/op.h"
 
 static void release_outputs (mg_opcall *c) {
   for (int i = 0; i < c->nout; i++) {

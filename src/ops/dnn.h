@@ -11,7 +11,7 @@
 
 #include <dnnl.h>
 
-#include "moongrad_impl.h"
+#include "ops/op.h"
 
 /* what a primitive computes: the first field of every key */
 enum { MG_DNN_CONV_FWD, MG_DNN_CONV_BWD_DATA, MG_DNN_CONV_BWD_WEIGHTS, MG_DNN_POOL_FWD, MG_DNN_POOL_BWD,

@@ -16,7 +16,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "moongrad_impl.h"
+#include "ops/op.h"
 
 extern const mg_opdef mg_einsum_op;
 

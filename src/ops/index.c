@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "moongrad_impl.h"
+#include "ops/op.h"
 
 /* sort.c and einsum.c keep their rows next to their ops */
 extern const mg_opdef mg_sort_op, mg_argsort_op, mg_topk_op, mg_einsum_op;

@@ -15,7 +15,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "moongrad_impl.h"
+#include "ops/op.h"
 #include "lanes.h"
 #include "vecmath.h"
 

@@ -9,7 +9,7 @@
 */
 #include <string.h>
 
-#include "moongrad_impl.h"
+#include "ops/op.h"
 
 /* how a (rows, cols) matrix view can be handed to a row-major GEMM */
 typedef struct { char trans; int64_t ld; } gemm_layout;

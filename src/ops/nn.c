@@ -6,7 +6,7 @@
 */
 #include <math.h>
 
-#include "moongrad_impl.h"
+#include "ops/op.h"
 #include "lanes.h"
 #include "vecmath.h"
 

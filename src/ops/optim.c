@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "moongrad_impl.h"
+#include "ops/op.h"
 
 /* {========================= checks ============================ */
 

@@ -8,7 +8,7 @@
 */
 #include <math.h>
 
-#include "moongrad_impl.h"
+#include "ops/op.h"
 #include "vecmath.h"
 
 #define INIT_STREAM_KEY 0x6A09E667F3BCC908ULL

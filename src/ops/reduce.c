@@ -11,7 +11,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "moongrad_impl.h"
+#include "ops/op.h"
 #include "lanes.h"
 
 typedef enum redop { R_SUM, R_MAX, R_MIN, R_ARGMAX, R_ARGMIN } redop;

@@ -8,7 +8,7 @@
 */
 #include <string.h>
 
-#include "moongrad_impl.h"
+#include "ops/op.h"
 
 static const mg_opfamily *const families[] = {
   &mg_unary_ops, &mg_binary_ops, &mg_reduce_ops, &mg_matmul_ops, &mg_shape_ops, &mg_nn_ops,

@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "moongrad_impl.h"
+#include "ops/op.h"
 
 
 static char *shape_s (char *buf, size_t n, const mg_tensor *t) {

@@ -18,7 +18,7 @@
 #include <omp.h>
 #endif
 
-#include "moongrad_impl.h"
+#include "ops/op.h"
 
 extern const mg_opdef mg_sort_op, mg_argsort_op, mg_topk_op;
 

@@ -9,7 +9,7 @@
 #include <math.h>
 #include <stdio.h>
 
-#include "moongrad_impl.h"
+#include "ops/op.h"
 #include "vecmath.h"
 
 /* {=================== kernels and the common path =========== */

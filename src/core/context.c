@@ -4,7 +4,7 @@
 ** A context holds what the library remembers between calls: the last
 ** error, a block of tensor ids, the pools of freed tensor headers, the
 ** memory counters and reuse cache, the random streams and the active tapes
-** (the struct is in moongrad_impl.h). The current context is thread-local:
+** (the struct is in core.h). The current context is thread-local:
 ** each thread gets its own on first use, so two threads (say, two Lua
 ** states on two threads of a game engine) train independently and exactly
 ** as each would alone, with no locks on the hot path. A host may make
@@ -19,7 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "moongrad_impl.h"
+#include "core/core.h"
 
 #define DEFAULT_CACHE_LIMIT ((size_t)256 << 20)
 #define ID_BLOCK ((uint64_t)1 << 20)              /* ids a context takes at a time */

@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "moongrad_impl.h"
+#include "core/core.h"
 
 /* makes t (fresh, owned) the value of v */
 static void adopt (mg_variable *v, mg_tensor *t) {

@@ -14,7 +14,7 @@
 #include <omp.h>
 #endif
 
-#include "moongrad_impl.h"
+#include "core/core.h"
 
 /* the message lives in the current context (context.c): per thread */
 

@@ -10,7 +10,7 @@
 
 #include <dlpack/dlpack.h>
 
-#include "moongrad_impl.h"
+#include "core/core.h"
 
 /* the lowest and highest element offsets a layout reaches (numel > 0) */
 static void extent (const int64_t *shape, const int64_t *strides, int ndim, int64_t *lo,

@@ -9,7 +9,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "moongrad_impl.h"
+#include "ops/op.h"
 
 int mg_check_numerics (int on) {
   mg_context *c = mg_ctx();

@@ -1,7 +1,7 @@
 /*
 ** lcomplete.c — the names that complete a word, for the REPL's Tab
-** (src/main.c, through readline) and the Jupyter kernel's complete_request
-** (src/lua/lkernel.c): one rule for both.
+** (src/cli/main.c, through readline) and the Jupyter kernel's complete_request
+** (src/kernel/lkernel.c): one rule for both.
 **
 ** A word is "name", "a.b.name" or "a.b:name": the path before the last '.'
 ** or ':' is looked up from the globals, and its fields (its callable fields
@@ -16,7 +16,7 @@
 #include <lua.h>
 #include <lauxlib.h>
 
-#include "lcomplete.h"
+#include "cli/lcomplete.h"
 
 #define MAXCHAIN 8                      /* __index tables completion follows */
 

@@ -1,5 +1,5 @@
 /*
-** lcomplete.h — completion of Lua names (src/lua/lcomplete.c), shared by
+** lcomplete.h — completion of Lua names (src/cli/lcomplete.c), shared by
 ** the REPL and the Jupyter kernel.
 */
 #ifndef MG_LCOMPLETE_H

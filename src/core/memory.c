@@ -16,7 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "moongrad_impl.h"
+#include "core/core.h"
 
 #if defined(__SANITIZE_ADDRESS__)
 #include <sanitizer/asan_interface.h>

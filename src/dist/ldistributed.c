@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "lbinding.h"
+#include "lua/lbinding.h"
 #include "dist/dist.h"
 
 static mg_dist_op check_op (lua_State *L, int arg, const char *fn, mg_dist_op def) {
@@ -188,7 +188,7 @@ static int l_stats (lua_State *L) {
   return 1;
 }
 
-/* the moongrad binary's way out of a failed script (src/main.c) */
+/* the moongrad binary's way out of a failed script (src/cli/main.c) */
 void mgL_dist_abort (int code);
 void mgL_dist_abort (int code) { mg_dist_abort(code); }
 

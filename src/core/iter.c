@@ -13,7 +13,7 @@
 #include <omp.h>
 #endif
 
-#include "moongrad_impl.h"
+#include "core/core.h"
 
 int mg_broadcast_shapes (const char *fn, const char *opsym, const int64_t *a, int na,
                          const int64_t *b, int nb, int64_t *shape) {

@@ -27,8 +27,8 @@
 #include <lualib.h>
 
 #include "moongrad.h"
-#include "lua/lcomplete.h"
-#include "lua/lkernel.h"
+#include "cli/lcomplete.h"
+#include "kernel/lkernel.h"
 #include "kernel/kernel.h"
 
 #define PROGNAME "moongrad"
@@ -653,7 +653,7 @@ static void doREPL (lua_State *L) {
 /* }========================================================== */
 
 #ifdef MG_HAVE_MPI
-/* mg.distributed's C half (src/lua/ldistributed.c), outside libmoongrad.a */
+/* mg.distributed's C half (src/dist/ldistributed.c), outside libmoongrad.a */
 int  luaopen_moongrad_mpi (lua_State *L);
 void mgL_dist_abort (int code);
 #define dist_abort(code)  mgL_dist_abort(code)
@@ -693,7 +693,7 @@ static void open_moongrad (lua_State *L) {
   lua_setglobal(L, "help");
 }
 
-/* moongrad --kernel CONNECTION_FILE: a Jupyter kernel (src/lua/lkernel.c) on
+/* moongrad --kernel CONNECTION_FILE: a Jupyter kernel (src/kernel/lkernel.c) on
 ** a state set up as the interpreter's */
 static int kernelmain (lua_State *L, int argc, char **argv) {
   if (argc != 3) {

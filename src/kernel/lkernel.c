@@ -43,8 +43,8 @@
 
 #include "moongrad.h"
 #include "kernel/kernel.h"
-#include "lua/lcomplete.h"
-#include "lua/lkernel.h"
+#include "cli/lcomplete.h"
+#include "kernel/lkernel.h"
 
 #define EOFMARK    "<eof>"
 #define KMODULE    "moongrad.kernel"     /* package.loaded[KMODULE]: the notebook's link */

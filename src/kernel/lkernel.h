@@ -1,5 +1,5 @@
 /*
-** lkernel.h — moongrad as a Jupyter kernel (src/lua/lkernel.c).
+** lkernel.h — moongrad as a Jupyter kernel (src/kernel/lkernel.c).
 */
 #ifndef MG_LKERNEL_H
 #define MG_LKERNEL_H

@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "moongrad_impl.h"
+#include "core/core.h"
 
 #define SUMMARY_OVER 1000     /* more elements than this get cut, as NumPy */
 #define EDGE 3

@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "moongrad_impl.h"
+#include "core/core.h"
 
 
 static const struct { const char *name; size_t size; } dtypes[MG_DTYPE__COUNT] = {
