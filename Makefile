@@ -288,9 +288,9 @@ install: all
 	  moongrad.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/moongrad.pc
 	chmod 644 $(DESTDIR)$(PREFIX)/lib/pkgconfig/moongrad.pc
 
-# the README's API table, written from lua/moongrad/help.lua (spec/33 checks they agree)
+# the API table of docs/reference.md, written from lua/moongrad/help.lua (spec/33 checks they agree)
 api-table: $(BUILD)/moongrad
-	$(BUILD)/moongrad lua/api_table.lua README.md
+	$(BUILD)/moongrad lua/api_table.lua docs/reference.md
 
 # lines per file, as tinygrad's sz.py
 sz:

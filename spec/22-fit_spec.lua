@@ -468,7 +468,7 @@ describe("examples that train with fit", function()
   end)
 
   it("train_fashion_mnist.lua learns in one epoch, and measures what recompute saves", function()
-    -- the full run (8 epochs, over 90%) is in the README; one epoch here
+    -- the full run (8 epochs, over 90%) is in docs/training.md; one epoch here
     local out, code = h.run(h.bin .. " examples/train_fashion_mnist.lua --recompute --epochs 1 | cat")
     if code ~= 0 and out:find("package dataset-fashion-mnist is not installed", 1, true) then
       pending("dataset-fashion-mnist is not installed and could not be fetched: " .. out:sub(-200))

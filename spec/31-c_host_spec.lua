@@ -1,6 +1,6 @@
--- A C host as a newcomer builds one: `make install` into a DESTDIR, then the README's
--- link line, `cc host.c $(pkg-config --cflags --libs moongrad)`, on the embedding
--- example (examples/embed_host.c, the one "Embedding in C" shows), and its run.
+-- A C host as a newcomer builds one: `make install` into a DESTDIR, then the link
+-- line of docs/embedding.md, `cc host.c $(pkg-config --cflags --libs moongrad)`, on
+-- the embedding example (examples/embed_host.c, the one that page shows), and its run.
 local h = require "helpers"
 
 local function q (s)
@@ -37,7 +37,7 @@ describe("a C host through pkg-config", function()
     end
     assert.equal(sh("sed -n 's/^#define MG_VERSION  *\"moongrad \\(.*\\)\"/\\1/p' include/moongrad.h"),
                  sh(pkg .. " --modversion moongrad"))
-    -- the README's line, word for word but for where the .pc file lies
+    -- docs/embedding.md's line, word for word but for where the .pc file lies
     -- a sanitized build under test (make asan) needs its runtime in the host too
     local nm = h.run("nm " .. q(build .. "/libmoongrad.a") .. " 2>/dev/null | grep -c __asan_")
     local sanitized = (tonumber(nm:match("%d+")) or 0) > 0 and " -fsanitize=address,undefined" or ""
@@ -46,8 +46,8 @@ describe("a C host through pkg-config", function()
     assert.truthy(out:find("embed_host: all checks passed", 1, true), out)
   end)
 
-  it("the README shows the link line", function()
-    local readme = assert(io.open("README.md")):read("a")
-    assert.truthy(readme:find("cc host.c $(pkg-config --cflags --libs moongrad)", 1, true))
+  it("docs/embedding.md shows the link line", function()
+    local page = assert(io.open("docs/embedding.md")):read("a")
+    assert.truthy(page:find("cc host.c $(pkg-config --cflags --libs moongrad)", 1, true))
   end)
 end)

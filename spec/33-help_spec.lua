@@ -1,5 +1,5 @@
 -- mg.help and the REPL's help: every public name has an entry, every entry
--- names something that exists, and the README's API table is the one
+-- names something that exists, and the API table of docs/reference.md is the one
 -- lua/moongrad/help.lua generates.
 local h = require "helpers"
 local mg = require "moongrad"
@@ -238,13 +238,13 @@ describe("mg.help", function()
     assert.equal("no help for this number: help() lists the groups and their names", help(42))
   end)
 
-  it("writes the README's API table", function()
-    local f = assert(io.open("README.md", "rb"))
-    local readme = f:read("a")
+  it("writes the API table of docs/reference.md", function()
+    local f = assert(io.open("docs/reference.md", "rb"))
+    local reference = f:read("a")
     f:close()
-    local table_text = readme:match("<!%-%- api%-table: [^\n]*%-%->\n(.-)<!%-%- api%-table end %-%->")
-    assert.is_not_nil(table_text, "README.md has no api-table markers")
-    assert.equal(help.markdown(), table_text, "README.md's API table is stale: run make api-table")
+    local table_text = reference:match("<!%-%- api%-table: [^\n]*%-%->\n(.-)<!%-%- api%-table end %-%->")
+    assert.is_not_nil(table_text, "docs/reference.md has no api-table markers")
+    assert.equal(help.markdown(), table_text, "docs/reference.md's API table is stale: run make api-table")
   end)
 
   it("is the global help of the interpreter, which prints; the module sets no global", function()

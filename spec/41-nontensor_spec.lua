@@ -217,7 +217,7 @@ describe("recompute_grad passes non-tensor values through", function()
     assert.equal(1, tbl.runs)
   end)
 
-  it("the documented example: the seed prints the same, and the README's example works", function()
+  it("the documented example: the seed prints the same, and docs/memory.md's example works", function()
     local out, code = h.run(h.bin .. " examples/seed_recompute.lua")
     assert.equal(0, code)
     assert.equal(("running\n"):rep(12), out)

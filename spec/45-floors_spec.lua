@@ -1,4 +1,4 @@
--- The floors of the C code (README, "The layers of the code"): core <- ops <-
+-- The floors of the C code (docs/design.md, "The layers of the code"): core <- ops <-
 -- autodiff. A floor calls only into the floors below it; what goes the other
 -- way (a variable read, an allocation under a memory budget) goes through a
 -- hook the upper floor installs in the context.
