@@ -33,6 +33,11 @@
 #include "lanes.h"
 #include "vecmath.h"
 
+/* this file's rows (op.h, "A family's rows"): the enum, the table and its count follow this list */
+#define ATTENTION_OPS(X) \
+  X(LAYER_NORM, layer_norm) X(GELU, gelu) X(SDPA, sdpa)
+enum { ATTENTION_OPS(MG_ROW_ENUM) ATTENTION__COUNT };
+
 static const mg_opdef layer_norm_op, gelu_op, sdpa_op;
 
 /* does a tape record what a backward rule computes now (second order)? */
@@ -207,7 +212,7 @@ static mg_status layer_norm_backward (mg_node *n, mg_tensor *const *dout, mg_ten
   return ln_backward_fused(n, dout[0], din, has_g, has_b);
 }
 static mg_status layer_norm_forward (mg_opcall *c);
-static const mg_opdef layer_norm_op = {
+MG_ROW(LAYER_NORM, layer_norm) = {
   .forward = layer_norm_forward,
   .info = {.name = "layer_norm", .kind = MG_OP_OTHER,
            .doc = "(x - mean) / sqrt(var + epsilon) * gamma + beta over the last axis"},
@@ -390,7 +395,7 @@ static mg_status gelu_forward (mg_opcall *c) {
   c->out[0] = gelu_run(c->in[0], NULL, c->attr->a[0], false);
   return c->out[0] ? MG_OK : MG_ERR;
 }
-static const mg_opdef gelu_op = {
+MG_ROW(GELU, gelu) = {
   .forward = gelu_forward,
   .info = {.name = "gelu", .kind = MG_OP_OTHER,
            .doc = "x * Phi(x), the Gaussian error linear unit (exact, or the tanh approximation)"},
@@ -720,7 +725,7 @@ static double sdpa_macs (const mg_node *n) {
   return k->ndim >= 2 ? c * (double)k->shape[k->ndim - 2] : c;
 }
 static mg_status sdpa_forward (mg_opcall *c);
-static const mg_opdef sdpa_op = {
+MG_ROW(SDPA, sdpa) = {
   .forward = sdpa_forward,
   .info = {.name = "scaled_dot_product_attention", .kind = MG_OP_OTHER,
            .doc = "softmax(q @ k^T * scale, masked) @ v, fused; keeps only q, k, v for its gradient",
@@ -821,6 +826,4 @@ static mg_status sdpa_forward (mg_opcall *c) {
 /* }============================================================= */
 
 
-static const mg_opdef *const rows[] = {&layer_norm_op, &gelu_op, &sdpa_op};
-_Static_assert(sizeof rows / sizeof rows[0] == 3, "attention.c: a row is missing from rows[]");
-const mg_opfamily mg_attention_ops = {rows, sizeof rows / sizeof rows[0]};
+MG_FAMILY(mg_attention_ops, ATTENTION_OPS, ATTENTION__COUNT);

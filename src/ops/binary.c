@@ -15,6 +15,15 @@
 #include "ops/op.h"
 #include "vecmath.h"
 
+/* this file's rows (op.h, "A family's rows"): the enum, the table and its count follow this list */
+#define BINARY_OPS(X) \
+  X(ADD, add) X(SUB, sub) X(MUL, mul) X(DIV, div) X(POW, pow) X(FLOORDIV, floordiv) X(MOD, mod) \
+  X(MAXIMUM, maximum) X(MINIMUM, minimum) X(RELU_GRAD, relu_grad) X(TANH_GRAD, tanh_grad) \
+  X(SIGMOID_GRAD, sigmoid_grad) X(EQUAL, equal) X(NOT_EQUAL, not_equal) X(LESS, less) \
+  X(LESS_EQUAL, less_equal) X(GREATER, greater) X(GREATER_EQUAL, greater_equal) \
+  X(LOGICAL_AND, logical_and) X(LOGICAL_OR, logical_or) X(WHERE, where)
+enum { BINARY_OPS(MG_ROW_ENUM) BINARY__COUNT };
+
 /* {=================== kernels and checks =================== */
 
 /* one innermost run of out[i] = EXPR(x = a[i], y = b[i]), strides 0 or 1
@@ -190,7 +199,7 @@ static mg_status add_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **d
     if (n->needs[j]) din[j] = mg_sum_to_shape(dout[0], SHAPE_OF(n, j));
   return MG_OK;
 }
-static const mg_opdef add_op = {
+MG_ROW(ADD, add) = {
   .forward = binary_forward,
   .info = {.name = "add", .kind = MG_OP_BINARY, .symbol = "+", .metamethod = "__add",
            .verb = "add", .doc = "a + b, elementwise with broadcasting", .fn.binary = mg_add},
@@ -240,7 +249,7 @@ static mg_status sub_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **d
   mg_scope_end(&sc);
   return MG_OK;
 }
-static const mg_opdef sub_op = {
+MG_ROW(SUB, sub) = {
   .forward = binary_forward,
   .info = {.name = "sub", .kind = MG_OP_BINARY, .symbol = "-", .metamethod = "__sub",
            .verb = "subtract", .doc = "a - b", .fn.binary = mg_sub},
@@ -265,7 +274,7 @@ static mg_status mul_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **d
   mg_scope_end(&sc);
   return MG_OK;
 }
-static const mg_opdef mul_op = {
+MG_ROW(MUL, mul) = {
   .forward = binary_forward,
   .info = {.name = "mul", .kind = MG_OP_BINARY, .symbol = "*", .metamethod = "__mul",
            .verb = "multiply", .doc = "a * b, elementwise (the matrix product is matmul)",
@@ -288,7 +297,7 @@ static mg_status div_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **d
   mg_scope_end(&sc);
   return MG_OK;
 }
-static const mg_opdef div_op = {
+MG_ROW(DIV, div) = {
   .forward = binary_forward,
   .info = {.name = "div", .kind = MG_OP_BINARY, .symbol = "/", .metamethod = "__div",
            .verb = "divide", .doc = "a / b (int64 / int64 gives float64)", .fn.binary = mg_div},
@@ -322,7 +331,7 @@ static mg_status pow_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **d
   mg_scope_end(&sc);
   return MG_OK;
 }
-static const mg_opdef pow_op = {
+MG_ROW(POW, pow) = {
   .forward = binary_forward,
   .info = {.name = "pow", .kind = MG_OP_BINARY, .symbol = "^", .metamethod = "__pow",
            .verb = "exponentiate", .doc = "a ^ b", .fn.binary = mg_pow},
@@ -335,7 +344,7 @@ mg_tensor *mg_pow (mg_tensor *a, mg_tensor *b) { return binary(&pow_op, a, b); }
 /* floordiv: out = floor(a / b), as Lua's //.  Not differentiable */
 FLOAT_KERNELS(floordiv, FLOOR(x / y))
 KERNEL(floordiv_i64, int64_t, int64_t, idiv_floor(x, y))
-static const mg_opdef floordiv_op = {
+MG_ROW(FLOORDIV, floordiv) = {
   .forward = binary_forward,
   .info = {.name = "floordiv", .kind = MG_OP_BINARY, .symbol = "//", .metamethod = "__idiv",
            .verb = "floor-divide", .doc = "floor(a / b), as Lua's // (not differentiable)",
@@ -359,7 +368,7 @@ static mg_status mod_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **d
   mg_scope_end(&sc);
   return MG_OK;
 }
-static const mg_opdef mod_op = {
+MG_ROW(MOD, mod) = {
   .forward = binary_forward,
   .info = {.name = "mod", .kind = MG_OP_BINARY, .symbol = "%", .metamethod = "__mod",
            .verb = "take the modulo of", .doc = "a % b, the floor-modulo (as Lua's %)",
@@ -390,7 +399,7 @@ KERNEL(maximum_i64, int64_t, int64_t, x >= y ? x : y)
 static mg_status maximum_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **din) {
   return pick_backward(n, dout, din, mg_greater_equal);
 }
-static const mg_opdef maximum_op = {
+MG_ROW(MAXIMUM, maximum) = {
   .forward = binary_forward,
   .info = {.name = "maximum", .kind = MG_OP_BINARY, .symbol = ",",
            .doc = "the larger of a and b, elementwise (ties: the gradient goes to a)",
@@ -405,7 +414,7 @@ KERNEL(minimum_i64, int64_t, int64_t, x <= y ? x : y)
 static mg_status minimum_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **din) {
   return pick_backward(n, dout, din, mg_less_equal);
 }
-static const mg_opdef minimum_op = {
+MG_ROW(MINIMUM, minimum) = {
   .forward = binary_forward,
   .info = {.name = "minimum", .kind = MG_OP_BINARY, .symbol = ",",
            .doc = "the smaller of a and b, elementwise (ties: the gradient goes to a)",
@@ -425,7 +434,7 @@ static mg_status relu_grad_backward (mg_node *n, mg_tensor *const *dout, mg_tens
   mg_scope_end(&sc);
   return MG_OK;
 }
-static const mg_opdef relu_grad_op = {
+MG_ROW(RELU_GRAD, relu_grad) = {
   .forward = binary_forward,
   .info = {.name = "relu_grad", .kind = MG_OP_BINARY, .symbol = ",",
            .doc = "relu_grad(d, y) = y > 0 ? d : 0, relu's backward", .fn.binary = mg_relu_grad},
@@ -450,7 +459,7 @@ static mg_status tanh_grad_backward (mg_node *n, mg_tensor *const *dout, mg_tens
   mg_scope_end(&sc);
   return MG_OK;
 }
-static const mg_opdef tanh_grad_op = {
+MG_ROW(TANH_GRAD, tanh_grad) = {
   .forward = binary_forward,
   .info = {.name = "tanh_grad", .kind = MG_OP_BINARY, .symbol = ",",
            .doc = "tanh_grad(d, y) = d * (1 - y^2), tanh's backward from its output y", .fn.binary = mg_tanh_grad},
@@ -474,7 +483,7 @@ static mg_status sigmoid_grad_backward (mg_node *n, mg_tensor *const *dout, mg_t
   mg_scope_end(&sc);
   return MG_OK;
 }
-static const mg_opdef sigmoid_grad_op = {
+MG_ROW(SIGMOID_GRAD, sigmoid_grad) = {
   .forward = binary_forward,
   .info = {.name = "sigmoid_grad", .kind = MG_OP_BINARY, .symbol = ",",
            .doc = "sigmoid_grad(d, y) = d * y * (1 - y), sigmoid's backward from its output y",
@@ -498,9 +507,9 @@ mg_tensor *mg_activation_backward (const mg_node *n, mg_activation act, mg_tenso
 
 /* {=============== comparisons and logic (no gradient) ======== */
 
-#define COMPARE_OP(OP, SYM, EXPR, DOC)                                              \
+#define COMPARE_OP(E, OP, SYM, EXPR, DOC)                                           \
   COMPARE_KERNELS(OP, EXPR)                                                         \
-  static const mg_opdef OP##_op = {                                                 \
+  MG_ROW(E, OP) = {                                                                 \
     .forward = binary_forward,                                                      \
     .info = {.name = #OP, .kind = MG_OP_BINARY, .symbol = SYM, .doc = DOC,          \
              .fn.binary = mg_##OP},                                                 \
@@ -510,15 +519,15 @@ mg_tensor *mg_activation_backward (const mg_node *n, mg_activation act, mg_tenso
   };                                                                                \
   mg_tensor *mg_##OP (mg_tensor *a, mg_tensor *b) { return binary(&OP##_op, a, b); }
 
-COMPARE_OP(equal, "==", x == y, "a == b, elementwise (bool)")
-COMPARE_OP(not_equal, "~=", x != y, "a ~= b, elementwise (bool)")
-COMPARE_OP(less, "<", x < y, "a < b, elementwise (bool)")
-COMPARE_OP(less_equal, "<=", x <= y, "a <= b, elementwise (bool)")
-COMPARE_OP(greater, ">", x > y, "a > b, elementwise (bool)")
-COMPARE_OP(greater_equal, ">=", x >= y, "a >= b, elementwise (bool)")
+COMPARE_OP(EQUAL, equal, "==", x == y, "a == b, elementwise (bool)")
+COMPARE_OP(NOT_EQUAL, not_equal, "~=", x != y, "a ~= b, elementwise (bool)")
+COMPARE_OP(LESS, less, "<", x < y, "a < b, elementwise (bool)")
+COMPARE_OP(LESS_EQUAL, less_equal, "<=", x <= y, "a <= b, elementwise (bool)")
+COMPARE_OP(GREATER, greater, ">", x > y, "a > b, elementwise (bool)")
+COMPARE_OP(GREATER_EQUAL, greater_equal, ">=", x >= y, "a >= b, elementwise (bool)")
 
 KERNEL(logical_and_b, uint8_t, uint8_t, x && y)
-static const mg_opdef logical_and_op = {
+MG_ROW(LOGICAL_AND, logical_and) = {
   .forward = binary_forward,
   .info = {.name = "logical_and", .kind = MG_OP_BINARY, .symbol = "and",
            .doc = "a and b, elementwise on bool tensors", .fn.binary = mg_logical_and},
@@ -527,7 +536,7 @@ static const mg_opdef logical_and_op = {
 mg_tensor *mg_logical_and (mg_tensor *a, mg_tensor *b) { return binary(&logical_and_op, a, b); }
 
 KERNEL(logical_or_b, uint8_t, uint8_t, x || y)
-static const mg_opdef logical_or_op = {
+MG_ROW(LOGICAL_OR, logical_or) = {
   .forward = binary_forward,
   .info = {.name = "logical_or", .kind = MG_OP_BINARY, .symbol = "or",
            .doc = "a or b, elementwise on bool tensors", .fn.binary = mg_logical_or},
@@ -571,7 +580,7 @@ static mg_status where_backward (mg_node *n, mg_tensor *const *dout, mg_tensor *
   return MG_OK;
 }
 static mg_status where_forward (mg_opcall *c);
-static const mg_opdef where_op = {
+MG_ROW(WHERE, where) = {
   .forward = where_forward,
   .info = {.name = "where", .kind = MG_OP_OTHER,
            .doc = "where(cond, a, b): a where cond is true, else b (all three broadcast)"},
@@ -614,10 +623,4 @@ mg_tensor *mg_where (mg_tensor *cond, mg_tensor *a, mg_tensor *b) {
 /* }========================================================== */
 
 
-static const mg_opdef *const rows[] = {
-  &add_op, &sub_op, &mul_op, &div_op, &pow_op, &floordiv_op, &mod_op, &maximum_op, &minimum_op,
-  &relu_grad_op, &tanh_grad_op, &sigmoid_grad_op, &equal_op, &not_equal_op, &less_op, &less_equal_op, &greater_op,
-  &greater_equal_op, &logical_and_op, &logical_or_op, &where_op,
-};
-_Static_assert(sizeof rows / sizeof rows[0] == 21, "binary.c: a row is missing from rows[]");
-const mg_opfamily mg_binary_ops = {rows, sizeof rows / sizeof rows[0]};
+MG_FAMILY(mg_binary_ops, BINARY_OPS, BINARY__COUNT);

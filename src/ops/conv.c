@@ -33,6 +33,12 @@
 
 #include "dnn.h"
 
+/* this file's rows (op.h, "A family's rows"): the enum, the table and its count follow this list */
+#define CONV_OPS(X) \
+  X(CONV2D, conv2d) X(CONV2D_BI, conv2d_bi) X(CONV2D_BF, conv2d_bf) X(MAX_POOL, max_pool) \
+  X(MAX_POOL_BWD, max_pool_bwd) X(AVG_POOL, avg_pool) X(AVG_POOL_BWD, avg_pool_bwd)
+enum { CONV_OPS(MG_ROW_ENUM) CONV__COUNT };
+
 
 /* {========================= geometry ========================== */
 
@@ -852,7 +858,7 @@ static double conv2d_macs (const mg_node *n) {
   const mg_meta *w = &n->in_meta[1];
   return w->ndim == 4 ? c * (double)w->shape[0] * (double)w->shape[1] * (double)w->shape[2] : c;
 }
-static const mg_opdef conv2d_op = {
+MG_ROW(CONV2D, conv2d) = {
   .forward = conv_family_forward,
   .info = {.name = "conv2d", .kind = MG_OP_OTHER,
            .doc = "2-D convolution of NHWC images x with HWIO filters w, plus a bias (TensorFlow's conv2d)",
@@ -892,7 +898,7 @@ static mg_status conv2d_bi_backward (mg_node *n, mg_tensor *const *dout, mg_tens
   if (n->needs[1]) din[1] = conv2d_bf_g(&g, dout[0], n->in[0]);
   return MG_OK;
 }
-static const mg_opdef conv2d_bi_op = {
+MG_ROW(CONV2D_BI, conv2d_bi) = {
   .forward = conv_family_forward,
   .info = {.name = "conv2d_backward_input", .kind = MG_OP_OTHER,
            .doc = "conv2d's gradient with respect to its input (TensorFlow's conv2d_transpose)"},
@@ -938,7 +944,7 @@ static mg_status conv2d_bf_backward (mg_node *n, mg_tensor *const *dout, mg_tens
   if (n->needs[1]) din[1] = conv2d_g(&g, n->in[0], dout[0], NULL);
   return MG_OK;
 }
-static const mg_opdef conv2d_bf_op = {
+MG_ROW(CONV2D_BF, conv2d_bf) = {
   .forward = conv_family_forward,
   .info = {.name = "conv2d_backward_filter", .kind = MG_OP_OTHER,
            .doc = "conv2d's gradient with respect to its filters"},
@@ -989,7 +995,7 @@ static mg_status max_pool_backward (mg_node *n, mg_tensor *const *dout, mg_tenso
   din[0] = max_pool_bwd_g(&g, n->in[0], dout[0]);
   return MG_OK;
 }
-static const mg_opdef max_pool_op = {
+MG_ROW(MAX_POOL, max_pool) = {
   .forward = conv_family_forward,
   .info = {.name = "max_pool2d", .kind = MG_OP_OTHER, .doc = "the maximum of each window of NHWC images"},
   .saves = MG_SAVE_IN(0), .backward = max_pool_backward,
@@ -1020,7 +1026,7 @@ static mg_status max_pool_bwd_backward (mg_node *n, mg_tensor *const *dout, mg_t
   }
   return MG_OK;
 }
-static const mg_opdef max_pool_bwd_op = {
+MG_ROW(MAX_POOL_BWD, max_pool_bwd) = {
   .forward = conv_family_forward,
   .info = {.name = "max_pool2d_backward", .kind = MG_OP_OTHER,
            .doc = "max_pool2d's gradient: each dy to its window's maximum in x"},
@@ -1051,7 +1057,7 @@ static mg_status avg_pool_backward (mg_node *n, mg_tensor *const *dout, mg_tenso
   din[0] = avg_pool_bwd_g(&g, dout[0]);
   return MG_OK;
 }
-static const mg_opdef avg_pool_op = {
+MG_ROW(AVG_POOL, avg_pool) = {
   .forward = conv_family_forward,
   .info = {.name = "avg_pool2d", .kind = MG_OP_OTHER,
            .doc = "the mean of each window of NHWC images (padding not counted)"},
@@ -1074,7 +1080,7 @@ static mg_status avg_pool_bwd_backward (mg_node *n, mg_tensor *const *dout, mg_t
   din[0] = pool_g(&avg_pool_op, &g, dout[0]);
   return MG_OK;
 }
-static const mg_opdef avg_pool_bwd_op = {
+MG_ROW(AVG_POOL_BWD, avg_pool_bwd) = {
   .forward = conv_family_forward,
   .info = {.name = "avg_pool2d_backward", .kind = MG_OP_OTHER,
            .doc = "avg_pool2d's gradient: each dy shared evenly among its window"},
@@ -1098,8 +1104,4 @@ mg_tensor *mg_avg_pool2d_backward (mg_tensor *dy, const int64_t input_shape[4], 
 /* }============================================================= */
 
 
-static const mg_opdef *const rows[] = {
-  &conv2d_op, &conv2d_bi_op, &conv2d_bf_op, &max_pool_op, &max_pool_bwd_op, &avg_pool_op, &avg_pool_bwd_op,
-};
-_Static_assert(sizeof rows / sizeof rows[0] == 7, "conv.c: a row is missing from rows[]");
-const mg_opfamily mg_conv_ops = {rows, sizeof rows / sizeof rows[0]};
+MG_FAMILY(mg_conv_ops, CONV_OPS, CONV__COUNT);

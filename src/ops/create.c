@@ -6,6 +6,11 @@
 
 #include "ops/op.h"
 
+/* this file's rows (op.h, "A family's rows"): the enum, the table and its count follow this list */
+#define CREATE_OPS(X) \
+  X(CAST, cast)
+enum { CREATE_OPS(MG_ROW_ENUM) CREATE__COUNT };
+
 #define FILL(T, V) do { T *d = (T *)mg_ptr(t), v = (T)(V); \
     for (int64_t i = 0; i < t->numel; i++) d[i] = v; } while (0)
 
@@ -156,10 +161,8 @@ static mg_status cast_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **
   din[0] = mg_cast(dout[0], n->in_meta[0].dtype);
   return MG_OK;
 }
-static const mg_opdef cast_op = {.forward = cast_forward, .info = {.name = "cast", .kind = MG_OP_OTHER, .doc = "x converted to another dtype (float to float is differentiable)"}, .backward = cast_backward};
+MG_ROW(CAST, cast) = {.forward = cast_forward, .info = {.name = "cast", .kind = MG_OP_OTHER, .doc = "x converted to another dtype (float to float is differentiable)"}, .backward = cast_backward};
 
 /* }========================================================== */
 
-static const mg_opdef *const rows[] = {&cast_op};
-_Static_assert(sizeof rows / sizeof rows[0] == 1, "create.c: a row is missing from rows[]");
-const mg_opfamily mg_create_ops = {rows, sizeof rows / sizeof rows[0]};
+MG_FAMILY(mg_create_ops, CREATE_OPS, CREATE__COUNT);

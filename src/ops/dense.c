@@ -15,6 +15,11 @@
 
 #include "ops/op.h"
 
+/* this file's rows (op.h, "A family's rows"): the enum, the table and its count follow this list */
+#define DENSE_OPS(X) \
+  X(DENSE, dense)
+enum { DENSE_OPS(MG_ROW_ENUM) DENSE__COUNT };
+
 static const char *const act_names[MG_ACT__COUNT] = {
   [MG_ACT_LINEAR] = "linear", [MG_ACT_RELU] = "relu", [MG_ACT_TANH] = "tanh", [MG_ACT_SIGMOID] = "sigmoid"};
 
@@ -85,7 +90,7 @@ static unsigned dense_saves (const mg_attr *attr) {
 }
 
 static mg_status dense_forward (mg_opcall *c);
-static const mg_opdef dense_op = {
+MG_ROW(DENSE, dense) = {
   .forward = dense_forward,
   .info = {.name = "dense", .kind = MG_OP_OTHER,
            .doc = "act(x @ w + b) in one op: the product, then the bias and activation in one pass",
@@ -170,5 +175,4 @@ static mg_status dense_forward (mg_opcall *c) {
   return MG_OK;
 }
 
-static const mg_opdef *const rows_[] = {&dense_op};
-const mg_opfamily mg_dense_ops = {rows_, sizeof rows_ / sizeof rows_[0]};
+MG_FAMILY(mg_dense_ops, DENSE_OPS, DENSE__COUNT);

@@ -18,7 +18,10 @@
 
 #include "ops/op.h"
 
-extern const mg_opdef mg_einsum_op;
+/* this file's rows (op.h, "A family's rows"): the enum, the table and its count follow this list */
+#define EINSUM_OPS(X) \
+  X(EINSUM, einsum)
+enum { EINSUM_OPS(MG_ROW_ENUM) EINSUM__COUNT };
 
 #define MAX_LETTERS 64
 
@@ -282,8 +285,10 @@ mg_tensor *mg_einsum (const char *spec, int n, mg_tensor *const *xs) {
   return r;
 }
 
-const mg_opdef mg_einsum_op = {
+MG_ROW(EINSUM, einsum) = {
   .info = {.name = "einsum", .kind = MG_OP_OTHER,
            .doc = "Einstein summation of one or two operands (one batched matmul; its gradient is its parts')",
            .product = 1},
 };
+
+MG_FAMILY(mg_einsum_ops, EINSUM_OPS, EINSUM__COUNT);

@@ -16,8 +16,11 @@
 
 #include "ops/op.h"
 
-/* sort.c and einsum.c keep their rows next to their ops */
-extern const mg_opdef mg_sort_op, mg_argsort_op, mg_topk_op, mg_einsum_op;
+/* this file's rows (op.h, "A family's rows"): the enum, the table and its count follow this list */
+#define INDEX_OPS(X) \
+  X(TAKE, take) X(PUT, put) X(FLIP, flip) X(TILE, tile) X(REPEAT, repeat) X(PAD, pad) \
+  X(TRIL, tril) X(TRIU, triu) X(MASKED_FILL, masked_fill)
+enum { INDEX_OPS(MG_ROW_ENUM) INDEX__COUNT };
 
 static char *shape_s (char *buf, size_t n, const mg_tensor *t) {
   return mg_shape_str(buf, n, t->shape, t->ndim);
@@ -203,7 +206,7 @@ static mg_status take_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **
   mg_scope_end(&sc);
   return MG_OK;
 }
-static const mg_opdef take_op = {
+MG_ROW(TAKE, take) = {
   .forward = take_forward,
   .info = {.name = "take_along_axis", .kind = MG_OP_OTHER,
            .doc = "x's entries at indices along an axis, elementwise (NumPy's take_along_axis, torch.gather)"},
@@ -217,7 +220,7 @@ static mg_status put_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **d
   if (n->needs[2]) din[2] = take_prim(dout[0], n->in[1], n->attr->axis);
   return MG_OK;
 }
-static const mg_opdef put_op = {
+MG_ROW(PUT, put) = {
   .forward = put_forward,
   .info = {.name = "put_along_axis", .kind = MG_OP_OTHER,
            .doc = "x with values written (or added) at indices along an axis (take_along_axis's adjoint)"},
@@ -379,7 +382,7 @@ static mg_status flip_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **
   din[0] = mg_flip(dout[0], axes, k);
   return MG_OK;
 }
-static const mg_opdef flip_op = {
+MG_ROW(FLIP, flip) = {
   .forward = flip_forward,
   .info = {.name = "flip", .kind = MG_OP_OTHER, .doc = "x reversed along some axes (a view)"},
   .backward = flip_backward,
@@ -480,7 +483,7 @@ static mg_status tile_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **
   mg_tensor_release(g);
   return MG_OK;
 }
-static const mg_opdef tile_op = {
+MG_ROW(TILE, tile) = {
   .forward = tile_forward,
   .info = {.name = "tile", .kind = MG_OP_OTHER,
            .doc = "x repeated as a whole along each dimension (NumPy's tile)"},
@@ -581,7 +584,7 @@ static mg_status repeat_backward (mg_node *n, mg_tensor *const *dout, mg_tensor 
   return MG_OK;
 }
 static mg_status repeat_forward (mg_opcall *c);
-static const mg_opdef repeat_op = {
+MG_ROW(REPEAT, repeat) = {
   .forward = repeat_forward,
   .info = {.name = "repeat_interleave", .kind = MG_OP_OTHER,
            .doc = "each entry repeated along an axis (np.repeat, torch.repeat_interleave)"},
@@ -738,7 +741,7 @@ static mg_status pad_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **d
   din[0] = g;
   return MG_OK;
 }
-static const mg_opdef pad_op = {
+MG_ROW(PAD, pad) = {
   .forward = pad_forward,
   .info = {.name = "pad", .kind = MG_OP_OTHER,
            .doc = "x padded on each side of each dimension (modes constant, reflect, symmetric, edge, wrap)"},
@@ -803,7 +806,7 @@ static mg_status tril_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **
   din[0] = mg_tril(dout[0], n->attr->a[0]);
   return MG_OK;
 }
-static const mg_opdef tril_op = {
+MG_ROW(TRIL, tril) = {
   .forward = triangle_forward,
   .info = {.name = "tril", .kind = MG_OP_OTHER,
            .doc = "the lower triangle of the last two axes (j <= i + k), zeros above"},
@@ -819,7 +822,7 @@ static mg_status triu_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **
   din[0] = mg_triu(dout[0], n->attr->a[0]);
   return MG_OK;
 }
-static const mg_opdef triu_op = {
+MG_ROW(TRIU, triu) = {
   .forward = triangle_forward,
   .info = {.name = "triu", .kind = MG_OP_OTHER,
            .doc = "the upper triangle of the last two axes (j >= i + k), zeros below"},
@@ -920,7 +923,7 @@ static mg_status masked_fill_backward (mg_node *n, mg_tensor *const *dout, mg_te
   mg_scope_end(&sc);
   return MG_OK;
 }
-static const mg_opdef masked_fill_op = {
+MG_ROW(MASKED_FILL, masked_fill) = {
   .forward = masked_fill_forward,
   .info = {.name = "masked_fill", .kind = MG_OP_OTHER,
            .doc = "x with value where mask is true (mask broadcasts to x's shape)"},
@@ -930,9 +933,4 @@ static const mg_opdef masked_fill_op = {
 /* }========================================================== */
 
 
-static const mg_opdef *const rows[] = {
-  &take_op, &put_op, &flip_op, &tile_op, &repeat_op, &pad_op, &tril_op, &triu_op, &masked_fill_op,
-  &mg_sort_op, &mg_argsort_op, &mg_topk_op, &mg_einsum_op,
-};
-_Static_assert(sizeof rows / sizeof rows[0] == 13, "index.c: a row is missing from rows[]");
-const mg_opfamily mg_index_ops = {rows, sizeof rows / sizeof rows[0]};
+MG_FAMILY(mg_index_ops, INDEX_OPS, INDEX__COUNT);

@@ -19,6 +19,13 @@
 #include "lanes.h"
 #include "vecmath.h"
 
+/* this file's rows (op.h, "A family's rows"): the enum, the table and its count follow this list */
+#define MATHS_OPS(X) \
+  X(SIN, sin) X(COS, cos) X(LOG1P, log1p) X(EXPM1, expm1) X(ERF, erf) X(FLOOR, floor) \
+  X(CEIL, ceil) X(ROUND, round) X(CLAMP, clamp) X(PROD, prod) X(LOGSUMEXP, logsumexp) \
+  X(VAR, var) X(STD, std) X(NORM, norm) X(CUMSUM, cumsum)
+enum { MATHS_OPS(MG_ROW_ENUM) MATHS__COUNT };
+
 /* {============= elementwise: kernels and the common path ========= */
 
 #define LOOP1(TI, TO, EXPR) do {                                              \
@@ -80,7 +87,7 @@ static mg_status sin_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **d
   mg_scope_end(&sc);
   return MG_OK;
 }
-static const mg_opdef sin_op = {
+MG_ROW(SIN, sin) = {
   .forward = mg_unary_forward,
   .info = {.name = "sin", .kind = MG_OP_UNARY, .doc = "the sine (radians)", .fn.unary = mg_sin},
   .kernel = {[MG_FLOAT32] = sin_f32, [MG_FLOAT64] = sin_f64},
@@ -97,7 +104,7 @@ static mg_status cos_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **d
   mg_scope_end(&sc);
   return MG_OK;
 }
-static const mg_opdef cos_op = {
+MG_ROW(COS, cos) = {
   .forward = mg_unary_forward,
   .info = {.name = "cos", .kind = MG_OP_UNARY, .doc = "the cosine (radians)", .fn.unary = mg_cos},
   .kernel = {[MG_FLOAT32] = cos_f32, [MG_FLOAT64] = cos_f64},
@@ -114,7 +121,7 @@ static mg_status log1p_backward (mg_node *n, mg_tensor *const *dout, mg_tensor *
   mg_scope_end(&sc);
   return MG_OK;
 }
-static const mg_opdef log1p_op = {
+MG_ROW(LOG1P, log1p) = {
   .forward = mg_unary_forward,
   .info = {.name = "log1p", .kind = MG_OP_UNARY, .doc = "log(1 + x), accurate near 0",
            .fn.unary = mg_log1p},
@@ -132,7 +139,7 @@ static mg_status expm1_backward (mg_node *n, mg_tensor *const *dout, mg_tensor *
   mg_scope_end(&sc);
   return MG_OK;
 }
-static const mg_opdef expm1_op = {
+MG_ROW(EXPM1, expm1) = {
   .forward = mg_unary_forward,
   .info = {.name = "expm1", .kind = MG_OP_UNARY, .doc = "e^x - 1, accurate near 0",
            .fn.unary = mg_expm1},
@@ -152,7 +159,7 @@ static mg_status erf_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **d
   mg_scope_end(&sc);
   return MG_OK;
 }
-static const mg_opdef erf_op = {
+MG_ROW(ERF, erf) = {
   .forward = mg_unary_forward,
   .info = {.name = "erf", .kind = MG_OP_UNARY, .doc = "the error function", .fn.unary = mg_erf},
   .kernel = {[MG_FLOAT32] = erf_f32, [MG_FLOAT64] = erf_f64},
@@ -168,7 +175,7 @@ FLOAT_KERNELS(ceil, CEIL(x))
 FLOAT_KERNELS(round, ROUND_EVEN(x))
 KERNEL(same_i64, int64_t, int64_t, x)
 
-static const mg_opdef floor_op = {
+MG_ROW(FLOOR, floor) = {
   .forward = mg_unary_forward,
   .info = {.name = "floor", .kind = MG_OP_UNARY,
            .doc = "the largest integer <= x (not differentiable)", .fn.unary = mg_floor},
@@ -176,7 +183,7 @@ static const mg_opdef floor_op = {
 };
 mg_tensor *mg_floor (mg_tensor *x) { return mg_unary_op(&floor_op, x); }
 
-static const mg_opdef ceil_op = {
+MG_ROW(CEIL, ceil) = {
   .forward = mg_unary_forward,
   .info = {.name = "ceil", .kind = MG_OP_UNARY,
            .doc = "the smallest integer >= x (not differentiable)", .fn.unary = mg_ceil},
@@ -184,7 +191,7 @@ static const mg_opdef ceil_op = {
 };
 mg_tensor *mg_ceil (mg_tensor *x) { return mg_unary_op(&ceil_op, x); }
 
-static const mg_opdef round_op = {
+MG_ROW(ROUND, round) = {
   .forward = mg_unary_forward,
   .info = {.name = "round", .kind = MG_OP_UNARY,
            .doc = "the nearest integer, halves to even (not differentiable)", .fn.unary = mg_round},
@@ -258,7 +265,7 @@ static mg_status clamp_backward (mg_node *n, mg_tensor *const *dout, mg_tensor *
   return MG_OK;
 }
 static mg_status clamp_forward (mg_opcall *c);
-static const mg_opdef clamp_op = {
+MG_ROW(CLAMP, clamp) = {
   .forward = clamp_forward,
   .info = {.name = "clamp", .kind = MG_OP_OTHER,
            .doc = "clamp(x, lo, hi) = min(max(x, lo), hi), broadcasting; alias clip_by_value"},
@@ -527,7 +534,7 @@ static mg_status prod_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **
   mg_scope_end(&sc);
   return MG_OK;
 }
-static const mg_opdef prod_op = {
+MG_ROW(PROD, prod) = {
   .forward = reduction_forward,
   .info = {.name = "prod", .kind = MG_OP_REDUCE,
            .doc = "the product over all axes, an axis, or a list of axes (zeros are fine for the gradient)",
@@ -617,7 +624,7 @@ static mg_status lse_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **d
   mg_scope_end(&sc);
   return MG_OK;
 }
-static const mg_opdef logsumexp_op = {
+MG_ROW(LOGSUMEXP, logsumexp) = {
   .forward = reduction_forward,
   .info = {.name = "logsumexp", .kind = MG_OP_REDUCE,
            .doc = "log(sum(e^x)), computed stably (int64 and bool give float64)",
@@ -714,7 +721,7 @@ static mg_status var_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **d
   mg_scope_end(&sc);
   return MG_OK;
 }
-static const mg_opdef var_op = {
+MG_ROW(VAR, var) = {
   .forward = reduction_forward,
   .info = {.name = "var", .kind = MG_OP_OTHER,
            .doc = "the variance, sum((x - mean)^2) / (n - ddof), ddof 0 by default (as NumPy)"},
@@ -736,7 +743,7 @@ static mg_status std_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **d
   mg_scope_end(&sc);
   return MG_OK;
 }
-static const mg_opdef std_op = {
+MG_ROW(STD, std) = {
   .forward = reduction_forward,
   .info = {.name = "std", .kind = MG_OP_OTHER,
            .doc = "the standard deviation, sqrt(var) (ddof 0 by default; gradient 0 where it is 0)"},
@@ -883,7 +890,7 @@ static mg_status norm_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **
   mg_scope_end(&sc);
   return MG_OK;
 }
-static const mg_opdef norm_op = {
+MG_ROW(NORM, norm) = {
   .forward = reduction_forward,
   .info = {.name = "norm", .kind = MG_OP_OTHER,
            .doc = "the vector norm, ord 2 (default), 1 or inf (gradient 0 at 0)"},
@@ -967,7 +974,7 @@ static mg_status cumsum_backward (mg_node *n, mg_tensor *const *dout, mg_tensor 
   return MG_OK;
 }
 static mg_status cumsum_forward (mg_opcall *c);
-static const mg_opdef cumsum_op = {
+MG_ROW(CUMSUM, cumsum) = {
   .forward = cumsum_forward,
   .info = {.name = "cumsum", .kind = MG_OP_OTHER,
            .doc = "running sums along an axis (exclusive and reverse as TensorFlow's)"},
@@ -1018,9 +1025,4 @@ static mg_status cumsum_forward (mg_opcall *c) {
 /* }========================================================== */
 
 
-static const mg_opdef *const rows[] = {
-  &sin_op, &cos_op, &log1p_op, &expm1_op, &erf_op, &floor_op, &ceil_op, &round_op, &clamp_op,
-  &prod_op, &logsumexp_op, &var_op, &std_op, &norm_op, &cumsum_op,
-};
-_Static_assert(sizeof rows / sizeof rows[0] == 15, "maths.c: a row is missing from rows[]");
-const mg_opfamily mg_maths_ops = {rows, sizeof rows / sizeof rows[0]};
+MG_FAMILY(mg_maths_ops, MATHS_OPS, MATHS__COUNT);

@@ -11,6 +11,11 @@
 
 #include "ops/op.h"
 
+/* this file's rows (op.h, "A family's rows"): the enum, the table and its count follow this list */
+#define MATMUL_OPS(X) \
+  X(MATMUL, matmul)
+enum { MATMUL_OPS(MG_ROW_ENUM) MATMUL__COUNT };
+
 /* how a (rows, cols) matrix view can be handed to a row-major GEMM */
 typedef struct { char trans; int64_t ld; } gemm_layout;
 
@@ -207,13 +212,11 @@ double mg_product_macs (const mg_node *n) {
   const mg_meta *a = &n->in_meta[0];
   return a->ndim > 0 ? c * (double)a->shape[a->ndim - 1] : c;
 }
-static const mg_opdef matmul_op = {
+MG_ROW(MATMUL, matmul) = {
   .info = {.name = "matmul", .kind = MG_OP_BINARY, .symbol = "@", .product = 1,
            .doc = "the matrix product a @ b (batched, broadcast, vectors)", .fn.binary = mg_matmul},
   .forward = matmul_forward,
   .grad_saves = {MG_SAVE_IN(1), MG_SAVE_IN(0)}, .backward = matmul_backward, .macs = mg_product_macs,
 };
 
-static const mg_opdef *const rows[] = {&matmul_op};
-_Static_assert(sizeof rows / sizeof rows[0] == 1, "matmul.c: a row is missing from rows[]");
-const mg_opfamily mg_matmul_ops = {rows, sizeof rows / sizeof rows[0]};
+MG_FAMILY(mg_matmul_ops, MATMUL_OPS, MATMUL__COUNT);

@@ -10,6 +10,11 @@
 #include "lanes.h"
 #include "vecmath.h"
 
+/* this file's rows (op.h, "A family's rows"): the enum, the table and its count follow this list */
+#define NN_OPS(X) \
+  X(SOFTMAX, softmax) X(LOG_SOFTMAX, log_softmax)
+enum { NN_OPS(MG_ROW_ENUM) NN__COUNT };
+
 /* y over (outer, n, inner) with the reduced axis in the middle. Rows of
 ** adjacent values (inner 1, the usual last axis) take their max and sum in
 ** lanes (lanes.h) and their exps in a loop of their own, so that all three
@@ -101,7 +106,7 @@ static mg_status softmax_backward (mg_node *n, mg_tensor *const *dout, mg_tensor
   mg_scope_end(&sc);
   return MG_OK;
 }
-static const mg_opdef softmax_op = {.forward = softmax_run, .info = {.name = "softmax", .kind = MG_OP_OTHER, .doc = "exp(x) / sum(exp(x)) along an axis, computed stably"}, .saves = MG_SAVE_OUT(0), .backward = softmax_backward};
+MG_ROW(SOFTMAX, softmax) = {.forward = softmax_run, .info = {.name = "softmax", .kind = MG_OP_OTHER, .doc = "exp(x) / sum(exp(x)) along an axis, computed stably"}, .saves = MG_SAVE_OUT(0), .backward = softmax_backward};
 
 /* log_softmax: y = x - max - log(sum(exp(x - max))) over axis.
 ** grad: dx = dout - exp(y) * sum(dout, axis) */
@@ -115,8 +120,6 @@ static mg_status log_softmax_backward (mg_node *n, mg_tensor *const *dout, mg_te
   mg_scope_end(&sc);
   return MG_OK;
 }
-static const mg_opdef log_softmax_op = {.forward = softmax_run, .info = {.name = "log_softmax", .kind = MG_OP_OTHER, .doc = "log(softmax(x)) along an axis, computed stably"}, .saves = MG_SAVE_OUT(0), .backward = log_softmax_backward};
+MG_ROW(LOG_SOFTMAX, log_softmax) = {.forward = softmax_run, .info = {.name = "log_softmax", .kind = MG_OP_OTHER, .doc = "log(softmax(x)) along an axis, computed stably"}, .saves = MG_SAVE_OUT(0), .backward = log_softmax_backward};
 
-static const mg_opdef *const rows[] = {&softmax_op, &log_softmax_op};
-_Static_assert(sizeof rows / sizeof rows[0] == 2, "nn.c: a row is missing from rows[]");
-const mg_opfamily mg_nn_ops = {rows, sizeof rows / sizeof rows[0]};
+MG_FAMILY(mg_nn_ops, NN_OPS, NN__COUNT);

@@ -85,10 +85,31 @@ typedef struct mg_opdef {
 
 /* an op family's rows, for the registry */
 typedef struct mg_opfamily { const mg_opdef *const *rows; int n; } mg_opfamily;
+
+/*
+** A family's rows come from one list at the top of its file, X(ENUM, name)
+** per op, e.g. #define UNARY_OPS(X) X(NEG, neg) X(EXP, exp) ...; from it:
+**   enum { UNARY_OPS(MG_ROW_ENUM) UNARY__COUNT };    MG_OP_NEG, MG_OP_EXP ...
+**   MG_ROW(NEG, neg) = {...};                        each row, beside its op
+**   MG_FAMILY(mg_unary_ops, UNARY_OPS, UNARY__COUNT);  the table at the end, indexed by the enum
+** A row written without its entry in the list does not compile (MG_ROW
+** names its enum constant), nor does an entry without its row (the table
+** names it); the table's count is the enum's.
+*/
+#define MG_ROW_ENUM(E, name)     MG_OP_##E,
+#define MG_ROW_ENTRY(E, name)    [MG_OP_##E] = &name##_op,
+#define MG_ROW(E, name) \
+  _Static_assert(MG_OP_##E >= 0, #name ": a row needs its entry in its family's list"); \
+  static const mg_opdef name##_op
+#define MG_FAMILY(family, LIST, COUNT) \
+  static const mg_opdef *const family##_rows[COUNT] = {LIST(MG_ROW_ENTRY)}; \
+  const mg_opfamily family = {family##_rows, COUNT}
 extern const mg_opfamily mg_unary_ops, mg_binary_ops, mg_reduce_ops, mg_matmul_ops, mg_shape_ops,
                          mg_nn_ops, mg_create_ops, mg_maths_ops, mg_index_ops, mg_conv_ops;
 extern const mg_opfamily mg_attention_ops;     /* src/ops/attention.c: layer_norm, gelu, attention */
 extern const mg_opfamily mg_dense_ops;         /* src/ops/dense.c: dense */
+extern const mg_opfamily mg_sort_ops;          /* src/ops/sort.c: sort, argsort, topk */
+extern const mg_opfamily mg_einsum_ops;        /* src/ops/einsum.c: einsum (a composite of other ops) */
 
 /* the activations fused ops apply themselves */
 typedef enum { MG_ACT_LINEAR, MG_ACT_RELU, MG_ACT_TANH, MG_ACT_SIGMOID, MG_ACT__COUNT } mg_activation;

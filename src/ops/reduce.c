@@ -14,6 +14,11 @@
 #include "ops/op.h"
 #include "lanes.h"
 
+/* this file's rows (op.h, "A family's rows"): the enum, the table and its count follow this list */
+#define REDUCE_OPS(X) \
+  X(SUM, sum) X(MEAN, mean) X(MAX, max) X(MIN, min) X(ARGMAX, argmax) X(ARGMIN, argmin)
+enum { REDUCE_OPS(MG_ROW_ENUM) REDUCE__COUNT };
+
 typedef enum redop { R_SUM, R_MAX, R_MIN, R_ARGMAX, R_ARGMIN } redop;
 
 #define BLOCK 4096
@@ -209,7 +214,7 @@ static mg_status sum_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **d
   mg_scope_end(&sc);
   return MG_OK;
 }
-static const mg_opdef sum_op = {
+MG_ROW(SUM, sum) = {
   .forward = reduce_forward,
   .info = {.name = "sum", .kind = MG_OP_REDUCE, .doc = "the sum over all axes, an axis, or a list of axes",
            .fn.reduce = mg_sum},
@@ -232,7 +237,7 @@ static mg_status extreme_backward (mg_node *n, mg_tensor *const *dout, mg_tensor
   mg_scope_end(&sc);
   return MG_OK;
 }
-static const mg_opdef max_op = {
+MG_ROW(MAX, max) = {
   .forward = reduce_forward,
   .info = {.name = "max", .kind = MG_OP_REDUCE,
            .doc = "the largest value (ties share the gradient)", .fn.reduce = mg_max},
@@ -240,7 +245,7 @@ static const mg_opdef max_op = {
 };
 mg_tensor *mg_max (mg_tensor *x, int axis, int keepdims) { return reduce(&max_op, x, axis, keepdims); }
 
-static const mg_opdef min_op = {
+MG_ROW(MIN, min) = {
   .forward = reduce_forward,
   .info = {.name = "min", .kind = MG_OP_REDUCE,
            .doc = "the smallest value (ties share the gradient)", .fn.reduce = mg_min},
@@ -249,14 +254,14 @@ static const mg_opdef min_op = {
 mg_tensor *mg_min (mg_tensor *x, int axis, int keepdims) { return reduce(&min_op, x, axis, keepdims); }
 
 /* argmax/argmin: the first position of the extreme (NaN wins), int64. No gradient */
-static const mg_opdef argmax_op = {
+MG_ROW(ARGMAX, argmax) = {
   .forward = reduce_forward,
   .info = {.name = "argmax", .kind = MG_OP_OTHER, .doc = "the position of the largest value (int64)"},
   .reduce = argmax_kernel, .result = MG_RESULT_INDEX,
 };
 mg_tensor *mg_argmax (mg_tensor *x, int axis, int keepdims) { return reduce(&argmax_op, x, axis, keepdims); }
 
-static const mg_opdef argmin_op = {
+MG_ROW(ARGMIN, argmin) = {
   .forward = reduce_forward,
   .info = {.name = "argmin", .kind = MG_OP_OTHER, .doc = "the position of the smallest value (int64)"},
   .reduce = argmin_kernel, .result = MG_RESULT_INDEX,
@@ -265,7 +270,7 @@ mg_tensor *mg_argmin (mg_tensor *x, int axis, int keepdims) { return reduce(&arg
 
 
 /* mean = sum / n (a composite: its gradient comes from sum and div) */
-static const mg_opdef mean_op = {
+MG_ROW(MEAN, mean) = {
   .forward = reduce_forward,
   .info = {.name = "mean", .kind = MG_OP_REDUCE, .doc = "the mean (int64 and bool give float64)",
            .fn.reduce = mg_mean},
@@ -318,6 +323,4 @@ mg_tensor *mg_sum_to_shape (mg_tensor *x, const int64_t *shape, int ndim) {
   return r;
 }
 
-static const mg_opdef *const rows[] = {&sum_op, &mean_op, &max_op, &min_op, &argmax_op, &argmin_op};
-_Static_assert(sizeof rows / sizeof rows[0] == 6, "reduce.c: a row is missing from rows[]");
-const mg_opfamily mg_reduce_ops = {rows, sizeof rows / sizeof rows[0]};
+MG_FAMILY(mg_reduce_ops, REDUCE_OPS, REDUCE__COUNT);

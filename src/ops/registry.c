@@ -13,7 +13,7 @@
 static const mg_opfamily *const families[] = {
   &mg_unary_ops, &mg_binary_ops, &mg_reduce_ops, &mg_matmul_ops, &mg_shape_ops, &mg_nn_ops,
   &mg_create_ops, &mg_maths_ops, &mg_index_ops, &mg_conv_ops, &mg_attention_ops,
-  &mg_dense_ops,
+  &mg_dense_ops, &mg_sort_ops, &mg_einsum_ops,
 };
 
 #define NFAMILIES ((int)(sizeof families / sizeof families[0]))

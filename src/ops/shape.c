@@ -12,6 +12,13 @@
 
 #include "ops/op.h"
 
+/* this file's rows (op.h, "A family's rows"): the enum, the table and its count follow this list */
+#define SHAPE_OPS(X) \
+  X(RESHAPE, reshape) X(PERMUTE, permute) X(BROADCAST, broadcast) X(SLICE, slice) \
+  X(UNSLICE, unslice) X(CONCAT, concat) X(GATHER, gather) X(SCATTER_ADD, scatter_add) \
+  X(IDENTITY, identity) X(STOP_GRADIENT, stop_gradient)
+enum { SHAPE_OPS(MG_ROW_ENUM) SHAPE__COUNT };
+
 
 static char *shape_s (char *buf, size_t n, const mg_tensor *t) {
   return mg_shape_str(buf, n, t->shape, t->ndim);
@@ -92,7 +99,7 @@ static mg_status reshape_backward (mg_node *n, mg_tensor *const *dout, mg_tensor
   din[0] = mg_reshape(dout[0], SHAPE_OF(n, 0));
   return MG_OK;
 }
-static const mg_opdef reshape_op = {.forward = reshape_forward, .info = {.name = "reshape", .kind = MG_OP_OTHER, .doc = "the same values in another shape (one size may be -1)"}, .backward = reshape_backward};
+MG_ROW(RESHAPE, reshape) = {.forward = reshape_forward, .info = {.name = "reshape", .kind = MG_OP_OTHER, .doc = "the same values in another shape (one size may be -1)"}, .backward = reshape_backward};
 
 mg_tensor *mg_expand_dims (mg_tensor *x, int axis) {
   MG_CHECK_ARG("mg_expand_dims", x, NULL);
@@ -150,7 +157,7 @@ static mg_status permute_backward (mg_node *n, mg_tensor *const *dout, mg_tensor
   din[0] = mg_permute(dout[0], inv);
   return MG_OK;
 }
-static const mg_opdef permute_op = {.forward = view_forward, .info = {.name = "permute", .kind = MG_OP_OTHER, .doc = "the axes reordered (transpose with a permutation)"}, .backward = permute_backward};
+MG_ROW(PERMUTE, permute) = {.forward = view_forward, .info = {.name = "permute", .kind = MG_OP_OTHER, .doc = "the axes reordered (transpose with a permutation)"}, .backward = permute_backward};
 
 mg_tensor *mg_transpose (mg_tensor *x, int axis1, int axis2) {
   MG_CHECK_ARG("mg_transpose", x, NULL);
@@ -197,7 +204,7 @@ static mg_status broadcast_backward (mg_node *n, mg_tensor *const *dout, mg_tens
   din[0] = mg_sum_to_shape(dout[0], SHAPE_OF(n, 0));
   return MG_OK;
 }
-static const mg_opdef broadcast_op = {.forward = view_forward, .info = {.name = "broadcast_to", .kind = MG_OP_OTHER, .doc = "a broadcast view with a larger shape"}, .backward = broadcast_backward};
+MG_ROW(BROADCAST, broadcast) = {.forward = view_forward, .info = {.name = "broadcast_to", .kind = MG_OP_OTHER, .doc = "a broadcast view with a larger shape"}, .backward = broadcast_backward};
 
 /* }========================================================== */
 
@@ -256,7 +263,7 @@ static mg_status slice_backward (mg_node *n, mg_tensor *const *dout, mg_tensor *
   din[0] = mg_unslice(dout[0], n->in_meta[0].shape, n->attr->a, n->attr->c);
   return MG_OK;
 }
-static const mg_opdef slice_op = {.forward = view_forward, .info = {.name = "slice", .kind = MG_OP_OTHER, .doc = "a view of start..stop by step along each axis"}, .backward = slice_backward};
+MG_ROW(SLICE, slice) = {.forward = view_forward, .info = {.name = "slice", .kind = MG_OP_OTHER, .doc = "a view of start..stop by step along each axis"}, .backward = slice_backward};
 
 /* unslice: zeros of `shape` with x at start::step.  grad: slice(dout) */
 mg_tensor *mg_unslice (mg_tensor *x, const int64_t *shape, const int64_t *start, const int64_t *step) {
@@ -314,7 +321,7 @@ static mg_status unslice_backward (mg_node *n, mg_tensor *const *dout, mg_tensor
   din[0] = mg_slice(dout[0], n->attr->a, n->attr->b, n->attr->c);
   return MG_OK;
 }
-static const mg_opdef unslice_op = {.forward = unslice_forward, .info = {.name = "unslice", .kind = MG_OP_OTHER, .doc = "zeros with x placed at start..stop by step (slice's adjoint)"}, .backward = unslice_backward};
+MG_ROW(UNSLICE, unslice) = {.forward = unslice_forward, .info = {.name = "unslice", .kind = MG_OP_OTHER, .doc = "zeros with x placed at start..stop by step (slice's adjoint)"}, .backward = unslice_backward};
 
 /* select: x[..., index, ...] along axis, dropping it (slice + reshape) */
 mg_tensor *mg_select (mg_tensor *x, int axis, int64_t index) {
@@ -420,7 +427,7 @@ static mg_status concat_backward (mg_node *n, mg_tensor *const *dout, mg_tensor 
   }
   return MG_OK;
 }
-static const mg_opdef concat_op = {.forward = concat_forward, .info = {.name = "concat", .kind = MG_OP_OTHER, .doc = "tensors joined along an axis"}, .backward = concat_backward};
+MG_ROW(CONCAT, concat) = {.forward = concat_forward, .info = {.name = "concat", .kind = MG_OP_OTHER, .doc = "tensors joined along an axis"}, .backward = concat_backward};
 
 /* stack: expand each at axis, then concat (a composite) */
 mg_tensor *mg_stack (mg_tensor *const *xs, int n, int axis) {
@@ -540,7 +547,7 @@ static mg_status gather_backward (mg_node *n, mg_tensor *const *dout, mg_tensor 
   din[0] = mg_scatter_add(dout[0], n->in[1], n->attr->axis, SHAPE_OF(n, 0));
   return MG_OK;
 }
-static const mg_opdef gather_op = {.forward = gather_forward, .info = {.name = "gather", .kind = MG_OP_OTHER, .doc = "slices of x along an axis at integer indices"}, .saves = MG_SAVE_IN(1), .backward = gather_backward};
+MG_ROW(GATHER, gather) = {.forward = gather_forward, .info = {.name = "gather", .kind = MG_OP_OTHER, .doc = "slices of x along an axis at integer indices"}, .saves = MG_SAVE_IN(1), .backward = gather_backward};
 
 #define SCATTER_ADD(T) do {                                                         \
     T *o_ = (T *)mg_ptr(out); const T *s_ = (const T *)mg_ptr(sc);                 \
@@ -611,7 +618,7 @@ static mg_status scatter_add_backward (mg_node *n, mg_tensor *const *dout, mg_te
   mg_tensor_release(g);
   return MG_OK;
 }
-static const mg_opdef scatter_add_op = {.forward = scatter_add_forward, .info = {.name = "scatter_add", .kind = MG_OP_OTHER, .doc = "zeros with slices added at indices (gather's adjoint)"}, .saves = MG_SAVE_IN(1), .backward = scatter_add_backward};
+MG_ROW(SCATTER_ADD, scatter_add) = {.forward = scatter_add_forward, .info = {.name = "scatter_add", .kind = MG_OP_OTHER, .doc = "zeros with slices added at indices (gather's adjoint)"}, .saves = MG_SAVE_IN(1), .backward = scatter_add_backward};
 
 /* }========================================================== */
 
@@ -641,7 +648,7 @@ static mg_status identity_backward (mg_node *n, mg_tensor *const *dout, mg_tenso
   din[0] = mg_tensor_retain(dout[0]);
   return MG_OK;
 }
-static const mg_opdef identity_op = {
+MG_ROW(IDENTITY, identity) = {
   .forward = fresh_view,
   .info = {.name = "identity", .kind = MG_OP_UNARY, .fn.unary = mg_identity,
            .doc = "x as a new tensor, no copy (tf.identity): a tape sees a new value"},
@@ -654,7 +661,7 @@ mg_tensor *mg_stop_gradient (mg_tensor *x) {
   MG_CHECK_ARG("mg_stop_gradient", x, NULL);
   return fresh_view_op(&stop_gradient_op, x);
 }
-static const mg_opdef stop_gradient_op = {
+MG_ROW(STOP_GRADIENT, stop_gradient) = {
   .forward = fresh_view,
   .info = {.name = "stop_gradient", .kind = MG_OP_UNARY, .fn.unary = mg_stop_gradient,
            .doc = "x as a constant to every tape, no copy (tf.stop_gradient, torch's detach)"},
@@ -662,6 +669,4 @@ static const mg_opdef stop_gradient_op = {
 
 /* }========================================================== */
 
-static const mg_opdef *const rows[] = {&reshape_op, &permute_op, &broadcast_op, &slice_op, &unslice_op, &concat_op, &gather_op, &scatter_add_op, &identity_op, &stop_gradient_op};
-_Static_assert(sizeof rows / sizeof rows[0] == 10, "shape.c: a row is missing from rows[]");
-const mg_opfamily mg_shape_ops = {rows, sizeof rows / sizeof rows[0]};
+MG_FAMILY(mg_shape_ops, SHAPE_OPS, SHAPE__COUNT);

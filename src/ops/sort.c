@@ -20,7 +20,12 @@
 
 #include "ops/op.h"
 
-extern const mg_opdef mg_sort_op, mg_argsort_op, mg_topk_op;
+/* this file's rows (op.h, "A family's rows"): the enum, the table and its count follow this list */
+#define SORT_OPS(X) \
+  X(SORT, sort) X(ARGSORT, argsort) X(TOPK, topk)
+enum { SORT_OPS(MG_ROW_ENUM) SORT__COUNT };
+static const mg_opdef sort_op, argsort_op, topk_op;
+
 
 static int thread_num (void) {
 #ifdef _OPENMP
@@ -287,7 +292,7 @@ static mg_status sort_forward (mg_opcall *c) {
 }
 
 /* runs def on x along axis a; with values NULL, its positions alone */
-static mg_status sort_op (const mg_opdef *def, mg_tensor *x, int a, sort_how how, mg_tensor **values,
+static mg_status run_sort (const mg_opdef *def, mg_tensor *x, int a, sort_how how, mg_tensor **values,
                           mg_tensor **indices) {
   mg_attr attr = {0};
   attr.axis = a;
@@ -324,12 +329,12 @@ mg_status mg_sort (mg_tensor *x, int axis, int descending, mg_tensor **values, m
   if (indices) *indices = NULL;
   mg_tensor *v = NULL, *ix = NULL;
   int a = sort_axis("sort", x, axis);
-  if (a < 0 || sort_op(&mg_sort_op, x, a, (sort_how){-1, descending != 0, false}, &v, &ix) != MG_OK) return MG_ERR;
+  if (a < 0 || run_sort(&sort_op, x, a, (sort_how){-1, descending != 0, false}, &v, &ix) != MG_OK) return MG_ERR;
   if (values) *values = v; else mg_tensor_release(v);
   if (indices) *indices = ix; else mg_tensor_release(ix);
   return MG_OK;
 }
-const mg_opdef mg_sort_op = {
+MG_ROW(SORT, sort) = {
   .forward = sort_forward,
   .info = {.name = "sort", .kind = MG_OP_OTHER,
            .doc = "values sorted along an axis (stable; NaN above every number) and where they came from"},
@@ -341,10 +346,10 @@ mg_tensor *mg_argsort (mg_tensor *x, int axis, int descending) {
   MG_CHECK_ARG("mg_argsort", x, NULL);
   mg_tensor *ix = NULL;
   int a = sort_axis("argsort", x, axis);
-  if (a < 0 || sort_op(&mg_argsort_op, x, a, (sort_how){-1, descending != 0, false}, NULL, &ix) != MG_OK) return NULL;
+  if (a < 0 || run_sort(&argsort_op, x, a, (sort_how){-1, descending != 0, false}, NULL, &ix) != MG_OK) return NULL;
   return ix;
 }
-const mg_opdef mg_argsort_op = {
+MG_ROW(ARGSORT, argsort) = {
   .forward = sort_forward,
   .info = {.name = "argsort", .kind = MG_OP_OTHER,
            .doc = "the positions that sort x along an axis (stable; not differentiable)"},
@@ -366,13 +371,13 @@ mg_status mg_topk (mg_tensor *x, int64_t k, int axis, int largest, int sorted, m
     return mg_seterror("topk: k = %lld is larger than dimension " MG_POS " of size %lld", (long long)k, (long long)a,
                        (long long)x->shape[a]);
   mg_tensor *v = NULL, *ix = NULL;
-  if (sort_axis("topk", x, a) < 0 || sort_op(&mg_topk_op, x, a, (sort_how){k, largest != 0, !sorted}, &v, &ix) != MG_OK)
+  if (sort_axis("topk", x, a) < 0 || run_sort(&topk_op, x, a, (sort_how){k, largest != 0, !sorted}, &v, &ix) != MG_OK)
     return MG_ERR;
   if (values) *values = v; else mg_tensor_release(v);
   if (indices) *indices = ix; else mg_tensor_release(ix);
   return MG_OK;
 }
-const mg_opdef mg_topk_op = {
+MG_ROW(TOPK, topk) = {
   .forward = sort_forward,
   .info = {.name = "topk", .kind = MG_OP_OTHER,
            .doc = "the k largest (or smallest) entries along an axis and their positions"},
@@ -380,3 +385,5 @@ const mg_opdef mg_topk_op = {
 };
 
 /* }========================================================== */
+
+MG_FAMILY(mg_sort_ops, SORT_OPS, SORT__COUNT);

@@ -12,6 +12,12 @@
 #include "ops/op.h"
 #include "vecmath.h"
 
+/* this file's rows (op.h, "A family's rows"): the enum, the table and its count follow this list */
+#define UNARY_OPS(X) \
+  X(NEG, neg) X(EXP, exp) X(LOG, log) X(SQRT, sqrt) X(ABS, abs) X(SIGN, sign) X(TANH, tanh) \
+  X(SIGMOID, sigmoid) X(RELU, relu) X(SOFTPLUS, softplus) X(LOGICAL_NOT, logical_not)
+enum { UNARY_OPS(MG_ROW_ENUM) UNARY__COUNT };
+
 /* {=================== kernels and the common path =========== */
 
 #define LOOP1(TI, TO, EXPR) do {                                              \
@@ -82,7 +88,7 @@ static mg_status neg_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **d
   din[0] = mg_neg(dout[0]);
   return MG_OK;
 }
-static const mg_opdef neg_op = {
+MG_ROW(NEG, neg) = {
   .forward = mg_unary_forward,
   .info = {.name = "neg", .kind = MG_OP_UNARY, .symbol = "-", .metamethod = "__unm",
            .doc = "-x", .fn.unary = mg_neg},
@@ -97,7 +103,7 @@ static mg_status exp_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **d
   din[0] = mg_mul(dout[0], n->out[0]);
   return MG_OK;
 }
-static const mg_opdef exp_op = {
+MG_ROW(EXP, exp) = {
   .forward = mg_unary_forward,
   .info = {.name = "exp", .kind = MG_OP_UNARY, .doc = "e^x", .fn.unary = mg_exp},
   .kernel = {[MG_FLOAT32] = exp_f32, [MG_FLOAT64] = exp_f64},
@@ -111,7 +117,7 @@ static mg_status log_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **d
   din[0] = mg_div(dout[0], n->in[0]);
   return MG_OK;
 }
-static const mg_opdef log_op = {
+MG_ROW(LOG, log) = {
   .forward = mg_unary_forward,
   .info = {.name = "log", .kind = MG_OP_UNARY, .doc = "the natural logarithm", .fn.unary = mg_log},
   .kernel = {[MG_FLOAT32] = log_f32, [MG_FLOAT64] = log_f64},
@@ -128,7 +134,7 @@ static mg_status sqrt_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **
   mg_scope_end(&sc);
   return MG_OK;
 }
-static const mg_opdef sqrt_op = {
+MG_ROW(SQRT, sqrt) = {
   .forward = mg_unary_forward,
   .info = {.name = "sqrt", .kind = MG_OP_UNARY, .doc = "the square root", .fn.unary = mg_sqrt},
   .kernel = {[MG_FLOAT32] = sqrt_f32, [MG_FLOAT64] = sqrt_f64},
@@ -145,7 +151,7 @@ static mg_status abs_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **d
   mg_scope_end(&sc);
   return MG_OK;
 }
-static const mg_opdef abs_op = {
+MG_ROW(ABS, abs) = {
   .forward = mg_unary_forward,
   .info = {.name = "abs", .kind = MG_OP_UNARY, .doc = "|x|", .fn.unary = mg_abs},
   .kernel = {[MG_FLOAT32] = abs_f32, [MG_FLOAT64] = abs_f64, [MG_INT64] = abs_i64},
@@ -156,7 +162,7 @@ mg_tensor *mg_abs (mg_tensor *x) { return mg_unary_op(&abs_op, x); }
 /* sign: -1, 0 or 1 (NaN stays NaN).  Not differentiable */
 FLOAT_KERNELS(sign, (x > 0) - (x < 0) + (x != x ? x : 0))
 KERNEL(sign_i64, int64_t, int64_t, (x > 0) - (x < 0))
-static const mg_opdef sign_op = {
+MG_ROW(SIGN, sign) = {
   .forward = mg_unary_forward,
   .info = {.name = "sign", .kind = MG_OP_UNARY, .doc = "-1, 0 or 1 (not differentiable)",
            .fn.unary = mg_sign},
@@ -171,7 +177,7 @@ static mg_status tanh_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **
   din[0] = mg_activation_backward(n, MG_ACT_TANH, dout[0], n->out[0]);
   return MG_OK;
 }
-static const mg_opdef tanh_op = {
+MG_ROW(TANH, tanh) = {
   .forward = mg_unary_forward,
   .info = {.name = "tanh", .kind = MG_OP_UNARY, .doc = "the hyperbolic tangent", .fn.unary = mg_tanh},
   .kernel = {[MG_FLOAT32] = tanh_f32, [MG_FLOAT64] = tanh_f64},
@@ -185,7 +191,7 @@ static mg_status sigmoid_backward (mg_node *n, mg_tensor *const *dout, mg_tensor
   din[0] = mg_activation_backward(n, MG_ACT_SIGMOID, dout[0], n->out[0]);
   return MG_OK;
 }
-static const mg_opdef sigmoid_op = {
+MG_ROW(SIGMOID, sigmoid) = {
   .forward = mg_unary_forward,
   .info = {.name = "sigmoid", .kind = MG_OP_UNARY, .doc = "1 / (1 + e^-x)", .fn.unary = mg_sigmoid},
   .kernel = {[MG_FLOAT32] = sigmoid_f32, [MG_FLOAT64] = sigmoid_f64},
@@ -200,7 +206,7 @@ static mg_status relu_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **
   din[0] = mg_activation_backward(n, MG_ACT_RELU, dout[0], n->out[0]);
   return MG_OK;
 }
-static const mg_opdef relu_op = {
+MG_ROW(RELU, relu) = {
   .forward = mg_unary_forward,
   .info = {.name = "relu", .kind = MG_OP_UNARY, .doc = "max(x, 0)", .fn.unary = mg_relu},
   .kernel = {[MG_FLOAT32] = relu_f32, [MG_FLOAT64] = relu_f64, [MG_INT64] = relu_i64},
@@ -223,7 +229,7 @@ static mg_status softplus_backward (mg_node *n, mg_tensor *const *dout, mg_tenso
   mg_scope_end(&sc);
   return MG_OK;
 }
-static const mg_opdef softplus_op = {
+MG_ROW(SOFTPLUS, softplus) = {
   .forward = mg_unary_forward,
   .info = {.name = "softplus", .kind = MG_OP_UNARY, .doc = "log(1 + e^x), computed stably",
            .fn.unary = mg_softplus},
@@ -234,7 +240,7 @@ mg_tensor *mg_softplus (mg_tensor *x) { return mg_unary_op(&softplus_op, x); }
 
 /* logical_not: not x, on bool tensors.  Not differentiable */
 KERNEL(logical_not_b, uint8_t, uint8_t, !x)
-static const mg_opdef logical_not_op = {
+MG_ROW(LOGICAL_NOT, logical_not) = {
   .forward = mg_unary_forward,
   .info = {.name = "logical_not", .kind = MG_OP_UNARY, .symbol = "not",
            .doc = "not x, elementwise on a bool tensor", .fn.unary = mg_logical_not},
@@ -245,9 +251,4 @@ mg_tensor *mg_logical_not (mg_tensor *x) { return mg_unary_op(&logical_not_op, x
 /* }========================================================== */
 
 
-static const mg_opdef *const rows[] = {
-  &neg_op, &exp_op, &log_op, &sqrt_op, &abs_op, &sign_op, &tanh_op, &sigmoid_op, &relu_op,
-  &softplus_op, &logical_not_op,
-};
-_Static_assert(sizeof rows / sizeof rows[0] == 11, "unary.c: a row is missing from rows[]");
-const mg_opfamily mg_unary_ops = {rows, sizeof rows / sizeof rows[0]};
+MG_FAMILY(mg_unary_ops, UNARY_OPS, UNARY__COUNT);
