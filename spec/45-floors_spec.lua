@@ -65,6 +65,17 @@ describe("the floors of the C code", function()
     assert.same({}, used(list, defined("src/autodiff")))
   end)
 
+  it("no core file reads or writes the state the tapes keep in the context", function()
+    local touched = {}
+    for _, path in ipairs(core_files()) do
+      local code = code_of(path)
+      for field in code:gmatch("[%.>](tapes)[%.%s]") do touched[#touched + 1] = path .. ": " .. field end
+      for field in code:gmatch("[%.>](replay)[%.%s]") do touched[#touched + 1] = path .. ": " .. field end
+      for field in code:gmatch("[%.>](dtr)[^_%w]") do touched[#touched + 1] = path .. ": " .. field end
+    end
+    assert.same({}, touched)
+  end)
+
   it("each floor includes only the headers of the floors below it", function()
     local above = {           -- folder -> the folders above it
       core = {"ops", "autodiff", "io", "dist", "lua", "cli", "kernel"},

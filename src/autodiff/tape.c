@@ -625,11 +625,19 @@ static mg_tensor *before_op (const mg_opcall *c) {
 
 static bool listening (void) { return mg_anyone_listening(); }
 
+/* what the tapes keep in a context, when it goes */
+static void release_state (mg_context *c) {
+  free(c->tapes.active);
+  c->tapes.active = NULL;
+  c->tapes.nactive = c->tapes.capactive = 0;
+}
+
 void mg_autodiff_install (mg_context *c) {
-  c->ops.before = before_op;
-  c->ops.after = after_op;
-  c->ops.listening = listening;
-  c->tapes.on_read = note_variable_read;     /* variables tell the tapes of reads */
+  c->hooks.before = before_op;
+  c->hooks.after = after_op;
+  c->hooks.listening = listening;
+  c->hooks.on_read = note_variable_read;     /* variables tell the tapes of reads */
+  c->hooks.release = release_state;
 }
 
 /* }========================================================== */

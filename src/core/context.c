@@ -66,10 +66,8 @@ static void release_pools (mg_context *c) {
   mg_current_context = was;
   for (int i = 0; i < c->tensors.npool; i++) free(c->tensors.pool[i]);
   c->tensors.npool = 0;
-  free(c->tapes.active);
-  c->tapes.active = NULL;
+  if (c->hooks.release) c->hooks.release(c);
   if (c->pressure) c->pressure->release(c);
-  c->tapes.nactive = c->tapes.capactive = 0;
 }
 
 void mg_context_free (mg_context *c) {

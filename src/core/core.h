@@ -153,6 +153,8 @@ typedef struct mg_memory_state {
   int64_t fail_countdown;                   /* injected failures; -1: not read from the env */
 } mg_memory_state;
 
+/* The tapes' state in a context (autodiff's: the core keeps it and never
+** reads it, spec/45 checks; the tapes free it through hooks.release) */
 typedef struct mg_tape_state {
   mg_tape **active;                         /* tapes not stopped, oldest first */
   int nactive, capactive;
@@ -164,7 +166,6 @@ typedef struct mg_tape_state {
   struct mg_var_watcher *watchers;
   struct { mg_tape **t; int n; } pauses[MG_MAX_PAUSE_DEPTH];
   int npauses;
-  void (*on_read)(mg_variable *v);          /* installed by the tapes: a variable was read */
   struct mg_hooks_ref *hooks;               /* saved-tensor hooks pushed, innermost */
   bool in_hooks;                            /* a pack or unpack runs: no hooks inside */
 } mg_tape_state;
@@ -179,11 +180,12 @@ typedef struct mg_replay_state {
   mg_replay *playing;                       /* a re-run: take kept outputs */
 } mg_replay_state;
 
-/* What runs around every op (the dispatcher, src/ops/dispatch.c). The
-** tapes install these (autodiff), so the ops never call up into autodiff;
+/* What the floors above install in the context, so that no floor below
+** calls up into them: around every op (the dispatcher, src/ops/dispatch.c),
+** a variable read, the context's end. The tapes install them (autodiff);
 ** any may be NULL. */
 struct mg_opcall;
-typedef struct mg_op_hooks {
+typedef struct mg_hooks {
   /* before the kernel: an output to use instead of computing one (a save
   ** policy's kept output during a re-run), or NULL */
   struct mg_tensor *(*before)(const struct mg_opcall *c);
@@ -191,7 +193,9 @@ typedef struct mg_op_hooks {
   mg_status (*after)(const struct mg_opcall *c);
   /* would an op run now be recorded? (backward rules ask: second order) */
   bool (*listening)(void);
-} mg_op_hooks;
+  void (*on_read)(mg_variable *v);          /* a variable was read */
+  void (*release)(mg_context *c);           /* the context goes: the state the floors above keep in it */
+} mg_hooks;
 
 struct mg_context {
   struct { char msg[512], cause[400], shown[2][512]; bool null_chain; } error;
@@ -199,9 +203,9 @@ struct mg_context {
   struct { int64_t live; mg_tensor *pool[MG_HEADER_POOL]; int npool; } tensors;
   mg_memory_state memory;
   struct { mg_rng_state main, init; } rng;
-  mg_tape_state tapes;
-  mg_replay_state replay;
-  mg_op_hooks ops;                          /* installed by the tapes */
+  mg_tape_state tapes;                      /* autodiff's (above) */
+  mg_replay_state replay;                   /* autodiff's: save policies */
+  mg_hooks hooks;                           /* installed by the tapes */
   bool check_numerics;                      /* mg_check_numerics (numerics.c) */
   struct mg_dtr_state *dtr;                 /* the memory budget (dtr.c); NULL until one is set */
   const mg_pressure *pressure;              /* installed with it: what the allocator calls */

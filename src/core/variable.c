@@ -73,7 +73,7 @@ mg_tensor *mg_variable_exchange (mg_variable *v, mg_tensor *t) {
 
 mg_tensor *mg_variable_read (mg_variable *v) {
   MG_CHECK_ARG("mg_variable_read", v, NULL);
-  void (*on_read)(mg_variable *) = mg_ctx()->tapes.on_read;   /* the tapes' hook */
+  void (*on_read)(mg_variable *) = mg_ctx()->hooks.on_read;   /* the tapes' hook */
   if (on_read) on_read(v);
   return v->value;
 }

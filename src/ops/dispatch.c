@@ -26,7 +26,7 @@ static void mark_numbers (mg_opcall *c) {
 
 mg_tensor *mg_dispatch (mg_opcall *c) {
   mg_context *ctx = mg_ctx();
-  const mg_op_hooks *h = &ctx->ops;
+  const mg_hooks *h = &ctx->hooks;
   /* what a tape could record: a float result of an op with a backward */
   bool differentiable = c->def->backward != NULL && mg_is_float(c->dtype);
   mg_tensor *kept = differentiable && c->nout == 1 && h->before ? h->before(c) : NULL;
@@ -49,6 +49,6 @@ mg_tensor *mg_dispatch (mg_opcall *c) {
 }
 
 bool mg_op_recorded (void) {
-  bool (*listening)(void) = mg_ctx()->ops.listening;
+  bool (*listening)(void) = mg_ctx()->hooks.listening;
   return listening != NULL && listening();
 }
