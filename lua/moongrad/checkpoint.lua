@@ -447,10 +447,7 @@ end
 
 -- }=============================================================
 
---- installs the methods on mg.nn's classes (nn.lua calls it once)
-function checkpoint.install (nn)
-  nn.Layer.save_weights = save_weights
-  nn.Layer.load_weights = load_weights
-end
+--- the methods of every layer (mg.nn copies them into Layer on first use)
+checkpoint.layer_methods = {save_weights = save_weights, load_weights = load_weights}
 
 return checkpoint

@@ -790,15 +790,8 @@ end
 
 -- }=============================================================
 
---- installs the methods on mg.nn's classes (nn.lua calls it once)
-function fit.install (nn)
-  local Layer = nn.Layer
-  Layer.compile = compile
-  Layer.fit = fit_method
-  Layer.evaluate = evaluate
-  Layer.predict = predict
-  Layer.train_step = train_step
-  Layer.test_step = test_step
-end
+--- the methods of every layer (mg.nn copies them into Layer on first use)
+fit.layer_methods = {compile = compile, fit = fit_method, evaluate = evaluate, predict = predict,
+                     train_step = train_step, test_step = test_step}
 
 return fit
