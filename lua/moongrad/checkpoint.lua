@@ -24,6 +24,7 @@
 -- @module moongrad.checkpoint
 local mg = require "moongrad"
 local check = require "moongrad.check"
+local class = require "moongrad.class"
 
 local fail, show = check.fail, check.show
 
@@ -402,8 +403,7 @@ end
 
 -- {---- the fit callback ----
 
-local Callback = {__name = "moongrad.checkpoint.Callback"}
-Callback.__index = Callback
+local Callback = class("moongrad.checkpoint.Callback")
 
 -- path with {epoch}, {epoch:03d}, {val_loss:.4f} ... filled from epoch and logs
 local function fill (path, epoch, logs)
@@ -447,10 +447,7 @@ end
 
 -- }=============================================================
 
---- installs the methods on mg.nn's classes (nn.lua calls it once)
-function checkpoint.install (nn)
-  nn.Layer.save_weights = save_weights
-  nn.Layer.load_weights = load_weights
-end
+--- the methods of every layer (mg.nn copies them into Layer on first use)
+checkpoint.layer_methods = {save_weights = save_weights, load_weights = load_weights}
 
 return checkpoint

@@ -25,6 +25,7 @@
 -- @module moongrad.data
 local mg = require "moongrad"
 local check = require "moongrad.check"
+local class = require "moongrad.class"
 
 local fail, show = check.fail, check.show
 
@@ -36,7 +37,7 @@ data.read_csv = mg._io.read_csv
 -- {========================= shuffling =========================
 
 -- splitmix64's finaliser over (seed, epoch): the seed of an epoch's order
--- (fit's epoch_order is this permutation, so a Dataset and fit shuffle alike)
+-- (fit shuffles with data.permutation too, so a Dataset and fit shuffle alike)
 local function mix (seed, epoch)
   local z = seed ~ (epoch * -7046029254386353131)            -- 0x9E3779B97F4A7C15
   z = (z ~ (z >> 30)) * -4658895280553007687                 -- 0xBF58476D1CE4E5B9
@@ -60,8 +61,7 @@ end
 
 -- {========================== Dataset ==========================
 
-local Dataset = {__name = "moongrad.data.Dataset"}
-Dataset.__index = Dataset
+local Dataset = class("moongrad.data.Dataset")
 data.Dataset = Dataset
 
 local function is_dataset (v) return getmetatable(v) == Dataset end
@@ -72,7 +72,7 @@ local count_rule = check.rule("an integer >= 0", function(v) return math.type(v)
 
 --- Dataset(x, y, ...) or Dataset{x, y, ...}: element i is (x[i], y[i], ...),
 -- the tensors' entries along their first axis, which must have one size.
-setmetatable(Dataset, {__call = function(_, first, ...)
+function Dataset.__new (first, ...)
   local who = "Dataset"
   local list = first == nil and select("#", ...) == 0 and {n = 0} or table.pack(first, ...)
   if type(first) == "table" and getmetatable(first) == nil then
@@ -94,7 +94,7 @@ setmetatable(Dataset, {__call = function(_, first, ...)
     tensors[i] = t
   end
   return node({kind = "source", tensors = tensors, count = n, indexed = true})
-end})
+end
 
 --- #ds: the number of elements (batches, after batch).
 function Dataset:__len () return self.count end

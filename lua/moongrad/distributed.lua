@@ -24,6 +24,7 @@
 -- @module moongrad.distributed
 local mg = require "moongrad"
 local check = require "moongrad.check"
+local class = require "moongrad.class"
 
 local fail, show = check.fail, check.show
 
@@ -117,7 +118,7 @@ end
 
 -- {=================== DistributedOptimizer ====================
 
-local DistributedOptimizer = {__name = "moongrad.distributed.DistributedOptimizer"}
+local DistributedOptimizer = class("moongrad.distributed.DistributedOptimizer")
 dist.DistributedOptimizer_class = DistributedOptimizer
 
 -- learning_rate, iterations, get_state, ... are the inner optimizer's; its

@@ -44,6 +44,7 @@
 -- @module moongrad.fit
 local mg = require "moongrad"
 local check = require "moongrad.check"
+local class = require "moongrad.class"
 
 local fail, show = check.fail, check.show
 
@@ -54,9 +55,8 @@ local fit = {}
 local callbacks = {}
 fit.callbacks = callbacks
 
-local function class (name)
-  local cls = {__name = "moongrad.callbacks." .. name}
-  cls.__index = cls
+local function callback_class (name)
+  local cls = class("moongrad.callbacks." .. name)
   callbacks[name] = cls
   return cls
 end
@@ -340,13 +340,6 @@ local function meter ()
   return m
 end
 
---- The order of n samples in epoch `epoch` for `seed`: mg.data.permutation
--- (mg.random.permutation(n) from a state mixed of seed and epoch, mg.random's
--- own state left as it was), so that fit and a Dataset shuffle alike.
-function fit.epoch_order (n, seed, epoch)
-  return require("moongrad.data").permutation(n, seed, epoch)
-end
-
 -- runs test_step over x, y in batches, in inference mode; the means
 local function evaluate_batches (self, x, y, bs, on_batch)
   local n = x.shape[1]
@@ -372,9 +365,9 @@ end
 --   history.epoch: the epoch numbers (1-based; 3, 4, 5 for a run resumed at 2)
 --   history.params: {epochs =, steps =, verbose =, metrics =}
 --   history:plot([path] [, opts]): the curves (see mg.plot)
-local History = class("History")
+local History = callback_class("History")
 
-setmetatable(History, {__call = function() return setmetatable({history = {}, epoch = {}, params = {}}, History) end})
+function History.__new () return setmetatable({history = {}, epoch = {}, params = {}}, History) end
 
 function History:set_model (model) self.model = model end
 function History:set_params (params) self.params = params end
@@ -410,15 +403,15 @@ end
 --- ProgbarLogger{out=io.stdout, tty=<detected>, verbose=1}: the progress bar
 -- fit shows ("Epoch 1/5", then the Keras bar); give one in callbacks to
 -- choose where it writes (fit then adds none of its own).
-local ProgbarLogger = class("ProgbarLogger")
+local ProgbarLogger = callback_class("ProgbarLogger")
 local PROGBAR = {{"out", check.rule("a file or an object with write and flush methods", function(v)
                   return type(v) == "userdata" or type(v) == "table" end)}, {"tty", check.boolean},
                  {"verbose", check.rule("1 or 2", function(v) return v == 1 or v == 2 end), 1}}
 
-setmetatable(ProgbarLogger, {__call = function(_, opts)
+function ProgbarLogger.__new (opts)
   opts = check.options("ProgbarLogger", opts, PROGBAR)
   return setmetatable({out = opts.out or io.stdout, tty = opts.tty, verbose = opts.verbose}, ProgbarLogger)
-end})
+end
 
 function ProgbarLogger:set_params (params) self.params = params end
 
@@ -467,7 +460,7 @@ end
 -- ends with the variables of its best epoch, whether training stopped early
 -- or ran every epoch. A monitor missing from the logs is an error naming the
 -- ones there (no validation data for val_loss, a typo).
-local EarlyStopping = class("EarlyStopping")
+local EarlyStopping = callback_class("EarlyStopping")
 local EARLY = {{"monitor", check.string, "val_loss"}, {"min_delta", check.nonnegative, 0},
                {"patience", check.rule("an integer >= 0", function(v) return math.type(v) == "integer" and v >= 0 end), 0},
                {"mode", check.rule("'auto', 'min' or 'max'", function(v) return v == "auto" or v == "min" or v == "max" end),
@@ -478,11 +471,11 @@ local EARLY = {{"monitor", check.string, "val_loss"}, {"min_delta", check.nonneg
                {"start_from_epoch", check.rule("an integer >= 0", function(v) return math.type(v) == "integer" and v >= 0 end), 0},
                {"verbose", check.rule("0 or 1", function(v) return v == 0 or v == 1 end), 0}}
 
-setmetatable(EarlyStopping, {__call = function(_, opts)
+function EarlyStopping.__new (opts)
   local o = check.options("EarlyStopping", opts, EARLY)
   if o.mode == "auto" then o.mode = (o.monitor:find("acc") or o.monitor:find("auc")) and "max" or "min" end
   return setmetatable(o, EarlyStopping)
-end})
+end
 
 function EarlyStopping:set_model (model) self.model = model end
 
@@ -545,13 +538,13 @@ end
 --- LambdaCallback{on_epoch_begin=, on_epoch_end=, on_batch_begin=, on_batch_end=,
 -- on_train_begin=, on_train_end=}: plain functions, called as fn(epoch, logs),
 -- fn(batch, logs), fn(logs) (no self).
-local LambdaCallback = class("LambdaCallback")
+local LambdaCallback = callback_class("LambdaCallback")
 local LAMBDA = {}
 for _, h in ipairs(hooks) do
   if h:find("^on_") then LAMBDA[#LAMBDA + 1] = {h, check.callable} end
 end
 
-setmetatable(LambdaCallback, {__call = function(_, opts)
+function LambdaCallback.__new (opts)
   local o = check.options("LambdaCallback", opts, LAMBDA)
   local self = setmetatable({}, LambdaCallback)
   for _, s in ipairs(LAMBDA) do
@@ -559,17 +552,17 @@ setmetatable(LambdaCallback, {__call = function(_, opts)
     if fn then self[s[1]] = function(_, ...) return fn(...) end end
   end
   return self
-end})
+end
 
 --- TerminateOnNaN{verbose=1}: stops training at the first batch whose loss is
 -- NaN or infinite ("Batch 3: invalid loss, terminating training").
-local TerminateOnNaN = class("TerminateOnNaN")
+local TerminateOnNaN = callback_class("TerminateOnNaN")
 
-setmetatable(TerminateOnNaN, {__call = function(_, opts)
+function TerminateOnNaN.__new (opts)
   local o = check.options("TerminateOnNaN", opts, {{"verbose", check.rule("0 or 1", function(v)
     return v == 0 or v == 1 end), 1}})
   return setmetatable({verbose = o.verbose}, TerminateOnNaN)
-end})
+end
 
 function TerminateOnNaN:set_model (model) self.model = model end
 
@@ -664,10 +657,12 @@ local function run_fit (self, x, y, o, c)
   self.stop_training = false
   self.history = history
   local logs, warned_nan = {}, false
+  -- the order of epoch e: mg.data.permutation(n, seed, e), as a Dataset shuffles
+  local permutation = o.shuffle and require("moongrad.data").permutation
   call(cbs, "on_train_begin", {})
   for epoch = o.initial_epoch + 1, o.epochs do
     call(cbs, "on_epoch_begin", epoch, {})
-    local order = o.shuffle and fit.epoch_order(n, seed, epoch) or nil
+    local order = permutation and permutation(n, seed, epoch) or nil
     local m = meter()
     for i = 1, steps do
       call(cbs, "on_batch_begin", i, {})
@@ -790,15 +785,8 @@ end
 
 -- }=============================================================
 
---- installs the methods on mg.nn's classes (nn.lua calls it once)
-function fit.install (nn)
-  local Layer = nn.Layer
-  Layer.compile = compile
-  Layer.fit = fit_method
-  Layer.evaluate = evaluate
-  Layer.predict = predict
-  Layer.train_step = train_step
-  Layer.test_step = test_step
-end
+--- the methods of every layer (mg.nn copies them into Layer on first use)
+fit.layer_methods = {compile = compile, fit = fit_method, evaluate = evaluate, predict = predict,
+                     train_step = train_step, test_step = test_step}
 
 return fit

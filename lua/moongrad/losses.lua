@@ -26,6 +26,7 @@
 -- @module moongrad.losses
 local mg = require "moongrad"
 local check = require "moongrad.check"
+local class = require "moongrad.class"
 
 local fail, show = check.fail, check.show
 
@@ -284,8 +285,7 @@ local classes = {
 for _, c in ipairs(classes) do
   local class_name, fn_name, spec = c[1], c[2], c[3]
   local fn = losses[fn_name]
-  local cls = {__name = "moongrad.losses." .. class_name}
-  cls.__index = cls
+  local cls = class("moongrad.losses." .. class_name)
   cls.__call = function(self, y_true, y_pred, mask)
     local o = {reduction = self.reduction, mask = mask}
     if spec == PROBS then o.from_logits, o.label_smoothing = self.from_logits, self.label_smoothing end
@@ -296,11 +296,11 @@ for _, c in ipairs(classes) do
   local object_spec = {}
   for _, o in ipairs(spec) do if o[1] ~= "mask" then object_spec[#object_spec + 1] = o end end
   object_spec[#object_spec + 1] = {"name", check.string}
-  setmetatable(cls, {__call = function(_, opts)
+  function cls.__new (opts)
     opts = check.options(class_name, opts, object_spec)
     return setmetatable({name = opts.name or fn_name, reduction = opts.reduction, from_logits = opts.from_logits or false,
                          label_smoothing = opts.label_smoothing or 0, fn = fn}, cls)
-  end})
+  end
   losses[class_name] = cls
 end
 

@@ -11,185 +11,30 @@
 -- @module moongrad.nn
 local mg = require "moongrad"
 local check = require "moongrad.check"
+local layer = require "moongrad.layer"
 
 local fail, show = check.fail, check.show
 
 local nn = {}
 
 -- {========================== classes ==========================
+-- moongrad.layer holds the Layer class and what every layer shares
 
-local function lookup (cls, k)
-  while cls do
-    local v = rawget(cls, k)
-    if v ~= nil then return v end
-    cls = rawget(cls, "__parent")
-  end
-end
-
-local properties = {}
-local classes = {}        -- class -> name, to catch Sequential{Dense}: a class, not a layer
-
--- a layer remembers the shape of what its last call returned, for summary()
-local function note_shape (self, y, ...)
-  if select("#", ...) > 0 and mg.is_tensor((...)) then
-    rawset(self, "_output_shape", "multiple")
-  elseif mg.is_tensor(y) then
-    rawset(self, "_output_shape", y.shape)
-  end
-  return y, ...
-end
-
-local function class (name, parent)
-  local cls = {__name = "moongrad.nn." .. name, __parent = parent}
-  classes[cls] = name
-  cls.__index = function(self, k)
-    local prop = properties[k]
-    if prop then return prop(self) end
-    return lookup(cls, k)
-  end
-  cls.__call = mg._layer_call             -- self:call(...), then note_shape's note (in C: see there)
-  cls.__tostring = function(self) return self:describe() end
-  return cls
-end
-
-local counters = {}
-
-local function auto_name (base)
-  local n = counters[base] or 0
-  counters[base] = n + 1
-  return n == 0 and base or (base .. "_" .. n)
-end
-
--- }=============================================================
-
-
--- {=========================== Layer ===========================
-
-local Layer = class("Layer")
+local Layer = layer.Layer
 nn.Layer = Layer
+nn.glorot_uniform = layer.glorot_uniform
+nn.dropout = layer.dropout
 
---- Makes obj (a table) a layer of class cls.
-local function new_layer (cls, obj, base)
-  obj = obj or {}
-  obj._vars, obj._layers = {}, {}
-  obj.name = obj.name or auto_name(base)
-  return setmetatable(obj, cls)
-end
-
-local VARIABLE_OPTIONS = {{"trainable", check.boolean, true}}
-
---- Creates a variable owned by this layer: add_variable(name, init, {trainable=true}).
-function Layer:add_variable (name, init, opts)
-  check.value("Layer:add_variable", "name", name, check.string)
-  opts = check.options("Layer:add_variable", opts, VARIABLE_OPTIONS)
-  local v = mg.Variable(init, {name = self.name .. "/" .. name, trainable = opts.trainable})
-  self._vars[#self._vars + 1] = v
-  return v
-end
-
--- the layer inside a recompute_grad wrapper (a userdata), or l itself
-local function unwrap (l)
-  if type(l) == "userdata" then
-    local ok, inner = pcall(function() return l.__wrapped__ end)
-    if ok and inner ~= nil then return inner end
-  end
-  return l
-end
-
---- Registers a sublayer (or a callable) whose variables this layer owns too;
--- a layer under recompute_grad is the layer's own.
-function Layer:track (layer)
-  local inner = unwrap(layer)
-  if type(inner) == "table" then self._layers[#self._layers + 1] = inner end
-  return layer
-end
-
-local function collect (layer, out, seen)
-  for _, v in ipairs(rawget(layer, "_vars") or {}) do
-    if not seen[v] then seen[v] = true; out[#out + 1] = v end
-  end
-  for _, sub in ipairs(rawget(layer, "_layers") or {}) do
-    local vars = sub.variables            -- a sublayer's own error is the user's to see
-    if type(vars) == "table" then
-      for _, v in ipairs(vars) do
-        if not seen[v] then seen[v] = true; out[#out + 1] = v end
-      end
-    end
-  end
-  return out
-end
-
-function properties.variables (self) return collect(self, {}, {}) end
-
-function properties.trainable_variables (self)
-  local out = {}
-  for _, v in ipairs(collect(self, {}, {})) do if v.trainable then out[#out + 1] = v end end
-  return out
-end
-
-function properties.non_trainable_variables (self)
-  local out = {}
-  for _, v in ipairs(collect(self, {}, {})) do if not v.trainable then out[#out + 1] = v end end
-  return out
-end
-
-function Layer:describe ()
-  return ("%s '%s'"):format(getmetatable(self).__name, self.name)
-end
-
-function Layer:call ()
-  error(("%s: call is not defined"):format(self:describe()), 2)
-end
+local class, new_layer, classes, unwrap = layer.class, layer.new, layer.classes, layer.unwrap
+local check_input, size_rule = layer.check_input, layer.size_rule
 
 -- }=============================================================
 
 
 -- {======================= initializers ========================
--- Initial values come from the initializers' stream (seeded by
--- mg.random.seed too): building a layer lazily, maybe inside a
--- recompute_grad forward, never shifts the main stream that dropout masks
--- are drawn from and that recompute replays.
+-- (layer.lua's: they draw from the initializers' stream)
 
-local size_rule = check.rule("an integer >= 0", function(v) return math.type(v) == "integer" and v >= 0 end)
-
--- the checks of an initializer's arguments; returns (fan_in, fan_out) as
--- Keras computes them: a conv kernel (KH,KW,Cin,Cout) counts its receptive
--- field, fan_in = KH*KW*Cin and fan_out = KH*KW*Cout
-local function fans (who, shape, dtype)
-  if type(shape) ~= "table" or check.kind(shape) ~= "a table" then
-    fail(who, "shape must be a list of sizes, got %s", show(shape))
-  end
-  local n = check.list(who, shape, "shape", "shape[%d]")
-  for i = 1, n do
-    check.value(who, ("shape[%d]"):format(i), shape[i], size_rule)
-  end
-  if dtype ~= nil and dtype ~= "float32" and dtype ~= "float64" then
-    fail(who, "dtype must be 'float32' or 'float64', got %s", show(dtype))
-  end
-  local receptive = 1
-  for i = 1, n - 2 do receptive = receptive * shape[i] end
-  local fan_in, fan_out = (shape[n - 1] or shape[1]), shape[n]
-  if not fan_in or fan_in + fan_out == 0 then
-    fail(who, "shape must have at least 1 dimension and a nonzero fan, got %s", check.shape(shape))
-  end
-  return fan_in * receptive, fan_out * receptive
-end
-
---- Glorot (Xavier) uniform: U(-l, l), l = sqrt(6 / (fan_in + fan_out)).
-function nn.glorot_uniform (shape, dtype)
-  local fan_in, fan_out = fans("glorot_uniform", shape, dtype)
-  local limit = math.sqrt(6 / (fan_in + fan_out))
-  return mg.random.with_init_stream(mg.random.uniform, shape, -limit, limit, dtype)
-end
-
--- He uniform (for relu layers): U(-l, l), l = sqrt(6 / fan_in)
-local function he_uniform (shape, dtype)
-  local fan_in = fans("he_uniform", shape, dtype)
-  local limit = fan_in > 0 and math.sqrt(6 / fan_in) or 0
-  return mg.random.with_init_stream(mg.random.uniform, shape, -limit, limit, dtype)
-end
-
-local initializers = {glorot_uniform = nn.glorot_uniform, he_uniform = he_uniform,
+local initializers = {glorot_uniform = layer.glorot_uniform, he_uniform = layer.he_uniform,
                       zeros = function(shape, dtype) return mg.zeros(shape, dtype) end}
 local initializer_names = {"glorot_uniform", "he_uniform", "zeros"}
 
@@ -209,22 +54,6 @@ end
 
 
 -- {======================= layer inputs ========================
-
---- Checks x for layer `who`: a float tensor with at least min_ndim axes and,
--- once built (like is a variable of the layer), like's dtype and last axis.
-local function check_input (who, x, min_ndim, like)
-  check.float_tensor(who, "input", x)
-  if x.ndim < min_ndim then
-    fail(who, "input must have at least %d dimension%s, got shape %s", min_ndim,
-         min_ndim == 1 and "" or "s", check.shape(x.shape))
-  end
-  if not like then return end
-  if x.dtype ~= like.dtype then fail(who, "input is %s, the layer was built for %s", x.dtype, like.dtype) end
-  local width, want = x.shape[x.ndim], like.shape[1]
-  if width ~= want then
-    fail(who, "input has %d features (its last axis), the layer was built for %d", width, want)
-  end
-end
 
 local optional_boolean = check.rule("true, false or nil", function(v) return v == nil or type(v) == "boolean" end)
 
@@ -260,7 +89,7 @@ nn.Dense = Dense
 
 local DENSE_OPTIONS = {{"activation", activation_rule}, {"use_bias", check.boolean, true}, {"name", check.string}}
 
-function Dense.new (units, activation, opts)
+function Dense.__new (units, activation, opts)
   check.value("Dense", "units", units, check.positive_integer)
   if type(activation) == "table" and not check.is_callable(activation) then
     if opts ~= nil then fail("Dense", "options given twice; write Dense(units [, activation] [, options])") end
@@ -276,7 +105,6 @@ function Dense.new (units, activation, opts)
   return new_layer(Dense, {name = opts.name, units = units, use_bias = opts.use_bias,
                            activation = activation_of("Dense", activation or opts.activation)}, "dense")
 end
-setmetatable(Dense, {__call = function(_, ...) return Dense.new(...) end})
 
 function Dense:build (x)
   local fan_in, dtype = x.shape[x.ndim], x.dtype
@@ -305,11 +133,11 @@ local NAME_ONLY = {{"name", check.string}}
 --- Lambda(fn, {name=}): a layer that calls fn.
 local Lambda = class("Lambda", Layer)
 nn.Lambda = Lambda
-setmetatable(Lambda, {__call = function(_, fn, opts)
+function Lambda.__new (fn, opts)
   check.value("Lambda", "fn", fn, check.callable)
   opts = check.options("Lambda", opts, NAME_ONLY)
   return new_layer(Lambda, {fn = fn, name = opts.name}, "lambda")
-end})
+end
 
 function Lambda:call (...) return self.fn(...) end
 
@@ -335,13 +163,13 @@ end
 --- Sequential{layer, ...}: runs the layers in order.
 local Sequential = class("Sequential", Layer)
 nn.Sequential = Sequential
-setmetatable(Sequential, {__call = function(_, layers, opts)
+function Sequential.__new (layers, opts)
   local n = check_layers("Sequential", layers, "Sequential{...}")
   opts = check.options("Sequential", opts, NAME_ONLY)
   local self = new_layer(Sequential, {layers = {}, name = opts.name}, "sequential")
   for i = 1, n do self:add(layers[i]) end
   return self
-end})
+end
 
 function Sequential:add (layer)
   check.self("Sequential:add", self, Sequential, "model:add(layer)")
@@ -422,7 +250,7 @@ local CONV2D_OPTIONS = {{"strides", pair_rule, 1}, {"padding", padding_rule, "va
                         {"activation", activation_rule}, {"use_bias", check.boolean, true},
                         {"kernel_initializer", initializer_rule, "glorot_uniform"}, {"name", check.string}}
 
-setmetatable(Conv2D, {__call = function(_, filters, kernel_size, opts)
+function Conv2D.__new (filters, kernel_size, opts)
   check.value("Conv2D", "filters", filters, check.positive_integer)
   check.value("Conv2D", "kernel_size", kernel_size, pair_rule)
   opts = check.options("Conv2D", opts, CONV2D_OPTIONS)
@@ -433,7 +261,7 @@ setmetatable(Conv2D, {__call = function(_, filters, kernel_size, opts)
   self._init = initializer_of("Conv2D", opts.kernel_initializer)
   self._opts = {strides = self.strides, padding = self.padding, dilation_rate = self.dilation_rate}
   return self
-end})
+end
 
 function Conv2D:build (x)
   local shape, dtype = {self.kernel_size[1], self.kernel_size[2], x.shape[4], self.filters}, x.dtype
@@ -473,7 +301,7 @@ local POOL_OPTIONS = {{"pool_size", pair_rule}, {"strides", pair_rule}, {"paddin
 local function pool_class (name, base, op)
   local cls = class(name, Layer)
   nn[name] = cls
-  setmetatable(cls, {__call = function(_, pool_size, opts)
+  function cls.__new (pool_size, opts)
     if type(pool_size) == "table" and not pair_rule.test(pool_size) and pool_size[1] == nil then
       if opts ~= nil then fail(name, "options given twice; write %s([pool_size] [, options])", name) end
       pool_size, opts = nil, pool_size                       -- MaxPool2D{pool_size = 3}
@@ -489,7 +317,7 @@ local function pool_class (name, base, op)
                                  padding = opts.padding:lower()}, base)
     self._opts = {pool_size = size, strides = strides, padding = self.padding}
     return self
-  end})
+  end
   cls.call = function(self, x)
     check_image(name, x)
     return op(x, self._opts)
@@ -512,10 +340,10 @@ nn.GlobalAveragePooling2D = GlobalAveragePooling2D
 
 local GAP_OPTIONS = {{"keepdims", check.boolean, false}, {"name", check.string}}
 
-setmetatable(GlobalAveragePooling2D, {__call = function(_, opts)
+function GlobalAveragePooling2D.__new (opts)
   opts = check.options("GlobalAveragePooling2D", opts, GAP_OPTIONS)
   return new_layer(GlobalAveragePooling2D, {keepdims = opts.keepdims, name = opts.name}, "global_average_pooling2d")
-end})
+end
 
 function GlobalAveragePooling2D:call (x)
   check_image("GlobalAveragePooling2D", x)
@@ -531,10 +359,10 @@ end
 local Flatten = class("Flatten", Layer)
 nn.Flatten = Flatten
 
-setmetatable(Flatten, {__call = function(_, opts)
+function Flatten.__new (opts)
   opts = check.options("Flatten", opts, NAME_ONLY)
   return new_layer(Flatten, {name = opts.name}, "flatten")
-end})
+end
 
 function Flatten:call (x)
   check_input("Flatten", x, 1)
@@ -550,7 +378,7 @@ nn.Reshape = Reshape
 
 local target_rule = check.rule("a positive integer or -1", function(v) return is_size(v) or v == -1 end)
 
-setmetatable(Reshape, {__call = function(_, target, opts)
+function Reshape.__new (target, opts)
   if type(target) ~= "table" or check.kind(target) ~= "a table" then
     fail("Reshape", "target_shape must be a list of sizes (the batch axis left out), got %s", show(target))
   end
@@ -562,7 +390,7 @@ setmetatable(Reshape, {__call = function(_, target, opts)
   if unknown > 1 then fail("Reshape", "target_shape may have one -1, got %d", unknown) end
   opts = check.options("Reshape", opts, NAME_ONLY)
   return new_layer(Reshape, {target_shape = table.move(target, 1, n, 1, {}), name = opts.name}, "reshape")
-end})
+end
 
 function Reshape:call (x)
   check_input("Reshape", x, 1)
@@ -712,16 +540,7 @@ end
 
 -- {==================== dropout, batch norm ====================
 
---- dropout(x, rate): zeroes each entry with probability rate and scales the
--- rest by 1/(1-rate). The mask comes from mg.random, so recompute_grad replays it.
-function nn.dropout (x, rate)
-  check.float_tensor("dropout", "x", x)
-  check.value("dropout", "rate", rate, check.fraction)
-  if rate == 0 then return x end
-  local dtype = x.dtype
-  local keep = mg.greater_equal(mg.random.uniform(x.shape, 0, 1, dtype), rate)
-  return x * (mg.cast(keep, dtype) / (1 - rate))
-end
+-- dropout(x, rate) is moongrad.layer's (nn.dropout)
 
 --- Dropout(rate, {training=true, name=}): dropout while training (layer.training,
 -- or the call's second argument), the identity otherwise.
@@ -730,11 +549,11 @@ nn.Dropout = Dropout
 
 local DROPOUT_OPTIONS = {{"training", check.boolean, true}, {"name", check.string}}
 
-setmetatable(Dropout, {__call = function(_, rate, opts)
+function Dropout.__new (rate, opts)
   check.value("Dropout", "rate", rate, check.fraction)
   opts = check.options("Dropout", opts, DROPOUT_OPTIONS)
   return new_layer(Dropout, {rate = rate, training = opts.training, name = opts.name}, "dropout")
-end})
+end
 
 function Dropout:call (x, training)
   check_input("Dropout", x, 0)
@@ -758,11 +577,11 @@ nn.BatchNorm = BatchNorm
 local BATCHNORM_OPTIONS = {{"momentum", check.unit, 0.99}, {"epsilon", check.positive, 1e-3},
                            {"training", check.boolean, true}, {"name", check.string}}
 
-setmetatable(BatchNorm, {__call = function(_, opts)
+function BatchNorm.__new (opts)
   opts = check.options("BatchNorm", opts, BATCHNORM_OPTIONS)
   return new_layer(BatchNorm, {momentum = opts.momentum, epsilon = opts.epsilon,
                                training = opts.training, name = opts.name}, "batch_norm")
-end})
+end
 
 function BatchNorm:build (x)
   local n, dtype = x.shape[x.ndim], x.dtype
@@ -896,50 +715,51 @@ end
 -- {================= extensions, loaded on first use =================
 
 -- Training (compile, fit, ...) and checkpoints (save_weights, load_weights)
--- are methods of every layer; Layer:subclass, the reversible layers and the
--- transformer's are classes. Each lives in a module of its own, loaded when
--- a script first uses one of its names: every full collection walks every
--- Lua object the library has made, and these four modules are more than
--- half of them (190 of 350 KiB). Loading them all made each full collection
--- of the MLP step (bench/cases.lua) take 0.23 ms, against 0.10 without.
+-- are methods of every layer; the reversible layers and the transformer's
+-- are classes. Each lives in a module of its own, loaded when a script
+-- first uses one of its names: every full collection walks every Lua
+-- object the library has made, and these four modules are more than half
+-- of them (190 of 350 KiB). Loading them all made each full collection of
+-- the MLP step (bench/cases.lua) take 0.23 ms, against 0.10 without.
+-- A module gives its methods as module.layer_methods[name], its classes as
+-- module[name]; none of them changes nn or Layer itself.
 local EXTENSIONS = {   -- module -> the methods it gives every layer, the classes it adds to nn
   ["moongrad.fit"] = {methods = {"compile", "fit", "evaluate", "predict", "train_step", "test_step"}},
   ["moongrad.checkpoint"] = {methods = {"save_weights", "load_weights"}},
-  ["moongrad.reversible"] = {methods = {"subclass"}, classes = {"RecomputeLayer", "ReversibleLayer", "RevBlock",
-                                                                "AffineCoupling", "InvertibleLinear"}},
+  ["moongrad.reversible"] = {classes = {"RecomputeLayer", "ReversibleLayer", "RevBlock", "AffineCoupling",
+                                        "InvertibleLinear"}},
   ["moongrad.transformer"] = {classes = {"Embedding", "PositionalEmbedding", "LayerNorm", "MultiHeadAttention",
                                          "TransformerBlock"}},
 }
-local internals = {class = class, new_layer = new_layer, note_shape = note_shape, check_input = check_input,
-                   classes = classes}
-local installed = {}       -- module -> true, or "loading" while its install runs
+local installed = {}       -- module -> true, or "loading" while it loads
 local stand_ins = {}       -- method name -> its stand-in
 
--- Installs module once. A method or class the script set itself before
--- (Layer.predict = mine) stays the script's, as when install ran at load.
+-- Loads module once and copies its methods into Layer, its classes into
+-- nn. A method or class the script set itself before (Layer.predict =
+-- mine) stays the script's.
 local function extend (module)
   if installed[module] then return end
-  local e, own = EXTENSIONS[module], {}
+  local e = EXTENSIONS[module]
+  installed[module] = "loading"
+  local ok, m = pcall(require, module)
+  installed[module] = ok or nil
+  if not ok then error(m, 0) end
   for _, name in ipairs(e.methods or {}) do
-    if rawget(Layer, name) ~= stand_ins[name] then own[name] = {Layer, rawget(Layer, name)} end
+    if rawget(Layer, name) == stand_ins[name] then Layer[name] = m.layer_methods[name] end
   end
   for _, name in ipairs(e.classes or {}) do
-    if rawget(nn, name) ~= nil then own[name] = {nn, rawget(nn, name)} end
+    if rawget(nn, name) == nil then rawset(nn, name, m[name]) end
   end
-  installed[module] = "loading"
-  local ok, err = pcall(function() require(module).install(nn, internals) end)
-  installed[module] = ok or nil
-  if not ok then error(err, 0) end
-  for name, where in pairs(own) do rawset(where[1], name, where[2]) end
 end
 
 -- a method stands in for its module's until the first call, which loads it
--- (its install replaces the stand-in) and tail-calls it, so errors still
+-- (extend replaces the stand-in) and tail-calls it, so errors still
 -- name the caller's line
 local function stand_in (module, name)
   local function method (...)
     extend(module)
-    if rawget(Layer, name) == method then error(("nn: %s did not install Layer.%s"):format(module, name)) end
+    local f = rawget(Layer, name)
+    if f == method or f == nil then error(("nn: %s gives no Layer.%s"):format(module, name)) end
     return Layer[name](...)
   end
   stand_ins[name] = method

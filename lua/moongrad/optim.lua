@@ -33,6 +33,7 @@
 -- @module moongrad.optim
 local mg = require "moongrad"
 local check = require "moongrad.check"
+local class = require "moongrad.class"
 
 local fail, show = check.fail, check.show
 
@@ -344,14 +345,14 @@ end
 -- a class named `who` with option spec `spec`; update(self, var, grad, lr)
 -- does one variable's step, slot_names(self) lists the slots kept
 local function optimizer_class (who, spec, def)
-  local cls = {__name = "moongrad.optim." .. who, who = who, spec = spec}
+  local cls = class("moongrad.optim." .. who)
+  cls.who, cls.spec = who, spec
   for k, v in pairs(def) do cls[k] = v end
   for k, method in pairs(Optimizer) do cls[k] = function(...) return method(cls, ...) end end
   cls.apply_gradients = function(...) return apply_gradients(cls, ...) end
-  cls.__index = cls
   cls.__tostring = function(self) return ("moongrad.optim.%s (learning_rate=%s, iterations=%d)"):format(who,
     tostring(self.learning_rate), self.iterations) end
-  setmetatable(cls, {__call = function(_, lr, opts)
+  function cls.__new (lr, opts)
     local o = options(who, spec, lr, opts)
     local self = setmetatable({iterations = 0, _slots = {}, _variables = {}, _index = setmetatable({}, {__mode = "k"})},
                               cls)
@@ -360,7 +361,7 @@ local function optimizer_class (who, spec, def)
     check_settings(self, who, spec)
     if cls.init then cls.init(self) end
     return self
-  end})
+  end
   optim[who] = cls
   return cls
 end

@@ -25,11 +25,11 @@
 -- @module moongrad.progress
 local mg = require "moongrad"
 local check = require "moongrad.check"
+local class = require "moongrad.class"
 
 local fail = check.fail
 
-local Progress = {__name = "moongrad.progress"}
-Progress.__index = Progress
+local Progress = class("moongrad.progress")      -- made by the module's function, not called
 
 -- {========================= terminals =========================
 

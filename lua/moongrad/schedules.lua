@@ -10,14 +10,14 @@
 -- when the warmup ends.
 -- @module moongrad.schedules
 local check = require "moongrad.check"
+local class = require "moongrad.class"
 
 local fail = check.fail
 
 local schedules = {}
 
-local function class (name)
-  local cls = {__name = "moongrad.schedules." .. name}
-  cls.__index = cls
+local function schedule_class (name)
+  local cls = class("moongrad.schedules." .. name)
   cls.__call = function(self, step) return self:value(step) end
   cls.__tostring = function(self)
     local parts = {}
@@ -48,14 +48,14 @@ end)
 
 --- ExponentialDecay{initial_learning_rate=, decay_steps=, decay_rate=, staircase=false}:
 -- initial_learning_rate * decay_rate ^ (step / decay_steps), the exponent floored when staircase.
-local ExponentialDecay = class("ExponentialDecay")
+local ExponentialDecay = schedule_class("ExponentialDecay")
 local EXP = {{"initial_learning_rate", check.positive, required = true},
              {"decay_steps", check.positive, required = true},
              {"decay_rate", check.positive, required = true}, {"staircase", check.boolean, false}}
 
-setmetatable(ExponentialDecay, {__call = function(_, opts)
+function ExponentialDecay.__new (opts)
   return new(ExponentialDecay, "ExponentialDecay", opts, EXP)
-end})
+end
 
 function ExponentialDecay:value (step)
   check_step("ExponentialDecay", step)
@@ -69,18 +69,18 @@ end
 -- initial_learning_rate to alpha * initial_learning_rate over decay_steps, then
 -- stays. With warmup_target, it first rises linearly from initial_learning_rate
 -- to warmup_target over warmup_steps, then decays from warmup_target.
-local CosineDecay = class("CosineDecay")
+local CosineDecay = schedule_class("CosineDecay")
 local COS = {{"initial_learning_rate", check.nonnegative, required = true},
              {"decay_steps", check.positive, required = true},
              {"alpha", check.unit, 0}, {"warmup_steps", check.nonnegative, 0}, {"warmup_target", check.positive}}
 
-setmetatable(CosineDecay, {__call = function(_, opts)
+function CosineDecay.__new (opts)
   local self = new(CosineDecay, "CosineDecay", opts, COS)
   if self.warmup_steps > 0 and self.warmup_target == nil then
     fail("CosineDecay", "warmup_steps needs warmup_target (the rate the warmup reaches)")
   end
   return self
-end})
+end
 
 function CosineDecay:value (step)
   check_step("CosineDecay", step)
@@ -96,13 +96,13 @@ end
 --- LinearWarmup{warmup_steps=, after=, initial_learning_rate=0}: rises linearly
 -- from initial_learning_rate to after's first rate over warmup_steps, then is
 -- after(step - warmup_steps). after: a number (constant) or a schedule.
-local LinearWarmup = class("LinearWarmup")
+local LinearWarmup = schedule_class("LinearWarmup")
 local WARM = {{"warmup_steps", check.positive_integer, required = true},
               {"after", schedule_rule, required = true}, {"initial_learning_rate", check.nonnegative, 0}}
 
-setmetatable(LinearWarmup, {__call = function(_, opts)
+function LinearWarmup.__new (opts)
   return new(LinearWarmup, "LinearWarmup", opts, WARM)
-end})
+end
 
 local function at (s, step) if type(s) == "number" then return s end return s(step) end
 
@@ -117,7 +117,7 @@ end
 --- PiecewiseConstantDecay{boundaries=, values=}: values[i] for the first i with
 -- step <= boundaries[i], values[#boundaries + 1] past the last (Keras' rule: a
 -- step equal to a boundary still takes the earlier value).
-local PiecewiseConstantDecay = class("PiecewiseConstantDecay")
+local PiecewiseConstantDecay = schedule_class("PiecewiseConstantDecay")
 local list_rule = check.rule("a list of numbers", function(v)
   if type(v) ~= "table" or getmetatable(v) ~= nil then return false end
   for i = 1, #v do if type(v[i]) ~= "number" then return false end end
@@ -125,7 +125,7 @@ local list_rule = check.rule("a list of numbers", function(v)
 end)
 local PIECE = {{"boundaries", list_rule, required = true}, {"values", list_rule, required = true}}
 
-setmetatable(PiecewiseConstantDecay, {__call = function(_, opts)
+function PiecewiseConstantDecay.__new (opts)
   local who = "PiecewiseConstantDecay"
   local self = new(PiecewiseConstantDecay, who, opts, PIECE)
   local b, v = self.boundaries, self.values
@@ -141,7 +141,7 @@ setmetatable(PiecewiseConstantDecay, {__call = function(_, opts)
   end
   self.boundaries, self.values = table.move(b, 1, #b, 1, {}), table.move(v, 1, #v, 1, {})
   return self
-end})
+end
 
 function PiecewiseConstantDecay:value (step)
   check_step("PiecewiseConstantDecay", step)

@@ -1,0 +1,309 @@
+--- moongrad.layer: what every layer shares — the Layer class, the classes
+-- derived from it (layer.class, Layer:subclass), variable tracking, the
+-- call that notes output shapes, input checks, the initializers' fans and
+-- dropout. mg.nn, moongrad.transformer and moongrad.reversible build their
+-- layers on it; mg.nn re-exports what is public (nn.Layer, nn.glorot_uniform,
+-- nn.dropout), so this module is not API itself.
+--
+-- A layer is a callable table: `layer(x)` runs `layer:call(x)` (mg._layer_call,
+-- which notes the output's shape for summary()). `layer.variables` lists its
+-- variables and those of the layers inside it, in creation order;
+-- `layer.trainable_variables` only the trainable ones.
+-- @module moongrad.layer
+local mg = require "moongrad"
+local check = require "moongrad.check"
+local class = require "moongrad.class"
+
+local fail, show = check.fail, check.show
+
+local layer = {}
+
+-- {========================== classes ==========================
+
+local properties = {}
+local classes = {}        -- class -> short name, to catch Sequential{Dense}: a class, not a layer
+layer.classes = classes
+
+--- layer.note_shape(self, ...): returns its arguments after self; a layer
+-- remembers the shape of what its last call returned, for summary()
+local function note_shape (self, y, ...)
+  if select("#", ...) > 0 and mg.is_tensor((...)) then
+    rawset(self, "_output_shape", "multiple")
+  elseif mg.is_tensor(y) then
+    rawset(self, "_output_shape", y.shape)
+  end
+  return y, ...
+end
+layer.note_shape = note_shape
+
+--- layer.class(name, parent): a layer class "moongrad.nn.<name>" deriving
+-- from parent (moongrad.class's idiom), whose instances also have the
+-- properties variables, trainable_variables and non_trainable_variables
+function layer.class (name, parent)
+  local cls = class("moongrad.nn." .. name, parent)
+  classes[cls] = name
+  cls.__index = function(self, k)
+    local prop = properties[k]
+    if prop then return prop(self) end
+    return cls[k]
+  end
+  return cls
+end
+
+--- layer.is_layer(v): whether v is an instance of a layer class
+function layer.is_layer (v)
+  return type(v) == "table" and classes[getmetatable(v)] ~= nil
+end
+
+local counters = {}
+
+local function auto_name (base)
+  local n = counters[base] or 0
+  counters[base] = n + 1
+  return n == 0 and base or (base .. "_" .. n)
+end
+
+-- }=============================================================
+
+
+-- {=========================== Layer ===========================
+
+local Layer = layer.class("Layer")
+layer.Layer = Layer
+Layer.__call = mg._layer_call             -- self:call(...), then note_shape's note (in C: see there)
+Layer.__tostring = function(self) return self:describe() end
+
+--- layer.new(cls, obj, base): makes obj (a table) a layer of class cls,
+-- named obj.name or after base ("dense", "dense_1", ...)
+local function new_layer (cls, obj, base)
+  obj = obj or {}
+  obj._vars, obj._layers = {}, {}
+  obj.name = obj.name or auto_name(base)
+  return setmetatable(obj, cls)
+end
+layer.new = new_layer
+
+local VARIABLE_OPTIONS = {{"trainable", check.boolean, true}}
+
+--- Creates a variable owned by this layer: add_variable(name, init, {trainable=true}).
+function Layer:add_variable (name, init, opts)
+  check.value("Layer:add_variable", "name", name, check.string)
+  opts = check.options("Layer:add_variable", opts, VARIABLE_OPTIONS)
+  local v = mg.Variable(init, {name = self.name .. "/" .. name, trainable = opts.trainable})
+  self._vars[#self._vars + 1] = v
+  return v
+end
+
+--- layer.unwrap(l): the layer inside a recompute_grad wrapper (a userdata), or l itself
+local function unwrap (l)
+  if type(l) == "userdata" then
+    local ok, inner = pcall(function() return l.__wrapped__ end)
+    if ok and inner ~= nil then return inner end
+  end
+  return l
+end
+layer.unwrap = unwrap
+
+--- Registers a sublayer (or a callable) whose variables this layer owns too;
+-- a layer under recompute_grad is the layer's own.
+function Layer:track (layer)
+  local inner = unwrap(layer)
+  if type(inner) == "table" then self._layers[#self._layers + 1] = inner end
+  return layer
+end
+
+local function collect (layer, out, seen)
+  for _, v in ipairs(rawget(layer, "_vars") or {}) do
+    if not seen[v] then seen[v] = true; out[#out + 1] = v end
+  end
+  for _, sub in ipairs(rawget(layer, "_layers") or {}) do
+    local vars = sub.variables            -- a sublayer's own error is the user's to see
+    if type(vars) == "table" then
+      for _, v in ipairs(vars) do
+        if not seen[v] then seen[v] = true; out[#out + 1] = v end
+      end
+    end
+  end
+  return out
+end
+
+function properties.variables (self) return collect(self, {}, {}) end
+
+function properties.trainable_variables (self)
+  local out = {}
+  for _, v in ipairs(collect(self, {}, {})) do if v.trainable then out[#out + 1] = v end end
+  return out
+end
+
+function properties.non_trainable_variables (self)
+  local out = {}
+  for _, v in ipairs(collect(self, {}, {})) do if not v.trainable then out[#out + 1] = v end end
+  return out
+end
+
+function Layer:describe ()
+  return ("%s '%s'"):format(getmetatable(self).__name, self.name)
+end
+
+function Layer:call ()
+  error(("%s: call is not defined"):format(self:describe()), 2)
+end
+
+-- }=============================================================
+
+-- {===================== Layer:subclass ======================
+
+local function snake (name)
+  return (name:gsub("(%l)(%u)", "%1_%2"):gsub("(%u)(%u%l)", "%1_%2"):lower())
+end
+
+-- what a field assigned on an instance of a subclass holds: a variable, a
+-- layer (or a layer under recompute_grad), or a list of them, becomes the
+-- instance's own, as Keras tracks attributes
+local function track_value (self, v)
+  if mg.is_variable(v) then
+    for _, w in ipairs(rawget(self, "_vars")) do if w == v then return end end
+    local vars = rawget(self, "_vars")
+    vars[#vars + 1] = v
+  elseif type(v) == "table" and classes[getmetatable(v)] then
+    self:track(v)
+  elseif type(v) == "userdata" and not mg.is_tensor(v) then
+    local ok, inner = pcall(function() return v.__wrapped__ end)
+    if ok and type(inner) == "table" and classes[getmetatable(inner)] then self:track(v) end
+  elseif type(v) == "table" and getmetatable(v) == nil then
+    for _, x in ipairs(v) do track_value(self, x) end
+  end
+end
+
+local function track_on_assign (self, k, v)
+  rawset(self, k, v)
+  if k ~= "name" then track_value(self, v) end
+end
+
+--- Layer:subclass(name): a new layer class deriving from this one (Keras'
+-- `class MyLayer(Layer)`). Define its methods (`call`, and `init(...)` if
+-- the constructor takes arguments); `MyLayer(...)` makes an instance named
+-- after the class (`my_layer`, `my_layer_1`, ...) and calls `self:init(...)`.
+-- Variables and layers assigned to fields of the instance (in init or
+-- later, in a lazy build) are its own: they are in its `variables`.
+function Layer.subclass (parent, name)
+  check.value("Layer:subclass", "name", name, check.string)
+  if not name:match("^[%a_][%w_]*$") then
+    fail("Layer:subclass", "name must be an identifier (letters, digits, _), got %s", show(name))
+  end
+  local cls = layer.class(name, parent)     -- with parent's __call (RecomputeLayer's, say)
+  cls.__newindex = track_on_assign
+  local base = snake(name)
+  function cls.__new (...)
+    local obj = new_layer(cls, {}, base)
+    local init = obj.init
+    if init then
+      init(obj, ...)
+    elseif select("#", ...) > 0 then
+      fail(name, "the constructor takes no arguments (define %s:init(...) to take some)", name)
+    end
+    return obj
+  end
+  return cls
+end
+
+--- layer.abstract(cls, what): cls is a base class, made by subclass(), not
+-- called; calling it says so (what: the methods a subclass defines)
+function layer.abstract (cls, what)
+  local name = classes[cls]
+  function cls.__new ()
+    fail(name, "%s is a base class: make one with mg.nn.%s:subclass(name) and define %s", name, name, what)
+  end
+end
+
+layer.abstract(Layer, "call")
+
+-- }============================================================
+
+
+-- {======================= initializers ========================
+-- Initial values come from the initializers' stream (seeded by
+-- mg.random.seed too): building a layer lazily, maybe inside a
+-- recompute_grad forward, never shifts the main stream that dropout masks
+-- are drawn from and that recompute replays.
+
+local size_rule = check.rule("an integer >= 0", function(v) return math.type(v) == "integer" and v >= 0 end)
+layer.size_rule = size_rule
+
+-- the checks of an initializer's arguments; returns (fan_in, fan_out) as
+-- Keras computes them: a conv kernel (KH,KW,Cin,Cout) counts its receptive
+-- field, fan_in = KH*KW*Cin and fan_out = KH*KW*Cout
+local function fans (who, shape, dtype)
+  if type(shape) ~= "table" or check.kind(shape) ~= "a table" then
+    fail(who, "shape must be a list of sizes, got %s", show(shape))
+  end
+  local n = check.list(who, shape, "shape", "shape[%d]")
+  for i = 1, n do
+    check.value(who, ("shape[%d]"):format(i), shape[i], size_rule)
+  end
+  if dtype ~= nil and dtype ~= "float32" and dtype ~= "float64" then
+    fail(who, "dtype must be 'float32' or 'float64', got %s", show(dtype))
+  end
+  local receptive = 1
+  for i = 1, n - 2 do receptive = receptive * shape[i] end
+  local fan_in, fan_out = (shape[n - 1] or shape[1]), shape[n]
+  if not fan_in or fan_in + fan_out == 0 then
+    fail(who, "shape must have at least 1 dimension and a nonzero fan, got %s", check.shape(shape))
+  end
+  return fan_in * receptive, fan_out * receptive
+end
+
+--- Glorot (Xavier) uniform: U(-l, l), l = sqrt(6 / (fan_in + fan_out)).
+function layer.glorot_uniform (shape, dtype)
+  local fan_in, fan_out = fans("glorot_uniform", shape, dtype)
+  local limit = math.sqrt(6 / (fan_in + fan_out))
+  return mg.random.with_init_stream(mg.random.uniform, shape, -limit, limit, dtype)
+end
+
+-- He uniform (for relu layers): U(-l, l), l = sqrt(6 / fan_in)
+function layer.he_uniform (shape, dtype)
+  local fan_in = fans("he_uniform", shape, dtype)
+  local limit = fan_in > 0 and math.sqrt(6 / fan_in) or 0
+  return mg.random.with_init_stream(mg.random.uniform, shape, -limit, limit, dtype)
+end
+
+-- }=============================================================
+
+
+-- {======================= layer inputs ========================
+
+--- Checks x for layer `who`: a float tensor with at least min_ndim axes and,
+-- once built (like is a variable of the layer), like's dtype and last axis.
+function layer.check_input (who, x, min_ndim, like)
+  check.float_tensor(who, "input", x)
+  if x.ndim < min_ndim then
+    fail(who, "input must have at least %d dimension%s, got shape %s", min_ndim,
+         min_ndim == 1 and "" or "s", check.shape(x.shape))
+  end
+  if not like then return end
+  if x.dtype ~= like.dtype then fail(who, "input is %s, the layer was built for %s", x.dtype, like.dtype) end
+  local width, want = x.shape[x.ndim], like.shape[1]
+  if width ~= want then
+    fail(who, "input has %d features (its last axis), the layer was built for %d", width, want)
+  end
+end
+
+-- }=============================================================
+
+
+-- {========================== dropout ==========================
+
+--- dropout(x, rate): zeroes each entry with probability rate and scales the
+-- rest by 1/(1-rate). The mask comes from mg.random, so recompute_grad replays it.
+function layer.dropout (x, rate)
+  check.float_tensor("dropout", "x", x)
+  check.value("dropout", "rate", rate, check.fraction)
+  if rate == 0 then return x end
+  local dtype = x.dtype
+  local keep = mg.greater_equal(mg.random.uniform(x.shape, 0, 1, dtype), rate)
+  return x * (mg.cast(keep, dtype) / (1 - rate))
+end
+
+-- }=============================================================
+
+return layer

@@ -1,0 +1,204 @@
+-- The Lua side's structure: one layer base (moongrad.layer) that nn, the
+-- transformer's and the reversible layers all derive from; one class idiom
+-- (moongrad.class) for every class; no module sets a global; one softmax
+-- cross entropy and one epoch order.
+local mg = require "moongrad"
+local h = require "helpers"
+
+local nn = mg.nn
+local layer = require "moongrad.layer"
+local class = require "moongrad.class"
+
+-- runs a Lua script with the moongrad interpreter; returns its output
+local function run (script)
+  local path = os.tmpname()
+  local f = assert(io.open(path, "w"))
+  f:write(script)
+  f:close()
+  local out, code = h.run(h.bin .. " " .. path .. " 2>&1")
+  os.remove(path)
+  assert.equal(0, code, out)
+  return out
+end
+
+-- the classes a class derives from, itself first
+local function ancestry (cls)
+  local out = {}
+  while cls do
+    out[#out + 1] = cls
+    cls = rawget(cls, "__parent")
+  end
+  return out
+end
+
+local LAYER_CLASSES = {"Dense", "Lambda", "Sequential", "Conv2D", "MaxPool2D", "AvgPool2D", "GlobalAveragePooling2D",
+                       "Flatten", "Reshape", "Dropout", "BatchNorm", "Embedding", "PositionalEmbedding", "LayerNorm",
+                       "MultiHeadAttention", "TransformerBlock", "RecomputeLayer", "ReversibleLayer", "RevBlock",
+                       "AffineCoupling", "InvertibleLinear"}
+
+describe("moongrad.layer", function()
+  it("is the one base of nn's, the transformer's and the reversible layers", function()
+    assert.equal(layer.Layer, nn.Layer)
+    for _, name in ipairs(LAYER_CLASSES) do
+      local cls = nn[name]
+      local chain = ancestry(cls)
+      assert.equal(nn.Layer, chain[#chain], name)
+      assert.equal("moongrad.nn." .. name, cls.__name)
+      assert.equal(name, layer.classes[cls])
+    end
+    assert.equal(require("moongrad.transformer").TransformerBlock, nn.TransformerBlock)
+    assert.equal(require("moongrad.reversible").RevBlock, nn.RevBlock)
+    for _, l in ipairs{nn.Dense(2), nn.LayerNorm(), nn.TransformerBlock(2, 4), nn.RevBlock(nn.Dense(2), nn.Dense(2)),
+                       nn.InvertibleLinear()} do
+      assert.is_true(layer.is_layer(l), tostring(l))
+    end
+    assert.is_false(layer.is_layer(nn.Dense))       -- a class, not a layer
+    assert.is_false(layer.is_layer(mg.optim.SGD()))
+  end)
+
+  it("is the same Layer the nn re-exports, with nn's public functions its own", function()
+    assert.equal(layer.glorot_uniform, nn.glorot_uniform)
+    assert.equal(layer.dropout, nn.dropout)
+  end)
+
+  it("loads without mg.nn: the transformer's and the reversible modules do not require it at load", function()
+    local out = run [[
+      for k in pairs(package.loaded) do if k:find("^moongrad%.") then package.loaded[k] = nil end end
+      local t = require "moongrad.transformer"
+      local r = require "moongrad.reversible"
+      print("nn loaded:", package.loaded["moongrad.nn"] ~= nil)
+      local block = t.TransformerBlock(2, 4)      -- its MLP's Dense comes from mg.nn, loaded now
+      print(block(mg.ones{1, 3, 4}).shape[3], package.loaded["moongrad.nn"] ~= nil)
+      print(r.RevBlock(function(x) return x end, function(x) return x end)(mg.ones{1, 4}).shape[2])
+    ]]
+    assert.equal("nn loaded:\tfalse\n4\ttrue\n4\n", out)
+  end)
+
+  it("says a base class is not called", function()
+    assert.has_error(function() nn.Layer() end,
+                     "Layer: Layer is a base class: make one with mg.nn.Layer:subclass(name) and define call")
+  end)
+end)
+
+describe("Layer:subclass", function()
+  it("makes a user's layer that tracks its variables and sublayers", function()
+    local MyLayer = nn.Layer:subclass("MyLayer")
+    function MyLayer:init (units) self.inner = nn.Dense(units); self.scale = mg.Variable(mg.ones{}) end
+    function MyLayer:call (x) return self.inner(x) * self.scale end
+    local l = MyLayer(3)
+    assert.equal("my_layer", l.name)
+    assert.equal("moongrad.nn.MyLayer 'my_layer'", tostring(l))
+    assert.is_true(layer.is_layer(l))
+    local y = l(mg.ones{2, 5})
+    assert.same({2, 3}, y.shape)
+    assert.equal(3, #l.variables)                       -- scale, the Dense's kernel and bias
+    assert.same({2, 3}, rawget(l, "_output_shape"))     -- noted by the layers' __call
+    -- a subclass of it inherits call and init, and tracks assignments too
+    local Deeper = MyLayer:subclass("Deeper")
+    local d = Deeper(2)
+    d.extra = mg.Variable(mg.zeros{2})
+    assert.same({4, 2}, d(mg.ones{4, 5}).shape)
+    assert.equal(4, #d.variables)
+    assert.same({MyLayer, nn.Layer}, {ancestry(Deeper)[2], ancestry(Deeper)[3]})
+    local NoInit = nn.Layer:subclass("NoInit")
+    assert.has_error(function() NoInit(1) end,
+                     "NoInit: the constructor takes no arguments (define NoInit:init(...) to take some)")
+  end)
+
+  it("makes RecomputeLayer subclasses that run under recompute_grad", function()
+    local Block = nn.RecomputeLayer:subclass("Block")
+    function Block:init () self.dense = nn.Dense(2) end
+    function Block:call (x) return mg.tanh(self.dense(x)) end
+    local b = Block()
+    local x = mg.ones{3, 2}
+    local t = mg.tape()
+    local y = b(x)
+    local loss = mg.sum(y)
+    t:stop()
+    assert.same({3, 2}, y.shape)
+    local g = t:gradient(loss, b.variables)
+    assert.equal(2, #g)
+    assert.same({2, 2}, g[1].shape)
+    assert.equal(getmetatable(b).__call, nn.RecomputeLayer.__call)   -- inherited by the subclass
+  end)
+end)
+
+describe("moongrad.class", function()
+  it("makes callable classes whose instances inherit methods and metamethods", function()
+    local Animal = class("moongrad.spec.Animal")
+    function Animal.__new (name) return setmetatable({name = name}, Animal) end
+    function Animal:speak () return self.name .. " speaks" end
+    Animal.__tostring = function(self) return "animal " .. self.name end
+    local Dog = class("moongrad.spec.Dog", Animal)
+    function Dog.__new (name) return setmetatable({name = name}, Dog) end
+    function Dog:fetch () return self.name .. " fetches" end
+    local d = Dog("rex")
+    assert.equal("rex speaks", d:speak())
+    assert.equal("rex fetches", d:fetch())
+    assert.equal("animal rex", tostring(d))
+    assert.equal(Animal, Dog.__parent)
+    assert.is_nil(Animal("cat").fetch)
+    local Base = class("moongrad.spec.Base")
+    assert.has_error(function() Base() end, "moongrad.spec.Base is a base class: it makes no instances")
+  end)
+
+  it("is how every class is made: layers, optimizers, schedules, callbacks, losses, datasets", function()
+    local construct = getmetatable(class("moongrad.spec.Any")).__call
+    local classes = {mg.optim.SGD, mg.optim.Adam, mg.optim.AdamW, mg.optim.RMSprop, mg.schedules.CosineDecay,
+                     mg.schedules.ExponentialDecay, mg.callbacks.EarlyStopping, mg.callbacks.History,
+                     mg.losses.SparseCategoricalCrossentropy, mg.data.Dataset, nn.Layer:subclass("Mine")}
+    for _, name in ipairs(LAYER_CLASSES) do classes[#classes + 1] = nn[name] end
+    for _, cls in ipairs(classes) do
+      assert.equal(construct, getmetatable(cls).__call, cls.__name)
+      assert.is_string(cls.__name)
+    end
+    local instances = {mg.optim.Adam(), mg.schedules.CosineDecay{initial_learning_rate = 1, decay_steps = 2},
+                       mg.callbacks.EarlyStopping(), mg.losses.SparseCategoricalCrossentropy(), mg.data.Dataset(mg.ones{2}),
+                       mg.progress(1, {out = {write = function() end, flush = function() end}, tty = false}),
+                       mg.checkpoint.callback("x")}
+    for _, obj in ipairs(instances) do
+      local cls = getmetatable(obj)
+      assert.equal(construct, getmetatable(cls).__call, cls.__name)
+      assert.equal(cls, cls.__index, cls.__name)
+    end
+  end)
+end)
+
+describe("the Lua modules", function()
+  it("set no globals", function()
+    local out = run [[
+      local loaded = package.loaded
+      for k in pairs(loaded) do if k:find("^moongrad%.") then loaded[k] = nil end end
+      local before = {}
+      for k in pairs(_G) do before[k] = true end
+      local set = {}
+      setmetatable(_G, {__newindex = function(t, k, v) set[#set + 1] = tostring(k); rawset(t, k, v) end})
+      local names = {}
+      for name in pairs(package.preload) do
+        if name:find("^moongrad%.") and name ~= "moongrad.mpi" then names[#names + 1] = name end
+      end
+      table.sort(names)
+      for _, name in ipairs(names) do
+        local ok, err = pcall(require, name)
+        if not ok then print("failed: " .. name .. ": " .. tostring(err)) end
+      end
+      getmetatable(mg.nn).__load_extensions()
+      setmetatable(_G, nil)
+      for k in pairs(_G) do if not before[k] then set[#set + 1] = tostring(k) end end
+      print(#names > 15, table.concat(set, " "))
+    ]]
+    assert.equal("true\t\n", out)
+  end)
+
+  it("have one softmax cross entropy: nn's is losses'", function()
+    local logits = mg.constant({{1, 2, 3}, {0, 0, 1}})
+    local labels = mg.constant({3, 1}, "int64")
+    assert.equal(mg.losses.softmax_cross_entropy(logits, labels):item(), nn.softmax_cross_entropy(logits, labels):item())
+    assert.has_error(function() nn.softmax_cross_entropy(logits, mg.constant({4, 1}, "int64")) end)
+  end)
+
+  it("have one epoch order: mg.data.permutation (fit has none of its own)", function()
+    assert.is_nil(require("moongrad.fit").epoch_order)
+    assert.same(mg.data.permutation(6, 3, 2):totable(), mg.data.permutation(6, 3, 2):totable())
+  end)
+end)
