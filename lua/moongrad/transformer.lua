@@ -240,17 +240,22 @@ end
 local MultiHeadAttention = class("MultiHeadAttention", Layer)
 transformer.MultiHeadAttention = MultiHeadAttention
 
+-- heads and dim as attention needs them: dim / heads features per head
+local function check_heads (who, heads, dim)
+  check.value(who, "heads", heads, check.positive_integer)
+  check.value(who, "dim", dim, check.positive_integer)
+  if dim % heads ~= 0 then
+    fail(who, "dim (%d) must be a multiple of heads (%d): each head gets dim / heads features", dim, heads)
+  end
+end
+
 local MHA_OPTIONS = {{"causal", check.boolean, false}, {"dropout", check.fraction, 0},
                      {"use_bias", check.boolean, true}, {"fused", check.boolean, true},
                      {"training", check.boolean, true}, {"name", check.string}}
 
 function MultiHeadAttention.__new (heads, dim, opts)
   local who = "MultiHeadAttention"
-  check.value(who, "heads", heads, check.positive_integer)
-  check.value(who, "dim", dim, check.positive_integer)
-  if dim % heads ~= 0 then
-    fail(who, "dim (%d) must be a multiple of heads (%d): each head gets dim / heads features", dim, heads)
-  end
+  check_heads(who, heads, dim)
   opts = check.options(who, opts, MHA_OPTIONS)
   return new_layer(MultiHeadAttention, {heads = heads, dim = dim, head_dim = dim // heads, causal = opts.causal,
                                         dropout = opts.dropout, use_bias = opts.use_bias, fused = opts.fused,
@@ -359,11 +364,7 @@ local BLOCK_OPTIONS = {{"mlp_dim", check.positive_integer}, {"causal", check.boo
 
 function TransformerBlock.__new (heads, dim, opts)
   local who = "TransformerBlock"
-  check.value(who, "heads", heads, check.positive_integer)
-  check.value(who, "dim", dim, check.positive_integer)
-  if dim % heads ~= 0 then
-    fail(who, "dim (%d) must be a multiple of heads (%d): each head gets dim / heads features", dim, heads)
-  end
+  check_heads(who, heads, dim)
   opts = check.options(who, opts, BLOCK_OPTIONS)
   local act = opts.activation
   if type(act) == "string" then
