@@ -4,10 +4,10 @@
 **
 ** Each call gets a `lfn`, the user data of its callbacks: the Lua values
 ** it needs (f, grad_fn, the argument template) live in a registry table,
-** and an anchor says which Lua state they belong to. The anchor outlives
-** the state: when lua_close runs, its finalizer clears the state pointer,
-** so a C-owned tape that asks for the gradient later gets an error, not a
-** dead state. Callbacks run Lua in protected mode: a Lua error must never
+** and an anchor (the binding state's, lstate.c) says which Lua state they
+** belong to. The anchor outlives the state: when lua_close runs, the
+** state's finalizer clears its state pointer, so a C-owned tape that asks
+** for the gradient later gets an error, not a dead state. Callbacks run Lua in protected mode: a Lua error must never
 ** unwind through the C walk.
 **
 ** recompute_grad captures its arguments at the call: their table
@@ -25,83 +25,6 @@
 #include <string.h>
 
 #include "lbinding.h"
-
-/* {======================== anchors ========================= */
-
-typedef struct mgL_anchor {
-  lua_State *L;                /* the main thread; NULL once the state closed */
-  lua_State *running;          /* the thread asking for a gradient now, if any */
-  int refs;                    /* the state, plus one per live lfn */
-  int *dead, ndead, capdead;   /* registry refs of released lfns, to unref */
-} mgL_anchor;
-
-static const char anchor_key = 'A';
-
-static void anchor_release (mgL_anchor *a) {
-  if (--a->refs > 0) return;
-  free(a->dead);
-  free(a);
-}
-
-static int anchor_gc (lua_State *L) {
-  mgL_anchor **box = (mgL_anchor **)lua_touserdata(L, 1);
-  if (*box) {
-    (*box)->L = NULL;
-    (*box)->running = NULL;
-    anchor_release(*box);
-    *box = NULL;
-  }
-  return 0;
-}
-
-/* the anchor of L's state, made on first use */
-static mgL_anchor *anchor_of (lua_State *L) {
-  if (lua_rawgetp(L, LUA_REGISTRYINDEX, &anchor_key) == LUA_TUSERDATA) {
-    mgL_anchor *a = *(mgL_anchor **)lua_touserdata(L, -1);
-    lua_pop(L, 1);
-    return a;
-  }
-  lua_pop(L, 1);
-  mgL_anchor **box = (mgL_anchor **)lua_newuserdatauv(L, sizeof(mgL_anchor *), 0);
-  *box = NULL;
-  lua_createtable(L, 0, 1);
-  lua_pushcfunction(L, anchor_gc);
-  lua_setfield(L, -2, "__gc");
-  lua_setmetatable(L, -2);
-  mgL_anchor *a = (mgL_anchor *)calloc(1, sizeof(mgL_anchor));
-  if (a == NULL) luaL_error(L, "out of memory");
-  lua_rawgeti(L, LUA_REGISTRYINDEX, LUA_RIDX_MAINTHREAD);
-  a->L = lua_tothread(L, -1);
-  a->refs = 1;
-  lua_pop(L, 1);
-  *box = a;
-  lua_rawsetp(L, LUA_REGISTRYINDEX, &anchor_key);
-  return a;
-}
-
-/* the registry refs of released lfns go now, on a thread that runs */
-static void sweep (lua_State *L, mgL_anchor *a) {
-  while (a->ndead > 0) luaL_unref(L, LUA_REGISTRYINDEX, a->dead[--a->ndead]);
-}
-
-mgL_call mgL_enter (lua_State *L) {
-  mgL_anchor *a = anchor_of(L);
-  mgL_call c = {a, a->running};
-  a->running = L;
-  mgL_running = L;
-  mg_memory_set_pressure_hook(mgL_pressure_during_gradient);   /* this thread's context */
-  return c;
-}
-
-void mgL_leave (lua_State *L, mgL_call c) {
-  mgL_anchor *a = (mgL_anchor *)c.anchor;
-  a->running = c.prev;
-  mgL_running = c.prev;
-  if (a->ndead > 0) sweep(L, a);
-}
-
-/* }========================================================== */
-
 
 /* {==================== callbacks' user data ================= */
 
@@ -141,14 +64,15 @@ static void lfn_release (void *ud) {
     }
     if (a->ndead < a->capdead) a->dead[a->ndead++] = u->ref;   /* else: one leaked ref */
   }
-  anchor_release(a);
+  mgL_anchor_release(a);
   free(u);
 }
 
 /* a new lfn for the registry table at the top (popped) */
 static lfn *lfn_new (lua_State *L, bool pass_flag, first_run *first) {
-  mgL_anchor *a = anchor_of(L);
-  sweep(L, a);
+  mgL_anchor *a = mgL_getstate(L)->anchor;
+  if (a == NULL) luaL_error(L, "moongrad: the Lua state is closing");
+  mgL_sweep(L, a);
   lfn *u = (lfn *)malloc(sizeof(lfn));
   if (u == NULL) luaL_error(L, "out of memory");
   u->a = a;
@@ -1243,5 +1167,4 @@ void mgL_open_functions (lua_State *L) {
   };
   luaL_setfuncs(L, meta, 0);
   lua_pop(L, 1);
-  anchor_of(L);
 }

@@ -123,6 +123,7 @@ int luaopen_moongrad (lua_State *L) {
   ** to the objects made since the last one, which is what pacing the
   ** collector by tensor bytes needs (lmemory.c) */
   lua_gc(L, LUA_GCGEN, 0, 0);
+  mgL_openstate(L);
   lua_newtable(L);
   mgL_open_tensor(L);
   mgL_open_variable(L);
