@@ -61,7 +61,6 @@ typedef struct mgL_state {
   mgL_gc gc;
   int tidy_depth;            /* mg.tidy scopes open (ltidy.c) */
   struct mgL_tracer *trace;  /* the mg.memory.trace running (ltrace.c), or NULL */
-  const char *metamethod, *gc_name;   /* Lua's own strings, met before (lbox.c) */
 } mgL_state;
 
 /* the userdata's user values */
@@ -70,8 +69,6 @@ enum { MGL_UV_TENSOR_MT = 1, MGL_UV_VARIABLE_MT, MGL_UV_SCOPES, MGL_NUSERVALUES 
 /* L's state (made if missing); mgL_pushstate leaves its userdata on the stack */
 mgL_state *mgL_getstate   (lua_State *L);
 mgL_state *mgL_pushstate  (lua_State *L);
-/* L's state, or NULL when there is none (never makes one: for finalizers) */
-mgL_state *mgL_findstate  (lua_State *L);
 /* luaopen: makes the state, and budgets of this thread's context collect here */
 void       mgL_openstate  (lua_State *L);
 /* the thread asking for a gradient now, or NULL */
@@ -233,7 +230,11 @@ void mgL_open_tidy      (lua_State *L);    /* mg.tidy, mg.dispose */
 void mgL_open_trace     (lua_State *L);    /* into the memory table at -1 */
 void mgL_open_random    (lua_State *L);
 void mgL_open_debug     (lua_State *L);    /* mg.debug */
-void mgL_open_functions (lua_State *L);   /* custom_gradient, recompute_grad */
+void mgL_open_functions (lua_State *L);   /* lfunction.c: _layer_call */
+void mgL_open_custom    (lua_State *L);   /* lcustom.c: custom_gradient */
+void mgL_open_recompute (lua_State *L);   /* lrecompute.c: recompute_grad */
+void mgL_open_loops     (lua_State *L);   /* lloop.c: in_loop, is_in_loop, _loop */
+void mgL_open_hooks     (lua_State *L);   /* lhooks.c: saved_tensors_hooks */
 void mgL_open_maths     (lua_State *L);   /* lmaths.c: more maths and reductions */
 void mgL_open_index     (lua_State *L);   /* lindex.c: indexing, sorting, rearranging */
 void mgL_open_conv      (lua_State *L);   /* lconv.c: convolution and pooling */

@@ -7,6 +7,7 @@
 ** A box is made before the C work that fills it (lauxmg.c's order): making
 ** it is where the collector is paced (lgc.c), before the op's result exists.
 */
+#include <stdatomic.h>
 #include <string.h>
 
 #include "lbinding.h"
@@ -58,13 +59,14 @@ void mgL_checkfinalizer (lua_State *L) {
     luaL_error(L, "moongrad: tensors, variables and tapes cannot be made inside a finalizer (__gc)");
 }
 
-/* *seen: the state's own copy of the literal, met before (no strcmp per
-** release); a string of another Lua state never gets there */
-static bool same_string (const char *s, const char *literal, const char **seen) {
+/* *seen: where s was when it matched before (no strcmp per release). Lua
+** names a finalizer with string literals of its own code, the same for
+** every state in the process: a cache of the process, not of a state. */
+static bool same_string (const char *s, const char *literal, _Atomic(const char *) *seen) {
   if (s == NULL) return false;
-  if (seen && s == *seen) return true;
+  if (s == atomic_load_explicit(seen, memory_order_relaxed)) return true;
   if (strcmp(s, literal) != 0) return false;
-  if (seen) *seen = s;
+  atomic_store_explicit(seen, s, memory_order_relaxed);
   return true;
 }
 
@@ -76,12 +78,11 @@ static bool same_string (const char *s, const char *literal, const char **seen) 
 ** object any more. (Lua marks the frame it interrupts to run a finalizer,
 ** and names the finalizer "__gc", kind "metamethod", from it.) */
 void mgL_checkrelease (lua_State *L, const char *what) {
+  static _Atomic(const char *) metamethod, gc_name;
   if (lua_gc(L, LUA_GCISRUNNING) >= 0) return;        /* not inside a finalizer */
-  mgL_state *S = mgL_findstate(L);
   lua_Debug ar;
-  if (lua_getstack(L, 0, &ar) && lua_getinfo(L, "n", &ar) &&
-      same_string(ar.namewhat, "metamethod", S ? &S->metamethod : NULL) &&
-      same_string(ar.name, "__gc", S ? &S->gc_name : NULL))
+  if (lua_getstack(L, 0, &ar) && lua_getinfo(L, "n", &ar) && same_string(ar.namewhat, "metamethod", &metamethod) &&
+      same_string(ar.name, "__gc", &gc_name))
     return;
   luaL_error(L, "%s: cannot release tensors, variables or tapes inside a finalizer (__gc): "
                 "moongrad may be using them where the finalizer interrupted it", what);
@@ -100,16 +101,14 @@ void mgL_checkchange (lua_State *L, const char *what) {
 /* }========================================================== */
 
 /* Replaces the state's userdata at the top by an empty box (its mark, then
-** NULL) with the metatable of user value uv. At most two slots are in use
-** at once, as when the box was all that was pushed. */
+** NULL) with the metatable of user value uv. */
 static void *new_box (lua_State *L, uint64_t mark, int uv) {
-  lua_getiuservalue(L, -1, uv);
-  lua_replace(L, -2);
   void *b = lua_newuserdatauv(L, sizeof(ltensor), 0);
   memset(b, 0, sizeof(ltensor));
   *(uint64_t *)b = mark;
-  lua_insert(L, -2);
+  lua_getiuservalue(L, -2, uv);
   lua_setmetatable(L, -2);
+  lua_replace(L, -2);
   return b;
 }
 

@@ -129,6 +129,10 @@ int luaopen_moongrad (lua_State *L) {
   mgL_open_variable(L);
   mgL_remember_metatables(L);
   mgL_open_tape(L);
+  mgL_open_loops(L);
+  mgL_open_hooks(L);
+  mgL_open_custom(L);
+  mgL_open_recompute(L);
   mgL_open_functions(L);
   mgL_open_maths(L);
   mgL_open_index(L);

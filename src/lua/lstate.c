@@ -74,13 +74,6 @@ mgL_state *mgL_getstate (lua_State *L) {
   return S;
 }
 
-mgL_state *mgL_findstate (lua_State *L) {
-  mgL_state *S = lua_rawgetp(L, LUA_REGISTRYINDEX, &state_key) == LUA_TUSERDATA
-                   ? (mgL_state *)lua_touserdata(L, -1) : NULL;
-  lua_pop(L, 1);
-  return S;
-}
-
 /* A budget that fails in an op (no gradient running) collects the state
 ** that opened the module last on this thread's context, as the hook can
 ** name one state only. */
