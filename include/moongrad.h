@@ -927,8 +927,10 @@ MG_API void            mg_memory_set_hooks (void (*change)(void *ud),
 MG_API void            mg_memory_span (const char *name, int begin);
 /* called at safe points of long C computations (between the nodes of a
 ** backward walk, where the walk holds everything it uses): lets a host
-** with a garbage collector (the Lua binding) collect dead tensors */
-MG_API void            mg_memory_set_pressure_hook (void (*pressure)(void));
+** with a garbage collector (the Lua binding) collect dead tensors; ud is
+** passed to it. Returns the previous ud, for a host to put back when its
+** nested uses end */
+MG_API void           *mg_memory_set_pressure_hook (void (*pressure)(void *ud), void *ud);
 /* for tests: the n-th allocation from now fails as if out of memory (0: off);
 ** the environment variable MOONGRAD_FAIL_ALLOC=n does it from the start */
 MG_API void            mg_memory_fail_after (int64_t n);
@@ -950,8 +952,9 @@ MG_API size_t          mg_memory_budget (void);
 /* a budget for the ops t records and its gradients (0: none) */
 MG_API mg_status       mg_tape_set_budget (mg_tape *t, size_t bytes);
 /* what a budget runs before it gives up: the host frees its garbage (the
-** Lua binding collects), which may let tensors go that it pinned */
-MG_API void            mg_memory_set_collect_hook (void (*collect)(void));
+** Lua binding collects), which may let tensors go that it pinned; ud is
+** passed to it. Returns the previous ud, as mg_memory_set_pressure_hook */
+MG_API void           *mg_memory_set_collect_hook (void (*collect)(void *ud), void *ud);
 
 /* }============================================================== */
 

@@ -61,7 +61,8 @@ typedef struct mg_dtr_state {
   const char *last_op;
   mg_node *pending;               /* nodes being released */
   bool releasing, collecting;
-  void (*collect)(void);          /* the host frees its garbage (mg_memory_set_collect_hook) */
+  void (*collect)(void *ud);      /* the host frees its garbage (mg_memory_set_collect_hook) */
+  void *collect_ud;
   int64_t evictions, remats;
   size_t evicted_bytes, remat_bytes;
 } mg_dtr_state;
@@ -120,9 +121,13 @@ size_t mg_memory_set_budget (size_t bytes) {
   return was;
 }
 
-void mg_memory_set_collect_hook (void (*collect)(void)) {
+void *mg_memory_set_collect_hook (void (*collect)(void *ud), void *ud) {
   mg_dtr_state *S = state();
-  if (S) S->collect = collect;
+  if (S == NULL) return NULL;
+  void *was = S->collect_ud;
+  S->collect = collect;
+  S->collect_ud = ud;
+  return was;
 }
 
 mg_status mg_tape_set_budget (mg_tape *t, size_t bytes) {
@@ -474,7 +479,7 @@ static mg_status make_room (size_t nbytes) {
     free(c);                                   /* garbage may pin tensors: collect, and look again */
     c = NULL;
     S->collecting = true;
-    S->collect();
+    S->collect(S->collect_ud);
     S->collecting = false;
     if (m->current + nbytes <= budget) return MG_OK;
   }

@@ -143,7 +143,8 @@ typedef struct mg_memory_state {
   void (*hook)(void *ud);                   /* timelines (mg_memory_set_hooks) */
   void (*span)(const char *name, int begin, void *ud);
   void *hook_ud;
-  void (*pressure)(void);                   /* safe points (mg_memory_set_pressure_hook) */
+  void (*pressure)(void *ud);               /* safe points (mg_memory_set_pressure_hook) */
+  void *pressure_ud;
   mg_storage *cache[MG_CACHE_BUCKETS];      /* free storages by size; next in ->data's first word */
   size_t cached, cache_limit;
   mg_storage *oldest, *newest;              /* the cache in the order blocks came back */

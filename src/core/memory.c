@@ -339,14 +339,17 @@ void mg_memory_set_hooks (void (*change)(void *ud), void (*span)(const char *, i
   m->hook_ud = ud;
 }
 
-void mg_memory_set_pressure_hook (void (*pressure)(void)) {
+void *mg_memory_set_pressure_hook (void (*pressure)(void *ud), void *ud) {
   mg_memory_state *m = mem();
+  void *was = m->pressure_ud;
   m->pressure = pressure;
+  m->pressure_ud = ud;
+  return was;
 }
 
 void mg_memory_safe_point (void) {
   mg_memory_state *m = mem();
-  if (m->pressure) m->pressure();
+  if (m->pressure) m->pressure(m->pressure_ud);
 }
 
 /* {================= allocation-failure injection ============= */

@@ -1,6 +1,8 @@
 /*
-** lauxmg.c — the "lauxlib" of moongrad: checking and pushing tensors,
-** shapes, axes and dtypes, and turning Lua values into tensors.
+** lauxmg.c — the "lauxlib" of moongrad: checking and converting arguments
+** (operands, shapes, axes, dtypes, options, paths, sizes), turning Lua
+** values into tensors and back, and nested structures of tensors. Boxes
+** themselves are lbox.c's.
 **
 ** Binding functions follow one order so nothing leaks when Lua raises:
 ** check the arguments (may raise), push an empty box (may raise), then do
@@ -8,184 +10,10 @@
 */
 #include <limits.h>
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "lbinding.h"
-
-/* Per thread, as the library's contexts: a Lua state runs on one thread
-** at a time, and two states on two threads must not share these. */
-_Thread_local lua_State *mgL_running = NULL;
-
-/* The tensor and variable metatables are also kept in the registry under
-** these addresses: a pointer hash, where luaL_setmetatable compares a name. */
-static const char tensor_key = 'T', variable_key = 'V';
-
-/* The boxes' marks (lbinding.h): constants, the same in every copy of the
-** library, so two copies loaded into one state take each other's boxes,
-** as they did when a box was told by its metatable. */
-#define TENSOR_MARK UINT64_C(0x6d67546e73724d6b)      /* "mgTnsrMk" */
-#define VARIABLE_MARK UINT64_C(0x6d6756726961626b)    /* "mgVriabk" */
-
-_Static_assert(sizeof(ltensor) == sizeof(lvariable), "one size tells both kinds of box");
-
-void mgL_remember_metatables (lua_State *L) {
-  luaL_getmetatable(L, MG_TENSOR_MT);
-  lua_rawsetp(L, LUA_REGISTRYINDEX, &tensor_key);
-  luaL_getmetatable(L, MG_VARIABLE_MT);
-  lua_rawsetp(L, LUA_REGISTRYINDEX, &variable_key);
-}
-
-/* what the value at idx is, by its mark: TENSOR_MARK, VARIABLE_MARK or 0;
-** *p gets the block (a light userdata's length is 0) */
-static uint64_t box_kind (lua_State *L, int idx, void **p) {
-  *p = lua_touserdata(L, idx);
-  if (*p == NULL || lua_rawlen(L, idx) != sizeof(ltensor)) return 0;
-  uint64_t mark = ((const ltensor *)*p)->mark;
-  return mark == TENSOR_MARK || mark == VARIABLE_MARK ? mark : 0;
-}
-
-/* the userdata at idx when it is a box of that kind */
-static void *udata_with (lua_State *L, int idx, uint64_t kind) {
-  void *p;
-  return box_kind(L, idx, &p) == kind ? p : NULL;
-}
-
-/* Lua runs no finalizer for an object made while lua_close runs the
-** finalizers, so a tensor made then would never be released. Inside a
-** finalizer (where lua_gc answers -1) making tensors, variables or tapes is
-** therefore an error. */
-void mgL_checkfinalizer (lua_State *L) {
-  if (lua_gc(L, LUA_GCISRUNNING) < 0)
-    luaL_error(L, "moongrad: tensors, variables and tapes cannot be made inside a finalizer (__gc)");
-}
-
-static bool same_string (const char *s, const char *literal, const char **seen) {
-  if (s == NULL) return false;
-  if (s == *seen) return true;             /* Lua's own literal, met before: no strcmp per release */
-  if (strcmp(s, literal) != 0) return false;
-  *seen = s;
-  return true;
-}
-
-/* Finalizers run at any allocation, so one can run in the middle of a
-** binding that holds raw pointers fetched from its arguments: releasing a
-** tensor, variable or tape there (dispose, <close>, a __gc called by hand)
-** would free what that binding is using. Lua's own finalization of an object
-** is the one release allowed inside a finalizer: nothing can reach that
-** object any more. (Lua marks the frame it interrupts to run a finalizer,
-** and names the finalizer "__gc", kind "metamethod", from it.) */
-void mgL_checkrelease (lua_State *L, const char *what) {
-  static _Thread_local const char *metamethod, *gc_name;
-  if (lua_gc(L, LUA_GCISRUNNING) >= 0) return;        /* not inside a finalizer */
-  lua_Debug ar;
-  if (lua_getstack(L, 0, &ar) && lua_getinfo(L, "n", &ar) && same_string(ar.namewhat, "metamethod", &metamethod) &&
-      same_string(ar.name, "__gc", &gc_name))
-    return;
-  luaL_error(L, "%s: cannot release tensors, variables or tapes inside a finalizer (__gc): "
-                "moongrad may be using them where the finalizer interrupted it", what);
-}
-
-/* A binding reads a variable's value without a reference of its own (the
-** variable holds it): a finalizer that assigned the variable there freed the
-** value under the op (fuzz finding M2). Inside a finalizer, changing a
-** variable is an error, as releasing one is. */
-void mgL_checkchange (lua_State *L, const char *what) {
-  if (lua_gc(L, LUA_GCISRUNNING) < 0)
-    luaL_error(L, "%s: cannot change a variable inside a finalizer (__gc): moongrad may be using its value "
-                  "where the finalizer interrupted it", what);
-}
-
-/* an empty box (its mark, then NULL) on the stack, with the metatable kept under key */
-static void *new_box (lua_State *L, uint64_t mark, const char *key) {
-  void *b = lua_newuserdatauv(L, sizeof(ltensor), 0);
-  memset(b, 0, sizeof(ltensor));
-  *(uint64_t *)b = mark;
-  lua_rawgetp(L, LUA_REGISTRYINDEX, key);
-  lua_setmetatable(L, -2);
-  return b;
-}
-
-ltensor *mgL_newbox (lua_State *L) {
-  mgL_checkfinalizer(L);
-  mgL_gc_pressure(L);
-  ltensor *b = (ltensor *)new_box(L, TENSOR_MARK, &tensor_key);
-  mgL_tidy_track(L, -1);
-  return b;
-}
-
-lvariable *mgL_newvariablebox (lua_State *L) {
-  return (lvariable *)new_box(L, VARIABLE_MARK, &variable_key);
-}
-
-void mgL_releasebox (ltensor *box) {
-  mg_tensor_release(box->t);
-  box->t = NULL;
-}
-
-ltensor *mgL_testbox (lua_State *L, int arg) {
-  return (ltensor *)udata_with(L, arg, TENSOR_MARK);
-}
-
-lvariable *mgL_testvariablebox (lua_State *L, int arg) {
-  return (lvariable *)udata_with(L, arg, VARIABLE_MARK);
-}
-
-int mgL_fill (lua_State *L, ltensor *box, mg_tensor *t) {
-  if (t == NULL) return mgL_error(L);
-  box->t = t;
-  return 1;
-}
-
-int mgL_error (lua_State *L) {
-  return luaL_error(L, "%s", mg_errmsg_based(1));   /* positions 1-based, as Lua counts */
-}
-
-void mgL_pushtensor (lua_State *L, mg_tensor *t) {
-  if (t == NULL) {
-    mgL_error(L);
-    return;
-  }
-  mgL_newbox(L)->t = t;
-}
-
-/* A box whose __gc ran (called by hand, or resurrected by a finalizer)
-** holds nothing: using it is an error, never a crash. */
-static mg_variable *variable_in (lua_State *L, lvariable *b) {
-  if (b->v == NULL) luaL_error(L, "variable has been released");
-  return b->v;
-}
-
-mg_variable *mgL_testvariable (lua_State *L, int arg) {
-  lvariable *b = mgL_testvariablebox(L, arg);
-  return b ? variable_in(L, b) : NULL;
-}
-
-mg_variable *mgL_checkvariable (lua_State *L, int arg) {
-  mg_variable *v = mgL_testvariable(L, arg);
-  if (v == NULL) luaL_typeerror(L, arg, MG_VARIABLE_MT);     /* luaL_checkudata's message */
-  return v;
-}
-
-mg_tensor *mgL_testtensor (lua_State *L, int arg) {
-  void *p;
-  uint64_t kind = box_kind(L, arg, &p);
-  if (kind == TENSOR_MARK) {
-    ltensor *b = (ltensor *)p;
-    if (b->t == NULL) luaL_error(L, "tensor has been released (by mg.dispose, mg.tidy, a <close> variable, or the end of a "
-                                    "re-run: keep nothing from a run where mg.is_recomputing() is true)");
-    return b->t;
-  }
-  return kind == VARIABLE_MARK ? mg_variable_peek(variable_in(L, (lvariable *)p)) : NULL;
-}
-
-mg_tensor *mgL_checktensor (lua_State *L, int arg) {
-  mg_tensor *t = mgL_testtensor(L, arg);
-  if (t == NULL) {
-    const char *msg = lua_pushfstring(L, "moongrad.Tensor expected, got %s", luaL_typename(L, arg));
-    luaL_argerror(L, arg, msg);
-  }
-  return t;
-}
 
 mgL_kind mgL_operandkind (lua_State *L, int arg) {
   switch (lua_type(L, arg)) {
@@ -286,6 +114,27 @@ const char *mgL_checkpath (lua_State *L, int arg, const char *fn) {
   if (mgL_hasnul(L, arg))                             /* C would cut the path at the NUL */
     luaL_error(L, "%s: the path '%s' contains a NUL byte", fn, mgL_shownul(L, arg));
   return path;
+}
+
+/* bytes at arg as a size: an integer, or a number with a unit ("300 MB",
+** "1.5 GiB"); raises naming fn */
+size_t mgL_checkbytes (lua_State *L, int arg, const char *fn) {
+  if (lua_type(L, arg) == LUA_TSTRING) {
+    static const struct { const char *unit; double f; } units[] = {
+      {"B", 1}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"KiB", 1024}, {"MiB", 1048576.0},
+      {"GiB", 1073741824.0}, {"", 1}};
+    const char *s = lua_tostring(L, arg);
+    char unit[8] = "";
+    double v;
+    int n = 0;
+    if (sscanf(s, "%lf %7s%n", &v, unit, &n) >= 1 && v > 0)
+      for (size_t i = 0; i < sizeof units / sizeof units[0]; i++)
+        if (strcmp(unit, units[i].unit) == 0) return (size_t)(v * units[i].f);
+    luaL_error(L, "%s: '%s' is not a size (a number of bytes, or one with a unit: B, KB, MB, GB, KiB, MiB, GiB)", fn, s);
+  }
+  lua_Integer n = luaL_checkinteger(L, arg);
+  if (n <= 0) luaL_error(L, "%s: the budget must be positive (got %I bytes)", fn, (LUA_INTEGER)n);
+  return (size_t)n;
 }
 
 /* what the value at idx is, for messages: "1.5", "NaN", "a string" */

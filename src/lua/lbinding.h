@@ -20,12 +20,102 @@ typedef struct ltensor { uint64_t mark; mg_tensor *t; } ltensor;     /* t: one r
 typedef struct lvariable { uint64_t mark; mg_variable *v; } lvariable;
 typedef struct ltape { mg_tape *t; } ltape;
 
-/* an empty tensor box on the stack, safe to collect, before any work */
+/* {==================== the binding's state ===================== */
+/* What the binding keeps for one Lua state (lstate.c): a userdata in its
+** registry, made when the module opens (or on first use by a C host), shared
+** by the state's coroutines and by no other state, on whatever thread the
+** state runs. The C core's hooks get it as their ud. Lua frees it with the
+** state, after the last finalizer; its anchor may outlive it. */
+
+/* The part that C objects holding Lua functions (a tape's custom gradient,
+** saved-tensor hooks) reach, maybe after lua_close, maybe on another thread:
+** malloc'd and counted. */
+typedef struct mgL_anchor {
+  lua_State *L;                /* the main thread; NULL once the state closed */
+  lua_State *running;          /* the thread asking for a gradient now, if any */
+  int refs;                    /* the state, plus one per live callback */
+  int *dead, ndead, capdead;   /* registry refs of released callbacks, to unref */
+} mgL_anchor;
+
+/* the collector's pacing by tensor bytes (lgc.c) */
+typedef struct mgL_gc {
+  int pause;                 /* percent, as lua_gc's setpause */
+  size_t min_bytes;
+  size_t mark;               /* allocated bytes at the last collection */
+  size_t allowance;          /* bytes to allocate before the next one */
+  size_t floor;              /* the fewest loose bytes (see loose) since the last full collection */
+  double high;               /* the most live bytes lately (decays as bytes are allocated) */
+  double top, top_now;       /* the most bytes known live (see repace) in the last step
+                                (gradient to gradient) and in this one */
+  double credit;             /* CPU seconds full collections may take now (see may_run_full) */
+  double credited_at;        /* the CPU time credit was brought up to */
+  double last_full;          /* seconds the last full one took */
+  int64_t young, full;       /* collections run, for stats() */
+  double seconds;            /* CPU seconds spent in them, for stats() */
+  bool collecting;           /* one runs now (its finalizers may make boxes) */
+} mgL_gc;
+
+typedef struct mgL_state {
+  lua_State *main;           /* the main thread */
+  mgL_anchor *anchor;        /* NULL once the state's finalizer ran (lua_close) */
+  mgL_gc gc;
+  int tidy_depth;            /* mg.tidy scopes open (ltidy.c) */
+  struct mgL_tracer *trace;  /* the mg.memory.trace running (ltrace.c), or NULL */
+} mgL_state;
+
+/* the userdata's user values */
+enum { MGL_UV_TENSOR_MT = 1, MGL_UV_VARIABLE_MT, MGL_UV_SCOPES, MGL_NUSERVALUES = MGL_UV_SCOPES };
+
+/* L's state (made if missing); mgL_pushstate leaves its userdata on the stack */
+mgL_state *mgL_getstate   (lua_State *L);
+mgL_state *mgL_pushstate  (lua_State *L);
+/* luaopen: makes the state, and budgets of this thread's context collect here */
+void       mgL_openstate  (lua_State *L);
+/* the thread asking for a gradient now, or NULL */
+static inline lua_State *mgL_running (const mgL_state *S) {
+  return S->anchor ? S->anchor->running : NULL;
+}
+/* around a gradient computation asked for from L: Lua callbacks of L's
+** state (custom gradients, recompute) run on L, and the collector's hooks
+** collect there; returns what to restore */
+typedef struct mgL_call { mgL_state *S; lua_State *prev; void *pressure, *collect; } mgL_call;
+mgL_call   mgL_enter (lua_State *L);
+void       mgL_leave (lua_State *L, mgL_call c);
+/* the anchor's registry refs of released callbacks go now */
+void       mgL_sweep (lua_State *L, mgL_anchor *a);
+/* one reference less; frees it at the last */
+void       mgL_anchor_release (mgL_anchor *a);
+
+/* lgc.c: the pacing's defaults into gc; a new pause (percent) and min_bytes,
+** the pacing starting afresh */
+#define MGL_GC_MIN_BYTES ((size_t)256 << 10)
+void       mgL_gc_init (mgL_gc *gc);
+void       mgL_gc_setpause (mgL_gc *gc, int pause, size_t min_bytes);
+/* collects garbage tensors when tensor memory has grown enough (mgL_newbox
+** calls it, before the op's result box exists) */
+void       mgL_gc_pressure (lua_State *L, mgL_state *S);
+/* a full collection (within its share of the CPU time) before a gradient that
+** no other gradient runs around: the forward's boxes are garbage by then */
+void       mgL_gc_before_gradient (lua_State *L, mgL_state *S);
+/* the core's hooks, ud the mgL_state: at the safe points of a gradient
+** walk, and before a budget gives up */
+void       mgL_gc_safe_point (void *ud);
+void       mgL_gc_for_budget (void *ud);
+
+/* }============================================================== */
+
+/* an empty tensor box on the stack, safe to collect, before any work; a
+** box made while an mg.tidy scope is open joins it */
 ltensor   *mgL_newbox      (lua_State *L);
 /* an empty variable box on the stack (v NULL), its metatable set */
 lvariable *mgL_newvariablebox (lua_State *L);
-/* a box made while an mg.tidy scope is open joins it (ltidy.c) */
-void       mgL_tidy_track  (lua_State *L, int box);
+/* the __gc (and __close) of tensor boxes, and the __gc of variable boxes */
+int        mgL_tensor_gc   (lua_State *L);
+int        mgL_variable_gc (lua_State *L);
+/* makes the registry's weak table from variables to their boxes */
+void       mgL_open_boxes  (lua_State *L);
+/* the variable box at idx, filled, is the one mgL_pushvariable gives */
+void       mgL_registervariablebox (lua_State *L, int box);
 /* lua_pcall of the function below nargs arguments in a tidy scope: boxes
 ** made meanwhile are released after, except among the results if
 ** keep_results */
@@ -43,7 +133,8 @@ void       mgL_releasebox  (ltensor *box);
 ltensor   *mgL_testbox     (lua_State *L, int arg);
 /* the variable box at arg (released or not), or NULL */
 lvariable *mgL_testvariablebox (lua_State *L, int arg);
-/* keeps the tensor and variable metatables where new boxes find them */
+/* keeps the tensor and variable metatables where new boxes find them (the
+** state's user values) */
 void       mgL_remember_metatables (lua_State *L);
 /* fills the box at the top with t (a new reference); raises on NULL */
 int        mgL_fill        (lua_State *L, ltensor *box, mg_tensor *t);
@@ -118,24 +209,8 @@ void       mgL_rebuild     (lua_State *L, int idx, int acc, int *k);
 ** for later no longer keeps its tensors alive */
 void       mgL_hollow      (lua_State *L, int idx);
 
-/* collects garbage tensors when tensor memory has grown enough (mgL_newbox
-** calls it, before the op's result box exists) */
-void       mgL_gc_pressure (lua_State *L);
-/* a full collection (within its share of the CPU time) before a gradient that
-** no other gradient runs around: the forward's boxes are garbage by then */
-void       mgL_gc_before_gradient (lua_State *L);
-/* the context's safe-point hook: collects on mgL_running */
-void       mgL_pressure_during_gradient (void);
-
-/* the lua_State a gradient walk runs in, for the collector's safe points */
-extern _Thread_local lua_State *mgL_running;
-/* around a gradient computation asked for from L: Lua callbacks of L's
-** state (custom gradients, recompute) run on L; returns what to restore */
-typedef struct mgL_call { void *anchor; lua_State *prev; } mgL_call;
-mgL_call   mgL_enter (lua_State *L);
-void       mgL_leave (lua_State *L, mgL_call c);
 /* a memory size at arg: positive bytes, or a string with a unit ("300 MB",
-** "1.5 GiB"); raises naming fn (lmemory.c) */
+** "1.5 GiB"); raises naming fn */
 size_t     mgL_checkbytes  (lua_State *L, int arg, const char *fn);
 /* the string at arg as a file path; one with a NUL byte inside (which C
 ** would cut short there) raises "fn: the path 'a\0b' contains a NUL byte" */
@@ -155,7 +230,11 @@ void mgL_open_tidy      (lua_State *L);    /* mg.tidy, mg.dispose */
 void mgL_open_trace     (lua_State *L);    /* into the memory table at -1 */
 void mgL_open_random    (lua_State *L);
 void mgL_open_debug     (lua_State *L);    /* mg.debug */
-void mgL_open_functions (lua_State *L);   /* custom_gradient, recompute_grad */
+void mgL_open_functions (lua_State *L);   /* lfunction.c: _layer_call */
+void mgL_open_custom    (lua_State *L);   /* lcustom.c: custom_gradient */
+void mgL_open_recompute (lua_State *L);   /* lrecompute.c: recompute_grad */
+void mgL_open_loops     (lua_State *L);   /* lloop.c: in_loop, is_in_loop, _loop */
+void mgL_open_hooks     (lua_State *L);   /* lhooks.c: saved_tensors_hooks */
 void mgL_open_maths     (lua_State *L);   /* lmaths.c: more maths and reductions */
 void mgL_open_index     (lua_State *L);   /* lindex.c: indexing, sorting, rearranging */
 void mgL_open_conv      (lua_State *L);   /* lconv.c: convolution and pooling */

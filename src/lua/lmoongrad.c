@@ -123,11 +123,16 @@ int luaopen_moongrad (lua_State *L) {
   ** to the objects made since the last one, which is what pacing the
   ** collector by tensor bytes needs (lmemory.c) */
   lua_gc(L, LUA_GCGEN, 0, 0);
+  mgL_openstate(L);
   lua_newtable(L);
   mgL_open_tensor(L);
   mgL_open_variable(L);
   mgL_remember_metatables(L);
   mgL_open_tape(L);
+  mgL_open_loops(L);
+  mgL_open_hooks(L);
+  mgL_open_custom(L);
+  mgL_open_recompute(L);
   mgL_open_functions(L);
   mgL_open_maths(L);
   mgL_open_index(L);

@@ -139,7 +139,7 @@ static mg_tensor **leaves (lua_State *L, int acc, int n) {
   return xs;
 }
 
-/* runs a gradient computation with mgL_running set for Lua backward rules */
+/* runs a gradient computation with L running it for Lua backward rules */
 static mg_status run_gradient (lua_State *L, mg_tape *t, int nt, mg_tensor **targets, int ns,
                                mg_tensor **sources, mg_tensor **seeds, int zero, mg_tensor **grads) {
   mgL_call prev = mgL_enter(L);
@@ -244,7 +244,7 @@ static int l_gradient (lua_State *L) {
   }
   int zero = unconnected_zero(L, opts);
   lua_settop(L, 5);
-  mgL_gc_before_gradient(L);
+  mgL_gc_before_gradient(L, mgL_getstate(L));
   if (seeds_arg == 0 || lua_isnil(L, seeds_arg)) {
     int r = gradient_plain(L, t, zero);
     if (r >= 0) return r;

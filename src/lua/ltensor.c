@@ -13,15 +13,6 @@
 
 /* {======================= metamethods ====================== */
 
-static int tensor_gc (lua_State *L) {      /* also __close */
-  ltensor *b = mgL_testbox(L, 1);
-  if (b == NULL) return luaL_checkudata(L, 1, MG_TENSOR_MT), 0;
-  if (b->t == NULL) return 0;
-  mgL_checkrelease(L, "tensor");
-  mgL_releasebox(b);
-  return 0;
-}
-
 static int tensor_tostring (lua_State *L) {
   mg_tensor *t = mgL_checktensor(L, 1);
   char *s = mg_tensor_format(t);
@@ -712,7 +703,7 @@ void mgL_open_tensor (lua_State *L) {
   luaL_newmetatable(L, MG_TENSOR_MT);
   int mt = lua_gettop(L);
   static const luaL_Reg meta[] = {
-    {"__gc", tensor_gc}, {"__close", tensor_gc}, {"__tostring", tensor_tostring},
+    {"__gc", mgL_tensor_gc}, {"__close", mgL_tensor_gc}, {"__tostring", tensor_tostring},
     {"__len", tensor_len}, {"__lt", tensor_compare}, {"__le", tensor_compare},
     {"__newindex", tensor_newindex}, {NULL, NULL}
   };

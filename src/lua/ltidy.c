@@ -21,28 +21,29 @@
 */
 #include "lbinding.h"
 
-/* the scopes open on this thread: registry[&scopes_key][depth] is a
-** weak-keyed table of the boxes made in scope depth (weak: a box the
-** collector finds garbage inside the scope goes as usual) */
-static const char scopes_key = 'S';
-static _Thread_local int depth = 0;
+/* The scopes open in this Lua state: S->tidy_depth of them, and the
+** state's user value MGL_UV_SCOPES, where scopes[depth] is a weak-keyed
+** table of the boxes made in scope depth (weak: a box the collector finds
+** garbage inside the scope goes as usual). mgL_newbox (lbox.c) adds to it. */
+
+/* pushes the scopes table, made on first use; returns the state */
+static mgL_state *push_scopes (lua_State *L) {
+  mgL_state *S = mgL_pushstate(L);
+  if (lua_getiuservalue(L, -1, MGL_UV_SCOPES) != LUA_TTABLE) {
+    lua_pop(L, 1);
+    lua_newtable(L);
+    lua_pushvalue(L, -1);
+    lua_setiuservalue(L, -3, MGL_UV_SCOPES);
+  }
+  lua_remove(L, -2);
+  return S;
+}
 
 /* set[value at idx] = true */
 static void set_add (lua_State *L, int set, int idx) {
   lua_pushvalue(L, idx);
   lua_pushboolean(L, 1);
   lua_rawset(L, set);
-}
-
-void mgL_tidy_track (lua_State *L, int box) {
-  if (depth == 0) return;
-  box = lua_absindex(L, box);
-  if (lua_rawgetp(L, LUA_REGISTRYINDEX, &scopes_key) != LUA_TTABLE || lua_rawgeti(L, -1, depth) != LUA_TTABLE) {
-    lua_pop(L, lua_istable(L, -1) ? 1 : 2);     /* a scope of another Lua state on this thread */
-    return;
-  }
-  set_add(L, lua_gettop(L), box);
-  lua_pop(L, 2);
 }
 
 /* marks in table `keep` every tensor box reachable from the value at idx
@@ -82,12 +83,13 @@ static void mark (lua_State *L, int idx, int keep) { mark_from(L, idx, keep, fal
 ** only leaves its boxes to the collector) and pushes its boxes, then the
 ** enclosing scope's (or nil). */
 static void pop_scope (lua_State *L) {
-  lua_rawgetp(L, LUA_REGISTRYINDEX, &scopes_key);
+  mgL_state *S = push_scopes(L);
+  int depth = S->tidy_depth;
   lua_rawgeti(L, -1, depth);
   lua_rawgeti(L, -2, depth - 1);             /* nil at the outermost */
   lua_pushnil(L);
   lua_rawseti(L, -4, depth);
-  depth--;
+  S->tidy_depth--;
   lua_remove(L, -3);
 }
 
@@ -116,20 +118,15 @@ static void release_boxes (lua_State *L, int boxes, int keep) {
 int mgL_tidy_pcall (lua_State *L, int nargs, bool keep_results) {
   int base = lua_gettop(L) - nargs;              /* the function */
   luaL_checkstack(L, 8, "mg.tidy");
-  if (lua_rawgetp(L, LUA_REGISTRYINDEX, &scopes_key) != LUA_TTABLE) {
-    lua_pop(L, 1);
-    lua_newtable(L);
-    lua_pushvalue(L, -1);
-    lua_rawsetp(L, LUA_REGISTRYINDEX, &scopes_key);
-  }
+  mgL_state *S = push_scopes(L);
   lua_createtable(L, 0, 16);                     /* this scope's boxes, weak keys */
   lua_createtable(L, 0, 1);
   lua_pushliteral(L, "k");
   lua_setfield(L, -2, "__mode");
   lua_setmetatable(L, -2);
-  lua_rawseti(L, -2, depth + 1);
+  lua_rawseti(L, -2, S->tidy_depth + 1);
   lua_pop(L, 1);
-  depth++;
+  S->tidy_depth++;
   int st = lua_pcall(L, nargs, LUA_MULTRET, 0);
   int results = lua_gettop(L);
   pop_scope(L);
@@ -183,8 +180,8 @@ static int l_dispose (lua_State *L) {
 
 /* the tensor boxes in set leave every open scope */
 static void leave_scopes (lua_State *L, int set) {
-  lua_rawgetp(L, LUA_REGISTRYINDEX, &scopes_key);
-  for (int d = 1; d <= depth; d++) {
+  mgL_state *S = push_scopes(L);
+  for (int d = 1; d <= S->tidy_depth; d++) {
     if (lua_rawgeti(L, -1, d) == LUA_TTABLE) {
       lua_pushnil(L);
       while (lua_next(L, set)) {
@@ -206,7 +203,7 @@ static void leave_scopes (lua_State *L, int set) {
 ** code stores for later, as an optimizer's slots */
 static int l_keep (lua_State *L) {
   int n = lua_gettop(L);
-  if (depth == 0) return n;
+  if (mgL_getstate(L)->tidy_depth == 0) return n;
   leave_scopes(L, mark_arguments(L, n));
   lua_settop(L, n);
   return n;
@@ -218,7 +215,7 @@ static int l_keep (lua_State *L) {
 ** again after the re-run that made it has ended, and needs what it
 ** captured. */
 void mgL_tidy_keep_captured (lua_State *L, int fn) {
-  if (depth == 0) return;
+  if (mgL_getstate(L)->tidy_depth == 0) return;
   fn = lua_absindex(L, fn);
   luaL_checkstack(L, 8, "mg.tidy");
   lua_newtable(L);

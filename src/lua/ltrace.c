@@ -23,7 +23,7 @@
 
 enum { TID_SPANS = 1, TID_PHASES = 2, TID_RECOMPUTE = 3 };
 
-typedef struct tracer {
+typedef struct mgL_tracer {
   FILE *f;
   double t0;
   int depth;                  /* nested backward passes */
@@ -31,7 +31,8 @@ typedef struct tracer {
   size_t last[4];
 } tracer;
 
-static _Thread_local tracer *active;      /* per thread: a trace follows its context */
+/* The running trace is the Lua state's (S->trace): one at a time. Its hooks
+** are the context's, whose counters it records. */
 
 static double now_us (void) {
   struct timespec ts;
@@ -130,7 +131,8 @@ static int close_trace (FILE *f) {
 static int l_trace (lua_State *L) {
   const char *path = mgL_checkpath(L, 1, "memory.trace");
   luaL_checktype(L, 2, LUA_TFUNCTION);
-  if (active) return luaL_error(L, "memory.trace: a trace is already running");
+  mgL_state *S = mgL_getstate(L);
+  if (S->trace) return luaL_error(L, "memory.trace: a trace is already running");
   tracer tr = {open_trace(L, path), now_us(), 0, 0, {0, 0, 0, 0}};
   if (tr.f == NULL) return luaL_fileresult(L, 0, path);
   fprintf(tr.f, "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n"
@@ -138,7 +140,7 @@ static int l_trace (lua_State *L) {
   thread_name(&tr, TID_SPANS, "spans");
   thread_name(&tr, TID_PHASES, "phases");
   thread_name(&tr, TID_RECOMPUTE, "recompute");
-  active = &tr;
+  S->trace = &tr;
   on_change(&tr);
   event(&tr, "forward", 'B', TID_PHASES);
   mg_memory_set_hooks(on_change, on_span, &tr);
@@ -148,7 +150,7 @@ static int l_trace (lua_State *L) {
   event(&tr, "forward", 'E', TID_PHASES);
   fprintf(tr.f, "\n]}\n");
   int werr = close_trace(tr.f);
-  active = NULL;
+  S->trace = NULL;
   if (st != LUA_OK) return lua_error(L);
   if (werr) {
     luaL_pushfail(L);
@@ -162,10 +164,11 @@ static int l_trace (lua_State *L) {
 static int l_span (lua_State *L) {
   const char *name = luaL_checkstring(L, 1);
   luaL_checktype(L, 2, LUA_TFUNCTION);
-  tracer *tr = active;
+  mgL_state *S = mgL_getstate(L);
+  tracer *tr = S->trace;
   if (tr) event(tr, name, 'B', TID_SPANS);
   int st = lua_pcall(L, lua_gettop(L) - 2, LUA_MULTRET, 0);
-  if (tr && active == tr) event(tr, name, 'E', TID_SPANS);
+  if (tr && S->trace == tr) event(tr, name, 'E', TID_SPANS);
   if (st != LUA_OK) return lua_error(L);
   return lua_gettop(L) - 1;
 }

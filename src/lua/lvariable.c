@@ -2,40 +2,13 @@
 ** lvariable.c — the Variable userdata (tf.Variable): mutable, trainable
 ** state that every op accepts wherever it accepts a tensor.
 **
-** One mg_variable has one userdata: a weak table in the registry maps the
-** C object to its box, so watched_variables() and custom gradients hand
-** back the very object the user created.
+** One mg_variable has one userdata (lbox.c), so watched_variables() and
+** custom gradients hand back the very object the user created.
 */
 #include <stdlib.h>
 #include <string.h>
 
 #include "lbinding.h"
-
-#define BOXES "moongrad.variable_boxes"     /* weak: mg_variable* -> box */
-
-static int variable_gc (lua_State *L) {     /* may run twice: by hand, then by Lua */
-  lvariable *b = mgL_testvariablebox(L, 1);
-  if (b == NULL) return luaL_checkudata(L, 1, MG_VARIABLE_MT), 0;   /* another userdata in its metatable */
-  if (b->v == NULL) return 0;
-  mgL_checkrelease(L, "Variable");
-  mg_variable_release(b->v);
-  b->v = NULL;
-  return 0;
-}
-
-void mgL_pushvariable (lua_State *L, mg_variable *v) {
-  lua_getfield(L, LUA_REGISTRYINDEX, BOXES);
-  if (lua_rawgetp(L, -1, v) != LUA_TNIL && ((lvariable *)lua_touserdata(L, -1))->v != NULL) {
-    lua_remove(L, -2);
-    return;
-  }
-  lua_pop(L, 1);
-  lvariable *b = mgL_newvariablebox(L);
-  b->v = mg_variable_retain(v);
-  lua_pushvalue(L, -1);
-  lua_rawsetp(L, -3, v);
-  lua_remove(L, -2);
-}
 
 /* Variable(init, {name=, trainable=true, dtype=}) */
 static int l_variable (lua_State *L) {
@@ -59,10 +32,7 @@ static int l_variable (lua_State *L) {
   lvariable *b = mgL_newvariablebox(L);
   b->v = mg_variable_new(init, name, trainable);
   if (b->v == NULL) return mgL_error(L);
-  lua_getfield(L, LUA_REGISTRYINDEX, BOXES);
-  lua_pushvalue(L, -2);
-  lua_rawsetp(L, -2, b->v);
-  lua_pop(L, 1);
+  mgL_registervariablebox(L, -1);
   return 1;
 }
 
@@ -220,16 +190,11 @@ void mgL_open_variable (lua_State *L) {
   lua_setfield(L, module, "_momentum");
   lua_pushcfunction(L, l_rmsprop);
   lua_setfield(L, module, "_rmsprop");
-  lua_newtable(L);                                /* the weak box table */
-  lua_newtable(L);
-  lua_pushstring(L, "v");
-  lua_setfield(L, -2, "__mode");
-  lua_setmetatable(L, -2);
-  lua_setfield(L, LUA_REGISTRYINDEX, BOXES);
+  mgL_open_boxes(L);
   luaL_newmetatable(L, MG_VARIABLE_MT);
   int mt = lua_gettop(L);
   static const luaL_Reg meta[] = {
-    {"__gc", variable_gc}, {"__tostring", variable_tostring}, {"__newindex", variable_newindex},
+    {"__gc", mgL_variable_gc}, {"__tostring", variable_tostring}, {"__newindex", variable_newindex},
     {NULL, NULL}
   };
   luaL_setfuncs(L, meta, 0);
