@@ -133,7 +133,7 @@ $(BUILD)/obj/cli/main.o: CFLAGS += -DMG_USE_READLINE $(MAIN_DEFS)
 # loop_host.c), bad C arguments, threads
 # and files (spec/)
 C_TESTS = $(BUILD)/embed_host $(BUILD)/recompute_host $(BUILD)/c_api_test $(BUILD)/threads_test \
-          $(BUILD)/io_test $(BUILD)/loop_host
+          $(BUILD)/io_test $(BUILD)/loop_host $(BUILD)/binding_states_test
 # the fuzz harnesses of spec/fuzz/harness/ built by $(CC) with a main of their
 # own (replay.c), which runs each on its seeds and reproducers: a regression test
 # without clang (make fuzz fuzzes them; see there)
@@ -143,7 +143,7 @@ FUZZ_REPLAY = $(patsubst %,$(BUILD)/fuzz_replay_%,$(FUZZ_NAMES))
 # A C host links libmoongrad.a alone, without Lua (recompute_host, loop_host,
 # io_test show it); one that embeds Lua adds the binding's archive first
 HOST_LIBS = $(BUILD)/libmoongrad.a
-$(BUILD)/embed_host $(BUILD)/c_api_test $(BUILD)/threads_test: \
+$(BUILD)/embed_host $(BUILD)/c_api_test $(BUILD)/threads_test $(BUILD)/binding_states_test: \
   HOST_LIBS = $(BUILD)/libmoongrad_lua.a $(BUILD)/libmoongrad.a $(LUA_LIB)
 
 $(BUILD)/%: examples/%.c $(BUILD)/libmoongrad_lua.a $(BUILD)/libmoongrad.a
