@@ -114,8 +114,8 @@ static const luaL_Reg attention_methods[] = {     /* mg.f(x, ...) and x:f(...) *
 
 /* the module table is at the top */
 void mgL_open_attention (lua_State *L) {
-  luaL_setfuncs(L, attention_methods, 0);
+  mgL_setfuncs(L, attention_methods);
   lua_getfield(L, LUA_REGISTRYINDEX, "moongrad.methods");
-  luaL_setfuncs(L, attention_methods, 0);
+  mgL_setfuncs(L, attention_methods);
   lua_pop(L, 1);
 }

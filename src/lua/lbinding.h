@@ -55,7 +55,10 @@ typedef struct mgL_gc {
   bool collecting;           /* one runs now (its finalizers may make boxes) */
 } mgL_gc;
 
+#define MGL_STATE_MAGIC 0x6d674c7374617465ull   /* "mgLstate" */
+
 typedef struct mgL_state {
+  uint64_t magic;            /* MGL_STATE_MAGIC: tells it from another userdata */
   lua_State *main;           /* the main thread */
   mgL_anchor *anchor;        /* NULL once the state's finalizer ran (lua_close) */
   mgL_gc gc;
@@ -66,9 +69,26 @@ typedef struct mgL_state {
 /* the userdata's user values */
 enum { MGL_UV_TENSOR_MT = 1, MGL_UV_VARIABLE_MT, MGL_UV_SCOPES, MGL_NUSERVALUES = MGL_UV_SCOPES };
 
-/* L's state (made if missing); mgL_pushstate leaves its userdata on the stack */
-mgL_state *mgL_getstate   (lua_State *L);
+/* L's state (made if missing), from the registry; mgL_pushstate leaves its
+** userdata on the stack */
+mgL_state *mgL_findstate  (lua_State *L);
 mgL_state *mgL_pushstate  (lua_State *L);
+/* The binding's functions carry the state as their first upvalue
+** (mgL_setfuncs): one registry lookup fewer for every box an op makes.
+** The stack index of L's state when the running function is one of them,
+** else 0 (then mgL_findstate). */
+static inline int mgL_stateindex (lua_State *L) {
+  int up = lua_upvalueindex(1);
+  if (lua_type(L, up) != LUA_TUSERDATA || lua_rawlen(L, up) != sizeof(mgL_state)) return 0;
+  return ((const mgL_state *)lua_touserdata(L, up))->magic == MGL_STATE_MAGIC ? up : 0;
+}
+static inline mgL_state *mgL_getstate (lua_State *L) {
+  int up = mgL_stateindex(L);
+  return up ? (mgL_state *)lua_touserdata(L, up) : mgL_findstate(L);
+}
+/* luaL_setfuncs and luaL_newlib with the state as every function's upvalue */
+void mgL_setfuncs (lua_State *L, const luaL_Reg *l);
+#define mgL_newlib(L, l)  (luaL_newlibtable(L, l), mgL_setfuncs(L, l))
 /* luaopen: makes the state, and budgets of this thread's context collect here */
 void       mgL_openstate  (lua_State *L);
 /* the thread asking for a gradient now, or NULL */
@@ -93,7 +113,11 @@ void       mgL_gc_init (mgL_gc *gc);
 void       mgL_gc_setpause (mgL_gc *gc, int pause, size_t min_bytes);
 /* collects garbage tensors when tensor memory has grown enough (mgL_newbox
 ** calls it, before the op's result box exists) */
-void       mgL_gc_pressure (lua_State *L, mgL_state *S);
+void       mgL_gc_step (lua_State *L, mgL_state *S);
+static inline void mgL_gc_pressure (lua_State *L, mgL_state *S) {
+  const mgL_gc *gc = &S->gc;
+  if (!gc->collecting && mg_memory_allocated_bytes() - gc->mark > gc->allowance) mgL_gc_step(L, S);
+}
 /* a full collection (within its share of the CPU time) before a gradient that
 ** no other gradient runs around: the forward's boxes are garbage by then */
 void       mgL_gc_before_gradient (lua_State *L, mgL_state *S);

@@ -235,11 +235,11 @@ static const luaL_Reg conv_funcs[] = {            /* mg.f only */
 /* the module table is at the top */
 void mgL_open_conv (lua_State *L) {
   int module = lua_gettop(L);
-  luaL_setfuncs(L, conv_methods, 0);
-  luaL_setfuncs(L, conv_funcs, 0);
+  mgL_setfuncs(L, conv_methods);
+  mgL_setfuncs(L, conv_funcs);
   lua_getfield(L, LUA_REGISTRYINDEX, "moongrad.methods");
   int methods = lua_gettop(L);
-  luaL_setfuncs(L, conv_methods, 0);
+  mgL_setfuncs(L, conv_methods);
   for (int is_max = 0; is_max < 2; is_max++) {
     lua_pushboolean(L, is_max);
     lua_pushcclosure(L, l_pool2d, 1);

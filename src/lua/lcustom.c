@@ -343,7 +343,7 @@ static void open_ctx (lua_State *L) {
     {"recompute", ctx_recompute}, {NULL, NULL}
   };
   luaL_newmetatable(L, CTX_MT);
-  luaL_newlib(L, methods);
+  mgL_newlib(L, methods);
   lua_setfield(L, -2, "__index");
   lua_pushcfunction(L, ctx_gc);
   lua_setfield(L, -2, "__gc");

@@ -18,6 +18,6 @@ static const luaL_Reg debug_funcs[] = {
 };
 
 void mgL_open_debug (lua_State *L) {
-  luaL_newlib(L, debug_funcs);
+  mgL_newlib(L, debug_funcs);
   lua_setfield(L, -2, "debug");
 }

@@ -25,8 +25,8 @@ static const luaL_Reg dense_methods[] = {{"dense", l_dense}, {NULL, NULL}};
 
 /* the module table is at the top */
 void mgL_open_dense (lua_State *L) {
-  luaL_setfuncs(L, dense_methods, 0);
+  mgL_setfuncs(L, dense_methods);
   lua_getfield(L, LUA_REGISTRYINDEX, "moongrad.methods");
-  luaL_setfuncs(L, dense_methods, 0);
+  mgL_setfuncs(L, dense_methods);
   lua_pop(L, 1);
 }

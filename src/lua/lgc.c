@@ -152,9 +152,8 @@ static bool wants_full (const mgL_gc *gc, const mg_memory_stats *st) {
          (double)total(st) > fmax(gc->top, gc->top_now) + (double)(gc->allowance / 2);
 }
 
-void mgL_gc_pressure (lua_State *L, mgL_state *S) {
+void mgL_gc_step (lua_State *L, mgL_state *S) {
   mgL_gc *gc = &S->gc;
-  if (gc->collecting || mg_memory_allocated_bytes() - gc->mark <= gc->allowance) return;
   gc->collecting = true;
   double start = wall_seconds();
   lua_gc(L, LUA_GCSTEP, 0);      /* a young collection; finalizers run at a step */

@@ -348,12 +348,12 @@ static const luaL_Reg index_funcs[] = {         /* mg.f(x, ...) and x:f(...) */
 /* the module table is at the top */
 void mgL_open_index (lua_State *L) {
   int module = lua_gettop(L);
-  luaL_setfuncs(L, index_funcs, 0);
+  mgL_setfuncs(L, index_funcs);
   lua_pushcfunction(L, l_einsum);
   lua_setfield(L, module, "einsum");
   lua_getfield(L, LUA_REGISTRYINDEX, "moongrad.methods");
   int methods = lua_gettop(L);
-  luaL_setfuncs(L, index_funcs, 0);
+  mgL_setfuncs(L, index_funcs);
   for (int upper = 0; upper < 2; upper++) {
     lua_pushboolean(L, upper);
     lua_pushcclosure(L, l_triangle, 1);

@@ -247,7 +247,7 @@ void mgL_open_io (lua_State *L) {
     lua_setfield(L, -2, "__gc");
   }
   lua_pop(L, 1);
-  luaL_newlib(L, io_funcs);                           /* mg._io: for mg.data */
+  mgL_newlib(L, io_funcs);                           /* mg._io: for mg.data */
   lua_getfield(L, -1, "save");
   lua_setfield(L, -3, "save");
   lua_getfield(L, -1, "load");

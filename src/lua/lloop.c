@@ -115,6 +115,6 @@ void mgL_open_loops (lua_State *L) {
   lua_pushcfunction(L, l_is_in_loop);
   lua_setfield(L, -2, "is_in_loop");
   static const luaL_Reg loop[] = {{"run", l_loop_run}, {"recomputed", l_loop_recomputed}, {NULL, NULL}};
-  luaL_newlib(L, loop);
+  mgL_newlib(L, loop);
   lua_setfield(L, -2, "_loop");
 }

@@ -120,7 +120,7 @@ static const luaL_Reg memory_funcs[] = {
 };
 
 void mgL_open_memory (lua_State *L) {
-  luaL_newlib(L, memory_funcs);
+  mgL_newlib(L, memory_funcs);
   mgL_open_trace(L);
   lua_setfield(L, -2, "memory");
 }

@@ -151,7 +151,7 @@ int luaopen_moongrad (lua_State *L) {
   lua_pushcfunction(L, l_clock);
   lua_setfield(L, -2, "clock");
   static const luaL_Reg gemm[] = {{"use", l_gemm_use}, {"choice", l_gemm_choice}, {NULL, NULL}};
-  luaL_newlib(L, gemm);
+  mgL_newlib(L, gemm);
   lua_setfield(L, -2, "gemm");
   lua_pushliteral(L, MG_VERSION);
   lua_setfield(L, -2, "version");

@@ -85,6 +85,6 @@ static const luaL_Reg random_funcs[] = {
 };
 
 void mgL_open_random (lua_State *L) {
-  luaL_newlib(L, random_funcs);
+  mgL_newlib(L, random_funcs);
   lua_setfield(L, -2, "random");
 }

@@ -379,6 +379,6 @@ void mgL_open_recompute (lua_State *L) {
     {"__call", recompute_call}, {"__index", recompute_index}, {"__tostring", recompute_tostring},
     {NULL, NULL}
   };
-  luaL_setfuncs(L, meta, 0);
+  mgL_setfuncs(L, meta);
   lua_pop(L, 1);
 }

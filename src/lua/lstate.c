@@ -43,6 +43,7 @@ static int state_gc (lua_State *L) {
 static mgL_state *new_state (lua_State *L) {
   mgL_state *S = (mgL_state *)lua_newuserdatauv(L, sizeof(mgL_state), MGL_NUSERVALUES);
   memset(S, 0, sizeof *S);
+  S->magic = MGL_STATE_MAGIC;
   mgL_gc_init(&S->gc);
   lua_rawgeti(L, LUA_REGISTRYINDEX, LUA_RIDX_MAINTHREAD);
   S->main = lua_tothread(L, -1);
@@ -62,16 +63,26 @@ static mgL_state *new_state (lua_State *L) {
 }
 
 mgL_state *mgL_pushstate (lua_State *L) {
+  int up = mgL_stateindex(L);
+  if (up != 0) {
+    lua_pushvalue(L, up);
+    return (mgL_state *)lua_touserdata(L, -1);
+  }
   if (lua_rawgetp(L, LUA_REGISTRYINDEX, &state_key) == LUA_TUSERDATA)
     return (mgL_state *)lua_touserdata(L, -1);
   lua_pop(L, 1);
   return new_state(L);
 }
 
-mgL_state *mgL_getstate (lua_State *L) {
+mgL_state *mgL_findstate (lua_State *L) {
   mgL_state *S = mgL_pushstate(L);
   lua_pop(L, 1);
   return S;
+}
+
+void mgL_setfuncs (lua_State *L, const luaL_Reg *l) {
+  mgL_pushstate(L);
+  luaL_setfuncs(L, l, 1);
 }
 
 /* A budget that fails in an op (no gradient running) collects the state

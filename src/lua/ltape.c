@@ -368,14 +368,14 @@ void mgL_open_tape (lua_State *L) {
   static const luaL_Reg meta[] = {
     {"__gc", tape_gc}, {"__close", tape_close}, {"__tostring", tape_tostring}, {NULL, NULL}
   };
-  luaL_setfuncs(L, meta, 0);
+  mgL_setfuncs(L, meta);
   static const luaL_Reg methods[] = {
     {"stop", l_stop}, {"watch", l_watch}, {"watched_variables", l_watched_variables},
     {"reset", l_reset}, {"saved_bytes", l_saved_bytes}, {"is_recording", l_is_recording},
     {"gradient", l_gradient}, {"jacobian", l_jacobian}, {"batch_jacobian", l_batch_jacobian},
     {"record", l_record}, {"stop_recording", l_stop_recording}, {NULL, NULL}
   };
-  luaL_newlib(L, methods);
+  mgL_newlib(L, methods);
   lua_setfield(L, -2, "__index");
   lua_rawsetp(L, LUA_REGISTRYINDEX, &tape_key);
   lua_settop(L, module);

@@ -275,9 +275,10 @@ static int l_print (lua_State *L) {
 
 /* {================ binary and unary ops ==================== */
 
-/* the registry row a closure was made for (upvalue 1) */
+/* The registry's ops are closures over the binding's state (upvalue 1,
+** lbinding.h), their row (2) and whether they are a metamethod (3). */
 static const mg_opinfo *row (lua_State *L) {
-  return (const mg_opinfo *)lua_touserdata(L, lua_upvalueindex(1));
+  return (const mg_opinfo *)lua_touserdata(L, lua_upvalueindex(2));
 }
 
 /* a value's type for messages: its metatable's __name when it has one */
@@ -303,14 +304,14 @@ static int bad_operand (lua_State *L, const mg_opinfo *op, bool meta) {
 /* upvalue 1: the registry row; upvalue 2: true when called as a metamethod */
 static int l_binary (lua_State *L) {
   const mg_opinfo *op = row(L);
-  if (!lua_toboolean(L, lua_upvalueindex(2))) mgL_checknargs(L, 2);   /* a metamethod gets 2 */
+  if (!lua_toboolean(L, lua_upvalueindex(3))) mgL_checknargs(L, 2);   /* a metamethod gets 2 */
   mg_tensor *a = mgL_testtensor(L, 1), *b = mgL_testtensor(L, 2);
   if (a && b) {                                  /* the common case, checked once */
     ltensor *box = mgL_newbox(L);
     return mgL_fill(L, box, op->fn.binary(a, b));
   }
   if ((!a && mgL_operandkind(L, 1) == MGL_OTHER) || (!b && mgL_operandkind(L, 2) == MGL_OTHER))
-    return bad_operand(L, op, lua_toboolean(L, lua_upvalueindex(2)));
+    return bad_operand(L, op, lua_toboolean(L, lua_upvalueindex(3)));
   mg_dtype like = a ? mg_tensor_dtype(a) : b ? mg_tensor_dtype(b) : mgL_likedtype(L, 1, 2, MG_FLOAT32);
   ltensor *box = mgL_newbox(L);
   bool oa = false, ob = false;
@@ -324,7 +325,7 @@ static int l_binary (lua_State *L) {
 
 static int l_unary (lua_State *L) {
   const mg_opinfo *op = row(L);
-  if (!lua_toboolean(L, lua_upvalueindex(2))) mgL_checknargs(L, 1);   /* __unm gets x twice */
+  if (!lua_toboolean(L, lua_upvalueindex(3))) mgL_checknargs(L, 1);   /* __unm gets x twice */
   mg_tensor *x = mgL_checktensor(L, 1);
   ltensor *box = mgL_newbox(L);
   return mgL_fill(L, box, op->fn.unary(x));
@@ -655,9 +656,10 @@ static const luaL_Reg module_funcs[] = {        /* mg.f only */
 
 /* sets module[name] and methods[name] to a closure of fn over the row */
 static void add_op (lua_State *L, int module, int methods, const mg_opinfo *op, lua_CFunction fn) {
+  mgL_pushstate(L);
   lua_pushlightuserdata(L, (void *)op);
   lua_pushboolean(L, 0);
-  lua_pushcclosure(L, fn, 2);
+  lua_pushcclosure(L, fn, 3);
   lua_pushvalue(L, -1);
   lua_setfield(L, module, op->name);
   lua_setfield(L, methods, op->name);
@@ -665,9 +667,10 @@ static void add_op (lua_State *L, int module, int methods, const mg_opinfo *op, 
 
 /* mt[op->metamethod] = the op, as a metamethod (its errors say "attempt to ...") */
 static void add_metamethod (lua_State *L, int mt, const mg_opinfo *op) {
+  mgL_pushstate(L);
   lua_pushlightuserdata(L, (void *)op);
   lua_pushboolean(L, 1);
-  lua_pushcclosure(L, op->kind == MG_OP_UNARY ? l_unary : l_binary, 2);
+  lua_pushcclosure(L, op->kind == MG_OP_UNARY ? l_unary : l_binary, 3);
   lua_setfield(L, mt, op->metamethod);
 }
 
@@ -687,11 +690,11 @@ static void add_registry (lua_State *L, int module, int methods) {
 /* the table at -1 is the module; adds tensor functions and the metatable */
 void mgL_open_tensor (lua_State *L) {
   int module = lua_gettop(L);
-  luaL_setfuncs(L, module_funcs, 0);
-  luaL_setfuncs(L, tensor_funcs, 0);
+  mgL_setfuncs(L, module_funcs);
+  mgL_setfuncs(L, tensor_funcs);
   lua_newtable(L);                             /* methods */
   int methods = lua_gettop(L);
-  luaL_setfuncs(L, tensor_funcs, 0);
+  mgL_setfuncs(L, tensor_funcs);
   add_registry(L, module, methods);
   for (int logf = 0; logf < 2; logf++) {
     lua_pushboolean(L, logf);
@@ -707,7 +710,7 @@ void mgL_open_tensor (lua_State *L) {
     {"__len", tensor_len}, {"__lt", tensor_compare}, {"__le", tensor_compare},
     {"__newindex", tensor_newindex}, {NULL, NULL}
   };
-  luaL_setfuncs(L, meta, 0);
+  mgL_setfuncs(L, meta);
   for (int i = 0, n = mg_op_count(); i < n; i++)
     if (mg_op_info(i)->metamethod) add_metamethod(L, mt, mg_op_info(i));
   lua_pushvalue(L, methods);

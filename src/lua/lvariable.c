@@ -197,7 +197,7 @@ void mgL_open_variable (lua_State *L) {
     {"__gc", mgL_variable_gc}, {"__tostring", variable_tostring}, {"__newindex", variable_newindex},
     {NULL, NULL}
   };
-  luaL_setfuncs(L, meta, 0);
+  mgL_setfuncs(L, meta);
   /* arithmetic and comparison behave as on the value: share the tensor's */
   luaL_getmetatable(L, MG_TENSOR_MT);
   static const char *const shared[] = {"__len", "__lt", "__le", NULL};
@@ -216,7 +216,7 @@ void mgL_open_variable (lua_State *L) {
     {"value", l_value}, {"read_value", l_value}, {"assign", l_assign},
     {"assign_add", l_assign_add}, {"assign_sub", l_assign_sub}, {NULL, NULL}
   };
-  luaL_newlib(L, methods);
+  mgL_newlib(L, methods);
   lua_getfield(L, LUA_REGISTRYINDEX, "moongrad.methods");
   lua_pushcclosure(L, variable_index, 2);
   lua_setfield(L, mt, "__index");
