@@ -74,17 +74,20 @@ enum { MGL_UV_TENSOR_MT = 1, MGL_UV_VARIABLE_MT, MGL_UV_SCOPES, MGL_NUSERVALUES 
 mgL_state *mgL_findstate  (lua_State *L);
 mgL_state *mgL_pushstate  (lua_State *L);
 /* The binding's functions carry the state as their first upvalue
-** (mgL_setfuncs): one registry lookup fewer for every box an op makes.
-** The stack index of L's state when the running function is one of them,
-** else 0 (then mgL_findstate). */
-static inline int mgL_stateindex (lua_State *L) {
-  int up = lua_upvalueindex(1);
-  if (lua_type(L, up) != LUA_TUSERDATA || lua_rawlen(L, up) != sizeof(mgL_state)) return 0;
-  return ((const mgL_state *)lua_touserdata(L, up))->magic == MGL_STATE_MAGIC ? up : 0;
+** (mgL_setfuncs, the registry's op closures): one registry lookup fewer for
+** every box an op makes. The rule that keeps it safe: a closure of the
+** binding has the state or no full userdata as its first upvalue. L's
+** state when the running function is one of them, else NULL (then
+** mgL_findstate). */
+#define MGL_STATE_UPVALUE lua_upvalueindex(1)
+static inline mgL_state *mgL_upstate (lua_State *L) {
+  if (lua_type(L, MGL_STATE_UPVALUE) != LUA_TUSERDATA) return NULL;
+  mgL_state *S = (mgL_state *)lua_touserdata(L, MGL_STATE_UPVALUE);
+  return S->magic == MGL_STATE_MAGIC ? S : NULL;
 }
 static inline mgL_state *mgL_getstate (lua_State *L) {
-  int up = mgL_stateindex(L);
-  return up ? (mgL_state *)lua_touserdata(L, up) : mgL_findstate(L);
+  mgL_state *S = mgL_upstate(L);
+  return S ? S : mgL_findstate(L);
 }
 /* luaL_setfuncs and luaL_newlib with the state as every function's upvalue */
 void mgL_setfuncs (lua_State *L, const luaL_Reg *l);

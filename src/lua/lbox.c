@@ -130,20 +130,19 @@ static void tidy_track (lua_State *L, int depth) {
 
 ltensor *mgL_newbox (lua_State *L) {
   mgL_checkfinalizer(L);
-  int up = mgL_stateindex(L);
-  if (up == 0) {                        /* not one of the binding's functions: the registry's */
-    mgL_state *S = mgL_pushstate(L);
+  mgL_state *S = mgL_upstate(L);
+  if (S == NULL) {                      /* not one of the binding's functions: the registry's */
+    S = mgL_pushstate(L);
     mgL_gc_pressure(L, S);
     ltensor *b = (ltensor *)new_box(L, TENSOR_MARK, MGL_UV_TENSOR_MT);
     if (S->tidy_depth > 0) tidy_track(L, S->tidy_depth);
     return b;
   }
-  mgL_state *S = (mgL_state *)lua_touserdata(L, up);
   mgL_gc_pressure(L, S);
   ltensor *b = (ltensor *)lua_newuserdatauv(L, sizeof(ltensor), 0);
   memset(b, 0, sizeof(ltensor));
   b->mark = TENSOR_MARK;
-  lua_getiuservalue(L, up, MGL_UV_TENSOR_MT);
+  lua_getiuservalue(L, MGL_STATE_UPVALUE, MGL_UV_TENSOR_MT);
   lua_setmetatable(L, -2);
   if (S->tidy_depth > 0) tidy_track(L, S->tidy_depth);
   return b;

@@ -142,11 +142,12 @@ static const mg_function custom_captures_fn = {"custom_gradient", custom_forward
                                                mgL_lfn_release, MG_FN_CAPTURES};
 static const mg_function *const custom_forms[3] = {&custom_fn, &custom_ctx_fn, &custom_captures_fn};
 
-/* g(...): upvalue 1 is f, upvalue 2 whether f takes a context */
+/* g(...): upvalue 1 is the binding's state (lbinding.h), 2 is f, 3 the form
+** (whether f takes a context, and captures) */
 static int custom_call (lua_State *L) {
   int nargs = lua_gettop(L);
   luaL_checkstack(L, nargs + 8, "too many arguments");
-  lua_pushvalue(L, lua_upvalueindex(1));
+  lua_pushvalue(L, lua_upvalueindex(2));
   int fidx = lua_gettop(L);
   lua_newtable(L);                                 /* the tensor arguments */
   int list = lua_gettop(L), ntensors = 0;
@@ -158,7 +159,7 @@ static int custom_call (lua_State *L) {
   mg_tensor **in = mgL_tensor_array(L, list, ntensors);
   lua_newtable(L);                                 /* the lfn table */
   first_run first = {L, fidx, 1, nargs, 0, 0, 0, false};
-  lua_Integer form = lua_tointeger(L, lua_upvalueindex(2));
+  lua_Integer form = lua_tointeger(L, lua_upvalueindex(3));
   lfn *u = mgL_lfn_new(L, form > 0, &first);
   mg_list out = {0};
   mg_status st = mg_custom_call(custom_forms[form], u, ntensors, in, &out);
@@ -183,8 +184,10 @@ static int l_custom_gradient (lua_State *L) {
     return luaL_error(L, "custom_gradient: captures = true needs context = true (without a context the "
                          "forward is recorded, and what it closes over gets its gradient through it)");
   lua_settop(L, 1);
+  mgL_pushstate(L);
+  lua_insert(L, 1);
   lua_pushinteger(L, context + captures);          /* the form: 0, 1 context, 2 and captures */
-  lua_pushcclosure(L, custom_call, 2);
+  lua_pushcclosure(L, custom_call, 3);
   return 1;
 }
 

@@ -63,10 +63,10 @@ static mgL_state *new_state (lua_State *L) {
 }
 
 mgL_state *mgL_pushstate (lua_State *L) {
-  int up = mgL_stateindex(L);
-  if (up != 0) {
-    lua_pushvalue(L, up);
-    return (mgL_state *)lua_touserdata(L, -1);
+  mgL_state *S = mgL_upstate(L);
+  if (S != NULL) {
+    lua_pushvalue(L, MGL_STATE_UPVALUE);
+    return S;
   }
   if (lua_rawgetp(L, LUA_REGISTRYINDEX, &state_key) == LUA_TUSERDATA)
     return (mgL_state *)lua_touserdata(L, -1);
