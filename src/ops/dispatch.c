@@ -25,6 +25,7 @@ static void mark_numbers (mg_opcall *c) {
 }
 
 mg_tensor *mg_dispatch (mg_opcall *c) {
+  mg_assert(c->def->forward != NULL);   /* a composite row (einsum) is never dispatched */
   mg_context *ctx = mg_ctx();
   const mg_hooks *h = &ctx->hooks;
   /* what a tape could record: a float result of an op with a backward */
