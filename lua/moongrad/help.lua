@@ -1,6 +1,6 @@
 --- moongrad.help: every public function and layer in one place, a signature
 -- and a line each. The REPL's help(x) prints mg.help(x), and `make api-table`
--- writes the README's API table from the same groups (spec/33-help_spec.lua
+-- writes the API table of docs/reference.md from the same groups (spec/33-help_spec.lua
 -- checks that the two agree and that every name reachable in mg has an entry).
 -- An entry without a description takes its op's `doc` from the op registry
 -- (mg.ops()), so an op's line is written once, in C, beside its kernel.
@@ -356,7 +356,7 @@ local function doc_of (e)
   return op_docs[e.name]
 end
 
---- M.entries(): every entry {name=, signature=, doc=, group=}, in the README's order
+--- M.entries(): every entry {name=, signature=, doc=, group=}, in the reference's order
 function M.entries ()
   local out = {}
   for i, e in ipairs(order) do out[i] = {name = e.name, signature = e.signature, doc = doc_of(e), group = e.group} end
@@ -534,7 +534,7 @@ function M.help (x)
   return ("no help for this %s: help() lists the groups and their names"):format(type(x))
 end
 
---- the README's API table, from the entries (`make api-table` writes it)
+--- the API table of docs/reference.md, from the entries (`make api-table` writes it)
 function M.markdown ()
   local out = {"| group | signature | what it does |", "|---|---|---|"}
   local function cell (s) return (s:gsub("|", "\\|")) end

@@ -1,5 +1,5 @@
 --- moongrad.notebook: rich output in Jupyter, when moongrad runs as a kernel
--- (`moongrad --kernel`, see the README's "Notebooks").
+-- (`moongrad --kernel`, see docs/notebooks.md).
 --   mg.notebook.display(x)                       -- x as the notebook shows results
 --   mg.notebook.image("loss.png")                -- a PNG or SVG file, inline
 --   mg.notebook.display(x, {id = "status"})      -- a display that can change:

@@ -672,7 +672,7 @@ static int l_help (lua_State *L) {
   return 0;
 }
 
-/* mg, and the names the README lists as the interpreter's globals */
+/* mg, and the names docs/tensors.md lists as the interpreter's globals */
 static void open_moongrad (lua_State *L) {
 #ifdef MG_HAVE_MPI
   luaL_getsubtable(L, LUA_REGISTRYINDEX, LUA_PRELOAD_TABLE);
