@@ -68,7 +68,7 @@ mg_tensor *mg_replay_kept (const mg_replay *r, int i) {
 
 /* {====================== the first run ======================= */
 
-/* called by mg_finish for every op's output while a policy records */
+/* the dispatcher's after-hook (tape.c) calls it for every op's output while a policy records */
 mg_status mg_replay_note (const mg_opdef *op, mg_tensor *out) {
   mg_replay_state *s = &mg_ctx()->replay;
   mg_replay *r = s->recording;

@@ -5,8 +5,8 @@
 ** Each op is one block: its kernels, its backward rule, its registry row
 ** and its entry point. A kernel handles one innermost run of one dtype
 ** (see iter.c), with the contiguous and broadcast cases split out so the
-** compiler vectorises them; binary() does the checks, the broadcast and the
-** recording for every op alike.
+** compiler vectorises them; binary() does the checks and the broadcast for
+** every op alike, binary_forward runs the kernel, and the dispatcher records.
 */
 #include <math.h>
 #include <stdio.h>

@@ -726,7 +726,7 @@ static mg_status pool_bwd (const char *fn, const geom *g, mg_dtype dt, bool is_m
 
 /* {=================== the ops, on a geometry ==================== */
 /* The entry points check their arguments and make the geometry; these
-** compute and record. Backward rules call them with the geometry their
+** dispatch the op on it. Backward rules call them with the geometry their
 ** node kept. */
 
 static const mg_opdef conv2d_op, conv2d_bi_op, conv2d_bf_op, max_pool_op, max_pool_bwd_op, avg_pool_op,

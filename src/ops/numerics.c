@@ -2,7 +2,7 @@
 ** numerics.c — mg_check_numerics: the first op whose output holds a NaN or
 ** an infinity fails, naming the op and its inputs (as TensorFlow's
 ** enable_check_numerics), so a training run that diverges stops where it
-** starts instead of finishing on NaN. mg_finish, the tail every op's
+** starts instead of finishing on NaN. mg_dispatch, the way every op's
 ** forward and backward goes through, calls the test when it is on.
 */
 #include <math.h>
