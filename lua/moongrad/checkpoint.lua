@@ -111,7 +111,8 @@ end
 local function built_names (model, who)
   local named, by_name = checkpoint.names(model, who)
   if #named == 0 then
-    fail(who, "the model has no variables yet; call it on an input first (layers build on their first call)")
+    fail(who, "the model has no variables yet; build it first: model:build{nil, 20} (the input's shape, the "
+         .. "batch first, nil allowed), Sequential{..., {input_shape = {20}}}, or call it on an input")
   end
   return named, by_name
 end

@@ -192,6 +192,7 @@ local groups = {
     {"Layer:subclass", "nn.Layer:subclass(name)", "a new layer class (give it build and call)"},
     {"Layer:summary", "model:summary([{input_shape=, print_fn=}])", "prints Keras' table of layers and parameters"},
     {"Layer:add_variable", "layer:add_variable(name, init [, {trainable=true}])", "a variable owned by the layer"},
+    {"Layer:build", "layer:build(input_shape [, dtype])", "makes the variables before the first call; input_shape has the batch first, nil allowed ({nil, 20})"},
     {"Layer:track", "layer:track(sublayer)", "makes sublayer's variables the layer's"},
     {"Layer:call", "layer:call(x, ...)", "the forward (what layer(x) runs after build)"},
     {"Layer:describe", "layer:describe()", "a short text for summary and tostring"},
@@ -326,7 +327,7 @@ local groups = {
 
 -- names in mg that are not API: helpers other modules load, and internals
 local internal = {
-  _io = true, _loop = true, _layer_call = true, check = true, fit = true, transformer = true, reversible = true,
+  _io = true, _loop = true, _layer_call = true, ["Layer:_build_first"] = true, check = true, fit = true, transformer = true, reversible = true,
   layer = true, class = true, ["checkpoint.layer_methods"] = true, ["plot.draw"] = true, ["plot.history"] = true,
   ["distributed.DistributedOptimizer_class"] = true, ["distributed.shard"] = true,
   ["Optimizer:init"] = true, ["Optimizer:update"] = true, ["Optimizer:slot_names"] = true,

@@ -151,6 +151,96 @@ end
 
 -- }=============================================================
 
+
+-- {=========================== build ===========================
+-- Keras' contract: a layer makes its variables in build(input_shape), once,
+-- before its first call; `layer.built` says it did. mg.nn's layers build
+-- themselves on their first call (from the input's shape and dtype) or when
+-- asked; a model (or any layer without a build of its own) builds by one
+-- pass on zeros; a Layer:subclass with a build of its own has it called
+-- with the shape of the first call's input.
+
+local size_or_nil = check.rule("an integer >= 0 (or nil for the batch)", function(v)
+  return v == nil or (math.type(v) == "integer" and v >= 0)
+end)
+local a_size = check.rule("an integer >= 0", function(v) return math.type(v) == "integer" and v >= 0 end)
+
+-- input_shape as a list of its entries: a table whose first entry (the
+-- batch) may be nil, as Keras' (None, 20); its length and entries checked
+local function shape_of (who, input_shape)
+  if type(input_shape) ~= "table" then
+    fail(who, "input_shape must be a table of sizes, the batch first (nil allowed: {nil, 20}), got %s",
+         show(input_shape))
+  end
+  local n = 0
+  for k in pairs(input_shape) do
+    if math.type(k) ~= "integer" or k < 1 then
+      fail(who, "input_shape must be a list of sizes, got the key %s", show(k))
+    end
+    if k > n then n = k end
+  end
+  for i = 1, n do
+    check.value(who, ("input_shape[%d]"):format(i), input_shape[i], i == 1 and size_or_nil or a_size)
+  end
+  return n
+end
+
+--- layer.last_size(who, input_shape): input_shape's last entry (the features)
+function layer.last_size (who, input_shape)
+  local n = shape_of(who, input_shape)
+  if n == 0 or input_shape[n] == nil then
+    fail(who, "input_shape must give the features (its last entry), got %s", n == 0 and "an empty table" or "nil")
+  end
+  return input_shape[n]
+end
+
+--- layer.build_pass(model, shape): runs model once on zeros of shape (a nil
+-- batch is 1), every `training` flag off, so that every layer builds
+function layer.build_pass (self, input_shape)
+  local n = shape_of("build", input_shape)
+  local shape = {}
+  for i = 1, n do shape[i] = input_shape[i] or 1 end
+  local flags, seen = {}, {}
+  local function walk (l)
+    l = unwrap(l)
+    if type(l) ~= "table" or seen[l] then return end
+    seen[l] = true
+    if type(rawget(l, "training")) == "boolean" then flags[l] = l.training; l.training = false end
+    for _, sub in ipairs(rawget(l, "_layers") or {}) do walk(sub) end
+  end
+  walk(self)
+  local ok, err = pcall(self, mg.zeros(shape))
+  for l, v in pairs(flags) do l.training = v end
+  if not ok then error(err, 0) end
+end
+
+--- model:build(input_shape): makes every variable before the first call
+-- (Keras' model.build): input_shape with the batch first, nil allowed
+-- ({nil, 28, 28, 1}); load_weights, restore and summary then work on it
+function Layer:build (input_shape)
+  layer.build_pass(self, input_shape)
+  self.built = true
+end
+
+-- what a subclass's first call runs before call (mg._layer_call, or
+-- RecomputeLayer's __call): build with the shape of the first argument (a
+-- list of shapes when it is a list of tensors), and its dtype after it
+function Layer:_build_first (x)
+  rawset(self, "_build_pending", nil)
+  local shape, dtype
+  if mg.is_tensor(x) then
+    shape, dtype = x.shape, x.dtype
+  elseif type(x) == "table" and getmetatable(x) == nil then
+    shape = {}
+    for i, t in ipairs(x) do
+      if mg.is_tensor(t) then shape[i], dtype = t.shape, dtype or t.dtype end
+    end
+  end
+  self:build(shape, dtype)
+end
+
+-- }=============================================================
+
 -- {===================== Layer:subclass ======================
 
 local function snake (name)
@@ -180,6 +270,29 @@ local function track_on_assign (self, k, v)
   if k ~= "name" then track_value(self, v) end
 end
 
+-- A subclass's own build, looked up on an instance, comes wrapped: once it
+-- returns the layer is built (`built` true, no build before the first call
+-- any more), whether the first call or the user ran it.
+local marked = setmetatable({}, {__mode = "k"})     -- a build -> its wrapper
+
+local function with_build_marked (index)
+  return function(self, k)
+    local v = index(self, k)
+    if k ~= "build" or v == Layer.build or type(v) ~= "function" then return v end
+    local w = marked[v]
+    if w == nil then
+      w = function(obj, ...)
+        rawset(obj, "_build_pending", nil)
+        local r = table.pack(v(obj, ...))
+        rawset(obj, "built", true)
+        return table.unpack(r, 1, r.n)
+      end
+      marked[v] = w
+    end
+    return w
+  end
+end
+
 --- Layer:subclass(name): a new layer class deriving from this one (Keras'
 -- `class MyLayer(Layer)`). Define its methods (`call`, and `init(...)` if
 -- the constructor takes arguments); `MyLayer(...)` makes an instance named
@@ -193,6 +306,7 @@ function Layer.subclass (parent, name)
   end
   local cls = layer.class(name, parent)     -- with parent's __call (RecomputeLayer's, say)
   cls.__newindex = track_on_assign
+  cls.__index = with_build_marked(cls.__index)
   local base = snake(name)
   function cls.__new (...)
     local obj = new_layer(cls, {}, base)
@@ -202,6 +316,7 @@ function Layer.subclass (parent, name)
     elseif select("#", ...) > 0 then
       fail(name, "the constructor takes no arguments (define %s:init(...) to take some)", name)
     end
+    if obj.build ~= Layer.build and not rawget(obj, "built") then rawset(obj, "_build_pending", true) end
     return obj
   end
   return cls

@@ -106,15 +106,20 @@ function Dense.__new (units, activation, opts)
                            activation = activation_of("Dense", activation or opts.activation)}, "dense")
 end
 
-function Dense:build (x)
-  local fan_in, dtype = x.shape[x.ndim], x.dtype
+--- dense:build(input_shape [, dtype]): makes the kernel (in, units) and the
+-- bias for inputs whose last axis is input_shape's last (float32 by default);
+-- the first call does it with the input's shape and dtype
+function Dense:build (input_shape, dtype)
+  local fan_in = layer.last_size("Dense:build", input_shape)
+  dtype = dtype or "float32"
   self.kernel = self:add_variable("kernel", nn.glorot_uniform({fan_in, self.units}, dtype))
   if self.use_bias then self.bias = self:add_variable("bias", mg.zeros({self.units}, dtype)) end
+  self.built = true
 end
 
 function Dense:call (x)
   check_input("Dense", x, 1, rawget(self, "kernel"))
-  if not rawget(self, "kernel") then self:build(x) end
+  if not rawget(self, "kernel") then self:build(x.shape, x.dtype) end
   local act = self.activation
   local fused = act == nil and "linear" or fused_activations[act]
   if fused then return mg.dense(x, self.kernel, self.bias, fused) end
@@ -163,11 +168,29 @@ end
 --- Sequential{layer, ...}: runs the layers in order.
 local Sequential = class("Sequential", Layer)
 nn.Sequential = Sequential
+local SEQUENTIAL_OPTIONS = {{"name", check.string}, {"input_shape", check.rule(
+  "a list of sizes, the batch axis left out ({28, 28, 1})", function(v)
+    if type(v) ~= "table" or #v == 0 then return false end
+    for k, d in pairs(v) do
+      if math.type(k) ~= "integer" or k < 1 or k > #v or math.type(d) ~= "integer" or d < 0 then return false end
+    end
+    return true
+  end)}}
+
+--- Sequential{layers...}, {name=, input_shape=}: the layers one after the
+-- other; with input_shape (Keras' Input(shape=...): the batch axis left
+-- out) it builds at once, so that load_weights, restore and summary work
+-- before the first call
 function Sequential.__new (layers, opts)
   local n = check_layers("Sequential", layers, "Sequential{...}")
-  opts = check.options("Sequential", opts, NAME_ONLY)
+  opts = check.options("Sequential", opts, SEQUENTIAL_OPTIONS)
   local self = new_layer(Sequential, {layers = {}, name = opts.name}, "sequential")
   for i = 1, n do self:add(layers[i]) end
+  if opts.input_shape then
+    local shape = {}
+    for i, d in ipairs(opts.input_shape) do shape[i + 1] = d end
+    self:build(shape)
+  end
   return self
 end
 
@@ -263,21 +286,26 @@ function Conv2D.__new (filters, kernel_size, opts)
   return self
 end
 
-function Conv2D:build (x)
-  local shape, dtype = {self.kernel_size[1], self.kernel_size[2], x.shape[4], self.filters}, x.dtype
+--- conv:build(input_shape [, dtype]): makes the kernel (KH, KW, channels,
+-- filters) for NHWC inputs of input_shape (float32 by default)
+function Conv2D:build (input_shape, dtype)
+  local channels = layer.last_size("Conv2D:build", input_shape)
+  local shape = {self.kernel_size[1], self.kernel_size[2], channels, self.filters}
+  dtype = dtype or "float32"
   local k = self._init(shape, dtype)
   if not (check.is_array(k) and check.same_shape(k.shape, shape) and k.dtype == dtype) then
     fail("Conv2D", "kernel_initializer gave %s for shape %s %s", show(k), check.shape(shape), dtype)
   end
   self.kernel = self:add_variable("kernel", k)
   if self.use_bias then self.bias = self:add_variable("bias", mg.zeros({self.filters}, dtype)) end
+  self.built = true
 end
 
 function Conv2D:call (x)
   check_image("Conv2D", x)
   local k = self.kernel
   if k == nil then
-    self:build(x)
+    self:build(x.shape, x.dtype)
   elseif x.dtype ~= k.dtype then
     fail("Conv2D", "input is %s, the layer was built for %s", x.dtype, k.dtype)
   elseif x.shape[4] ~= k.shape[3] then
@@ -474,24 +502,6 @@ local function summary_rows (self)
   return rows
 end
 
--- runs the model once on zeros of (1, input_shape...), every `training` flag off
-local function build_pass (self, input_shape)
-  local shape = {1}
-  for i, d in ipairs(input_shape) do shape[i + 1] = d end
-  local flags, seen = {}, {}
-  local function walk (l)
-    l = unwrap(l)
-    if type(l) ~= "table" or seen[l] then return end
-    seen[l] = true
-    if type(rawget(l, "training")) == "boolean" then flags[l] = l.training; l.training = false end
-    for _, sub in ipairs(rawget(l, "_layers") or {}) do walk(sub) end
-  end
-  walk(self)
-  local ok, err = pcall(self, mg.zeros(shape))
-  for l, v in pairs(flags) do l.training = v end
-  if not ok then error(err, 0) end
-end
-
 local SUMMARY_OPTIONS = {{"input_shape", check.rule("a list of sizes (the batch axis left out)", function(v)
   return type(v) == "table" and check.kind(v) == "a table"
 end)}, {"print_fn", check.callable}}
@@ -512,7 +522,9 @@ function Layer:summary (opts)
     for i = 1, check.list(who, opts.input_shape, "input_shape", "input_shape[%d]") do
       check.value(who, ("input_shape[%d]"):format(i), opts.input_shape[i], size_rule)
     end
-    build_pass(self, opts.input_shape)
+    local shape = {1}
+    for i, d in ipairs(opts.input_shape) do shape[i + 1] = d end
+    layer.build_pass(self, shape)
     rows = summary_rows(self)
   elseif unknown then
     fail(who, "'%s' has not run yet, so its output shapes are unknown; call it on a batch first, or give "
@@ -583,13 +595,17 @@ function BatchNorm.__new (opts)
                                training = opts.training, name = opts.name}, "batch_norm")
 end
 
-function BatchNorm:build (x)
-  local n, dtype = x.shape[x.ndim], x.dtype
+--- bn:build(input_shape [, dtype]): makes the statistics and the scale and
+-- shift of input_shape's last axis (float32 by default)
+function BatchNorm:build (input_shape, dtype)
+  local n = layer.last_size("BatchNorm:build", input_shape)
+  dtype = dtype or "float32"
   self.gamma = self:add_variable("gamma", mg.ones({n}, dtype))
   self.beta = self:add_variable("beta", mg.zeros({n}, dtype))
   self.moving_mean = self:add_variable("moving_mean", mg.zeros({n}, dtype), {trainable = false})
   self.moving_variance = self:add_variable("moving_variance", mg.ones({n}, dtype), {trainable = false})
   self.updates = 0
+  self.built = true
 end
 
 -- the batch's mean and (biased) variance over every axis but the last
@@ -627,7 +643,7 @@ local batch_norm_op = mg.custom_gradient(batch_norm_train, {context = true})
 function BatchNorm:call (x, training)
   check_input("BatchNorm", x, 2, rawget(self, "gamma"))
   check.value("BatchNorm", "training (argument 2)", training, optional_boolean)
-  if not rawget(self, "gamma") then self:build(x) end
+  if not rawget(self, "gamma") then self:build(x.shape, x.dtype) end
   if training == nil then training = self.training end
   if not training then
     return (x - self.moving_mean) / mg.sqrt(self.moving_variance + self.epsilon) * self.gamma + self.beta

@@ -59,6 +59,7 @@ reversible.RecomputeLayer = RecomputeLayer
 layer.abstract(RecomputeLayer, "call")
 
 RecomputeLayer.__call = function(self, ...)
+  if rawget(self, "_build_pending") then self:_build_first(...) end   -- outside the recompute
   local policy = self.policy
   local f = rawget(self, "_recompute")
   if f == nil or rawget(self, "_recompute_policy") ~= policy then
@@ -705,8 +706,11 @@ function InvertibleLinear:check_inputs (x, logdet, ...)
   if select("#", ...) > 0 then fail("InvertibleLinear", "takes x and an optional logdet") end
 end
 
-function InvertibleLinear:build (x)
-  local c, dtype = x.shape[x.ndim], x.dtype
+--- il:build(input_shape [, dtype]): the LU factors of a random rotation of
+-- input_shape's last axis (the channels; float32 by default)
+function InvertibleLinear:build (input_shape, dtype)
+  local c = layer.last_size("InvertibleLinear:build", input_shape)
+  dtype = dtype or "float32"
   local p, l, u = lu(orthogonal(c))
   local diag, sign = {}, {}
   for i = 1, c do
@@ -752,7 +756,7 @@ local function positions (x)
 end
 
 function InvertibleLinear:forward (x, logdet)
-  if not rawget(self, "log_s") then self:build(x) end
+  if not rawget(self, "log_s") then self:build(x.shape, x.dtype) end
   local y = mg.matmul(x, self:weight())
   if logdet == nil then return y end
   return y, logdet + self:log_det() * positions(x)

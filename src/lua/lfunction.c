@@ -194,6 +194,15 @@ static int layer_called (lua_State *L, int status, lua_KContext ctx) {
 static int l_layer_call (lua_State *L) {
   int nargs = lua_gettop(L);                 /* self, ... */
   luaL_checktype(L, 1, LUA_TTABLE);
+  lua_pushliteral(L, "_build_pending");      /* a Layer:subclass with a build of its own, unbuilt */
+  int pending = lua_rawget(L, 1) != LUA_TNIL;
+  lua_pop(L, 1);
+  if (pending) {                             /* self:_build_first(first argument) */
+    lua_getfield(L, 1, "_build_first");
+    lua_pushvalue(L, 1);
+    if (nargs >= 2) lua_pushvalue(L, 2); else lua_pushnil(L);
+    lua_call(L, 2, 0);
+  }
   lua_pushvalue(L, 1);
   lua_insert(L, 1);                          /* self (for the note), self, ... */
   lua_getfield(L, 2, "call");
