@@ -117,6 +117,13 @@ describe("models that build before their first call", function()
     assert.same({7}, bn.gamma.shape)
   end)
 
+  it("a model of token ids builds with the input's dtype", function()
+    local gpt = nn.Sequential{nn.Embedding(50, 8), nn.Dense(50)}
+    gpt:build({nil, 12}, "int64")
+    assert.equal(3, #gpt.variables)
+    assert.same({2, 12, 50}, gpt(mg.ones({2, 12}, "int64")).shape)
+  end)
+
   it("bad shapes are errors that say what a shape is", function()
     local m = nn.Sequential{nn.Dense(2)}
     assert.has_error(function() m:build("x") end,

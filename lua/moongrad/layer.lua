@@ -194,9 +194,10 @@ function layer.last_size (who, input_shape)
   return input_shape[n]
 end
 
---- layer.build_pass(model, shape): runs model once on zeros of shape (a nil
--- batch is 1), every `training` flag off, so that every layer builds
-function layer.build_pass (self, input_shape)
+--- layer.build_pass(model, shape [, dtype]): runs model once on ones of
+-- shape and dtype (a nil batch is 1; float32, or int64 for token ids), every
+-- `training` flag off, so that every layer builds
+function layer.build_pass (self, input_shape, dtype)
   local n = shape_of("build", input_shape)
   local shape = {}
   for i = 1, n do shape[i] = input_shape[i] or 1 end
@@ -209,16 +210,17 @@ function layer.build_pass (self, input_shape)
     for _, sub in ipairs(rawget(l, "_layers") or {}) do walk(sub) end
   end
   walk(self)
-  local ok, err = pcall(self, mg.zeros(shape))
+  local ok, err = pcall(self, mg.ones(shape, dtype))     -- ones: a valid token id too
   for l, v in pairs(flags) do l.training = v end
   if not ok then error(err, 0) end
 end
 
---- model:build(input_shape): makes every variable before the first call
--- (Keras' model.build): input_shape with the batch first, nil allowed
--- ({nil, 28, 28, 1}); load_weights, restore and summary then work on it
-function Layer:build (input_shape)
-  layer.build_pass(self, input_shape)
+--- model:build(input_shape [, dtype]): makes every variable before the
+-- first call (Keras' model.build): input_shape with the batch first, nil
+-- allowed ({nil, 28, 28, 1}), dtype the input's ("int64" for token ids);
+-- load_weights, restore and summary then work on it
+function Layer:build (input_shape, dtype)
+  layer.build_pass(self, input_shape, dtype)
   self.built = true
 end
 

@@ -510,7 +510,7 @@ end)}, {"print_fn", check.callable}}
 -- layers (name and type, output shape with None for the batch, parameters)
 -- and the totals, one line at a time through print_fn, and returns the text.
 -- The shapes are those of the last call; a model that never ran needs
--- input_shape (without the batch axis) for one build pass on zeros, run with
+-- input_shape (without the batch axis) for one build pass on ones, run with
 -- every `training` flag off.
 function Layer:summary (opts)
   local who = "summary"
