@@ -583,6 +583,9 @@ MG_API void      mg_tape_pause   (mg_tape *t);          /* nested pause ... */
 MG_API void      mg_tape_resume  (mg_tape *t);          /* ... and its end */
 MG_API mg_status mg_tape_start   (mg_tape *t);          /* record again after stop */
 MG_API int       mg_tape_is_recording (const mg_tape *t);
+/* does t follow x: watched by it, or made by an op it recorded? (a target
+** it does not follow has no gradient: computed after mg_tape_stop, say) */
+MG_API int       mg_tape_follows (const mg_tape *t, const mg_tensor *x);
 MG_API mg_status mg_tape_watch   (mg_tape *t, mg_tensor *x);
 MG_API mg_status mg_tape_watch_variable (mg_tape *t, mg_variable *v);
 MG_API int       mg_tape_nvariables (const mg_tape *t);

@@ -137,7 +137,7 @@ local groups = {
     {"memory.budget", "memory.budget([bytes])", "train within bytes (\"300 MB\" too): saved tensors are evicted and rebuilt on demand (DTR); nil clears; returns the previous"},
   }},
   {"autodiff", {
-    {"tape", "tape([{persistent=false, watch_accessed_variables=true, budget=nil}])", "a gradient tape recording the ops run while it is active"},
+    {"tape", "tape([{persistent=false, watch_accessed_variables=true, budget=nil, warn=true}])", "a gradient tape recording the ops run while it is active; warn: say once when a gradient's target was never recorded"},
     {"Tape:gradient", "t:gradient(target, sources [, output_gradients] [, {unconnected=\"none\" | \"zero\"}])", "gradients of target with respect to sources (a tensor, variable or nested table)"},
     {"Tape:jacobian", "t:jacobian(target, sources [, {unconnected=}])", "the full Jacobian of a tensor target by each source (a tensor, variable or nested table, answered in its structure)"},
     {"Tape:batch_jacobian", "t:batch_jacobian(target, source [, {unconnected=}])", "per-example Jacobians (first axis the batch; one source, as TensorFlow's)"},

@@ -143,6 +143,9 @@ void mg_tape_resume (mg_tape *t) {
 int mg_tapes_recording (void) { return tapes()->recording; }
 
 int mg_tape_is_recording (const mg_tape *t) { return t && t->active && t->paused == 0; }
+int mg_tape_follows (const mg_tape *t, const mg_tensor *x) {
+  return t && x && idmap_has(&t->tracked, x->id);
+}
 size_t mg_tape_nnodes (const mg_tape *t) { return t ? t->nnodes : 0; }
 int mg_tape_nvariables (const mg_tape *t) { return t ? t->nvars : 0; }
 

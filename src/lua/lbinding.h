@@ -18,7 +18,7 @@
 ** left to a userdata made after it and shown by the debug library). */
 typedef struct ltensor { uint64_t mark; mg_tensor *t; } ltensor;     /* t: one reference, or NULL */
 typedef struct lvariable { uint64_t mark; mg_variable *v; } lvariable;
-typedef struct ltape { mg_tape *t; } ltape;
+typedef struct ltape { mg_tape *t; bool warn; } ltape;   /* warn: a warning is still to be given */
 
 /* {==================== the binding's state ===================== */
 /* What the binding keeps for one Lua state (lstate.c): a userdata in its

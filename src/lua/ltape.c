@@ -6,6 +6,7 @@
 ** tensor/variable or any nesting of plain tables, and answers in the same
 ** shape.
 */
+#include <stdio.h>
 #include <string.h>
 
 #include "lbinding.h"
@@ -46,20 +47,22 @@ static int tape_close (lua_State *L) {       /* end of a <close> scope: stop */
 
 /* tape{persistent=false, watch_accessed_variables=true, budget=nil} */
 static int l_tape (lua_State *L) {
-  bool persistent = false, watch = true;
+  bool persistent = false, watch = true, warn = true;
   size_t budget = 0;
   if (!lua_isnoneornil(L, 1)) {
-    static const char *const keys[] = {"persistent", "watch_accessed_variables", "budget", NULL};
+    static const char *const keys[] = {"persistent", "watch_accessed_variables", "budget", "warn", NULL};
     mgL_checkoptions(L, 1, keys);
     if (mgL_optionfield(L, 1, "persistent", LUA_TBOOLEAN) != LUA_TNIL) persistent = lua_toboolean(L, -1);
     if (mgL_optionfield(L, 1, "watch_accessed_variables", LUA_TBOOLEAN) != LUA_TNIL) watch = lua_toboolean(L, -1);
+    if (mgL_optionfield(L, 1, "warn", LUA_TBOOLEAN) != LUA_TNIL) warn = lua_toboolean(L, -1);
     lua_getfield(L, 1, "budget");
     if (!lua_isnil(L, -1)) budget = mgL_checkbytes(L, lua_gettop(L), "tape: option 'budget'");
-    lua_pop(L, 3);
+    lua_pop(L, 4);
   }
   mgL_checkfinalizer(L);
   ltape *b = (ltape *)lua_newuserdatauv(L, sizeof(ltape), 0);
   b->t = NULL;
+  b->warn = warn;
   lua_rawgetp(L, LUA_REGISTRYINDEX, &tape_key);
   lua_setmetatable(L, -2);
   b->t = mg_tape_new(persistent, watch);
@@ -200,7 +203,28 @@ static int answer (lua_State *L, mg_tape *t, int nt, mg_tensor **targets, int ns
 ** sources and no seeds, without building the general structures; -1 when
 ** the call is not of that shape.
 */
-static int gradient_plain (lua_State *L, mg_tape *t, int zero) {
+/* A target the tape never recorded (computed after t:stop(), or from
+** nothing it watches) adds nothing to the gradient: nil, as TensorFlow's,
+** where PyTorch raises. Said once per tape, on stderr with the caller's
+** line; mg.tape{warn = false} keeps quiet, and so does unconnected = "zero". */
+static void warn_unrecorded (lua_State *L, ltape *b, int n, mg_tensor *const *targets, int zero) {
+  if (!b->warn || zero) return;
+  for (int i = 0; i < n; i++) {
+    if (mg_tape_follows(b->t, targets[i])) continue;
+    b->warn = false;
+    luaL_where(L, 1);
+    fprintf(stderr, "moongrad: warning: %stape:gradient: the target%s was not recorded by this tape "
+                    "(computed after t:stop(), or from nothing the tape watches), so it has no gradient "
+                    "(nil); mg.tape{warn = false} silences this\n", lua_tostring(L, -1),
+            n > 1 ? " given first among those" : "");
+    fflush(stderr);
+    lua_pop(L, 1);
+    return;
+  }
+}
+
+static int gradient_plain (lua_State *L, ltape *b, int zero) {
+  mg_tape *t = b->t;
   mg_tensor *y = mgL_testtensor(L, 2);
   if (y == NULL) return -1;
   mg_tensor *one = mgL_testtensor(L, 3);
@@ -222,6 +246,7 @@ static int gradient_plain (lua_State *L, mg_tape *t, int zero) {
       return -1;
     }
   }
+  warn_unrecorded(L, b, 1, &y, zero);
   int answers = answer(L, t, 1, &y, ns, sources, NULL, zero, grads);
   if (one) lua_rawgeti(L, answers, 1);
   return 1;
@@ -232,7 +257,8 @@ static int gradient_plain (lua_State *L, mg_tape *t, int zero) {
 ** the gradient of the sum of the targets with respect to each source.
 */
 static int l_gradient (lua_State *L) {
-  mg_tape *t = checktape(L, 1)->t;
+  ltape *b = checktape(L, 1);
+  mg_tape *t = b->t;
   mgL_checkfinalizer(L);                 /* before the walk: its results are boxed after it */
   if (lua_isnoneornil(L, 2)) luaL_argerror(L, 2, "moongrad.Tensor expected, got nil");
   if (lua_isnoneornil(L, 3))
@@ -246,7 +272,7 @@ static int l_gradient (lua_State *L) {
   lua_settop(L, 5);
   mgL_gc_before_gradient(L, mgL_getstate(L));
   if (seeds_arg == 0 || lua_isnil(L, seeds_arg)) {
-    int r = gradient_plain(L, t, zero);
+    int r = gradient_plain(L, b, zero);
     if (r >= 0) return r;
   }
   lua_newtable(L);                                        /* 6: targets */
@@ -261,6 +287,7 @@ static int l_gradient (lua_State *L) {
   mg_tensor **targets = leaves(L, 6, nt), **sources = leaves(L, 7, ns);
   mg_tensor **seeds = ng ? leaves(L, 8, ng) : NULL;
   mg_tensor **grads = (mg_tensor **)lua_newuserdatauv(L, sizeof(mg_tensor *) * (size_t)(ns ? ns : 1), 0);
+  warn_unrecorded(L, b, nt, targets, zero);
   int answers = answer(L, t, nt, targets, ns, sources, seeds, zero, grads);
   int k = 0;
   mgL_rebuild(L, 3, answers, &k);

@@ -1,0 +1,65 @@
+-- What stopped or misled a newcomer's first afternoon (issue 30), each
+-- fixed: silent nil gradients warn once per tape.
+local h = require "helpers"
+
+-- runs a script in the moongrad binary; its stdout and stderr together
+local function run_script (code)
+  local path = os.tmpname() .. ".lua"
+  local f = assert(io.open(path, "w"))
+  f:write(code)
+  f:close()
+  local out, status = h.run(h.bin .. " " .. path .. " 2>&1")
+  os.remove(path)
+  return out, status, path
+end
+
+describe("a gradient of a target the tape never recorded", function()
+  it("is nil, with a warning once per tape naming the line", function()
+    local out, status = run_script([[
+local mg = require "moongrad"
+local x = mg.Variable(mg.ones({3}))
+local t = mg.tape({persistent = true})
+local y = x * 2
+t:stop()
+print("first", t:gradient(mg.sum(y), x))
+print("again", t:gradient(mg.sum(y), x))
+print("recorded", t:gradient(y, x):totable()[1])
+]])
+    assert.equal(0, status, out)
+    assert.truthy(out:find("first\tnil", 1, true), out)
+    assert.truthy(out:find("again\tnil", 1, true), out)
+    assert.truthy(out:find("recorded\t2.0", 1, true), out)
+    local _, n = out:gsub("moongrad: warning:", "")
+    assert.equal(1, n, out)
+    assert.truthy(out:find("%.lua:6: tape:gradient: the target was not recorded by this tape %(computed after "
+                           .. "t:stop%(%), or from nothing the tape watches%), so it has no gradient %(nil%); "
+                           .. "mg%.tape{warn = false} silences this"), out)
+  end)
+
+  it("keeps quiet with mg.tape{warn = false}, with unconnected = \"zero\", and for recorded targets", function()
+    local out, status = run_script([[
+local mg = require "moongrad"
+local x = mg.Variable(mg.ones({3}))
+local q = mg.tape({warn = false})
+local y = x * 2
+q:stop()
+print(q:gradient(mg.sum(y), x))
+local t = mg.tape()
+local y2 = x * 3
+t:stop()
+print(t:gradient(mg.sum(y2), x, {unconnected = "zero"}):totable()[1])
+local u = mg.tape()
+local z = mg.sum(x * x)
+print(u:gradient(z, x):totable()[1])
+]])
+    assert.equal(0, status, out)
+    assert.falsy(out:find("warning", 1, true), out)
+    assert.truthy(out:find("nil\n0.0\n2.0", 1, true), out)
+  end)
+
+  it("checks the option", function()
+    local mg = require "moongrad"
+    assert.has_error(function() mg.tape({warn = 1}) end,
+      "bad argument #1 to 'tape' (option 'warn' must be a boolean, got number)")
+  end)
+end)
