@@ -1,5 +1,6 @@
 -- What stopped or misled a newcomer's first afternoon (issue 30), each
--- fixed: silent nil gradients warn once per tape.
+-- fixed: silent nil gradients warn once per tape; moongrad --help and
+-- --version work and list every option.
 local h = require "helpers"
 
 -- runs a script in the moongrad binary; its stdout and stderr together
@@ -61,5 +62,31 @@ print(u:gradient(z, x):totable()[1])
     local mg = require "moongrad"
     assert.has_error(function() mg.tape({warn = 1}) end,
       "bad argument #1 to 'tape' (option 'warn' must be a boolean, got number)")
+  end)
+end)
+
+describe("moongrad --help and --version", function()
+  it("--help (and -h) lists every option, the kernel's included, on stdout", function()
+    for _, flag in ipairs{"--help", "-h"} do
+      local out, status = h.run(h.bin .. " " .. flag .. " 2>/dev/null")
+      assert.equal(0, status, out)
+      for _, opt in ipairs{"-e stat", "-i ", "-l mod", "-v ", "-E ", "-W ", "-h ", "--kernel CONNECTION_FILE",
+                           "--install-kernel [--user] [--prefix PREFIX]", "--version", "--help"} do
+        assert.truthy(out:find(opt, 1, true), flag .. " does not list " .. opt .. ":\n" .. out)
+      end
+    end
+  end)
+
+  it("--version prints the version and exits", function()
+    local out, status = h.run(h.bin .. " --version")
+    assert.equal(0, status, out)
+    assert.truthy(out:match("^moongrad %d+%.%d+%.%d+, with Lua 5%.4"), out)
+  end)
+
+  it("an unknown option is still an error, with the usage on stderr", function()
+    local out, status = h.run(h.bin .. " --nope 2>&1")
+    assert.are_not.equal(0, status)
+    assert.truthy(out:find("unrecognized option '--nope'", 1, true), out)
+    assert.truthy(out:find("--install-kernel", 1, true), out)
   end)
 end)

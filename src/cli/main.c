@@ -111,24 +111,39 @@ static int icall (lua_State *L, int narg, int nres, int msgh) {
 
 /* }========================================================== */
 
+/* every option, Lua's and moongrad's own (moongrad --help) */
+static void write_usage (FILE *f) {
+  fprintf(f,
+          "usage: %s [options] [script [args]]\n"
+          "       %s --kernel CONNECTION_FILE\n"
+          "       %s --install-kernel [--user] [--prefix PREFIX]\n"
+          "Available options are:\n"
+          "  -e stat   execute string 'stat'\n"
+          "  -i        enter interactive mode after executing 'script'\n"
+          "  -l mod    require library 'mod' into global 'mod'\n"
+          "  -v        show version information (also --version)\n"
+          "  -E        ignore environment variables\n"
+          "  -W        turn warnings on\n"
+          "  -h        show this help (also --help)\n"
+          "  --        stop handling options\n"
+          "  -         stop handling options and execute stdin\n"
+          "  --kernel CONNECTION_FILE\n"
+          "            run as a Jupyter kernel (Jupyter starts it so)\n"
+          "  --install-kernel [--user] [--prefix PREFIX]\n"
+          "            tell Jupyter of this kernel: for everyone, for you alone (--user),\n"
+          "            or under PREFIX/share/jupyter/kernels\n"
+          "With no script and a terminal, an interactive session (the REPL) starts;\n"
+          "help() in it (or in a script) lists the library. Documentation: docs/README.md.\n",
+          progname, progname, progname);
+}
+
 static void print_usage (const char *badoption) {
   fprintf(stderr, "%s: ", progname);
   if (badoption[1] == 'e' || badoption[1] == 'l')
     fprintf(stderr, "'%s' needs argument\n", badoption);
   else
     fprintf(stderr, "unrecognized option '%s'\n", badoption);
-  fprintf(stderr,
-          "usage: %s [options] [script [args]]\n"
-          "Available options are:\n"
-          "  -e stat   execute string 'stat'\n"
-          "  -i        enter interactive mode after executing 'script'\n"
-          "  -l mod    require library 'mod' into global 'mod'\n"
-          "  -v        show version information\n"
-          "  -E        ignore environment variables\n"
-          "  -W        turn warnings on\n"
-          "  --        stop handling options\n"
-          "  -         stop handling options and execute stdin\n",
-          progname);
+  write_usage(stderr);
 }
 
 static void l_message (const char *pname, const char *msg) {
@@ -750,6 +765,15 @@ static int pmain (lua_State *L) {
 int main (int argc, char **argv) {
   if (argc > 1 && strcmp(argv[1], "--install-kernel") == 0)      /* no Lua needed */
     return mg_kernel_install(argc - 2, argv + 2) == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+  if (argc > 1 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0)) {
+    if (argv[0] && argv[0][0]) progname = argv[0];
+    write_usage(stdout);
+    return EXIT_SUCCESS;
+  }
+  if (argc > 1 && strcmp(argv[1], "--version") == 0) {
+    print_version();
+    return EXIT_SUCCESS;
+  }
   lua_State *L = luaL_newstate();
   if (L == NULL) {
     l_message(argv[0], "cannot create state: not enough memory");
