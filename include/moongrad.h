@@ -13,8 +13,9 @@
 ** NULL (or MG_ERR) and leaves a message in mg_errmsg(). Tensors are
 ** immutable and reference counted: a function returning mg_tensor* hands the
 ** caller one reference, to be dropped with mg_tensor_release. Inputs are
-** borrowed. The active tapes and the random stream are one per process:
-** use the library from one thread (and one Lua state) at a time.
+** borrowed. The active tapes, the random streams and the memory counters
+** are one per thread (a context, below): threads work side by side, each
+** on its own objects; an object is used by one thread at a time.
 **
 ** A C host that embeds Lua and wants autodiff from both sides:
 **

@@ -84,3 +84,15 @@ describe("the C sources", function()
     end
   end)
 end)
+
+describe("the public header", function()
+  -- what it says of threads agrees with its contexts section and the docs
+  -- (issue 30: the top said one per process, the docs one per thread)
+  it("says state is one per thread, as docs/embedding.md does", function()
+    local header = assert(io.open("include/moongrad.h")):read("a")
+    local docs = assert(io.open("docs/embedding.md")):read("a")
+    assert.falsy(header:find("one per process", 1, true))
+    assert.truthy(header:find("are one per thread", 1, true))
+    assert.truthy(docs:find("one per thread", 1, true))
+  end)
+end)
