@@ -249,6 +249,11 @@ MG_API mg_tensor *mg_tanh     (mg_tensor *x);
 MG_API mg_tensor *mg_sigmoid  (mg_tensor *x);                 /* 1 / (1 + exp(-x)) */
 MG_API mg_tensor *mg_relu     (mg_tensor *x);                 /* max(x, 0) */
 MG_API mg_tensor *mg_softplus (mg_tensor *x);                 /* log(1 + e^x), stably */
+MG_API mg_tensor *mg_silu     (mg_tensor *x);                 /* x * sigmoid(x) (swish) */
+/* x where x > 0, else alpha * (e^x - 1) (Keras' and PyTorch's alpha: 1) */
+MG_API mg_tensor *mg_elu      (mg_tensor *x, double alpha);
+/* x where x > 0, else alpha * x (PyTorch's alpha: 0.01; Keras' 0.2) */
+MG_API mg_tensor *mg_leaky_relu (mg_tensor *x, double alpha);
 MG_API mg_tensor *mg_relu_grad (mg_tensor *d, mg_tensor *y);   /* y > 0 ? d : 0 (relu's backward) */
 MG_API mg_tensor *mg_tanh_grad (mg_tensor *d, mg_tensor *y);   /* d * (1 - y^2) (tanh's, from its output) */
 MG_API mg_tensor *mg_sigmoid_grad (mg_tensor *d, mg_tensor *y);   /* d * y * (1 - y) (sigmoid's, from its output) */

@@ -37,8 +37,8 @@ describe("layers", function()
     d.kernel:assign({{1, 0}, {0, 1}})
     d.bias:assign({0.5, 0.5})
     assert.same({{1.5, 0}}, d(x):totable())
-    assert.has_error(function() nn.Dense(2, {activation = "swish"}) end,
-      "Dense: unknown activation 'swish' (known: tanh, relu, sigmoid, softmax, linear)")
+    assert.has_error(function() nn.Dense(2, {activation = "mish"}) end,
+      "Dense: unknown activation 'mish' (known: elu, exponential, gelu, gelu_tanh, leaky_relu, linear, log_softmax, relu, sigmoid, silu, softmax, softplus, swish, tanh)")
     assert.has_error(function() nn.Dense(0) end, "Dense: units must be a positive integer, got 0")
   end)
 

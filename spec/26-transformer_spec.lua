@@ -450,8 +450,8 @@ describe("transformer layers", function()
     h.assert_close(drop(x8, {training = false}), drop(x8), 0)
     assert.has_error(function() block(rnd({2, 3, 5})) end,
                      "TransformerBlock: input has 5 features (its last axis), the layer was built for 4")
-    assert.has_error(function() nn.TransformerBlock(2, 4, {activation = "swish"}) end,
-                     "TransformerBlock: unknown activation 'swish' (known: gelu, gelu_tanh, relu)")
+    assert.has_error(function() nn.TransformerBlock(2, 4, {activation = "mish"}) end,
+                     "TransformerBlock: unknown activation 'mish' (known: elu, exponential, gelu, gelu_tanh, leaky_relu, linear, log_softmax, relu, sigmoid, silu, softmax, softplus, swish, tanh)")
   end)
 
   it("a GPT: summary, recompute per block gives the same gradients with less held", function()

@@ -90,3 +90,37 @@ describe("moongrad --help and --version", function()
     assert.truthy(out:find("--install-kernel", 1, true), out)
   end)
 end)
+
+describe("activations by any name", function()
+  local mg = require "moongrad"
+  local nn = mg.nn
+
+  it("every layer that takes one accepts every activation the library has, as Keras names them", function()
+    local x = mg.random.normal({3, 4})
+    local want = {
+      gelu = mg.gelu, gelu_tanh = function(v) return mg.gelu(v, "tanh") end, silu = mg.silu, swish = mg.silu,
+      elu = mg.elu, softplus = mg.softplus, leaky_relu = function(v) return mg.leaky_relu(v, 0.2) end,
+      tanh = mg.tanh, relu = mg.relu, sigmoid = mg.sigmoid, softmax = mg.softmax, exponential = mg.exp,
+      log_softmax = mg.log_softmax, linear = function(v) return v end,
+    }
+    for name, f in pairs(want) do
+      local d = nn.Dense(5, name)
+      local y = d(x)
+      h.assert_close(y, f(mg.dense(x, d.kernel, d.bias)), 1e-6)
+      local c = nn.Conv2D(2, 1, {activation = name})
+      assert.same({1, 2, 2, 2}, c(mg.ones({1, 2, 2, 3})).shape, name)
+    end
+    local block = nn.TransformerBlock(2, 4, {activation = "silu"})
+    assert.same({1, 3, 4}, block(mg.random.normal({1, 3, 4})).shape)
+  end)
+
+  it("silu, elu and leaky_relu are ops with gradients (spec/03 checks them), alpha as PyTorch's", function()
+    local x = mg.constant({-2, -0.5, 0, 1.5}, "float64")
+    h.assert_close(mg.elu(x), mg.constant({math.exp(-2) - 1, math.exp(-0.5) - 1, 0, 1.5}, "float64"), 1e-12)
+    h.assert_close(mg.leaky_relu(x), mg.constant({-0.02, -0.005, 0, 1.5}, "float64"), 1e-12)
+    h.assert_close(x:leaky_relu(0.5), mg.constant({-1, -0.25, 0, 1.5}, "float64"), 1e-12)
+    h.assert_close(mg.silu(x), x * mg.sigmoid(x), 1e-12)
+    assert.has_error(function() mg.elu(mg.constant({1}, "int64")) end, "elu: needs a float tensor, got int64")
+    assert.has_error(function() mg.leaky_relu(x, 1 / 0) end, "leaky_relu: alpha must be a finite number, got inf")
+  end)
+end)

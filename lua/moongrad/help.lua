@@ -46,6 +46,7 @@ local groups = {
   {"maths", {
     {"exp", "exp(x)"}, {"log", "log(x)"}, {"sqrt", "sqrt(x)"}, {"abs", "abs(x)"}, {"sign", "sign(x)"},
     {"tanh", "tanh(x)"}, {"sigmoid", "sigmoid(x)"}, {"relu", "relu(x)"}, {"softplus", "softplus(x)"},
+    {"silu", "silu(x)"}, {"elu", "elu(x [, alpha=1])"}, {"leaky_relu", "leaky_relu(x [, alpha=0.01])"},
     {"relu_grad", "relu_grad(d, y)"}, {"tanh_grad", "tanh_grad(d, y)"}, {"sigmoid_grad", "sigmoid_grad(d, y)"},
     {"softmax", "softmax(x [, axis=-1])"}, {"log_softmax", "log_softmax(x [, axis=-1])"},
     {"sin", "sin(x)"}, {"cos", "cos(x)"}, {"log1p", "log1p(x)"}, {"expm1", "expm1(x)"}, {"erf", "erf(x)"},

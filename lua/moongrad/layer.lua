@@ -152,6 +152,36 @@ end
 -- }=============================================================
 
 
+-- {======================== activations ========================
+-- Every activation of the library by name, in every layer that takes one,
+-- as Keras accepts them; a name takes Keras' defaults (leaky_relu's
+-- negative slope 0.2, where mg.leaky_relu's own default is PyTorch's 0.01).
+
+local identity = function(x) return x end
+layer.activations = {
+  linear = identity, tanh = mg.tanh, relu = mg.relu, sigmoid = mg.sigmoid, softplus = mg.softplus,
+  softmax = function(x) return mg.softmax(x) end, log_softmax = function(x) return mg.log_softmax(x) end,
+  gelu = function(x) return mg.gelu(x) end, gelu_tanh = function(x) return mg.gelu(x, "tanh") end,
+  silu = mg.silu, swish = mg.silu, elu = function(x) return mg.elu(x) end,
+  leaky_relu = function(x) return mg.leaky_relu(x, 0.2) end, exponential = mg.exp,
+}
+layer.activation_names = {}
+for name in pairs(layer.activations) do layer.activation_names[#layer.activation_names + 1] = name end
+table.sort(layer.activation_names)
+
+layer.activation_rule = check.rule("an activation name or a function",
+                                   function(v) return type(v) == "string" or check.is_callable(v) end)
+
+--- layer.activation_of(who, a): the function of activation a (a name or a
+-- function; nil stays nil)
+function layer.activation_of (who, a)
+  if a == nil or check.is_callable(a) then return a end
+  return layer.activations[a] or check.unknown(who, "activation", a, layer.activation_names)
+end
+
+-- }=============================================================
+
+
 -- {=========================== build ===========================
 -- Keras' contract: a layer makes its variables in build(input_shape), once,
 -- before its first call; `layer.built` says it did. mg.nn's layers build

@@ -62,23 +62,11 @@ local optional_boolean = check.rule("true, false or nil", function(v) return v =
 
 -- {=========================== layers ==========================
 
-local activations = {
-  tanh = mg.tanh, relu = mg.relu, sigmoid = mg.sigmoid, softmax = mg.softmax,
-  linear = function(x) return x end,
-}
-local activation_names = {"tanh", "relu", "sigmoid", "softmax", "linear"}
 -- the activations mg.dense applies in its own pass (by function, so a layer
--- given mg.relu itself fuses too)
+-- given mg.relu itself fuses too); every other name (layer.activations) runs after it
 local fused_activations = {[mg.tanh] = "tanh", [mg.relu] = "relu", [mg.sigmoid] = "sigmoid",
-                           [activations.linear] = "linear"}
-
-local activation_rule = check.rule("an activation name or a function",
-                                   function(v) return type(v) == "string" or check.is_callable(v) end)
-
-local function activation_of (who, a)
-  if a == nil or check.is_callable(a) then return a end
-  return activations[a] or check.unknown(who, "activation", a, activation_names)
-end
+                           [layer.activations.linear] = "linear"}
+local activation_rule, activation_of = layer.activation_rule, layer.activation_of
 
 --- Dense(units, {activation=, use_bias=true, name=}): y = activation(x @ kernel + bias).
 -- The kernel (in, units) is glorot-uniform and the bias zero, built on the first call.

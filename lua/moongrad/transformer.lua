@@ -353,9 +353,7 @@ end
 local TransformerBlock = class("TransformerBlock", Layer)
 transformer.TransformerBlock = TransformerBlock
 
-local activation_rule = check.rule("'gelu', 'gelu_tanh', 'relu' or a function",
-                                   function(v) return type(v) == "string" or check.is_callable(v) end)
-local ACTIVATIONS = {gelu = mg.gelu, gelu_tanh = function(x) return mg.gelu(x, "tanh") end, relu = mg.relu}
+local activation_rule = layer.activation_rule
 
 local BLOCK_OPTIONS = {{"mlp_dim", check.positive_integer}, {"causal", check.boolean, false},
                        {"dropout", check.fraction, 0}, {"activation", activation_rule, "gelu"},
@@ -366,10 +364,7 @@ function TransformerBlock.__new (heads, dim, opts)
   local who = "TransformerBlock"
   check_heads(who, heads, dim)
   opts = check.options(who, opts, BLOCK_OPTIONS)
-  local act = opts.activation
-  if type(act) == "string" then
-    act = ACTIVATIONS[act] or check.unknown(who, "activation", act, {"gelu", "gelu_tanh", "relu"})
-  end
+  local act = layer.activation_of(who, opts.activation)
   local self = new_layer(TransformerBlock, {heads = heads, dim = dim, mlp_dim = opts.mlp_dim or 4 * dim,
                                             causal = opts.causal, dropout = opts.dropout, training = opts.training,
                                             name = opts.name}, "transformer_block")

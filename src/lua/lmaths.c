@@ -212,6 +212,17 @@ static int l_cumsum (lua_State *L) {
 /* }========================================================== */
 
 
+/* elu(x [, alpha=1]) and leaky_relu(x [, alpha=0.01]): PyTorch's defaults */
+static int param_activation (lua_State *L, double alpha_default, mg_tensor *(*op)(mg_tensor *x, double alpha)) {
+  mg_tensor *x = mgL_checktensor(L, 1);
+  double alpha = luaL_optnumber(L, 2, alpha_default);
+  mgL_checknargs(L, 2);
+  ltensor *box = mgL_newbox(L);
+  return mgL_fill(L, box, op(x, alpha));
+}
+static int l_elu (lua_State *L) { return param_activation(L, 1.0, mg_elu); }
+static int l_leaky_relu (lua_State *L) { return param_activation(L, 0.01, mg_leaky_relu); }
+
 /* sets module[name] and methods[name] to the function at the top (popped) */
 static void set_both (lua_State *L, int module, int methods, const char *name) {
   lua_pushvalue(L, -1);
@@ -238,5 +249,9 @@ void mgL_open_maths (lua_State *L) {
   set_both(L, module, methods, "norm");
   lua_pushcfunction(L, l_cumsum);
   set_both(L, module, methods, "cumsum");
+  lua_pushcfunction(L, l_elu);
+  set_both(L, module, methods, "elu");
+  lua_pushcfunction(L, l_leaky_relu);
+  set_both(L, module, methods, "leaky_relu");
   lua_settop(L, module);
 }

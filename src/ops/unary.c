@@ -1,6 +1,7 @@
 /*
 ** unary.c — elementwise maths of one tensor: neg, exp, log, sqrt, abs,
-** sign, tanh, sigmoid, relu, softplus, logical_not.
+** sign, tanh, sigmoid, relu, softplus, logical_not, and the activations
+** silu, elu and leaky_relu (the last two with a parameter).
 **
 ** Each op is one block: its kernels, its backward rule, its registry row
 ** and its entry point. exp, log and tanh go through glibc's vector maths
@@ -15,7 +16,8 @@
 /* this file's rows (op.h, "A family's rows"): the enum, the table and its count follow this list */
 #define UNARY_OPS(X) \
   X(NEG, neg) X(EXP, exp) X(LOG, log) X(SQRT, sqrt) X(ABS, abs) X(SIGN, sign) X(TANH, tanh) \
-  X(SIGMOID, sigmoid) X(RELU, relu) X(SOFTPLUS, softplus) X(LOGICAL_NOT, logical_not)
+  X(SIGMOID, sigmoid) X(RELU, relu) X(SOFTPLUS, softplus) X(LOGICAL_NOT, logical_not) X(SILU, silu) \
+  X(ELU, elu) X(LEAKY_RELU, leaky_relu)
 enum { UNARY_OPS(MG_ROW_ENUM) UNARY__COUNT };
 
 /* {=================== kernels and the common path =========== */
@@ -237,6 +239,97 @@ MG_ROW(SOFTPLUS, softplus) = {
   .saves = MG_SAVE_IN(0), .backward = softplus_backward,
 };
 mg_tensor *mg_softplus (mg_tensor *x) { return mg_unary_op(&softplus_op, x); }
+
+/* silu (swish): out = x * sigmoid(x).  grad: dx = dout * s * (1 + x * (1 - s)),
+** s = sigmoid(x) */
+FLOAT_KERNELS(silu, x / (1 + EXP(-x)))
+static mg_status silu_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **din) {
+  mg_scope sc = {0};
+  mg_tensor *x = n->in[0];
+  mg_tensor *s = mg_tmp(&sc, mg_sigmoid(x)), *one = mg_tmp(&sc, mg_scalar(1.0, x->dtype));
+  mg_tensor *slope = mg_tmp(&sc, mg_mul(s, mg_tmp(&sc, mg_add(one, mg_tmp(&sc, mg_mul(x,
+                        mg_tmp(&sc, mg_sub(one, s))))))));
+  din[0] = mg_mul(dout[0], slope);
+  mg_scope_end(&sc);
+  return MG_OK;
+}
+MG_ROW(SILU, silu) = {
+  .forward = mg_unary_forward,
+  .info = {.name = "silu", .kind = MG_OP_UNARY, .doc = "x * sigmoid(x), the sigmoid linear unit (swish)",
+           .fn.unary = mg_silu},
+  .kernel = {[MG_FLOAT32] = silu_f32, [MG_FLOAT64] = silu_f64},
+  .saves = MG_SAVE_IN(0), .backward = silu_backward,
+};
+mg_tensor *mg_silu (mg_tensor *x) { return mg_unary_op(&silu_op, x); }
+
+/* elu: out = x > 0 ? x : alpha * (e^x - 1).  grad: dx = dout where x > 0,
+** else dout * (out + alpha).
+** leaky_relu: out = x > 0 ? x : alpha * x.  grad: dx = dout where x > 0,
+** else dout * alpha. NaN stays NaN in both. alpha is the row's attribute. */
+#define PARAM_ACT(T, ELU) do {                                                 \
+    const T *X_ = (const T *)mg_ptr(xc); T *Y_ = (T *)mg_ptr(out);             \
+    T a_ = (T)alpha;                                                           \
+    MG_PARALLEL_FOR(n >= MG_PARALLEL_MIN, ,                                    \
+    for (int64_t i = 0; i < n; i++) {                                          \
+      T v = X_[i];                                                             \
+      Y_[i] = (v > 0 || v != v) ? v : (ELU) ? a_ * EXPM1(v) : a_ * v;          \
+    });                                                                        \
+  } while (0)
+#define EXPM1(x)  _Generic((x), float: expm1f, default: expm1)(x)
+
+static mg_status param_act_forward (mg_opcall *c) {
+  mg_tensor *x = c->in[0];
+  double alpha = c->attr->f;
+  bool elu = c->attr->a[0];
+  int64_t n = x->numel;
+  mg_tensor *xc = mg_contiguous(x), *out = xc ? mg_empty(x->shape, x->ndim, x->dtype) : NULL;
+  if (out == NULL) {
+    mg_tensor_release(xc);
+    return MG_ERR;
+  }
+  if (x->dtype == MG_FLOAT32) PARAM_ACT(float, elu);
+  else PARAM_ACT(double, elu);
+  mg_tensor_release(xc);
+  c->out[0] = out;
+  return MG_OK;
+}
+
+static mg_status param_act_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **din) {
+  mg_scope sc = {0};
+  mg_tensor *x = n->in[0];
+  mg_tensor *zero = mg_tmp(&sc, mg_scalar(0.0, x->dtype)), *one = mg_tmp(&sc, mg_scalar(1.0, x->dtype));
+  mg_tensor *alpha = mg_tmp(&sc, mg_scalar(n->attr->f, x->dtype));
+  mg_tensor *below = n->attr->a[0] ? mg_tmp(&sc, mg_add(n->out[0], alpha)) : alpha;
+  mg_tensor *slope = mg_tmp(&sc, mg_where(mg_tmp(&sc, mg_greater(x, zero)), one, below));
+  din[0] = mg_mul(dout[0], slope);
+  mg_scope_end(&sc);
+  return MG_OK;
+}
+MG_ROW(ELU, elu) = {
+  .forward = param_act_forward,
+  .info = {.name = "elu", .kind = MG_OP_OTHER, .doc = "x where x > 0, else alpha * (e^x - 1) (alpha 1 by default)"},
+  .saves = MG_SAVE_IN(0) | MG_SAVE_OUT(0), .backward = param_act_backward,
+};
+MG_ROW(LEAKY_RELU, leaky_relu) = {
+  .forward = param_act_forward,
+  .info = {.name = "leaky_relu", .kind = MG_OP_OTHER, .doc = "x where x > 0, else alpha * x (alpha 0.01 by default)"},
+  .saves = MG_SAVE_IN(0), .backward = param_act_backward,
+};
+
+static mg_tensor *param_act (const mg_opdef *def, mg_tensor *x, double alpha) {
+  const char *fn = def->info.name;
+  if (x == NULL) return mg_null_arg(def == &elu_op ? "mg_elu" : "mg_leaky_relu", "x"), NULL;
+  if (!mg_is_float(x->dtype) || mg_check_computable(fn, x->dtype) != MG_OK)
+    return mg_seterror("%s: needs a float tensor, got %s", fn, mg_dtype_name(x->dtype)), NULL;
+  if (!isfinite(alpha)) return mg_seterror("%s: alpha must be a finite number, got %g", fn, alpha), NULL;
+  mg_attr attr = {0};
+  attr.f = alpha;
+  attr.a[0] = def == &elu_op;
+  mg_opcall c = MG_OPCALL(def, 1, &x, &attr, x->shape, x->ndim, x->dtype);
+  return mg_dispatch(&c);
+}
+mg_tensor *mg_elu (mg_tensor *x, double alpha) { return param_act(&elu_op, x, alpha); }
+mg_tensor *mg_leaky_relu (mg_tensor *x, double alpha) { return param_act(&leaky_relu_op, x, alpha); }
 
 /* logical_not: not x, on bool tensors.  Not differentiable */
 KERNEL(logical_not_b, uint8_t, uint8_t, !x)
