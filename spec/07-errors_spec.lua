@@ -139,10 +139,10 @@ describe("errors name the function and the mismatch", function()
     fails(function() return mg.sum(mg.ones{2, 3}, 1.5) end, "bad argument #2 to 'sum' (axis is 1.5, not an integer)")
     fails(function() return mg.sum(mg.ones{2, 3}, 0 / 0) end, "bad argument #2 to 'sum' (axis is NaN, not an integer)")
     fails(function() return mg.ones{3}:slice({2, 5}) end,
-          "bad argument #1 to 'slice' (stop 5 is out of range for dimension 1 of size 3)")
+          "bad argument #1 to 'slice' (stop 5 is out of range for dimension 1 of size 3 (use 1..3 or -3..-1: indices are 1-based))")
     fails(function() return mg.slice(mg.ones{3}, 1, 1) end, "slice: 2 indices for a tensor with 1 dimensions")
-    fails(function() return mg.ones{3}[4] end, "index 4 is out of bounds for dimension 1 of size 3")
-    fails(function() return mg.gather(mg.ones{3}, {4}) end, "gather: index 4 is out of bounds for dimension 1 of size 3")
+    fails(function() return mg.ones{3}[4] end, "index 4 is out of bounds for dimension 1 of size 3 (use 1..3 or -3..-1: indices are 1-based)")
+    fails(function() return mg.gather(mg.ones{3}, {4}) end, "gather: index 4 is out of bounds for dimension 1 of size 3 (use 1..3 or -3..-1)")
     fails(function() return mg.transpose(mg.ones{2, 3}, {1, 1}) end, "permute: 2 dimensions need a permutation of 1..2")
   end)
 

@@ -23,7 +23,7 @@ local with_options = {
   {"Flatten", function(o) return nn.Flatten(o) end, "name"},
   {"Reshape", function(o) return nn.Reshape({-1}, o) end, "name"},
   {"Lambda", function(o) return nn.Lambda(mg.tanh, o) end, "name"},
-  {"Sequential", function(o) return nn.Sequential({}, o) end, "name"},
+  {"Sequential", function(o) return nn.Sequential({}, o) end, "name, input_shape"},
   {"Dropout", function(o) return nn.Dropout(0.5, o) end, "training, name"},
   {"BatchNorm", function(o) return nn.BatchNorm(o) end, "momentum, epsilon, training, name"},
   {"RevBlock", function(o) return nn.RevBlock(mg.tanh, mg.tanh, o) end, "num_layers, name, f_side_input, g_side_input"},
@@ -107,7 +107,7 @@ describe("options tables", function()
       {function() nn.RevBlock(mg.tanh, mg.tanh, {num_layer = 3}) end, "RevBlock: unknown option "
         .. "'num_layer' (did you mean 'num_layers'? known: num_layers, name, f_side_input, g_side_input)"},
       {function() nn.Sequential({}, {nme = "x"}) end, "Sequential: unknown option 'nme' "
-        .. "(did you mean 'name'? known: name)"},
+        .. "(did you mean 'name'? known: name, input_shape)"},
       {function() mg.progress(10, {lable = "x"}) end, "progress: unknown option 'lable' "
         .. "(did you mean 'label'? known: label, out, tty, width, interval, unit, verbose)"},
       {function() mg.test.gradcheck(mg.tanh, {f64{1}}, {epsilon = 1}) end, "gradcheck: unknown option "
@@ -163,7 +163,7 @@ describe("options tables", function()
       {function() nn.Dense(3, {activation = 1}) end,
        "Dense: option 'activation' must be an activation name or a function, got 1"},
       {function() nn.Dense(3, {activation = "rleu"}) end,
-       "Dense: unknown activation 'rleu' (did you mean 'relu'? known: tanh, relu, sigmoid, softmax, linear)"},
+       "Dense: unknown activation 'rleu' (did you mean 'relu'? known: elu, exponential, gelu, gelu_tanh, leaky_relu, linear, log_softmax, relu, sigmoid, silu, softmax, softplus, swish, tanh)"},
       {function() mg.test.gradcheck(mg.tanh, {f64{1}}, {eps = 0}) end,
        "gradcheck: option 'eps' must be a positive finite number, got 0"},
       {function() mg.test.gradcheck(mg.tanh, {f64{1}}, {atol = -1}) end,
@@ -210,8 +210,8 @@ describe("positional arguments", function()
     err(function() nn.Dense(3, 5) end,
         "Dense: argument 2 must be an activation (a name or a function) or an options table, got 5")
     err(function() nn.Dense(3, {}, {}) end, "Dense: options given twice; write Dense(units [, activation] [, options])")
-    err(function() nn.Dense(3, "swish") end,
-        "Dense: unknown activation 'swish' (known: tanh, relu, sigmoid, softmax, linear)")
+    err(function() nn.Dense(3, "mish") end,
+        "Dense: unknown activation 'mish' (known: elu, exponential, gelu, gelu_tanh, leaky_relu, linear, log_softmax, relu, sigmoid, silu, softmax, softplus, swish, tanh)")
   end)
 
   it("Sequential takes a list with no holes, of callables only", function()
@@ -498,7 +498,7 @@ describe("argument errors", function()
     local calls = {
       function() mg.optim.SGD{lr = 1} end,
       function() nn.Sequential{nn.Dense(2), nn.Dense(3)}(mg.ones({1, 2}, "int64")) end,
-      function() nn.Dense(3, {activation = "swish"}) end,
+      function() nn.Dense(3, {activation = "mish"}) end,
       function() mg.optim.SGD():apply_gradients({mg.ones{2}}, {mg.Variable({1.0})}) end,
       function() mg.progress(2):update(-1) end,
     }

@@ -166,9 +166,9 @@ describe("take_along_axis and put_along_axis", function()
     fails(function() return mg.take_along_axis(x, {1, 2}, 2) end,
           "take_along_axis: indices have 1 dimensions and x has 2; they must have as many")
     fails(function() return mg.take_along_axis(x, {{4}}, 2) end,
-          "take_along_axis: index 4 is out of bounds for dimension 2 of size 3")
+          "take_along_axis: index 4 is out of bounds for dimension 2 of size 3 (use 1..3 or -3..-1)")
     fails(function() return mg.take_along_axis(x, {{-4}}, 2) end,
-          "take_along_axis: index -4 is out of bounds for dimension 2 of size 3")
+          "take_along_axis: index -4 is out of bounds for dimension 2 of size 3 (use 1..3 or -3..-1)")
     fails(function() return mg.take_along_axis(x, {{0}}, 2) end,
           "take_along_axis: index 0 is out of range (indices start at 1; negative ones count from the end)")
     fails(function() return mg.take_along_axis(x, {{1}, {1}, {1}}, 2) end,
@@ -196,7 +196,7 @@ describe("gather", function()
     same({{5, 6}, {1, 2}}, mg.gather(x, {-1, 1}))
     same({{2, 1}, {4, 3}, {6, 5}}, mg.gather(x, {-1, -2}, 2))
     same({{2, 2}}, c({1, 2, 3}):gather(c({{-2, 2}}, "int64")))
-    fails(function() return mg.gather(x, {-4}) end, "gather: index -4 is out of bounds for dimension 1 of size 3")
+    fails(function() return mg.gather(x, {-4}) end, "gather: index -4 is out of bounds for dimension 1 of size 3 (use 1..3 or -3..-1)")
     fails(function() return mg.gather(x, {0}) end,
           "gather: index 0 is out of range (indices start at 1; negative ones count from the end)")
     local v = rnd({3, 2})

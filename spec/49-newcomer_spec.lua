@@ -1,6 +1,7 @@
 -- What stopped or misled a newcomer's first afternoon (issue 30), each
 -- fixed: silent nil gradients warn once per tape; moongrad --help and
--- --version work and list every option.
+-- --version work and list every option; activations by any name; indices
+-- out of range name the valid, 1-based range.
 local h = require "helpers"
 
 -- runs a script in the moongrad binary; its stdout and stderr together
@@ -122,5 +123,37 @@ describe("activations by any name", function()
     h.assert_close(mg.silu(x), x * mg.sigmoid(x), 1e-12)
     assert.has_error(function() mg.elu(mg.constant({1}, "int64")) end, "elu: needs a float tensor, got int64")
     assert.has_error(function() mg.leaky_relu(x, 1 / 0) end, "leaky_relu: alpha must be a finite number, got inf")
+  end)
+end)
+
+describe("indices out of range", function()
+  local mg = require "moongrad"
+
+  it("name the valid range, 1-based, wherever an index is checked", function()
+    local x = mg.constant({{1, 2, 3}, {4, 5, 6}})
+    local cases = {
+      {function() return x[0] end, "index 0 is out of bounds for dimension 1 of size 2 (use 1..2 or -2..-1: indices are 1-based)"},
+      {function() return x[3] end, "index 3 is out of bounds for dimension 1 of size 2 (use 1..2 or -2..-1: indices are 1-based)"},
+      {function() return x:slice({0, 2}) end, "(start 0 is out of range for dimension 1 of size 2 (use 1..2 or -2..-1: indices are 1-based))"},
+      {function() return x:slice(nil, {2, 5}) end, "(stop 5 is out of range for dimension 2 of size 3 (use 1..3 or -3..-1: indices are 1-based))"},
+      {function() return mg.gather(x, mg.constant({5}, "int64"), 1) end, "gather: index 5 is out of bounds for dimension 1 of size 2 (use 1..2 or -2..-1)"},
+      {function() return mg.take_along_axis(x, mg.constant({{4}}, "int64"), 2) end, "take_along_axis: index 4 is out of bounds for dimension 2 of size 3 (use 1..3 or -3..-1)"},
+      {function() return mg.sum(x, 3) end, "(axis 3 is out of range for 2 dimensions (use 1..2 or -2..-1))"},
+      {function() return mg.zeros({0, 2})[1] end, "index 1 is out of bounds for dimension 1 of size 0 (the dimension is empty)"},
+    }
+    for _, c in ipairs(cases) do
+      local ok, err = pcall(c[1])
+      assert.is_false(ok)
+      assert.truthy(tostring(err):find(c[2], 1, true), tostring(err))
+    end
+  end)
+
+  it("a table or a boolean as an index is an error that shows the ways to index, not nil", function()
+    local x = mg.constant({{1, 2}, {3, 4}})
+    assert.has_error(function() return x[{1, 2}] end)
+    local ok, err = pcall(function() return x[true] end)
+    assert.is_false(ok)
+    assert.truthy(err:find("a tensor's index must be an integer (1-based, negative from the end) or a name, got boolean: "
+                           .. "x[i][j] picks one entry, x:slice({a, b}, ...) a range, mg.gather many", 1, true), err)
   end)
 end)

@@ -294,7 +294,8 @@ static void c_convention (void) {
   lacks("sum(x, 5)", "axis 6");
   says("sum(x, -3)", mg_sum(x, -3, 0) == NULL, "axis -3 is out of range");
   says("squeeze(x, 0)", mg_squeeze(x, 0) == NULL, "squeeze: dimension 0 has size 2, not 1");
-  says("select(x, 1, 3)", mg_select(x, 1, 3) == NULL, "select: index 3 is out of bounds for dimension 1 of size 3");
+  says("select(x, 1, 3)", mg_select(x, 1, 3) == NULL,
+       "select: index 3 is out of bounds for dimension 1 of size 3 (use 0..2 or -3..-1)");   /* 0-based to C */
   says("x + y", mg_add(x, y) == NULL, "(dimension 0: 2 vs 4)");
   mg_tensor *xy[2] = {x, y}, *xz[2] = {x, z};
   says("concat(x, y, 1)", mg_concat(xy, 2, 1) == NULL, "outside axis 1: tensor 0 is (2,3), tensor 1 is (4,3)");

@@ -258,6 +258,10 @@ bool       mg_same_shape  (const int64_t *a, int na, const int64_t *b, int nb);
 #define MG_POS1 "\x02%lld"
 /* the message as stored, markers and all: for wrapping it in another one */
 const char *mg_errmsg_raw (void);
+/* the valid positions of a dimension of size n, for the end of a message,
+** in the caller's convention: " (use 1..n or -n..-1)" to Lua, 0..n-1 to C;
+** " (the dimension is empty)" when n is 0. Written into buf, returned */
+const char *mg_range_hint (char *buf, size_t len, int64_t n);
 /* normalizes axis (negative counts from the end) into [0, ndim); -1 + error */
 int        mg_check_axis  (const char *fn, int axis, int ndim);
 bool       mg_is_float    (mg_dtype dt);

@@ -66,6 +66,12 @@ mg_status mg_seterror (const char *fmt, ...) {
 ** (ops chain: mg_add(mg_mul(a, b), c)), so the message keeps that failure;
 ** "the last error" and not "because", since a host may pass NULL for
 ** reasons of its own. */
+const char *mg_range_hint (char *buf, size_t len, int64_t n) {
+  if (n <= 0) snprintf(buf, len, " (the dimension is empty)");
+  else snprintf(buf, len, " (use " MG_POS1 ".." MG_POS1 " or %lld..-1)", 0LL, (long long)(n - 1), -(long long)n);
+  return buf;
+}
+
 mg_status mg_null_arg (const char *fn, const char *name) {
   mg_context *c = mg_ctx();
   char *msg = c->error.msg, *cause = c->error.cause;

@@ -44,7 +44,9 @@ int mgL_index_first_axis (lua_State *L, mg_tensor *t, lua_Integer i) {
   int64_t n = mg_tensor_shape(t)[0];
   int64_t k = i > 0 ? i - 1 : n + i;
   if (i == 0 || k < 0 || k >= n)
-    return luaL_error(L, "index %I is out of bounds for dimension 1 of size %I", i, (lua_Integer)n);
+    return n == 0 ? luaL_error(L, "index %I is out of bounds for dimension 1 of size 0 (the dimension is empty)", i)
+                  : luaL_error(L, "index %I is out of bounds for dimension 1 of size %I (use 1..%I or -%I..-1: "
+                                  "indices are 1-based)", i, (lua_Integer)n, (lua_Integer)n, (lua_Integer)n);
   ltensor *box = mgL_newbox(L);
   return mgL_fill(L, box, mg_select(t, 0, k));
 }
@@ -64,8 +66,8 @@ static int tensor_index (lua_State *L) {
   }
   if (lua_type(L, 2) == LUA_TNUMBER)          /* x[1.0] is x[1], as for Lua tables */
     return mgL_index_first_axis(L, t, mgL_intat(L, 2, 2, "index"));
-  lua_pushnil(L);
-  return 1;
+  return luaL_error(L, "a tensor's index must be an integer (1-based, negative from the end) or a name, got %s: "
+                       "x[i][j] picks one entry, x:slice({a, b}, ...) a range, mg.gather many", luaL_typename(L, 2));
 }
 
 /* }========================================================== */
@@ -519,8 +521,11 @@ static int l_broadcast_to (lua_State *L) {
 static int64_t position (lua_State *L, int arg, lua_Integer v, int64_t n, int dim, const char *what) {
   int64_t k = v > 0 ? v - 1 : n + v;
   if (v == 0 || k < 0 || k >= n)
-    luaL_argerror(L, arg, lua_pushfstring(L, "%s %I is out of range for dimension %d of size %I",
-                                          what, v, dim, (lua_Integer)n));
+    luaL_argerror(L, arg, n == 0 ? lua_pushfstring(L, "%s %I is out of range for dimension %d of size 0 "
+                                                      "(the dimension is empty)", what, v, dim)
+                                 : lua_pushfstring(L, "%s %I is out of range for dimension %d of size %I (use 1..%I or "
+                                                      "-%I..-1: indices are 1-based)", what, v, dim,
+                                                   (lua_Integer)n, (lua_Integer)n, (lua_Integer)n));
   return k;
 }
 

@@ -39,9 +39,11 @@ static void around (const int64_t *shape, int ndim, int a, int64_t *outer, int64
 static mg_status check_range (const char *fn, const mg_tensor *idx, int64_t n, int axis) {
   const int64_t *v = (const int64_t *)mg_ptr(idx);
   for (int64_t j = 0; j < idx->numel; j++)
-    if (v[j] < -n || v[j] >= n)
-      return mg_seterror("%s: index " MG_POS " is out of bounds for dimension " MG_POS " of size %lld", fn,
-                         (long long)v[j], (long long)axis, (long long)n);
+    if (v[j] < -n || v[j] >= n) {
+      char hint[96];
+      return mg_seterror("%s: index " MG_POS " is out of bounds for dimension " MG_POS " of size %lld%s", fn,
+                         (long long)v[j], (long long)axis, (long long)n, mg_range_hint(hint, sizeof hint, n));
+    }
   return MG_OK;
 }
 

@@ -245,10 +245,12 @@ mg_tensor *mg_slice (mg_tensor *x, const int64_t *start, const int64_t *stop, co
   for (int i = 0; i < x->ndim; i++) {
     if (step[i] == 0) return mg_seterror("slice: step of dimension " MG_POS " is 0", (long long)i), NULL;
     shape[i] = slice_count(start[i], stop[i], step[i]);
-    if (!inside(start[i], shape[i], step[i], x->shape[i]))
-      return mg_seterror("slice: range " MG_POS1 "..%lld is out of bounds for dimension " MG_POS " of size %lld",
-                         (long long)start[i], (long long)stop[i], (long long)i,
-                         (long long)x->shape[i]), NULL;
+    if (!inside(start[i], shape[i], step[i], x->shape[i])) {
+      char hint[96];
+      return mg_seterror("slice: range " MG_POS1 "..%lld is out of bounds for dimension " MG_POS " of size %lld%s",
+                         (long long)start[i], (long long)stop[i], (long long)i, (long long)x->shape[i],
+                         mg_range_hint(hint, sizeof hint, x->shape[i])), NULL;
+    }
     /* with two entries or more |step| < size, so the product fits; with one,
     ** the stride is never used (and step may be huge) */
     strides[i] = shape[i] > 1 ? x->strides[i] * step[i] : x->strides[i];
@@ -328,9 +330,11 @@ mg_tensor *mg_select (mg_tensor *x, int axis, int64_t index) {
   MG_CHECK_ARG("mg_select", x, NULL);
   int a = mg_check_axis("select", axis, x->ndim);
   if (a < 0) return NULL;
+  char hint[96];
   if (index < 0 || index >= x->shape[a])
-    return mg_seterror("select: index " MG_POS1 " is out of bounds for dimension " MG_POS " of size %lld",
-                       (long long)index, (long long)a, (long long)x->shape[a]), NULL;
+    return mg_seterror("select: index " MG_POS1 " is out of bounds for dimension " MG_POS " of size %lld%s",
+                       (long long)index, (long long)a, (long long)x->shape[a],
+                       mg_range_hint(hint, sizeof hint, x->shape[a])), NULL;
   int64_t start[MG_MAX_DIMS], stop[MG_MAX_DIMS], step[MG_MAX_DIMS], shape[MG_MAX_DIMS];
   int nd = 0;
   for (int i = 0; i < x->ndim; i++) {
@@ -465,9 +469,11 @@ static mg_status check_indices (const char *fn, const mg_tensor *idx, int64_t si
     return mg_seterror("%s: indices must be int64, got %s", fn, mg_dtype_name(idx->dtype));
   const int64_t *v = (const int64_t *)mg_ptr(idx);
   for (int64_t j = 0; j < idx->numel; j++)
-    if (v[j] < 0 || v[j] >= size)
-      return mg_seterror("%s: index " MG_POS1 " is out of bounds for dimension " MG_POS " of size %lld", fn,
-                         (long long)v[j], (long long)axis, (long long)size);
+    if (v[j] < 0 || v[j] >= size) {
+      char hint[96];
+      return mg_seterror("%s: index " MG_POS1 " is out of bounds for dimension " MG_POS " of size %lld%s", fn,
+                         (long long)v[j], (long long)axis, (long long)size, mg_range_hint(hint, sizeof hint, size));
+    }
   return MG_OK;
 }
 
@@ -482,8 +488,9 @@ static mg_tensor *gather_indices (mg_tensor *indices, int64_t size, int axis) {
   bool negative = false;
   for (int64_t j = 0; j < idx->numel; j++) {
     if (v[j] < -size || v[j] >= size) {
-      mg_seterror("gather: index " MG_POS " is out of bounds for dimension " MG_POS " of size %lld",
-                  (long long)v[j], (long long)axis, (long long)size);
+      char hint[96];
+      mg_seterror("gather: index " MG_POS " is out of bounds for dimension " MG_POS " of size %lld%s",
+                  (long long)v[j], (long long)axis, (long long)size, mg_range_hint(hint, sizeof hint, size));
       mg_tensor_release(idx);
       return NULL;
     }
