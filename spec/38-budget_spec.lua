@@ -229,10 +229,10 @@ describe("memory.budget", function()
     assert.equal(1.5 * 2^30, mg.memory.budget(false))
     assert.is_nil(mg.memory.budget())
     assert.equal(0, mg.memory.stats().budget)
-    assert.has_error(function() mg.memory.budget(0) end, "memory.budget: the budget must be positive (got 0 bytes)")
+    assert.has_error(function() mg.memory.budget(0) end, "memory.budget: the budget must be a positive number of bytes (got 0)")
     assert.has_error(function() mg.memory.budget("lots") end,
-      "memory.budget: 'lots' is not a size (a number of bytes, or one with a unit: B, KB, MB, GB, KiB, MiB, GiB)")
-    assert.has_error(function() mg.tape{budget = -1} end, "tape: option 'budget': the budget must be positive (got -1 bytes)")
+      "memory.budget: 'lots' is not a size (a number of bytes, or one with a unit: B, KB, MB, GB, KiB, MiB, GiB; '+40 MiB' for that much above what is live now)")
+    assert.has_error(function() mg.tape{budget = -1} end, "tape: option 'budget': the budget must be a positive number of bytes (got -1)")
     do
       local t <close> = mg.tape{budget = "20 MB"}
       assert.equal(20000000, mg.memory.budget())
@@ -269,5 +269,26 @@ describe("memory.budget", function()
     f:close()
     assert.truthy(io.open(dir .. "/budget.svg")):close()
     os.execute("rm -rf " .. dir)
+  end)
+
+  -- issue 30, item 10: budgets in the user's terms
+  it("takes fractional byte counts, and '+40 MiB' above what is live after a collection", function()
+    collectgarbage()
+    local keep = mg.ones({1000})
+    mg.memory.budget(mg.memory.stats().current_bytes * 4.5 + 0.25)
+    assert.equal(math.floor(mg.memory.stats().current_bytes * 4.5 + 0.25), mg.memory.budget())
+    mg.memory.budget(nil)
+    local junk = {}
+    for i = 1, 4 do junk[i] = mg.ones({500, 500}) end
+    junk = nil                                            -- garbage: not live once collected
+    mg.memory.budget("+40 MiB")
+    assert.equal(40 * 1048576, mg.memory.budget() - mg.memory.stats().current_bytes)
+    assert.is_true(mg.memory.stats().current_bytes < 1000000)  -- the junk was collected first
+    assert.equal(4000, keep:numel() * 4)
+    mg.memory.budget(nil)
+    assert.has_error(function() mg.memory.budget(0.5) end,
+      "memory.budget: the budget must be a positive number of bytes (got 0.5)")
+    assert.has_error(function() mg.memory.budget(0 / 0) end,
+      "memory.budget: the budget must be a positive number of bytes (got NaN)")
   end)
 end)

@@ -135,7 +135,7 @@ local groups = {
     {"memory.set_cache_limit", "memory.set_cache_limit(bytes)", "how many freed bytes may wait for reuse"},
     {"memory.release_cache", "memory.release_cache()", "frees the cached blocks"},
     {"memory.fail_after", "memory.fail_after(n)", "for tests: the n-th allocation from now fails as if out of memory"},
-    {"memory.budget", "memory.budget([bytes])", "train within bytes (\"300 MB\" too): saved tensors are evicted and rebuilt on demand (DTR); nil clears; returns the previous"},
+    {"memory.budget", "memory.budget([bytes])", "train within bytes (\"300 MB\", \"+40 MiB\" above what is live too): saved tensors are evicted and rebuilt on demand (DTR); nil clears; returns the previous"},
   }},
   {"autodiff", {
     {"tape", "tape([{persistent=false, watch_accessed_variables=true, budget=nil, warn=true}])", "a gradient tape recording the ops run while it is active; warn: say once when a gradient's target was never recorded"},

@@ -124,16 +124,24 @@ size_t mgL_checkbytes (lua_State *L, int arg, const char *fn) {
       {"B", 1}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"KiB", 1024}, {"MiB", 1048576.0},
       {"GiB", 1073741824.0}, {"", 1}};
     const char *s = lua_tostring(L, arg);
+    bool relative = s[0] == '+';         /* "+40 MiB": above what is live now */
     char unit[8] = "";
     double v;
-    int n = 0;
-    if (sscanf(s, "%lf %7s%n", &v, unit, &n) >= 1 && v > 0)
+    if (sscanf(s + relative, "%lf %7s", &v, unit) >= 1 && v > 0 && v < 0x1p62)
       for (size_t i = 0; i < sizeof units / sizeof units[0]; i++)
-        if (strcmp(unit, units[i].unit) == 0) return (size_t)(v * units[i].f);
-    luaL_error(L, "%s: '%s' is not a size (a number of bytes, or one with a unit: B, KB, MB, GB, KiB, MiB, GiB)", fn, s);
+        if (strcmp(unit, units[i].unit) == 0) {
+          size_t bytes = (size_t)(v * units[i].f);
+          if (!relative) return bytes > 0 ? bytes : 1;
+          lua_gc(L, LUA_GCCOLLECT);      /* garbage tensors are not what is live */
+          return mg_memory_stats_get().current_bytes + bytes;
+        }
+    luaL_error(L, "%s: '%s' is not a size (a number of bytes, or one with a unit: B, KB, MB, GB, KiB, MiB, GiB; "
+                  "'+40 MiB' for that much above what is live now)", fn, s);
   }
-  lua_Integer n = luaL_checkinteger(L, arg);
-  if (n <= 0) luaL_error(L, "%s: the budget must be positive (got %I bytes)", fn, (LUA_INTEGER)n);
+  lua_Number n = luaL_checknumber(L, arg);          /* 1.5e9, or live bytes * 1.2: fractions round down */
+  if (!(n >= 1) || n >= 0x1p62)
+    luaL_error(L, "%s: the budget must be a positive number of bytes (got %s)", fn,
+               n != n ? "NaN" : lua_tostring(L, arg));
   return (size_t)n;
 }
 
