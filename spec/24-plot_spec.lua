@@ -166,4 +166,24 @@ describe("plot", function()
     assert.truthy(out:find("plot: gnuplot not found (ran '/nonexistent/gnuplot'); install Debian's gnuplot-nox "
                            .. "(make deps does it), or fix $GNUPLOT", 1, true), out)
   end)
+
+  -- issue 30, item 9: a loss that falls to its lowest value at the last epoch
+  -- was drawn on the frame's bottom line, so the curve looked as if it stopped
+  it("draws a curve inside the frame, its ends too", function()
+    local losses = {}
+    for i = 1, 20 do losses[i] = 2 - 0.1 * i end           -- from 1.9 down to 0.0, the last one lowest
+    local text = mg.plot(losses)
+    local rows = {}
+    for line in text:gmatch("[^\n]+") do rows[#rows + 1] = line end
+    local frame = {}                                        -- the frame's top and bottom lines
+    for i, line in ipairs(rows) do if line:find("+%-%-%-%-%-") then frame[#frame + 1] = i end end
+    assert.equal(2, #frame, text)
+    local top, bottom = frame[1], frame[2]
+    local first, last
+    for i = top + 1, bottom - 1 do
+      if rows[i]:find("*", 1, true) then first = first or i; last = i end
+    end
+    assert.is_true(first ~= nil and first > top + 1, text)     -- a row of space above the highest point
+    assert.is_true(last < bottom - 1, text)                   -- and below the lowest, at the last epoch
+  end)
 end)

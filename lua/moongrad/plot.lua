@@ -206,6 +206,9 @@ local function draw_into (who, panels, opts, dir, out, kind)
   add("set output %s", gp_quote(out))
   add("set datafile missing '?'")
   add(file and "set grid\nset key outside right top" or "set key below")
+  -- a margin inside the frame: a curve that reaches the range's ends (a loss
+  -- falling to its last, lowest value) is drawn, not hidden in the frame's line
+  add("set offsets graph 0.02, graph 0.02, graph 0.08, graph 0.08")
   if opts.integer_x then add("set xtics 1") end
   if opts.logscale then add("set logscale %s", opts.logscale) end
   if file and #panels > 1 then add("set lmargin at screen 0.1\nset rmargin at screen 0.76") end
