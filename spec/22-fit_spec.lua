@@ -55,7 +55,8 @@ describe("fit", function()
       table.sort(keys)
       return keys
     end)())
-    assert.same({epochs = 5, steps = 4, verbose = 0, metrics = {"loss", "accuracy"}}, history.params)
+    assert.same({epochs = 5, steps = 4, verbose = 0, metrics = {"loss", "accuracy"}, input_shape = {nil, 2},
+                 input_dtype = "float32"}, history.params)   -- the input, for a callback that builds the model
     assert.equal(history, model.history)
     assert.equal(model.optimizer, rawget(model, "optimizer"))
     assert.is_true(model:evaluate(x, y, quiet).accuracy > 0.9)

@@ -157,3 +157,54 @@ describe("indices out of range", function()
                            .. "x[i][j] picks one entry, x:slice({a, b}, ...) a range, mg.gather many", 1, true), err)
   end)
 end)
+
+describe("resume without bookkeeping: callbacks.BackupAndRestore", function()
+  local script = [==[
+local mg = require "moongrad"
+local dir, crash_at = arg[1], tonumber(arg[2])
+mg.random.seed(5)
+local x = mg.random.normal({64, 4})
+local y = mg.sum(x, 2, true)
+local model = mg.nn.Sequential{mg.nn.Dense(8, "relu"), mg.nn.Dropout(0.3), mg.nn.Dense(1)}
+model:compile{optimizer = mg.optim.Adam{learning_rate = 0.01}, loss = "mse"}
+local cbs = {}
+if dir ~= "-" then cbs[1] = mg.callbacks.BackupAndRestore{backup_dir = dir} end
+if crash_at then
+  cbs[#cbs + 1] = mg.callbacks.LambdaCallback{on_epoch_end = function(e) if e == crash_at then error("crash at " .. e, 0) end end}
+end
+local h = model:fit(x, y, {epochs = 5, batch_size = 16, verbose = 0, callbacks = cbs})
+local s = 0
+for _, v in ipairs(model.variables) do s = s + mg.sum(mg.abs(v:value())):item() end
+print(("epochs run %d, weights %.17g"):format(#h.history.loss, s))
+]==]
+
+  it("a run killed at epoch 3 and run again ends bit for bit where one run would, and leaves no backup", function()
+    local path = os.tmpname() .. ".lua"
+    local f = assert(io.open(path, "w"))
+    f:write(script)
+    f:close()
+    local dir = os.tmpname() .. "-backups"                -- made by the callback
+    local whole = h.run(h.bin .. " " .. path .. " - 2>&1")
+    local crashed, code = h.run(h.bin .. " " .. path .. " " .. dir .. " 3 2>&1")
+    assert.are_not.equal(0, code)
+    assert.truthy(crashed:find("crash at 3", 1, true), crashed)
+    assert.truthy(io.open(dir .. "/backup.safetensors"), "no backup after the crash")
+    local resumed = h.run(h.bin .. " " .. path .. " " .. dir .. " 2>&1")
+    os.remove(path)
+    local w1 = whole:match("epochs run 5, weights (%S+)")
+    local runs, w2 = resumed:match("epochs run (%d+), weights (%S+)")
+    assert.truthy(w1, whole)
+    assert.equal("2", runs, resumed)                        -- epochs 4 and 5 only
+    assert.equal(w1, w2)
+    assert.is_nil(io.open(dir .. "/backup.safetensors"), "the backup outlived the training")
+    os.remove(dir)
+  end)
+
+  it("checks its directory", function()
+    local mg = require "moongrad"
+    assert.has_error(function() mg.callbacks.BackupAndRestore{} end,
+      'BackupAndRestore: backup_dir is required: BackupAndRestore{backup_dir = "backups"}')
+    assert.has_error(function() mg.callbacks.BackupAndRestore{backup_dir = "a\nb"} end,
+      "BackupAndRestore: backup_dir must be a directory's path, not empty and without NUL bytes or newlines")
+  end)
+end)

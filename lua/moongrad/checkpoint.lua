@@ -446,6 +446,68 @@ end
 
 -- }----
 
+-- {---- BackupAndRestore ----
+
+local Backup = class("moongrad.callbacks.BackupAndRestore")
+
+local function shell_quote (s) return "'" .. s:gsub("'", "'\\''") .. "'" end
+
+local function exists (path)
+  local f = io.open(path, "rb")
+  if f then f:close() end
+  return f ~= nil
+end
+
+function Backup:set_model (model) self.model = model end
+function Backup:set_params (params) self.params = params end
+
+-- a backup from a run that stopped: the model (built first if it never ran),
+-- its optimizer and mg.random's state come back, and fit goes on after its epoch
+function Backup:on_train_begin ()
+  local who, model = "BackupAndRestore", self.model
+  if not exists(self.path) then return end
+  if #model.variables == 0 then model:build(self.params.input_shape, self.params.input_dtype) end
+  local info = checkpoint.restore(self.path, {model = model, optimizer = rawget(model, "optimizer")})
+  if info.epoch == nil then fail(who, "'%s' holds no epoch: it is not this callback's backup", self.path) end
+  rawset(model, "_resume_epoch", info.epoch)
+end
+
+-- saves are atomic (mg.save), so a run killed while writing leaves the last backup whole
+function Backup:on_epoch_end (epoch)
+  local dist = package.loaded["moongrad.distributed"]
+  if dist and dist.is_initialized() and dist.rank() ~= 0 then return end
+  checkpoint.save(self.path, {model = self.model, epoch = epoch, optimizer = rawget(self.model, "optimizer")})
+end
+
+-- training ended (its last epoch, or stopped by a callback): no run to resume
+function Backup:on_train_end ()
+  local dist = package.loaded["moongrad.distributed"]
+  if dist and dist.is_initialized() and dist.rank() ~= 0 then return end
+  os.remove(self.path)
+end
+
+--- BackupAndRestore{backup_dir=} (Keras' callback, mg.callbacks): fit saves
+-- a training checkpoint into backup_dir after each epoch (made if missing);
+-- a fit run again after a crash finds it, restores the model (building it if
+-- needed), its optimizer and mg.random's state, and goes on after the saved
+-- epoch, bit for bit as if never stopped; a fit that ends removes it.
+function checkpoint.BackupAndRestore (opts)
+  local who = "BackupAndRestore"
+  if type(opts) == "string" then opts = {backup_dir = opts} end
+  local o = check.options(who, opts, {{"backup_dir", check.string}})
+  local dir = o.backup_dir
+  if dir == nil then fail(who, "backup_dir is required: BackupAndRestore{backup_dir = \"backups\"}") end
+  if dir == "" or dir:find("[%z\n]") then
+    fail(who, "backup_dir must be a directory's path, not empty and without NUL bytes or newlines")
+  end
+  if not os.execute("mkdir -p -- " .. shell_quote(dir) .. " 2>/dev/null") then
+    fail(who, "cannot make the directory '%s'", dir)
+  end
+  return setmetatable({path = dir .. "/backup.safetensors"}, Backup)
+end
+
+-- }----
+
 -- }=============================================================
 
 --- the methods of every layer (mg.nn copies them into Layer on first use)

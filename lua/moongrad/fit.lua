@@ -646,21 +646,28 @@ local function run_fit (self, x, y, o, c)
   if verbose > 0 and not has_progbar(cbs) then table.insert(cbs, 1, ProgbarLogger{verbose = verbose}) end
   local history = History()
   cbs[#cbs + 1] = history
-  local params = {epochs = o.epochs, steps = steps, verbose = verbose, metrics = columns}
+  local input_shape = x.shape
+  input_shape[1] = nil                                -- for a callback that builds the model (a nil batch)
+  local params = {epochs = o.epochs, steps = steps, verbose = verbose, metrics = columns,
+                  input_shape = input_shape, input_dtype = x.dtype}
   for _, cb in ipairs(cbs) do
     if cb.set_model then cb:set_model(self) end
     if cb.set_params then cb:set_params(params) end
   end
 
-  local seed = o.seed or mg.random.get_state().seed
-  if dist then seed = dist.seed_of(seed) end          -- one order of the samples for every rank
   self.stop_training = false
   self.history = history
   local logs, warned_nan = {}, false
   -- the order of epoch e: mg.data.permutation(n, seed, e), as a Dataset shuffles
   local permutation = o.shuffle and require("moongrad.data").permutation
   call(cbs, "on_train_begin", {})
-  for epoch = o.initial_epoch + 1, o.epochs do
+  -- after on_train_begin: a callback that restores a run (BackupAndRestore)
+  -- puts back mg.random's state, and says the epoch it had reached
+  local seed = o.seed or mg.random.get_state().seed
+  if dist then seed = dist.seed_of(seed) end          -- one order of the samples for every rank
+  local start = rawget(self, "_resume_epoch") or o.initial_epoch
+  rawset(self, "_resume_epoch", nil)
+  for epoch = start + 1, o.epochs do
     call(cbs, "on_epoch_begin", epoch, {})
     local order = permutation and permutation(n, seed, epoch) or nil
     local m = meter()

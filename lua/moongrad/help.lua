@@ -261,6 +261,7 @@ local groups = {
     {"callbacks.TerminateOnNaN", "callbacks.TerminateOnNaN([{verbose=}])", "stops fit on a NaN or infinite loss"},
     {"callbacks.ProgbarLogger", "callbacks.ProgbarLogger([{out=, tty=, verbose=1}])", "Keras' progress bar"},
     {"callbacks.History", "callbacks.History()", "the per-epoch logs (fit returns one; history:plot([path]))"},
+    {"callbacks.BackupAndRestore", "callbacks.BackupAndRestore{backup_dir=}", "a backup after each epoch: fit run again after a crash goes on from it, bit for bit; removed when fit ends"},
     {"checkpoint.save", "checkpoint.save(path, {model=, optimizer=, epoch=, rng=true, metadata=})", "a training checkpoint, atomically"},
     {"checkpoint.restore", "checkpoint.restore(path, {model=, optimizer=, rng=true})", "restores a checkpoint; returns {epoch=, rng=, metadata=}"},
     {"checkpoint.callback", "checkpoint.callback(path [, {every=1, optimizer=}])", "Keras' ModelCheckpoint ({epoch} in path)"},
@@ -328,7 +329,7 @@ local groups = {
 
 -- names in mg that are not API: helpers other modules load, and internals
 local internal = {
-  _io = true, _loop = true, _layer_call = true, ["Layer:_build_first"] = true, check = true, fit = true, transformer = true, reversible = true,
+  _io = true, _loop = true, _layer_call = true, ["Layer:_build_first"] = true, ["checkpoint.BackupAndRestore"] = true, check = true, fit = true, transformer = true, reversible = true,
   layer = true, class = true, ["checkpoint.layer_methods"] = true, ["plot.draw"] = true, ["plot.history"] = true,
   ["distributed.DistributedOptimizer_class"] = true, ["distributed.shard"] = true,
   ["Optimizer:init"] = true, ["Optimizer:update"] = true, ["Optimizer:slot_names"] = true,
