@@ -208,3 +208,16 @@ print(("epochs run %d, weights %.17g"):format(#h.history.loss, s))
       "BackupAndRestore: backup_dir must be a directory's path, not empty and without NUL bytes or newlines")
   end)
 end)
+
+describe("help() by the names the docs print", function()
+  it("resolves model:fit, layer:add_variable, opt:build as well as Layer:fit", function()
+    local help = require "moongrad.help"
+    for name, want in pairs{["model:fit"] = "Layer:fit", ["layer:add_variable"] = "Layer:add_variable",
+                            ["opt:build"] = "Optimizer:build", ["Layer:fit"] = "Layer:fit"} do
+      local e = help.entry(name)
+      assert.truthy(e, name)
+      assert.equal(want, e.name, name)
+    end
+    assert.is_nil(help.entry("model:nope"))
+  end)
+end)

@@ -367,8 +367,16 @@ function M.entries ()
 end
 
 --- M.entry(name): one entry, or nil. "Tensor:sum" is mg.sum's entry.
+-- every entry also by its name as the docs print it, the head of its
+-- signature: "model:fit", "layer:add_variable", "opt:build" (first one wins)
+local by_signature = {}
+for _, e in ipairs(order) do
+  local head = e.signature:match("^([%w_.:]+)%(")
+  if head and by_signature[head] == nil then by_signature[head] = e end
+end
+
 function M.entry (name)
-  local e = by_name[name]
+  local e = by_name[name] or by_signature[name]
   if e then return {name = e.name, signature = e.signature, doc = doc_of(e), group = e.group} end
   local method = name:match("^Tensor:([%w_]+)$") or name:match("^Variable:([%w_]+)$")
   if method and by_name[method] and M.methods("Tensor")[method] then
