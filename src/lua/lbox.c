@@ -100,15 +100,14 @@ void mgL_checkchange (lua_State *L, const char *what) {
 
 /* }========================================================== */
 
-/* Replaces the state's userdata at the top by an empty box (its mark, then
-** NULL) with the metatable of user value uv. */
-static void *new_box (lua_State *L, uint64_t mark, int uv) {
+/* Pushes an empty box (its mark, then NULL) with the metatable of user
+** value uv of the state's userdata at index state. */
+static void *new_box (lua_State *L, int state, uint64_t mark, int uv) {
   void *b = lua_newuserdatauv(L, sizeof(ltensor), 0);
   memset(b, 0, sizeof(ltensor));
   *(uint64_t *)b = mark;
-  lua_getiuservalue(L, -2, uv);
+  lua_getiuservalue(L, state, uv);
   lua_setmetatable(L, -2);
-  lua_replace(L, -2);
   return b;
 }
 
@@ -131,26 +130,23 @@ static void tidy_track (lua_State *L, int depth) {
 ltensor *mgL_newbox (lua_State *L) {
   mgL_checkfinalizer(L);
   mgL_state *S = mgL_upstate(L);
-  if (S == NULL) {                      /* not one of the binding's functions: the registry's */
+  int state = MGL_STATE_UPVALUE;        /* one of the binding's functions: its upvalue */
+  if (S == NULL) {                      /* else the registry's, pushed for the while */
     S = mgL_pushstate(L);
-    mgL_gc_pressure(L, S);
-    ltensor *b = (ltensor *)new_box(L, TENSOR_MARK, MGL_UV_TENSOR_MT);
-    if (S->tidy_depth > 0) tidy_track(L, S->tidy_depth);
-    return b;
+    state = lua_gettop(L);
   }
   mgL_gc_pressure(L, S);
-  ltensor *b = (ltensor *)lua_newuserdatauv(L, sizeof(ltensor), 0);
-  memset(b, 0, sizeof(ltensor));
-  b->mark = TENSOR_MARK;
-  lua_getiuservalue(L, MGL_STATE_UPVALUE, MGL_UV_TENSOR_MT);
-  lua_setmetatable(L, -2);
+  ltensor *b = (ltensor *)new_box(L, state, TENSOR_MARK, MGL_UV_TENSOR_MT);
+  if (state != MGL_STATE_UPVALUE) lua_remove(L, state);
   if (S->tidy_depth > 0) tidy_track(L, S->tidy_depth);
   return b;
 }
 
 lvariable *mgL_newvariablebox (lua_State *L) {
   mgL_pushstate(L);
-  return (lvariable *)new_box(L, VARIABLE_MARK, MGL_UV_VARIABLE_MT);
+  lvariable *b = (lvariable *)new_box(L, lua_gettop(L), VARIABLE_MARK, MGL_UV_VARIABLE_MT);
+  lua_remove(L, -2);
+  return b;
 }
 
 void mgL_releasebox (ltensor *box) {
