@@ -190,10 +190,28 @@ end
 -- pass on zeros; a Layer:subclass with a build of its own has it called
 -- with the shape of the first call's input.
 
+local size_rule = check.rule("an integer >= 0", function(v) return math.type(v) == "integer" and v >= 0 end)
 local size_or_nil = check.rule("an integer >= 0 (or nil for the batch)", function(v)
   return v == nil or (math.type(v) == "integer" and v >= 0)
 end)
-local a_size = check.rule("an integer >= 0", function(v) return math.type(v) == "integer" and v >= 0 end)
+
+--- layer.sample_shape: the rule for a shape without its batch axis ({28, 28, 1}):
+-- Sequential's and summary's input_shape
+layer.sample_shape = check.rule("a list of sizes, the batch axis left out ({28, 28, 1})", function(v)
+  if type(v) ~= "table" or #v == 0 then return false end
+  for k, d in pairs(v) do
+    if math.type(k) ~= "integer" or k < 1 or k > #v or math.type(d) ~= "integer" or d < 0 then return false end
+  end
+  return true
+end)
+
+--- layer.with_batch(sample_shape [, batch]): the shape with a batch axis in
+-- front (nil: any, as Keras' None)
+function layer.with_batch (sample_shape, batch)
+  local shape = {batch}
+  for i, d in ipairs(sample_shape) do shape[i + 1] = d end
+  return shape
+end
 
 -- input_shape as a list of its entries: a table whose first entry (the
 -- batch) may be nil, as Keras' (None, 20); its length and entries checked
@@ -210,7 +228,7 @@ local function shape_of (who, input_shape)
     if k > n then n = k end
   end
   for i = 1, n do
-    check.value(who, ("input_shape[%d]"):format(i), input_shape[i], i == 1 and size_or_nil or a_size)
+    check.value(who, ("input_shape[%d]"):format(i), input_shape[i], i == 1 and size_or_nil or size_rule)
   end
   return n
 end
@@ -374,8 +392,6 @@ layer.abstract(Layer, "call")
 -- recompute_grad forward, never shifts the main stream that dropout masks
 -- are drawn from and that recompute replays.
 
-local size_rule = check.rule("an integer >= 0", function(v) return math.type(v) == "integer" and v >= 0 end)
-layer.size_rule = size_rule
 
 -- the checks of an initializer's arguments; returns (fan_in, fan_out) as
 -- Keras computes them: a conv kernel (KH,KW,Cin,Cout) counts its receptive

@@ -26,7 +26,7 @@ nn.glorot_uniform = layer.glorot_uniform
 nn.dropout = layer.dropout
 
 local class, new_layer, classes, unwrap = layer.class, layer.new, layer.classes, layer.unwrap
-local check_input, size_rule = layer.check_input, layer.size_rule
+local check_input = layer.check_input
 
 -- }=============================================================
 
@@ -156,14 +156,7 @@ end
 --- Sequential{layer, ...}: runs the layers in order.
 local Sequential = class("Sequential", Layer)
 nn.Sequential = Sequential
-local SEQUENTIAL_OPTIONS = {{"name", check.string}, {"input_shape", check.rule(
-  "a list of sizes, the batch axis left out ({28, 28, 1})", function(v)
-    if type(v) ~= "table" or #v == 0 then return false end
-    for k, d in pairs(v) do
-      if math.type(k) ~= "integer" or k < 1 or k > #v or math.type(d) ~= "integer" or d < 0 then return false end
-    end
-    return true
-  end)}}
+local SEQUENTIAL_OPTIONS = {{"name", check.string}, {"input_shape", layer.sample_shape}}
 
 --- Sequential{layers...}, {name=, input_shape=}: the layers one after the
 -- other; with input_shape (Keras' Input(shape=...): the batch axis left
@@ -175,9 +168,7 @@ function Sequential.__new (layers, opts)
   local self = new_layer(Sequential, {layers = {}, name = opts.name}, "sequential")
   for i = 1, n do self:add(layers[i]) end
   if opts.input_shape then
-    local shape = {}
-    for i, d in ipairs(opts.input_shape) do shape[i + 1] = d end
-    self:build(shape)
+    self:build(layer.with_batch(opts.input_shape))
   end
   return self
 end
@@ -490,9 +481,7 @@ local function summary_rows (self)
   return rows
 end
 
-local SUMMARY_OPTIONS = {{"input_shape", check.rule("a list of sizes (the batch axis left out)", function(v)
-  return type(v) == "table" and check.kind(v) == "a table"
-end)}, {"print_fn", check.callable}}
+local SUMMARY_OPTIONS = {{"input_shape", layer.sample_shape}, {"print_fn", check.callable}}
 
 --- model:summary{input_shape=, print_fn=print}: prints Keras' table of the
 -- layers (name and type, output shape with None for the batch, parameters)
@@ -507,12 +496,7 @@ function Layer:summary (opts)
   local unknown = false
   for _, r in ipairs(rows) do unknown = unknown or r.shape == nil end
   if unknown and opts.input_shape then
-    for i = 1, check.list(who, opts.input_shape, "input_shape", "input_shape[%d]") do
-      check.value(who, ("input_shape[%d]"):format(i), opts.input_shape[i], size_rule)
-    end
-    local shape = {1}
-    for i, d in ipairs(opts.input_shape) do shape[i + 1] = d end
-    layer.build_pass(self, shape)
+    layer.build_pass(self, layer.with_batch(opts.input_shape, 1))
     rows = summary_rows(self)
   elseif unknown then
     fail(who, "'%s' has not run yet, so its output shapes are unknown; call it on a batch first, or give "
