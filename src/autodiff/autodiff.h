@@ -204,7 +204,8 @@ void      mg_dtr_release (mg_node *n, void (*free_node)(mg_node *));
 /* around n's backward rule: evicted slots rebuilt, all of them held */
 mg_status mg_dtr_pin (mg_node *n);
 void      mg_dtr_unpin (mg_node *n);
-void      mg_dtr_walk (int delta);     /* a backward walk begins (+1) or ends (-1) */
+void      mg_dtr_walk (int delta);     /* a backward walk begins (+1) */
+mg_status mg_dtr_walk_end (void);      /* ... and ends: MG_ERR when its step ran short of the budget */
 const char *mg_dtr_take_failure (void); /* the budget's last refusal (cleared), or NULL */
 void      mg_dtr_forget_tape (mg_tape *t);
 

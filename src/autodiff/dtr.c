@@ -23,6 +23,7 @@
 ** outputs of other ops stay resident while a node needs them.
 */
 #include <stdio.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -59,6 +60,10 @@ typedef struct mg_dtr_state {
   int walks;                      /* backward walks running */
   char failure[400];              /* the budget's last refusal, for the backward's message */
   const char *last_op;
+  const char *walk_op;            /* the backward rule running (mg_dtr_pin) */
+  /* a step found the budget too small: it runs on at the least memory it
+  ** can, and its gradient then fails naming what it needed at once */
+  struct { size_t needed, budget; char most[96]; } short_of;
   mg_node *pending;               /* nodes being released */
   bool releasing, collecting;
   void (*collect)(void *ud);      /* the host frees its garbage (mg_memory_set_collect_hook) */
@@ -302,7 +307,8 @@ void mg_dtr_release (mg_node *n, void (*free_node)(mg_node *)) {
     S->pending = d->pending;
     if (d->prev) d->prev->next = d->next; else S->head = d->next;
     if (d->next) d->next->prev = d->prev;
-    S->nlive--;
+    if (--S->nlive == 0 && S->walks == 0)
+      memset(&S->short_of, 0, sizeof S->short_of);   /* a step short of the budget, never walked */
     for (int i = 0; i < m->nout; i++) {
       uint64_t id = m->out_meta[i].id;
       if (idmap_get(&S->made, id) == m) S->made.vals[slot_of(&S->made, id)] = NULL;
@@ -461,6 +467,55 @@ static const char *human (char *buf, size_t n, double bytes) {
   return mg_human_bytes(buf, n, bytes);
 }
 
+/* where the step is: "after 'matmul' (op 4 recorded under the budget)" or
+** "in the backward of 'tanh'" */
+static void step_place (const mg_dtr_state *S, char *buf, size_t n) {
+  if (S->walks > 0 && S->walk_op)
+    snprintf(buf, n, "in the backward of '%s'", S->walk_op);
+  else if (S->last_op)
+    snprintf(buf, n, "after '%s' (op %lld recorded under the budget)", S->last_op, (long long)S->recorded);
+  else
+    snprintf(buf, n, "in the step");
+}
+
+/* the step needs `live` bytes here, more than the budget: noted, for the
+** gradient's error (mg_dtr_walk_end) */
+static void note_short (mg_dtr_state *S, size_t budget, size_t live) {
+  if (live > S->short_of.needed) {
+    S->short_of.needed = live;
+    step_place(S, S->short_of.most, sizeof S->short_of.most);
+  }
+  S->short_of.budget = budget;
+}
+
+/* a byte count rounded up to what mg_human_bytes prints (two decimals) */
+static void human_up (char *buf, size_t n, size_t bytes) {
+  static const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = (double)bytes;
+  int u = 0;
+  while (v >= 1024 && u < 4) { v /= 1024; u++; }
+  if (u == 0) snprintf(buf, n, "%zu B", bytes);
+  else snprintf(buf, n, "%.2f %s", ceil(v * 100) / 100, units[u]);
+}
+
+/* the step that ran short is over: its error, naming the least it needed
+** at once (a lower bound: under a budget that large the backward may keep
+** more than this run, which dropped everything it could) and what helps */
+static mg_status report_short (mg_dtr_state *S) {
+  char b[64], need[64];
+  human_up(need, sizeof need, S->short_of.needed);
+  mg_human_bytes(b, sizeof b, (double)S->short_of.budget);
+  if (strcmp(b, need) == 0)                  /* close: the bytes say which is more */
+    snprintf(b + strlen(b), sizeof b - strlen(b), " (%zu B)", S->short_of.budget);
+  mg_seterror("memory budget %s is too small for this step: it needs at least %s (what had to stay live at "
+              "once %s, with all else dropped). Try mg.memory.budget(\"%s\") or more, or hold less at once: "
+              "recompute a block (mg.recompute_grad), a save policy (mg.recompute_grad(f, {policy = ...})), "
+              "or float16 packing of what the tape saves (mg.saved_tensors_hooks(\"float16\"))",
+              b, need, S->short_of.most, need);
+  memset(&S->short_of, 0, sizeof S->short_of);
+  return MG_ERR;
+}
+
 /* the allocator's question: room for nbytes more within the budget? Evicts
 ** the cheapest tensors to rebuild per byte and per step of staleness until
 ** there is; checks first that evicting everything evictable would do, so a
@@ -483,7 +538,14 @@ static mg_status make_room (size_t nbytes) {
     S->collecting = false;
     if (m->current + nbytes <= budget) return MG_OK;
   }
-  if (m->current - can + nbytes > budget) {
+  if (m->current - can + nbytes > budget && (S->nlive > 0 || S->walks > 0)) {
+    note_short(S, budget, m->current - can + nbytes);
+    for (size_t i = 0; i < nc; i++)
+      if (!c[i].gone) evict(S, c[i].t);      /* all that can go ("gone": must stay) */
+    free(c);
+    return MG_OK;
+  }
+  if (m->current - can + nbytes > budget) {   /* no step to finish: nothing can go */
     char b[64], l[64], a[32], where[160] = "";
     if (S->nlive > 0 && S->last_op && S->walks == 0)
       snprintf(where, sizeof where, " after '%s' (op %lld recorded under the budget)", S->last_op,
@@ -600,6 +662,7 @@ mg_status mg_dtr_pin (mg_node *n) {
   struct mg_dtr *d = n->dtr;
   d->pins++;
   d->stamp = ++S->clock;
+  S->walk_op = n->def->info.name;
   for (int k = 0; k < n->nin + n->nout && d->evicted; k++) {
     if (!(d->evicted & (1u << k))) continue;
     mg_node *p;
@@ -633,6 +696,15 @@ const char *mg_dtr_take_failure (void) {
 void mg_dtr_walk (int delta) {
   mg_dtr_state *S = mg_ctx()->dtr;
   if (S) S->walks += delta;
+}
+
+/* a walk ended: MG_ERR with the error when the step ran short of the budget
+** (the outermost walk reports it) */
+mg_status mg_dtr_walk_end (void) {
+  mg_dtr_state *S = mg_ctx()->dtr;
+  if (S == NULL) return MG_OK;
+  S->walks--;
+  return S->walks == 0 && S->short_of.needed > 0 ? report_short(S) : MG_OK;
 }
 
 /* }========================================================== */

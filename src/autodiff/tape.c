@@ -967,7 +967,11 @@ mg_status mg_walk (mg_tape *t, int ntargets, mg_tensor *const *targets,
     if (any) mg_memory_safe_point();
   }
 done:
-  mg_dtr_walk(-1);
+  if (mg_dtr_walk_end() != MG_OK && st == MG_OK) {   /* a step short of its budget */
+    char why[600];
+    snprintf(why, sizeof why, "%s", mg_errmsg_raw());
+    st = mg_seterror("tape:%s: %s", fn, why);
+  }
   if (relevant != small_relevant) free(relevant);
   idmap_free(&dep);
   idmap_free(&keep_ids);
