@@ -5,6 +5,7 @@
 --   build/moongrad bench/cases.lua seed_floor [dir]          -> the same on bench/lua_floor.c, built as
 --                                                              dir/lua_floor.so (default build/): Lua's share
 --   build/moongrad bench/cases.lua mlp <batch>               -> ms per training step
+--   build/moongrad bench/cases.lua fit_small                 -> ms per step of fit: 20 -> 256 -> 10, batch 32, Adam
 --   build/moongrad bench/cases.lua ckpt <plain|every> <width> <batch> <layers>
 --                                                            -> ms per step, peak RSS MiB, peak counter MiB
 --   build/moongrad bench/cases.lua matmul <n>                -> GFLOPS
@@ -99,6 +100,19 @@ function cases.mlp (batch)
     for i, v in ipairs(vars) do v:assign_sub(grads[i], 0.01) end
   end
   return timed(20, step) * 1e3
+end
+
+-- a small model's fit, as a newcomer writes it: 20 -> 256 -> 10, batch 32,
+-- Adam, 100 steps an epoch; the median epoch over 5, per step
+function cases.fit_small ()
+  mg.random.seed(0)
+  local steps = 100
+  local x = mg.random.normal{32 * steps, 20}
+  local y = mg.cast(mg.random.uniform({32 * steps}, 0, 10) // 1 + 1, "int64")
+  local model = mg.nn.Sequential{mg.nn.Dense(256, "relu"), mg.nn.Dense(10)}
+  model:compile{optimizer = mg.optim.Adam{learning_rate = 1e-3},
+                loss = mg.losses.SparseCategoricalCrossentropy{from_logits = true}}
+  return timed(5, function() model:fit(x, y, {epochs = 1, batch_size = 32, verbose = 0}) end) / steps * 1e3
 end
 
 -- 16 layers of tanh(x @ W): plain, or layers 2..16 under recompute_grad

@@ -7,7 +7,7 @@
 -- turn; a figure is the median over rounds of each process's median step.
 --   build/moongrad bench/conv.lua [rounds] [reps]    (default 5 rounds of 9 steps)
 --   build/moongrad bench/conv.lua quick              (tiny sizes, one round, no peer: a smoke test)
---   build/moongrad bench/conv.lua worker THREADS REPS [quick]   (one process's medians)
+--   build/moongrad bench/conv.lua worker THREADS REPS [quick]   (one process's medians)  (THREADS a count or "auto")
 local mg = mg or require "moongrad"
 
 local PY = "/usr/bin/python3"
@@ -92,7 +92,7 @@ local function worker (threads, reps, quick)
 end
 
 if arg and arg[1] == "worker" then
-  worker(tonumber(arg[2]), tonumber(arg[3]), arg[4] == "quick")
+  worker(tonumber(arg[2]) or arg[2], tonumber(arg[3]), arg[4] == "quick")
   return
 end
 

@@ -93,7 +93,7 @@ local function worker (mode, threads, reps, quick)
 end
 
 if arg and arg[1] == "worker" then
-  worker(arg[2], tonumber(arg[3]), tonumber(arg[4]), arg[5] == "quick")
+  worker(arg[2], tonumber(arg[3]) or arg[3], tonumber(arg[4]), arg[5] == "quick")
   return
 end
 

@@ -45,4 +45,7 @@ echo
 echo "== bench/gpt.lua: a GPT training step, plain and recomputed per block"
 "$BIN" bench/gpt.lua 3 5 | add
 echo
+echo "== bench/busy.lua: training steps beside busy processes, the default threads against one"
+"$BIN" bench/busy.lua 5 | add
+echo
 "$BIN" bench/assemble.lua

@@ -100,9 +100,17 @@ MG_API const char *mg_errmsg       (void);   /* text of the last failure */
 ** 0 for C callers (mg_errmsg), 1 for Lua's (the binding); valid until the next call */
 MG_API const char *mg_errmsg_based (int base);
 MG_API mg_status   mg_seterror     (const char *fmt, ...);   /* always MG_ERR */
+/* Threads: by default ("auto") as many as the machine has, and one while
+** other processes hold the cores (a team waits for its slowest thread); the
+** team changes only between steps (no tape keeps nodes). A count set here
+** (or OMP_NUM_THREADS) is fixed: the same bits from run to run on any load.
+** Per context, as the rest. */
 #define MG_MAX_THREADS  1024       /* most threads mg_set_num_threads accepts */
-MG_API mg_status   mg_set_num_threads (int n);      /* 1 <= n <= MG_MAX_THREADS */
-MG_API int         mg_get_num_threads (void);
+MG_API mg_status   mg_set_num_threads      (int n);   /* 1 <= n <= MG_MAX_THREADS: fixed */
+MG_API mg_status   mg_set_num_threads_auto (void);    /* back to auto */
+MG_API int         mg_get_num_threads      (void);    /* the count set, or the machine's */
+MG_API int         mg_threads_team         (void);    /* the team ops run on now */
+MG_API int         mg_threads_auto         (void);    /* 1: auto, 0: fixed */
 /* on: every op whose float output holds a NaN or an infinity fails, naming
 ** the op and its inputs' shapes (tf.debugging.enable_check_numerics); off
 ** by default, and then free. Per context; returns the previous setting. */

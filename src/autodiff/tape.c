@@ -433,6 +433,7 @@ static mg_node *node_new (const mg_opdef *def, int nin, mg_tensor *const *in, in
                 + dims * sizeof(int64_t) + (attr ? sizeof(mg_attr) : 0) + (size_t)nin * sizeof(bool);
   mg_node *n = (mg_node *)mg_small_alloc(size);
   if (n == NULL) return mg_seterror("out of memory recording '%s'", def->info.name), NULL;
+  mg_ctx()->pace.hold++;                 /* the thread team stays as it is while nodes live */
   n->size = size;
   n->refcount = 0;
   n->def = def;
@@ -499,6 +500,8 @@ static void node_free (mg_node *n) {
   mg_hooks_release(n->hooks);
   if (n->def->free_ext) n->def->free_ext(n);
   mg_small_free(n, n->size);
+  mg_context *c = mg_ctx();
+  if (--c->pace.hold == 0) mg_pace_tick(c);   /* a step's end: the team may change now */
 }
 
 static mg_status append (mg_tape *t, mg_node *n) {

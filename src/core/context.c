@@ -48,6 +48,7 @@ static void init (mg_context *c) {
   c->memory.fail_countdown = -1;
   c->rng.main = (mg_rng_state){DEFAULT_SEED, 0};
   c->rng.init = (mg_rng_state){DEFAULT_SEED ^ INIT_STREAM_KEY, 0};
+  mg_pace_init(&c->pace);
 }
 
 mg_context *mg_context_new (void) {
@@ -68,6 +69,7 @@ static void release_pools (mg_context *c) {
   c->tensors.npool = 0;
   if (c->hooks.release) c->hooks.release(c);
   if (c->pressure) c->pressure->release(c);
+  mg_pace_release(&c->pace);
 }
 
 void mg_context_free (mg_context *c) {

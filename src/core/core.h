@@ -9,6 +9,7 @@
 #ifndef MG_CORE_H
 #define MG_CORE_H
 
+#include <pthread.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -198,6 +199,22 @@ typedef struct mg_hooks {
   void (*release)(mg_context *c);           /* the context goes: the state the floors above keep in it */
 } mg_hooks;
 
+/* the thread team's size (threads.c) */
+typedef struct mg_pace {
+  int nominal;                              /* asked for, or the machine's */
+  int team;                                 /* in use now: nominal, or 1 while others hold the cores */
+  bool fixed;                               /* asked for: never changes */
+  int fd;                                   /* /proc/thread-self/schedstat; -2 unopened, -1 none */
+  pthread_t reader;                         /* the thread fd is of */
+  int64_t hold;                             /* tape nodes alive (the tapes count): no change meanwhile */
+  unsigned ops;                             /* ops dispatched, to look at the clock now and then */
+  int64_t last_ns, last_wait_ns, hold_until_ns, backoff_ns;
+  int64_t changes;
+} mg_pace;
+void mg_pace_init (mg_pace *p);
+void mg_pace_release (mg_pace *p);
+void mg_pace_tick (mg_context *c);          /* now and then, between ops */
+
 struct mg_context {
   struct { char msg[512], cause[400], shown[2][512]; bool null_chain; } error;
   struct { uint64_t next, end; } ids;       /* a block of ids taken from the process */
@@ -210,6 +227,7 @@ struct mg_context {
   bool check_numerics;                      /* mg_check_numerics (numerics.c) */
   struct mg_dtr_state *dtr;                 /* the memory budget (dtr.c); NULL until one is set */
   const mg_pressure *pressure;              /* installed with it: what the allocator calls */
+  mg_pace pace;                             /* the thread team (threads.c) */
 };
 
 extern _Thread_local mg_context *mg_current_context;

@@ -10,10 +10,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#ifdef _OPENMP
-#include <omp.h>
-#endif
-
 #include "core/core.h"
 
 /* the message lives in the current context (context.c): per thread */
@@ -90,19 +86,3 @@ static volatile sig_atomic_t interrupt_flag;
 void mg_interrupt (int on) { interrupt_flag = on != 0; }
 int mg_interrupted (void) { return interrupt_flag != 0; }
 
-mg_status mg_set_num_threads (int n) {
-  if (n < 1 || n > MG_MAX_THREADS)
-    return mg_seterror("set_num_threads: %d threads is out of range (1 to %d)", n, MG_MAX_THREADS);
-#ifdef _OPENMP
-  omp_set_num_threads(n);
-#endif
-  return MG_OK;
-}
-
-int mg_get_num_threads (void) {
-#ifdef _OPENMP
-  return omp_get_max_threads();
-#else
-  return 1;
-#endif
-}

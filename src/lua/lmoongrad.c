@@ -71,7 +71,17 @@ static void register_preloads (lua_State *L) {
   lua_pop(L, 2);
 }
 
+/* set_num_threads(n | "auto"): a fixed count, or the machine's, one while
+** other processes hold the cores */
 static int l_set_num_threads (lua_State *L) {
+  mgL_checknargs(L, 1);
+  if (lua_type(L, 1) == LUA_TSTRING) {
+    const char *s = lua_tostring(L, 1);
+    luaL_argcheck(L, strcmp(s, "auto") == 0, 1,
+                  lua_pushfstring(L, "a thread count or \"auto\", got \"%s\"", s));
+    mg_set_num_threads_auto();
+    return 0;
+  }
   lua_Integer n = luaL_checkinteger(L, 1);
   luaL_argcheck(L, n >= 1 && n <= MG_MAX_THREADS, 1,
                 lua_pushfstring(L, "thread count must be between 1 and %d, got %I", MG_MAX_THREADS, n));
@@ -79,10 +89,13 @@ static int l_set_num_threads (lua_State *L) {
   return 0;
 }
 
+/* get_num_threads() -> the count, "auto" or "fixed", the team in use now */
 static int l_get_num_threads (lua_State *L) {
   mgL_checknargs(L, 0);
   lua_pushinteger(L, mg_get_num_threads());
-  return 1;
+  lua_pushstring(L, mg_threads_auto() ? "auto" : "fixed");
+  lua_pushinteger(L, mg_threads_team());
+  return 3;
 }
 
 /* gemm.use(name): "auto", "dnnl" or "openblas" for every float32 product */

@@ -28,6 +28,7 @@ mg_tensor *mg_dispatch (mg_opcall *c) {
   mg_assert(c->def->forward != NULL);   /* a composite row (einsum) is never dispatched */
   mg_context *ctx = mg_ctx();
   const mg_hooks *h = &ctx->hooks;
+  if (ctx->pace.hold == 0 && (++ctx->pace.ops & 15) == 0) mg_pace_tick(ctx);   /* between steps */
   /* what a tape could record: a float result of an op with a backward */
   bool differentiable = c->def->backward != NULL && mg_is_float(c->dtype);
   mg_tensor *kept = differentiable && c->nout == 1 && h->before ? h->before(c) : NULL;

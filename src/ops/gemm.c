@@ -382,6 +382,13 @@ static void save_choice (uint64_t key, gemm_way w, double gflops) {
 
 /* {========================= calibration ======================= */
 
+/* Below this many flop a product runs on one thread: some 30 us of work,
+** where a team saves a few microseconds on an idle machine and costs a time
+** slice (milliseconds) when another process holds a core. */
+#define TEAM_MIN_FLOP 4e6
+/* a team's way is chosen only when it beats one thread's by this factor */
+#define TEAM_MARGIN 1.15
+
 static double now (void) {
   struct timespec t;
   clock_gettime(CLOCK_MONOTONIC, &t);
@@ -428,12 +435,16 @@ static gemm_way calibrate (const gemm_call *g, int threads, double *gflops) {
       if (rounds > 1) time_calls(ways[i], g, 1);
       t[i][r] = time_calls(ways[i], g, reps[i]);
     }
-  int best = 0;
+  int best = -1, best_one = -1;
   for (int i = 0; i < n; i++) {
     double *x = t[i];
     typical[i] = rounds == 1 ? x[0] : fmax(fmin(x[0], x[1]), fmin(fmax(x[0], x[1]), x[2]));  /* the median */
-    if (typical[i] < typical[best]) best = i;
+    int *b = ways[i].threads == 1 ? &best_one : &best;
+    if (*b < 0 || typical[i] < typical[*b]) *b = i;
   }
+  /* a team must win clearly: a narrow win can be one quiet moment, and on
+  ** a busy machine the team loses far more than it won */
+  if (best < 0 || (best_one >= 0 && typical[best] * TEAM_MARGIN > typical[best_one])) best = best_one;
   *gflops = flop / typical[best] * 1e-9;
   return ways[best];
 }
@@ -484,6 +495,7 @@ static gemm_way settle_shape (const gemm_call *g, const choice *c, uint64_t exac
 ** would time each other) */
 static gemm_way way_for (const gemm_call *g) {
   int threads = omp_get_max_threads();
+  if (2.0 * (double)g->m * (double)g->n * (double)g->k < TEAM_MIN_FLOP) threads = 1;
   uint64_t exact = exact_of(g, threads), key = 0;       /* the class's: only for a shape new here */
   gemm_way w;
   pthread_mutex_lock(&choices.lock);

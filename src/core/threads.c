@@ -1,0 +1,159 @@
+/*
+** threads.c — how many threads the next op may use.
+**
+** One OpenMP pool runs moongrad's loops, oneDNN and OpenBLAS. A team only
+** pays when every thread in it runs: a parallel region ends at a barrier,
+** so when other processes hold the cores, a thread the kernel has not
+** scheduled makes the whole step wait for its turn (a time slice of
+** milliseconds, on work of microseconds). On a 2-core machine with two busy
+** processes beside it, a small MLP's step took 3-17 ms with two threads
+** against 0.13 with one.
+**
+** So by default ("auto") the team follows the machine: every 20 ms or more
+** the thread reads how long it waited to run (the kernel's schedstat); while
+** it waits for more than a tenth of the time, others hold the cores and ops
+** run on this thread alone, with the library choices timed for one thread.
+** Every hold ends with a try of the full team, and a try that finds the
+** cores still taken doubles the next hold (to 2 s at most), so a machine
+** that stays busy costs one short try now and then.
+**
+** A team changes only while no tape keeps nodes (`hold`, counted by the
+** tapes), so a step runs at one team size from its forward through its
+** re-runs and backward: recomputed outputs match the forward's bit for bit.
+** A fixed count (mg_set_num_threads, or OMP_NUM_THREADS in the environment)
+** never changes: the way to the same bits from run to run on any load.
+*/
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+#include <unistd.h>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "core/core.h"
+
+enum {
+  WINDOW_NS = 20 * 1000 * 1000,          /* the shortest stretch judged */
+  FIRST_HOLD_NS = 100 * 1000 * 1000,
+  LONGEST_HOLD_NS = 2000 * 1000 * 1000,
+};
+#define CROWDED 0.10                     /* share of the time spent waiting to run */
+
+static int machine_threads (void) {
+#ifdef _OPENMP
+  return omp_get_max_threads();
+#else
+  return 1;
+#endif
+}
+
+static void use_team (mg_pace *p, int team) {
+  p->team = team;
+#ifdef _OPENMP
+  omp_set_num_threads(team);
+#endif
+}
+
+void mg_pace_init (mg_pace *p) {
+  p->nominal = p->team = machine_threads();
+  p->fixed = getenv("OMP_NUM_THREADS") != NULL;
+  p->fd = -2;                            /* schedstat not opened yet */
+  p->backoff_ns = FIRST_HOLD_NS;
+}
+
+void mg_pace_release (mg_pace *p) {
+  if (p->fd >= 0) close(p->fd);
+  p->fd = -2;
+}
+
+static int64_t now_ns (void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* nanoseconds this thread has waited on a run queue, or -1 where the
+** kernel does not say (/proc/thread-self/schedstat: run, wait, slices) */
+static int64_t waited_ns (mg_pace *p) {
+  if (p->fd >= 0 && !pthread_equal(p->reader, pthread_self())) {   /* the context moved thread */
+    close(p->fd);
+    p->fd = -2;
+    p->last_ns = 0;
+  }
+  if (p->fd == -2) {
+    p->fd = open("/proc/thread-self/schedstat", O_RDONLY | O_CLOEXEC);
+    p->reader = pthread_self();
+  }
+  if (p->fd < 0) return -1;
+  char buf[96];
+  ssize_t n = pread(p->fd, buf, sizeof buf - 1, 0);
+  if (n <= 0) {
+    close(p->fd);
+    p->fd = -1;                          /* never again */
+    return -1;
+  }
+  buf[n] = '\0';
+  unsigned long long run, wait;
+  return sscanf(buf, "%llu %llu", &run, &wait) == 2 ? (int64_t)wait : -1;
+}
+
+/* a stretch of at least WINDOW_NS has passed: judge it */
+static void judge (mg_pace *p, int64_t now, int64_t waited) {
+  double share = (double)(waited - p->last_wait_ns) / (double)(now - p->last_ns);
+  bool crowded = share > CROWDED;
+  if (crowded && p->team > 1) {                  /* a try (or the team) found the cores taken */
+    use_team(p, 1);
+    p->hold_until_ns = now + p->backoff_ns;
+    p->backoff_ns = p->backoff_ns * 2 > LONGEST_HOLD_NS ? LONGEST_HOLD_NS : p->backoff_ns * 2;
+    p->changes++;
+  } else if (crowded) {                          /* still taken: hold on */
+    if (p->hold_until_ns < now + p->backoff_ns / 2) p->hold_until_ns = now + p->backoff_ns / 2;
+  } else if (p->team == 1 && now >= p->hold_until_ns) {
+    use_team(p, p->nominal);                     /* try the full team */
+    p->changes++;
+  } else if (p->team > 1) {
+    p->backoff_ns = FIRST_HOLD_NS;               /* the team ran a whole stretch unhindered */
+  }
+}
+
+void mg_pace_tick (mg_context *c) {
+  mg_pace *p = &c->pace;
+  if (p->fixed || p->nominal == 1 || p->hold > 0 || p->fd == -1) return;
+  int64_t now = now_ns();
+  if (now - p->last_ns < WINDOW_NS) return;
+  int64_t waited = waited_ns(p);
+  if (waited < 0) return;                        /* nothing to go by: the full team */
+  if (p->last_ns != 0 && now > p->last_ns) judge(p, now, waited);
+  p->last_ns = now;
+  p->last_wait_ns = waited;
+}
+
+mg_status mg_set_num_threads (int n) {
+  if (n < 1 || n > MG_MAX_THREADS)
+    return mg_seterror("set_num_threads: %d threads is out of range (1 to %d)", n, MG_MAX_THREADS);
+  mg_pace *p = &mg_ctx()->pace;
+  p->fixed = true;
+  p->nominal = n;
+  use_team(p, n);
+  return MG_OK;
+}
+
+mg_status mg_set_num_threads_auto (void) {
+  mg_pace *p = &mg_ctx()->pace;
+  p->fixed = false;
+#ifdef _OPENMP
+  p->nominal = omp_get_num_procs();
+#endif
+  p->last_ns = 0;
+  p->backoff_ns = FIRST_HOLD_NS;
+  use_team(p, p->nominal);
+  return MG_OK;
+}
+
+int mg_get_num_threads (void) { return mg_ctx()->pace.nominal; }
+int mg_threads_team (void) { return mg_ctx()->pace.team; }
+int mg_threads_auto (void) { return !mg_ctx()->pace.fixed; }
