@@ -337,12 +337,19 @@ local internal = {
   ["distributed.steps"] = true, ["distributed.average_logs"] = true, ["distributed.seed_of"] = true,
 }
 
-local M = {groups = groups, internal = internal}
+-- each entry's arguments, result and example live in moongrad.help_entries,
+-- by name: {args = {{name, what [, default]}, ...}, returns = text, example = code}
+local details = require "moongrad.help_entries"
+internal.help_entries = true
+
+local M = {groups = groups, internal = internal, details = details}
 
 local by_name, order = {}, {}
 for _, g in ipairs(groups) do
   for _, e in ipairs(g[2]) do
-    local entry = {name = e[1], signature = e[2], doc = e[3], group = g[1]}
+    local d = details[e[1]] or {}
+    local entry = {name = e[1], signature = e[2], doc = e[3], group = g[1],
+                   args = d.args, returns = d.returns, example = d.example}
     assert(not by_name[e[1]], e[1])
     by_name[e[1]], order[#order + 1] = entry, entry
   end
@@ -359,10 +366,16 @@ local function doc_of (e)
   return op_docs[e.name]
 end
 
---- M.entries(): every entry {name=, signature=, doc=, group=}, in the reference's order
+-- an entry as handed out: a copy, its description filled in
+local function copy (e, name, signature)
+  return {name = name or e.name, signature = signature or e.signature, doc = doc_of(e), group = e.group,
+          args = e.args, returns = e.returns, example = e.example}
+end
+
+--- M.entries(): every entry {name=, signature=, doc=, group=, args=, returns=, example=}, in the reference's order
 function M.entries ()
   local out = {}
-  for i, e in ipairs(order) do out[i] = {name = e.name, signature = e.signature, doc = doc_of(e), group = e.group} end
+  for i, e in ipairs(order) do out[i] = copy(e) end
   return out
 end
 
@@ -377,12 +390,12 @@ end
 
 function M.entry (name)
   local e = by_name[name] or by_signature[name]
-  if e then return {name = e.name, signature = e.signature, doc = doc_of(e), group = e.group} end
+  if e then return copy(e) end
   local method = name:match("^Tensor:([%w_]+)$") or name:match("^Variable:([%w_]+)$")
   if method and by_name[method] and M.methods("Tensor")[method] then
     e = by_name[method]
     local sig = e.signature:gsub("^[%w_]+%(([%w_]+),? ?", "%1:" .. method .. "("):gsub("%(%[, ", "([")
-    return {name = name, signature = sig, doc = doc_of(e), group = e.group}
+    return copy(e, name, sig)
   end
 end
 
@@ -477,6 +490,27 @@ local function line (e)
   return shown(e) .. "\n    " .. (e.doc or "")
 end
 
+-- an entry in full: its line, then its arguments, result and example
+local function entry_text (e)
+  local out = {line(e)}
+  if e.args and #e.args == 0 then out[#out + 1] = "Arguments: none"
+  elseif e.args then
+    out[#out + 1] = "Arguments:"
+    local width = 0
+    for _, a in ipairs(e.args) do width = math.max(width, #a[1]) end
+    for _, a in ipairs(e.args) do
+      local default = a[3] and (" (default " .. a[3] .. ")") or ""
+      out[#out + 1] = ("    %-" .. width .. "s  %s%s"):format(a[1], a[2], default)
+    end
+  end
+  if e.returns then out[#out + 1] = "Returns: " .. e.returns end
+  if e.example then
+    out[#out + 1] = "Example:"
+    for l in e.example:gmatch("[^\n]+") do out[#out + 1] = "    " .. l end
+  end
+  return table.concat(out, "\n")
+end
+
 local function method_list (kind)
   local names = {}
   for k in pairs(M.methods(kind)) do names[#names + 1] = k end
@@ -525,7 +559,7 @@ function M.help (x)
   if x == nil then return overview() end
   if type(x) == "string" then
     local e = M.entry(x) or M.entry(x:gsub("^mg%.", ""), nil)
-    if e then return line(e) end
+    if e then return entry_text(e) end
     for _, g in ipairs(groups) do if g[1] == x then return group_text(g) end end
     return ("no help for %q: help() lists the groups and their names"):format(x)
   end

@@ -1,0 +1,512 @@
+--- moongrad.help_entries: what help(name) prints below an entry's line: its
+-- arguments, what it returns and an example, by entry name (the names of
+-- lua/moongrad/help.lua). args: {{name, what [, default]}, ...}, {} for none;
+-- example: Lua run with mg bound to require "moongrad", where `expr --> text`
+-- shows what the REPL prints for expr (spec/52-help_entries_spec.lua runs
+-- every example and checks each `-->`).
+local D = {}
+
+local function E (name, args, returns, example)
+  assert(not D[name], name)
+  D[name] = {args = args, returns = returns, example = example}
+end
+
+-- the arguments many entries share
+local X = {"x", "a tensor (or a number, or a nested table of numbers)"}
+local A = {"a", "a tensor or a number"}
+local B = {"b", "a tensor or a number, broadcasting against a"}
+local DTYPE = {"dtype", "float32 float64 float16 bfloat16 int64 or bool", "\"float32\""}
+local SHAPE = {"shape", "the sizes: a table {2, 3} or integers 2, 3"}
+local AXES = {"axis", "a 1-based axis (negative from the end), or a table of axes; nil for all", "nil"}
+local KEEP = {"keepdims", "true keeps reduced axes with size 1", "false"}
+local FN = {"fn", "a function"}
+local ARGS = {"...", "fn's arguments"}
+local OPTS = {"opts", "a table of options, as in the signature", "{}"}
+local PATH = {"path", "a file's path"}
+local YT = {"y_true", "the targets, a tensor"}
+local YP = {"y_pred", "the predictions, a tensor shaped like y_true"}
+local MODEL = {"model", "a layer or model"}
+
+-- elementwise ops: one tensor in, one of its shape out
+local function unary (name, example, returns)
+  E(name, {X}, returns or "a tensor shaped like x (float for float x)", example)
+end
+
+-- elementwise ops of two operands that broadcast
+local function binary (name, example, returns)
+  E(name, {A, B}, returns or "a tensor of the broadcast shape (a number's dtype follows the tensor's)", example)
+end
+
+local function compare (name, example)
+  binary(name, example, "a bool tensor of the broadcast shape")
+end
+
+-- reductions: x, an axis or axes, keepdims
+local function reduce (name, example, extra)
+  local args = {X, AXES, KEEP}
+  if extra then args[4] = extra end
+  E(name, args, "a tensor: a scalar for axis nil, else x without the reduced axes (size 1 with keepdims)", example)
+end
+
+-- {====================== build, inspect =======================
+
+E("constant", {{"data", "a number, a boolean, a nested table of them, or a tensor"}, DTYPE},
+  "a new tensor (a boolean gives bool)", "mg.constant({{1, 2}, {3, 4}}) --> {{1.0, 2.0}, {3.0, 4.0}}")
+E("tensor", {{"data", "a number, a boolean, a nested table of them, or a tensor"}, DTYPE},
+  "a new tensor", "mg.tensor({1, 2, 3}, \"int64\") --> {1, 2, 3}")
+E("zeros", {SHAPE, DTYPE}, "a tensor of zeros", "mg.zeros(2, 3) --> {{0.0, 0.0, 0.0}, {0.0, 0.0, 0.0}}")
+E("ones", {SHAPE, DTYPE}, "a tensor of ones", "mg.ones({2}, \"int64\") --> {1, 1}")
+E("full", {SHAPE, {"value", "a number or a boolean"}, DTYPE}, "a tensor of value",
+  "mg.full({2, 2}, 7) --> {{7.0, 7.0}, {7.0, 7.0}}")
+E("zeros_like", {X, {"dtype", "the dtype, x's by default", "x.dtype"}}, "a tensor of zeros shaped like x",
+  "mg.zeros_like(mg.ones(2, 2)) --> {{0.0, 0.0}, {0.0, 0.0}}")
+E("ones_like", {X, {"dtype", "the dtype, x's by default", "x.dtype"}}, "a tensor of ones shaped like x",
+  "mg.ones_like(mg.zeros(3)) --> {1.0, 1.0, 1.0}")
+E("arange", {{"start", "the first value", "0"}, {"stop", "the end, not included"}, {"step", "the stride", "1"}, DTYPE},
+  "a 1-D tensor", "mg.arange(5) --> {0.0, 1.0, 2.0, 3.0, 4.0}\nmg.arange(1, 2, 0.25) --> {1.0000, 1.2500, 1.5000, 1.7500}")
+E("eye", {{"n", "the rows"}, {"m", "the columns", "n"}, DTYPE}, "an n by m tensor, ones on the diagonal",
+  "mg.eye(2) --> {{1.0, 0.0}, {0.0, 1.0}}")
+E("Variable", {{"init", "the initial value: a tensor, a number or a nested table"},
+               {"opts", "name=, trainable= (true), dtype=", "{}"}},
+  "a Variable: mutable state that tapes watch, usable wherever a tensor is",
+  "v = mg.Variable({1, 2}, {name = \"w\"})\nv:assign_add(mg.ones(2))\nv:value() --> {2.0, 3.0}")
+E("is_tensor", {{"v", "any value"}}, "a boolean (false for a Variable)", "mg.is_tensor(mg.ones(2)) --> true")
+E("is_variable", {{"v", "any value"}}, "a boolean", "mg.is_variable(mg.Variable(1)) --> true")
+
+E("Tensor.shape", {}, "a table of the sizes (a copy)", "mg.zeros(2, 3).shape --> {2, 3}")
+E("Tensor.dtype", {}, "a string", "mg.tensor{1, 2}.dtype --> float32")
+E("Tensor.ndim", {}, "an integer", "mg.zeros(2, 3).ndim --> 2")
+E("item", {{"x", "a tensor of one element"}}, "a Lua number (an integer for int64) or a boolean",
+  "mg.tensor{1, 2, 3}:sum():item() --> 6.0")
+E("totable", {X}, "nested Lua tables of numbers or booleans (a number for a scalar)",
+  "mg.eye(2):totable()[2][2] --> 1.0")
+E("numel", {X}, "an integer", "mg.zeros(2, 3):numel() --> 6")
+E("print", {{"...", "tensors, strings or any values"}}, "nothing; writes a line to standard output",
+  "mg.print(\"x =\", mg.tensor{1, 2})")
+E("repr", {{"v", "any value"}, {"opts", "width=, depth=, items=", "{width=80, depth=4, items=20}"}},
+  "a string", "mg.repr({a = 1}) --> {a = 1}")
+E("help", {{"x", "a function, a value, an entry's name or a group's name; nil for the index", "nil"}},
+  "a string (the REPL's help(x) prints it)", "print(mg.help(\"matmul\"))")
+E("version", {}, "a string", "type(mg.version) --> string")
+E("ops", {}, "a list of tables, one per op", "mg.ops()[1].name --> neg")
+E("debug.check_numerics", {{"on", "true to check every op, false to stop"}}, "the previous setting",
+  [[before = mg.debug.check_numerics(true)
+print(pcall(mg.log, mg.tensor{-1}))   -- false, log: ... NaN
+mg.debug.check_numerics(before)]])
+
+-- }=============================================================
+
+-- {================= arithmetic, maths, compare =================
+
+binary("add", "mg.add(mg.tensor{1, 2}, 10) --> {11.0, 12.0}\nmg.tensor{{1}, {2}} + mg.tensor{10, 20} --> {{11.0, 21.0}, {12.0, 22.0}}")
+binary("sub", "mg.sub(mg.tensor{5, 7}, mg.tensor{1, 2}) --> {4.0, 5.0}")
+binary("mul", "mg.tensor{1, 2} * 3 --> {3.0, 6.0}")
+binary("div", "mg.tensor{1, 3} / 2 --> {0.5000, 1.5000}\nmg.div(mg.tensor({7}, \"int64\"), 2) --> {3.5000}")
+binary("pow", "mg.tensor{2, 3} ^ 2 --> {4.0, 9.0}")
+binary("floordiv", "mg.floordiv(mg.tensor{7, -7}, 2) --> { 3.0, -4.0}")
+binary("mod", "mg.mod(mg.tensor{7, -7}, 3) --> {1.0, 2.0}")
+E("neg", {X}, "a tensor shaped like x", "-mg.tensor{1, -2} --> {-1.0,  2.0}")
+binary("maximum", "mg.maximum(mg.tensor{1, 5}, 3) --> {3.0, 5.0}")
+binary("minimum", "mg.minimum(mg.tensor{1, 5}, 3) --> {1.0, 3.0}")
+
+unary("exp", "mg.exp(mg.tensor{0, 1}) --> {1.0000, 2.7183}")
+unary("log", "mg.log(mg.tensor{1, math.exp(2)}) --> {0.0, 2.0}")
+unary("sqrt", "mg.sqrt(mg.tensor{4, 9}) --> {2.0, 3.0}")
+unary("abs", "mg.abs(mg.tensor{-1.5, 2}) --> {1.5000, 2.0000}")
+unary("sign", "mg.sign(mg.tensor{-3, 0, 2}) --> {-1.0,  0.0,  1.0}")
+unary("tanh", "mg.tanh(mg.tensor{0, 1}) --> {0.0000, 0.7616}")
+unary("sigmoid", "mg.sigmoid(mg.tensor{0, 2}) --> {0.5000, 0.8808}")
+unary("relu", "mg.relu(mg.tensor{-1, 2}) --> {0.0, 2.0}")
+unary("softplus", "mg.softplus(mg.tensor{0, 10}) --> { 0.6931, 10.0000}")
+unary("silu", "mg.silu(mg.tensor{-1, 1}) --> {-0.2689,  0.7311}")
+E("elu", {X, {"alpha", "the scale of the negative side", "1"}}, "a tensor shaped like x",
+  "mg.elu(mg.tensor{-1, 2}) --> {-0.6321,  2.0000}")
+E("leaky_relu", {X, {"alpha", "the slope of the negative side", "0.01"}}, "a tensor shaped like x",
+  "mg.leaky_relu(mg.tensor{-10, 2}, 0.1) --> {-1.0,  2.0}")
+local GRAD_ARGS = {{"d", "the gradient of the output"}, {"y", "the forward's output"}}
+E("relu_grad", GRAD_ARGS, "the gradient of relu's input, shaped like d",
+  "mg.relu_grad(mg.tensor{5, 5}, mg.tensor{0, 2}) --> {0.0, 5.0}")
+E("tanh_grad", GRAD_ARGS, "the gradient of tanh's input, shaped like d",
+  "mg.tanh_grad(mg.tensor{1, 1}, mg.tensor{0, 0.5}) --> {1.0000, 0.7500}")
+E("sigmoid_grad", GRAD_ARGS, "the gradient of sigmoid's input, shaped like d",
+  "mg.sigmoid_grad(mg.tensor{1}, mg.tensor{0.5}) --> {0.2500}")
+local SOFT_AXIS = {"axis", "the axis normalized", "-1"}
+E("softmax", {X, SOFT_AXIS}, "a tensor shaped like x whose entries along axis sum to 1",
+  "mg.softmax(mg.tensor{1, 2, 3}) --> {0.0900, 0.2447, 0.6652}")
+E("log_softmax", {X, SOFT_AXIS}, "a tensor shaped like x", "mg.log_softmax(mg.tensor{0, 0}) --> {-0.6931, -0.6931}")
+unary("sin", "mg.sin(mg.tensor{0, math.pi / 2}) --> {0.0, 1.0}")
+unary("cos", "mg.cos(mg.tensor{0, math.pi}) --> { 1.0, -1.0}")
+unary("log1p", "mg.log1p(mg.tensor({1e-10}, \"float64\")) --> {1.0000e-10}")
+unary("expm1", "mg.expm1(mg.tensor({1e-10}, \"float64\")) --> {1.0000e-10}")
+unary("erf", "mg.erf(mg.tensor{0, 1}) --> {0.0000, 0.8427}")
+unary("floor", "mg.floor(mg.tensor{1.5, -1.5}) --> { 1.0, -2.0}")
+unary("ceil", "mg.ceil(mg.tensor{1.5, -1.5}) --> { 2.0, -1.0}")
+unary("round", "mg.round(mg.tensor{0.5, 1.5, 2.6}) --> {0.0, 2.0, 3.0}")
+local CLAMP_ARGS = {X, {"lo", "the lower bound: a number, a tensor or nil"}, {"hi", "the upper bound: a number, a tensor or nil"}}
+E("clamp", CLAMP_ARGS, "a tensor shaped like x", "mg.clamp(mg.tensor{-2, 0.5, 3}, 0, 1) --> {0.0000, 0.5000, 1.0000}\nmg.clamp(mg.tensor{-2, 3}, nil, 1) --> {-2.0,  1.0}")
+E("clip_by_value", CLAMP_ARGS, "a tensor shaped like x", "mg.clip_by_value(mg.tensor{-2, 3}, -1, 1) --> {-1.0,  1.0}")
+E("gelu", {X, {"approximate", "true or \"tanh\" for the tanh form, or {approximate=}", "false"}},
+  "a tensor shaped like x", "mg.gelu(mg.tensor{-1, 0, 1}) --> {-0.1587,  0.0000,  0.8413}")
+E("layer_norm", {X, {"gamma", "the scale, shaped like x's last axis", "nil"}, {"beta", "the shift", "nil"},
+                 {"opts", "epsilon=", "{epsilon=1e-5}"}},
+  "a tensor shaped like x", "mg.layer_norm(mg.tensor{{1, 2, 3}}) --> {{-1.2247,  0.0000,  1.2247}}")
+
+compare("equal", "mg.equal(mg.tensor{1, 2}, mg.tensor{1, 3}) --> { true, false}")
+compare("not_equal", "mg.not_equal(mg.tensor{1, 2}, 2) --> { true, false}")
+compare("less", "mg.less(mg.tensor{1, 2, 3}, 2) --> { true, false, false}")
+compare("less_equal", "mg.less_equal(mg.tensor{1, 2, 3}, 2) --> { true,  true, false}")
+compare("greater", "mg.greater(mg.tensor{1, 2, 3}, 2) --> {false, false,  true}")
+compare("greater_equal", "mg.greater_equal(mg.tensor{1, 2, 3}, 2) --> {false,  true,  true}")
+compare("logical_and", "mg.logical_and(mg.tensor{true, true}, mg.tensor{true, false}) --> { true, false}")
+compare("logical_or", "mg.logical_or(mg.tensor{true, false}, false) --> { true, false}")
+E("logical_not", {{"x", "a bool tensor"}}, "a bool tensor shaped like x", "mg.logical_not(mg.tensor{true, false}) --> {false,  true}")
+E("where", {{"cond", "a bool tensor"}, {"a", "values where cond is true"}, {"b", "values where it is false"}},
+  "a tensor of the three's broadcast shape", "mg.where(mg.tensor{true, false}, mg.tensor{1, 2}, 0) --> {1.0, 0.0}")
+
+-- }=============================================================
+
+-- {============ reduce, linear algebra, shape, sorting ============
+
+local M22 = "x = mg.tensor{{1, 2}, {3, 4}}\n"
+reduce("sum", M22 .. "x:sum() --> 10.0\nmg.sum(x, 1) --> {4.0, 6.0}\nx:sum(2, true) --> {{3.0}, {7.0}}")
+reduce("mean", M22 .. "x:mean() --> 2.5000\nx:mean(2) --> {1.5000, 3.5000}")
+reduce("max", M22 .. "x:max() --> 4.0\nx:max(1) --> {3.0, 4.0}")
+reduce("min", M22 .. "x:min(2) --> {1.0, 3.0}")
+reduce("prod", M22 .. "x:prod() --> 24.0\nx:prod({1, 2}) --> 24.0")
+reduce("logsumexp", "mg.logsumexp(mg.tensor{0, 0}) --> 0.6931")
+local DDOF = {"opts", "ddof= (the divisor is n - ddof), unbiased= (true: ddof 1)", "{ddof=0}"}
+reduce("var", "mg.var(mg.tensor{1, 2, 3, 4}) --> 1.2500\nmg.var(mg.tensor{1, 2, 3, 4}, nil, false, {ddof = 1}) --> 1.6667", DDOF)
+reduce("std", "mg.std(mg.tensor{1, 3}) --> 1.0", DDOF)
+reduce("norm", "mg.norm(mg.tensor{3, 4}) --> 5.0\nmg.norm(mg.tensor{3, -4}, nil, false, {ord = 1}) --> 7.0",
+       {"opts", "ord= 2, 1 or math.huge", "{ord=2}"})
+E("cumsum", {X, {"axis", "the axis; nil for the flattened x", "nil"}, {"opts", "exclusive=, reverse=", "{}"}},
+  "a tensor shaped like x (1-D for axis nil)", "mg.cumsum(mg.tensor{1, 2, 3}) --> {1.0, 3.0, 6.0}\nmg.cumsum(mg.tensor{1, 2, 3}, 1, {reverse = true}) --> {6.0, 5.0, 3.0}")
+local ARG_AXIS = {"axis", "the axis searched; nil for the flattened x", "nil"}
+E("argmax", {X, ARG_AXIS}, "an int64 tensor of 1-based positions (a scalar for axis nil)",
+  M22 .. "x:argmax() --> 4\nx:argmax(2) --> {2, 2}")
+E("argmin", {X, ARG_AXIS}, "an int64 tensor of 1-based positions", M22 .. "x:argmin(1) --> {1, 1}")
+
+E("matmul", {{"a", "a tensor (..., n, k), or a vector"}, {"b", "a tensor (..., k, m), or a vector"}},
+  "a tensor (..., n, m); the batch axes broadcast", M22 .. "mg.matmul(x, x) --> {{ 7.0, 10.0}, {15.0, 22.0}}\nmg.matmul(x, mg.tensor{1, 1}) --> {3.0, 7.0}")
+E("dense", {{"x", "a tensor (..., in)"}, {"w", "the weights (in, out)"}, {"b", "the bias (out) or nil", "nil"},
+            {"activation", "\"linear\" \"relu\" \"tanh\" or \"sigmoid\"", "\"linear\""}},
+  "a tensor (..., out)", "mg.dense(mg.tensor{{1, -1}}, mg.eye(2), mg.tensor{0, 0.5}, \"relu\") --> {{1.0, 0.0}}")
+E("einsum", {{"spec", "subscripts, as \"ij,jk->ik\""}, {"a", "a tensor"}, {"b", "a second tensor", "nil"}},
+  "a tensor", M22 .. "mg.einsum(\"ij->ji\", x) --> {{1.0, 3.0}, {2.0, 4.0}}\nmg.einsum(\"ij,ij->\", x, x) --> 30.0")
+
+E("reshape", {X, {"shape", "the new sizes (a table or integers); one may be -1"}}, "a tensor with x's values",
+  "mg.arange(6):reshape(2, 3) --> {{0.0, 1.0, 2.0}, {3.0, 4.0, 5.0}}\nmg.arange(6):reshape{-1, 2}.shape --> {3, 2}")
+E("transpose", {X, {"perm", "the new order of the axes, 1-based", "reversed"}}, "a tensor (a view)",
+  "mg.tensor{{1, 2, 3}}:transpose() --> {{1.0}, {2.0}, {3.0}}\nmg.zeros(2, 3, 4):transpose{1, 3, 2}.shape --> {2, 4, 3}")
+E("swapaxes", {X, {"a", "an axis"}, {"b", "another axis"}}, "a tensor (a view)", "mg.zeros(2, 3, 4):swapaxes(1, 3).shape --> {4, 3, 2}")
+E("expand_dims", {X, {"axis", "where the new axis goes (1-based, negative from the end)"}}, "a tensor with one more axis",
+  "mg.tensor{1, 2}:expand_dims(1) --> {{1.0, 2.0}}")
+E("squeeze", {X, {"axis", "the axis removed; nil for every axis of size 1", "nil"}}, "a tensor",
+  "mg.zeros(1, 3, 1):squeeze().shape --> {3}")
+E("broadcast_to", {X, {"shape", "the larger shape"}}, "a tensor (a view)", "mg.tensor{1, 2}:broadcast_to{2, 2} --> {{1.0, 2.0}, {1.0, 2.0}}")
+E("slice", {X, {"s1, s2, ...", "per axis: nil (all), an index (the axis dropped) or {start, stop [, step]}, inclusive, negative from the end"}},
+  "a tensor (a view)", M22 .. "x:slice(nil, 2) --> {2.0, 4.0}\nx:slice({2, 2}, nil) --> {{3.0, 4.0}}\nmg.arange(6):slice{1, -1, 2} --> {0.0, 2.0, 4.0}")
+local LIST = {"tensors", "a table {x1, x2, ...} of tensors"}
+E("concat", {LIST, {"axis", "the axis joined along", "1"}}, "a tensor",
+  "mg.concat({mg.tensor{1, 2}, mg.tensor{3}}) --> {1.0, 2.0, 3.0}\nmg.concat({mg.ones(2, 1), mg.zeros(2, 1)}, 2) --> {{1.0, 0.0}, {1.0, 0.0}}")
+E("stack", {LIST, {"axis", "where the new axis goes", "1"}}, "a tensor with one more axis",
+  "mg.stack({mg.tensor{1, 2}, mg.tensor{3, 4}}) --> {{1.0, 2.0}, {3.0, 4.0}}\nmg.stack({mg.tensor{1, 2}, mg.tensor{3, 4}}, 2) --> {{1.0, 3.0}, {2.0, 4.0}}")
+E("gather", {X, {"indices", "an int64 tensor (or table) of 1-based positions"}, {"axis", "the axis indexed", "1"}},
+  "a tensor: x's slices at indices", "mg.gather(mg.tensor{10, 20, 30}, {3, 1}) --> {30.0, 10.0}\nmg.gather(mg.eye(3), {2}, 2) --> {{0.0}, {1.0}, {0.0}}")
+E("cast", {X, {"dtype", "the new dtype"}}, "a tensor of dtype", "mg.tensor{1.7, -1.7}:cast(\"int64\") --> { 1, -1}")
+
+local SORT_AXIS = {"axis", "the axis sorted", "-1"}
+E("sort", {X, SORT_AXIS, {"opts", "descending=", "{descending=false}"}}, "two tensors: the sorted values and their int64 positions in x",
+  "mg.sort(mg.tensor{3, 1, 2}) --> {1.0, 2.0, 3.0}, {2, 3, 1}\nmg.sort(mg.tensor{3, 1, 2}, -1, {descending = true}) --> {3.0, 2.0, 1.0}, {1, 3, 2}")
+E("argsort", {X, SORT_AXIS, {"opts", "descending=", "{descending=false}"}}, "an int64 tensor of 1-based positions",
+  "mg.argsort(mg.tensor{3, 1, 2}) --> {2, 3, 1}")
+E("topk", {X, {"k", "how many"}, SORT_AXIS, {"opts", "largest=, sorted=", "{largest=true, sorted=true}"}},
+  "two tensors: values and int64 positions, k along axis", "mg.topk(mg.tensor{5, 1, 7, 3}, 2) --> {7.0, 5.0}, {3, 1}")
+local INDICES = {"indices", "an int64 tensor of 1-based positions, x's rank"}
+E("take_along_axis", {X, INDICES, {"axis", "the axis indexed"}}, "a tensor shaped like indices",
+  "x = mg.tensor{{10, 20}, {30, 40}}\nmg.take_along_axis(x, mg.tensor({{2}, {1}}, \"int64\"), 2) --> {{20.0}, {30.0}}")
+E("put_along_axis", {X, INDICES, {"values", "what goes there (broadcast to indices)"}, {"axis", "the axis indexed"},
+                     {"opts", "mode= \"set\" or \"add\"", "{mode=\"set\"}"}},
+  "a new tensor shaped like x", "mg.put_along_axis(mg.zeros(3), mg.tensor({2}, \"int64\"), mg.tensor{9}, 1) --> {0.0, 9.0, 0.0}")
+E("flip", {X, {"axes", "an axis or a table of axes; nil for all", "nil"}}, "a tensor (a view)",
+  "mg.flip(mg.tensor{1, 2, 3}) --> {3.0, 2.0, 1.0}")
+E("tile", {X, {"reps", "a table of repeats per axis"}}, "a tensor", "mg.tile(mg.tensor{1, 2}, {2}) --> {1.0, 2.0, 1.0, 2.0}")
+E("repeat_interleave", {X, {"repeats", "an integer, or an int64 tensor of one count per entry"},
+                        {"axis", "the axis; nil for the flattened x", "nil"}},
+  "a tensor", "mg.repeat_interleave(mg.tensor{1, 2}, 2) --> {1.0, 1.0, 2.0, 2.0}")
+E("pad", {X, {"paddings", "a table of {before, after} per axis"},
+          {"opts", "mode= constant reflect symmetric edge wrap, value=", "{mode=\"constant\", value=0}"}},
+  "a larger tensor", "mg.pad(mg.tensor{1, 2}, {{1, 2}}) --> {0.0, 1.0, 2.0, 0.0, 0.0}\nmg.pad(mg.tensor{1, 2}, {{2, 0}}, {mode = \"edge\"}) --> {1.0, 1.0, 1.0, 2.0}")
+local DIAG = {"k", "the diagonal kept: 0 the main one, 1 above, -1 below", "0"}
+E("tril", {X, DIAG}, "a tensor shaped like x", "mg.tril(mg.ones(3, 3)) --> {{1.0, 0.0, 0.0}, {1.0, 1.0, 0.0}, {1.0, 1.0, 1.0}}")
+E("triu", {X, DIAG}, "a tensor shaped like x", "mg.triu(mg.ones(3, 3), 1) --> {{0.0, 1.0, 1.0}, {0.0, 0.0, 1.0}, {0.0, 0.0, 0.0}}")
+E("masked_fill", {X, {"mask", "a bool tensor broadcasting to x"}, {"value", "a number"}}, "a tensor shaped like x",
+  "x = mg.tensor{1, 2, 3}\nmg.masked_fill(x, x:greater(1), 0) --> {1.0, 0.0, 0.0}")
+
+-- }=============================================================
+
+-- {================== convolution, random, memory ===================
+
+local CONV = {"opts", "strides= (1), padding= \"valid\" or \"same\", dilation_rate= (1)", "{}"}
+local POOL = {"opts", "pool_size= (2), strides= (pool_size), padding= \"valid\" or \"same\"", "{}"}
+local IMG = {"x", "images (batch, height, width, channels)"}
+E("conv2d", {IMG, {"w", "filters (height, width, in, out)"}, {"b", "a bias (out)", "nil"}, CONV},
+  "images (batch, height', width', out)",
+  "x = mg.ones(1, 4, 4, 1)\nmg.conv2d(x, mg.ones(3, 3, 1, 2)).shape --> {1, 2, 2, 2}\nmg.conv2d(x, mg.ones(3, 3, 1, 1), {padding = \"same\"}):slice(1, nil, 1, 1) --> {4.0, 6.0, 6.0, 4.0}")
+E("conv2d_backward_input", {{"dy", "conv2d's output gradient"}, {"w", "the filters"}, {"input_shape", "conv2d's input shape"}, CONV},
+  "the gradient of conv2d's input, input_shape", "mg.conv2d_backward_input(mg.ones(1, 2, 2, 1), mg.ones(3, 3, 1, 1), {1, 4, 4, 1}).shape --> {1, 4, 4, 1}")
+E("conv2d_backward_filter", {IMG, {"dy", "conv2d's output gradient"}, {"filter_shape", "the filters' shape"}, CONV},
+  "the gradient of the filters, filter_shape", "mg.conv2d_backward_filter(mg.ones(1, 4, 4, 1), mg.ones(1, 2, 2, 1), {3, 3, 1, 1}):sum() --> 36.0")
+E("max_pool2d", {IMG, POOL}, "the pooled images",
+  "mg.max_pool2d(mg.arange(16):reshape(1, 4, 4, 1)):reshape(2, 2) --> {{ 5.0,  7.0}, {13.0, 15.0}}")
+E("max_pool2d_backward", {IMG, {"dy", "max_pool2d's output gradient"}, POOL}, "the gradient of x, shaped like x",
+  "x = mg.arange(16):reshape(1, 4, 4, 1)\nmg.max_pool2d_backward(x, mg.ones(1, 2, 2, 1)):reshape(4, 4) --> {{0.0, 0.0, 0.0, 0.0}, {0.0, 1.0, 0.0, 1.0}, {0.0, 0.0, 0.0, 0.0}, {0.0, 1.0, 0.0, 1.0}}")
+E("avg_pool2d", {IMG, POOL}, "the pooled images", "mg.avg_pool2d(mg.arange(16):reshape(1, 4, 4, 1)):reshape(2, 2) --> {{ 2.5000,  4.5000}, {10.5000, 12.5000}}")
+E("avg_pool2d_backward", {{"dy", "avg_pool2d's output gradient"}, {"input_shape", "avg_pool2d's input shape"}, POOL},
+  "the gradient of the input", "mg.avg_pool2d_backward(mg.ones(1, 1, 1, 1), {1, 2, 2, 1}):reshape(2, 2) --> {{0.2500, 0.2500}, {0.2500, 0.2500}}")
+E("scaled_dot_product_attention", {{"q", "queries (..., n, d)"}, {"k", "keys (..., m, d)"}, {"v", "values (..., m, dv)"},
+                                   {"opts", "mask= (bool, true keeps), causal=, scale= (1 / sqrt(d))", "{}"}},
+  "a tensor (..., n, dv)", "q = mg.ones(1, 2, 4)\nmg.scaled_dot_product_attention(q, q, mg.tensor{{{1, 2, 3, 4}, {5, 6, 7, 8}}}, {causal = true}) --> {{{1.0, 2.0, 3.0, 4.0}, {3.0, 4.0, 5.0, 6.0}}}")
+
+E("random.seed", {{"n", "an integer"}}, "nothing", "mg.random.seed(42)\na = mg.random.normal{3}\nmg.random.seed(42)\nmg.equal(a, mg.random.normal{3}):totable()[1] --> true")
+E("random.normal", {SHAPE, {"mean", "the mean", "0"}, {"stddev", "the standard deviation", "1"}, DTYPE},
+  "a tensor of draws", "mg.random.seed(1)\nmg.random.normal({2, 3}, 0, 0.1).shape --> {2, 3}")
+E("random.uniform", {SHAPE, {"low", "the lower end", "0"}, {"high", "the upper end (not reached)", "1"}, DTYPE},
+  "a tensor of draws", "mg.random.seed(1)\nu = mg.random.uniform({1000}, -1, 1)\nu:min():item() >= -1 and u:max():item() < 1 --> true")
+E("random.permutation", {{"n", "how many"}}, "an int64 tensor holding 1..n in some order",
+  "mg.random.seed(1)\nmg.random.permutation(5) --> {1, 4, 3, 5, 2}")
+E("random.get_state", {}, "a table {seed=, offset=}", "s = mg.random.get_state()\na = mg.random.uniform{2}\nmg.random.set_state(s)\n(a - mg.random.uniform{2}):abs():max():item() --> 0.0")
+E("random.set_state", {{"state", "what get_state returned"}}, "nothing",
+  "s = mg.random.get_state()\nmg.random.normal{4}\nmg.random.set_state(s)")
+E("random.with_init_stream", {FN, ARGS}, "fn's results",
+  "w = mg.random.with_init_stream(mg.random.normal, {2, 2})\nw.shape --> {2, 2}")
+
+E("memory.stats", {}, "a table of counters: current_bytes=, peak_bytes=, tensor_bytes=, saved_bytes=, gradient_bytes=, cached_bytes=, live_tensors=, ...",
+  "x = mg.ones(1000)\nmg.memory.stats().live_tensors > 0 --> true")
+E("memory.reset_peak", {}, "nothing", "mg.memory.reset_peak()\nmg.memory.stats().peak_bytes >= mg.memory.stats().current_bytes --> true")
+E("memory.trace", {PATH, FN, ARGS}, "fn's results; writes a Chrome trace (chrome://tracing, Perfetto)",
+  "path = os.tmpname()\nmg.memory.trace(path, function() return mg.ones(100):sum() end)\nos.remove(path)")
+E("memory.span", {{"name", "the span's name"}, FN, ARGS}, "fn's results",
+  "mg.memory.span(\"forward\", function() return mg.ones(10) * 2 end):sum() --> 20.0")
+E("memory.setpause", {{"percent", "collect when tensor bytes grow by this percent"}, {"min_bytes", "never below these bytes", "256 KiB"}},
+  "the previous settings", "pause, min = mg.memory.setpause(110)\nmg.memory.setpause(pause, min)")
+E("tidy", {FN, ARGS}, "fn's results (kept); every other tensor made inside is released",
+  "y = mg.tidy(function() local t = mg.ones(1000) * 2 return t:sum() end)\ny --> 2000.0")
+E("dispose", {{"x, ...", "tensors or tables of them"}}, "nothing", "x = mg.ones(1000)\nmg.dispose(x)")
+E("keep", {{"x, ...", "tensors"}}, "x, ...", "saved\nmg.tidy(function() saved = mg.keep(mg.ones(2)) end)\nsaved --> {1.0, 1.0}")
+E("memory.set_cache_limit", {{"bytes", "a number of bytes"}}, "the previous limit",
+  "before = mg.memory.set_cache_limit(64 * 2^20)\nmg.memory.set_cache_limit(before)")
+E("memory.release_cache", {}, "nothing", "mg.memory.release_cache()\nmg.memory.stats().cached_bytes --> 0")
+E("memory.fail_after", {{"n", "the allocation that fails; nil to stop"}}, "nothing",
+  "mg.memory.fail_after(1)\nprint(pcall(mg.ones, 1000))   -- false  out of memory ...\nmg.memory.fail_after(nil)")
+E("memory.budget", {{"bytes", "a number, \"300 MB\", \"+40 MiB\" (above what is live), or nil to clear", "nil"}},
+  "the previous budget", "before = mg.memory.budget(\"+40 MiB\")\nmg.memory.budget(before)")
+
+-- }=============================================================
+
+-- {=========================== autodiff ===========================
+
+local TAPE = "x = mg.Variable(mg.tensor{1, 2, 3})\nt = mg.tape()\ny = (x * x):sum()\nt:stop()\n"
+E("tape", {{"opts", "persistent= (more than one gradient), watch_accessed_variables=, budget=, warn=", "{persistent=false}"}},
+  "a Tape, recording from now until t:stop() (or t:record(fn))", TAPE .. "t:gradient(y, x) --> {2.0, 4.0, 6.0}")
+E("Tape:gradient", {{"target", "a tensor (summed if not a scalar) or a table of them"},
+                    {"sources", "a tensor, a Variable, or a nested table of them"},
+                    {"output_gradients", "the gradient of target (ones by default)", "nil"},
+                    {"opts", "unconnected= \"none\" (nil) or \"zero\"", "{unconnected=\"none\"}"}},
+  "the gradients, in sources' structure (nil where unconnected)", TAPE .. "t:gradient(y, {w = x}).w --> {2.0, 4.0, 6.0}")
+E("Tape:jacobian", {{"target", "a tensor"}, {"sources", "a tensor, a Variable or a nested table"},
+                    {"opts", "unconnected=", "{}"}},
+  "tensors shaped target.shape .. source.shape, in sources' structure",
+  "x = mg.Variable(mg.tensor{1, 2})\nt = mg.tape()\ny = x * x\nt:stop()\nt:jacobian(y, x) --> {{2.0, 0.0}, {0.0, 4.0}}")
+E("Tape:batch_jacobian", {{"target", "a tensor (batch, ...)"}, {"source", "a tensor (batch, ...)"}, {"opts", "unconnected=", "{}"}},
+  "a tensor (batch, target's sizes, source's sizes)",
+  "x = mg.Variable(mg.tensor{{1, 2}, {3, 4}})\nt = mg.tape()\ny = x * 2\nt:stop()\nt:batch_jacobian(y, x).shape --> {2, 2, 2}")
+E("Tape:watch", {{"x", "a tensor, a Variable or nested tables of them"}}, "nothing",
+  "x = mg.tensor{3}\nt = mg.tape()\nt:watch(x)\ny = x * x\nt:stop()\nt:gradient(y, x) --> {6.0}")
+E("Tape:watched_variables", {}, "a list of Variables",
+  "v = mg.Variable(1)\nt = mg.tape()\ny = v * 2\nt:stop()\n#t:watched_variables() --> 1")
+E("Tape:stop", {}, "nothing", "t = mg.tape()\nt:stop()\nt:is_recording() --> false")
+E("Tape:record", {FN, ARGS}, "fn's results",
+  "x = mg.Variable(2)\nt = mg.tape()\nt:stop()\ny = t:record(function() return x * x end)\nt:gradient(y, x) --> 4.0")
+E("Tape:stop_recording", {FN, ARGS}, "fn's results",
+  "x = mg.Variable(2)\nt = mg.tape()\nc = t:stop_recording(function() return x * 10 end)\ny = x * c\nt:stop()\nt:gradient(y, x) --> 20.0")
+E("stop_gradient", {X}, "x, seen by tapes as a constant",
+  "x = mg.Variable(3)\nt = mg.tape()\ny = x * mg.stop_gradient(x)\nt:stop()\nt:gradient(y, x) --> 3.0")
+E("identity", {X}, "a new tensor with x's values", "mg.identity(mg.tensor{1, 2}) --> {1.0, 2.0}")
+E("Tape:reset", {}, "nothing", "t = mg.tape({persistent = true})\nt:reset()\nt:saved_bytes() --> 0")
+E("Tape:is_recording", {}, "a boolean", "t = mg.tape()\nt:is_recording() --> true")
+E("Tape:saved_bytes", {}, "an integer",
+  "x = mg.Variable(mg.ones(1000))\nt = mg.tape()\ny = mg.exp(x):sum()\nt:stop()\nt:saved_bytes() --> 4000")
+E("Variable:value", {}, "a tensor", "mg.Variable({1, 2}):value() --> {1.0, 2.0}")
+E("Variable:read_value", {}, "a tensor", "mg.Variable({1, 2}):read_value() --> {1.0, 2.0}")
+E("Variable:assign", {{"value", "a tensor or number of the variable's shape"}}, "the variable",
+  "v = mg.Variable({1, 2})\nv:assign(mg.tensor{5, 6})\nv:value() --> {5.0, 6.0}")
+local SCALE = {"scale", "a number multiplying d", "1"}
+E("Variable:assign_add", {{"d", "a tensor of the variable's shape"}, SCALE}, "the variable",
+  "v = mg.Variable({1, 2})\nv:assign_add(mg.ones(2), 10)\nv:value() --> {11.0, 12.0}")
+E("Variable:assign_sub", {{"d", "a tensor of the variable's shape"}, SCALE}, "the variable",
+  "v = mg.Variable({1, 2})\nv:assign_sub(mg.ones(2))\nv:value() --> {0.0, 1.0}")
+E("custom_gradient", {{"f", "a function returning its outputs and a backward function(dy) giving the inputs' gradients"},
+                      {"opts", "context= (true: backward gets a ctx first)", "{context=false}"}},
+  "a function: f with that gradient",
+  [[clip = mg.custom_gradient(function(x)
+  return x * 1, function(dy) return mg.clamp(dy, -1, 1) end
+end)
+x = mg.Variable(mg.tensor{1, 2})
+t = mg.tape()
+y = (clip(x) * 5):sum()
+t:stop()
+t:gradient(y, x) --> {1.0, 1.0}]])
+E("recompute_grad", {{"f", "a function of tensors"}, {"opts", "pass_is_recomputing=, policy=", "{policy=\"nothing\"}"}},
+  "a function: f, its inside activations recomputed in the backward",
+  "f = mg.recompute_grad(function(x) return mg.tanh(mg.exp(x)) end)\nx = mg.Variable(mg.zeros(2))\nt = mg.tape()\ny = f(x):sum()\nt:stop()\nt:gradient(y, x) --> {0.4200, 0.4200}")
+E("is_recomputing", {}, "a boolean", "mg.is_recomputing() --> false")
+E("in_loop", {FN, ARGS}, "fn's results", "mg.in_loop(mg.is_in_loop) --> true")
+E("is_in_loop", {}, "a boolean", "mg.is_in_loop() --> false")
+E("checkpoint_loop", {{"step", "function(state, i) returning the next state"}, {"state", "a tensor or table of tensors"},
+                      {"n", "the number of steps"}, {"opts", "snapshots= (how many states kept), stats=", "{}"}},
+  "the state after n steps",
+  "x = mg.Variable(mg.tensor{1})\nt = mg.tape()\ny = mg.checkpoint_loop(function(s) return s * 2 end, x, 10, {snapshots = 2})\nt:stop()\ny --> {1024.0}\nt:gradient(y, x) --> {1024.0}")
+E("checkpoint_loop.recomputed_steps", {{"n", "the steps"}, {"k", "the snapshots"}}, "an integer",
+  "mg.checkpoint_loop.recomputed_steps(100, 5) --> 217")
+E("saved_tensors_hooks", {{"pack", "function(x) returning what is kept; or \"float16\", \"bfloat16\", {offload=dir} with no unpack"},
+                          {"unpack", "function(packed) returning the tensor"}, FN, ARGS},
+  "fn's results",
+  "x = mg.Variable(mg.tensor{1, 2})\nt = mg.tape()\ny = mg.saved_tensors_hooks(\"bfloat16\", function() return (x * x):sum() end)\nt:stop()\nt:gradient(y, x) --> {2.0, 4.0}")
+E("test.gradcheck", {{"f", "a function of the inputs, returning a tensor"}, {"inputs", "a list of float64 tensors"},
+                     {"opts", "eps=, atol=, rtol=, seed=", "{eps=1e-6, atol=1e-6, rtol=1e-4, seed=1}"}},
+  "true, or raises naming the input and element that differ",
+  "mg.test.gradcheck(function(a) return (a * a):sum() end, {mg.ones(3, \"float64\")}) --> true")
+
+-- }=============================================================
+
+-- {============================ layers ============================
+
+local NAME = {"opts", "name=", "{}"}
+local LAYER = "a layer: call it on a tensor, layer(x)"
+E("nn.Layer", {}, "the class; subclass it with nn.Layer:subclass(name)",
+  "layer = mg.nn.Dense(2)\nlayer(mg.ones(1, 3)).shape --> {1, 2}\n#layer.variables --> 2")
+E("nn.Dense", {{"units", "the output size"}, {"activation", "\"relu\" \"tanh\" \"sigmoid\" \"softmax\" \"linear\" or a function", "nil"},
+               {"opts", "activation=, use_bias=, name=", "{use_bias=true}"}},
+  LAYER .. " (..., in) -> (..., units); kernel and bias made on the first call",
+  "mg.random.seed(0)\nlayer = mg.nn.Dense(4, \"relu\")\nlayer(mg.ones(2, 3)).shape --> {2, 4}\nlayer.kernel.shape --> {3, 4}")
+E("nn.Sequential", {{"layers", "a table of layers, applied in order"}, NAME},
+  "a model (a layer): compile, fit, evaluate, predict, summary",
+  "model = mg.nn.Sequential{mg.nn.Dense(8, \"relu\"), mg.nn.Dense(1)}\nmodel(mg.ones(4, 3)).shape --> {4, 1}")
+E("nn.Lambda", {FN, NAME}, LAYER .. " whose call is fn(x, ...)",
+  "double = mg.nn.Lambda(function(x) return x * 2 end)\ndouble(mg.tensor{1, 2}) --> {2.0, 4.0}")
+E("nn.Dropout", {{"rate", "the probability of zeroing an entry"}, {"opts", "training=, name=", "{training=true}"}},
+  LAYER .. "; kept entries scaled by 1 / (1 - rate) while training",
+  "drop = mg.nn.Dropout(0.5, {training = false})\ndrop(mg.ones(3)) --> {1.0, 1.0, 1.0}")
+E("nn.BatchNorm", {{"opts", "momentum=, epsilon=, training=, name=", "{momentum=0.99, epsilon=1e-3, training=true}"}},
+  LAYER .. " normalizing each feature over the batch",
+  "bn = mg.nn.BatchNorm()\nbn(mg.tensor{{1, 10}, {3, 30}}) --> {{-0.9995, -1.0000}, { 0.9995,  1.0000}}")
+E("nn.Conv2D", {{"filters", "the output channels"}, {"kernel_size", "an integer or {height, width}"},
+                {"opts", "strides=, padding= \"valid\" or \"same\", dilation_rate=, activation=, use_bias=, kernel_initializer=", "{padding=\"valid\"}"}},
+  LAYER .. " on images (batch, height, width, channels)",
+  "conv = mg.nn.Conv2D(8, 3, {padding = \"same\", activation = \"relu\"})\nconv(mg.ones(2, 28, 28, 1)).shape --> {2, 28, 28, 8}")
+local POOL_SIZE = {"pool_size", "an integer or {height, width}", "2"}
+local POOL_OPTS = {"opts", "strides=, padding=", "{}"}
+E("nn.MaxPool2D", {POOL_SIZE, POOL_OPTS}, LAYER, "mg.nn.MaxPool2D()(mg.ones(1, 28, 28, 8)).shape --> {1, 14, 14, 8}")
+E("nn.AvgPool2D", {POOL_SIZE, POOL_OPTS}, LAYER, "mg.nn.AvgPool2D(4)(mg.ones(1, 28, 28, 8)).shape --> {1, 7, 7, 8}")
+E("nn.GlobalAveragePooling2D", {{"opts", "keepdims=", "{keepdims=false}"}}, LAYER .. " (batch, h, w, c) -> (batch, c)",
+  "mg.nn.GlobalAveragePooling2D()(mg.ones(2, 7, 7, 16)).shape --> {2, 16}")
+E("nn.Flatten", {NAME}, LAYER .. " (batch, ...) -> (batch, n)", "mg.nn.Flatten()(mg.ones(2, 28, 28)).shape --> {2, 784}")
+E("nn.Reshape", {{"target_shape", "each sample's new shape (without the batch)"}, NAME}, LAYER,
+  "mg.nn.Reshape{28, 28, 1}(mg.ones(2, 784)).shape --> {2, 28, 28, 1}")
+local SUBCLASS = {{"name", "the class's name"}}
+E("nn.RecomputeLayer", SUBCLASS, "a layer class: give it init and call",
+  [[Block = mg.nn.RecomputeLayer:subclass("Block")
+function Block:init (units) self.up, self.down = mg.nn.Dense(4 * units, "relu"), mg.nn.Dense(units) end
+function Block:call (x) return self.down(self.up(x)) end
+Block(8)(mg.ones(2, 8)).shape --> {2, 8}]])
+E("nn.ReversibleLayer", SUBCLASS, "a layer class: give it init, forward and inverse",
+  [[Shift = mg.nn.ReversibleLayer:subclass("Shift")
+function Shift:init () self.b = mg.Variable(mg.ones(2)) end
+function Shift:forward (x) return x + self.b end
+function Shift:inverse (y) return y - self.b end
+Shift()(mg.zeros(1, 2)) --> {{1.0, 1.0}}]])
+E("nn.RevBlock", {{"f", "a layer or function of half the features"}, {"g", "another"},
+                  {"opts", "num_layers=, name=, f_side_input=, g_side_input=", "{num_layers=1}"}},
+  LAYER .. " called as block(x1, x2), returning y1 = x1 + f(x2), y2 = x2 + g(y1)",
+  "block = mg.nn.RevBlock(mg.nn.Dense(4, \"tanh\"), mg.nn.Dense(4, \"tanh\"), {num_layers = 2})\ny1, y2 = block(mg.ones(2, 4), mg.ones(2, 4))\ny2.shape --> {2, 4}")
+E("nn.AffineCoupling", {{"net", "a layer mapping the first half of the features to twice the rest"},
+                        {"opts", "swap=, clamp=", "{swap=false, clamp=2}"}},
+  LAYER .. " called as layer(x [, logdet]), returning y and the log-determinant per sample",
+  "mg.random.seed(0)\nflow = mg.nn.AffineCoupling(mg.nn.Dense(4))\ny, logdet = flow(mg.ones(3, 4), mg.zeros(3))\nlogdet.shape --> {3}")
+E("nn.InvertibleLinear", {}, LAYER .. " called as layer(x [, logdet]), returning y and the log-determinant per sample",
+  "mg.random.seed(0)\nmix = mg.nn.InvertibleLinear()\ny, logdet = mix(mg.ones(3, 4), mg.zeros(3))\nx = mix:inverse(y, logdet)\n(x - 1):abs():max():item() < 1e-5 --> true")
+E("nn.checkpoint_sequential", {{"layers", "a list of layers (or a Sequential)"}, {"segments", "how many segments"}, {"x", "the input"}},
+  "the last layer's output",
+  "layers = {mg.nn.Dense(4, \"tanh\"), mg.nn.Dense(4, \"tanh\"), mg.nn.Dense(4, \"tanh\"), mg.nn.Dense(1)}\nmg.nn.checkpoint_sequential(layers, 2, mg.ones(2, 4)).shape --> {2, 1}")
+E("nn.dropout", {X, {"rate", "the probability of zeroing an entry"}}, "a tensor shaped like x",
+  "mg.random.seed(0)\ny = mg.nn.dropout(mg.ones(1000), 0.5)\ny:max() --> 2.0")
+E("nn.glorot_uniform", {SHAPE, DTYPE}, "a tensor of draws in +-sqrt(6 / (fan_in + fan_out))",
+  "mg.random.seed(0)\nmg.nn.glorot_uniform{3, 2}.shape --> {3, 2}")
+E("nn.softmax_cross_entropy", {{"logits", "a tensor (batch, classes)"}, {"labels", "int64 class numbers 1..classes, or probabilities like logits"}},
+  "a scalar tensor", "mg.nn.softmax_cross_entropy(mg.tensor{{0, 0}}, mg.tensor({1}, \"int64\")) --> 0.6931")
+E("nn.mean_squared_error", {YT, YP}, "a scalar tensor", "mg.nn.mean_squared_error(mg.tensor{1, 2}, mg.tensor{1, 4}) --> 2.0")
+E("Layer:subclass", SUBCLASS, "a new layer class, a table to give methods to (init, build, call)",
+  [[Scale = mg.nn.Layer:subclass("Scale")
+function Scale:build (input_shape) self.w = self:add_variable("w", mg.ones(input_shape[#input_shape])) end
+function Scale:call (x) return x * self.w end
+Scale()(mg.tensor{{1, 2}}) --> {{1.0, 2.0}}]])
+E("Layer:summary", {{"opts", "input_shape= (builds an unbuilt model), print_fn= (receives each line)", "{}"}},
+  "nothing; prints the table", "model = mg.nn.Sequential{mg.nn.Dense(8, \"relu\"), mg.nn.Dense(1)}\nmodel:summary{input_shape = {nil, 3}}")
+E("Layer:add_variable", {{"name", "the variable's name within the layer"}, {"init", "a tensor, a number or a nested table"},
+                         {"opts", "trainable=", "{trainable=true}"}},
+  "a Variable, kept in layer.variables",
+  [[Bias = mg.nn.Layer:subclass("Bias")
+function Bias:build (input_shape) self.b = self:add_variable("b", mg.zeros(input_shape[2])) end
+function Bias:call (x) return x + self.b end
+layer = Bias()
+layer(mg.ones(1, 3)) --> {{1.0, 1.0, 1.0}}
+layer.variables[1].name --> bias/b]])
+E("Layer:build", {{"input_shape", "the input's shape, the batch first (nil allowed)"}, DTYPE},
+  "nothing; the layer's variables exist after it",
+  "layer = mg.nn.Dense(3)\nlayer:build{nil, 5}\nlayer.kernel.shape --> {5, 3}")
+E("Layer:track", {{"sublayer", "a layer"}}, "sublayer",
+  [[Pair = mg.nn.Layer:subclass("Pair")
+function Pair:init () self.inner = self:track(mg.nn.Dense(2)) end
+function Pair:call (x) return self.inner(x) * 2 end
+outer = Pair()
+outer(mg.ones(1, 3)).shape --> {1, 2}
+#outer.variables --> 2]])
+E("Layer:call", {{"x", "the input"}, {"...", "more arguments"}}, "the layer's output",
+  "mg.nn.Dense(2):call(mg.ones(1, 3)).shape --> {1, 2}")
+E("Layer:describe", {}, "a string", "mg.nn.Dense(3, \"relu\", {name = \"hidden\"}):describe() --> moongrad.nn.Dense 'hidden' (units=3)")
+E("Layer:save_weights", {PATH}, "nothing; writes a safetensors file",
+  "model = mg.nn.Sequential{mg.nn.Dense(2)}\nmodel:build{nil, 3}\npath = os.tmpname()\nmodel:save_weights(path)\nos.remove(path)")
+E("Layer:load_weights", {PATH}, "nothing; the model's variables take the file's values",
+  [[model = mg.nn.Sequential{mg.nn.Dense(2)}
+model:build{nil, 3}
+path = os.tmpname()
+model:save_weights(path)
+copy = mg.nn.Sequential{mg.nn.Dense(2)}
+copy:build{nil, 3}
+copy:load_weights(path)
+os.remove(path)
+mg.equal(copy.variables[1]:value(), model.variables[1]:value()):cast("int64"):min():item() --> 1]])
+E("Sequential:add", {{"layer", "a layer"}}, "the model", "model = mg.nn.Sequential{}\nmodel:add(mg.nn.Dense(4))\nmodel:add(mg.nn.Dense(1))\nmodel(mg.ones(2, 3)).shape --> {2, 1}")
+
+E("nn.Embedding", {{"input_dim", "the number of ids"}, {"output_dim", "the vector size"},
+                   {"opts", "embeddings_initializer=, dtype=, name=", "{embeddings_initializer=\"uniform\"}"}},
+  LAYER .. " int64 ids (...) -> (..., output_dim)",
+  "emb = mg.nn.Embedding(100, 8)\nemb(mg.tensor({{1, 5, 9}}, \"int64\")).shape --> {1, 3, 8}")
+E("nn.PositionalEmbedding", {{"sequence_length", "the longest sequence"}, {"opts", "initializer=, name=", "{initializer=\"uniform\"}"}},
+  LAYER .. " (batch, n, dim) -> the same, a position vector added",
+  "pos = mg.nn.PositionalEmbedding(16)\npos(mg.zeros(2, 10, 8)).shape --> {2, 10, 8}")
+E("nn.LayerNorm", {{"opts", "epsilon=, center=, scale=, name=", "{epsilon=1e-5, center=true, scale=true}"}},
+  LAYER, "mg.nn.LayerNorm()(mg.tensor{{1, 2, 3}}) --> {{-1.2247,  0.0000,  1.2247}}")
+E("nn.MultiHeadAttention", {{"heads", "the number of heads"}, {"dim", "the model's width, split among the heads (PyTorch's embed_dim)"},
+                            {"opts", "causal=, dropout=, use_bias=, fused=, training=", "{causal=false, dropout=0}"}},
+  LAYER .. " mha(x) or mha(query, value [, {mask=, training=}]): (batch, n, dim)",
+  "mha = mg.nn.MultiHeadAttention(2, 16, {causal = true})\nmha(mg.ones(1, 5, 16)).shape --> {1, 5, 16}")
+E("nn.TransformerBlock", {{"heads", "the number of heads"}, {"dim", "the model's width: the input's features"},
+                          {"opts", "mlp_dim=, causal=, dropout=, activation=, epsilon=, fused=, training=", "{mlp_dim=4*dim}"}},
+  LAYER .. " (batch, n, features) -> the same shape",
+  "block = mg.nn.TransformerBlock(2, 16, {causal = true})\nblock(mg.ones(1, 5, 16)).shape --> {1, 5, 16}")
+
+-- }=============================================================
+
+return D
