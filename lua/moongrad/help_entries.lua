@@ -461,7 +461,7 @@ function Bias:build (input_shape) self.b = self:add_variable("b", mg.zeros(input
 function Bias:call (x) return x + self.b end
 layer = Bias()
 layer(mg.ones(1, 3)) --> {{1.0, 1.0, 1.0}}
-layer.variables[1].name --> bias/b]])
+#layer.variables --> 1]])
 E("Layer:build", {{"input_shape", "the input's shape, the batch first (nil allowed)"}, DTYPE},
   "nothing; the layer's variables exist after it",
   "layer = mg.nn.Dense(3)\nlayer:build{nil, 5}\nlayer.kernel.shape --> {5, 3}")
@@ -506,6 +506,98 @@ E("nn.TransformerBlock", {{"heads", "the number of heads"}, {"dim", "the model's
                           {"opts", "mlp_dim=, causal=, dropout=, activation=, epsilon=, fused=, training=", "{mlp_dim=4*dim}"}},
   LAYER .. " (batch, n, features) -> the same shape",
   "block = mg.nn.TransformerBlock(2, 16, {causal = true})\nblock(mg.ones(1, 5, 16)).shape --> {1, 5, 16}")
+
+-- }=============================================================
+
+-- {================= losses, metrics, optimizers =================
+
+local LOSS_OPTS = {"opts", "reduction= \"mean\" \"sum\" or \"none\", mask= (a bool or 0/1 tensor of y_true's shape)", "{reduction=\"mean\"}"}
+local XENT_OPTS = {"opts", "from_logits=, reduction=, mask=, label_smoothing=", "{from_logits=false, reduction=\"mean\"}"}
+local LOSS_RET = "a scalar tensor (reduction \"none\": one value per sample)"
+E("losses.mean_squared_error", {YT, YP, LOSS_OPTS}, LOSS_RET,
+  "mg.losses.mean_squared_error(mg.tensor{{1, 2}}, mg.tensor{{1, 4}}) --> 2.0")
+E("losses.mean_absolute_error", {YT, YP, LOSS_OPTS}, LOSS_RET,
+  "mg.losses.mean_absolute_error(mg.tensor{{1, 2}}, mg.tensor{{1, 4}}) --> 1.0")
+E("losses.binary_crossentropy", {{"y_true", "0/1 labels"}, {"y_pred", "probabilities (logits with from_logits)"}, XENT_OPTS}, LOSS_RET,
+  "mg.losses.binary_crossentropy(mg.tensor{{1, 0}}, mg.tensor{{0.9, 0.2}}) --> 0.1643\nmg.losses.binary_crossentropy(mg.tensor{{1}}, mg.tensor{{0}}, {from_logits = true}) --> 0.6931")
+E("losses.categorical_crossentropy", {{"y_true", "one-hot labels (batch, classes)"}, {"y_pred", "probabilities (logits with from_logits)"}, XENT_OPTS}, LOSS_RET,
+  "mg.losses.categorical_crossentropy(mg.tensor{{0, 1}}, mg.tensor{{0.5, 0.5}}) --> 0.6931")
+E("losses.sparse_categorical_crossentropy", {{"y_true", "int64 class numbers 1..C (batch)"}, {"y_pred", "probabilities (batch, C) (logits with from_logits)"}, XENT_OPTS}, LOSS_RET,
+  "mg.losses.sparse_categorical_crossentropy(mg.tensor({2}, \"int64\"), mg.tensor{{0, 0}}, {from_logits = true}) --> 0.6931")
+E("losses.softmax_cross_entropy", {{"logits", "a tensor (batch, classes)"}, {"labels", "int64 class numbers or probabilities"}},
+  "a scalar tensor", "mg.losses.softmax_cross_entropy(mg.tensor{{0, 0}}, mg.tensor({2}, \"int64\")) --> 0.6931")
+local CLASS_RET = "a loss object: loss(y_true, y_pred) gives the loss; compile takes it"
+local REDUCTION = {"opts", "reduction=", "{reduction=\"mean\"}"}
+local XENT_CLASS = {"opts", "from_logits=, reduction=, label_smoothing=", "{from_logits=false}"}
+E("losses.MeanSquaredError", {REDUCTION}, CLASS_RET, "mse = mg.losses.MeanSquaredError()\nmse(mg.tensor{0, 0}, mg.tensor{1, 3}) --> 5.0")
+E("losses.MeanAbsoluteError", {REDUCTION}, CLASS_RET, "mae = mg.losses.MeanAbsoluteError()\nmae(mg.tensor{0, 0}, mg.tensor{1, 3}) --> 2.0")
+E("losses.BinaryCrossentropy", {XENT_CLASS}, CLASS_RET,
+  "bce = mg.losses.BinaryCrossentropy{from_logits = true}\nbce(mg.tensor{{1}}, mg.tensor{{0}}) --> 0.6931")
+E("losses.CategoricalCrossentropy", {XENT_CLASS}, CLASS_RET,
+  "cce = mg.losses.CategoricalCrossentropy{label_smoothing = 0.1}\ncce(mg.tensor{{0, 1}}, mg.tensor{{0.5, 0.5}}) --> 0.6931")
+E("losses.SparseCategoricalCrossentropy", {XENT_CLASS}, CLASS_RET,
+  "loss = mg.losses.SparseCategoricalCrossentropy{from_logits = true}\nloss(mg.tensor({1, 2}, \"int64\"), mg.tensor{{2, 0}, {0, 2}}) --> 0.1269")
+E("losses.get", {{"spec", "a name (\"mse\", \"mean_squared_error\", \"binary_crossentropy\", ...), a loss object or a function"}},
+  "a function(y_true, y_pred)", "mse = mg.losses.get(\"mse\")\nmse(mg.tensor{1}, mg.tensor{3}) --> 4.0")
+
+local METRIC_RET = "a float64 scalar tensor"
+E("metrics.accuracy", {YT, YP}, METRIC_RET, "mg.metrics.accuracy(mg.tensor{1, 2, 3}, mg.tensor{1, 2, 4}) --> 1.0")
+E("metrics.sparse_categorical_accuracy", {{"y_true", "int64 class numbers 1..C"}, {"y_pred", "scores (batch, C)"}}, METRIC_RET,
+  "mg.metrics.sparse_categorical_accuracy(mg.tensor({2, 1}, \"int64\"), mg.tensor{{0.1, 0.9}, {0.2, 0.8}}) --> 0.5000")
+E("metrics.categorical_accuracy", {{"y_true", "one-hot labels (batch, C)"}, {"y_pred", "scores (batch, C)"}}, METRIC_RET,
+  "mg.metrics.categorical_accuracy(mg.tensor{{0, 1}}, mg.tensor{{0.3, 0.7}}) --> 1.0")
+E("metrics.binary_accuracy", {{"y_true", "0/1 labels"}, {"y_pred", "probabilities"}}, METRIC_RET,
+  "mg.metrics.binary_accuracy(mg.tensor{1, 0, 1}, mg.tensor{0.9, 0.6, 0.2}) --> 0.3333")
+E("metrics.mean_squared_error", {YT, YP}, METRIC_RET, "mg.metrics.mean_squared_error(mg.tensor{1, 2}, mg.tensor{1, 4}) --> 2.0")
+E("metrics.mean_absolute_error", {YT, YP}, METRIC_RET, "mg.metrics.mean_absolute_error(mg.tensor{1, 2}, mg.tensor{1, 4}) --> 1.0")
+E("metrics.perplexity", {{"y_true", "int64 token numbers 1..V"}, {"y_pred", "probabilities (..., V), or logits with from_logits"}, {"opts", "from_logits=, mask=", "{from_logits=false}"}},
+  METRIC_RET, "mg.metrics.perplexity(mg.tensor({1, 2}, \"int64\"), mg.zeros(2, 4), {from_logits = true}) --> 4.0000")
+E("metrics.get", {{"spec", "a name (\"accuracy\", \"mae\", ...) or a function"}, {"loss_name", "the compiled loss's name, for \"accuracy\"", "nil"},
+                  {"from_logits", "whether the loss takes logits", "nil"}},
+  "a function(y_true, y_pred)",
+  "acc = mg.metrics.get(\"accuracy\", \"sparse_categorical_crossentropy\")\nacc(mg.tensor({2}, \"int64\"), mg.tensor{{0.1, 0.9}}) --> 1.0")
+
+local CLIP = "weight_decay=, clipnorm=, clipvalue=, global_clipnorm="
+local OPT_RET = "an optimizer: opt:apply_gradients(grads, vars), or give it to compile"
+E("optim.SGD", {{"opts", "learning_rate=, momentum=, nesterov=, " .. CLIP, "{learning_rate=0.01, momentum=0}"}}, OPT_RET,
+  "opt = mg.optim.SGD{learning_rate = 0.1}\nw = mg.Variable(mg.tensor{1, 2})\nopt:apply_gradients({mg.tensor{1, 1}}, {w})\nw:value() --> {0.9000, 1.9000}")
+E("optim.Adam", {{"opts", "learning_rate=, beta1=, beta2=, epsilon=, " .. CLIP .. " (or the learning rate alone)",
+                  "{learning_rate=0.001, beta1=0.9, beta2=0.999, epsilon=1e-7}"}}, OPT_RET,
+  "opt = mg.optim.Adam{learning_rate = 0.1}\nw = mg.Variable(mg.tensor{1, 2})\nopt:apply_gradients({mg.tensor{1, 1}}, {w})\nw:value() --> {0.9000, 1.9000}")
+E("optim.AdamW", {{"opts", "learning_rate=, beta1=, beta2=, epsilon=, " .. CLIP, "{learning_rate=0.001, weight_decay=0.01}"}}, OPT_RET,
+  "opt = mg.optim.AdamW{learning_rate = 0.1, weight_decay = 0.1}\nw = mg.Variable(mg.tensor{1, 2})\nopt:apply_gradients({mg.tensor{1, 1}}, {w})\nw:value() --> {0.8900, 1.8800}")
+E("optim.RMSprop", {{"opts", "learning_rate=, rho=, momentum=, epsilon=, centered=, " .. CLIP, "{learning_rate=0.001, rho=0.9}"}}, OPT_RET,
+  "opt = mg.optim.RMSprop{learning_rate = 0.01}\nw = mg.Variable(mg.tensor{1, 2})\nopt:apply_gradients({mg.tensor{1, 1}}, {w})\nw:value() --> {0.9684, 1.9684}")
+E("optim.get", {{"spec", "an optimizer, or \"sgd\" \"adam\" \"adamw\" \"rmsprop\""}}, "an optimizer",
+  "opt = mg.optim.get(\"adam\")\nopt:get_learning_rate() --> 0.001")
+E("optim.schedules", {}, "the table mg.schedules", "mg.optim.schedules == mg.schedules --> true")
+E("Optimizer:apply_gradients", {{"grads", "a list of gradients (nil entries skipped), or {grad, var} pairs"}, {"vars", "the list of Variables"}},
+  "nothing; the variables move",
+  [[w = mg.Variable(mg.tensor{3})
+opt = mg.optim.SGD{learning_rate = 0.1}
+for step = 1, 20 do
+  t = mg.tape()
+  loss = (w * w):sum()
+  t:stop()
+  opt:apply_gradients(t:gradient(loss, {w}), {w})
+end
+w:value() --> {0.0346}]])
+E("Optimizer:build", {{"vars", "the list of Variables"}}, "nothing",
+  "w = mg.Variable(mg.zeros(2))\nopt = mg.optim.Adam{}\nopt:build({w})\nopt:get_state({w}).iterations --> 0")
+E("Optimizer:get_state", {{"vars", "the Variables whose slots are given", "every built one"}}, "a table {iterations=, optimizer=, slots={name={tensor per variable}}}",
+  "w = mg.Variable(mg.zeros(2))\nopt = mg.optim.SGD{momentum = 0.9}\nopt:apply_gradients({mg.ones(2)}, {w})\nopt:get_state({w}).iterations --> 1")
+E("Optimizer:set_state", {{"state", "what get_state returned"}, {"vars", "the same Variables", "every built one"}}, "nothing",
+  "w = mg.Variable(mg.zeros(2))\nopt = mg.optim.Adam{}\nopt:apply_gradients({mg.ones(2)}, {w})\nstate = opt:get_state({w})\nfresh = mg.optim.Adam{}\nfresh:set_state(state, {w})\nfresh:get_state({w}).iterations --> 1")
+E("Optimizer:get_learning_rate", {}, "a number", "mg.optim.SGD{learning_rate = 0.05}:get_learning_rate() --> 0.05")
+local SCHED_RET = "a schedule: schedule(step) is the rate at a step (from 0); optimizers take it as learning_rate"
+E("schedules.ExponentialDecay", {{"opts", "initial_learning_rate=, decay_steps=, decay_rate=, staircase="}}, SCHED_RET,
+  "s = mg.schedules.ExponentialDecay{initial_learning_rate = 0.1, decay_steps = 10, decay_rate = 0.5}\ns(10) --> 0.05\nopt = mg.optim.SGD{learning_rate = s}\nopt:get_learning_rate() --> 0.1")
+E("schedules.CosineDecay", {{"opts", "initial_learning_rate=, decay_steps=, alpha=, warmup_steps=, warmup_target="}}, SCHED_RET,
+  "s = mg.schedules.CosineDecay{initial_learning_rate = 1, decay_steps = 100}\ns(0), s(50), s(100) --> 1.0, 0.5, 0.0")
+E("schedules.LinearWarmup", {{"opts", "warmup_steps=, after= (a rate or a schedule), initial_learning_rate="}}, SCHED_RET,
+  "s = mg.schedules.LinearWarmup{warmup_steps = 10, after = 0.1}\ns(5), s(20) --> 0.05, 0.1")
+E("schedules.PiecewiseConstantDecay", {{"opts", "boundaries= (steps), values= (one more than boundaries)"}}, SCHED_RET,
+  "s = mg.schedules.PiecewiseConstantDecay{boundaries = {100}, values = {0.1, 0.01}}\ns(50), s(150) --> 0.1, 0.01")
 
 -- }=============================================================
 
