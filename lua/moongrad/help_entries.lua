@@ -601,4 +601,152 @@ E("schedules.PiecewiseConstantDecay", {{"opts", "boundaries= (steps), values= (o
 
 -- }=============================================================
 
+-- {========================== fit, data ==========================
+
+-- a model learning y = 2x + 1 (fit's entries start from it)
+local FIT = "mg.random.seed(0)\nx = mg.tensor{{0}, {1}, {2}, {3}}\ny = x * 2 + 1\nmodel = mg.nn.Sequential{mg.nn.Dense(1)}\n" ..
+            "model:compile{optimizer = mg.optim.SGD{learning_rate = 0.1}, loss = \"mse\", metrics = {\"mae\"}}\n"
+local XY = {{"x", "the inputs (a tensor, a table of tensors, or a Dataset)"}, {"y", "the targets (nil with a Dataset of pairs)"}}
+E("Layer:compile", {{"opts", "optimizer= (a name or an optimizer), loss= (a name, object or function), metrics= (a list)", "{optimizer=\"rmsprop\"}"}},
+  "nothing; fit, evaluate and train_step use them", FIT .. "logs = model:test_step(x, y)\nlogs.loss ~= nil and logs.mae ~= nil --> true")
+E("Layer:fit", {XY[1], XY[2], {"opts", "epochs=, batch_size=, validation_data= or validation_split=, shuffle=, callbacks=, verbose=, seed=, ...", "{epochs=1, batch_size=32, verbose=1}"}},
+  "a History: history.history.loss and each metric's per-epoch values",
+  FIT .. "history = model:fit(x, y, {epochs = 200, batch_size = 4, verbose = 0})\n#history.history.loss --> 200\nmg.round(model:predict(mg.tensor{{10}})) --> {{21.0}}")
+E("Layer:evaluate", {XY[1], XY[2], {"opts", "batch_size=, verbose=", "{batch_size=32, verbose=\"auto\"}"}},
+  "a table {loss=, and each metric=} of numbers",
+  FIT .. "model:fit(x, y, {epochs = 200, verbose = 0})\nlogs = model:evaluate(x, y, {verbose = 0})\nlogs.loss < 1e-6 --> true")
+E("Layer:predict", {XY[1], {"opts", "batch_size=, verbose=", "{batch_size=32, verbose=0}"}}, "the outputs, batches concatenated",
+  FIT .. "model:predict(x).shape --> {4, 1}")
+E("Layer:train_step", {{"x", "one batch of inputs"}, {"y", "its targets"}}, "the logs {loss=, metric=...} of the batch",
+  FIT .. "before = model:train_step(x, y).loss\nafter = model:train_step(x, y).loss\nafter < before --> true")
+E("Layer:test_step", {{"x", "one batch of inputs"}, {"y", "its targets"}}, "the logs {loss=, metric=...}; the weights do not move",
+  FIT .. "model:test_step(x, y).loss == model:test_step(x, y).loss --> true")
+E("callbacks.EarlyStopping", {{"opts", "monitor=, min_delta=, patience=, mode=, baseline=, restore_best_weights=, start_from_epoch=, verbose=", "{monitor=\"val_loss\", patience=0}"}},
+  "a callback for fit's callbacks=",
+  FIT .. "stop = mg.callbacks.EarlyStopping{monitor = \"loss\", patience = 2, min_delta = 1e-3}\nhistory = model:fit(x, y, {epochs = 100, verbose = 0, callbacks = {stop}})\n#history.history.loss < 100 --> true")
+E("callbacks.LambdaCallback", {{"opts", "on_train_begin=, on_train_end=, on_epoch_begin=, on_epoch_end= (function(epoch, logs)), on_batch_begin=, on_batch_end="}},
+  "a callback for fit's callbacks=",
+  FIT .. "epochs = 0\ncount = mg.callbacks.LambdaCallback{on_epoch_end = function(epoch, logs) epochs = epochs + 1 end}\nmodel:fit(x, y, {epochs = 3, verbose = 0, callbacks = {count}})\nepochs --> 3")
+E("callbacks.TerminateOnNaN", {{"opts", "verbose=", "{}"}}, "a callback for fit's callbacks=",
+  FIT .. "model:fit(x, y, {epochs = 2, verbose = 0, callbacks = {mg.callbacks.TerminateOnNaN()}})")
+E("callbacks.ProgbarLogger", {{"opts", "out= (a file), tty=, verbose= 1 (a bar) or 2 (a line per epoch)", "{verbose=1}"}},
+  "a callback for fit's callbacks= (fit adds one by itself for verbose 1 or 2)",
+  FIT .. "model:fit(x, y, {epochs = 2, verbose = 0, callbacks = {mg.callbacks.ProgbarLogger{verbose = 2, out = io.stdout}}})")
+E("callbacks.History", {}, "a History: history.history = {loss = {...}, ...}; history:plot([path])",
+  FIT .. "history = model:fit(x, y, {epochs = 5, verbose = 0})\nhistory --> moongrad.callbacks.History (5 epochs: loss, mae)")
+E("callbacks.BackupAndRestore", {{"opts", "backup_dir= (a directory, made if missing)"}}, "a callback for fit's callbacks=",
+  FIT .. "dir = os.tmpname()\nos.remove(dir)\nmodel:fit(x, y, {epochs = 3, verbose = 0, callbacks = {mg.callbacks.BackupAndRestore{backup_dir = dir}}})")
+E("checkpoint.save", {PATH, {"what", "model=, optimizer=, epoch=, rng= (the random state), metadata= (strings)"}}, "nothing; writes a safetensors file",
+  FIT .. "model:fit(x, y, {verbose = 0})\npath = os.tmpname()\nmg.checkpoint.save(path, {model = model, epoch = 1})\nmg.checkpoint.restore(path, {model = model}).epoch --> 1\nos.remove(path)")
+E("checkpoint.restore", {PATH, {"into", "model=, optimizer=, rng="}}, "a table {epoch=, rng=, metadata=}",
+  FIT .. "model:fit(x, y, {verbose = 0})\npath = os.tmpname()\nmg.checkpoint.save(path, {model = model, epoch = 7, metadata = {note = \"first\"}})\ninfo = mg.checkpoint.restore(path, {model = model})\ninfo.epoch, info.metadata.note --> 7, first\nos.remove(path)")
+E("checkpoint.callback", {{"path", "the file; {epoch} in it is replaced by the epoch"}, {"opts", "every=, optimizer=", "{every=1}"}},
+  "a callback for fit's callbacks=",
+  FIT .. "dir = os.tmpname()\nos.remove(dir)\nos.execute(\"mkdir \" .. dir)\nmodel:fit(x, y, {epochs = 2, verbose = 0, callbacks = {mg.checkpoint.callback(dir .. \"/ckpt{epoch}.safetensors\")}})\nio.open(dir .. \"/ckpt2.safetensors\") ~= nil --> true\nos.execute(\"rm -r \" .. dir)")
+E("checkpoint.names", {MODEL}, "a list of {name=, var=}",
+  FIT .. "model:build{nil, 1}\nmg.checkpoint.names(model)[1].name --> dense/kernel")
+
+local ST = "path = os.tmpname()\n"
+E("save", {PATH, {"tensors", "a table of name = tensor (nested tables flattened with /)"}, {"opts", "metadata= (string keys and values)", "{}"}},
+  "nothing; writes a safetensors file",
+  ST .. "mg.save(path, {w = mg.ones(2), layer = {b = mg.zeros(1)}}, {metadata = {step = \"10\"}})\ntensors, meta = mg.load(path)\ntensors[\"layer/b\"], meta.step --> {0.0}, 10\nos.remove(path)")
+E("load", {PATH}, "two tables: name -> tensor, and the metadata",
+  ST .. "mg.save(path, {w = mg.tensor{1, 2}})\nmg.load(path).w --> {1.0, 2.0}\nos.remove(path)")
+local DS = "ds = mg.data.Dataset(mg.arange(6):reshape(3, 2), mg.tensor({1, 2, 3}, \"int64\"))\n"
+E("data.Dataset", {{"x, y, ...", "tensors (or a table {x, y, ...}) whose first axes have one size"}},
+  "a Dataset: #ds elements, each (x[i], y[i], ...); fit, evaluate and predict take it",
+  DS .. "#ds --> 3\nfor x, y in ds:iter() do print(x, y) end")
+E("Dataset:shuffle", {{"seed", "an integer"}, {"opts", "reshuffle_each_iteration=", "{reshuffle_each_iteration=true}"}},
+  "a Dataset", DS .. "for x, y in ds:shuffle(42):iter() do io.write(y:item(), \" \") end")
+E("Dataset:batch", {{"size", "the batch size"}, {"opts", "drop_remainder=", "{drop_remainder=false}"}},
+  "a Dataset of batches", DS .. "for x, y in ds:batch(2):iter() do print(x.shape[1], y) end")
+E("Dataset:take", {{"n", "how many"}}, "a Dataset", DS .. "#ds:take(2) --> 2")
+E("Dataset:skip", {{"n", "how many"}}, "a Dataset", DS .. "#ds:skip(2) --> 1")
+E("Dataset:map", {{"fn", "function(x, y, ...) returning the new element"}}, "a Dataset",
+  DS .. "doubled = ds:map(function(x, y) return x * 2, y end)\nfor x, y in doubled:take(1):iter() do print(x) end")
+E("Dataset:iter", {{"epoch", "the epoch, for shuffled views", "1"}}, "an iterator: for x, y in ds:iter() do ... end",
+  DS .. "for x, y in ds:iter() do print(x, y) end")
+E("Dataset:batches", {{"size", "the batch size"}, {"opts", "drop_remainder=", "{}"}, {"epoch", "the epoch", "1"}},
+  "an iterator over batches", DS .. "for x, y in ds:batches(2) do print(y) end")
+E("Dataset:tensors", {{"epoch", "the epoch", "1"}}, "the elements stacked: x, y, ...",
+  DS .. "x, y = ds:take(3):tensors()\ny --> {1, 2, 3}")
+E("data.read_idx", {PATH, {"opts", "dtype=", "{}"}}, "a tensor (uint8 data as float32 unless dtype)",
+  [[path = os.tmpname()
+f = io.open(path, "wb")
+f:write(string.char(0, 0, 8, 2, 0, 0, 0, 2, 0, 0, 0, 2, 1, 2, 3, 4))
+f:close()
+mg.data.read_idx(path) --> {{1.0, 2.0}, {3.0, 4.0}}
+os.remove(path)]])
+E("data.debian_file", {{"package", "a Debian package's name"}, {"path", "a file inside it"}},
+  "the file's local path (downloaded once, then from the cache)",
+  "path = mg.data.debian_file(\"wamerican\", \"usr/share/dict/american-english\")\nio.open(path):read(\"l\") ~= nil --> true")
+E("data.cache_dir", {}, "a directory's path (MOONGRAD_CACHE or ~/.cache/moongrad/debs)", "type(mg.data.cache_dir()) --> string")
+E("data.fashion_mnist", {}, "train, test: tables {x=, y=}, x (n, 28, 28) float32 in 0..255, y int64 1..10",
+  "train, test = mg.data.fashion_mnist()\ntrain.x.shape, test.y.shape --> {60000, 28, 28}, {10000}")
+E("data.fashion_mnist_classes", {}, "a list of 10 names", "mg.data.fashion_mnist_classes[1] --> T-shirt/top")
+E("data.digits", {}, "x, y: x (1797, 64) float32 in 0..16, y int64 1..10",
+  "x, y = mg.data.digits()\nx.shape, y:max() --> {1797, 64}, 10")
+E("data.permutation", {{"n", "how many"}, {"seed", "an integer"}, {"epoch", "an integer"}}, "an int64 tensor of 1..n in an order",
+  "mg.data.permutation(5, 1, 1) --> {1, 5, 3, 4, 2}")
+
+-- }=============================================================
+
+-- {===================== distributed, the rest =====================
+
+-- distributed examples run under mpirun, in a script given to moongrad
+local MPI = "-- run with: mpirun -n 2 moongrad script.lua\n"
+local ROOT = {"root", "the rank whose values are sent", "0"}
+E("distributed.init", {{"opts", "timeout= (seconds)", "{timeout=600}"}}, "rank, size",
+  MPI .. "if mg.distributed.available() then\n  -- rank, size = mg.distributed.init()\nend")
+E("distributed.rank", {}, "an integer from 0", MPI .. "-- mg.distributed.rank() --> 0 on the first process")
+E("distributed.size", {}, "an integer", MPI .. "-- mg.distributed.size() --> 2")
+E("distributed.barrier", {}, "nothing", MPI .. "-- mg.distributed.barrier()")
+E("distributed.allreduce", {{"t", "a tensor or Variable"}, {"opts", "op= \"sum\" \"mean\" \"max\" \"min\"", "{op=\"sum\"}"}},
+  "the combined tensor (a Variable: itself, updated)", MPI .. "-- mg.distributed.allreduce(mg.tensor{mg.distributed.rank()}) --> {1.0} on 2 ranks")
+E("distributed.broadcast", {{"t", "a tensor or Variable"}, ROOT}, "root's values",
+  MPI .. "-- w = mg.distributed.broadcast(mg.random.normal{3})   -- the same on every rank")
+E("distributed.allgather", {{"t", "a tensor"}}, "the ranks' tensors concatenated along the first axis",
+  MPI .. "-- mg.distributed.allgather(mg.tensor{mg.distributed.rank()}) --> {0.0, 1.0}")
+E("distributed.broadcast_variables", {{"vars", "a list of Variables"}, ROOT}, "nothing",
+  MPI .. "-- mg.distributed.broadcast_variables(model.variables)")
+E("distributed.broadcast_optimizer_state", {{"opt", "an optimizer"}, {"vars", "its variables"}, ROOT}, "nothing",
+  MPI .. "-- mg.distributed.broadcast_optimizer_state(opt, model.variables)")
+E("distributed.DistributedOptimizer", {{"opt", "an optimizer"}, {"opts", "fusion_bytes=", "{}"}}, "an optimizer",
+  MPI .. "-- opt = mg.distributed.DistributedOptimizer(mg.optim.Adam{})\n-- model:compile{optimizer = opt, loss = \"mse\"}")
+E("distributed.stats", {}, "a table {calls=, bytes=}", MPI .. "-- mg.distributed.stats().bytes")
+E("distributed.is_initialized", {}, "a boolean", "mg.distributed.is_initialized() --> false")
+E("distributed.available", {}, "a boolean", "type(mg.distributed.available()) --> boolean")
+E("distributed.finalize", {}, "nothing", MPI .. "-- mg.distributed.finalize()")
+
+local QUIET = "quiet = {write = function() end, flush = function() end}\n"
+E("progress", {{"steps", "the number of steps (nil if unknown)"}, {"opts", "out=, tty=, verbose=, width=, interval=, unit=, label=", "{}"}},
+  "a progress bar", "bar = mg.progress(3, {tty = false})\nfor i = 1, 3 do bar:update(i, {loss = 1 / i}) end\nbar:finish()")
+E("Progress:update", {{"i", "the step done"}, {"values", "a table name = number shown", "nil"}}, "nothing",
+  "bar = mg.progress(10)\nbar:update(5, {loss = 0.25})\nbar:stop()")
+E("Progress:finish", {{"values", "a table name = number", "nil"}}, "nothing",
+  "bar = mg.progress(2)\nbar:update(2)\nbar:finish({loss = 0.1})")
+E("Progress:line", {{"i", "the step"}, {"values", "a table name = number", "nil"}, {"final", "true for the last line", "false"}}, "a string",
+  QUIET .. "bar = mg.progress(3, {out = quiet, tty = false})\nbar:line(2, {loss = 0.5}) --> 2/3 [===================>..........] - ETA: 0s - loss: 0.5000")
+E("Progress:stop", {}, "nothing", "bar = mg.progress(3)\nbar:stop()")
+E("plot", {{"series...", "tables or 1-D tensors of y values, or {x, y} pairs, a History"},
+           {"opts", "path= (.png or .svg; none: text), title=, xlabel=, ylabel=, logscale=, width=, height=", "{}"}},
+  "the path written, or the text when there is no path",
+  "print(mg.plot({1, 4, 9, 16}, {width = 30, height = 8}))")
+
+E("notebook.active", {}, "a boolean", "mg.notebook.active() --> false")
+E("notebook.display", {{"v", "any value"}, {"opts", "id=, update=", "{}"}}, "nothing (outside a notebook: prints v)",
+  "mg.notebook.display(mg.eye(2))")
+E("notebook.image", {PATH, {"opts", "id=, update=", "{}"}}, "nothing",
+  "if mg.notebook.active() then mg.notebook.image(\"loss.png\") end")
+E("notebook.bundle", {{"v", "any value"}}, "a table mime-type -> text", "mg.notebook.bundle(mg.ones(2))[\"text/plain\"] ~= nil --> true")
+
+E("set_num_threads", {{"n", "1 to 1024"}}, "nothing", "n = mg.get_num_threads()\nmg.set_num_threads(1)\nmg.get_num_threads() --> 1\nmg.set_num_threads(n)")
+E("get_num_threads", {}, "an integer", "mg.get_num_threads() >= 1 --> true")
+E("clock", {}, "a number of seconds", "t0 = mg.clock()\nmg.matmul(mg.ones(256, 256), mg.ones(256, 256))\nmg.clock() - t0 >= 0 --> true")
+E("gemm.use", {{"name", "\"auto\" \"dnnl\" or \"openblas\""}}, "nothing", "mg.gemm.use(\"openblas\")\nmg.gemm.use(\"auto\")")
+E("gemm.choice", {{"m, n, k", "the product's sizes"}, {"opts", "transpose_a=, transpose_b=", "{}"}}, "a string: library/threads",
+  "type(mg.gemm.choice(64, 64, 64)) --> string")
+
+-- }=============================================================
+
 return D
