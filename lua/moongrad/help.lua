@@ -134,7 +134,7 @@ local groups = {
     {"keep", "keep(x, ...)", "x, ...: tensors taken out of the open tidy scopes, to outlive them (state kept for later)"},
     {"memory.set_cache_limit", "memory.set_cache_limit(bytes)", "how many freed bytes may wait for reuse"},
     {"memory.release_cache", "memory.release_cache()", "frees the cached blocks"},
-    {"memory.fail_after", "memory.fail_after(n)", "for tests: the n-th allocation from now fails as if out of memory"},
+    {"memory.fail_after", "memory.fail_after(n)", "for tests: the n-th allocation from now fails as if out of memory (0 turns it off)"},
     {"memory.budget", "memory.budget([bytes])", "train within bytes (\"300 MB\", \"+40 MiB\" above what is live too): saved tensors are evicted and rebuilt on demand (DTR); nil clears; returns the previous"},
   }},
   {"autodiff", {
@@ -470,6 +470,7 @@ local function object_name (x)
   local mt = getmetatable(x)
   if type(mt) ~= "table" then return nil end
   if mt.__index == kinds().Tape then return "Tape" end
+  if mt.__index == kinds().Progress then return "progress" end
   local names = index_values()
   local cls = mt
   while type(cls) == "table" do
@@ -554,6 +555,27 @@ local function object_text (kind, title)
   return table.concat(out, "\n")
 end
 
+-- what a value without an entry is: its type, and a number's value, a
+-- function's source, a table's first keys
+local function what (x)
+  if type(x) == "number" or type(x) == "boolean" then return ("%s (%s)"):format(type(x), tostring(x)) end
+  if type(x) == "function" then
+    local info = debug.getinfo(x, "S")
+    if info.what == "C" then return "function (a C function, not mg's)" end
+    return ("function (defined at %s:%d)"):format(info.short_src, info.linedefined)
+  end
+  if type(x) == "table" then
+    local keys = {}
+    for k in pairs(x) do
+      if #keys == 5 then keys[#keys + 1] = "..." break end
+      keys[#keys + 1] = tostring(k)
+    end
+    table.sort(keys)
+    return ("table {%s}"):format(table.concat(keys, ", "))
+  end
+  return type(x)
+end
+
 --- help([x]): the text for x (a function, layer, object or name), or the overview
 function M.help (x)
   if x == nil then return overview() end
@@ -574,9 +596,10 @@ function M.help (x)
     if name:find("^nn%.") then text = text .. "\n" .. object_text("Layer", "a layer:") end
     if name:find("^optim%.") then text = text .. "\n" .. object_text("Optimizer", "an optimizer:") end
     if name == "data.Dataset" then text = text .. "\n" .. object_text("Dataset", "a dataset:") end
+    if name == "progress" then text = text .. "\n" .. object_text("Progress", "a progress bar:") end
     return text
   end
-  return ("no help for this %s: help() lists the groups and their names"):format(type(x))
+  return ("no help for this %s: help() lists the groups and their names"):format(what(x))
 end
 
 --- the API table of docs/reference.md, from the entries (`make api-table` writes it)

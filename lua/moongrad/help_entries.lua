@@ -293,12 +293,12 @@ E("memory.setpause", {{"percent", "collect when tensor bytes grow by this percen
 E("tidy", {FN, ARGS}, "fn's results (kept); every other tensor made inside is released",
   "y = mg.tidy(function() local t = mg.ones(1000) * 2 return t:sum() end)\ny --> 2000.0")
 E("dispose", {{"x, ...", "tensors or tables of them"}}, "nothing", "x = mg.ones(1000)\nmg.dispose(x)")
-E("keep", {{"x, ...", "tensors"}}, "x, ...", "saved\nmg.tidy(function() saved = mg.keep(mg.ones(2)) end)\nsaved --> {1.0, 1.0}")
-E("memory.set_cache_limit", {{"bytes", "a number of bytes"}}, "the previous limit",
-  "before = mg.memory.set_cache_limit(64 * 2^20)\nmg.memory.set_cache_limit(before)")
+E("keep", {{"x, ...", "tensors"}}, "x, ...", "saved = nil\nmg.tidy(function() saved = mg.keep(mg.ones(2)) end)\nsaved --> {1.0, 1.0}")
+E("memory.set_cache_limit", {{"bytes", "an integer number of bytes"}}, "nothing",
+  "mg.memory.set_cache_limit(64 * 2^20)\nmg.memory.stats().cache_limit --> 67108864\nmg.memory.set_cache_limit(256 * 2^20)")
 E("memory.release_cache", {}, "nothing", "mg.memory.release_cache()\nmg.memory.stats().cached_bytes --> 0")
-E("memory.fail_after", {{"n", "the allocation that fails; nil to stop"}}, "nothing",
-  "mg.memory.fail_after(1)\nprint(pcall(mg.ones, 1000))   -- false  out of memory ...\nmg.memory.fail_after(nil)")
+E("memory.fail_after", {{"n", "the allocation that fails; 0 turns it off"}}, "nothing",
+  "mg.memory.fail_after(1)\nprint(pcall(mg.ones, 1000))   -- false  out of memory ...\nmg.memory.fail_after(0)")
 E("memory.budget", {{"bytes", "a number, \"300 MB\", \"+40 MiB\" (above what is live), or nil to clear", "nil"}},
   "the previous budget", "before = mg.memory.budget(\"+40 MiB\")\nmg.memory.budget(before)")
 
@@ -451,8 +451,8 @@ E("Layer:subclass", SUBCLASS, "a new layer class, a table to give methods to (in
 function Scale:build (input_shape) self.w = self:add_variable("w", mg.ones(input_shape[#input_shape])) end
 function Scale:call (x) return x * self.w end
 Scale()(mg.tensor{{1, 2}}) --> {{1.0, 2.0}}]])
-E("Layer:summary", {{"opts", "input_shape= (builds an unbuilt model), print_fn= (receives each line)", "{}"}},
-  "nothing; prints the table", "model = mg.nn.Sequential{mg.nn.Dense(8, \"relu\"), mg.nn.Dense(1)}\nmodel:summary{input_shape = {nil, 3}}")
+E("Layer:summary", {{"opts", "input_shape= (without the batch axis: builds an unbuilt model), print_fn= (receives each line)", "{}"}},
+  "nothing; prints the table", "model = mg.nn.Sequential{mg.nn.Dense(8, \"relu\"), mg.nn.Dense(1)}\nmodel:summary{input_shape = {3}}")
 E("Layer:add_variable", {{"name", "the variable's name within the layer"}, {"init", "a tensor, a number or a nested table"},
                          {"opts", "trainable=", "{trainable=true}"}},
   "a Variable, kept in layer.variables",
