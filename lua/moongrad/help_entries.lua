@@ -383,35 +383,35 @@ E("test.gradcheck", {{"f", "a function of the inputs, returning a tensor"}, {"in
 -- {============================ layers ============================
 
 local NAME = {"opts", "name=", "{}"}
-local LAYER = "a layer: call it on a tensor, layer(x)"
+local LAYER = "a layer, called as layer(x)"
 E("nn.Layer", {}, "the class; subclass it with nn.Layer:subclass(name)",
   "layer = mg.nn.Dense(2)\nlayer(mg.ones(1, 3)).shape --> {1, 2}\n#layer.variables --> 2")
 E("nn.Dense", {{"units", "the output size"}, {"activation", "\"relu\" \"tanh\" \"sigmoid\" \"softmax\" \"linear\" or a function", "nil"},
                {"opts", "activation=, use_bias=, name=", "{use_bias=true}"}},
-  LAYER .. " (..., in) -> (..., units); kernel and bias made on the first call",
+  LAYER .. ": (..., in) -> (..., units); kernel and bias made on the first call",
   "mg.random.seed(0)\nlayer = mg.nn.Dense(4, \"relu\")\nlayer(mg.ones(2, 3)).shape --> {2, 4}\nlayer.kernel.shape --> {3, 4}")
 E("nn.Sequential", {{"layers", "a table of layers, applied in order"}, NAME},
   "a model (a layer): compile, fit, evaluate, predict, summary",
   "model = mg.nn.Sequential{mg.nn.Dense(8, \"relu\"), mg.nn.Dense(1)}\nmodel(mg.ones(4, 3)).shape --> {4, 1}")
-E("nn.Lambda", {FN, NAME}, LAYER .. " whose call is fn(x, ...)",
+E("nn.Lambda", {FN, NAME}, "a layer; layer(x, ...) is fn(x, ...)",
   "double = mg.nn.Lambda(function(x) return x * 2 end)\ndouble(mg.tensor{1, 2}) --> {2.0, 4.0}")
 E("nn.Dropout", {{"rate", "the probability of zeroing an entry"}, {"opts", "training=, name=", "{training=true}"}},
   LAYER .. "; kept entries scaled by 1 / (1 - rate) while training",
   "drop = mg.nn.Dropout(0.5, {training = false})\ndrop(mg.ones(3)) --> {1.0, 1.0, 1.0}")
 E("nn.BatchNorm", {{"opts", "momentum=, epsilon=, training=, name=", "{momentum=0.99, epsilon=1e-3, training=true}"}},
-  LAYER .. " normalizing each feature over the batch",
+  LAYER .. ", normalizing each feature over the batch",
   "bn = mg.nn.BatchNorm()\nbn(mg.tensor{{1, 10}, {3, 30}}) --> {{-0.9995, -1.0000}, { 0.9995,  1.0000}}")
 E("nn.Conv2D", {{"filters", "the output channels"}, {"kernel_size", "an integer or {height, width}"},
                 {"opts", "strides=, padding= \"valid\" or \"same\", dilation_rate=, activation=, use_bias=, kernel_initializer=", "{padding=\"valid\"}"}},
-  LAYER .. " on images (batch, height, width, channels)",
+  LAYER .. ", on images (batch, height, width, channels)",
   "conv = mg.nn.Conv2D(8, 3, {padding = \"same\", activation = \"relu\"})\nconv(mg.ones(2, 28, 28, 1)).shape --> {2, 28, 28, 8}")
 local POOL_SIZE = {"pool_size", "an integer or {height, width}", "2"}
 local POOL_OPTS = {"opts", "strides=, padding=", "{}"}
 E("nn.MaxPool2D", {POOL_SIZE, POOL_OPTS}, LAYER, "mg.nn.MaxPool2D()(mg.ones(1, 28, 28, 8)).shape --> {1, 14, 14, 8}")
 E("nn.AvgPool2D", {POOL_SIZE, POOL_OPTS}, LAYER, "mg.nn.AvgPool2D(4)(mg.ones(1, 28, 28, 8)).shape --> {1, 7, 7, 8}")
-E("nn.GlobalAveragePooling2D", {{"opts", "keepdims=", "{keepdims=false}"}}, LAYER .. " (batch, h, w, c) -> (batch, c)",
+E("nn.GlobalAveragePooling2D", {{"opts", "keepdims=", "{keepdims=false}"}}, LAYER .. ": (batch, h, w, c) -> (batch, c)",
   "mg.nn.GlobalAveragePooling2D()(mg.ones(2, 7, 7, 16)).shape --> {2, 16}")
-E("nn.Flatten", {NAME}, LAYER .. " (batch, ...) -> (batch, n)", "mg.nn.Flatten()(mg.ones(2, 28, 28)).shape --> {2, 784}")
+E("nn.Flatten", {NAME}, LAYER .. ": (batch, ...) -> (batch, n)", "mg.nn.Flatten()(mg.ones(2, 28, 28)).shape --> {2, 784}")
 E("nn.Reshape", {{"target_shape", "each sample's new shape (without the batch)"}, NAME}, LAYER,
   "mg.nn.Reshape{28, 28, 1}(mg.ones(2, 784)).shape --> {2, 28, 28, 1}")
 local SUBCLASS = {{"name", "the class's name"}}
@@ -428,13 +428,13 @@ function Shift:inverse (y) return y - self.b end
 Shift()(mg.zeros(1, 2)) --> {{1.0, 1.0}}]])
 E("nn.RevBlock", {{"f", "a layer or function of half the features"}, {"g", "another"},
                   {"opts", "num_layers=, name=, f_side_input=, g_side_input=", "{num_layers=1}"}},
-  LAYER .. " called as block(x1, x2), returning y1 = x1 + f(x2), y2 = x2 + g(y1)",
+  "a layer called as block(x1, x2), returning y1 = x1 + f(x2), y2 = x2 + g(y1)",
   "block = mg.nn.RevBlock(mg.nn.Dense(4, \"tanh\"), mg.nn.Dense(4, \"tanh\"), {num_layers = 2})\ny1, y2 = block(mg.ones(2, 4), mg.ones(2, 4))\ny2.shape --> {2, 4}")
 E("nn.AffineCoupling", {{"net", "a layer mapping the first half of the features to twice the rest"},
                         {"opts", "swap=, clamp=", "{swap=false, clamp=2}"}},
-  LAYER .. " called as layer(x [, logdet]), returning y and the log-determinant per sample",
+  "a layer called as layer(x [, logdet]), returning y and the log-determinant per sample",
   "mg.random.seed(0)\nflow = mg.nn.AffineCoupling(mg.nn.Dense(4))\ny, logdet = flow(mg.ones(3, 4), mg.zeros(3))\nlogdet.shape --> {3}")
-E("nn.InvertibleLinear", {}, LAYER .. " called as layer(x [, logdet]), returning y and the log-determinant per sample",
+E("nn.InvertibleLinear", {}, "a layer called as layer(x [, logdet]), returning y and the log-determinant per sample",
   "mg.random.seed(0)\nmix = mg.nn.InvertibleLinear()\ny, logdet = mix(mg.ones(3, 4), mg.zeros(3))\nx = mix:inverse(y, logdet)\n(x - 1):abs():max():item() < 1e-5 --> true")
 E("nn.checkpoint_sequential", {{"layers", "a list of layers (or a Sequential)"}, {"segments", "how many segments"}, {"x", "the input"}},
   "the last layer's output",
@@ -491,20 +491,20 @@ E("Sequential:add", {{"layer", "a layer"}}, "the model", "model = mg.nn.Sequenti
 
 E("nn.Embedding", {{"input_dim", "the number of ids"}, {"output_dim", "the vector size"},
                    {"opts", "embeddings_initializer=, dtype=, name=", "{embeddings_initializer=\"uniform\"}"}},
-  LAYER .. " int64 ids (...) -> (..., output_dim)",
+  LAYER .. ": int64 ids (...) -> (..., output_dim)",
   "emb = mg.nn.Embedding(100, 8)\nemb(mg.tensor({{1, 5, 9}}, \"int64\")).shape --> {1, 3, 8}")
 E("nn.PositionalEmbedding", {{"sequence_length", "the longest sequence"}, {"opts", "initializer=, name=", "{initializer=\"uniform\"}"}},
-  LAYER .. " (batch, n, dim) -> the same, a position vector added",
+  LAYER .. ": (batch, n, dim) -> the same, a position vector added",
   "pos = mg.nn.PositionalEmbedding(16)\npos(mg.zeros(2, 10, 8)).shape --> {2, 10, 8}")
 E("nn.LayerNorm", {{"opts", "epsilon=, center=, scale=, name=", "{epsilon=1e-5, center=true, scale=true}"}},
   LAYER, "mg.nn.LayerNorm()(mg.tensor{{1, 2, 3}}) --> {{-1.2247,  0.0000,  1.2247}}")
 E("nn.MultiHeadAttention", {{"heads", "the number of heads"}, {"dim", "the model's width, split among the heads (PyTorch's embed_dim)"},
                             {"opts", "causal=, dropout=, use_bias=, fused=, training=", "{causal=false, dropout=0}"}},
-  LAYER .. " mha(x) or mha(query, value [, {mask=, training=}]): (batch, n, dim)",
+  "a layer called as mha(x) or mha(query, value [, {mask=, training=}]): (batch, n, dim)",
   "mha = mg.nn.MultiHeadAttention(2, 16, {causal = true})\nmha(mg.ones(1, 5, 16)).shape --> {1, 5, 16}")
 E("nn.TransformerBlock", {{"heads", "the number of heads"}, {"dim", "the model's width: the input's features"},
                           {"opts", "mlp_dim=, causal=, dropout=, activation=, epsilon=, fused=, training=", "{mlp_dim=4*dim}"}},
-  LAYER .. " (batch, n, features) -> the same shape",
+  LAYER .. ": (batch, n, features) -> the same shape",
   "block = mg.nn.TransformerBlock(2, 16, {causal = true})\nblock(mg.ones(1, 5, 16)).shape --> {1, 5, 16}")
 
 -- }=============================================================
