@@ -73,7 +73,7 @@ E("Variable", {{"init", "the initial value: a tensor, a number or a nested table
 E("is_tensor", {{"v", "any value"}}, "a boolean (false for a Variable)", "mg.is_tensor(mg.ones(2)) --> true")
 E("is_variable", {{"v", "any value"}}, "a boolean", "mg.is_variable(mg.Variable(1)) --> true")
 
-E("Tensor.shape", {}, "a table of the sizes (a copy)", "mg.zeros(2, 3).shape --> {2, 3}")
+E("Tensor.shape", {}, "a table of the sizes", "mg.zeros(2, 3).shape --> {2, 3}")
 E("Tensor.dtype", {}, "a string", "mg.tensor{1, 2}.dtype --> float32")
 E("Tensor.ndim", {}, "an integer", "mg.zeros(2, 3).ndim --> 2")
 E("item", {{"x", "a tensor of one element"}}, "a Lua number (an integer for int64) or a boolean",
@@ -91,7 +91,7 @@ E("version", {}, "a string", "type(mg.version) --> string")
 E("ops", {}, "a list of tables, one per op", "mg.ops()[1].name --> neg")
 E("debug.check_numerics", {{"on", "true to check every op, false to stop"}}, "the previous setting",
   [[before = mg.debug.check_numerics(true)
-print(pcall(mg.log, mg.tensor{-1}))   -- false, log: ... NaN
+print(pcall(mg.log, mg.tensor{-1}))   -- false  check_numerics: log produced NaN ...
 mg.debug.check_numerics(before)]])
 
 -- }=============================================================
@@ -196,16 +196,16 @@ E("einsum", {{"spec", "subscripts, as \"ij,jk->ik\""}, {"a", "a tensor"}, {"b", 
 
 E("reshape", {X, {"shape", "the new sizes (a table or integers); one may be -1"}}, "a tensor with x's values",
   "mg.arange(6):reshape(2, 3) --> {{0.0, 1.0, 2.0}, {3.0, 4.0, 5.0}}\nmg.arange(6):reshape{-1, 2}.shape --> {3, 2}")
-E("transpose", {X, {"perm", "the new order of the axes, 1-based", "reversed"}}, "a tensor (a view)",
+E("transpose", {X, {"perm", "the new order of the axes, 1-based", "reversed"}}, "a tensor",
   "mg.tensor{{1, 2, 3}}:transpose() --> {{1.0}, {2.0}, {3.0}}\nmg.zeros(2, 3, 4):transpose{1, 3, 2}.shape --> {2, 4, 3}")
-E("swapaxes", {X, {"a", "an axis"}, {"b", "another axis"}}, "a tensor (a view)", "mg.zeros(2, 3, 4):swapaxes(1, 3).shape --> {4, 3, 2}")
+E("swapaxes", {X, {"a", "an axis"}, {"b", "another axis"}}, "a tensor", "mg.zeros(2, 3, 4):swapaxes(1, 3).shape --> {4, 3, 2}")
 E("expand_dims", {X, {"axis", "where the new axis goes (1-based, negative from the end)"}}, "a tensor with one more axis",
   "mg.tensor{1, 2}:expand_dims(1) --> {{1.0, 2.0}}")
 E("squeeze", {X, {"axis", "the axis removed; nil for every axis of size 1", "nil"}}, "a tensor",
   "mg.zeros(1, 3, 1):squeeze().shape --> {3}")
 E("broadcast_to", {X, {"shape", "the larger shape"}}, "a tensor (a view)", "mg.tensor{1, 2}:broadcast_to{2, 2} --> {{1.0, 2.0}, {1.0, 2.0}}")
 E("slice", {X, {"s1, s2, ...", "per axis: nil (all), an index (the axis dropped) or {start, stop [, step]}, inclusive, negative from the end"}},
-  "a tensor (a view)", M22 .. "x:slice(nil, 2) --> {2.0, 4.0}\nx:slice({2, 2}, nil) --> {{3.0, 4.0}}\nmg.arange(6):slice{1, -1, 2} --> {0.0, 2.0, 4.0}")
+  "a tensor", M22 .. "x:slice(nil, 2) --> {2.0, 4.0}\nx:slice({2, 2}, nil) --> {{3.0, 4.0}}\nmg.arange(6):slice{1, -1, 2} --> {0.0, 2.0, 4.0}")
 local LIST = {"tensors", "a table {x1, x2, ...} of tensors"}
 E("concat", {LIST, {"axis", "the axis joined along", "1"}}, "a tensor",
   "mg.concat({mg.tensor{1, 2}, mg.tensor{3}}) --> {1.0, 2.0, 3.0}\nmg.concat({mg.ones(2, 1), mg.zeros(2, 1)}, 2) --> {{1.0, 0.0}, {1.0, 0.0}}")
@@ -298,7 +298,7 @@ E("memory.set_cache_limit", {{"bytes", "an integer number of bytes"}}, "nothing"
   "mg.memory.set_cache_limit(64 * 2^20)\nmg.memory.stats().cache_limit --> 67108864\nmg.memory.set_cache_limit(256 * 2^20)")
 E("memory.release_cache", {}, "nothing", "mg.memory.release_cache()\nmg.memory.stats().cached_bytes --> 0")
 E("memory.fail_after", {{"n", "the allocation that fails; 0 turns it off"}}, "nothing",
-  "mg.memory.fail_after(1)\nprint(pcall(mg.ones, 1000))   -- false  out of memory ...\nmg.memory.fail_after(0)")
+  "mg.memory.fail_after(1)\nprint(pcall(mg.ones, 1000))   -- false  out of memory allocating 3.91 KiB (injected failure) ...\nmg.memory.fail_after(0)")
 E("memory.budget", {{"bytes", "a number, \"300 MB\", \"+40 MiB\" (above what is live), or nil to clear", "nil"}},
   "the previous budget", "before = mg.memory.budget(\"+40 MiB\")\nmg.memory.budget(before)")
 
@@ -452,7 +452,7 @@ function Scale:build (input_shape) self.w = self:add_variable("w", mg.ones(input
 function Scale:call (x) return x * self.w end
 Scale()(mg.tensor{{1, 2}}) --> {{1.0, 2.0}}]])
 E("Layer:summary", {{"opts", "input_shape= (without the batch axis: builds an unbuilt model), print_fn= (receives each line)", "{}"}},
-  "nothing; prints the table", "model = mg.nn.Sequential{mg.nn.Dense(8, \"relu\"), mg.nn.Dense(1)}\nmodel:summary{input_shape = {3}}")
+  "the table's text; prints it (or gives each line to print_fn)", "model = mg.nn.Sequential{mg.nn.Dense(8, \"relu\"), mg.nn.Dense(1)}\nmodel:summary{input_shape = {3}}")
 E("Layer:add_variable", {{"name", "the variable's name within the layer"}, {"init", "a tensor, a number or a nested table"},
                          {"opts", "trainable=", "{trainable=true}"}},
   "a Variable, kept in layer.variables",
@@ -475,9 +475,9 @@ outer(mg.ones(1, 3)).shape --> {1, 2}
 E("Layer:call", {{"x", "the input"}, {"...", "more arguments"}}, "the layer's output",
   "mg.nn.Dense(2):call(mg.ones(1, 3)).shape --> {1, 2}")
 E("Layer:describe", {}, "a string", "mg.nn.Dense(3, \"relu\", {name = \"hidden\"}):describe() --> moongrad.nn.Dense 'hidden' (units=3)")
-E("Layer:save_weights", {PATH}, "nothing; writes a safetensors file",
+E("Layer:save_weights", {PATH}, "the model; writes a safetensors file",
   "model = mg.nn.Sequential{mg.nn.Dense(2)}\nmodel:build{nil, 3}\npath = os.tmpname()\nmodel:save_weights(path)\nos.remove(path)")
-E("Layer:load_weights", {PATH}, "nothing; the model's variables take the file's values",
+E("Layer:load_weights", {PATH}, "the model, its variables holding the file's values",
   [[model = mg.nn.Sequential{mg.nn.Dense(2)}
 model:build{nil, 3}
 path = os.tmpname()
@@ -582,11 +582,11 @@ for step = 1, 20 do
   opt:apply_gradients(t:gradient(loss, {w}), {w})
 end
 w:value() --> {0.0346}]])
-E("Optimizer:build", {{"vars", "the list of Variables"}}, "nothing",
+E("Optimizer:build", {{"vars", "the list of Variables"}}, "the optimizer",
   "w = mg.Variable(mg.zeros(2))\nopt = mg.optim.Adam{}\nopt:build({w})\nopt:get_state({w}).iterations --> 0")
 E("Optimizer:get_state", {{"vars", "the Variables whose slots are given", "every built one"}}, "a table {iterations=, optimizer=, slots={name={tensor per variable}}}",
   "w = mg.Variable(mg.zeros(2))\nopt = mg.optim.SGD{momentum = 0.9}\nopt:apply_gradients({mg.ones(2)}, {w})\nopt:get_state({w}).iterations --> 1")
-E("Optimizer:set_state", {{"state", "what get_state returned"}, {"vars", "the same Variables", "every built one"}}, "nothing",
+E("Optimizer:set_state", {{"state", "what get_state returned"}, {"vars", "the same Variables", "every built one"}}, "the optimizer",
   "w = mg.Variable(mg.zeros(2))\nopt = mg.optim.Adam{}\nopt:apply_gradients({mg.ones(2)}, {w})\nstate = opt:get_state({w})\nfresh = mg.optim.Adam{}\nfresh:set_state(state, {w})\nfresh:get_state({w}).iterations --> 1")
 E("Optimizer:get_learning_rate", {}, "a number", "mg.optim.SGD{learning_rate = 0.05}:get_learning_rate() --> 0.05")
 local SCHED_RET = "a schedule: schedule(step) is the rate at a step (from 0); optimizers take it as learning_rate"
@@ -608,7 +608,7 @@ local FIT = "mg.random.seed(0)\nx = mg.tensor{{0}, {1}, {2}, {3}}\ny = x * 2 + 1
             "model:compile{optimizer = mg.optim.SGD{learning_rate = 0.1}, loss = \"mse\", metrics = {\"mae\"}}\n"
 local XY = {{"x", "the inputs (a tensor, a table of tensors, or a Dataset)"}, {"y", "the targets (nil with a Dataset of pairs)"}}
 E("Layer:compile", {{"opts", "optimizer= (a name or an optimizer), loss= (a name, object or function), metrics= (a list)", "{optimizer=\"rmsprop\"}"}},
-  "nothing; fit, evaluate and train_step use them", FIT .. "logs = model:test_step(x, y)\nlogs.loss ~= nil and logs.mae ~= nil --> true")
+  "the model; fit, evaluate and train_step use them", FIT .. "logs = model:test_step(x, y)\nlogs.loss ~= nil and logs.mae ~= nil --> true")
 E("Layer:fit", {XY[1], XY[2], {"opts", "epochs=, batch_size=, validation_data= or validation_split=, shuffle=, callbacks=, verbose=, seed=, ...", "{epochs=1, batch_size=32, verbose=1}"}},
   "a History: history.history.loss and each metric's per-epoch values",
   FIT .. "history = model:fit(x, y, {epochs = 200, batch_size = 4, verbose = 0})\n#history.history.loss --> 200\nmg.round(model:predict(mg.tensor{{10}})) --> {{21.0}}")
@@ -680,7 +680,7 @@ os.remove(path)]])
 E("data.debian_file", {{"package", "a Debian package's name"}, {"path", "a file inside it"}},
   "the file's local path (downloaded once, then from the cache)",
   "path = mg.data.debian_file(\"wamerican\", \"usr/share/dict/american-english\")\nio.open(path):read(\"l\") ~= nil --> true")
-E("data.cache_dir", {}, "a directory's path (MOONGRAD_CACHE or ~/.cache/moongrad/debs)", "type(mg.data.cache_dir()) --> string")
+E("data.cache_dir", {}, "a directory's path: $XDG_CACHE_HOME/moongrad/debs or ~/.cache/moongrad/debs", "type(mg.data.cache_dir()) --> string")
 E("data.fashion_mnist", {}, "train, test: tables {x=, y=}, x (n, 28, 28) float32 in 0..255, y int64 1..10",
   "train, test = mg.data.fashion_mnist()\ntrain.x.shape, test.y.shape --> {60000, 28, 28}, {10000}")
 E("data.fashion_mnist_classes", {}, "a list of 10 names", "mg.data.fashion_mnist_classes[1] --> T-shirt/top")
