@@ -229,7 +229,7 @@ local groups = {
     {"metrics.binary_accuracy", "metrics.binary_accuracy(y_true, y_pred)", "y_pred > 0.5 against 0/1 labels"},
     {"metrics.mean_squared_error", "metrics.mean_squared_error(y_true, y_pred)", "the mean squared error"},
     {"metrics.mean_absolute_error", "metrics.mean_absolute_error(y_true, y_pred)", "the mean absolute error"},
-    {"metrics.perplexity", "metrics.perplexity(y_true, logits [, {from_logits=, mask=}])", "exp of the mean cross entropy"},
+    {"metrics.perplexity", "metrics.perplexity(y_true, y_pred [, {from_logits=false, mask=}])", "exp of the mean cross entropy"},
     {"metrics.get", "metrics.get(spec [, loss_name, from_logits])", "the metric compile uses for a name or function (\"accuracy\" by the loss, as Keras)"},
   }},
   {"optimizers", {

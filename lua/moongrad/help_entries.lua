@@ -16,6 +16,7 @@ local X = {"x", "a tensor (or a number, or a nested table of numbers)"}
 local A = {"a", "a tensor or a number"}
 local B = {"b", "a tensor or a number, broadcasting against a"}
 local DTYPE = {"dtype", "float32 float64 float16 bfloat16 int64 or bool", "\"float32\""}
+local FDTYPE = {"dtype", "a float dtype: float32 float64 float16 bfloat16", "\"float32\""}
 local SHAPE = {"shape", "the sizes: a table {2, 3} or integers 2, 3"}
 local AXES = {"axis", "a 1-based axis (negative from the end), or a table of axes; nil for all", "nil"}
 local KEEP = {"keepdims", "true keeps reduced axes with size 1", "false"}
@@ -29,12 +30,12 @@ local MODEL = {"model", "a layer or model"}
 
 -- elementwise ops: one tensor in, one of its shape out
 local function unary (name, example, returns)
-  E(name, {X}, returns or "a tensor shaped like x (float for float x)", example)
+  E(name, {X}, returns or "a tensor shaped like x", example)
 end
 
 -- elementwise ops of two operands that broadcast
 local function binary (name, example, returns)
-  E(name, {A, B}, returns or "a tensor of the broadcast shape (a number's dtype follows the tensor's)", example)
+  E(name, {A, B}, returns or "a tensor of the broadcast shape (a number takes the tensor's dtype)", example)
 end
 
 local function compare (name, example)
@@ -58,9 +59,9 @@ E("zeros", {SHAPE, DTYPE}, "a tensor of zeros", "mg.zeros(2, 3) --> {{0.0, 0.0, 
 E("ones", {SHAPE, DTYPE}, "a tensor of ones", "mg.ones({2}, \"int64\") --> {1, 1}")
 E("full", {SHAPE, {"value", "a number or a boolean"}, DTYPE}, "a tensor of value",
   "mg.full({2, 2}, 7) --> {{7.0, 7.0}, {7.0, 7.0}}")
-E("zeros_like", {X, {"dtype", "the dtype, x's by default", "x.dtype"}}, "a tensor of zeros shaped like x",
+E("zeros_like", {X, {"dtype", "the new tensor's dtype", "x.dtype"}}, "a tensor of zeros shaped like x",
   "mg.zeros_like(mg.ones(2, 2)) --> {{0.0, 0.0}, {0.0, 0.0}}")
-E("ones_like", {X, {"dtype", "the dtype, x's by default", "x.dtype"}}, "a tensor of ones shaped like x",
+E("ones_like", {X, {"dtype", "the new tensor's dtype", "x.dtype"}}, "a tensor of ones shaped like x",
   "mg.ones_like(mg.zeros(3)) --> {1.0, 1.0, 1.0}")
 E("arange", {{"start", "the first value", "0"}, {"stop", "the end, not included"}, {"step", "the stride", "1"}, DTYPE},
   "a 1-D tensor", "mg.arange(5) --> {0.0, 1.0, 2.0, 3.0, 4.0}\nmg.arange(1, 2, 0.25) --> {1.0000, 1.2500, 1.5000, 1.7500}")
@@ -268,10 +269,10 @@ E("scaled_dot_product_attention", {{"q", "queries (..., n, d)"}, {"k", "keys (..
                                    {"opts", "mask= (bool, true keeps), causal=, scale= (1 / sqrt(d))", "{}"}},
   "a tensor (..., n, dv)", "q = mg.ones(1, 2, 4)\nmg.scaled_dot_product_attention(q, q, mg.tensor{{{1, 2, 3, 4}, {5, 6, 7, 8}}}, {causal = true}) --> {{{1.0, 2.0, 3.0, 4.0}, {3.0, 4.0, 5.0, 6.0}}}")
 
-E("random.seed", {{"n", "an integer"}}, "nothing", "mg.random.seed(42)\na = mg.random.normal{3}\nmg.random.seed(42)\nmg.equal(a, mg.random.normal{3}):totable()[1] --> true")
-E("random.normal", {SHAPE, {"mean", "the mean", "0"}, {"stddev", "the standard deviation", "1"}, DTYPE},
+E("random.seed", {{"n", "an integer"}}, "nothing", "mg.random.seed(42)\na = mg.random.normal{3}\nmg.random.seed(42)\n(a - mg.random.normal{3}):abs():max():item() --> 0.0")
+E("random.normal", {SHAPE, {"mean", "the mean", "0"}, {"stddev", "the standard deviation", "1"}, FDTYPE},
   "a tensor of draws", "mg.random.seed(1)\nmg.random.normal({2, 3}, 0, 0.1).shape --> {2, 3}")
-E("random.uniform", {SHAPE, {"low", "the lower end", "0"}, {"high", "the upper end (not reached)", "1"}, DTYPE},
+E("random.uniform", {SHAPE, {"low", "the lower end", "0"}, {"high", "the upper end (not reached)", "1"}, FDTYPE},
   "a tensor of draws", "mg.random.seed(1)\nu = mg.random.uniform({1000}, -1, 1)\nu:min():item() >= -1 and u:max():item() < 1 --> true")
 E("random.permutation", {{"n", "how many"}}, "an int64 tensor holding 1..n in some order",
   "mg.random.seed(1)\nmg.random.permutation(5) --> {1, 4, 3, 5, 2}")
@@ -385,7 +386,7 @@ E("test.gradcheck", {{"f", "a function of the inputs, returning a tensor"}, {"in
 local NAME = {"opts", "name=", "{}"}
 local LAYER = "a layer, called as layer(x)"
 E("nn.Layer", {}, "the class; subclass it with nn.Layer:subclass(name)",
-  "layer = mg.nn.Dense(2)\nlayer(mg.ones(1, 3)).shape --> {1, 2}\n#layer.variables --> 2")
+  "-- every layer (Dense, Sequential, a subclass) is an nn.Layer\nlayer = mg.nn.Dense(2)\nlayer(mg.ones(1, 3)).shape --> {1, 2}\n#layer.variables --> 2")
 E("nn.Dense", {{"units", "the output size"}, {"activation", "\"relu\" \"tanh\" \"sigmoid\" \"softmax\" \"linear\" or a function", "nil"},
                {"opts", "activation=, use_bias=, name=", "{use_bias=true}"}},
   LAYER .. ": (..., in) -> (..., units); kernel and bias made on the first call",
@@ -441,7 +442,7 @@ E("nn.checkpoint_sequential", {{"layers", "a list of layers (or a Sequential)"},
   "layers = {mg.nn.Dense(4, \"tanh\"), mg.nn.Dense(4, \"tanh\"), mg.nn.Dense(4, \"tanh\"), mg.nn.Dense(1)}\nmg.nn.checkpoint_sequential(layers, 2, mg.ones(2, 4)).shape --> {2, 1}")
 E("nn.dropout", {X, {"rate", "the probability of zeroing an entry"}}, "a tensor shaped like x",
   "mg.random.seed(0)\ny = mg.nn.dropout(mg.ones(1000), 0.5)\ny:max() --> 2.0")
-E("nn.glorot_uniform", {SHAPE, DTYPE}, "a tensor of draws in +-sqrt(6 / (fan_in + fan_out))",
+E("nn.glorot_uniform", {SHAPE, FDTYPE}, "a tensor of draws in +-sqrt(6 / (fan_in + fan_out))",
   "mg.random.seed(0)\nmg.nn.glorot_uniform{3, 2}.shape --> {3, 2}")
 E("nn.softmax_cross_entropy", {{"logits", "a tensor (batch, classes)"}, {"labels", "int64 class numbers 1..classes, or probabilities like logits"}},
   "a scalar tensor", "mg.nn.softmax_cross_entropy(mg.tensor{{0, 0}}, mg.tensor({1}, \"int64\")) --> 0.6931")
@@ -462,7 +463,7 @@ function Bias:call (x) return x + self.b end
 layer = Bias()
 layer(mg.ones(1, 3)) --> {{1.0, 1.0, 1.0}}
 #layer.variables --> 1]])
-E("Layer:build", {{"input_shape", "the input's shape, the batch first (nil allowed)"}, DTYPE},
+E("Layer:build", {{"input_shape", "the input's shape, the batch first (nil allowed)"}, FDTYPE},
   "nothing; the layer's variables exist after it",
   "layer = mg.nn.Dense(3)\nlayer:build{nil, 5}\nlayer.kernel.shape --> {5, 3}")
 E("Layer:track", {{"sublayer", "a layer"}}, "sublayer",
@@ -486,7 +487,7 @@ copy = mg.nn.Sequential{mg.nn.Dense(2)}
 copy:build{nil, 3}
 copy:load_weights(path)
 os.remove(path)
-mg.equal(copy.variables[1]:value(), model.variables[1]:value()):cast("int64"):min():item() --> 1]])
+(copy.variables[1]:value() - model.variables[1]:value()):abs():max():item() --> 0.0]])
 E("Sequential:add", {{"layer", "a layer"}}, "the model", "model = mg.nn.Sequential{}\nmodel:add(mg.nn.Dense(4))\nmodel:add(mg.nn.Dense(1))\nmodel(mg.ones(2, 3)).shape --> {2, 1}")
 
 E("nn.Embedding", {{"input_dim", "the number of ids"}, {"output_dim", "the vector size"},
@@ -609,7 +610,7 @@ local FIT = "mg.random.seed(0)\nx = mg.tensor{{0}, {1}, {2}, {3}}\ny = x * 2 + 1
 local XY = {{"x", "the inputs (a tensor, a table of tensors, or a Dataset)"}, {"y", "the targets (nil with a Dataset of pairs)"}}
 E("Layer:compile", {{"opts", "optimizer= (a name or an optimizer), loss= (a name, object or function), metrics= (a list)", "{optimizer=\"rmsprop\"}"}},
   "the model; fit, evaluate and train_step use them", FIT .. "logs = model:test_step(x, y)\nlogs.loss ~= nil and logs.mae ~= nil --> true")
-E("Layer:fit", {XY[1], XY[2], {"opts", "epochs=, batch_size=, validation_data= or validation_split=, shuffle=, callbacks=, verbose=, seed=, ...", "{epochs=1, batch_size=32, verbose=1}"}},
+E("Layer:fit", {XY[1], XY[2], {"opts", "epochs=, batch_size=, validation_data= or validation_split=, shuffle=, callbacks=, verbose=, seed=, ...", "{epochs=1, batch_size=32, verbose=\"auto\"}"}},
   "a History: history.history.loss and each metric's per-epoch values",
   FIT .. "history = model:fit(x, y, {epochs = 200, batch_size = 4, verbose = 0})\n#history.history.loss --> 200\nmg.round(model:predict(mg.tensor{{10}})) --> {{21.0}}")
 E("Layer:evaluate", {XY[1], XY[2], {"opts", "batch_size=, verbose=", "{batch_size=32, verbose=\"auto\"}"}},
@@ -697,7 +698,7 @@ E("data.permutation", {{"n", "how many"}, {"seed", "an integer"}, {"epoch", "an 
 local MPI = "-- run with: mpirun -n 2 moongrad script.lua\n"
 local ROOT = {"root", "the rank whose values are sent", "0"}
 E("distributed.init", {{"opts", "timeout= (seconds)", "{timeout=600}"}}, "rank, size",
-  MPI .. "if mg.distributed.available() then\n  -- rank, size = mg.distributed.init()\nend")
+  MPI .. "-- rank, size = mg.distributed.init()   --> 0, 2 on the first process")
 E("distributed.rank", {}, "an integer from 0", MPI .. "-- mg.distributed.rank() --> 0 on the first process")
 E("distributed.size", {}, "an integer", MPI .. "-- mg.distributed.size() --> 2")
 E("distributed.barrier", {}, "nothing", MPI .. "-- mg.distributed.barrier()")
