@@ -30,11 +30,18 @@ local function run_example (name, code)
     end
     lines[#lines + 1] = line
   end
-  local env = setmetatable({mg = mg, print = function() end,
-                            __check = function(k, ...) checks[k].got = shown(...) end}, {__index = _G})
+  local env = setmetatable({mg = mg, __check = function(k, ...) checks[k].got = shown(...) end}, {__index = _G})
   local f, err = load(table.concat(lines, "\n"), "=" .. name, "t", env)
   if not f then return false, err, checks end
+  -- what the examples print goes nowhere (bars and summaries write to io.stdout)
+  local null = assert(io.open("/dev/null", "w"))
+  local G = _G
+  local saved = {print = G.print, stdout = io.stdout, write = io.write}
+  G.print, io.stdout, io.write = function() end, null, function(...) return null:write(...) end
+  env.print = G.print
   local ok, e = pcall(f)
+  G.print, io.stdout, io.write = saved.print, saved.stdout, saved.write
+  null:close()
   return ok, e, checks
 end
 
