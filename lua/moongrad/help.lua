@@ -1,5 +1,6 @@
 --- moongrad.help: every public function and layer in one place, a signature
--- and a line each. The REPL's help(x) prints mg.help(x), and `make api-table`
+-- and a line each; help(name) adds its arguments, result and example
+-- (lua/moongrad/help_entries.lua). The REPL's help(x) prints mg.help(x), and `make api-table`
 -- writes the API table of docs/reference.md from the same groups (spec/33-help_spec.lua
 -- checks that the two agree and that every name reachable in mg has an entry).
 -- An entry without a description takes its op's `doc` from the op registry
@@ -566,11 +567,11 @@ local function what (x)
   end
   if type(x) == "table" then
     local keys = {}
-    for k in pairs(x) do
-      if #keys == 5 then keys[#keys + 1] = "..." break end
-      keys[#keys + 1] = tostring(k)
-    end
+    for k in pairs(x) do keys[#keys + 1] = tostring(k) end
     table.sort(keys)
+    local n = #keys
+    for i = n, 6, -1 do keys[i] = nil end
+    if n > 5 then keys[6] = "..." end
     return ("table {%s}"):format(table.concat(keys, ", "))
   end
   return type(x)
