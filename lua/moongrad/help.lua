@@ -1,5 +1,6 @@
 --- moongrad.help: every public function and layer in one place, a signature
--- and a line each. The REPL's help(x) prints mg.help(x), and `make api-table`
+-- and a line each; help(name) adds its arguments, result and example
+-- (lua/moongrad/help_entries.lua). The REPL's help(x) prints mg.help(x), and `make api-table`
 -- writes the API table of docs/reference.md from the same groups (spec/33-help_spec.lua
 -- checks that the two agree and that every name reachable in mg has an entry).
 -- An entry without a description takes its op's `doc` from the op registry
@@ -134,7 +135,7 @@ local groups = {
     {"keep", "keep(x, ...)", "x, ...: tensors taken out of the open tidy scopes, to outlive them (state kept for later)"},
     {"memory.set_cache_limit", "memory.set_cache_limit(bytes)", "how many freed bytes may wait for reuse"},
     {"memory.release_cache", "memory.release_cache()", "frees the cached blocks"},
-    {"memory.fail_after", "memory.fail_after(n)", "for tests: the n-th allocation from now fails as if out of memory"},
+    {"memory.fail_after", "memory.fail_after(n)", "for tests: the n-th allocation from now fails as if out of memory (0 turns it off)"},
     {"memory.budget", "memory.budget([bytes])", "train within bytes (\"300 MB\", \"+40 MiB\" above what is live too): saved tensors are evicted and rebuilt on demand (DTR); nil clears; returns the previous"},
   }},
   {"autodiff", {
@@ -229,7 +230,7 @@ local groups = {
     {"metrics.binary_accuracy", "metrics.binary_accuracy(y_true, y_pred)", "y_pred > 0.5 against 0/1 labels"},
     {"metrics.mean_squared_error", "metrics.mean_squared_error(y_true, y_pred)", "the mean squared error"},
     {"metrics.mean_absolute_error", "metrics.mean_absolute_error(y_true, y_pred)", "the mean absolute error"},
-    {"metrics.perplexity", "metrics.perplexity(y_true, logits [, {from_logits=, mask=}])", "exp of the mean cross entropy"},
+    {"metrics.perplexity", "metrics.perplexity(y_true, y_pred [, {from_logits=false, mask=}])", "exp of the mean cross entropy"},
     {"metrics.get", "metrics.get(spec [, loss_name, from_logits])", "the metric compile uses for a name or function (\"accuracy\" by the loss, as Keras)"},
   }},
   {"optimizers", {
@@ -337,12 +338,19 @@ local internal = {
   ["distributed.steps"] = true, ["distributed.average_logs"] = true, ["distributed.seed_of"] = true,
 }
 
-local M = {groups = groups, internal = internal}
+-- each entry's arguments, result and example live in moongrad.help_entries,
+-- by name: {args = {{name, what [, default]}, ...}, returns = text, example = code}
+local details = require "moongrad.help_entries"
+internal.help_entries = true
+
+local M = {groups = groups, internal = internal, details = details}
 
 local by_name, order = {}, {}
 for _, g in ipairs(groups) do
   for _, e in ipairs(g[2]) do
-    local entry = {name = e[1], signature = e[2], doc = e[3], group = g[1]}
+    local d = details[e[1]] or {}
+    local entry = {name = e[1], signature = e[2], doc = e[3], group = g[1],
+                   args = d.args, returns = d.returns, example = d.example}
     assert(not by_name[e[1]], e[1])
     by_name[e[1]], order[#order + 1] = entry, entry
   end
@@ -359,10 +367,16 @@ local function doc_of (e)
   return op_docs[e.name]
 end
 
---- M.entries(): every entry {name=, signature=, doc=, group=}, in the reference's order
+-- an entry as handed out: a copy, its description filled in
+local function copy (e, name, signature)
+  return {name = name or e.name, signature = signature or e.signature, doc = doc_of(e), group = e.group,
+          args = e.args, returns = e.returns, example = e.example}
+end
+
+--- M.entries(): every entry {name=, signature=, doc=, group=, args=, returns=, example=}, in the reference's order
 function M.entries ()
   local out = {}
-  for i, e in ipairs(order) do out[i] = {name = e.name, signature = e.signature, doc = doc_of(e), group = e.group} end
+  for i, e in ipairs(order) do out[i] = copy(e) end
   return out
 end
 
@@ -377,12 +391,12 @@ end
 
 function M.entry (name)
   local e = by_name[name] or by_signature[name]
-  if e then return {name = e.name, signature = e.signature, doc = doc_of(e), group = e.group} end
+  if e then return copy(e) end
   local method = name:match("^Tensor:([%w_]+)$") or name:match("^Variable:([%w_]+)$")
   if method and by_name[method] and M.methods("Tensor")[method] then
     e = by_name[method]
     local sig = e.signature:gsub("^[%w_]+%(([%w_]+),? ?", "%1:" .. method .. "("):gsub("%(%[, ", "([")
-    return {name = name, signature = sig, doc = doc_of(e), group = e.group}
+    return copy(e, name, sig)
   end
 end
 
@@ -457,6 +471,7 @@ local function object_name (x)
   local mt = getmetatable(x)
   if type(mt) ~= "table" then return nil end
   if mt.__index == kinds().Tape then return "Tape" end
+  if mt.__index == kinds().Progress then return "progress" end
   local names = index_values()
   local cls = mt
   while type(cls) == "table" do
@@ -475,6 +490,27 @@ end
 
 local function line (e)
   return shown(e) .. "\n    " .. (e.doc or "")
+end
+
+-- an entry in full: its line, then its arguments, result and example
+local function entry_text (e)
+  local out = {line(e)}
+  if e.args and #e.args == 0 then out[#out + 1] = "Arguments: none"
+  elseif e.args then
+    out[#out + 1] = "Arguments:"
+    local width = 0
+    for _, a in ipairs(e.args) do width = math.max(width, #a[1]) end
+    for _, a in ipairs(e.args) do
+      local default = a[3] and (" (default " .. a[3] .. ")") or ""
+      out[#out + 1] = ("    %-" .. width .. "s  %s%s"):format(a[1], a[2], default)
+    end
+  end
+  if e.returns then out[#out + 1] = "Returns: " .. e.returns end
+  if e.example then
+    out[#out + 1] = "Example:"
+    for l in e.example:gmatch("[^\n]+") do out[#out + 1] = "    " .. l end
+  end
+  return table.concat(out, "\n")
 end
 
 local function method_list (kind)
@@ -520,12 +556,33 @@ local function object_text (kind, title)
   return table.concat(out, "\n")
 end
 
+-- what a value without an entry is: its type, and a number's value, a
+-- function's source, a table's first keys
+local function what (x)
+  if type(x) == "number" or type(x) == "boolean" then return ("%s (%s)"):format(type(x), tostring(x)) end
+  if type(x) == "function" then
+    local info = debug.getinfo(x, "S")
+    if info.what == "C" then return "function (a C function, not mg's)" end
+    return ("function (defined at %s:%d)"):format(info.short_src, info.linedefined)
+  end
+  if type(x) == "table" then
+    local keys = {}
+    for k in pairs(x) do keys[#keys + 1] = tostring(k) end
+    table.sort(keys)
+    local n = #keys
+    for i = n, 6, -1 do keys[i] = nil end
+    if n > 5 then keys[6] = "..." end
+    return ("table {%s}"):format(table.concat(keys, ", "))
+  end
+  return type(x)
+end
+
 --- help([x]): the text for x (a function, layer, object or name), or the overview
 function M.help (x)
   if x == nil then return overview() end
   if type(x) == "string" then
     local e = M.entry(x) or M.entry(x:gsub("^mg%.", ""), nil)
-    if e then return line(e) end
+    if e then return entry_text(e) end
     for _, g in ipairs(groups) do if g[1] == x then return group_text(g) end end
     return ("no help for %q: help() lists the groups and their names"):format(x)
   end
@@ -540,9 +597,10 @@ function M.help (x)
     if name:find("^nn%.") then text = text .. "\n" .. object_text("Layer", "a layer:") end
     if name:find("^optim%.") then text = text .. "\n" .. object_text("Optimizer", "an optimizer:") end
     if name == "data.Dataset" then text = text .. "\n" .. object_text("Dataset", "a dataset:") end
+    if name == "progress" then text = text .. "\n" .. object_text("Progress", "a progress bar:") end
     return text
   end
-  return ("no help for this %s: help() lists the groups and their names"):format(type(x))
+  return ("no help for this %s: help() lists the groups and their names"):format(what(x))
 end
 
 --- the API table of docs/reference.md, from the entries (`make api-table` writes it)
