@@ -320,8 +320,8 @@ local groups = {
     {"notebook.bundle", "notebook.bundle(v)", "v's MIME bundle: text/plain, and text/html for a small tensor or stats()"},
   }},
   {"threads and time", {
-    {"set_num_threads", "set_num_threads(n)", "threads for the library's parallel loops (1 to 1024)"},
-    {"get_num_threads", "get_num_threads()", "the thread count"},
+    {"set_num_threads", "set_num_threads(n | \"auto\")", "a fixed thread count (1 to 1024), or \"auto\" (the default): the machine's cores, one while other processes hold them"},
+    {"get_num_threads", "get_num_threads()", "the thread count, \"auto\" or \"fixed\", and the team ops run on now"},
     {"clock", "clock()", "seconds on a monotonic wall clock"},
     {"gemm.use", "gemm.use(name)", "\"auto\", \"dnnl\" or \"openblas\" for every float32 product"},
     {"gemm.choice", "gemm.choice(m, n, k [, {transpose_a=, transpose_b=}])", "the library and threads an m x n x k product uses"},

@@ -741,8 +741,10 @@ E("notebook.image", {PATH, {"opts", "id=, update=", "{}"}}, "nothing",
   "if mg.notebook.active() then mg.notebook.image(\"loss.png\") end")
 E("notebook.bundle", {{"v", "any value"}}, "a table mime-type -> text", "mg.notebook.bundle(mg.ones(2))[\"text/plain\"] ~= nil --> true")
 
-E("set_num_threads", {{"n", "1 to 1024"}}, "nothing", "n = mg.get_num_threads()\nmg.set_num_threads(1)\nmg.get_num_threads() --> 1\nmg.set_num_threads(n)")
-E("get_num_threads", {}, "an integer", "mg.get_num_threads() >= 1 --> true")
+E("set_num_threads", {{"n", "a count from 1 to 1024 (fixed: the same bits run after run), or \"auto\""}}, "nothing",
+  "mg.set_num_threads(1)\n(mg.get_num_threads()) --> 1\nmg.set_num_threads(\"auto\")")
+E("get_num_threads", {}, "the count (set, or the machine's cores), \"auto\" or \"fixed\", and the team in use now (1 while other processes hold the cores)",
+  "n, mode, team = mg.get_num_threads()\nteam <= n --> true")
 E("clock", {}, "a number of seconds", "t0 = mg.clock()\nmg.matmul(mg.ones(256, 256), mg.ones(256, 256))\nmg.clock() - t0 >= 0 --> true")
 E("gemm.use", {{"name", "\"auto\" \"dnnl\" or \"openblas\""}}, "nothing", "mg.gemm.use(\"openblas\")\nmg.gemm.use(\"auto\")")
 E("gemm.choice", {{"m, n, k", "the product's sizes"}, {"opts", "transpose_a=, transpose_b=", "{}"}}, "a string: library/threads",
