@@ -4,16 +4,7 @@
 -- out of range name the valid, 1-based range.
 local h = require "helpers"
 
--- runs a script in the moongrad binary; its stdout and stderr together
-local function run_script (code)
-  local path = os.tmpname() .. ".lua"
-  local f = assert(io.open(path, "w"))
-  f:write(code)
-  f:close()
-  local out, status = h.run(h.bin .. " " .. path .. " 2>&1")
-  os.remove(path)
-  return out, status, path
-end
+local run_script = h.run_script
 
 describe("a gradient of a target the tape never recorded", function()
   it("is nil, with a warning once per tape naming the line", function()
@@ -179,18 +170,13 @@ print(("epochs run %d, weights %.17g"):format(#h.history.loss, s))
 ]==]
 
   it("a run killed at epoch 3 and run again ends bit for bit where one run would, and leaves no backup", function()
-    local path = os.tmpname() .. ".lua"
-    local f = assert(io.open(path, "w"))
-    f:write(script)
-    f:close()
     local dir = os.tmpname() .. "-backups"                -- made by the callback
-    local whole = h.run(h.bin .. " " .. path .. " - 2>&1")
-    local crashed, code = h.run(h.bin .. " " .. path .. " " .. dir .. " 3 2>&1")
+    local whole = run_script(script, "-")
+    local crashed, code = run_script(script, dir .. " 3")
     assert.are_not.equal(0, code)
     assert.truthy(crashed:find("crash at 3", 1, true), crashed)
     assert.truthy(io.open(dir .. "/backup.safetensors"), "no backup after the crash")
-    local resumed = h.run(h.bin .. " " .. path .. " " .. dir .. " 2>&1")
-    os.remove(path)
+    local resumed = run_script(script, dir)
     local w1 = whole:match("epochs run 5, weights (%S+)")
     local runs, w2 = resumed:match("epochs run (%d+), weights (%S+)")
     assert.truthy(w1, whole)

@@ -10,13 +10,7 @@ local mg = require "moongrad"
 local CORES = tonumber((h.run("nproc"))) or 1
 
 local function run_script (code, env)
-  local path = os.tmpname() .. ".lua"
-  local f = assert(io.open(path, "w"))
-  f:write(code)
-  f:close()
-  local out, status = h.run(("%s %s %s 2>&1"):format(env or "env -u OMP_NUM_THREADS", h.bin, path))
-  os.remove(path)
-  return out, status
+  return h.run_script(code, nil, env or "env -u OMP_NUM_THREADS")
 end
 
 -- runs fn with as many busy loops beside as the machine has cores

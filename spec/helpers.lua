@@ -79,6 +79,19 @@ function helpers.run_moongrad (args, input)
   return out, code
 end
 
+-- runs a script (Lua code) in the moongrad binary with the given arguments
+-- and environment (a prefix such as "env OMP_NUM_THREADS=1"); its stdout
+-- and stderr together, and its exit status
+function helpers.run_script (code, args, env)
+  local path = os.tmpname() .. ".lua"
+  local f = assert(io.open(path, "w"))
+  f:write(code)
+  f:close()
+  local out, code_ = helpers.run(("%s %s %s %s"):format(env or "", helpers.bin, path, args or ""))
+  os.remove(path)
+  return out, code_
+end
+
 -- the memory counters once garbage tensors are collected (two cycles: the
 -- first runs the finalizers that release the storages)
 function helpers.settled ()
