@@ -163,7 +163,7 @@ describe("more maths", function()
     it("are not differentiable: no gradient (TensorFlow's None), as sign and //", function()
       local x = c({0.3, 1.7, -2.2}, "float64")
       for _, f in ipairs({mg.floor, mg.ceil, mg.round}) do
-        local t = mg.tape{persistent = true}
+        local t = mg.tape{persistent = true, warn = false}
         t:watch(x)
         local y = f(x)
         t:stop()

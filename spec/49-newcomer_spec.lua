@@ -25,7 +25,7 @@ print("recorded", t:gradient(y, x):totable()[1])
     local _, n = out:gsub("moongrad: warning:", "")
     assert.equal(1, n, out)
     assert.truthy(out:find("%.lua:6: tape:gradient: the target was not recorded by this tape %(computed after "
-                           .. "t:stop%(%), or from nothing the tape watches%), so it has no gradient %(nil%); "
+                           .. "t:stop%(%), from nothing the tape watches, or by ops without a gradient such as sign, floor or //%), so it has no gradient %(nil%); "
                            .. "mg%.tape{warn = false} silences this"), out)
   end)
 

@@ -214,8 +214,9 @@ static void warn_unrecorded (lua_State *L, ltape *b, int n, mg_tensor *const *ta
     b->warn = false;
     luaL_where(L, 1);
     fprintf(stderr, "moongrad: warning: %stape:gradient: the target%s was not recorded by this tape "
-                    "(computed after t:stop(), or from nothing the tape watches), so it has no gradient "
-                    "(nil); mg.tape{warn = false} silences this\n", lua_tostring(L, -1),
+                    "(computed after t:stop(), from nothing the tape watches, or by ops without a "
+                    "gradient such as sign, floor or //), so it has no gradient (nil); "
+                    "mg.tape{warn = false} silences this\n", lua_tostring(L, -1),
             n > 1 ? " given first among those" : "");
     fflush(stderr);
     lua_pop(L, 1);
