@@ -110,19 +110,32 @@ describe("dense", function()
   it("keeps x and y on the tape (w is a variable's), not the sum before the activation; linear keeps x", function()
     local x, w, b = rnd({256, 64}, "float32"), mg.Variable(rnd({64, 64}, "float32")), mg.Variable(rnd({64}, "float32"))
     local w2 = rnd({64, 64}, "float32")                  -- a plain tensor: kept by the tape
+    -- what the dense node saved, and the gradients of w and b the tape gives from it
     local function saved (f)
       local before = mg.memory.stats().saved_bytes
       local t = mg.tape()
       local y = f()
       local s = mg.memory.stats().saved_bytes - before
+      local loss = mg.sum(y)                             -- recorded: the backward runs on what was saved
       t:stop()
-      local _ = t:gradient(mg.sum(y), {w, b})
-      return s
+      local g = t:gradient(loss, {w, b})
+      return s, g[1], g[2]
     end
-    assert.equal(256 * 64 * 2 * 4, saved(function() return mg.dense(x, w, b, "relu") end))
-    assert.equal(256 * 64 * 4, saved(function() return mg.dense(x, w, b) end))
+    local s, gw, gb = saved(function() return mg.dense(x, w, b, "relu") end)
+    assert.equal(256 * 64 * 2 * 4, s)
+    assert.is_not_nil(gw); assert.is_not_nil(gb)
+    local want = h.grads(function(c, d) return ref(x, c, d, "relu") end, {w:value(), b:value()},
+                         mg.ones({256, 64}, "float32"))
+    h.assert_close(gw, want[1], 1e-4)
+    h.assert_close(gb, want[2], 1e-4)
+    s, gw, gb = saved(function() return mg.dense(x, w, b) end)
+    assert.equal(256 * 64 * 4, s)
+    assert.is_not_nil(gw); assert.is_not_nil(gb)
     -- only b is followed: y alone (x and w2 serve the gradients of w2 and x)
-    assert.equal(256 * 64 * 4, saved(function() return mg.dense(x, w2, b, "tanh") end))
+    s, gw, gb = saved(function() return mg.dense(x, w2, b, "tanh") end)
+    assert.equal(256 * 64 * 4, s)
+    assert.is_nil(gw)                                    -- w is not in this layer
+    assert.is_not_nil(gb)
   end)
 
   it("keeps what the wanted gradients need: x for w's, w for x's (PyTorch's needs_input_grad)", function()
