@@ -212,7 +212,7 @@ describe("test/test_utils.py TestCheckpoint", function()
     local t2 = mg.random.uniform({10}, 0, 1, "float64")
     local t3 = mg.random.uniform({10}, 0, 1, "float64")
     local scale = math.random(0, 10)
-    local t = mg.tape()
+    local t = mg.tape{warn = false}          -- the refused second call would warn before raising
     t:watch({t1, t2})
     local res = table.pack(mg.recompute_grad(foo)(t1, t2, scale, t3))
     local loss = {mg.sum(res[2]), mg.sum(res[5]), mg.sum(res[7])}
