@@ -29,6 +29,33 @@ print("recorded", t:gradient(y, x):totable()[1])
                            .. "mg%.tape{warn = false} silences this"), out)
   end)
 
+  it("is said for a list only when no target was recorded, and never by a call that raises", function()
+    local out, status = run_script([[
+local mg = require "moongrad"
+local a = mg.Variable(mg.ones({2}))
+local t = mg.tape({persistent = true})
+local y = mg.sum(a * 2)
+t:stop()
+local z = mg.sum(a * 3)
+print("one of two", t:gradient({y, z}, a):totable()[1])
+local u = mg.tape({persistent = true})
+u:stop()
+print("none of two", u:gradient({mg.sum(a), mg.sum(a * a)}, a))
+local v = mg.tape()
+local w = mg.sum(a * 4)
+v:stop()
+v:gradient(w, a)
+print("second", pcall(v.gradient, v, w, a))
+]])
+    assert.equal(0, status, out)
+    assert.truthy(out:find("one of two\t2.0", 1, true), out)
+    assert.truthy(out:find("none of two\tnil", 1, true), out)
+    assert.truthy(out:find("second\tfalse", 1, true), out)
+    local _, n = out:gsub("moongrad: warning:", "")
+    assert.equal(1, n, out)
+    assert.truthy(out:find(":10: tape:gradient: the targets were not recorded by this tape", 1, true), out)
+  end)
+
   it("keeps quiet with mg.tape{warn = false}, with unconnected = \"zero\", and for recorded targets", function()
     local out, status = run_script([[
 local mg = require "moongrad"

@@ -205,23 +205,28 @@ static int answer (lua_State *L, mg_tape *t, int nt, mg_tensor **targets, int ns
 */
 /* A target the tape never recorded (computed after t:stop(), or from
 ** nothing it watches) adds nothing to the gradient: nil, as TensorFlow's,
-** where PyTorch raises. Said once per tape, on stderr with the caller's
+** where PyTorch raises. When no target was recorded (one of several is
+** normal), said once per tape after the walk, on stderr with the caller's
 ** line; mg.tape{warn = false} keeps quiet, and so does unconnected = "zero". */
-static void warn_unrecorded (lua_State *L, ltape *b, int n, mg_tensor *const *targets, int zero) {
-  if (!b->warn || zero) return;
-  for (int i = 0; i < n; i++) {
-    if (mg_tape_follows(b->t, targets[i])) continue;
-    b->warn = false;
-    luaL_where(L, 1);
-    fprintf(stderr, "moongrad: warning: %stape:gradient: the target%s was not recorded by this tape "
-                    "(computed after t:stop(), from nothing the tape watches, or by ops without a "
-                    "gradient such as sign, floor or //), so it has no gradient (nil); "
-                    "mg.tape{warn = false} silences this\n", lua_tostring(L, -1),
-            n > 1 ? " given first among those" : "");
-    fflush(stderr);
-    lua_pop(L, 1);
-    return;
-  }
+static bool none_recorded (ltape *b, int n, mg_tensor *const *targets, int zero) {
+  if (!b->warn || zero || n == 0) return false;
+  for (int i = 0; i < n; i++)            /* one target recorded: the sum has its gradient */
+    if (mg_tape_follows(b->t, targets[i])) return false;
+  return true;
+}
+
+/* said after the walk (a call that raises says only why); whether to was
+** asked before it, as a non-persistent tape forgets its record */
+static void warn_unrecorded (lua_State *L, ltape *b, int n) {
+  b->warn = false;
+  luaL_where(L, 1);
+  fprintf(stderr, "moongrad: warning: %stape:gradient: the target%s not recorded by this tape "
+                  "(computed after t:stop(), from nothing the tape watches, or by ops without a "
+                  "gradient such as sign, floor or //), so it has no gradient (nil); "
+                  "mg.tape{warn = false} silences this\n", lua_tostring(L, -1),
+          n > 1 ? "s were" : " was");
+  fflush(stderr);
+  lua_pop(L, 1);
 }
 
 static int gradient_plain (lua_State *L, ltape *b, int zero) {
@@ -247,8 +252,9 @@ static int gradient_plain (lua_State *L, ltape *b, int zero) {
       return -1;
     }
   }
-  warn_unrecorded(L, b, 1, &y, zero);
+  bool warn = none_recorded(b, 1, &y, zero);
   int answers = answer(L, t, 1, &y, ns, sources, NULL, zero, grads);
+  if (warn) warn_unrecorded(L, b, 1);
   if (one) lua_rawgeti(L, answers, 1);
   return 1;
 }
@@ -288,8 +294,9 @@ static int l_gradient (lua_State *L) {
   mg_tensor **targets = leaves(L, 6, nt), **sources = leaves(L, 7, ns);
   mg_tensor **seeds = ng ? leaves(L, 8, ng) : NULL;
   mg_tensor **grads = (mg_tensor **)lua_newuserdatauv(L, sizeof(mg_tensor *) * (size_t)(ns ? ns : 1), 0);
-  warn_unrecorded(L, b, nt, targets, zero);
+  bool warn = none_recorded(b, nt, targets, zero);
   int answers = answer(L, t, nt, targets, ns, sources, seeds, zero, grads);
+  if (warn) warn_unrecorded(L, b, nt);
   int k = 0;
   mgL_rebuild(L, 3, answers, &k);
   return 1;
