@@ -311,7 +311,7 @@ install: all $(BUILD)/install/libmoongrad.a $(BUILD)/install/libmoongrad_lua.a
 	install -m 644 $(BUILD)/install/libmoongrad_lua.a $(DESTDIR)$(PREFIX)/lib/libmoongrad_lua.a
 	install -m 644 include/moongrad.h $(DESTDIR)$(PREFIX)/include/moongrad.h
 	install -d $(DESTDIR)$(PREFIX)/lib/pkgconfig
-	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|$(VERSION)|' -e 's|@REQUIRES@|$(PC_REQUIRES)|' \
+	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|$(VERSION)|' -e 's|@REQUIRES@|$(strip $(PC_REQUIRES))|' \
 	  -e 's|@CFLAGS@|$(PC_CFLAGS)|' -e 's|@LIBS@|$(strip $(PC_LIBS))|' \
 	  moongrad.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/moongrad.pc
 	chmod 644 $(DESTDIR)$(PREFIX)/lib/pkgconfig/moongrad.pc
