@@ -18,7 +18,8 @@ OPT      ?= -O3
 MYCFLAGS ?=
 # link-time optimisation: the core's small functions (a tensor's retain, a
 # dtype's size, the tape's checks) inline across files into each op's path.
-# Fat objects: libmoongrad.a links into C hosts without LTO too (make LTO= for none)
+# Fat objects: build/libmoongrad.a links into C hosts without LTO too (make LTO=
+# for none); the archives make install puts hold no LTO bytecode (see install)
 LTO      ?= -flto=auto -ffat-lto-objects
 PREFIX   ?= /usr/local
 BUILD    ?= build
@@ -38,7 +39,11 @@ WARN = -Wall -Wextra \
 # contraction, which clang does by default (GCC not under -std=c11)
 # -fno-plt: each op calls Lua's API a dozen times, each call then one jump
 # through the GOT instead of two (the seed chain: 2-3% faster)
-CFLAGS  = -std=c11 -D_POSIX_C_SOURCE=200809L $(OPT) $(MARCH) -fno-math-errno -ffp-contract=off -fPIC -fno-plt -fopenmp \
+# -fno-semantic-interposition: -fPIC alone lets a shared object's caller swap
+# any global function, so LTO may not inline one where the output is not an
+# executable: moongrad.so, and the archives make install links with -r (below)
+CFLAGS  = -std=c11 -D_POSIX_C_SOURCE=200809L $(OPT) $(MARCH) -fno-math-errno -ffp-contract=off -fPIC -fno-plt \
+          -fno-semantic-interposition -fopenmp \
           -Iinclude -Isrc -I$(LUA_INC) $(WARN) $(MYCFLAGS)
 # CFLAGS += -DMG_ASSERT_ON      (internal invariants)
 # OpenBLAS' OpenMP build, by path: it shares the OpenMP threads with oneDNN
@@ -46,10 +51,15 @@ CFLAGS  = -std=c11 -D_POSIX_C_SOURCE=200809L $(OPT) $(MARCH) -fno-math-errno -ff
 OPENBLAS_DIR = /usr/lib/x86_64-linux-gnu/openblas-openmp
 BASE_LIBS = -ldnnl -L$(OPENBLAS_DIR) -Wl,-rpath,$(OPENBLAS_DIR) -lopenblas -lcjson -lz -lmvec -lm
 LIBS    = $(BASE_LIBS) -fopenmp
-# what a C host links with libmoongrad.a (moongrad.pc's Libs; Lua's flags
-# written out, not Requires: lua5.4, so --define-variable=prefix= moves ours
-# alone): -lgomp and not -fopenmp, which means something else to clang (libomp)
-PC_LIBS = $(LUA_LIB) $(BASE_LIBS) -lgomp -lpthread
+# what a C host links with the archives (moongrad.pc, make install): Lua, zlib
+# and cJSON in Requires, so pkg-config takes their flags from their own .pc
+# files (a sysroot's under PKG_CONFIG_SYSROOT_DIR), the rest written out in
+# Libs: -lgomp and not -fopenmp, which means something else to clang (libomp).
+# LUA_PC= for a Lua without a .pc file: LUA_INC and LUA_LIB written out instead
+LUA_PC  ?= lua5.4
+PC_REQUIRES = $(LUA_PC) zlib libcjson
+PC_CFLAGS   = $(if $(LUA_PC),,-I$(LUA_INC))
+PC_LIBS     = $(if $(LUA_PC),,$(LUA_LIB)) $(filter-out -lcjson -lz,$(BASE_LIBS)) -lgomp -lpthread
 VERSION = $(shell sed -n 's/^#define MG_VERSION  *"moongrad \(.*\)"/\1/p' include/moongrad.h)
 
 # Debian packages the build and the tests need
@@ -275,16 +285,34 @@ bench: deps
 	$(MAKE) all
 	bash bench/run.sh
 
-install: all
+# The archives make install puts (docs/embedding.md): each archive's objects
+# linked into one relocatable object (-r), its LTO done here, once, across its
+# files as in the moongrad binary, and no LTO bytecode left in it. A host's link
+# then copies machine code (a second) where the fat objects of build/ had GCC's
+# linker plugin re-optimise the whole library in every host's link (tens of
+# seconds), -flto or not. --localize-hidden: the symbols LTO made global between
+# its partitions (foo.lto_priv.0) are local again, so the two archives' never
+# clash. -fopenmp stays out of the -r link, which would copy libgomp.a in.
+$(BUILD)/install/libmoongrad.a: $(LIB_OBJ)
+$(BUILD)/install/libmoongrad_lua.a: $(BIND_OBJ)
+$(BUILD)/install/%.a:
+	@mkdir -p $(dir $@)
+	$(CC) $(filter-out -fopenmp,$(CFLAGS)) $(LTO) $(if $(LTO),-flinker-output=nolto-rel) -r -nostdlib \
+	  -o $(@:.a=.o) $^
+	objcopy --localize-hidden $(@:.a=.o)
+	rm -f $@
+	ar rcs $@ $(@:.a=.o)
+
+install: all $(BUILD)/install/libmoongrad.a $(BUILD)/install/libmoongrad_lua.a
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/lua/5.4 $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/lib
 	install -m 755 $(BUILD)/moongrad $(DESTDIR)$(PREFIX)/bin/moongrad
 	install -m 644 $(BUILD)/moongrad.so $(DESTDIR)$(PREFIX)/lib/lua/5.4/moongrad.so
-	install -m 644 $(BUILD)/libmoongrad.a $(DESTDIR)$(PREFIX)/lib/libmoongrad.a
-	install -m 644 $(BUILD)/libmoongrad_lua.a $(DESTDIR)$(PREFIX)/lib/libmoongrad_lua.a
+	install -m 644 $(BUILD)/install/libmoongrad.a $(DESTDIR)$(PREFIX)/lib/libmoongrad.a
+	install -m 644 $(BUILD)/install/libmoongrad_lua.a $(DESTDIR)$(PREFIX)/lib/libmoongrad_lua.a
 	install -m 644 include/moongrad.h $(DESTDIR)$(PREFIX)/include/moongrad.h
 	install -d $(DESTDIR)$(PREFIX)/lib/pkgconfig
-	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|$(VERSION)|' -e 's|@LIBS@|$(PC_LIBS)|' \
-	  -e 's|@LUA_CFLAGS@|-I$(LUA_INC)|' \
+	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|$(VERSION)|' -e 's|@REQUIRES@|$(strip $(PC_REQUIRES))|' \
+	  -e 's|@CFLAGS@|$(PC_CFLAGS)|' -e 's|@LIBS@|$(strip $(PC_LIBS))|' \
 	  moongrad.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/moongrad.pc
 	chmod 644 $(DESTDIR)$(PREFIX)/lib/pkgconfig/moongrad.pc
 
