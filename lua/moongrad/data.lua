@@ -383,7 +383,10 @@ local function exists (path)
   return f ~= nil
 end
 
+-- s as one word for sh: in single quotes, each ' written as '\'' (checkpoint.lua
+-- uses it too, as data._shell_quote)
 local function quote (s) return "'" .. s:gsub("'", "'\\''") .. "'" end
+data._shell_quote = quote
 
 -- runs a shell command; its output and whether it succeeded
 local function run (cmd)
