@@ -280,7 +280,7 @@ static mg_status keep_names (csv *c) {
   return MG_OK;
 }
 
-/* "a, b, c" (the first names of the header, and how many there are) */
+/* "'a', 'b', 'c'": the header's first names (and how many there are) */
 static void list_names (const csv *c, char *out, size_t n) {
   size_t k = 0;
   int64_t i = 0;
