@@ -864,16 +864,56 @@ MG_API void              mg_named_tensors_free (mg_named_tensors *f);   /* NULL 
 ** converts to it. */
 MG_API mg_tensor *mg_read_idx (const char *path, int dtype);
 
-/* A numeric CSV file, gzipped or not, as a (rows, columns) tensor. Blank
-** lines are skipped; a field not a number, an empty field or a ragged row
-** is an error naming the line and the column. A zeroed struct (or NULL)
-** gives the defaults. */
+/* A CSV file of numbers, gzipped or not: x (rows, columns) and, when a
+** label column is named, y (rows), as Keras' make_csv_dataset(label_name=):
+**
+**   mg_csv_column want[2] = {{"sepal_length", 0}, {NULL, 3}};   // by name, by number
+**   mg_csv_options o = {.ncolumns = 2, .columns = want, .label = {"species", 0},
+**                       .label_dtype = MG_INT64};
+**   mg_csv_table *t = mg_read_csv_table("iris.csv", &o);       // NULL + error
+**   ... t->x (rows, 2) float32, t->y (rows) int64, t->names[0] "sepal_length"
+**   mg_csv_table_free(t);
+**
+** Fields are split at the delimiter, quoted as RFC 4180 within a line
+** ("a,b" is one field, "" a quote in it), trimmed of spaces and tabs; blank
+** lines, \r before \n and a UTF-8 byte order mark are skipped. The header,
+** the first line that is not blank, is detected (header 0: a first line
+** none of whose fields is a number, a line after it), or asked for (1), or
+** refused (-1). Its fields name the columns, kept as written (repeated or
+** empty names too; picking a name that two columns share is an error).
+** The columns picked must hold numbers (strtod's syntax); the others may
+** hold anything. An int64 label takes exact integers: digits to 2^63, or
+** whole numbers (3.0, 1e3) to 2^53. An empty or non-numeric field, a row
+** with another number of fields than the header (or the first row), an
+** open quote or a NUL byte is an error naming the file, the line and the
+** column; on the first line it asks whether a header was meant. A zeroed
+** struct (or NULL) gives the defaults: ',', detected header, float32,
+** every column in x, no label. */
+typedef struct mg_csv_column {
+  const char *name;                          /* a name of the header, or NULL and: */
+  int64_t number;                            /* the column's position, from 1 (as the messages count) */
+} mg_csv_column;
 typedef struct mg_csv_options {
   char delimiter;                            /* 0: ',' */
-  int header;                                /* nonzero: skip the first line */
-  mg_dtype dtype;                            /* MG_FLOAT32 (0) or MG_FLOAT64 */
+  int header;                                /* 0: detected, 1: the first line is one, -1: none */
+  mg_dtype dtype;                            /* x's: MG_FLOAT32 (0) or MG_FLOAT64 */
+  int ncolumns;                              /* x's columns in this order (repeats allowed); */
+  const mg_csv_column *columns;              /*   0: every column but the label */
+  mg_csv_column label;                       /* y's column; {NULL, 0}: no y */
+  mg_dtype label_dtype;                      /* y's: MG_FLOAT32 (0), MG_FLOAT64 or MG_INT64 */
 } mg_csv_options;
-MG_API mg_tensor *mg_read_csv (const char *path, const mg_csv_options *opts);
+/* what mg_read_csv_table returns; it owns all (mg_tensor_retain to keep one) */
+typedef struct mg_csv_table {
+  mg_tensor *x;                              /* (rows, ncols) */
+  mg_tensor *y;                              /* (rows), or NULL without a label */
+  int64_t ncols;
+  char **names;                              /* x's columns' names; NULL without a header */
+  char *label_name;                          /* y's; NULL without a header or a label */
+} mg_csv_table;
+MG_API mg_csv_table *mg_read_csv_table (const char *path, const mg_csv_options *opts);
+MG_API void          mg_csv_table_free (mg_csv_table *t);          /* NULL is fine */
+/* x alone (a label is refused: it needs mg_read_csv_table) */
+MG_API mg_tensor    *mg_read_csv (const char *path, const mg_csv_options *opts);
 
 /* }============================================================== */
 

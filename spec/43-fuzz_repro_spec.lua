@@ -1,7 +1,8 @@
 -- The parsers' libFuzzer inputs (spec/fuzz/harness/: each reproducer once a
 -- finding, and the seeds), replayed through the Lua API: each input made into
 -- the file its harness makes (the first byte chooses gzip, dtype, delimiter,
--- header, padding: see spec/fuzz/harness/fuzz_*.c), then read. A reader gives
+-- header, padding, and for CSV columns and a label: see
+-- spec/fuzz/harness/fuzz_*.c), then read. A reader gives
 -- a tensor or raises an error that names it and the file, and never crashes
 -- (under make asan: no sanitizer report either). The kernel's wire inputs are
 -- replayed by build/fuzz_replay_wire in make check; make fuzz fuzzes them all.
@@ -62,13 +63,22 @@ local readers = {
     return outcome("read_idx", path, mg.data.read_idx, path, {dtype = dtype or nil})
   end,
   csv = function (bytes)
-    local mode = bytes:byte(1) or 0
-    local delimiter = ({",", ";", "\t", " ", "|", ":", "0", "\n"})[(mode >> 3 & 7) + 1]
-    local text = bytes:sub(2)
-    if mode & 64 ~= 0 and #bytes >= 2 then text = (" "):rep(65535 - bytes:byte(2)) .. "\n" .. bytes:sub(3) end
+    local mode, at = bytes:byte(1) or 0, 2
+    local o = {header = mode & 2 ~= 0 or nil, delimiter = ({",", ";", "\t", " ", "|", ":", "0", "\n"})[(mode >> 3 & 7) + 1],
+               dtype = mode & 4 ~= 0 and "float64" or "float32"}
+    if mode & 128 ~= 0 and #bytes >= 2 then             -- the header, columns and a label
+      local c, names = bytes:byte(2), {"a", "b", "", "a,b"}
+      local k, label = c >> 5 & 3, c >> 3 & 3
+      at = 3
+      o.header = ({nil, true, false, nil})[(c & 3) + 1]
+      o.label = label == 1 and k + 1 or label == 2 and names[k + 1] or label == 3 and 1000000 or nil
+      if o.label and c & 4 ~= 0 then o.label_dtype = "int64" end
+      if c & 128 ~= 0 then o.columns = {names[(k + 1 & 3) + 1], 1} end
+    end
+    local text = bytes:sub(at)
+    if mode & 64 ~= 0 and #text >= 1 then text = (" "):rep(65535 - text:byte(1)) .. "\n" .. text:sub(2) end
     local path = as_file(text, mode & 1 == 1)
-    return outcome("read_csv", path, mg.data.read_csv, path,
-                   {header = mode & 2 ~= 0, delimiter = delimiter, dtype = mode & 4 ~= 0 and "float64" or "float32"})
+    return outcome("read_csv", path, mg.data.read_csv, path, o)
   end,
 }
 

@@ -1,7 +1,8 @@
 /*
 ** io_test.c — a C host uses the file functions alone (no Lua): a
 ** safetensors round trip with metadata, a failed save that keeps the old
-** file, corrupt files and bad arguments as errors, the IDX and CSV readers.
+** file, corrupt files and bad arguments as errors, the IDX and CSV readers
+** (names, columns and labels too).
 **
 **   make build/io_test && build/io_test
 */
@@ -107,6 +108,38 @@ static void safetensors (const char *dir) {
   mg_tensor_release(tr);
 }
 
+/* mg_read_csv_table: the header detected and kept, columns picked by name
+** and number, an int64 label exact beyond 2^53 */
+static void csv_table (const char *dir) {
+  char path[512];
+  snprintf(path, sizeof path, "%s/named.csv", dir);
+  const char *text = "\xEF\xBB\xBF\"a, b\",c,id\r\n1,2,9007199254740993\r\n3,4,-5\r\n";
+  write_file(path, text, strlen(text));
+  mg_csv_table *t = mg_read_csv_table(path, NULL);
+  ok("csv header detected", t && t->ncols == 3 && t->names && strcmp(t->names[0], "a, b") == 0 &&
+     strcmp(t->names[2], "id") == 0 && t->y == NULL && t->label_name == NULL && mg_tensor_shape(t->x)[0] == 2);
+  mg_csv_table_free(t);
+  mg_csv_column pick[2] = {{"c", 0}, {NULL, 1}};
+  mg_csv_options o = {.ncolumns = 2, .columns = pick, .label = {"id", 0}, .label_dtype = MG_INT64};
+  t = mg_read_csv_table(path, &o);
+  ok("csv picked columns and an int64 label", t && t->ncols == 2 && strcmp(t->names[0], "c") == 0 &&
+     strcmp(t->names[1], "a, b") == 0 && strcmp(t->label_name, "id") == 0 &&
+     ((float *)mg_tensor_data(t->x))[2] == 4 && mg_tensor_dtype(t->y) == MG_INT64 &&
+     ((int64_t *)mg_tensor_data(t->y))[0] == 9007199254740993LL && ((int64_t *)mg_tensor_data(t->y))[1] == -5);
+  mg_csv_table_free(t);
+  mg_csv_table_free(NULL);
+  says("csv label through mg_read_csv", mg_read_csv(path, &o) == NULL, "a label column needs mg_read_csv_table");
+  pick[0].name = "d";
+  says("csv unknown name", mg_read_csv_table(path, &o) == NULL,
+       "option 'columns', item 1: no column is named 'd'; the header names 'a, b', 'c', 'id'");
+  o.header = -1;
+  says("csv name without a header", mg_read_csv_table(path, &o) == NULL, "but the file has no header");
+  write_file(path, "x,y\n1,2.5\n", 10);
+  mg_csv_options half = {.label = {NULL, 2}, .label_dtype = MG_INT64};
+  says("csv int64 label not an integer", mg_read_csv_table(path, &half) == NULL,
+       "line 2, column 2: '2.5' is not an integer (the label is read as int64)");
+}
+
 static void datasets (const char *dir) {
   char path[512];
   snprintf(path, sizeof path, "%s/labels.idx", dir);
@@ -124,11 +157,15 @@ static void datasets (const char *dir) {
 
   snprintf(path, sizeof path, "%s/a.csv", dir);
   write_file(path, "x;y\n1;2\n3;4\n", 12);
-  mg_csv_options o = {';', 1, MG_FLOAT64};
+  mg_csv_options o = {.delimiter = ';', .header = 1, .dtype = MG_FLOAT64};
   mg_tensor *c = mg_read_csv(path, &o);
   ok("csv", c && mg_tensor_shape(c)[0] == 2 && mg_tensor_shape(c)[1] == 2 && ((double *)mg_tensor_data(c))[3] == 4);
   mg_tensor_release(c);
-  says("csv header as data", mg_read_csv(path, NULL) == NULL, "line 1, column 1: 'x;y' is not a number");
+  mg_csv_options none = {.delimiter = ';', .header = -1, .dtype = MG_FLOAT64};
+  says("csv header refused", mg_read_csv(path, &none) == NULL,
+       "line 1, column 1: 'x' is not a number (a header line? pass {header = true})");
+  says("csv ';' read with ','", mg_read_csv(path, NULL) == NULL, "line 2, column 1: '1;2' is not a number");
+  csv_table(dir);
   says("csv from a device", mg_read_csv("/dev/null", NULL) == NULL,
        "read_csv: '/dev/null': is a character device, not a regular file");
   says("idx from a directory", mg_read_idx(dir, -1) == NULL, "is a directory, not a regular file");

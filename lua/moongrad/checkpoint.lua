@@ -450,7 +450,7 @@ end
 
 local Backup = class("moongrad.callbacks.BackupAndRestore")
 
-local function shell_quote (s) return "'" .. s:gsub("'", "'\\''") .. "'" end
+local shell_quote = require("moongrad.data")._shell_quote
 
 local function exists (path)
   local f = io.open(path, "rb")

@@ -19,9 +19,11 @@
 -- iter(3) sees what the uninterrupted run saw.
 --
 -- Readers (src/io/): read_idx(path [, {dtype=}]) for the MNIST family's IDX
--- files and read_csv(path [, {header=, delimiter=, dtype=}]) for numeric
--- CSV, gzipped or not. Files from Debian packages: debian_file(package,
--- path), and fashion_mnist(), digits() built on it.
+-- files and read_csv(path [, {header=, delimiter=, dtype=, columns=, label=,
+-- label_dtype=}]) for CSV files of numbers, gzipped or not: x and the
+-- header's names (x, y, names with a label; names nil without a header).
+-- Files from Debian packages: debian_file(package, path), and
+-- fashion_mnist(), digits() built on it.
 -- @module moongrad.data
 local mg = require "moongrad"
 local check = require "moongrad.check"
@@ -383,7 +385,10 @@ local function exists (path)
   return f ~= nil
 end
 
+-- s as one word for sh: in single quotes, each ' written as '\'' (checkpoint.lua
+-- uses it too, as data._shell_quote)
 local function quote (s) return "'" .. s:gsub("'", "'\\''") .. "'" end
+data._shell_quote = quote
 
 -- runs a shell command; its output and whether it succeeded
 local function run (cmd)
@@ -429,8 +434,6 @@ function data.debian_file (package, path)
   fail(who, "package %s has no file /%s", package, path)
 end
 
-local function cast_labels (y) return mg.cast(y, "int64") + 1 end
-
 --- fashion_mnist() -> train, test: Zalando's Fashion-MNIST (Debian's
 -- dataset-fashion-mnist). Each is {x = (N, 28, 28) float32 pixels 0..255,
 -- y = (N) int64 class numbers 1..10 (1-based, as moongrad's losses and
@@ -455,9 +458,8 @@ data.fashion_mnist_classes = {"T-shirt/top", "Trouser", "Pullover", "Dress", "Co
 -- numbers 1..10 for the digits 0..9 (digit = y - 1).
 function data.digits ()
   local path = data.debian_file("python3-sklearn", "usr/lib/python3/dist-packages/sklearn/datasets/data/digits.csv.gz")
-  local all = data.read_csv(path)
-  local n = all.shape[1]
-  return mg.slice(all, nil, {1, 64}), mg.reshape(cast_labels(mg.slice(all, nil, {65, 65})), {n})
+  local x, y = data.read_csv(path, {header = false, label = 65, label_dtype = "int64"})
+  return x, y + 1
 end
 
 -- }=============================================================

@@ -3,12 +3,15 @@
 ** the dataset readers, which mg.data (lua/moongrad/data.lua) exposes from
 ** mg._io.
 */
+#include <limits.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "lbinding.h"
 
 #define FILE_MT "moongrad.io.File"      /* a loaded file's tensors, until boxed */
+#define CSV_MT "moongrad.io.CsvTable"   /* a CSV file's tensors and names, until boxed */
 #define MAX_DEPTH 64                    /* nesting of the tables mg.save flattens */
 
 /* raises mg_errmsg(), with the C function's name cname replaced by luaname */
@@ -208,31 +211,116 @@ static int l_read_idx (lua_State *L) {
   return mgL_fill(L, box, mg_read_idx(path, dt));
 }
 
-/* read_csv(path [, {header=false, delimiter=",", dtype="float32"}]) */
+/* a column picked at idx (a name, or a number from 1) into *c; what names
+** it in errors ("option 'label'") */
+static void check_column (lua_State *L, int idx, mg_csv_column *c, const char *what) {
+  c->name = NULL;
+  c->number = 0;
+  if (lua_type(L, idx) == LUA_TSTRING) {
+    if (mgL_hasnul(L, idx))
+      luaL_argerror(L, 2, lua_pushfstring(L, "%s: the name '%s' contains a NUL byte", what, mgL_shownul(L, idx)));
+    c->name = lua_tostring(L, idx);
+  } else if (lua_isinteger(L, idx) && lua_tointeger(L, idx) >= 1) {
+    c->number = lua_tointeger(L, idx);
+  } else {
+    const char *got = lua_type(L, idx) == LUA_TNUMBER ? lua_pushfstring(L, "%s", luaL_tolstring(L, idx, NULL))
+                                                      : luaL_typename(L, idx);
+    luaL_argerror(L, 2, lua_pushfstring(L, "%s must be a column's name or its number (from 1), got %s", what, got));
+  }
+}
+
+/* option 'columns' (a list of names and numbers) into o; what it leaves on
+** the stack keeps the names alive */
+static void check_columns (lua_State *L, mg_csv_options *o) {
+  if (mgL_optionfield(L, 2, "columns", LUA_TTABLE) == LUA_TNIL) return;
+  int list = lua_gettop(L);
+  lua_Integer n = (lua_Integer)lua_rawlen(L, list);
+  if (n == 0) luaL_argerror(L, 2, "option 'columns' must list at least one column (a name or a number)");
+  if (n > INT_MAX / (lua_Integer)sizeof(mg_csv_column)) luaL_argerror(L, 2, "option 'columns' is too long");
+  mg_csv_column *cols = (mg_csv_column *)lua_newuserdatauv(L, sizeof(mg_csv_column) * (size_t)n, 0);
+  for (lua_Integer i = 1; i <= n; i++) {
+    char what[64];
+    snprintf(what, sizeof what, "option 'columns', item %lld", (long long)i);
+    lua_rawgeti(L, list, i);                          /* kept alive by the list */
+    check_column(L, -1, &cols[i - 1], what);
+    lua_pop(L, 1);
+  }
+  o->ncolumns = (int)n;
+  o->columns = cols;
+}
+
+/* the options at 2 into o, leaving on the stack what keeps names alive */
+static void check_csv_options (lua_State *L, mg_csv_options *o) {
+  if (mgL_optionfield(L, 2, "header", LUA_TBOOLEAN) != LUA_TNIL) o->header = lua_toboolean(L, -1) ? 1 : -1;
+  if (mgL_optionfield(L, 2, "delimiter", LUA_TSTRING) != LUA_TNIL) {
+    size_t len;
+    const char *d = lua_tolstring(L, -1, &len);
+    if (len != 1) luaL_argerror(L, 2, lua_pushfstring(L, "option 'delimiter' must be one character, got '%s'", d));
+    if (d[0] == '\0')                                 /* the C reader would take it for the default ',' */
+      luaL_argerror(L, 2, "option 'delimiter' must be one character other than NUL");
+    o->delimiter = d[0];
+  }
+  if (lua_getfield(L, 2, "dtype") != LUA_TNIL) {
+    o->dtype = mgL_dtypeat(L, -1, 2, "option 'dtype'");
+    if (o->dtype != MG_FLOAT32 && o->dtype != MG_FLOAT64)
+      luaL_argerror(L, 2, lua_pushfstring(L, "option 'dtype' must be float32 or float64, got %s",
+                                          mg_dtype_name(o->dtype)));
+  }
+  o->label_dtype = o->dtype;
+  if (lua_getfield(L, 2, "label_dtype") != LUA_TNIL) {
+    o->label_dtype = mgL_dtypeat(L, -1, 2, "option 'label_dtype'");
+    if (o->label_dtype != MG_FLOAT32 && o->label_dtype != MG_FLOAT64 && o->label_dtype != MG_INT64)
+      luaL_argerror(L, 2, lua_pushfstring(L, "option 'label_dtype' must be float32, float64 or int64, got %s",
+                                          mg_dtype_name(o->label_dtype)));
+  }
+  if (lua_getfield(L, 2, "label") != LUA_TNIL) check_column(L, -1, &o->label, "option 'label'");
+  else if (lua_getfield(L, 2, "label_dtype") != LUA_TNIL)
+    luaL_argerror(L, 2, "option 'label_dtype' is given without a label (label = a column's name or number)");
+  check_columns(L, o);
+}
+
+typedef struct lcsv { mg_csv_table *t; } lcsv;
+
+static int csv_gc (lua_State *L) {
+  lcsv *h = (lcsv *)luaL_checkudata(L, 1, CSV_MT);
+  mg_csv_table_free(h->t);
+  h->t = NULL;
+  return 0;
+}
+
+/* read_csv(path [, {header=, delimiter=",", dtype="float32", columns=, label=,
+** label_dtype=}]) -> x, names; with a label: x, y, names. names lists x's
+** columns' names, or is nil when the file has no header. */
 static int l_read_csv (lua_State *L) {
   const char *path = mgL_checkpath(L, 1, "read_csv");
-  static const char *const keys[] = {"header", "delimiter", "dtype", NULL};
+  static const char *const keys[] = {"header", "delimiter", "dtype", "columns", "label", "label_dtype", NULL};
   mgL_checkoptions(L, 2, keys);
-  mg_csv_options o = {',', 0, MG_FLOAT32};
-  if (!lua_isnoneornil(L, 2)) {
-    if (mgL_optionfield(L, 2, "header", LUA_TBOOLEAN) != LUA_TNIL) o.header = lua_toboolean(L, -1);
-    if (mgL_optionfield(L, 2, "delimiter", LUA_TSTRING) != LUA_TNIL) {
-      size_t len;
-      const char *d = lua_tolstring(L, -1, &len);
-      if (len != 1) luaL_argerror(L, 2, lua_pushfstring(L, "option 'delimiter' must be one character, got '%s'", d));
-      if (d[0] == '\0')                               /* the C reader would take it for the default ',' */
-        luaL_argerror(L, 2, "option 'delimiter' must be one character other than NUL");
-      o.delimiter = d[0];
-    }
-    if (lua_getfield(L, 2, "dtype") != LUA_TNIL) {
-      o.dtype = mgL_dtypeat(L, -1, 2, "option 'dtype'");
-      if (o.dtype != MG_FLOAT32 && o.dtype != MG_FLOAT64)
-        luaL_argerror(L, 2, lua_pushfstring(L, "option 'dtype' must be float32 or float64, got %s",
-                                            mg_dtype_name(o.dtype)));
+  lua_settop(L, 2);
+  mg_csv_options o = {.delimiter = ',', .dtype = MG_FLOAT32, .label_dtype = MG_FLOAT32};
+  if (!lua_isnil(L, 2)) check_csv_options(L, &o);
+  lcsv *h = (lcsv *)lua_newuserdatauv(L, sizeof(lcsv), 0);
+  h->t = NULL;
+  luaL_setmetatable(L, CSV_MT);
+  if ((h->t = mg_read_csv_table(path, &o)) == NULL) return mgL_error(L);
+  mg_csv_table *t = h->t;
+  mgL_fill(L, mgL_newbox(L), t->x);                   /* the box owns it now */
+  t->x = NULL;
+  if (t->y != NULL) {
+    mgL_fill(L, mgL_newbox(L), t->y);
+    t->y = NULL;
+  }
+  if (t->names == NULL) lua_pushnil(L);
+  else {
+    lua_createtable(L, t->ncols > INT_MAX ? INT_MAX : (int)t->ncols, 0);
+    for (int64_t i = 0; i < t->ncols; i++) {
+      lua_pushstring(L, t->names[i]);
+      lua_rawseti(L, -2, (lua_Integer)i + 1);
     }
   }
-  ltensor *box = mgL_newbox(L);
-  return mgL_fill(L, box, mg_read_csv(path, &o));
+  bool label = o.label.name != NULL || o.label.number != 0;
+  mg_csv_table_free(h->t);
+  h->t = NULL;
+  return label ? 3 : 2;
 }
 
 /* }========================================================== */
@@ -244,6 +332,11 @@ static const luaL_Reg io_funcs[] = {
 void mgL_open_io (lua_State *L) {
   if (luaL_newmetatable(L, FILE_MT)) {
     lua_pushcfunction(L, file_gc);
+    lua_setfield(L, -2, "__gc");
+  }
+  lua_pop(L, 1);
+  if (luaL_newmetatable(L, CSV_MT)) {
+    lua_pushcfunction(L, csv_gc);
     lua_setfield(L, -2, "__gc");
   }
   lua_pop(L, 1);

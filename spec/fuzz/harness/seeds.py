@@ -103,10 +103,16 @@ def idx_seeds():
 # {================================ CSV ================================
 
 def csv_seeds():
-    # the mode byte: bit 0 gzip here, bit 1 a header, bit 2 float64, bits 3-5 the
-    # delimiter (0 ',' 1 ';' 2 tab 3 ' ' 4 '|' 5 ':' 6 '0' 7 newline, refused), bit 6
-    # padding (the next byte k: a blank line of 65536 - k bytes first)
+    # the mode byte: bit 0 gzip here, bit 1 a header (else detected), bit 2 float64, bits 3-5
+    # the delimiter (0 ',' 1 ';' 2 tab 3 ' ' 4 '|' 5 ':' 6 '0' 7 newline, refused), bit 6
+    # padding (the next byte k: a blank line of 65536 - k bytes first), bit 7 a second byte
+    # that picks the header, columns and a label (see fuzz_csv.c)
     m = lambda gzip_here=0, header=0, f64=0, delim=0: bytes([gzip_here | header << 1 | f64 << 2 | delim << 3])
+    # the second byte: header 0 detected 1 asked 2 refused; label 0 none 1 number k + 1
+    # 2 name NAMES[k] ("a" "b" "" "a,b") 3 column 1000000; int64 label; columns
+    # {NAMES[(k + 1) & 3], 1}
+    def pick(header=0, int64=0, label=0, k=0, columns=0, delim=0):
+        return bytes([128 | delim << 3, header | int64 << 2 | label << 3 | k << 5 | columns << 7])
     big = b"1,2.5,-3e-3\n40,5,6\n" * 4500                                     # 90 KB, 300 bytes gzipped
     return {
         "plain": m() + b"1,2,3\n4,5,6\n",
@@ -125,6 +131,19 @@ def csv_seeds():
         "gzip-90k": m() + gz(big),
         "pad-boundary": bytes([64]) + b"\x05" + b"12345,6\n7,8\n",
         "pad-crlf": bytes([64]) + b"\x01" + b"\r\n1,2\r\n",
+        "detected-header": m() + b"x,y\n1,2\n",
+        "bom-crlf": m(delim=1) + b"\xef\xbb\xbfa;b\r\n1;2\r\n",
+        "header-only": m(header=1) + b"a,b,c\n",
+        "label-name-int64": pick(int64=1, label=2, k=1) + b"a,b\n1,2\n3,9007199254740993\n",
+        "label-number": pick(label=1, k=1) + b"1,2.5\n3,4\n",
+        "columns-quoted": pick(header=1, k=2, columns=1) + b'"a,b",x\n1,"2"\n',
+        "empty-name": pick(label=2, k=2) + b",a\n0,1\n1,2\n",
+        "text-column": pick(label=1, k=0, int64=1, columns=1) + b"a,b,note\n1,2,\"free, text\"\n",
+        "header-refused": pick(header=2) + b"x,y\n1,2\n",
+        "label-beyond": pick(label=3) + b"1,2\n",
+        "not-an-integer": pick(int64=1, label=1) + b"2.5,1\n",
+        "duplicate-names": pick(label=2) + b"a,a\n1,2\n",
+        "open-quote": m() + b'1,"2\n',
     }
 
 # }=====================================================================
