@@ -584,7 +584,7 @@ describe("CSV files", function()
     assert.equal("float64", y.dtype)
     assert.same({{0.1, 2}, {3, 4}}, y:totable())
     assert.same({0, 0}, mg.data.read_csv(write(d .. "/empty.csv", "")).shape)
-    assert.same({0, 0}, mg.data.read_csv(write(d .. "/head.csv", "x,y\n"), {header = true}).shape)
+    assert.same({0, 2}, mg.data.read_csv(write(d .. "/head.csv", "x,y\n"), {header = true}).shape)   -- the header's columns
   end)
 
   it("names the file, line and column of a ragged row or a field that is not a number", function()

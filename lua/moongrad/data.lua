@@ -95,7 +95,7 @@ function Dataset.__new (first, ...)
     n = n or t.shape[1]
     tensors[i] = t
   end
-  return node({kind = "source", tensors = tensors, count = n, indexed = true})
+  return node({kind = "source", parts = tensors, count = n, indexed = true})
 end
 
 --- #ds: the number of elements (batches, after batch).
@@ -199,8 +199,8 @@ end
 
 -- the tensors' entries at positions i .. j of the plan, stacked (i <= j)
 local function rows (p, i, j)
-  local out = {n = #p.source.tensors}
-  for t, x in ipairs(p.source.tensors) do
+  local out = {n = #p.source.parts}
+  for t, x in ipairs(p.source.parts) do
     out[t] = p.order and mg.gather(x, mg.slice(p.order, {i, j})) or mg.slice(x, {p.first + i - 1, p.first + j - 1})
   end
   return out

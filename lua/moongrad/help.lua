@@ -281,7 +281,7 @@ local groups = {
     {"Dataset:batches", "ds:batches(size [, opts] [, epoch])", "an iterator over batches"},
     {"Dataset:tensors", "ds:tensors([epoch])", "every element stacked into tensors"},
     {"data.read_idx", "data.read_idx(path [, {dtype=}])", "an IDX file (the MNIST family)"},
-    {"data.read_csv", "data.read_csv(path [, {header=false, delimiter=\",\", dtype=\"float32\"}])", "a CSV file of numbers"},
+    {"data.read_csv", "data.read_csv(path [, {header=, delimiter=\",\", dtype=\"float32\", columns=, label=, label_dtype=}])", "a CSV file of numbers: x and the header's names (x, y, names with a label); the header detected unless header= says"},
     {"data.debian_file", "data.debian_file(package, path)", "a file of a Debian package, fetched once into cache_dir()"},
     {"data.cache_dir", "data.cache_dir()", "where debian_file keeps packages"},
     {"data.fashion_mnist", "data.fashion_mnist()", "train, test tables {x=, y=} of Fashion-MNIST"},

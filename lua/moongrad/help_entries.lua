@@ -670,7 +670,20 @@ E("Dataset:iter", {{"epoch", "the epoch, for shuffled views", "1"}}, "an iterato
 E("Dataset:batches", {{"size", "the batch size"}, {"opts", "drop_remainder=", "{}"}, {"epoch", "the epoch", "1"}},
   "an iterator over batches", DS .. "for x, y in ds:batches(2) do print(y) end")
 E("Dataset:tensors", {{"epoch", "the epoch", "1"}}, "the elements stacked: x, y, ...",
-  DS .. "x, y = ds:take(3):tensors()\ny --> {1, 2, 3}")
+  DS .. "x, y = ds:tensors()\ny --> {1, 2, 3}")
+E("data.read_csv", {PATH, {"opts", "header= (true, false; unset: detected when the first line holds no number), delimiter=, dtype=, "
+                          .. "columns= (names or 1-based numbers), label= (a name or number: y apart), label_dtype= (\"int64\": exact)",
+                          "{delimiter=\",\", dtype=\"float32\"}"}},
+  "x (rows, columns), then y (rows) with a label, then the header's names of x's columns (nil without a header)",
+  [[path = os.tmpname()
+f = io.open(path, "w")
+f:write("width,height,kind\n1.5,2,1\n3,4.5,2\n")
+f:close()
+x, y, names = mg.data.read_csv(path, {label = "kind", label_dtype = "int64"})
+x --> {{1.5000, 2.0000}, {3.0000, 4.5000}}
+y --> {1, 2}
+names[2] --> height
+os.remove(path)]])
 E("data.read_idx", {PATH, {"opts", "dtype=", "{}"}}, "a tensor (uint8 data as float32 unless dtype)",
   [[path = os.tmpname()
 f = io.open(path, "wb")
