@@ -110,6 +110,9 @@ describe("the moongrad interpreter", function()
       local it = it
       if os.execute("command -v script >/dev/null 2>&1") ~= true then
         it = function(name) pending(name .. ": no script(1) to run the REPL on a terminal") end
+      elseif os.execute("script -qec true /dev/null </dev/null >/dev/null 2>&1") ~= true then
+        -- a chroot or container without /dev/pts: no terminal to be had
+        it = function(name) pending(name .. ": script(1) cannot make a pseudo-terminal here (no /dev/pts)") end
       end
 
       before_each(function()
