@@ -24,7 +24,7 @@ local CASES = {
   {"fit 20-256-10, batch 32, Adam", "small", "bench/cases.lua fit_small", "^([%d.]+)"},
   {"MLP 784-1024-1024-10, batch 32", "small", "bench/cases.lua mlp 32", "^([%d.]+)"},
   {"MLP 784-1024-1024-10, batch 128", "medium", "bench/cases.lua mlp 128", "^([%d.]+)"},
-  {"tanh chain, 8 layers of 512, batch 64", "medium", "bench/cases.lua ckpt plain 512 64 8", "^([%d.]+)"},
+  {"tanh chain, 8 layers of 512, batch 64", "medium", "bench/cases.lua ckpt plain 512 64 8 21", "^([%d.]+)"},
   {"CNN step, Fashion-MNIST, batch 128", "medium", "bench/conv.lua worker THREADS 5", "CNN step[^\t]*\t([%d.]+)"},
   {"GPT step (4 blocks, width 256, batch 32)", "large", "bench/gpt.lua worker plain THREADS 3", "step\t([%d.]+)"},
 }

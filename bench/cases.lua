@@ -6,7 +6,7 @@
 --                                                              dir/lua_floor.so (default build/): Lua's share
 --   build/moongrad bench/cases.lua mlp <batch>               -> ms per training step
 --   build/moongrad bench/cases.lua fit_small                 -> ms per step of fit: 20 -> 256 -> 10, batch 32, Adam
---   build/moongrad bench/cases.lua ckpt <plain|every> <width> <batch> <layers>
+--   build/moongrad bench/cases.lua ckpt <plain|every> <width> <batch> <layers> [reps=3]
 --                                                            -> ms per step, peak RSS MiB, peak counter MiB
 --   build/moongrad bench/cases.lua matmul <n>                -> GFLOPS
 -- Threads come from OMP_NUM_THREADS.
@@ -116,8 +116,8 @@ function cases.fit_small ()
 end
 
 -- 16 layers of tanh(x @ W): plain, or layers 2..16 under recompute_grad
-function cases.ckpt (mode, width, batch, layers)
-  width, batch, layers = tonumber(width), tonumber(batch), tonumber(layers)
+function cases.ckpt (mode, width, batch, layers, reps)
+  width, batch, layers, reps = tonumber(width), tonumber(batch), tonumber(layers), tonumber(reps) or 3
   mg.random.seed(0)
   local ws = {}
   for i = 1, layers do ws[i] = mg.Variable(mg.random.normal({width, width}, 0, 1 / math.sqrt(width))) end
@@ -138,7 +138,7 @@ function cases.ckpt (mode, width, batch, layers)
   local rss0 = rss_mib("VmRSS")
   mg.memory.reset_peak()
   local c0 = mg.memory.stats().current_bytes
-  local s = timed(3, step)
+  local s = timed(reps, step)
   return ("%.3f %.1f %.1f"):format(s * 1e3, rss_mib("VmHWM") - rss0,
                                    (mg.memory.stats().peak_bytes - c0) / 2^20)
 end

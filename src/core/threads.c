@@ -10,9 +10,10 @@
 ** against 0.13 with one.
 **
 ** So by default ("auto") the team follows the machine: every 20 ms or more
-** the thread reads how long it waited to run (the kernel's schedstat); while
-** it waits for more than a tenth of the time, others hold the cores and ops
-** run on this thread alone, with the library choices timed for one thread.
+** the thread reads how long it ran and how long it waited to run (the
+** kernel's schedstat; the first look covers its life so far); while it waits
+** for more than a tenth of that time, others hold the cores and ops run on
+** this thread alone, with the library choices timed for one thread.
 ** Every hold ends with a try of the full team, and a try that finds the
 ** cores still taken doubles the next hold (to 2 s at most), so a machine
 ** that stays busy costs one short try now and then.
@@ -76,34 +77,37 @@ static int64_t now_ns (void) {
   return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
-/* nanoseconds this thread has waited on a run queue, or -1 where the
-** kernel does not say (/proc/thread-self/schedstat: run, wait, slices) */
-static int64_t waited_ns (mg_pace *p) {
+/* this thread's time on a CPU and waiting on a run queue since it began, in
+** nanoseconds; false where the kernel does not say
+** (/proc/thread-self/schedstat: run, wait, slices) */
+static bool sched_times (mg_pace *p, int64_t *run, int64_t *wait) {
   if (p->fd >= 0 && !pthread_equal(p->reader, pthread_self())) {   /* the context moved thread */
     close(p->fd);
     p->fd = -2;
-    p->last_ns = 0;
   }
   if (p->fd == -2) {
     p->fd = open("/proc/thread-self/schedstat", O_RDONLY | O_CLOEXEC);
     p->reader = pthread_self();
+    p->last_run_ns = p->last_wait_ns = 0;   /* the first look judges the thread's life so far */
   }
-  if (p->fd < 0) return -1;
+  if (p->fd < 0) return false;
   char buf[96];
   ssize_t n = pread(p->fd, buf, sizeof buf - 1, 0);
-  if (n <= 0) {
+  unsigned long long r, w;
+  if (n > 0) buf[n] = '\0';
+  if (n <= 0 || sscanf(buf, "%llu %llu", &r, &w) != 2) {
     close(p->fd);
     p->fd = -1;                          /* never again */
-    return -1;
+    return false;
   }
-  buf[n] = '\0';
-  unsigned long long run, wait;
-  return sscanf(buf, "%llu %llu", &run, &wait) == 2 ? (int64_t)wait : -1;
+  *run = (int64_t)r;
+  *wait = (int64_t)w;
+  return true;
 }
 
-/* a stretch of at least WINDOW_NS has passed: judge it */
-static void judge (mg_pace *p, int64_t now, int64_t waited) {
-  double share = (double)(waited - p->last_wait_ns) / (double)(now - p->last_ns);
+/* the share of the time it could run that the thread spent waiting: above
+** CROWDED, others hold the cores */
+static void judge (mg_pace *p, int64_t now, double share) {
   bool crowded = share > CROWDED;
   if (crowded && p->team > 1) {                  /* a try (or the team) found the cores taken */
     use_team(p, 1);
@@ -123,13 +127,15 @@ static void judge (mg_pace *p, int64_t now, int64_t waited) {
 void mg_pace_tick (mg_context *c) {
   mg_pace *p = &c->pace;
   if (p->fixed || p->nominal == 1 || p->hold > 0 || p->fd == -1) return;
-  int64_t now = now_ns();
+  int64_t now = now_ns(), run, wait;
   if (now - p->last_ns < WINDOW_NS) return;
-  int64_t waited = waited_ns(p);
-  if (waited < 0) return;                        /* nothing to go by: the full team */
-  if (p->last_ns != 0 && now > p->last_ns) judge(p, now, waited);
+  if (!sched_times(p, &run, &wait)) return;      /* nothing to go by: the full team */
+  int64_t d_run = run - p->last_run_ns, d_wait = wait - p->last_wait_ns;
   p->last_ns = now;
-  p->last_wait_ns = waited;
+  if (d_run + d_wait < WINDOW_NS / 4) return;    /* it hardly ran: the stretch goes on */
+  judge(p, now, (double)d_wait / (double)(d_run + d_wait));
+  p->last_run_ns = run;
+  p->last_wait_ns = wait;
 }
 
 mg_status mg_set_num_threads (int n) {
@@ -149,6 +155,7 @@ mg_status mg_set_num_threads_auto (void) {
   p->nominal = omp_get_num_procs();
 #endif
   p->last_ns = 0;
+  p->last_run_ns = p->last_wait_ns = 0;
   p->backoff_ns = FIRST_HOLD_NS;
   use_team(p, p->nominal);
   return MG_OK;
