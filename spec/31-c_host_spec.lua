@@ -16,12 +16,7 @@ local function sh (cmd)
   return out
 end
 
-local function read (path)
-  local f = assert(io.open(path))
-  local s = f:read("a")
-  f:close()
-  return s
-end
+local read = h.read
 
 -- the build under test (build-<you>/moongrad: build-<you>), so install copies it as it is
 local build = h.bin:match("^(.*)/[^/]*$") or "build"

@@ -21,12 +21,8 @@ local function files (dir)
 end
 
 local dir
-setup(function()
-  dir = os.tmpname()
-  os.remove(dir)
-  assert(os.execute("mkdir -p '" .. dir .. "'"))
-end)
-teardown(function() os.execute("rm -rf '" .. dir .. "'") end)
+setup(function() dir = h.tempdir() end)
+teardown(function() h.remove_tree(dir) end)
 
 -- bytes written to a file (gzipped by gzip(1) when asked); its path
 local function as_file (bytes, gz)

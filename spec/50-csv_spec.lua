@@ -9,12 +9,8 @@ local h = require "helpers"
 local read_csv = mg.data.read_csv
 
 local dir
-setup(function()
-  dir = os.tmpname()
-  os.remove(dir)
-  assert(os.execute("mkdir -p '" .. dir .. "'"))
-end)
-teardown(function() os.execute("rm -rf '" .. dir .. "'") end)
+setup(function() dir = h.tempdir() end)
+teardown(function() h.remove_tree(dir) end)
 
 local n = 0
 local function file (text)

@@ -79,6 +79,15 @@ function helpers.run_moongrad (args, input)
   return out, code
 end
 
+-- a new empty directory, and its removal with all it holds
+function helpers.tempdir ()
+  local dir = os.tmpname()
+  os.remove(dir)
+  assert(os.execute("mkdir -p '" .. dir .. "'"))
+  return dir
+end
+function helpers.remove_tree (dir) os.execute("rm -rf '" .. dir .. "'") end
+
 -- runs a script (Lua code) in the moongrad binary with the given arguments
 -- and environment (a prefix such as "env OMP_NUM_THREADS=1"); its stdout
 -- and stderr together, and its exit status
