@@ -209,6 +209,8 @@ typedef struct mg_pace {
   int64_t hold;                             /* tape nodes alive (the tapes count): no change meanwhile */
   unsigned ops;                             /* ops dispatched, to look at the clock now and then */
   int64_t last_ns, last_run_ns, last_wait_ns, hold_until_ns, backoff_ns;
+  int strikes;                              /* crowded stretches in a row */
+  bool trying;                              /* the full team on trial after a hold */
   int64_t changes;
 } mg_pace;
 void mg_pace_init (mg_pace *p);

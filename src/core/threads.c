@@ -11,9 +11,9 @@
 **
 ** So by default ("auto") the team follows the machine: every 20 ms or more
 ** the thread reads how long it ran and how long it waited to run (the
-** kernel's schedstat; the first look covers its life so far); while it waits
-** for more than a tenth of that time, others hold the cores and ops run on
-** this thread alone, with the library choices timed for one thread.
+** kernel's schedstat); when it waited for more than a tenth of that time in
+** two stretches running, others hold the cores and ops run on this thread
+** alone, with the library choices timed for one thread.
 ** Every hold ends with a try of the full team, and a try that finds the
 ** cores still taken doubles the next hold (to 2 s at most), so a machine
 ** that stays busy costs one short try now and then.
@@ -88,7 +88,7 @@ static bool sched_times (mg_pace *p, int64_t *run, int64_t *wait) {
   if (p->fd == -2) {
     p->fd = open("/proc/thread-self/schedstat", O_RDONLY | O_CLOEXEC);
     p->reader = pthread_self();
-    p->last_run_ns = p->last_wait_ns = 0;   /* the first look judges the thread's life so far */
+    p->last_ns = 0;                      /* the first look starts a stretch */
   }
   if (p->fd < 0) return false;
   char buf[96];
@@ -109,17 +109,21 @@ static bool sched_times (mg_pace *p, int64_t *run, int64_t *wait) {
 ** CROWDED, others hold the cores */
 static void judge (mg_pace *p, int64_t now, double share) {
   bool crowded = share > CROWDED;
-  if (crowded && p->team > 1) {                  /* a try (or the team) found the cores taken */
+  p->strikes = crowded ? p->strikes + 1 : 0;
+  if (crowded && p->team > 1 && (p->trying || p->strikes >= 2)) {   /* a try, or the team twice running */
+    p->trying = false;
     use_team(p, 1);
     p->hold_until_ns = now + p->backoff_ns;
     p->backoff_ns = p->backoff_ns * 2 > LONGEST_HOLD_NS ? LONGEST_HOLD_NS : p->backoff_ns * 2;
     p->changes++;
-  } else if (crowded) {                          /* still taken: hold on */
+  } else if (crowded && p->team == 1) {          /* still taken: hold on */
     if (p->hold_until_ns < now + p->backoff_ns / 2) p->hold_until_ns = now + p->backoff_ns / 2;
-  } else if (p->team == 1 && now >= p->hold_until_ns) {
+  } else if (!crowded && p->team == 1 && now >= p->hold_until_ns) {
     use_team(p, p->nominal);                     /* try the full team */
+    p->trying = true;
     p->changes++;
-  } else if (p->team > 1) {
+  } else if (!crowded && p->team > 1) {
+    p->trying = false;
     p->backoff_ns = FIRST_HOLD_NS;               /* the team ran a whole stretch unhindered */
   }
 }
@@ -131,9 +135,10 @@ void mg_pace_tick (mg_context *c) {
   if (now - p->last_ns < WINDOW_NS) return;
   if (!sched_times(p, &run, &wait)) return;      /* nothing to go by: the full team */
   int64_t d_run = run - p->last_run_ns, d_wait = wait - p->last_wait_ns;
+  bool first = p->last_ns == 0;                  /* the thread's start: no stretch yet */
   p->last_ns = now;
-  if (d_run + d_wait < WINDOW_NS / 4) return;    /* it hardly ran: the stretch goes on */
-  judge(p, now, (double)d_wait / (double)(d_run + d_wait));
+  if (!first && d_run + d_wait < WINDOW_NS / 4) return;   /* it hardly ran: the stretch goes on */
+  if (!first) judge(p, now, (double)d_wait / (double)(d_run + d_wait));
   p->last_run_ns = run;
   p->last_wait_ns = wait;
 }
