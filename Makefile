@@ -39,11 +39,10 @@ WARN = -Wall -Wextra \
 # contraction, which clang does by default (GCC not under -std=c11)
 # -fno-plt: each op calls Lua's API a dozen times, each call then one jump
 # through the GOT instead of two (the seed chain: 2-3% faster)
-# -fno-semantic-interposition: -fPIC alone lets a shared object's caller swap
-# any global function, so LTO may not inline one where the output is not an
-# executable: moongrad.so, and the archives make install links with -r (below)
-CFLAGS  = -std=c11 -D_POSIX_C_SOURCE=200809L $(OPT) $(MARCH) -fno-math-errno -ffp-contract=off -fPIC -fno-plt \
-          -fno-semantic-interposition -fopenmp \
+# (not -fno-semantic-interposition: moongrad.so loaded into the moongrad binary,
+# which exports its symbols, must call the binary's copies: one library state;
+# with it, make asan mixed two copies and read freed memory)
+CFLAGS  = -std=c11 -D_POSIX_C_SOURCE=200809L $(OPT) $(MARCH) -fno-math-errno -ffp-contract=off -fPIC -fno-plt -fopenmp \
           -Iinclude -Isrc -I$(LUA_INC) $(WARN) $(MYCFLAGS)
 # CFLAGS += -DMG_ASSERT_ON      (internal invariants)
 # OpenBLAS' OpenMP build, by path: it shares the OpenMP threads with oneDNN
