@@ -761,6 +761,27 @@ MG_API mg_status mg_recompute_call_saving (const mg_function *fn, void *ud, int 
                                            mg_tensor *const *in, mg_list *out,
                                            mg_save_policy save, void *save_ud);
 
+/* Automatic mixed precision (PyTorch's torch.autocast, Keras' mixed
+** policies). While a region is open, products (matmul, dense, einsum) cast
+** their float32 operands to dt and compute in it through oneDNN, with
+** float32 accumulation, giving dt results; every other op computes float16
+** and bfloat16 operands in float32 and gives float32 (reductions, softmax,
+** norms, losses and optimizer steps stay float32). A variable's value is
+** cast once per region while the same tapes record, however often it is
+** read; its gradient comes back in its own dtype (float32 master weights).
+** dt: MG_BFLOAT16; MG_FLOAT16 where oneDNN runs float16 products (an error
+** naming the CPU's ISA otherwise); MG_FLOAT32 opens a region with autocast
+** off. Regions nest (32 deep); pop closes the innermost. recompute and
+** checkpointed loops re-run a function under the autocast it first ran in. */
+MG_API mg_status   mg_autocast_push  (mg_dtype dt);
+MG_API void        mg_autocast_pop   (void);
+MG_API mg_dtype    mg_autocast_dtype (void);       /* MG_FLOAT32 when off */
+MG_API int         mg_autocast_depth (void);       /* regions open */
+/* the oneDNN ISA that runs dt products here ("avx512_core_bf16",
+** "avx512_core_amx"), or NULL when this CPU has no such dot products
+** (bfloat16 products are then emulated: correct, slower than float32) */
+MG_API const char *mg_half_isa       (mg_dtype dt);
+
 /* Saved-tensor hooks (PyTorch's saved_tensors_hooks): while pushed, each
 ** tensor a tape saves for the backward goes through pack, and the node
 ** keeps what pack returns (a float16 copy, a tensor over a file); when the

@@ -170,7 +170,9 @@ struct mg_tape {
 ** own references to the tape and to the tensors it asked about, or ask
 ** this tape for another gradient: the walk holds references of its own,
 ** and a tape being walked refuses to walk or reset again. */
-typedef struct mg_held { mg_tape *t; bool paused; mg_tensor **xs; int n; mg_tensor *small[8]; } mg_held;
+/* what a walk holds while it runs; it runs with autocast off (the backward
+** of each op computes in the dtypes its forward ran in) */
+typedef struct mg_held { mg_tape *t; bool paused, autocast_off; mg_tensor **xs; int n; mg_tensor *small[8]; } mg_held;
 
 mg_status mg_walk_begin (mg_held *h, mg_tape *t, const char *fn, int na, mg_tensor *const *a,
                          int nb, mg_tensor *const *b, int nc, mg_tensor *const *c);

@@ -43,7 +43,7 @@ static mg_status jacobian_rows (mg_tape *t, mg_tensor *target, int ns, mg_tensor
     return mg_seterror("tape:%s: target is too large (%lld elements)", fn, (long long)rows);
   mg_held h = {0};
   if (mg_walk_begin(&h, t, fn, 1, &target, ns, sources, 0, NULL) != MG_OK) return MG_ERR;
-  bool differentiable = mg_is_float(target->dtype);
+  bool differentiable = mg_is_floating(target->dtype);
   size_t np = (size_t)walks * (size_t)ns;            /* parts[s * walks + j]: row j of source s */
   mg_tensor **parts = (mg_tensor **)calloc(np ? np : 1, sizeof(mg_tensor *));
   bool *connected = (bool *)calloc((size_t)(ns ? ns : 1), sizeof(bool));
@@ -56,7 +56,7 @@ static mg_status jacobian_rows (mg_tape *t, mg_tensor *target, int ns, mg_tensor
     mg_tensor_release(seed);
     for (int s = 0; s < ns && st == MG_OK; s++) {
       mg_tensor *x = sources[s];
-      mg_tensor *g = mg_is_float(x->dtype) ? (mg_tensor *)idmap_get(&map, x->id) : NULL;
+      mg_tensor *g = mg_is_floating(x->dtype) ? (mg_tensor *)idmap_get(&map, x->id) : NULL;
       connected[s] |= g != NULL;
       mg_tensor *row = g ? mg_tensor_retain(g) : mg_full(x->shape, x->ndim, x->dtype, 0.0);
       parts[(size_t)s * (size_t)walks + (size_t)j] = row;

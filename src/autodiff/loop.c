@@ -319,7 +319,7 @@ static mg_status take_gradient (loop_call *c, mg_tape *tape, const loop_state *e
   int nv = noutside(c);
   for (int j = 0; j < c->L; j++) {
     t->at[j] = -1;
-    if (!mg_is_float(e->x[j]->dtype)) continue;
+    if (!mg_is_floating(e->x[j]->dtype)) continue;
     t->at[j] = t->ns;
     t->sources[t->ns++] = e->x[j];
   }
@@ -351,11 +351,11 @@ static mg_status turn (loop_call *c, const loop_state *e) {
   if (tape == NULL) st = MG_ERR;
   mg_random_set_state(e->rng);
   for (int j = 0; st == MG_OK && j < c->L; j++)
-    if (mg_is_float(e->x[j]->dtype)) st = mg_tape_watch(tape, e->x[j]);
+    if (mg_is_floating(e->x[j]->dtype)) st = mg_tape_watch(tape, e->x[j]);
   for (int q = c->g->nvars; st == MG_OK && q < noutside(c); q++) st = mg_tape_watch(tape, outside(c, q));
   if (st == MG_OK) st = run_step(c, e->pos + 1, MG_LOOP_TAPED, e->x, &y);
   for (int j = 0; st == MG_OK && j < c->L; j++) {
-    if (c->adj[j] == NULL || !mg_is_float(y[j]->dtype)) continue;
+    if (c->adj[j] == NULL || !mg_is_floating(y[j]->dtype)) continue;
     t.targets[t.nt] = y[j];
     t.seeds[t.nt++] = c->adj[j];
   }
@@ -432,7 +432,7 @@ static mg_status loop_backward (void *ud, const mg_grad_args *g) {
   c->adj = (mg_tensor **)calloc((size_t)c->L, sizeof(mg_tensor *));
   mg_status st = c->vgrad && c->adj ? MG_OK : mg_seterror("checkpoint_loop: out of memory");
   for (int j = 0; st == MG_OK && j < c->L; j++)
-    if (mg_is_float(g->dout[j]->dtype)) c->adj[j] = mg_tensor_retain(g->dout[j]);
+    if (mg_is_floating(g->dout[j]->dtype)) c->adj[j] = mg_tensor_retain(g->dout[j]);
   if (st == MG_OK) st = mg_custom_rerun(c->ctx, reverse_all, c);
   int x0 = g->nvars + g->ncaptured;             /* the initial state's closure uses */
   for (int j = 0; st == MG_OK && j < c->L; j++) {

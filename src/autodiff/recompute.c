@@ -72,7 +72,7 @@ static void swap_values (mg_node *n, recompute_ext *e, mg_tensor **kept, bool re
 ** here what it gives) without keeping the outputs. */
 static mg_status digest (mg_tensor *t, double *sum, double *mag) {
   *sum = *mag = 0;
-  if (!mg_is_float(t->dtype)) return MG_OK;
+  if (!mg_is_floating(t->dtype)) return MG_OK;
   mg_tensor *c = mg_contiguous(t);
   if (c == NULL) return MG_ERR;
   const char *p = (const char *)mg_tensor_data(c);
@@ -141,7 +141,7 @@ static mg_status local_gradient (mg_node *n, mg_tape *tape, const mg_list *out,
   }
   mg_tensor **seeds = targets + n->nout, **grads = sources + most;
   for (int i = 0; i < n->nout; i++) {
-    if (dout[i] == NULL || !mg_is_float(out->t[i]->dtype)) continue;
+    if (dout[i] == NULL || !mg_is_floating(out->t[i]->dtype)) continue;
     targets[nt] = out->t[i];
     seeds[nt++] = dout[i];
   }

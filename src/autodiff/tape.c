@@ -26,10 +26,14 @@
 
 static mg_tape_state *tapes (void) { return &mg_ctx()->tapes; }
 
-static void count_recording (mg_tape_state *T) {
+/* after any change in which tapes record: autocast's cached casts were
+** recorded by the tapes before it (autocast.c) */
+static void count_recording (mg_context *c) {
+  mg_tape_state *T = &c->tapes;
   int n = 0;
   for (int i = 0; i < T->nactive; i++) n += T->active[i]->paused == 0;
   T->recording = n;
+  mg_autocast_forget(c);
 }
 
 static mg_status activate (mg_tape *t) {
@@ -44,7 +48,7 @@ static mg_status activate (mg_tape *t) {
   }
   T->active[T->nactive++] = t;
   t->active = true;
-  count_recording(T);
+  count_recording(t->ctx);
   return MG_OK;
 }
 
@@ -58,7 +62,7 @@ static void deactivate (mg_tape *t) {
       break;
     }
   t->active = false;
-  count_recording(T);
+  count_recording(t->ctx);
 }
 
 static void note_variable_read (mg_variable *v);
@@ -131,13 +135,13 @@ mg_status mg_tape_start (mg_tape *t) {
 void mg_tape_pause (mg_tape *t) {
   if (t == NULL) return;
   t->paused++;
-  count_recording(&t->ctx->tapes);
+  count_recording(t->ctx);
 }
 
 void mg_tape_resume (mg_tape *t) {
   if (t == NULL) return;
   if (t->paused > 0) t->paused--;
-  count_recording(&t->ctx->tapes);
+  count_recording(t->ctx);
 }
 
 int mg_tapes_recording (void) { return tapes()->recording; }
@@ -165,7 +169,7 @@ mg_status mg_tape_watch (mg_tape *t, mg_tensor *x) {
   MG_CHECK_ARG("mg_tape_watch", t, MG_ERR);
   MG_CHECK_ARG("mg_tape_watch", x, MG_ERR);
   if (x->var) return mg_tape_watch_variable(t, x->var);
-  return mg_is_float(x->dtype) ? track(t, x->id) : MG_OK;
+  return mg_is_floating(x->dtype) ? track(t, x->id) : MG_OK;
 }
 
 /* adds v (retained) to a list unless it is there; *added says whether it
@@ -189,7 +193,7 @@ mg_status mg_tape_watch_variable (mg_tape *t, mg_variable *v) {
   MG_CHECK_ARG("mg_tape_watch_variable", t, MG_ERR);
   MG_CHECK_ARG("mg_tape_watch_variable", v, MG_ERR);
   bool added;
-  if (!mg_is_float(v->value->dtype)) return MG_OK;
+  if (!mg_is_floating(v->value->dtype)) return MG_OK;
   if (add_variable(&t->vars, &t->nvars, &t->capvars, v, &added) != MG_OK) return MG_ERR;
   return added ? track(t, v->id) : MG_OK;
 }
@@ -216,7 +220,7 @@ mg_status mg_pause_all (void) {
   T->pauses[T->npauses].t = ts;
   T->pauses[T->npauses].n = T->nactive;
   T->npauses++;
-  count_recording(T);
+  count_recording(mg_ctx());
   return MG_OK;
 }
 
@@ -229,7 +233,7 @@ void mg_resume_all (void) {
     mg_tape_release(T->pauses[T->npauses].t[i]);
   }
   free(T->pauses[T->npauses].t);
-  count_recording(T);
+  count_recording(mg_ctx());
 }
 
 void mg_recompute_enter (void) { tapes()->recompute_depth++; }
@@ -288,7 +292,7 @@ static void watcher_add (mg_var_watcher *w, mg_variable *v) {
 ** paused tapes record nothing while it runs, so an id they follow came from
 ** outside: an argument, or a tensor the forward closes over. */
 static bool from_outside (const mg_tape_state *T, const mg_var_watcher *w, const mg_tensor *x) {
-  if (w->level < 0 || w->level >= T->npauses || x->var || !mg_is_float(x->dtype)) return false;
+  if (w->level < 0 || w->level >= T->npauses || x->var || !mg_is_floating(x->dtype)) return false;
   for (int i = 0; i < T->pauses[w->level].n; i++)
     if (idmap_has(&T->pauses[w->level].t[i]->tracked, x->id)) return true;
   return false;
@@ -522,7 +526,7 @@ static bool tape_wants (mg_tape *t, int nin, mg_tensor *const *in) {
   bool hit = false;
   for (int j = 0; j < nin; j++) {
     const mg_tensor *x = in[j];
-    if (!mg_is_float(x->dtype)) continue;
+    if (!mg_is_floating(x->dtype)) continue;
     if (x->var && t->watch_accessed && x->var->trainable) {
       mg_tape_watch_variable(t, x->var);
       hit = true;
@@ -569,7 +573,7 @@ mg_status mg_record_ex (const mg_opdef *def, int nin, mg_tensor *const *in, int 
   if (nwant == 0) return free_unrecorded_ext(def, ext), MG_OK;
   unsigned followed = 0;                /* the inputs a recording tape follows */
   for (int j = 0; j < nin && j < 32; j++)
-    for (int i = 0; i < nwant && mg_is_float(in[j]->dtype) && !(followed & (1u << j)); i++)
+    for (int i = 0; i < nwant && mg_is_floating(in[j]->dtype) && !(followed & (1u << j)); i++)
       if (idmap_has(&want[i]->tracked, in[j]->id)) followed |= 1u << j;
   bool callouts = T->hooks != NULL;     /* pack hooks: user code may run below */
   for (int i = 0; callouts && i < nwant; i++) mg_tape_retain(want[i]);
@@ -587,7 +591,7 @@ mg_status mg_record_ex (const mg_opdef *def, int nin, mg_tensor *const *in, int 
     if (!want[i]->active) continue;     /* stopped by a hook meanwhile */
     st = append(want[i], n);
     for (int k = 0; k < nout && st == MG_OK; k++)
-      if (mg_is_float(out[k]->dtype)) st = track(want[i], out[k]->id);
+      if (mg_is_floating(out[k]->dtype)) st = track(want[i], out[k]->id);
   }
   for (int j = 0; callouts && j < nin; j++) mg_tensor_release(in[j]);
   for (int i = 0; callouts && i < nwant; i++) mg_tape_release(want[i]);
@@ -712,6 +716,11 @@ mg_status mg_accumulate (mg_tensor **acc, mg_tensor *g) {
   }
   mg_tensor *sum = mg_add(*acc, g);
   mg_tensor_release(g);
+  if (sum && sum->dtype != (*acc)->dtype) {   /* half gradients add in float32: back to their dtype */
+    mg_tensor *h = mg_cast(sum, (*acc)->dtype);
+    mg_tensor_release(sum);
+    sum = h;
+  }
   if (sum == NULL) return MG_ERR;
   mg_tensor_release(*acc);
   *acc = sum;
@@ -854,10 +863,10 @@ static mg_status step_back (mg_node *n, idmap *grads, const idmap *dep, const id
   }
   n->out_sources = 0;
   for (int i = 0; n->def->linked_outputs && i < n->nout && i < 32; i++)
-    if (idmap_has(keep_ids, n->out_meta[i].id) && mg_is_float(n->out_meta[i].dtype)) n->out_sources |= 1u << i;
+    if (idmap_has(keep_ids, n->out_meta[i].id) && mg_is_floating(n->out_meta[i].dtype)) n->out_sources |= 1u << i;
   for (int j = 0; j < ndin; j++) din[j] = NULL;
   for (int j = 0; j < n->nin; j++) {
-    n->needs[j] = mg_is_float(n->in_meta[j].dtype) && idmap_has(dep, n->in_meta[j].id) &&
+    n->needs[j] = mg_is_floating(n->in_meta[j].dtype) && idmap_has(dep, n->in_meta[j].id) &&
                   (j >= 32 || (n->followed & (1u << j)));
   }
   mg_tensor *packed[32];
@@ -880,6 +889,13 @@ static mg_status step_back (mg_node *n, idmap *grads, const idmap *dep, const id
       break;
     }
     const mg_meta *m = &n->in_meta[j];
+    if (din[j]->dtype != m->dtype && mg_is_floating(din[j]->dtype) && mg_is_floating(m->dtype)) {
+      /* a rule whose float32 sums met a bfloat16 input (autocast): the
+      ** gradient goes on in the input's dtype */
+      mg_tensor *g = mg_cast(din[j], m->dtype);
+      mg_tensor_release(din[j]);
+      if ((din[j] = g) == NULL) { st = locate(fn, n); break; }
+    }
     if (!mg_same_shape(din[j]->shape, din[j]->ndim, m->shape, m->ndim) || din[j]->dtype != m->dtype) {
       char a[160], b[160];
       st = mg_seterror("tape:%s: the backward of '%s' gave input " MG_POS1 " a gradient %s %s for %s %s",
@@ -918,7 +934,7 @@ mg_status mg_walk (mg_tape *t, int ntargets, mg_tensor *const *targets,
   mg_status st = MG_OK;
   mg_dtr_walk(1);
   for (int s = 0; s < nsources && st == MG_OK; s++)    /* sources the tape never saw stay unconnected */
-    if (mg_is_float(sources[s]->dtype) && idmap_has(&t->tracked, sources[s]->id))
+    if (mg_is_floating(sources[s]->dtype) && idmap_has(&t->tracked, sources[s]->id))
       st = idmap_slot(&dep, sources[s]->id) && idmap_slot(&keep_ids, sources[s]->id) ? MG_OK : MG_ERR;
   if (st != MG_OK) goto done;
   relevant = t->nnodes < 256 ? small_relevant : (bool *)malloc(t->nnodes + 1);
@@ -927,7 +943,7 @@ mg_status mg_walk (mg_tape *t, int ntargets, mg_tensor *const *targets,
   for (size_t i = 0; i < t->nnodes; i++) {     /* which nodes a source reaches */
     mg_node *n = t->nodes[i];
     for (int j = 0; j < n->nin && !relevant[i]; j++)
-      relevant[i] = mg_is_float(n->in_meta[j].dtype) && idmap_has(&dep, n->in_meta[j].id) &&
+      relevant[i] = mg_is_floating(n->in_meta[j].dtype) && idmap_has(&dep, n->in_meta[j].id) &&
                     (j >= 32 || (n->followed & (1u << j)));
     for (int k = 0; n->def->linked_outputs && k < n->nout && !relevant[i]; k++)
       relevant[i] = idmap_has(&keep_ids, n->out_meta[k].id);   /* an output is a source */
@@ -939,7 +955,7 @@ mg_status mg_walk (mg_tape *t, int ntargets, mg_tensor *const *targets,
     /* a target this tape never recorded (computed before it started, after
     ** it stopped, or from nothing it watches) reaches no source: as in
     ** TensorFlow, its sources are unconnected, not an error */
-    if (!mg_is_float(y->dtype) || !idmap_has(&t->tracked, y->id)) continue;
+    if (!mg_is_floating(y->dtype) || !idmap_has(&t->tracked, y->id)) continue;
     mg_tensor *seed = seeds && seeds[k] ? mg_tensor_retain(seeds[k])
                                         : mg_full(y->shape, y->ndim, y->dtype, 1.0);
     if (seed == NULL) { st = MG_ERR; goto done; }
@@ -1000,7 +1016,7 @@ void mg_tape_consume (mg_tape *t) {
 /* sets grads[s] from the map, as zeros or NULL when unconnected */
 static mg_status collect (idmap *map, int nsources, mg_tensor *const *sources, int zero, mg_tensor **grads) {
   for (int s = 0; s < nsources; s++) {
-    mg_tensor *g = mg_is_float(sources[s]->dtype) ? (mg_tensor *)idmap_get(map, sources[s]->id) : NULL;
+    mg_tensor *g = mg_is_floating(sources[s]->dtype) ? (mg_tensor *)idmap_get(map, sources[s]->id) : NULL;
     if (g != NULL) grads[s] = mg_tensor_retain(g);
     else grads[s] = zero ? mg_full(sources[s]->shape, sources[s]->ndim, sources[s]->dtype, 0.0) : NULL;
     if (zero && grads[s] == NULL) {
@@ -1038,10 +1054,12 @@ mg_status mg_walk_begin (mg_held *h, mg_tape *t, const char *fn, int na, mg_tens
   ** is done once it gives its gradient. */
   h->paused = !t->persistent;
   if (h->paused) mg_tape_pause(t);
+  h->autocast_off = mg_autocast_dtype() != MG_FLOAT32 && mg_autocast_push(MG_FLOAT32) == MG_OK;
   return MG_OK;
 }
 
 void mg_walk_end (mg_held *h) {
+  if (h->autocast_off) mg_autocast_pop();
   if (h->paused) mg_tape_resume(h->t);
   h->t->walking--;
   for (int i = 0; i < h->n; i++) mg_tensor_release(h->xs[i]);

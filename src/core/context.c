@@ -62,6 +62,12 @@ mg_context *mg_context_new (void) {
 static void release_pools (mg_context *c) {
   mg_context *was = mg_current_context;
   mg_current_context = c;
+  for (int i = 0; i < c->autocast.ncache; i++) {     /* autocast's casts (a region left open) */
+    mg_tensor_release(c->autocast.cache[i].value);
+    mg_tensor_release(c->autocast.cache[i].half);
+  }
+  free(c->autocast.cache);
+  c->autocast = (mg_autocast_state){0};
   mg_memory_release_cache();
   mg_memory_release_small();
   mg_current_context = was;

@@ -199,6 +199,20 @@ typedef struct mg_hooks {
   void (*release)(mg_context *c);           /* the context goes: the state the floors above keep in it */
 } mg_hooks;
 
+/* Automatic mixed precision (src/ops/autocast.c): the dtype products
+** compute in (MG_FLOAT32: off), how many regions are open, and the casts
+** of variables' values made in the outermost one (a weight is cast once a
+** step, however often it is read), valid while the same tapes record */
+typedef struct mg_autocast_cast { struct mg_tensor *value, *half; } mg_autocast_cast;
+#define MG_AUTOCAST_DEPTH 32
+typedef struct mg_autocast_state {
+  mg_dtype dtype;
+  int depth;
+  mg_dtype outer[MG_AUTOCAST_DEPTH];        /* the dtype each open region replaced */
+  mg_autocast_cast *cache;
+  int ncache, capcache;
+} mg_autocast_state;
+
 /* the thread team's size (threads.c) */
 typedef struct mg_pace {
   int nominal;                              /* asked for, or the machine's */
@@ -230,6 +244,7 @@ struct mg_context {
   struct mg_dtr_state *dtr;                 /* the memory budget (dtr.c); NULL until one is set */
   const mg_pressure *pressure;              /* installed with it: what the allocator calls */
   mg_pace pace;                             /* the thread team (threads.c) */
+  mg_autocast_state autocast;               /* products in bfloat16 (ops/autocast.c) */
 };
 
 extern _Thread_local mg_context *mg_current_context;
@@ -285,6 +300,10 @@ const char *mg_range_hint (char *buf, size_t len, int64_t n);
 /* normalizes axis (negative counts from the end) into [0, ndim); -1 + error */
 int        mg_check_axis  (const char *fn, int axis, int ndim);
 bool       mg_is_float    (mg_dtype dt);
+/* float16 and bfloat16, the storage formats products compute in under autocast */
+static inline bool mg_is_half (mg_dtype dt) { return dt == MG_FLOAT16 || dt == MG_BFLOAT16; }
+/* a dtype gradients flow through: the computing floats and the half ones */
+static inline bool mg_is_floating (mg_dtype dt) { return mg_is_float(dt) || mg_is_half(dt); }
 /* bytes per element, inline for the hot paths */
 static inline size_t mg_dtype_bytes (mg_dtype dt) {
   return dt == MG_FLOAT32 ? 4 : dt == MG_BOOL ? 1 : dt >= MG_FLOAT16 ? 2 : 8;

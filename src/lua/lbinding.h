@@ -262,6 +262,7 @@ void mgL_open_custom    (lua_State *L);   /* lcustom.c: custom_gradient */
 void mgL_open_recompute (lua_State *L);   /* lrecompute.c: recompute_grad */
 void mgL_open_loops     (lua_State *L);   /* lloop.c: in_loop, is_in_loop, _loop */
 void mgL_open_hooks     (lua_State *L);   /* lhooks.c: saved_tensors_hooks */
+void mgL_open_autocast  (lua_State *L);   /* lautocast.c: autocast */
 void mgL_open_maths     (lua_State *L);   /* lmaths.c: more maths and reductions */
 void mgL_open_index     (lua_State *L);   /* lindex.c: indexing, sorting, rearranging */
 void mgL_open_conv      (lua_State *L);   /* lconv.c: convolution and pooling */

@@ -144,6 +144,7 @@ int luaopen_moongrad (lua_State *L) {
   mgL_open_tape(L);
   mgL_open_loops(L);
   mgL_open_hooks(L);
+  mgL_open_autocast(L);
   mgL_open_custom(L);
   mgL_open_recompute(L);
   mgL_open_functions(L);

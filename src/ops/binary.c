@@ -167,6 +167,13 @@ static mg_tensor *binary (const mg_opdef *op, mg_tensor *a, mg_tensor *b) {
   if (a == NULL) return null_operand(op, "a");
   if (b == NULL) return null_operand(op, "b");
   const char *fn = op->info.name;
+  if (mg_is_half(a->dtype) || mg_is_half(b->dtype)) {   /* computed in float32 (autocast.c) */
+    mg_tensor *a32 = mg_half_to_float32(a), *b32 = mg_half_to_float32(b);
+    mg_tensor *r = a32 && b32 ? binary(op, a32, b32) : NULL;
+    mg_tensor_release(a32);
+    mg_tensor_release(b32);
+    return r;
+  }
   if (a->dtype != b->dtype)
     return mg_seterror("%s: dtypes differ: %s %s %s", fn, mg_dtype_name(a->dtype),
                        op->info.symbol, mg_dtype_name(b->dtype)), NULL;

@@ -65,6 +65,10 @@ static mg_status dense_backward (mg_node *n, mg_tensor *const *dout, mg_tensor *
   /* over dout itself when the walk spares it: no second (rows, N) tensor */
   mg_tensor *g = mg_tmp(&sc, mg_activation_backward(n, (mg_activation)n->attr->a[0], dout[0], n->out[0]));
   mg_node_unkeep_out(n, 0);     /* y is done with: not held through the products */
+  if (n->nin == 3 && n->needs[2]) din[2] = mg_sum_to_shape(g, &N, 1);
+  /* autocast's dense: the activation's gradient came back in float32, the
+  ** products take it in w's bfloat16 */
+  if (g && g->dtype != n->in_meta[1].dtype) g = mg_tmp(&sc, mg_cast(g, n->in_meta[1].dtype));
   int64_t s2[2] = {rows, N};
   mg_tensor *g2 = mg_tmp(&sc, mg_reshape(g, s2, 2));
   if (n->needs[0])
@@ -74,7 +78,6 @@ static mg_status dense_backward (mg_node *n, mg_tensor *const *dout, mg_tensor *
     mg_tensor *xt = mg_tmp(&sc, mg_transpose(mg_tmp(&sc, mg_reshape(n->in[0], x2, 2)), 0, 1));
     din[1] = mg_matmul(xt, g2);
   }
-  if (n->nin == 3 && n->needs[2]) din[2] = mg_sum_to_shape(g, &N, 1);
   mg_scope_end(&sc);
   return MG_OK;
 }
@@ -102,9 +105,11 @@ MG_ROW(DENSE, dense) = {
 static mg_status check_dense (mg_tensor *x, mg_tensor *w, mg_tensor *b, const char *activation, mg_activation *act) {
   const char *fn = "dense";
   char s1[160], s2[160];
-  if (!mg_is_float(x->dtype) || mg_check_computable(fn, x->dtype) != MG_OK)
-    return mg_seterror("%s: x must be float32 or float64, got %s", fn, mg_dtype_name(x->dtype));
-  if (w->dtype != x->dtype || (b && b->dtype != x->dtype))
+  if (!(mg_is_float(x->dtype) || x->dtype == MG_BFLOAT16))
+    return mg_seterror("%s: x must be float32, float64 or bfloat16, got %s", fn, mg_dtype_name(x->dtype));
+  /* a bfloat16 product (autocast's) adds a float32 bias as it is */
+  bool b_ok = b == NULL || b->dtype == x->dtype || (x->dtype == MG_BFLOAT16 && b->dtype == MG_FLOAT32);
+  if (w->dtype != x->dtype || !b_ok)
     return mg_seterror("%s: dtypes differ: x is %s, %s is %s", fn, mg_dtype_name(x->dtype),
                        w->dtype != x->dtype ? "w" : "b", mg_dtype_name(w->dtype != x->dtype ? w->dtype : b->dtype));
   if (x->ndim == 0) return mg_seterror("%s: x must have at least 1 dimension, got a 0-d tensor", fn);
@@ -125,9 +130,19 @@ static mg_status check_dense (mg_tensor *x, mg_tensor *w, mg_tensor *b, const ch
   return MG_OK;
 }
 
+static mg_tensor *dense_of (mg_tensor *x, mg_tensor *w, mg_tensor *b, const char *activation);
+
 mg_tensor *mg_dense (mg_tensor *x, mg_tensor *w, mg_tensor *b, const char *activation) {
   MG_CHECK_ARG("mg_dense", x, NULL);
   MG_CHECK_ARG("mg_dense", w, NULL);
+  mg_tensor *xh = mg_autocast_operand(x), *wh = mg_autocast_operand(w);    /* under autocast: bfloat16 */
+  mg_tensor *r = xh && wh ? dense_of(xh, wh, b, activation) : NULL;
+  mg_tensor_release(xh);
+  mg_tensor_release(wh);
+  return r;
+}
+
+static mg_tensor *dense_of (mg_tensor *x, mg_tensor *w, mg_tensor *b, const char *activation) {
   mg_activation act;
   if (check_dense(x, w, b, activation, &act) != MG_OK) return NULL;
   int64_t shape[MG_MAX_DIMS];
@@ -151,19 +166,29 @@ static mg_status dense_forward (mg_opcall *c) {
   int64_t s2[2] = {rows, K}, st2[2] = {K, 1};
   mg_tensor *x2 = xc == NULL ? NULL
                 : x->ndim == 2 ? mg_tensor_retain(xc) : mg_tensor_view(xc->storage, xc->dtype, s2, 2, st2, xc->offset);
-  mg_tensor *bc = b ? mg_contiguous(b) : NULL;
+  mg_tensor *bc = NULL;                 /* the bias, contiguous, in the dtype the sums run in */
+  mg_dtype sums = x->dtype == MG_BFLOAT16 ? MG_FLOAT32 : x->dtype;
+  if (b && b->dtype == sums) bc = mg_contiguous(b);
+  else if (b && (bc = mg_empty(b->shape, b->ndim, sums)) != NULL && mg_copy_into(bc, b) != MG_OK) {
+    mg_tensor_release(bc);
+    bc = NULL;
+  }
   mg_tensor *out = mg_empty(c->shape, c->ndim, c->dtype);
   if (out == NULL) {                    /* too large, or out of memory: say whose output */
     char msg[512];
     snprintf(msg, sizeof msg, "%s", mg_errmsg_raw());
     mg_seterror("dense: %s", msg);
   }
-  mg_status st = x2 && out && (bc || !b) ? MG_OK : MG_ERR;
+  /* a bfloat16 product accumulates into float32, where the bias and activation go, then rounds once */
+  mg_tensor *acc = out && sums != out->dtype ? mg_empty(c->shape, c->ndim, sums) : mg_retain_or_null(out);
+  mg_status st = x2 && acc && (bc || !b) ? MG_OK : MG_ERR;
   if (st == MG_OK && out->numel > 0) {
-    if (K == 0) memset(mg_ptr(out), 0, (size_t)out->numel * mg_dtype_size(x->dtype));
-    else st = mg_matrix_product(x2, mg_ptr(x2), w, mg_ptr(w), mg_ptr(out), rows, N, K);
-    if (st == MG_OK) bias_act(x->dtype, mg_ptr(out), bc ? mg_ptr(bc) : NULL, rows, N, act);
+    if (K == 0) memset(mg_ptr(acc), 0, (size_t)acc->numel * mg_dtype_size(acc->dtype));
+    else st = mg_matrix_product(x2, mg_ptr(x2), w, mg_ptr(w), mg_ptr(acc), rows, N, K, acc->dtype);
+    if (st == MG_OK) bias_act(acc->dtype, mg_ptr(acc), bc ? mg_ptr(bc) : NULL, rows, N, act);
+    if (st == MG_OK && acc != out) mg_convert(mg_ptr(out), out->dtype, mg_ptr(acc), acc->dtype, out->numel);
   }
+  mg_tensor_release(acc);
   mg_tensor_release(xc);
   mg_tensor_release(x2);
   mg_tensor_release(bc);

@@ -30,7 +30,7 @@ mg_tensor *mg_dispatch (mg_opcall *c) {
   const mg_hooks *h = &ctx->hooks;
   if (ctx->pace.hold == 0 && (++ctx->pace.ops & 15) == 0) mg_pace_tick(ctx);   /* between steps */
   /* what a tape could record: a float result of an op with a backward */
-  bool differentiable = c->def->backward != NULL && mg_is_float(c->dtype);
+  bool differentiable = c->def->backward != NULL && mg_is_floating(c->dtype);
   mg_tensor *kept = differentiable && c->nout == 1 && h->before ? h->before(c) : NULL;
   if (kept != NULL) {
     c->out[0] = kept;

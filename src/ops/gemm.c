@@ -71,9 +71,9 @@ static mg_status dnnl_ct (const gemm_call *g) {
   return st == dnnl_success ? MG_OK : mg_seterror("matmul: oneDNN sgemm failed (status %d)", (int)st);
 }
 
-/* the matmul primitive's key (dnn.h): the transposes, sizes, leading
-** dimensions and threads */
-typedef struct { int32_t kind, nthr, ta, tb; int64_t m, n, k, lda, ldb; } matmul_key;
+/* the matmul primitive's key (dnn.h): the transposes, operand and result
+** dtypes, sizes, leading dimensions and threads */
+typedef struct { int32_t kind, nthr, ta, tb, ab, cdt; int64_t m, n, k, lda, ldb; } matmul_key;
 
 static mg_dnn_prim *matmul_prim (mg_dnn *d, const matmul_key *key) {
   /* op(A) (m,k) and op(B) (k,n) as strides over the row-major buffers */
@@ -82,9 +82,10 @@ static mg_dnn_prim *matmul_prim (mg_dnn *d, const matmul_key *key) {
   dnnl_dims_t bs = {key->tb ? 1 : key->ldb, key->tb ? key->ldb : 1}, cs = {key->n, 1};
   dnnl_memory_desc_t a, b, c;
   dnnl_matmul_desc_t md;
-  dnnl_status_t st = dnnl_memory_desc_init_by_strides(&a, 2, ad, dnnl_f32, as);
-  if (st == dnnl_success) st = dnnl_memory_desc_init_by_strides(&b, 2, bd, dnnl_f32, bs);
-  if (st == dnnl_success) st = dnnl_memory_desc_init_by_strides(&c, 2, cd, dnnl_f32, cs);
+  dnnl_data_type_t ab = (dnnl_data_type_t)key->ab, cdt = (dnnl_data_type_t)key->cdt;
+  dnnl_status_t st = dnnl_memory_desc_init_by_strides(&a, 2, ad, ab, as);
+  if (st == dnnl_success) st = dnnl_memory_desc_init_by_strides(&b, 2, bd, ab, bs);
+  if (st == dnnl_success) st = dnnl_memory_desc_init_by_strides(&c, 2, cd, cdt, cs);
   if (st == dnnl_success) st = dnnl_matmul_desc_init(&md, &a, &b, NULL, &c);
   if (st != dnnl_success) return mg_dnn_fail("matmul", "describe a matmul", st), NULL;
   /* its scratchpad (packed panels) is oneDNN's own, as dnnl_sgemm's and
@@ -105,7 +106,7 @@ static mg_dnn_prim *matmul_prim (mg_dnn *d, const matmul_key *key) {
 static mg_status matmul_primitive (const gemm_call *g) {
   mg_dnn *d = mg_dnn_get("matmul");
   if (d == NULL) return MG_ERR;
-  matmul_key key = {MG_DNN_MATMUL, omp_get_max_threads(), g->ta == 'T', g->tb == 'T',
+  matmul_key key = {MG_DNN_MATMUL, omp_get_max_threads(), g->ta == 'T', g->tb == 'T', dnnl_f32, dnnl_f32,
                     g->m, g->n, g->k, g->lda, g->ldb};
   mg_dnn_prim *e = mg_dnn_find(d, &key, sizeof key);
   if (e == NULL && (e = matmul_prim(d, &key)) == NULL) return MG_ERR;
@@ -533,6 +534,35 @@ mg_status mg_sgemm (char ta, char tb, int64_t m, int64_t n, int64_t k, const flo
   }
   gemm_call g = {ta, tb, m, n, k, lda, ldb, a, b, c};
   return run_way(way_for(&g), &g);
+}
+
+/* one library, one way: oneDNN's matmul primitive with the team (products
+** under TEAM_MIN_FLOP on one thread, as float32's), no calibration */
+mg_status mg_gemm_half (char ta, char tb, int64_t m, int64_t n, int64_t k, mg_dtype ab, const void *a,
+                        int64_t lda, const void *b, int64_t ldb, void *c, mg_dtype cdt) {
+  size_t csz = mg_dtype_size(cdt);
+  if (m == 0 || n == 0) return MG_OK;
+  if (k == 0) {
+    memset(c, 0, csz * (size_t)(m * n));
+    return MG_OK;
+  }
+  if (ab != MG_BFLOAT16 || (cdt != MG_FLOAT32 && cdt != MG_BFLOAT16))
+    return mg_seterror("matmul: no %s product into %s", mg_dtype_name(ab), mg_dtype_name(cdt));
+  mg_dnn *d = mg_dnn_get("matmul");
+  if (d == NULL) return MG_ERR;
+  int was = omp_get_max_threads(), threads = 2.0 * (double)m * (double)n * (double)k < TEAM_MIN_FLOP ? 1 : was;
+  matmul_key key = {MG_DNN_MATMUL, threads, ta == 'T', tb == 'T', dnnl_bf16, cdt == MG_FLOAT32 ? dnnl_f32 : dnnl_bf16,
+                    m, n, k, lda, ldb};
+  if (threads != was) omp_set_num_threads(threads);
+  mg_dnn_prim *e = mg_dnn_find(d, &key, sizeof key);
+  mg_status st = MG_ERR;
+  if (e != NULL || (e = matmul_prim(d, &key)) != NULL) {
+    int args[3] = {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST};
+    void *ptrs[3] = {(void *)a, (void *)b, c};
+    st = mg_dnn_execute("matmul", d, e->pd, e->p, e->scratch, 3, args, ptrs, e->mem);
+  }
+  if (threads != was) omp_set_num_threads(was);
+  return st;
 }
 
 mg_status mg_gemm_use (const char *backend) {

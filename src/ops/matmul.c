@@ -2,7 +2,8 @@
 ** matmul.c — matrix products, batched and broadcast.
 **
 ** float32 goes to mg_sgemm (gemm.c: oneDNN or OpenBLAS, whichever is
-** fastest for the shape on this machine). Transposed views reach it as 'T'
+** fastest for the shape on this machine), bfloat16 (autocast's) to
+** oneDNN's bfloat16 matmul, accumulating in float32. Transposed views reach it as 'T'
 ** flags rather than copies, and a batch of matrices times one shared
 ** matrix is folded into a single tall GEMM. float64 and int64 use a
 ** cache-friendly C loop (gradient checks, indices), parallel over rows.
@@ -60,13 +61,16 @@ static void gemm_i64 (const void *a, const void *b, void *c, int64_t M, int64_t 
   SIMPLE_GEMM(uint64_t);
 }
 
-/* one (M,K) @ (K,N) product of matrix views a and b into contiguous c */
+/* one (M,K) @ (K,N) product of matrix views a and b into contiguous c, of
+** a's dtype or (bfloat16 a) float32 */
 mg_status mg_matrix_product (const mg_tensor *a, const char *pa, const mg_tensor *b, const char *pb,
-                       char *pc, int64_t M, int64_t N, int64_t K) {
+                       char *pc, int64_t M, int64_t N, int64_t K, mg_dtype cdt) {
   gemm_layout la, lb;
   if (a->dtype == MG_FLOAT32 && layout_of(a, &la) && layout_of(b, &lb))
     return mg_sgemm(la.trans, lb.trans, M, N, K, (const float *)pa, la.ld, (const float *)pb, lb.ld,
                     (float *)pc);
+  if (a->dtype == MG_BFLOAT16 && layout_of(a, &la) && layout_of(b, &lb))
+    return mg_gemm_half(la.trans, lb.trans, M, N, K, a->dtype, pa, la.ld, pb, lb.ld, pc, cdt);
   /* other dtypes and odd strides: contiguous copies of these two matrices */
   int64_t sa[2] = {M, K}, sb[2] = {K, N};
   int64_t sta[2] = {a->strides[a->ndim - 2], a->strides[a->ndim - 1]};
@@ -80,6 +84,8 @@ mg_status mg_matrix_product (const mg_tensor *a, const char *pa, const mg_tensor
     st = MG_OK;
     if (a->dtype == MG_FLOAT32)
       st = mg_sgemm('N', 'N', M, N, K, (const float *)mg_ptr(ac), K, (const float *)mg_ptr(bc), N, (float *)pc);
+    else if (a->dtype == MG_BFLOAT16)
+      st = mg_gemm_half('N', 'N', M, N, K, a->dtype, mg_ptr(ac), K, mg_ptr(bc), N, pc, cdt);
     else if (a->dtype == MG_FLOAT64)
       gemm_f64(mg_ptr(ac), mg_ptr(bc), pc, M, N, K);
     else
@@ -135,7 +141,7 @@ static mg_status matmul_forward (mg_opcall *c) {
     /* a stack of matrices times one matrix: a single (batch*M, K) GEMM */
     int64_t s2[2] = {batch * M, K}, st2[2] = {K, 1};
     mg_tensor *a2 = mg_tensor_view(a->storage, a->dtype, s2, 2, st2, a->offset);
-    st = a2 ? mg_matrix_product(a2, mg_ptr(a2), b, mg_ptr(b), mg_ptr(out), batch * M, N, K) : MG_ERR;
+    st = a2 ? mg_matrix_product(a2, mg_ptr(a2), b, mg_ptr(b), mg_ptr(out), batch * M, N, K, out->dtype) : MG_ERR;
     mg_tensor_release(a2);
   } else {
     /* walk the broadcast batch with per-operand strides (0 when broadcast) */
@@ -155,7 +161,7 @@ static mg_status matmul_forward (mg_opcall *c) {
         ob += k * bst[1][i];
       }
       st = mg_matrix_product(a, mg_ptr(a) + oa * (int64_t)esz, b, mg_ptr(b) + ob * (int64_t)esz,
-                mg_ptr(out) + t * M * N * (int64_t)esz, M, N, K);
+                mg_ptr(out) + t * M * N * (int64_t)esz, M, N, K, out->dtype);
     }
   }
   if (st != MG_OK) {
@@ -168,14 +174,25 @@ static mg_status matmul_forward (mg_opcall *c) {
 
 /* matmul: out = a @ b.  grad: da = dout @ b^T, db = a^T @ dout, each summed
 ** over broadcast batch dimensions */
+static mg_tensor *matmul_of (mg_tensor *a, mg_tensor *b);
+
 mg_tensor *mg_matmul (mg_tensor *a, mg_tensor *b) {
   MG_CHECK_ARG("mg_matmul", a, NULL);
   MG_CHECK_ARG("mg_matmul", b, NULL);
+  mg_tensor *ah = mg_autocast_operand(a), *bh = mg_autocast_operand(b);   /* under autocast: bfloat16 */
+  mg_tensor *r = ah && bh ? matmul_of(ah, bh) : NULL;
+  mg_tensor_release(ah);
+  mg_tensor_release(bh);
+  return r;
+}
+
+/* a @ b of one dtype (float16 aside: a storage format) */
+static mg_tensor *matmul_of (mg_tensor *a, mg_tensor *b) {
   if (a->dtype != b->dtype)
     return mg_seterror("matmul: dtypes differ: %s @ %s", mg_dtype_name(a->dtype),
                        mg_dtype_name(b->dtype)), NULL;
   if (a->dtype == MG_BOOL) return mg_seterror("matmul: not defined for bool tensors"), NULL;
-  if (mg_check_computable("matmul", a->dtype) != MG_OK) return NULL;
+  if (a->dtype != MG_BFLOAT16 && mg_check_computable("matmul", a->dtype) != MG_OK) return NULL;
   if (a->ndim == 0 || b->ndim == 0)
     return mg_seterror("matmul: needs tensors with at least 1 dimension, got a 0-d tensor "
                        "(use * for scalars)"), NULL;

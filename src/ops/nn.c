@@ -84,6 +84,11 @@ static mg_status softmax_run (mg_opcall *c) {
 static mg_tensor *softmax_entry (mg_tensor *x, int axis, bool log_form) {
   MG_CHECK_ARG(log_form ? "mg_log_softmax" : "mg_softmax", x, NULL);
   const char *fn = log_form ? "log_softmax" : "softmax";
+  if (mg_is_half(x->dtype)) {                 /* computed in float32 (autocast.c) */
+    mg_tensor *x32 = mg_half_to_float32(x), *r = x32 ? softmax_entry(x32, axis, log_form) : NULL;
+    mg_tensor_release(x32);
+    return r;
+  }
   if (!mg_is_float(x->dtype))
     return mg_seterror("%s: needs a float tensor, got %s", fn, mg_dtype_name(x->dtype)), NULL;
   int a = mg_check_axis(fn, axis, x->ndim);

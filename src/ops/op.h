@@ -121,9 +121,10 @@ mg_kernel mg_activation_kernel (mg_activation act, mg_dtype dt);
 ** to n's rule (mg_node.spare) and the layouts allow, else a new tensor */
 mg_tensor *mg_activation_backward (const struct mg_node *n, mg_activation act, mg_tensor *dout, mg_tensor *y);
 /* one (M,K) @ (K,N) product of the matrix views a and b (their last two
-** dimensions, starting at pa and pb) into contiguous c (matmul.c) */
+** dimensions, starting at pa and pb) into contiguous c of dtype cdt: a's,
+** or float32 for bfloat16 a (matmul.c) */
 mg_status mg_matrix_product (const mg_tensor *a, const char *pa, const mg_tensor *b, const char *pb,
-                             char *pc, int64_t M, int64_t N, int64_t K);
+                             char *pc, int64_t M, int64_t N, int64_t K, mg_dtype cdt);
 
 #define MG_SAVE_IN(j)    (1u << (j))
 #define MG_SAVE_OUT(i)   (1u << (16 + (i)))
@@ -221,6 +222,20 @@ mg_tensor *mg_unary_op (const mg_opdef *op, mg_tensor *x);
 /* c (m,n) = op(a) @ op(b), row-major, ta/tb 'N' or 'T' (gemm.c) */
 mg_status mg_sgemm (char ta, char tb, int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
                     const float *b, int64_t ldb, float *c);
+
+/* c (m,n) = op(a) @ op(b) for a and b of half dtype ab (bfloat16), row-major,
+** accumulated in float32, c of dtype cdt (float32 or ab), through oneDNN's
+** matmul primitive (gemm.c) */
+mg_status mg_gemm_half (char ta, char tb, int64_t m, int64_t n, int64_t k, mg_dtype ab, const void *a,
+                        int64_t lda, const void *b, int64_t ldb, void *c, mg_dtype cdt);
+
+/* autocast (autocast.c): a product's operand as it computes under the open
+** region (its cast, a variable's cached once), else x; a new reference */
+mg_tensor *mg_autocast_operand (mg_tensor *x);
+/* any other op's operand: float32 for a half x, else x; a new reference */
+mg_tensor *mg_half_to_float32 (mg_tensor *x);
+/* the tapes recording changed: the cached casts go */
+void mg_autocast_forget (mg_context *c);
 
 /* }========================================================== */
 

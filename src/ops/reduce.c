@@ -146,7 +146,11 @@ static mg_tensor *reduce (const mg_opdef *op, mg_tensor *x, int axis, int keepdi
   }
   if (axis != MG_ALL_AXES && (axis = mg_check_axis(fn, axis, x->ndim)) < 0) return NULL;
   mg_dtype dt = x->dtype;
-  if (mg_check_computable(fn, dt) != MG_OK) return NULL;
+  if (mg_is_half(dt)) {                       /* computed in float32 (autocast.c) */
+    mg_tensor *x32 = mg_half_to_float32(x), *r = x32 ? reduce(op, x32, axis, keepdims) : NULL;
+    mg_tensor_release(x32);
+    return r;
+  }
   if (dt == MG_BOOL) {                        /* only sum counts trues */
     if (op != &sum_op) return mg_seterror("%s: not defined for bool tensors", fn), NULL;
     mg_tensor *xi = mg_cast(x, MG_INT64), *r = reduce(op, xi, axis, keepdims);
@@ -278,8 +282,8 @@ MG_ROW(MEAN, mean) = {
 
 mg_tensor *mg_mean (mg_tensor *x, int axis, int keepdims) {
   MG_CHECK_ARG("mg_mean", x, NULL);
-  if (x->dtype == MG_INT64 || x->dtype == MG_BOOL) {
-    mg_tensor *xf = mg_cast(x, MG_FLOAT64), *r = mg_mean(xf, axis, keepdims);
+  if (x->dtype == MG_INT64 || x->dtype == MG_BOOL || mg_is_half(x->dtype)) {
+    mg_tensor *xf = mg_cast(x, mg_is_half(x->dtype) ? MG_FLOAT32 : MG_FLOAT64), *r = mg_mean(xf, axis, keepdims);
     mg_tensor_release(xf);
     return r;
   }

@@ -72,6 +72,11 @@ mg_tensor *mg_unary_op (const mg_opdef *op, mg_tensor *x) {
     snprintf(cfn, sizeof cfn, "mg_%s", fn);
     return mg_null_arg(cfn, "x"), NULL;
   }
+  if (mg_is_half(x->dtype) && op->kernel[MG_FLOAT32] != NULL) {   /* computed in float32 (autocast.c) */
+    mg_tensor *x32 = mg_half_to_float32(x), *r = mg_unary_op(op, x32);
+    mg_tensor_release(x32);
+    return r;
+  }
   if (op->kernel[x->dtype] == NULL) return mg_refuse_dtype(fn, x->dtype, op->kernel[MG_BOOL] != NULL), NULL;
   mg_opcall c = MG_OPCALL(op, 1, &x, NULL, x->shape, x->ndim, x->dtype);
   return mg_dispatch(&c);
@@ -319,6 +324,11 @@ MG_ROW(LEAKY_RELU, leaky_relu) = {
 static mg_tensor *param_act (const mg_opdef *def, mg_tensor *x, double alpha) {
   const char *fn = def->info.name;
   if (x == NULL) return mg_null_arg(def == &elu_op ? "mg_elu" : "mg_leaky_relu", "x"), NULL;
+  if (mg_is_half(x->dtype)) {
+    mg_tensor *x32 = mg_half_to_float32(x), *r = x32 ? param_act(def, x32, alpha) : NULL;
+    mg_tensor_release(x32);
+    return r;
+  }
   if (!mg_is_float(x->dtype) || mg_check_computable(fn, x->dtype) != MG_OK)
     return mg_seterror("%s: needs a float tensor, got %s", fn, mg_dtype_name(x->dtype)), NULL;
   if (!isfinite(alpha)) return mg_seterror("%s: alpha must be a finite number, got %g", fn, alpha), NULL;

@@ -1,0 +1,90 @@
+/*
+** autocast.c — automatic mixed precision (PyTorch's torch.autocast).
+**
+** While a region is open, the products' entries (matmul, dense) pass each
+** operand through mg_autocast_operand: a float32 operand becomes its
+** bfloat16 cast, a differentiable op the tapes record, so the gradient
+** comes back to the float32 tensor in float32 and the tape keeps the
+** 2-byte copies for the backward. The other ops compute half operands in
+** float32 (mg_half_to_float32, at their entries). A variable's value is
+** cast once per outermost region (PyTorch's weight cast cache) while the
+** same tapes record: the tapes forget the casts when that changes
+** (mg_autocast_forget), since a cast recorded on one set of tapes would not
+** connect a gradient on another.
+*/
+#include <stdlib.h>
+
+#include "dnn.h"
+#include "ops/op.h"
+
+static void forget_casts (mg_autocast_state *s) {
+  for (int i = 0; i < s->ncache; i++) {
+    mg_tensor_release(s->cache[i].value);
+    mg_tensor_release(s->cache[i].half);
+  }
+  s->ncache = 0;
+}
+
+void mg_autocast_forget (mg_context *c) { forget_casts(&c->autocast); }
+
+const char *mg_half_isa (mg_dtype dt) {
+  if (dt != MG_BFLOAT16) return NULL;   /* oneDNN 2.6 runs no float16 products on CPUs */
+  dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
+  if ((isa & dnnl_cpu_isa_avx512_core_amx) == dnnl_cpu_isa_avx512_core_amx) return "avx512_core_amx";
+  if ((isa & dnnl_cpu_isa_avx512_core_bf16) == dnnl_cpu_isa_avx512_core_bf16) return "avx512_core_bf16";
+  return NULL;
+}
+
+mg_status mg_autocast_push (mg_dtype dt) {
+  mg_autocast_state *s = &mg_ctx()->autocast;
+  if (dt == MG_FLOAT16)
+    return mg_seterror("autocast: float16 products need AVX512-FP16 kernels, which this oneDNN (%d.%d) "
+                       "does not have on CPUs; use bfloat16", DNNL_VERSION_MAJOR, DNNL_VERSION_MINOR);
+  if (dt != MG_BFLOAT16 && dt != MG_FLOAT32)
+    return mg_seterror("autocast: dtype must be bfloat16, float16 or float32 (off), got %s", mg_dtype_name(dt));
+  if (s->depth >= MG_AUTOCAST_DEPTH)
+    return mg_seterror("autocast: regions nest %d deep at most", MG_AUTOCAST_DEPTH);
+  s->outer[s->depth++] = s->dtype;
+  s->dtype = dt;
+  return MG_OK;
+}
+
+void mg_autocast_pop (void) {
+  mg_autocast_state *s = &mg_ctx()->autocast;
+  if (s->depth == 0) return;
+  s->dtype = s->outer[--s->depth];
+  if (s->depth == 0) forget_casts(s);   /* the step's casts go with its region */
+}
+
+mg_dtype mg_autocast_dtype (void) { return mg_ctx()->autocast.dtype; }
+int mg_autocast_depth (void) { return mg_ctx()->autocast.depth; }
+
+/* the cast of variable value x, made once per region */
+static mg_tensor *cached_cast (mg_autocast_state *s, mg_tensor *x, mg_dtype dt) {
+  for (int i = 0; i < s->ncache; i++)
+    if (s->cache[i].value == x && s->cache[i].half->dtype == dt) return mg_tensor_retain(s->cache[i].half);
+  mg_tensor *h = mg_cast(x, dt);
+  if (h == NULL) return NULL;
+  if (s->ncache == s->capcache) {       /* no room: the cast is still right, only not kept */
+    int cap = s->capcache ? 2 * s->capcache : 16;
+    mg_autocast_cast *c = (mg_autocast_cast *)realloc(s->cache, sizeof *c * (size_t)cap);
+    if (c == NULL) return h;
+    s->cache = c;
+    s->capcache = cap;
+  }
+  s->cache[s->ncache++] = (mg_autocast_cast){mg_tensor_retain(x), mg_tensor_retain(h)};
+  return h;
+}
+
+mg_tensor *mg_autocast_operand (mg_tensor *x) {
+  mg_autocast_state *s = &mg_ctx()->autocast;
+  if (x == NULL) return NULL;
+  if (s->dtype == MG_FLOAT32 || x->dtype != MG_FLOAT32) return mg_tensor_retain(x);
+  if (x->var != NULL && s->depth > 0) return cached_cast(s, x, s->dtype);
+  return mg_cast(x, s->dtype);
+}
+
+mg_tensor *mg_half_to_float32 (mg_tensor *x) {
+  if (x == NULL) return NULL;
+  return mg_is_half(x->dtype) ? mg_cast(x, MG_FLOAT32) : mg_tensor_retain(x);
+}
