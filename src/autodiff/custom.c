@@ -31,6 +31,7 @@ struct mg_custom_ctx {
   mg_tensor **saved;           /* [n]: held as a node's saved tensors, or NULL */
   mg_rng_state rng;            /* the random state when the call began */
   int loop_depth;              /* mg_is_in_loop's depth then */
+  mg_dtype autocast;           /* the autocast then (a re-run runs under it) */
   const mg_grad_args *args;    /* during the backward */
   mg_custom_ctx *prev;         /* the enclosing forward's, while this one runs */
 };
@@ -41,6 +42,7 @@ static mg_custom_ctx *ctx_new (void) {
   c->refcount = 1;
   c->rng = mg_random_get_state();
   c->loop_depth = mg_ctx()->tapes.loop_depth;
+  c->autocast = mg_autocast_dtype();
   return c;
 }
 
@@ -136,7 +138,11 @@ mg_status mg_custom_rerun (mg_custom_ctx *c, mg_status (*fn)(void *ud), void *ud
   mg_random_set_state(c->rng);
   T->loop_depth += c->loop_depth;
   mg_recompute_enter();
-  mg_status st = fn(ud);
+  mg_status st = mg_autocast_push(c->autocast);
+  if (st == MG_OK) {
+    st = fn(ud);
+    mg_autocast_pop();
+  }
   mg_recompute_leave();
   T->loop_depth = loops;
   mg_random_set_state(now);

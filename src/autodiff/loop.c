@@ -104,6 +104,7 @@ typedef struct loop_call {
   const mg_grad_args *g;       /* during the backward */
   mg_tensor **vgrad;           /* [nvars + ncaptured] the outside tensors' gradients so far */
   mg_tensor **adj;             /* [L] the gradient of the state being reversed */
+  mg_dtype autocast;           /* the autocast the call ran under: its re-runs run under it too */
 } loop_call;
 
 static void release_all (mg_tensor **x, int n) {
@@ -129,7 +130,9 @@ static void state_free (loop_call *c, loop_state *e) {
 static mg_status run_step (loop_call *c, int64_t i, mg_loop_phase phase, mg_tensor **x,
                            mg_tensor ***y) {
   mg_list out = {0};
-  mg_status st = c->fn->step(c->ud, i, phase, c->L, x, &out);
+  bool again = phase != MG_LOOP_FORWARD, pushed = again && mg_autocast_push(c->autocast) == MG_OK;
+  mg_status st = again && !pushed ? MG_ERR : c->fn->step(c->ud, i, phase, c->L, x, &out);
+  if (pushed) mg_autocast_pop();
   const char *who = c->fn->name ? c->fn->name : "checkpoint_loop";
   if (st == MG_OK && out.n != c->L)
     st = mg_seterror("%s: step %lld gave %d tensors; the state has %d", who, (long long)i, out.n,
@@ -503,6 +506,7 @@ mg_status mg_checkpoint_loop (const mg_loop_fn *fn, void *ud, int n, mg_tensor *
   }
   for (int j = 0; j < n; j++) x0[j] = mg_tensor_retain(state[j]);
   *c = (loop_call){.fn = fn, .ud = ud, .L = n, .n = steps, .k = snapshots, .x0 = x0, .kept = k,
+                   .autocast = mg_autocast_dtype(),
                    .save = mg_tapes_recording() > 0};   /* (the forward runs with them paused) */
   static const mg_function loop_fn = {"checkpoint_loop", loop_forward, loop_backward, loop_release,
                                       MG_FN_CAPTURES};

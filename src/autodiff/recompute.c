@@ -28,6 +28,7 @@ typedef struct recompute_ext {
   const mg_function *fn;
   void *ud;
   mg_rng_state rng;            /* the random state when the forward first ran */
+  mg_dtype autocast;           /* the autocast it ran under: the re-run runs under it too */
   int nargs;                   /* the forward's inputs, repeats included ... */
   int *argmap;                 /* ... input k is node input argmap[k] */
   int ninputs;                 /* node inputs: the distinct tensors, then variables */
@@ -220,7 +221,11 @@ static mg_status recompute_backward (mg_node *n, mg_tensor *const *dout, mg_tens
   int *loops = &mg_ctx()->tapes.loop_depth, was = *loops;
   *loops += e->loop_depth;                       /* in a loop, as the call was */
   mg_memory_span("recompute", 1);
-  mg_status st = rerun(n, e, tape, &out);
+  mg_status st = mg_autocast_push(e->autocast);
+  if (st == MG_OK) {
+    st = rerun(n, e, tape, &out);
+    mg_autocast_pop();
+  }
   if (st == MG_OK) st = check_outputs(n, &out);
   if (st == MG_OK) st = check_captures(n, e, tape, &out);
   if (st == MG_OK) st = check_values(e, &out);
@@ -358,7 +363,7 @@ static mg_status recompute_call (const mg_function *fn, void *ud, int nin, mg_te
     if (fn->release) fn->release(ud);
     mg_replay_free(kept);
   } else {
-    *e = (recompute_ext){.fn = fn, .ud = ud, .rng = rng, .nargs = nin, .kept = kept,
+    *e = (recompute_ext){.fn = fn, .ud = ud, .rng = rng, .autocast = mg_autocast_dtype(), .nargs = nin, .kept = kept,
                          .loop_depth = mg_ctx()->tapes.loop_depth};
     inputs = node_inputs(e, nin, in, &w);
     e->digest = (double *)malloc(sizeof(double) * (size_t)(2 * out->n + 1));
