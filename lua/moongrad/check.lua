@@ -118,11 +118,14 @@ function check.value (who, what, v, r)
   return v
 end
 
---- x if it is a float tensor or Variable, else raises "who: what must be a float tensor, got int64".
+local FLOATS = {float32 = true, float64 = true, bfloat16 = true, float16 = true}
+
+--- x if it is a float tensor or Variable (bfloat16 and float16 too: autocast's
+-- products give them), else raises "who: what must be a float tensor, got int64".
 function check.float_tensor (who, what, x)
   if not check.is_array(x) then check.fail(who, "%s must be a float tensor, got %s", what, check.show(x)) end
   local dtype = x.dtype
-  if dtype ~= "float32" and dtype ~= "float64" then
+  if not FLOATS[dtype] then
     check.fail(who, "%s must be a float tensor, got %s", what, dtype)
   end
   return x

@@ -44,6 +44,7 @@
 -- @module moongrad.fit
 local mg = require "moongrad"
 local check = require "moongrad.check"
+local mixed_precision = require "moongrad.mixed_precision"
 local class = require "moongrad.class"
 
 local fail, show = check.fail, check.show
@@ -270,6 +271,14 @@ end
 
 -- {==================== train_step, test_step ==================
 
+-- the dtype products run in for this model now (fit's mixed_precision, the
+-- model's dtype_policy, the global policy), or false
+local function autocast_of (self)
+  local d = rawget(self, "_autocast")
+  if d == nil then d = mixed_precision.autocast_dtype(self) end
+  return d
+end
+
 --- model:train_step(x, y): one step on a batch: forward (under recompute_grad
 -- when fit was asked to), the loss, its gradients, the optimizer's update.
 -- Returns the batch's logs {loss =, <metric> =} (numbers). Override it for a
@@ -280,7 +289,7 @@ local function train_step (self, x, y)
   if not c.loss then fail(who, "the model was compiled without a loss; compile{loss = ...} or override train_step") end
   local forward = rawget(self, "_train_forward") or self
   local t = mg.tape()
-  local ok, y_pred, loss = pcall(function()
+  local ok, y_pred, loss = pcall(mixed_precision.run, autocast_of(self), function()   -- products in bfloat16 when mixed
     local out = forward(x)
     return out, c.loss(y, out)
   end)
@@ -298,8 +307,11 @@ local function test_step (self, x, y)
   local who = "evaluate"
   local c = compiled(self, who)
   if not c.loss then fail(who, "the model was compiled without a loss") end
-  local y_pred = self(x)
-  return batch_logs(self, c, who, c.loss(y, y_pred), y, y_pred)
+  local y_pred, loss = mixed_precision.run(autocast_of(self), function()
+    local out = self(x)
+    return out, c.loss(y, out)
+  end)
+  return batch_logs(self, c, who, loss, y, y_pred)
 end
 
 -- }=============================================================
@@ -597,12 +609,17 @@ end
 local batch_size_rule = check.positive_integer
 local epoch_rule = check.rule("an integer >= 0", function(v) return math.type(v) == "integer" and v >= 0 end)
 
+-- fit's mixed_precision: the dtype products run in, or false (float32)
+local precision_rule = check.rule('"bfloat16", "float16", "float32" or false', function(v)
+  return v == false or v == "bfloat16" or v == "float16" or v == "float32"
+end)
+
 local FIT = {{"epochs", check.positive_integer, 1}, {"batch_size", batch_size_rule, 32},
              {"validation_data", validation_rule}, {"validation_split", split_rule, 0},
              {"validation_batch_size", batch_size_rule}, {"shuffle", check.boolean, true},
              {"callbacks", check.rule("a list of callbacks", is_plain)}, {"recompute", check.boolean, false},
              {"verbose", verbose_rule, "auto"}, {"initial_epoch", epoch_rule, 0}, {"seed", check.integer},
-             {"distributed", check.boolean, false}}
+             {"distributed", check.boolean, false}, {"mixed_precision", precision_rule}}
 
 local function has_progbar (cbs)
   for _, cb in ipairs(cbs) do if getmetatable(cb) == ProgbarLogger then return true end end
@@ -723,6 +740,11 @@ local function fit_method (self, x, y, opts)
          o.initial_epoch, o.epochs)
   end
   rawset(self, "_train_forward", o.recompute and mg.recompute_grad(self) or nil)
+  local precision = o.mixed_precision
+  if precision == "float32" then precision = false end
+  precision = mixed_precision.autocast_dtype(self, precision)
+  if precision then mg.autocast(precision, function() end) end   -- refused here, not after an epoch
+  rawset(self, "_autocast", precision)
   local optimizer = self.optimizer
   if o.distributed then                              -- for this fit: gradients averaged over the ranks
     local dist = require "moongrad.distributed"
@@ -733,6 +755,7 @@ local function fit_method (self, x, y, opts)
   end
   local ok, history = pcall(run_fit, self, x, y, o, c)
   rawset(self, "_train_forward", nil)
+  rawset(self, "_autocast", nil)
   self.optimizer = optimizer
   if not ok then error(history, 0) end
   return history
@@ -780,9 +803,10 @@ local function predict (self, x, opts)
   fit.inference(self, function()
     for i = 1, steps do
       local xb = batch(x, nil, i, bs, n)
-      local out = self(xb)
+      local out = mixed_precision.run(autocast_of(self), self, xb)
       if not check.is_array(out) then fail(who, "the model gave %s; predict needs a tensor", show(out)) end
       outs[i] = mg.is_variable(out) and out:value() or out
+      if outs[i].dtype == "bfloat16" then outs[i] = outs[i]:cast("float32") end   -- a mixed policy's outputs
       if bar then bar:update(i) end
     end
   end)

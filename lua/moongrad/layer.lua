@@ -286,7 +286,7 @@ function Layer:_build_first (x)
       if mg.is_tensor(t) then shape[i], dtype = t.shape, dtype or t.dtype end
     end
   end
-  self:build(shape, dtype)
+  self:build(shape, dtype and layer.weights_dtype(dtype))   -- float32 weights for autocast's bfloat16
 end
 
 -- }=============================================================
@@ -437,6 +437,22 @@ end
 
 --- Checks x for layer `who`: a float tensor with at least min_ndim axes and,
 -- once built (like is a variable of the layer), like's dtype and last axis.
+local HALF = {float16 = true, bfloat16 = true}
+
+--- weights_dtype(dtype) -> the dtype a layer built for inputs of dtype keeps
+-- its variables in: float32 for autocast's bfloat16 and float16 inputs
+-- (master weights), and when none is given
+function layer.weights_dtype (dtype)
+  if dtype == nil or HALF[dtype] then return "float32" end
+  return dtype
+end
+
+--- fits(x_dtype, w_dtype): may an input of x_dtype meet variables of w_dtype?
+-- (the same dtype, or a half input of float32 weights, as under autocast)
+function layer.fits (x_dtype, w_dtype)
+  return x_dtype == w_dtype or (HALF[x_dtype] and w_dtype == "float32") or false
+end
+
 function layer.check_input (who, x, min_ndim, like)
   check.float_tensor(who, "input", x)
   if x.ndim < min_ndim then
@@ -444,7 +460,7 @@ function layer.check_input (who, x, min_ndim, like)
          min_ndim == 1 and "" or "s", check.shape(x.shape))
   end
   if not like then return end
-  if x.dtype ~= like.dtype then fail(who, "input is %s, the layer was built for %s", x.dtype, like.dtype) end
+  if not layer.fits(x.dtype, like.dtype) then fail(who, "input is %s, the layer was built for %s", x.dtype, like.dtype) end
   local width, want = x.shape[x.ndim], like.shape[1]
   if width ~= want then
     fail(who, "input has %d features (its last axis), the layer was built for %d", width, want)

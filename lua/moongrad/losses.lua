@@ -53,8 +53,11 @@ local PROBS = {{"from_logits", check.boolean, false}, {"reduction", reduction_ru
 
 -- {=========================== checks ==========================
 
+-- y_pred, in float32 when it came from autocast's bfloat16 (losses compute in float32)
+local HALF = {float16 = true, bfloat16 = true}
 local function check_pred (who, y_pred)
   check.float_tensor(who, "y_pred", y_pred)
+  if HALF[y_pred.dtype] then return mg.cast(y_pred, "float32") end
   return y_pred
 end
 
@@ -153,7 +156,7 @@ end
 -- y_true and y_pred of one shape and dtype (no broadcasting: a (3) and a (3,1) would give (3,3)).
 function losses.mean_squared_error (y_true, y_pred, opts)
   local who = "mean_squared_error"
-  check_pred(who, y_pred)
+  y_pred = check_pred(who, y_pred)
   y_true = same_shape(who, y_true, y_pred)
   opts = check.options(who, opts, BASE)
   local l = (y_pred - y_true) ^ 2
@@ -163,7 +166,7 @@ end
 --- mean_absolute_error(y_true, y_pred [, {reduction=, mask=}]): mean(|y_pred - y_true|).
 function losses.mean_absolute_error (y_true, y_pred, opts)
   local who = "mean_absolute_error"
-  check_pred(who, y_pred)
+  y_pred = check_pred(who, y_pred)
   y_true = same_shape(who, y_true, y_pred)
   opts = check.options(who, opts, BASE)
   local l = mg.abs(y_pred - y_true)
@@ -176,7 +179,7 @@ end
 -- softplus(x) - x y, exact and finite for any x.
 function losses.binary_crossentropy (y_true, y_pred, opts)
   local who = "binary_crossentropy"
-  check_pred(who, y_pred)
+  y_pred = check_pred(who, y_pred)
   y_true = same_shape(who, y_true, y_pred, true)
   opts = check.options(who, opts, PROBS)
   local eps = opts.label_smoothing
@@ -197,7 +200,7 @@ end
 -- y_pred's shape and dtype (int64 class numbers go to sparse_categorical_crossentropy).
 function losses.categorical_crossentropy (y_true, y_pred, opts)
   local who = "categorical_crossentropy"
-  check_pred(who, y_pred)
+  y_pred = check_pred(who, y_pred)
   if y_pred.ndim == 0 then fail(who, "y_pred must have a class axis (at least 1 dimension), got shape ()") end
   if check.is_array(y_true) and y_true.dtype == "int64" then
     fail(who, "y_true is int64; class numbers go to sparse_categorical_crossentropy, one-hot targets here")
@@ -219,7 +222,7 @@ local KERAS_NAMES = {labels = "y_true", logits = "y_pred's"}
 -- may hold anything (a padding id).
 function losses.sparse_categorical_crossentropy (y_true, y_pred, opts)
   local who = "sparse_categorical_crossentropy"
-  check_pred(who, y_pred)
+  y_pred = check_pred(who, y_pred)
   local shape = y_pred.shape
   if #shape == 0 then fail(who, "y_pred must have a class axis (at least 1 dimension), got shape ()") end
   if not check.is_array(y_true) or y_true.dtype ~= "int64" then
@@ -246,7 +249,7 @@ local NN_NAMES = {labels = "labels", logits = "the logits'"}
 -- axis, or probabilities p of the logits' shape and dtype.
 function losses.softmax_cross_entropy (logits, labels)
   local who = "softmax_cross_entropy"
-  check.float_tensor(who, "logits", logits)
+  logits = check_pred(who, logits)
   local shape = logits.shape
   if #shape == 0 then fail(who, "logits must have a class axis (at least 1 dimension), got shape ()") end
   if not check.is_array(labels) then

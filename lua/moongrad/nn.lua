@@ -99,7 +99,7 @@ end
 -- the first call does it with the input's shape and dtype
 function Dense:build (input_shape, dtype)
   local fan_in = layer.last_size("Dense:build", input_shape)
-  dtype = dtype or "float32"
+  dtype = layer.weights_dtype(dtype)
   self.kernel = self:add_variable("kernel", nn.glorot_uniform({fan_in, self.units}, dtype))
   if self.use_bias then self.bias = self:add_variable("bias", mg.zeros({self.units}, dtype)) end
   self.built = true
@@ -270,7 +270,7 @@ end
 function Conv2D:build (input_shape, dtype)
   local channels = layer.last_size("Conv2D:build", input_shape)
   local shape = {self.kernel_size[1], self.kernel_size[2], channels, self.filters}
-  dtype = dtype or "float32"
+  dtype = layer.weights_dtype(dtype)
   local k = self._init(shape, dtype)
   if not (check.is_array(k) and check.same_shape(k.shape, shape) and k.dtype == dtype) then
     fail("Conv2D", "kernel_initializer gave %s for shape %s %s", show(k), check.shape(shape), dtype)
@@ -285,7 +285,7 @@ function Conv2D:call (x)
   local k = self.kernel
   if k == nil then
     self:build(x.shape, x.dtype)
-  elseif x.dtype ~= k.dtype then
+  elseif not layer.fits(x.dtype, k.dtype) then
     fail("Conv2D", "input is %s, the layer was built for %s", x.dtype, k.dtype)
   elseif x.shape[4] ~= k.shape[3] then
     fail("Conv2D", "input has %d channels, the layer was built for %d", x.shape[4], k.shape[3])
@@ -571,7 +571,7 @@ end
 -- shift of input_shape's last axis (float32 by default)
 function BatchNorm:build (input_shape, dtype)
   local n = layer.last_size("BatchNorm:build", input_shape)
-  dtype = dtype or "float32"
+  dtype = layer.weights_dtype(dtype)
   self.gamma = self:add_variable("gamma", mg.ones({n}, dtype))
   self.beta = self:add_variable("beta", mg.zeros({n}, dtype))
   self.moving_mean = self:add_variable("moving_mean", mg.zeros({n}, dtype), {trainable = false})

@@ -698,7 +698,7 @@ function InvertibleLinear:check_inputs (x, logdet, ...)
   check.float_tensor("InvertibleLinear", "input", x)
   if x.ndim < 2 then fail("InvertibleLinear", "input must be (batch, ..., channels), got shape %s", check.shape(x.shape)) end
   local w = rawget(self, "log_s")
-  if w and (x.dtype ~= w.dtype or x.shape[x.ndim] ~= w.shape[1]) then
+  if w and (not layer.fits(x.dtype, w.dtype) or x.shape[x.ndim] ~= w.shape[1]) then
     fail("InvertibleLinear", "input is %s with %d channels (its last axis), the layer was built for %s with %d",
          x.dtype, x.shape[x.ndim], w.dtype, w.shape[1])
   end
@@ -710,7 +710,7 @@ end
 -- input_shape's last axis (the channels; float32 by default)
 function InvertibleLinear:build (input_shape, dtype)
   local c = layer.last_size("InvertibleLinear:build", input_shape)
-  dtype = dtype or "float32"
+  dtype = layer.weights_dtype(dtype)
   local p, l, u = lu(orthogonal(c))
   local diag, sign = {}, {}
   for i = 1, c do

@@ -67,7 +67,7 @@ end
 
 -- the variable v's dtype must be x's
 local function check_dtype (who, x, v)
-  if v and x.dtype ~= v.dtype then fail(who, "input is %s, the layer was built for %s", x.dtype, v.dtype) end
+  if v and not layer.fits(x.dtype, v.dtype) then fail(who, "input is %s, the layer was built for %s", x.dtype, v.dtype) end
 end
 
 -- call options: {mask=, training=}
@@ -173,7 +173,7 @@ function PositionalEmbedding:call (x)
     fail(who, "the input has %d positions, the layer holds %d (its sequence_length)", T, self.sequence_length)
   end
   if not p then
-    p = self:add_variable("embeddings", self._init({self.sequence_length, x.shape[3]}, x.dtype))
+    p = self:add_variable("embeddings", self._init({self.sequence_length, x.shape[3]}, layer.weights_dtype(x.dtype)))
     self.embeddings = p
   end
   if T < self.sequence_length then p = mg.slice(p, {1, T}) end
@@ -217,8 +217,8 @@ function LayerNorm:call (x)
       fail(who, "input has %d features (its last axis), the layer was built for %d", D, self._features)
     end
   else
-    if self.scale then self.gamma = self:add_variable("gamma", mg.ones({D}, x.dtype)) end
-    if self.center then self.beta = self:add_variable("beta", mg.zeros({D}, x.dtype)) end
+    if self.scale then self.gamma = self:add_variable("gamma", mg.ones({D}, layer.weights_dtype(x.dtype))) end
+    if self.center then self.beta = self:add_variable("beta", mg.zeros({D}, layer.weights_dtype(x.dtype))) end
     self._features, self._built = D, true
   end
   return mg.layer_norm(x, rawget(self, "gamma"), rawget(self, "beta"), {epsilon = self.epsilon})
@@ -263,7 +263,7 @@ function MultiHeadAttention.__new (heads, dim, opts)
 end
 
 function MultiHeadAttention:build (query, value)
-  local dtype, dim = query.dtype, self.dim
+  local dtype, dim = layer.weights_dtype(query.dtype), self.dim
   local function proj (name, fan_in)
     self[name .. "_kernel"] = self:add_variable(name .. "_kernel", layer.glorot_uniform({fan_in, dim}, dtype))
     if self.use_bias then self[name .. "_bias"] = self:add_variable(name .. "_bias", mg.zeros({dim}, dtype)) end

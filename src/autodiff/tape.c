@@ -714,13 +714,11 @@ mg_status mg_accumulate (mg_tensor **acc, mg_tensor *g) {
     *acc = g;
     return MG_OK;
   }
+  /* half gradients add in float32 and stay there: a weight autocast cast
+  ** once and read many times sums its gradients unrounded (step_back and
+  ** collect narrow the sum where a half dtype is wanted) */
   mg_tensor *sum = mg_add(*acc, g);
   mg_tensor_release(g);
-  if (sum && sum->dtype != (*acc)->dtype) {   /* half gradients add in float32: back to their dtype */
-    mg_tensor *h = mg_cast(sum, (*acc)->dtype);
-    mg_tensor_release(sum);
-    sum = h;
-  }
   if (sum == NULL) return MG_ERR;
   mg_tensor_release(*acc);
   *acc = sum;
@@ -850,6 +848,7 @@ static mg_status step_back (mg_node *n, idmap *grads, const idmap *dep, const id
   mg_tensor **dout = n->nout <= 4 ? dout_small : (mg_tensor **)malloc(sizeof(mg_tensor *) * (size_t)n->nout);
   mg_tensor **din = ndin <= 8 ? din_small : (mg_tensor **)calloc((size_t)ndin, sizeof(mg_tensor *));
   mg_status st = MG_OK;
+  unsigned narrowed = 0;                   /* dout[i] the walk cast for the rule: its own */
   if (dout == NULL || din == NULL) {
     st = mg_seterror("out of memory in the backward of '%s'", n->def->info.name);
     goto done;
@@ -858,6 +857,14 @@ static mg_status step_back (mg_node *n, idmap *grads, const idmap *dep, const id
   n->going = going;
   for (int i = 0; i < n->nout; i++) {
     dout[i] = (mg_tensor *)idmap_get(grads, n->out_meta[i].id);
+    if (dout[i] && dout[i]->dtype != n->out_meta[i].dtype && !n->def->any_gradient_dtype && i < 32) {
+      /* a float32 sum of half gradients (grads_add): the rule gets its output's dtype */
+      if ((dout[i] = mg_cast(dout[i], n->out_meta[i].dtype)) == NULL) {
+        st = locate(fn, n);
+        goto done;
+      }
+      narrowed |= 1u << i;
+    }
     if (n->def->reuses_gradient && i < 32 && dout[i] && spare_gradient(dout[i], n->out_meta[i].id, keep_ids))
       n->spare |= 1u << i;
   }
@@ -913,6 +920,8 @@ static mg_status step_back (mg_node *n, idmap *grads, const idmap *dep, const id
     if ((n->out_sources & (1u << i)) && din[n->nin + i]) st = replace_gradient(grads, n, i, &din[n->nin + i]);
   for (int j = 0; j < ndin; j++) mg_tensor_release(din[j]);
 done:
+  for (int i = 0; i < n->nout && i < 32; i++)
+    if (narrowed & (1u << i)) mg_tensor_release(dout[i]);
   if (dout != dout_small) free(dout);
   if (din != din_small) free(din);
   return st;
@@ -1017,9 +1026,11 @@ void mg_tape_consume (mg_tape *t) {
 static mg_status collect (idmap *map, int nsources, mg_tensor *const *sources, int zero, mg_tensor **grads) {
   for (int s = 0; s < nsources; s++) {
     mg_tensor *g = mg_is_floating(sources[s]->dtype) ? (mg_tensor *)idmap_get(map, sources[s]->id) : NULL;
-    if (g != NULL) grads[s] = mg_tensor_retain(g);
-    else grads[s] = zero ? mg_full(sources[s]->shape, sources[s]->ndim, sources[s]->dtype, 0.0) : NULL;
-    if (zero && grads[s] == NULL) {
+    if (g != NULL)                      /* a float32 sum of half gradients goes back to their dtype */
+      grads[s] = g->dtype == sources[s]->dtype ? mg_tensor_retain(g) : mg_cast(g, sources[s]->dtype);
+    else
+      grads[s] = zero ? mg_full(sources[s]->shape, sources[s]->ndim, sources[s]->dtype, 0.0) : NULL;
+    if ((zero || g != NULL) && grads[s] == NULL) {
       for (int k = 0; k < s; k++) { mg_tensor_release(grads[k]); grads[k] = NULL; }
       return MG_ERR;
     }

@@ -224,6 +224,11 @@ mg_tensor *mg_layer_norm (mg_tensor *x, mg_tensor *gamma, mg_tensor *beta, doubl
   const char *fn = "layer_norm";
   char s1[160];
   MG_CHECK_ARG("mg_layer_norm", x, NULL);
+  if (mg_is_half(x->dtype)) {                 /* normalises in float32 (autocast.c) */
+    mg_tensor *x32 = mg_half_to_float32(x), *r = x32 ? mg_layer_norm(x32, gamma, beta, epsilon) : NULL;
+    mg_tensor_release(x32);
+    return r;
+  }
   if (check_float(fn, "x", x) != MG_OK) return NULL;
   if (x->ndim == 0) return mg_seterror("%s: x must have at least 1 dimension (the features), got a 0-d tensor", fn), NULL;
   if (!(epsilon >= 0 && epsilon < INFINITY))
@@ -404,6 +409,11 @@ MG_ROW(GELU, gelu) = {
 
 mg_tensor *mg_gelu (mg_tensor *x, int approximate) {
   MG_CHECK_ARG("mg_gelu", x, NULL);
+  if (mg_is_half(x->dtype)) {                 /* computed in float32 (autocast.c) */
+    mg_tensor *x32 = mg_half_to_float32(x), *r = x32 ? mg_gelu(x32, approximate) : NULL;
+    mg_tensor_release(x32);
+    return r;
+  }
   if (check_float("gelu", "x", x) != MG_OK) return NULL;
   mg_attr attr = {0};
   attr.a[0] = approximate != 0;
@@ -782,6 +792,15 @@ mg_tensor *mg_scaled_dot_product_attention (mg_tensor *q, mg_tensor *k, mg_tenso
   MG_CHECK_ARG("mg_scaled_dot_product_attention", q, NULL);
   MG_CHECK_ARG("mg_scaled_dot_product_attention", k, NULL);
   MG_CHECK_ARG("mg_scaled_dot_product_attention", v, NULL);
+  if (mg_is_half(q->dtype) || mg_is_half(k->dtype) || mg_is_half(v->dtype)) {
+    /* the fused kernel runs float32: half q, k, v (autocast's projections) are widened once */
+    mg_tensor *q32 = mg_half_to_float32(q), *k32 = mg_half_to_float32(k), *v32 = mg_half_to_float32(v);
+    mg_tensor *r = q32 && k32 && v32 ? mg_scaled_dot_product_attention(q32, k32, v32, mask, p) : NULL;
+    mg_tensor_release(q32);
+    mg_tensor_release(k32);
+    mg_tensor_release(v32);
+    return r;
+  }
   if (sdpa_check(fn, q, k, v, mask, p) != MG_OK) return NULL;
   int nd = q->ndim;
   double scale = p && p->scale > 0 ? p->scale : 1 / sqrt((double)(q->shape[nd - 1] > 0 ? q->shape[nd - 1] : 1));

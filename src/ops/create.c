@@ -161,7 +161,8 @@ static mg_status cast_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **
   din[0] = mg_cast(dout[0], n->in_meta[0].dtype);
   return MG_OK;
 }
-MG_ROW(CAST, cast) = {.forward = cast_forward, .info = {.name = "cast", .kind = MG_OP_OTHER, .doc = "x converted to another dtype (float to float is differentiable)"}, .backward = cast_backward};
+MG_ROW(CAST, cast) = {.forward = cast_forward, .info = {.name = "cast", .kind = MG_OP_OTHER, .doc = "x converted to another dtype (float to float is differentiable)"}, .backward = cast_backward,
+  .any_gradient_dtype = true};
 
 /* }========================================================== */
 

@@ -78,6 +78,9 @@ typedef struct mg_opdef {
   ** din[nin + i], the whole gradient at that output, which replaces the
   ** walk's (the plain tape's d z / d y between two outputs) */
   bool linked_outputs;
+  /* its backward takes an output gradient of any float dtype (cast): the
+  ** walk hands it a float32 sum of half gradients as it is, unrounded */
+  bool any_gradient_dtype;
   /* a product's multiply-adds, from the node's shapes (what a memory budget
   ** weighs a rebuild by); NULL: an elementwise op, its elements */
   double (*macs)(const struct mg_node *n);

@@ -1,0 +1,322 @@
+-- Automatic mixed precision: mg.autocast("bfloat16", ...) runs products in
+-- bfloat16 (float32 accumulation), everything else in float32; gradients
+-- come back in the variables' dtype; memory-saving paths under autocast
+-- give autocast's plain-tape gradients.
+local mg = require "moongrad"
+local h = require "spec.helpers"
+
+-- ||a - b|| / ||b||, as a number (any float dtypes)
+local function rel_err (a, b)
+  a, b = mg.cast(a, "float64"), mg.cast(b, "float64")
+  local d = mg.sqrt(mg.sum((a - b) ^ 2)):item()
+  local n = mg.sqrt(mg.sum(b ^ 2)):item()
+  return n == 0 and d or d / n
+end
+
+-- the gradients of loss_fn's scalar with respect to vars, under autocast when dtype is given
+local function grads (loss_fn, vars, dtype)
+  local t = mg.tape()
+  local loss = dtype and mg.autocast(dtype, loss_fn) or loss_fn()
+  t:stop()
+  return t:gradient(loss, vars), loss
+end
+
+local function same_bits (a, b)
+  assert.are.equal(a.dtype, b.dtype)
+  assert.are.equal(0, mg.sum(mg.cast(mg.not_equal(a, b), "int64")):item(), "bits differ")
+end
+
+describe("autocast", function()
+  before_each(function() mg.random.seed(11) end)
+
+  it("runs products in bfloat16 and leaves the rest in float32", function()
+    local a, b = mg.random.normal{8, 16}, mg.random.normal{16, 4}
+    local y32 = mg.matmul(a, b)
+    local y, s, r = mg.autocast("bfloat16", function()
+      local p = mg.matmul(a, b)
+      return p, mg.sum(p), mg.relu(p)
+    end)
+    assert.are.equal("bfloat16", y.dtype)
+    assert.are.equal("float32", s.dtype)            -- reductions in float32
+    assert.are.equal("float32", r.dtype)            -- elementwise ops in float32
+    assert.is_true(rel_err(y, y32) < 1e-2)
+    assert.are.equal("float32", mg.matmul(a, b).dtype)   -- the region is closed
+    assert.is_nil(mg.autocast_dtype())
+  end)
+
+  it("has a <close> form, nests, and can be turned off inside", function()
+    local a = mg.random.normal{4, 4}
+    do
+      local ac <close> = mg.autocast("bfloat16")
+      assert.are.equal("bfloat16", mg.autocast_dtype())
+      assert.are.equal("bfloat16", mg.matmul(a, a).dtype)
+      mg.autocast(false, function()
+        assert.is_nil(mg.autocast_dtype())
+        assert.are.equal("float32", mg.matmul(a, a).dtype)
+      end)
+      assert.are.equal("bfloat16", mg.matmul(a, a).dtype)
+      assert.matches("open", tostring(ac))
+    end
+    assert.is_nil(mg.autocast_dtype())
+  end)
+
+  it("closes its region when the function fails", function()
+    local ok, err = pcall(mg.autocast, "bfloat16", function() error("boom") end)
+    assert.is_false(ok)
+    assert.matches("boom", err)
+    assert.is_nil(mg.autocast_dtype())
+  end)
+
+  it("names the mistake", function()
+    local function msg (...) local ok, e = pcall(...); assert.is_false(ok); return e end
+    assert.matches("autocast: dtype must be bfloat16, float16 or float32 %(off%), got int64",
+                   msg(mg.autocast, "int64", function() end))
+    assert.matches('"bfloat16", "float16", "float32" or false expected, got number', msg(mg.autocast, 42))
+    assert.matches("autocast: float16 products need AVX512%-FP16", msg(mg.autocast, "float16", function() end))
+    assert.matches("matmul: dtypes differ: bfloat16 @ float32",
+                   msg(mg.matmul, mg.cast(mg.ones{2, 2}, "bfloat16"), mg.ones{2, 2}))
+    local outer = mg.autocast("bfloat16")
+    local inner = mg.autocast(false)
+    assert.matches("autocast: regions must close innermost first", msg(outer.close, outer))
+    inner:close()
+    outer:close()
+    outer:close()                                   -- closing twice does nothing
+    assert.is_nil(mg.autocast_dtype())
+    assert.matches("fit: option 'mixed_precision' must be", msg(function()
+      local m = mg.nn.Sequential{mg.nn.Dense(1)}
+      m:compile{optimizer = "sgd", loss = "mse"}
+      m:fit(mg.ones{4, 2}, mg.ones{4, 1}, {mixed_precision = "half", verbose = 0})
+    end))
+  end)
+
+  it("names the ISA bfloat16 products run on, or nil", function()
+    local isa = mg.autocast_isa()
+    assert.is_true(isa == nil or isa == "avx512_core_bf16" or isa == "avx512_core_amx")
+    assert.is_nil(mg.autocast_isa("float16"))
+  end)
+
+  describe("gradients against float32 within bfloat16's reach", function()
+    -- each product, its gradients under autocast vs float32 (relative norm error)
+    local cases = {
+      {"matmul 2-D", {{16, 32}, {32, 8}}, function(a, b) return mg.matmul(a, b) end},
+      {"matmul batched", {{3, 8, 16}, {3, 16, 4}}, function(a, b) return mg.matmul(a, b) end},
+      {"matmul broadcast", {{2, 3, 8, 16}, {16, 5}}, function(a, b) return mg.matmul(a, b) end},
+      {"matmul transposed view", {{16, 8}, {4, 16}},
+       function(a, b) return mg.matmul(mg.transpose(a), mg.transpose(b)) end},
+      {"matmul vectors", {{16}, {16, 6}}, function(a, b) return mg.matmul(a, b) end},
+      {"dense relu", {{10, 24}, {24, 12}, {12}}, function(x, w, b) return mg.dense(x, w, b, "relu") end},
+      {"dense tanh", {{2, 5, 24}, {24, 12}, {12}}, function(x, w, b) return mg.dense(x, w, b, "tanh") end},
+      {"dense sigmoid no bias", {{10, 24}, {24, 12}}, function(x, w) return mg.dense(x, w, nil, "sigmoid") end},
+      {"dense linear", {{10, 24}, {24, 12}, {12}}, function(x, w, b) return mg.dense(x, w, b) end},
+      {"einsum", {{4, 8, 16}, {16, 6}}, function(a, b) return mg.einsum("bij,jk->bik", a, b) end},
+      {"attention projections", {{2, 6, 16}, {16, 16}, {16, 16}, {16, 16}}, function(x, wq, wk, wv)
+        return mg.scaled_dot_product_attention(mg.matmul(x, wq), mg.matmul(x, wk), mg.matmul(x, wv), nil,
+                                               {causal = true})
+      end},
+    }
+    for _, case in ipairs(cases) do
+      local name, shapes, f = case[1], case[2], case[3]
+      it(name, function()
+        local vars = {}
+        for i, s in ipairs(shapes) do vars[i] = mg.Variable(mg.random.normal(s) * 0.5) end
+        local target = mg.random.normal(mg.autocast("bfloat16", f, table.unpack(vars)).shape)
+        local function loss () return mg.mean((f(table.unpack(vars)) - target) ^ 2) end
+        local g32, l32 = grads(loss, vars)
+        local g16, l16 = grads(loss, vars, "bfloat16")
+        assert.are.equal("float32", l16.dtype)
+        assert.is_true(math.abs(l16:item() - l32:item()) <= 2e-2 * math.abs(l32:item()))
+        for i = 1, #vars do
+          assert.are.equal("float32", g16[i].dtype)        -- master weights' dtype
+          local e = rel_err(g16[i], g32[i])
+          assert.is_true(e < 3e-2, ("%s: gradient %d is %.4f off"):format(name, i, e))
+        end
+      end)
+    end
+  end)
+
+  it("gives gradients to float32 tensors a tape watches, in float32", function()
+    local x = mg.random.normal{4, 8}
+    local w = mg.random.normal{8, 3}
+    local t = mg.tape()
+    t:watch(x)
+    local y = mg.autocast("bfloat16", function() return mg.sum(mg.matmul(x, w)) end)
+    local g = t:gradient(y, x)
+    assert.are.equal("float32", g.dtype)
+    h.assert_close(g, mg.broadcast_to(mg.sum(w, 2), {8}):reshape{1, 8} * mg.ones{4, 1}, 3e-2)
+  end)
+
+  it("casts a variable once per region, however often it is read", function()
+    local x = mg.Variable(mg.random.normal{64, 64})
+    local w = mg.Variable(mg.random.normal{64, 64})
+    mg.autocast("bfloat16", function()
+      local a = mg.matmul(x, w)
+      local before = mg.memory.stats().current_bytes
+      local b = mg.matmul(x, w)                     -- no new casts: only the output
+      assert.are.equal(64 * 64 * 2, mg.memory.stats().current_bytes - before)
+      same_bits(a, b)
+    end)
+  end)
+
+  it("sees a variable's new value after an assign inside the region", function()
+    local w = mg.Variable(mg.ones{4, 4})
+    local x = mg.ones{1, 4}
+    mg.autocast("bfloat16", function()
+      assert.are.equal(4, mg.matmul(x, w)[1][1]:item())
+      w:assign(mg.full({4, 4}, 2))
+      assert.are.equal(8, mg.matmul(x, w)[1][1]:item())
+    end)
+  end)
+
+  it("connects a cached cast to a tape that starts inside the region", function()
+    local w = mg.Variable(mg.random.normal{8, 8})
+    local x = mg.random.normal{2, 8}
+    mg.autocast("bfloat16", function()
+      mg.matmul(x, w)                               -- cast with no tape recording
+      local t = mg.tape()
+      local y = mg.sum(mg.matmul(x, w))
+      local g = t:gradient(y, w)
+      assert.is_not_nil(g)
+      assert.are.equal("float32", g.dtype)
+    end)
+  end)
+
+  it("is deterministic: the same program gives the same bits", function()
+    local w = mg.Variable(mg.random.normal{48, 48})
+    local x = mg.random.normal{32, 48}
+    local function loss () return mg.mean(mg.dense(mg.dense(x, w, nil, "relu"), w) ^ 2) end
+    local g1 = grads(loss, {w}, "bfloat16")
+    local g2 = grads(loss, {w}, "bfloat16")
+    same_bits(g1[1], g2[1])
+  end)
+
+  describe("memory-saving paths under autocast give autocast's plain gradients", function()
+    local function mlp ()
+      mg.random.seed(7)
+      local ws = {}
+      for i = 1, 4 do ws[i] = mg.Variable(mg.random.normal{32, 32} * 0.2) end
+      local x = mg.random.normal{16, 32}
+      local block = function(h_, w) return mg.dense(h_, w, nil, "tanh") end
+      return ws, x, block
+    end
+
+    it("recompute_grad re-runs under the autocast of its call (bit for bit)", function()
+      local ws, x, block = mlp()
+      local rblock = mg.recompute_grad(block)
+      local function plain () local y = x; for i = 1, 4 do y = block(y, ws[i]) end return mg.sum(y) end
+      local function rec () local y = x; for i = 1, 4 do y = rblock(y, ws[i]) end return mg.sum(y) end
+      local gp = grads(plain, ws, "bfloat16")
+      local gr = grads(rec, ws, "bfloat16")
+      for i = 1, 4 do same_bits(gr[i], gp[i]) end
+    end)
+
+    it("a checkpointed loop re-runs its steps under the call's autocast", function()
+      local ws, x, block = mlp()
+      local function plain ()
+        local y = x
+        for _ = 1, 6 do y = mg.cast(block(y, ws[1]), "float32") end
+        return mg.sum(y)
+      end
+      local function looped ()
+        -- a loop keeps its state's dtype: the step gives float32 back
+        local y = mg.checkpoint_loop(function(s) return mg.cast(block(s, ws[1]), "float32") end, x, 6,
+                                     {snapshots = 2})
+        return mg.sum(y)
+      end
+      local gp = grads(plain, {ws[1]}, "bfloat16")
+      local gl = grads(looped, {ws[1]}, "bfloat16")
+      same_bits(gl[1], gp[1])
+    end)
+
+    it("saved_tensors_hooks('bfloat16') and a memory budget give the same gradients", function()
+      local ws, x, block = mlp()
+      local function plain () local y = x; for i = 1, 4 do y = block(y, ws[i]) end return mg.sum(y) end
+      local gp = grads(plain, ws, "bfloat16")
+      local gh = grads(function() return mg.saved_tensors_hooks("bfloat16", plain) end, ws, "bfloat16")
+      for i = 1, 4 do same_bits(gh[i], gp[i]) end
+      local was = mg.memory.budget("96 KiB")
+      local ok, gb = pcall(grads, plain, ws, "bfloat16")
+      mg.memory.budget(was)
+      assert.is_true(ok, tostring(gb))
+      for i = 1, 4 do same_bits(gb[i], gp[i]) end
+    end)
+
+    it("saves bfloat16 copies: the tape holds about half the bytes", function()
+      local ws = mlp()
+      local x = mg.random.normal{512, 32}
+      local function step (dtype)
+        mg.memory.reset_peak()
+        local t = mg.tape()
+        local y = mg.autocast(dtype or false, function()
+          local a = x
+          for i = 1, 4 do a = mg.dense(a, ws[i], nil, "relu") end
+          return mg.sum(a)
+        end)
+        local saved = mg.memory.stats().saved_bytes
+        t:gradient(y, ws)
+        return saved
+      end
+      local s32, s16 = step(), step("bfloat16")
+      assert.is_true(s16 < 0.6 * s32, ("saved %d bytes under autocast, %d in float32"):format(s16, s32))
+    end)
+  end)
+
+  describe("fit{mixed_precision} and policies", function()
+    local function data ()
+      mg.random.seed(3)
+      local x = mg.random.normal{256, 12}
+      local y = mg.argmax(mg.matmul(x, mg.random.normal{12, 3}), 2)
+      return x, y
+    end
+    local function model ()
+      mg.random.seed(5)
+      local m = mg.nn.Sequential{mg.nn.Dense(32, "relu"), mg.nn.Dense(3)}
+      m:compile{optimizer = "adam", loss = mg.losses.SparseCategoricalCrossentropy{from_logits = true},
+                metrics = {"accuracy"}}
+      return m
+    end
+
+    it("trains as float32 does, within bfloat16's reach, with float32 weights", function()
+      local x, y = data()
+      local m32, m16 = model(), model()
+      local h32 = m32:fit(x, y, {epochs = 4, verbose = 0, shuffle = false})
+      local h16 = m16:fit(x, y, {epochs = 4, verbose = 0, shuffle = false, mixed_precision = "bfloat16"})
+      local l32, l16 = h32.history.loss[4], h16.history.loss[4]
+      assert.is_true(math.abs(l16 - l32) < 0.02 * l32, ("%g vs %g"):format(l16, l32))
+      for _, v in ipairs(m16.trainable_variables) do assert.are.equal("float32", v.dtype) end
+      assert.are.equal("float32", m16:predict(x).dtype)
+    end)
+
+    it("follows the model's dtype_policy and the global policy", function()
+      local x, y = data()
+      local m = model()
+      m:fit(x, y, {epochs = 1, verbose = 0})
+      local l32 = m:evaluate(x, y, {verbose = 0}).loss
+      m.dtype_policy = "mixed_bfloat16"
+      local l16 = m:evaluate(x, y, {verbose = 0}).loss
+      assert.are_not.equal(l32, l16)                  -- products ran in bfloat16
+      assert.is_true(math.abs(l16 - l32) < 0.02 * l32)
+      m.dtype_policy = nil
+      local was = mg.mixed_precision.set_global_policy("mixed_bfloat16")
+      assert.are.equal("float32", was)
+      assert.are.equal("mixed_bfloat16", mg.mixed_precision.global_policy())
+      local lg = m:evaluate(x, y, {verbose = 0}).loss
+      mg.mixed_precision.set_global_policy("float32")
+      assert.are.equal(l16, lg)
+      assert.has_error(function() mg.mixed_precision.set_global_policy("fast") end,
+                       "set_global_policy: unknown policy 'fast' (mixed_bfloat16, mixed_float16 or float32)")
+    end)
+
+    it("builds layers first called under autocast with float32 weights", function()
+      local layers = {mg.nn.Dense(4), mg.transformer.LayerNorm(), mg.transformer.MultiHeadAttention(2, 4)}
+      local x = mg.random.normal{2, 3, 8}
+      mg.autocast("bfloat16", function()
+        layers[1](x)
+        layers[2](mg.matmul(x, mg.ones{8, 8}))
+        layers[3](x)
+      end)
+      for _, l in ipairs(layers) do
+        for _, v in ipairs(l.variables) do assert.are.equal("float32", v.dtype) end
+      end
+    end)
+  end)
+end)
