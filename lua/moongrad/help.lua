@@ -166,6 +166,13 @@ local groups = {
     {"checkpoint_loop", "checkpoint_loop(step, state, n [, {snapshots=, stats=}])", "n steps of state = step(state, i) whose backward keeps only snapshots (Revolve)"},
     {"checkpoint_loop.recomputed_steps", "checkpoint_loop.recomputed_steps(n, k)", "steps Revolve recomputes for n steps and k snapshots"},
     {"saved_tensors_hooks", "saved_tensors_hooks(pack, unpack, fn, ...)", "fn(...) with every tensor a tape saves packed (also \"float16\", \"bfloat16\", {offload=dir})"},
+    {"autocast", "autocast(dtype, fn, ...) | autocast(dtype)", "fn(...) with products (matmul, dense, conv2d, einsum) in bfloat16, the rest in float32; alone: a region for a <close> variable"},
+    {"autocast_dtype", "autocast_dtype()", "the open autocast region's dtype, or nil"},
+    {"autocast_isa", "autocast_isa([dtype=\"bfloat16\"])", "the ISA oneDNN runs dtype's products on here (\"avx512_core_bf16\", \"avx512_core_amx\"), or nil: emulated"},
+    {"mixed_precision.set_global_policy", "mixed_precision.set_global_policy(name)", "\"mixed_bfloat16\" or \"float32\": the policy fit, evaluate and predict follow; returns the previous"},
+    {"mixed_precision.global_policy", "mixed_precision.global_policy()", "the global policy's name"},
+    {"mixed_precision.autocast_dtype", "mixed_precision.autocast_dtype(model [, asked])", "the dtype a model's fit runs products in (asked, model.dtype_policy, the global policy), or false"},
+    {"mixed_precision.run", "mixed_precision.run(dtype, fn, ...)", "fn(...) under autocast(dtype), or plainly when dtype is false"},
     {"test.gradcheck", "test.gradcheck(f, inputs [, {eps=1e-6, atol=1e-6, rtol=1e-4, seed=1}])", "checks the tape's gradient of f against finite differences (float64 inputs)"},
   }},
   {"layers", {
@@ -252,7 +259,7 @@ local groups = {
   }},
   {"fit", {
     {"Layer:compile", "model:compile{optimizer=\"rmsprop\", loss=, metrics=}", "what fit trains with"},
-    {"Layer:fit", "model:fit(x, y [, {epochs=, batch_size=, validation_data= | validation_split=, validation_batch_size=, shuffle=, callbacks=, recompute=, verbose=, initial_epoch=, seed=, distributed=}])", "trains; returns a History"},
+    {"Layer:fit", "model:fit(x, y [, {epochs=, batch_size=, validation_data= | validation_split=, validation_batch_size=, shuffle=, callbacks=, recompute=, verbose=, initial_epoch=, seed=, distributed=, mixed_precision=}])", "trains; returns a History"},
     {"Layer:evaluate", "model:evaluate(x, y [, {batch_size=32, verbose=\"auto\"}])", "{loss=, metric=...} over x, y in inference mode"},
     {"Layer:predict", "model:predict(x [, {batch_size=32, verbose=0}])", "the outputs for x, batch by batch"},
     {"Layer:train_step", "model:train_step(x, y)", "one training step; returns the logs"},

@@ -374,6 +374,24 @@ E("saved_tensors_hooks", {{"pack", "function(x) returning what is kept; or \"flo
                           {"unpack", "function(packed) returning the tensor"}, FN, ARGS},
   "fn's results",
   "x = mg.Variable(mg.tensor{1, 2})\nt = mg.tape()\ny = mg.saved_tensors_hooks(\"bfloat16\", function() return (x * x):sum() end)\nt:stop()\nt:gradient(y, x) --> {2.0, 4.0}")
+E("autocast", {{"dtype", "\"bfloat16\"; \"float16\" where oneDNN has float16 products; \"float32\" or false: off inside"},
+               {"fn", "the function to run (omitted: a region open until its <close> variable goes)", "nil"}, ARGS},
+  "fn's results, or a region with :close()",
+  "a = mg.ones{2, 2}\nmg.autocast(\"bfloat16\", function() return mg.matmul(a, a) end).dtype --> bfloat16")
+E("autocast_dtype", {}, "a dtype name or nil",
+  "mg.autocast(\"bfloat16\", mg.autocast_dtype) --> bfloat16")
+E("autocast_isa", {{"dtype", "the half dtype", "\"bfloat16\""}}, "an ISA name or nil",
+  "mg.autocast_isa(\"float16\") --> nil")
+E("mixed_precision.set_global_policy", {{"name", "\"mixed_bfloat16\", \"mixed_float16\" or \"float32\""}},
+  "the previous policy's name",
+  "was = mg.mixed_precision.set_global_policy(\"mixed_bfloat16\")\nmg.mixed_precision.set_global_policy(was) --> mixed_bfloat16")
+E("mixed_precision.global_policy", {}, "a policy name", "mg.mixed_precision.global_policy() --> float32")
+E("mixed_precision.autocast_dtype", {{"model", "a layer or model (its dtype_policy)"},
+                                     {"asked", "a dtype name or false: wins when given", "nil"}},
+  "a dtype name or false",
+  "m = mg.nn.Dense(2)\nm.dtype_policy = \"mixed_bfloat16\"\nmg.mixed_precision.autocast_dtype(m) --> bfloat16")
+E("mixed_precision.run", {{"dtype", "a dtype name, or false"}, FN, ARGS}, "fn's results",
+  "mg.mixed_precision.run(false, function() return 1 end) --> 1")
 E("test.gradcheck", {{"f", "a function of the inputs, returning a tensor"}, {"inputs", "a list of float64 tensors"},
                      {"opts", "eps=, atol=, rtol=, seed=", "{eps=1e-6, atol=1e-6, rtol=1e-4, seed=1}"}},
   "true, or raises naming the input and element that differ",

@@ -71,6 +71,7 @@ static int l_autocast (lua_State *L) {
 
 /* autocast_dtype(): the open region's dtype, or nil when autocast is off */
 static int l_autocast_dtype (lua_State *L) {
+  if (lua_gettop(L) > 0) return luaL_argerror(L, 1, "no arguments expected");
   mg_dtype dt = mg_autocast_dtype();
   if (dt == MG_FLOAT32) lua_pushnil(L);
   else lua_pushstring(L, mg_dtype_name(dt));
