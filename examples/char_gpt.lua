@@ -1,7 +1,7 @@
 -- A character-level GPT (makemore-style) trained on the English words of
 -- Debian's wamerican package (/usr/share/dict/american-english, about
 -- 104,000 words, one per line), compared with a counted bigram model.
---   build/moongrad examples/char_gpt.lua [--recompute] [--steps N] [--tiny]
+--   build/moongrad examples/char_gpt.lua [--recompute] [--bf16] [--steps N] [--tiny]
 -- Each word is a sequence "." w1 w2 ... wn, and the model predicts w1 ... wn
 -- "." from it: the mean loss per predicted character (the end included) on
 -- a seeded 90/10 split by word is the validation loss, for the bigram
@@ -15,21 +15,25 @@
 -- example first measures one training step both ways: what the tape holds,
 -- the step's peak and its time. Then it trains, prints 20 sampled words, and
 -- as its last line `val loss: X.XXXX (bigram Y.YYYY)`. --tiny is a smoke
--- test (2,000 words, a small model, a few steps).
+-- test (2,000 words, a small model, a few steps). --bf16 runs each forward
+-- and loss under mg.autocast("bfloat16"): the products in bfloat16 (oneDNN's
+-- bfloat16 kernels where the CPU has them), the weights and their updates
+-- in float32.
 -- Without wamerican installed, mg.data fetches it with no root (apt-get
 -- download + dpkg-deb -x into ~/.cache/moongrad/debs).
 local mg = mg or require "moongrad"
 local nn = mg.nn
 
-local recompute, tiny, steps = false, false, nil
+local recompute, tiny, steps, bf16 = false, false, nil, false
 local argv = arg or {}
 local i = 1
 while i <= #argv do
   local a = argv[i]
   if a == "--recompute" then recompute = true
   elseif a == "--tiny" then tiny = true
+  elseif a == "--bf16" then bf16 = true
   elseif a == "--steps" then i = i + 1; steps = math.tointeger(tonumber(argv[i])) or error("--steps needs a number", 0)
-  else error("unknown argument " .. a .. " (use --recompute, --steps N, --tiny)", 0) end
+  else error("unknown argument " .. a .. " (use --recompute, --bf16, --steps N, --tiny)", 0) end
   i = i + 1
 end
 
@@ -166,7 +170,9 @@ local recomputed = nn.Sequential(rlayers)
 
 local train_batches, val_batches = batches(train, batch_size), batches(val, 256)
 local function loss_of (model, b)
-  return mg.losses.sparse_categorical_crossentropy(b.y, model(b.x), {from_logits = true, mask = b.mask})
+  return mg.mixed_precision.run(bf16 and "bfloat16", function()   -- products in bfloat16 with --bf16
+    return mg.losses.sparse_categorical_crossentropy(b.y, model(b.x), {from_logits = true, mask = b.mask})
+  end)
 end
 plain(train_batches[1].x)                            -- build the layers
 local vars = plain.trainable_variables
@@ -243,8 +249,9 @@ local function evaluate (set)
   return sum / count
 end
 
-print(("training %d steps of %d words%s"):format(total, batch_size,
-      recompute and ", each block under recompute_grad" or ""))
+print(("training %d steps of %d words%s%s"):format(total, batch_size,
+      recompute and ", each block under recompute_grad" or "",
+      bf16 and (", products in bfloat16 (%s)"):format(mg.autocast_isa() or "emulated: no bfloat16 instructions here") or ""))
 local t0, step, running = mg.clock(), 0, nil
 while step < total do
   local perm = mg.random.permutation(#train_batches):totable()

@@ -1,6 +1,8 @@
 -- Fashion-MNIST (Zalando's 70,000 28x28 grey images of clothes, 10 classes)
 -- classified by a small CNN trained with fit: conv-pool-conv-pool-dense.
---   build/moongrad examples/train_fashion_mnist.lua [--recompute] [--epochs N] [curves.png]
+--   build/moongrad examples/train_fashion_mnist.lua [--recompute] [--bf16] [--epochs N] [curves.png]
+-- --bf16 trains with fit{mixed_precision = "bfloat16"}: products in bfloat16,
+-- weights and updates in float32.
 -- --recompute runs each conv block (conv + pool) under recompute_grad: the
 -- tape keeps only the blocks' inputs, and the conv and pool are run again
 -- for the gradient. Either way the example first measures one training
@@ -14,14 +16,15 @@
 local mg = mg or require "moongrad"
 local nn = mg.nn
 
-local recompute, epochs, plot_path = false, 8, nil
+local recompute, epochs, plot_path, bf16 = false, 8, nil, false
 local argv = arg or {}
 local i = 1
 while i <= #argv do
   local a = argv[i]
   if a == "--recompute" then recompute = true
+  elseif a == "--bf16" then bf16 = true
   elseif a == "--epochs" then i = i + 1; epochs = math.tointeger(tonumber(argv[i])) or error("--epochs needs a number", 0)
-  elseif a:sub(1, 2) == "--" then error("unknown option " .. a .. " (use --recompute, --epochs N)", 0)
+  elseif a:sub(1, 2) == "--" then error("unknown option " .. a .. " (use --recompute, --bf16, --epochs N)", 0)
   else plot_path = a end
   i = i + 1
 end
@@ -80,10 +83,12 @@ print(("                     the step peaks %.1f MiB plain, %.1f MiB recomputed 
 -- }=============================================================
 
 local model = recompute and recomputed or plain
-print(recompute and "training with the conv blocks under recompute_grad" or "training plainly")
+print((recompute and "training with the conv blocks under recompute_grad" or "training plainly")
+      .. (bf16 and (", products in bfloat16 (%s)"):format(mg.autocast_isa() or "emulated") or ""))
 model:compile{optimizer = mg.optim.Adam{learning_rate = 1e-3}, loss = loss_fn, metrics = {"accuracy"}}
 local t0 = mg.clock()
-local history = model:fit(x_train, y_train, {epochs = epochs, batch_size = 128})
+local history = model:fit(x_train, y_train, {epochs = epochs, batch_size = 128,
+                                             mixed_precision = bf16 and "bfloat16" or false})
 print(("trained %d epochs in %.0f s"):format(epochs, mg.clock() - t0))
 if plot_path then print("curves: " .. history:plot(plot_path)) end
 
