@@ -736,8 +736,9 @@ MG_API int        mg_custom_recorded (const mg_custom_ctx *c);
 ** -1 + error outside it or when j is out of range */
 MG_API int        mg_custom_needs_input_grad (const mg_custom_ctx *c, int j);
 /* runs fn(ud) as a re-run of the call's forward: mg_is_recomputing()
-** true, the random state as at the call (the current one back after), and
-** mg_is_in_loop() true if the call ran in a loop */
+** true, the random state as at the call (the current one back after), the
+** autocast the call ran under, and mg_is_in_loop() true if the call ran in
+** a loop */
 MG_API mg_status  mg_custom_rerun  (mg_custom_ctx *c, mg_status (*fn)(void *ud), void *ud);
 /* Gradient checkpointing: runs fn->forward now, recording one node that
 ** holds only the inputs (and the values of the variables read); every

@@ -364,8 +364,50 @@ static void null_after_unrelated (void) {
   mg_tensor_release(x);
 }
 
+/* autocast from C: products in bfloat16 between push and pop, gradients in
+** the variables' float32, a refused dtype names why, a region left open
+** by a host is still closed by the pop */
+static void autocast (void) {
+  int64_t s2[2] = {4, 4};
+  mg_tensor *x = mg_full(s2, 2, MG_FLOAT32, 0.5);
+  mg_variable *w = mg_variable_new(x, "w", 1);
+  says("push(float16)", mg_autocast_push(MG_FLOAT16) == MG_ERR, "autocast: float16 products need AVX512-FP16");
+  says("push(int64)", mg_autocast_push(MG_INT64) == MG_ERR, "autocast: dtype must be bfloat16");
+  mg_tape *t = mg_tape_new(0, 1);
+  checks++;
+  if (mg_autocast_push(MG_BFLOAT16) != MG_OK || mg_autocast_dtype() != MG_BFLOAT16 || mg_autocast_depth() != 1) {
+    fprintf(stderr, "c_api_test: autocast_push(bfloat16): %s\n", mg_errmsg());
+    failures++;
+  }
+  mg_tensor *wv = mg_variable_read(w);       /* borrowed */
+  mg_tensor *y = mg_matmul(x, wv);
+  mg_tensor *s = mg_sum(y, MG_ALL_AXES, 0);
+  mg_autocast_pop();
+  checks++;
+  if (y == NULL || mg_tensor_dtype(y) != MG_BFLOAT16 || s == NULL || mg_tensor_dtype(s) != MG_FLOAT32 ||
+      mg_autocast_dtype() != MG_FLOAT32) {
+    fprintf(stderr, "c_api_test: matmul under autocast: %s\n", y ? mg_dtype_name(mg_tensor_dtype(y)) : mg_errmsg());
+    failures++;
+  }
+  mg_tensor *g = NULL;
+  mg_tensor *src[1] = {wv};
+  checks++;
+  if (s == NULL || mg_tape_gradient(t, 1, &s, 1, src, NULL, 0, &g) != MG_OK || g == NULL ||
+      mg_tensor_dtype(g) != MG_FLOAT32 || fabs(mg_tensor_get(g, (int64_t[]){0, 0}) - 2.0) > 1e-2) {
+    fprintf(stderr, "c_api_test: gradient under autocast: %s\n", mg_errmsg());
+    failures++;
+  }
+  mg_tensor_release(g);
+  mg_tensor_release(s);
+  mg_tensor_release(y);
+  mg_tape_release(t);
+  mg_variable_release(w);
+  mg_tensor_release(x);
+}
+
 int main (void) {
   null_arguments();
+  autocast();
   c_convention();
   null_after_unrelated();
   custom_context();
