@@ -764,7 +764,9 @@ static mg_status check_seed (const mg_tensor *target, const mg_tensor *seed, int
     return mg_seterror("tape:gradient: output_gradients[" MG_POS1 "] has shape %s, its target has %s", (long long)k,
                        mg_shape_str(a, sizeof a, seed->shape, seed->ndim),
                        mg_shape_str(b, sizeof b, target->shape, target->ndim));
-  if (seed->dtype != target->dtype)
+  /* a float seed of another float dtype (float32 for autocast's bfloat16) is
+  ** cast where the walk hands it to a rule (step_back) */
+  if (seed->dtype != target->dtype && !(mg_is_floating(seed->dtype) && mg_is_floating(target->dtype)))
     return mg_seterror("tape:gradient: output_gradients[" MG_POS1 "] is %s, its target is %s", (long long)k,
                        mg_dtype_name(seed->dtype), mg_dtype_name(target->dtype));
   return MG_OK;
