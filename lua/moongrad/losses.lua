@@ -55,8 +55,8 @@ local PROBS = {{"from_logits", check.boolean, false}, {"reduction", reduction_ru
 
 -- y_pred, in float32 when it came from autocast's bfloat16 (losses compute in float32)
 local HALF = {float16 = true, bfloat16 = true}
-local function check_pred (who, y_pred)
-  check.float_tensor(who, "y_pred", y_pred)
+local function check_pred (who, y_pred, what)
+  check.float_tensor(who, what or "y_pred", y_pred)
   if HALF[y_pred.dtype] then return mg.cast(y_pred, "float32") end
   return y_pred
 end
@@ -249,7 +249,7 @@ local NN_NAMES = {labels = "labels", logits = "the logits'"}
 -- axis, or probabilities p of the logits' shape and dtype.
 function losses.softmax_cross_entropy (logits, labels)
   local who = "softmax_cross_entropy"
-  logits = check_pred(who, logits)
+  logits = check_pred(who, logits, "logits")
   local shape = logits.shape
   if #shape == 0 then fail(who, "logits must have a class axis (at least 1 dimension), got shape ()") end
   if not check.is_array(labels) then
