@@ -41,6 +41,11 @@ describe("autocast", function()
     assert.are.equal("float32", r.dtype)            -- elementwise ops in float32
     assert.is_true(rel_err(y, y32) < 1e-2)
     assert.are.equal("float32", mg.matmul(a, b).dtype)   -- the region is closed
+    local img = mg.random.normal{2, 6, 6, 3}
+    local c = mg.autocast("bfloat16", mg.conv2d, img, mg.random.normal{3, 3, 3, 4})
+    assert.are.equal("bfloat16", c.dtype)
+    local e = mg.autocast("bfloat16", mg.conv2d, mg.zeros{0, 6, 6, 3}, mg.ones{3, 3, 3, 4})   -- an empty batch
+    assert.same({0, 4, 4, 4}, e.shape)
     assert.is_nil(mg.autocast_dtype())
   end)
 
@@ -73,6 +78,11 @@ describe("autocast", function()
                    msg(mg.autocast, "int64", function() end))
     assert.matches('"bfloat16", "float16", "float32" or false expected, got number', msg(mg.autocast, 42))
     assert.matches("autocast: float16 products need AVX512%-FP16", msg(mg.autocast, "float16", function() end))
+    assert.matches("conv2d: dtypes differ: input is bfloat16, filters is float32",
+                   msg(mg.conv2d, mg.cast(mg.ones{1, 4, 4, 1}, "bfloat16"), mg.ones{3, 3, 1, 1}))
+    assert.matches("max_pool2d_backward: input must be float32 or float64, got bfloat16",
+                   msg(mg.max_pool2d_backward, mg.cast(mg.ones{1, 4, 4, 1}, "bfloat16"), mg.ones{1, 2, 2, 1},
+                       {pool_size = {2, 2}}))
     assert.matches("matmul: dtypes differ: bfloat16 @ float32",
                    msg(mg.matmul, mg.cast(mg.ones{2, 2}, "bfloat16"), mg.ones{2, 2}))
     local outer = mg.autocast("bfloat16")
@@ -109,6 +119,16 @@ describe("autocast", function()
       {"dense sigmoid no bias", {{10, 24}, {24, 12}}, function(x, w) return mg.dense(x, w, nil, "sigmoid") end},
       {"dense linear", {{10, 24}, {24, 12}, {12}}, function(x, w, b) return mg.dense(x, w, b) end},
       {"einsum", {{4, 8, 16}, {16, 6}}, function(a, b) return mg.einsum("bij,jk->bik", a, b) end},
+      {"conv2d with bias", {{4, 12, 12, 3}, {3, 3, 3, 8}, {8}}, function(x, w, b) return mg.conv2d(x, w, b) end},
+      {"conv2d strided, same", {{2, 9, 9, 4}, {3, 3, 4, 6}},
+       function(x, w) return mg.conv2d(x, w, nil, {strides = {2, 2}, padding = "same"}) end},
+      {"conv2d dilated, 1x1 after", {{1, 9, 9, 2}, {3, 3, 2, 4}, {1, 1, 4, 5}}, function(x, w, v)
+        return mg.conv2d(mg.relu(mg.conv2d(x, w, nil, {dilation_rate = {2, 2}})), v)
+      end},
+      {"a small CNN", {{4, 10, 10, 2}, {3, 3, 2, 6}, {6}, {54, 5}}, function(x, w, b, d)
+        local h_ = mg.max_pool2d(mg.relu(mg.conv2d(x, w, b, {padding = "same"})), {pool_size = {2, 2}})
+        return mg.dense(mg.reshape(mg.avg_pool2d(h_, {pool_size = {2, 2}, padding = "same"}), {4, -1}), d)
+      end},
       {"attention projections", {{2, 6, 16}, {16, 16}, {16, 16}, {16, 16}}, function(x, wq, wk, wv)
         return mg.scaled_dot_product_attention(mg.matmul(x, wq), mg.matmul(x, wk), mg.matmul(x, wv), nil,
                                                {causal = true})

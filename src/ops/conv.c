@@ -141,11 +141,14 @@ static void geom_from_attr (geom *g, const mg_attr *a) {
 
 static int64_t out_numel (const geom *g) { return g->N * g->OH * g->OW * g->O; }
 
-/* checks shared by every entry: t is a float32/float64 tensor with 4 dims */
+/* checks shared by every entry: t is a float32/float64 tensor (or bfloat16,
+** for the convolutions: autocast's) with 4 dims */
 static mg_status check_image (const char *fn, const char *what, const char *dims, const mg_tensor *t) {
   char s[160];
-  if (!mg_is_float(t->dtype) || mg_check_computable(fn, t->dtype) != MG_OK)
-    return mg_seterror("%s: %s must be float32 or float64, got %s", fn, what, mg_dtype_name(t->dtype));
+  bool conv = strncmp(fn, "conv2d", 6) == 0;
+  if (!(mg_is_float(t->dtype) || (conv && t->dtype == MG_BFLOAT16)))
+    return mg_seterror("%s: %s must be float32%s or float64, got %s", fn, what, conv ? ", bfloat16" : "",
+                       mg_dtype_name(t->dtype));
   if (t->ndim != 4)
     return mg_seterror("%s: %s must have 4 dimensions %s, got shape %s", fn, what, dims,
                        shape_s(s, sizeof s, t->shape, t->ndim));
@@ -467,16 +470,17 @@ static mg_tensor *pool_argmax (const geom *g, mg_tensor *x) {
 /* {================== oneDNN, one state per thread ================= */
 
 typedef struct pkey {               /* compared with memcmp: no padding bytes */
-  int32_t kind, bias, nthr, zero;   /* what (MG_DNN_CONV_FWD ...), with a bias, for how many threads */
+  int32_t kind, bias, nthr, dt;     /* what (MG_DNN_CONV_FWD ...), with a bias, for how many threads, in which dtype */
   geom g;
 } pkey;
 _Static_assert(sizeof(pkey) == 4 * sizeof(int32_t) + sizeof(geom), "conv.c: pkey has padding");
 _Static_assert(sizeof(pkey) <= MG_DNN_KEY_BYTES, "conv.c: pkey is longer than dnn.h's keys");
 
-static void key_init (pkey *k, int kind, bool bias, const geom *g) {
+static void key_init (pkey *k, int kind, bool bias, const geom *g, mg_dtype dt) {
   memset(k, 0, sizeof *k);
   k->kind = kind;
   k->bias = bias;
+  k->dt = dt;
   k->nthr = omp_get_max_threads();
   k->g = *g;
 }
@@ -498,25 +502,28 @@ static dnnl_status_t prim_finish (mg_dnn *d, mg_dnn_prim *e, const pkey *key, co
 
 /* the primitive of `kind` for geometry g: from the cache, or made; NULL +
 ** error (*unimplemented set when oneDNN has no implementation for it) */
-static mg_dnn_prim *conv_prim (const char *fn, mg_dnn *d, int kind, const geom *g, bool bias,
+static mg_dnn_prim *conv_prim (const char *fn, mg_dnn *d, int kind, const geom *g, bool bias, mg_dtype dt,
                                bool *unimplemented) {
   pkey key;
-  key_init(&key, kind, bias, g);
+  key_init(&key, kind, bias, g, dt);
   mg_dnn_prim *e = mg_dnn_find(d, &key, sizeof key);
   if (e) return e;
   mg_dnn_slot(d, 1);                             /* room for this one and its hint */
-  mg_dnn_prim *hint = kind == MG_DNN_CONV_FWD ? NULL : conv_prim(fn, d, MG_DNN_CONV_FWD, g, bias, unimplemented);
+  mg_dnn_prim *hint = kind == MG_DNN_CONV_FWD ? NULL : conv_prim(fn, d, MG_DNN_CONV_FWD, g, bias, dt, unimplemented);
   if (kind != MG_DNN_CONV_FWD && hint == NULL) return NULL;
   dnnl_memory_desc_t src, wei, bia, dst, hwio;
   dnnl_dims_t sd = {g->N, g->C, g->H, g->W}, wd = {g->O, g->C, g->KH, g->KW}, bd = {g->O};
   dnnl_dims_t dd = {g->N, g->O, g->OH, g->OW};
   dnnl_dims_t strides = {g->sh, g->sw}, dil = {g->dh - 1, g->dw - 1};
   dnnl_dims_t padl = {g->pt, g->pl}, padr = {g->pb, g->pr};
-  dnnl_memory_desc_init_by_tag(&src, 4, sd, dnnl_f32, dnnl_nhwc);
-  dnnl_memory_desc_init_by_tag(&wei, 4, wd, dnnl_f32, dnnl_format_tag_any);
-  dnnl_memory_desc_init_by_tag(&hwio, 4, wd, dnnl_f32, dnnl_hwio);
+  /* bfloat16 images and filters (autocast's) accumulate in float32 inside
+  ** oneDNN; a bias is always float32 */
+  dnnl_data_type_t t = dt == MG_BFLOAT16 ? dnnl_bf16 : dnnl_f32;
+  dnnl_memory_desc_init_by_tag(&src, 4, sd, t, dnnl_nhwc);
+  dnnl_memory_desc_init_by_tag(&wei, 4, wd, t, dnnl_format_tag_any);
+  dnnl_memory_desc_init_by_tag(&hwio, 4, wd, t, dnnl_hwio);
   dnnl_memory_desc_init_by_tag(&bia, 1, bd, dnnl_f32, dnnl_x);
-  dnnl_memory_desc_init_by_tag(&dst, 4, dd, dnnl_f32, dnnl_nhwc);
+  dnnl_memory_desc_init_by_tag(&dst, 4, dd, t, dnnl_nhwc);
   dnnl_convolution_desc_t cd;
   dnnl_status_t st;
   if (kind == MG_DNN_CONV_FWD)
@@ -550,7 +557,7 @@ static mg_dnn_prim *conv_prim (const char *fn, mg_dnn *d, int kind, const geom *
 static mg_dnn_prim *pool_prim (const char *fn, mg_dnn *d, int kind, const geom *g, bool *unimplemented) {
   const dnnl_alg_kind_t alg = dnnl_pooling_avg_exclude_padding;
   pkey key;
-  key_init(&key, kind, false, g);
+  key_init(&key, kind, false, g, MG_FLOAT32);
   mg_dnn_prim *e = mg_dnn_find(d, &key, sizeof key);
   if (e) return e;
   mg_dnn_slot(d, 1);
@@ -599,10 +606,10 @@ static void *filters_in (const char *fn, mg_dnn *d, mg_dnn_prim *e, const void *
 }
 
 /* float32 on oneDNN; MG_ERR with *declined when it has no implementation */
-static mg_status conv_fwd_dnnl (const char *fn, const geom *g, const void *x, const void *w, const void *b,
-                                void *y, bool *declined) {
+static mg_status conv_fwd_dnnl (const char *fn, const geom *g, mg_dtype dt, const void *x, const void *w,
+                                const void *b, void *y, bool *declined) {
   mg_dnn *d = mg_dnn_get(fn);
-  mg_dnn_prim *e = d ? conv_prim(fn, d, MG_DNN_CONV_FWD, g, b != NULL, declined) : NULL;
+  mg_dnn_prim *e = d ? conv_prim(fn, d, MG_DNN_CONV_FWD, g, b != NULL, dt, declined) : NULL;
   if (e == NULL) return MG_ERR;
   mg_storage *tmp;
   void *wp = filters_in(fn, d, e, w, &tmp);
@@ -614,10 +621,10 @@ static mg_status conv_fwd_dnnl (const char *fn, const geom *g, const void *x, co
   return st;
 }
 
-static mg_status conv_bwd_input_dnnl (const char *fn, const geom *g, const void *dy, const void *w, void *dx,
-                                      bool *declined) {
+static mg_status conv_bwd_input_dnnl (const char *fn, const geom *g, mg_dtype dt, const void *dy, const void *w,
+                                      void *dx, bool *declined) {
   mg_dnn *d = mg_dnn_get(fn);
-  mg_dnn_prim *e = d ? conv_prim(fn, d, MG_DNN_CONV_BWD_DATA, g, false, declined) : NULL;
+  mg_dnn_prim *e = d ? conv_prim(fn, d, MG_DNN_CONV_BWD_DATA, g, false, dt, declined) : NULL;
   if (e == NULL) return MG_ERR;
   mg_storage *tmp;
   void *wp = filters_in(fn, d, e, w, &tmp);
@@ -629,10 +636,10 @@ static mg_status conv_bwd_input_dnnl (const char *fn, const geom *g, const void 
   return st;
 }
 
-static mg_status conv_bwd_filter_dnnl (const char *fn, const geom *g, const void *x, const void *dy, void *dw,
-                                       bool *declined) {
+static mg_status conv_bwd_filter_dnnl (const char *fn, const geom *g, mg_dtype dt, const void *x, const void *dy,
+                                       void *dw, bool *declined) {
   mg_dnn *d = mg_dnn_get(fn);
-  mg_dnn_prim *e = d ? conv_prim(fn, d, MG_DNN_CONV_BWD_WEIGHTS, g, false, declined) : NULL;
+  mg_dnn_prim *e = d ? conv_prim(fn, d, MG_DNN_CONV_BWD_WEIGHTS, g, false, dt, declined) : NULL;
   if (e == NULL) return MG_ERR;
   mg_storage *tmp = e->wp ? mg_storage_new(e->wbytes) : NULL;   /* the primitive's layout, then HWIO */
   if (e->wp && tmp == NULL) return MG_ERR;
@@ -675,7 +682,7 @@ static mg_status pool_bwd_dnnl (const char *fn, const geom *g, const void *dy, v
 ** or when a size is 0) and the loops for float64. Buffers are contiguous. */
 
 static bool use_dnnl (const geom *g, mg_dtype dt) {
-  return dt == MG_FLOAT32 && g->N > 0 && g->C > 0 && g->O > 0 && g->OH > 0 && g->OW > 0;
+  return (dt == MG_FLOAT32 || dt == MG_BFLOAT16) && g->N > 0 && g->C > 0 && g->O > 0 && g->OH > 0 && g->OW > 0;
 }
 
 /* the oneDNN call (which sets `declined`), else the loops when it declined */
@@ -691,17 +698,17 @@ static bool use_dnnl (const geom *g, mg_dtype dt) {
 
 static mg_status conv_fwd (const char *fn, const geom *g, mg_dtype dt, const void *x, const void *w,
                            const void *b, void *y) {
-  DISPATCH(conv_fwd_dnnl(fn, g, x, w, b, y, &declined), conv_fwd_ref(g, dt, x, w, b, y));
+  DISPATCH(conv_fwd_dnnl(fn, g, dt, x, w, b, y, &declined), conv_fwd_ref(g, dt, x, w, b, y));
 }
 
 static mg_status conv_bwd_input (const char *fn, const geom *g, mg_dtype dt, const void *dy, const void *w,
                                  void *dx) {
-  DISPATCH(conv_bwd_input_dnnl(fn, g, dy, w, dx, &declined), conv_bwd_input_ref(g, dt, dy, w, dx));
+  DISPATCH(conv_bwd_input_dnnl(fn, g, dt, dy, w, dx, &declined), conv_bwd_input_ref(g, dt, dy, w, dx));
 }
 
 static mg_status conv_bwd_filter (const char *fn, const geom *g, mg_dtype dt, const void *x, const void *dy,
                                   void *dw) {
-  DISPATCH(conv_bwd_filter_dnnl(fn, g, x, dy, dw, &declined), conv_bwd_filter_ref(g, dt, x, dy, dw));
+  DISPATCH(conv_bwd_filter_dnnl(fn, g, dt, x, dy, dw, &declined), conv_bwd_filter_ref(g, dt, x, dy, dw));
 }
 
 /* max pooling is this file's own loop for both dtypes: oneDNN's (jit:avx2,
@@ -773,8 +780,34 @@ static mg_status conv_family_forward (mg_opcall *c) {
   return MG_OK;
 }
 
+/* a bfloat16 convolution oneDNN declines (or with an empty size): float32
+** copies of the operands through the float32 kernel, the result rounded */
+static mg_status conv_kernel_widened (const mg_opdef *op, const geom *g, void *const *p, void *out) {
+  int64_t x = g->N * g->H * g->W * g->C, w = g->KH * g->KW * g->C * g->O, y = g->N * g->OH * g->OW * g->O;
+  int64_t n0 = op == &conv2d_bi_op ? y : x, n1 = op == &conv2d_bf_op ? y : w;
+  int64_t nout = op == &conv2d_op ? y : op == &conv2d_bi_op ? x : w;
+  mg_storage *a = mg_storage_new(sizeof(float) * (size_t)(n0 + n1 + nout) + 1);
+  if (a == NULL) return MG_ERR;
+  float *p0 = (float *)a->data, *p1 = p0 + n0, *po = p1 + n1;
+  mg_convert(p0, MG_FLOAT32, p[0], MG_BFLOAT16, n0);
+  mg_convert(p1, MG_FLOAT32, p[1], MG_BFLOAT16, n1);
+  void *pf[3] = {p0, p1, p[2]};                 /* the bias is float32 already */
+  mg_status st = conv_kernel(op, g, MG_FLOAT32, pf, po);
+  if (st == MG_OK) mg_convert(out, MG_BFLOAT16, po, MG_FLOAT32, nout);
+  mg_storage_release(a);
+  return st;
+}
+
 static mg_status conv_kernel (const mg_opdef *op, const geom *g, mg_dtype dt, void *const *p, void *out) {
   const char *fn = op->info.name;
+  if (dt == MG_BFLOAT16) {
+    bool declined = !use_dnnl(g, dt);
+    mg_status st = MG_ERR;
+    if (!declined && op == &conv2d_op) st = conv_fwd_dnnl(fn, g, dt, p[0], p[1], p[2], out, &declined);
+    else if (!declined && op == &conv2d_bi_op) st = conv_bwd_input_dnnl(fn, g, dt, p[0], p[1], out, &declined);
+    else if (!declined) st = conv_bwd_filter_dnnl(fn, g, dt, p[0], p[1], out, &declined);
+    return st == MG_OK || !declined ? st : conv_kernel_widened(op, g, p, out);
+  }
   if (op == &conv2d_op) return conv_fwd(fn, g, dt, p[0], p[1], p[2], out);
   if (op == &conv2d_bi_op) return conv_bwd_input(fn, g, dt, p[0], p[1], out);
   return conv_bwd_filter(fn, g, dt, p[0], p[1], out);
@@ -866,11 +899,24 @@ MG_ROW(CONV2D, conv2d) = {
   .macs = conv2d_macs, .grad_saves = {MG_SAVE_IN(1), MG_SAVE_IN(0)}, .backward = conv2d_backward,
 };
 
+static mg_tensor *conv2d_of (mg_tensor *x, mg_tensor *w, mg_tensor *b, const mg_conv_params *p);
+
 mg_tensor *mg_conv2d (mg_tensor *x, mg_tensor *w, mg_tensor *b, const mg_conv_params *p) {
-  const char *fn = "conv2d";
-  char s1[160];
   MG_CHECK_ARG("mg_conv2d", x, NULL);
   MG_CHECK_ARG("mg_conv2d", w, NULL);
+  /* under autocast: bfloat16 images and filters; a bias always adds in float32 */
+  mg_tensor *xh = mg_autocast_operand(x), *wh = mg_autocast_operand(w);
+  mg_tensor *b32 = b && mg_is_half(b->dtype) ? mg_half_to_float32(b) : mg_retain_or_null(b);
+  mg_tensor *r = xh && wh && (b32 || !b) ? conv2d_of(xh, wh, b32, p) : NULL;
+  mg_tensor_release(xh);
+  mg_tensor_release(wh);
+  mg_tensor_release(b32);
+  return r;
+}
+
+static mg_tensor *conv2d_of (mg_tensor *x, mg_tensor *w, mg_tensor *b, const mg_conv_params *p) {
+  const char *fn = "conv2d";
+  char s1[160];
   if (check_image(fn, "input", "(N,H,W,C)", x) != MG_OK) return NULL;
   if (check_image(fn, "filters", "(KH,KW,Cin,Cout)", w) != MG_OK) return NULL;
   if (check_same_dtype(fn, "input", x, "filters", w) != MG_OK) return NULL;
@@ -878,7 +924,8 @@ mg_tensor *mg_conv2d (mg_tensor *x, mg_tensor *w, mg_tensor *b, const mg_conv_pa
     return mg_seterror("%s: input has %lld channel%s, the filters expect %lld", fn, (long long)x->shape[3],
                        x->shape[3] == 1 ? "" : "s", (long long)w->shape[2]), NULL;
   if (b != NULL) {
-    if (check_same_dtype(fn, "input", x, "bias", b) != MG_OK) return NULL;
+    if (!(x->dtype == MG_BFLOAT16 && b->dtype == MG_FLOAT32) && check_same_dtype(fn, "input", x, "bias", b) != MG_OK)
+      return NULL;
     if (b->ndim != 1 || b->shape[0] != w->shape[3])
       return mg_seterror("%s: bias has shape %s, the filters have %lld output channel%s (expected (%lld))", fn,
                          shape_s(s1, sizeof s1, b->shape, b->ndim), (long long)w->shape[3],
@@ -1003,6 +1050,11 @@ MG_ROW(MAX_POOL, max_pool) = {
 
 mg_tensor *mg_max_pool2d (mg_tensor *x, const int64_t window[2], const mg_conv_params *p) {
   MG_CHECK_ARG("mg_max_pool2d", x, NULL);
+  if (mg_is_half(x->dtype)) {                 /* pooled in float32 (autocast.c) */
+    mg_tensor *x32 = mg_half_to_float32(x), *r = x32 ? mg_max_pool2d(x32, window, p) : NULL;
+    mg_tensor_release(x32);
+    return r;
+  }
   geom g;
   if (check_image("max_pool2d", "input", "(N,H,W,C)", x) != MG_OK) return NULL;
   if (pool_geom("max_pool2d", &g, x->shape, window, p) != MG_OK) return NULL;
@@ -1066,6 +1118,11 @@ MG_ROW(AVG_POOL, avg_pool) = {
 
 mg_tensor *mg_avg_pool2d (mg_tensor *x, const int64_t window[2], const mg_conv_params *p) {
   MG_CHECK_ARG("mg_avg_pool2d", x, NULL);
+  if (mg_is_half(x->dtype)) {                 /* pooled in float32 (autocast.c) */
+    mg_tensor *x32 = mg_half_to_float32(x), *r = x32 ? mg_avg_pool2d(x32, window, p) : NULL;
+    mg_tensor_release(x32);
+    return r;
+  }
   geom g;
   if (check_image("avg_pool2d", "input", "(N,H,W,C)", x) != MG_OK) return NULL;
   if (pool_geom("avg_pool2d", &g, x->shape, window, p) != MG_OK) return NULL;
