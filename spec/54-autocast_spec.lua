@@ -99,6 +99,17 @@ describe("autocast", function()
     end))
   end)
 
+  it("says once where the CPU has no bfloat16 instructions, and still computes", function()
+    local out, code = h.run("ONEDNN_MAX_CPU_ISA=AVX512_CORE " .. h.bin .. [[ -e '
+      local a = mg.ones{4, 4}
+      print(mg.autocast_isa())
+      for _ = 1, 3 do assert(mg.autocast("bfloat16", mg.matmul, a, a)[1][1]:item() == 4) end']])
+    assert.are.equal(0, code, out)
+    assert.matches("nil", out)
+    local _, warnings = out:gsub("warning: autocast: this CPU has no bfloat16 dot products", "")
+    assert.are.equal(1, warnings, out)
+  end)
+
   it("names the ISA bfloat16 products run on, or nil", function()
     local isa = mg.autocast_isa()
     assert.is_true(isa == nil or isa == "avx512_core_bf16" or isa == "avx512_core_amx")
