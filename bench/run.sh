@@ -16,6 +16,8 @@ cc -O2 bench/gemm_ceiling.c -ldnnl -L$OB -Wl,-rpath,$OB -lopenblas -fopenmp -o b
   || echo "(no OpenBLAS: the sgemm ceiling is skipped)"
 cc -O2 -shared -fPIC -I/usr/include/lua5.4 bench/lua_floor.c -o build/lua_floor.so \
   || echo "(no lua_floor.so: the seed chain's Lua share is skipped)"
+cc -O2 bench/gemm_bf16_ceiling.c -ldnnl -fopenmp -o build/gemm_bf16_ceiling 2>/dev/null \
+  || echo "(no oneDNN bfloat16 ceiling: the bfloat16 GEMM table runs without it)"
 cc -O2 bench/gemm_shapes.c -ldnnl -L$OB -Wl,-rpath,$OB -lopenblas -fopenmp -o build/gemm_shapes 2>/dev/null \
   || echo "(no OpenBLAS: the GEMM shape table is skipped)"
 
@@ -44,6 +46,9 @@ echo "== bench/epoch.lua: one Fashion-MNIST epoch of the example's CNN"
 echo
 echo "== bench/gpt.lua: a GPT training step, plain and recomputed per block"
 "$BIN" bench/gpt.lua 3 5 | add
+echo
+echo "== bench/autocast.lua: bfloat16 autocast against float32 and PyTorch's autocast"
+"$BIN" bench/autocast.lua 3 | add
 echo
 echo "== bench/busy.lua: training steps beside busy processes, the default threads against one"
 "$BIN" bench/busy.lua 5 | add

@@ -39,6 +39,23 @@ describe("bench scripts", function()
     end
   end)
 
+  it("autocast.lua prints the bfloat16 GEMM table and the steps (quick: no peer)", function()
+    local out, code = h.run(h.bin .. " bench/autocast.lua quick")
+    assert.equal(0, code, out)
+    assert.truthy(out:find("| GPT 2048 tok 1024%->256 | 16x16x16 x%^T @ dout | [%d.]+ |"), out)
+    for _, step in ipairs{"MLP", "CNN", "GPT"} do
+      assert.truthy(out:find("| " .. step .. " | [%d.]+ | [%d.]+ |"), step .. ":\n" .. out)
+    end
+    local dir = os.tmpname()
+    os.remove(dir)
+    assert.is_true(os.execute(("mkdir -p %s && cc -O2 bench/gemm_bf16_ceiling.c -ldnnl -fopenmp -o %s/ceiling")
+                              :format(dir, dir)))
+    out, code = h.run(dir .. "/ceiling 1 8 8 8 N T")
+    assert.equal(0, code, out)
+    assert.truthy(out:match("^[%d.]+ [%d.]+\n$"), out)
+    os.execute("rm -rf " .. dir)
+  end)
+
   it("names the OpenBLAS core type that fits this CPU's ISA", function()
     local util = dofile("bench/util.lua")
     local _, isa = util.machine()
