@@ -4,12 +4,14 @@
 -- and 2 threads. Each round runs a fresh moongrad process and a fresh
 -- PyTorch process in turn; a figure is the median over rounds.
 --   build/moongrad bench/epoch.lua [rounds] [steps]   (default 3 rounds of the full epoch)
---   build/moongrad bench/epoch.lua worker THREADS [steps]
+-- A third row trains under bfloat16 autocast (fit{mixed_precision}) at 2
+-- threads, beside PyTorch's torch.autocast("cpu", dtype=torch.bfloat16).
+--   build/moongrad bench/epoch.lua worker THREADS [steps|all] [bf16]
 local mg = mg or require "moongrad"
 local median = require("bench.util").median
 local nn = mg.nn
 
-local function worker (threads, steps)
+local function worker (threads, steps, bf16)
   mg.set_num_threads(threads)
   local train = mg.data.fashion_mnist()
   local x, y = (train.x / 255):reshape{-1, 28, 28, 1}, train.y
@@ -23,12 +25,12 @@ local function worker (threads, steps)
                 loss = mg.losses.SparseCategoricalCrossentropy{from_logits = true}}
   model(x:slice({1, 128}))                            -- build, and the GEMM choices
   local t0 = mg.clock()
-  model:fit(x, y, {epochs = 1, batch_size = 128, verbose = 0})
+  model:fit(x, y, {epochs = 1, batch_size = 128, verbose = 0, mixed_precision = bf16 and "bfloat16" or false})
   print(("%.3f"):format(mg.clock() - t0))
 end
 
 if arg and arg[1] == "worker" then
-  worker(tonumber(arg[2]), tonumber(arg[3]))
+  worker(tonumber(arg[2]), tonumber(arg[3]), arg[4] == "bf16")
   return
 end
 
@@ -45,18 +47,20 @@ print(("### One Fashion-MNIST epoch%s on %s (%s), median of %d rounds"):format(
   STEPS and (" (" .. STEPS .. " batches)") or "", cpu, isa, ROUNDS))
 print("| threads | moongrad s | PyTorch s (layout) | ratio |")
 print("|---|---|---|---|")
-for _, threads in ipairs{1, 2} do
+for _, row in ipairs{{1}, {2}, {2, "bf16"}} do
+  local threads, bf16 = row[1], row[2]
   local mine, theirs, layout = {}, {}, "-"
   for r = 1, ROUNDS do
-    mine[r] = tonumber(sh(("%s bench/epoch.lua worker %d %s"):format(BIN, threads, STEPS or "")))
+    mine[r] = tonumber(sh(("%s bench/epoch.lua worker %d %s %s"):format(BIN, threads, STEPS or "all", bf16 or "")))
     if has_torch then
-      local s, l = sh(("/usr/bin/python3 bench/epoch_peer.py %d %s %s %s"):format(threads, images, labels,
-                                                                                 STEPS or "")):match("([%d.]+)\t(%S+)")
+      local s, l = sh(("%s/usr/bin/python3 bench/epoch_peer.py %d %s %s %s"):format(bf16 and "AUTOCAST=1 " or "",
+        threads, images, labels, STEPS or "")):match("([%d.]+)\t(%S+)")
       theirs[r], layout = tonumber(s), l
     end
   end
   local m, t = median(mine), has_torch and median(theirs) or nil
-  print(("| %d | %.2f | %s | %s |"):format(threads, m, t and ("%.2f (%s)"):format(t, layout) or "-",
-                                          t and ("%.2fx"):format(m / t) or "-"))
+  print(("| %d%s | %.2f | %s | %s%s |"):format(threads, bf16 and ", bfloat16 autocast (both)" or "", m,
+    t and ("%.2f (%s)"):format(t, layout) or "-", t and ("%.2fx"):format(m / t) or "-",
+    bf16 and t and (m / t <= 0.6 and " (target <= 0.6x: met)" or " (target <= 0.6x: NOT met)") or ""))
   io.stdout:flush()
 end

@@ -9,6 +9,7 @@ layout PyTorch runs faster (channels_last, as moongrad's NHWC, or NCHW).
 prints "<seconds for the epoch>\t<layout>" (STEPS: only that many batches).
 """
 import gzip
+import os
 import sys
 import time
 
@@ -19,6 +20,7 @@ import torch.nn.functional as F
 
 THREADS, IMAGES, LABELS = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 STEPS = int(sys.argv[4]) if len(sys.argv) > 4 else None
+AUTOCAST = os.environ.get("AUTOCAST") == "1"      # forward and loss under torch.autocast (bfloat16)
 torch.set_num_threads(THREADS)
 
 
@@ -60,7 +62,8 @@ def epoch(layout):
     t0 = time.perf_counter()
     for i in range(n):
         idx_ = order[i * 128:(i + 1) * 128]
-        loss = F.cross_entropy(model(xs[idx_]), y[idx_])
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=AUTOCAST):
+            loss = F.cross_entropy(model(xs[idx_]), y[idx_])
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
