@@ -536,6 +536,24 @@ mg_status mg_sgemm (char ta, char tb, int64_t m, int64_t n, int64_t k, const flo
   return run_way(way_for(&g), &g);
 }
 
+/* where oneDNN has no bfloat16 matmul (oneDNN 2.6 on AVX2-only CPUs):
+** float32 copies of the operands as stored, the float32 GEMM, one rounding */
+static mg_status gemm_half_widened (char ta, char tb, int64_t m, int64_t n, int64_t k, const void *a, int64_t lda,
+                                    const void *b, int64_t ldb, void *c, mg_dtype cdt) {
+  int64_t na = ((ta == 'N' ? m : k) - 1) * lda + (ta == 'N' ? k : m);   /* elements up to the last one read */
+  int64_t nb = ((tb == 'N' ? k : n) - 1) * ldb + (tb == 'N' ? n : k);
+  int64_t nc = cdt == MG_FLOAT32 ? 0 : m * n;
+  mg_storage *tmp = mg_storage_new(sizeof(float) * (size_t)(na + nb + nc) + 1);
+  if (tmp == NULL) return MG_ERR;
+  float *af = (float *)tmp->data, *bf = af + na, *cf = nc ? bf + nb : (float *)c;
+  mg_convert(af, MG_FLOAT32, a, MG_BFLOAT16, na);
+  mg_convert(bf, MG_FLOAT32, b, MG_BFLOAT16, nb);
+  mg_status st = mg_sgemm(ta, tb, m, n, k, af, lda, bf, ldb, cf);
+  if (st == MG_OK && nc) mg_convert(c, cdt, cf, MG_FLOAT32, nc);
+  mg_storage_release(tmp);
+  return st;
+}
+
 /* one library, one way: oneDNN's matmul primitive with the team (products
 ** under TEAM_MIN_FLOP on one thread, as float32's), no calibration */
 mg_status mg_gemm_half (char ta, char tb, int64_t m, int64_t n, int64_t k, mg_dtype ab, const void *a,
@@ -554,14 +572,19 @@ mg_status mg_gemm_half (char ta, char tb, int64_t m, int64_t n, int64_t k, mg_dt
   matmul_key key = {MG_DNN_MATMUL, threads, ta == 'T', tb == 'T', dnnl_bf16, cdt == MG_FLOAT32 ? dnnl_f32 : dnnl_bf16,
                     m, n, k, lda, ldb};
   if (threads != was) omp_set_num_threads(threads);
-  mg_dnn_prim *e = mg_dnn_find(d, &key, sizeof key);
+  static _Thread_local bool declined;   /* oneDNN made no bfloat16 matmul here once: not asked again */
+  mg_dnn_prim *e = declined ? NULL : mg_dnn_find(d, &key, sizeof key);
   mg_status st = MG_ERR;
-  if (e != NULL || (e = matmul_prim(d, &key)) != NULL) {
+  if (!declined && (e != NULL || (e = matmul_prim(d, &key)) != NULL)) {
     int args[3] = {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST};
     void *ptrs[3] = {(void *)a, (void *)b, c};
     st = mg_dnn_execute("matmul", d, e->pd, e->p, e->scratch, 3, args, ptrs, e->mem);
   }
   if (threads != was) omp_set_num_threads(was);
+  if (e == NULL) {                      /* no bfloat16 kernel on this CPU (AVX2 only) */
+    declined = true;
+    st = gemm_half_widened(ta, tb, m, n, k, a, lda, b, ldb, c, cdt);
+  }
   return st;
 }
 
