@@ -763,7 +763,7 @@ MG_API mg_status mg_recompute_call_saving (const mg_function *fn, void *ud, int 
                                            mg_save_policy save, void *save_ud);
 
 /* Automatic mixed precision (PyTorch's torch.autocast, Keras' mixed
-** policies). While a region is open, products (matmul, dense, einsum) cast
+** policies). While a region is open, products (matmul, dense, conv2d, einsum) cast
 ** their float32 operands to dt and compute in it through oneDNN, with
 ** float32 accumulation, giving dt results; every other op computes float16
 ** and bfloat16 operands in float32 and gives float32 (reductions, softmax,

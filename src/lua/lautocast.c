@@ -25,7 +25,7 @@ static void push_region (lua_State *L, mg_dtype dt) {
   if (dt == MG_BFLOAT16 && mg_half_isa(dt) == NULL && !warned) {
     warned = 1;
     fprintf(stderr, "moongrad: warning: autocast: this CPU has no bfloat16 dot products (avx512_bf16 or "
-                    "AMX); bfloat16 products are emulated, correct but slower than float32\n");
+                    "AMX); bfloat16 products are emulated or run in float32: correct, but slower than float32\n");
   }
 }
 

@@ -1,7 +1,7 @@
 /*
 ** autocast.c — automatic mixed precision (PyTorch's torch.autocast).
 **
-** While a region is open, the products' entries (matmul, dense) pass each
+** While a region is open, the products' entries (matmul, dense, conv2d) pass each
 ** operand through mg_autocast_operand: a float32 operand becomes its
 ** bfloat16 cast, a differentiable op the tapes record, so the gradient
 ** comes back to the float32 tensor in float32 and the tape keeps the
