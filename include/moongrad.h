@@ -701,6 +701,9 @@ typedef struct mg_function {
 **   variables: a->captured, whose gradients go to din[nin + nvars + k]. */
 #define MG_FN_RECORD_FORWARD 1u
 #define MG_FN_CAPTURES       2u
+/* recompute only: the re-run must compute the very bytes the first run did
+** (mg_recompute_verify) */
+#define MG_FN_VERIFY         4u
 
 /* Runs fn->forward once and records one node for it, whose backward is
 ** fn->backward. out gets the outputs, each new to the tapes. ud belongs to
@@ -757,6 +760,16 @@ MG_API mg_status mg_recompute_call (const mg_function *fn, void *ud, int nin,
 ** A policy answers 1 (keep), 0, or -1 with mg_seterror (the op fails). */
 typedef int (*mg_save_policy)(void *ud, const mg_opinfo *op, const mg_tensor *out);
 MG_API int       mg_save_dots (void *ud, const mg_opinfo *op, const mg_tensor *out);
+/* Verify (a debugging run): the first run of a recompute notes each op
+** it runs (name, output shape, a CRC-32 of the output's bytes) and the
+** re-run must match it op for op, or the gradient fails naming the first
+** op that differs (a reduction whose order changed with the thread count,
+** randomness outside mg_random's replayed stream); a verified re-run may
+** not assign a variable (state updated twice for one step). For every
+** recompute while on (1), or for one call with MG_FN_VERIFY in its
+** function's flags. Returns the previous setting; -1 asks only. */
+MG_API int       mg_recompute_verify (int on);
+
 /* mg_recompute_call with a policy (NULL: keep nothing, as mg_recompute_call) */
 MG_API mg_status mg_recompute_call_saving (const mg_function *fn, void *ud, int nin,
                                            mg_tensor *const *in, mg_list *out,

@@ -405,9 +405,54 @@ static void autocast (void) {
   mg_tensor_release(x);
 }
 
+/* recompute's verify from C: a forward that scales by a counter computes
+** other values when it runs again; with MG_FN_VERIFY the gradient says
+** which op, and mg_recompute_verify switches it on for every function */
+static mg_status scaled_forward (void *ud, int nin, mg_tensor *const *in, mg_list *out) {
+  (void)nin;
+  int *runs = (int *)ud;
+  ++*runs;
+  mg_tensor *k = mg_scalar((double)*runs, MG_FLOAT32);
+  mg_status st = mg_list_push(out, mg_mul(in[0], k));
+  mg_tensor_release(k);
+  return st;
+}
+
+static void verified_gradient (unsigned flags, const char *what, const char *want) {
+  int64_t s1[1] = {3};
+  int runs = 0;
+  mg_function fn = {"scaled", scaled_forward, NULL, NULL, flags};
+  mg_tensor *x = mg_full(s1, 1, MG_FLOAT32, 0.5);
+  mg_tape *t = mg_tape_new(0, 1);
+  mg_tape_watch(t, x);
+  mg_list out = {0};
+  mg_tensor *s = mg_recompute_call(&fn, &runs, 1, &x, &out) == MG_OK ? mg_sum(out.t[0], MG_ALL_AXES, 0) : NULL;
+  mg_tensor *g = NULL;
+  says(what, s == NULL || mg_tape_gradient(t, 1, &s, 1, &x, NULL, 0, &g) == MG_ERR, want);
+  mg_tensor_release(g);
+  mg_tensor_release(s);
+  mg_list_clear(&out);
+  mg_tape_release(t);
+  mg_tensor_release(x);
+}
+
+static void recompute_verify (void) {
+  verified_gradient(MG_FN_VERIFY, "recompute with MG_FN_VERIFY",
+                    "scaled: verify: the re-run's op 0 (mul, (3) float32) computed other values");
+  checks++;
+  if (mg_recompute_verify(1) != 0 || mg_recompute_verify(-1) != 1) {
+    fprintf(stderr, "c_api_test: mg_recompute_verify does not keep its setting\n");
+    failures++;
+  }
+  verified_gradient(0, "recompute under mg_recompute_verify(1)", "scaled: verify: the re-run's op 0 (mul");
+  mg_recompute_verify(0);
+  verified_gradient(0, "recompute unverified", "the recomputed function gave output 0 other values");  /* C counts from 0 */
+}
+
 int main (void) {
   null_arguments();
   autocast();
+  recompute_verify();
   c_convention();
   null_after_unrelated();
   custom_context();

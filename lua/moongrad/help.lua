@@ -38,6 +38,7 @@ local groups = {
     {"version", "version", "the version string"},
     {"ops", "ops()", "the op registry, one {name=, kind=, symbol=, metamethod=, doc=, product=} per op"},
     {"debug.check_numerics", "debug.check_numerics(on)", "on: the first op whose float output holds NaN or Inf raises, naming it; returns the previous setting"},
+    {"debug.verify_recompute", "debug.verify_recompute(on)", "on: every recompute_grad as with {verify=true}; returns the previous setting"},
   }},
   {"arithmetic", {
     {"add", "add(a, b)"}, {"sub", "sub(a, b)"}, {"mul", "mul(a, b)"}, {"div", "div(a, b)"},
@@ -159,7 +160,7 @@ local groups = {
     {"Variable:assign_add", "v:assign_add(d [, scale=1])", "v = v + scale * d, in place"},
     {"Variable:assign_sub", "v:assign_sub(d [, scale=1])", "v = v - scale * d, in place"},
     {"custom_gradient", "custom_gradient(f [, {context=false}])", "f returns outputs and a backward function; a context ctx has save saved forget needs_input_grad is_recorded recompute"},
-    {"recompute_grad", "recompute_grad(f [, {pass_is_recomputing=false, policy=\"nothing\"}])", "f whose inside activations are recomputed in the backward instead of kept"},
+    {"recompute_grad", "recompute_grad(f [, {pass_is_recomputing=false, policy=\"nothing\", verify=false}])", "f whose inside activations are recomputed in the backward instead of kept"},
     {"is_recomputing", "is_recomputing()", "whether the code runs as a recompute"},
     {"in_loop", "in_loop(fn, ...)", "fn(...) as a loop helper's body (is_in_loop() true)"},
     {"is_in_loop", "is_in_loop()", "whether the code runs inside in_loop"},

@@ -94,6 +94,16 @@ E("debug.check_numerics", {{"on", "true to check every op, false to stop"}}, "th
   [[before = mg.debug.check_numerics(true)
 print(pcall(mg.log, mg.tensor{-1}))   -- false  check_numerics: log produced NaN ...
 mg.debug.check_numerics(before)]])
+E("debug.verify_recompute", {{"on", "true to verify every recompute_grad, false to stop"}}, "the previous setting",
+  [[before = mg.debug.verify_recompute(true)
+k = 0
+f = mg.recompute_grad(function(x) k = k + 1; return x * k end)
+x = mg.Variable(mg.ones(2))
+t = mg.tape()
+y = f(x):sum()
+t:stop()
+print(pcall(t.gradient, t, y, x))   -- false  ... verify: the re-run's op 1 (mul, (2) float32) computed other values ...
+mg.debug.verify_recompute(before)]])
 
 -- }=============================================================
 
@@ -358,7 +368,7 @@ t = mg.tape()
 y = (clip(x) * 5):sum()
 t:stop()
 t:gradient(y, x) --> {1.0, 1.0}]])
-E("recompute_grad", {{"f", "a function of tensors"}, {"opts", "pass_is_recomputing=, policy=", "{policy=\"nothing\"}"}},
+E("recompute_grad", {{"f", "a function of tensors"}, {"opts", "pass_is_recomputing=, policy=, verify= (the re-run must compute the same bytes, op by op)", "{policy=\"nothing\"}"}},
   "a function: f, its inside activations recomputed in the backward",
   "f = mg.recompute_grad(function(x) return mg.tanh(mg.exp(x)) end)\nx = mg.Variable(mg.zeros(2))\nt = mg.tape()\ny = f(x):sum()\nt:stop()\nt:gradient(y, x) --> {0.4200, 0.4200}")
 E("is_recomputing", {}, "a boolean", "mg.is_recomputing() --> false")

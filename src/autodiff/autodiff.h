@@ -67,6 +67,17 @@ void mg_resume_all (void);
 void mg_recompute_enter (void);
 void mg_recompute_leave (void);
 
+/* recompute's verify (verify.c): a log opened on the first run notes each
+** op until noted; opened again on the re-run, each op is checked against it
+** until checked, which fails if the re-run ran fewer */
+typedef struct mg_verify_log mg_verify_log;
+bool           mg_verify_wanted  (const mg_function *fn);   /* MG_FN_VERIFY, or verify for all */
+mg_verify_log *mg_verify_note    (const char *fn);          /* NULL + error */
+void           mg_verify_noted   (mg_verify_log *l);
+mg_status      mg_verify_check   (mg_verify_log *l);
+mg_status      mg_verify_checked (mg_verify_log *l, mg_status st);   /* st, or the shortfall's error */
+void           mg_verify_free    (mg_verify_log *l);
+
 /* what custom gradients and recompute share (call.c) */
 mg_status mg_call_check (const char *fn, const mg_function *f, int nin, mg_tensor *const *in,
                          mg_list *out);

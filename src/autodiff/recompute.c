@@ -37,6 +37,7 @@ typedef struct recompute_ext {
   mg_replay *kept;             /* outputs a save policy kept, or NULL */
   int loop_depth;              /* mg_is_in_loop's depth at the call, for the re-run */
   double *digest;              /* [2 nout]: each float output's sum and sum of magnitudes */
+  mg_verify_log *verify;       /* verified: the first run's ops (verify.c), or NULL */
 } recompute_ext;
 
 static void recompute_free (mg_node *n) {
@@ -47,6 +48,7 @@ static void recompute_free (mg_node *n) {
   free(e->argmap);
   free(e->digest);
   mg_replay_free(e->kept);
+  mg_verify_free(e->verify);
   free(e);
 }
 
@@ -201,7 +203,11 @@ static mg_status rerun (mg_node *n, recompute_ext *e, mg_tape *tape, mg_list *ou
   rs->playing = e->kept;                         /* the policy's outputs, taken again; */
   rs->recording = NULL;                          /* an enclosing run's are not these ops' */
   swap_values(n, e, kept, false);
-  mg_status st = e->fn->forward(e->ud, e->nargs, in, out);
+  mg_status st = e->verify ? mg_verify_check(e->verify) : MG_OK;
+  if (st == MG_OK) {
+    st = e->fn->forward(e->ud, e->nargs, in, out);
+    if (e->verify) st = mg_verify_checked(e->verify, st);
+  }
   swap_values(n, e, kept, true);
   *rs = was;
   mg_tape_stop(tape);
@@ -350,10 +356,15 @@ static mg_status recompute_call (const mg_function *fn, void *ud, int nin, mg_te
   mg_rng_state rng = mg_random_get_state();
   mg_var_watcher w;
   mg_replay *kept;
-  if (first_run(fn, ud, nin, in, out, &w, save, save_ud, &kept) != MG_OK) {
+  mg_verify_log *verify = NULL;
+  if ((mg_verify_wanted(fn) && (verify = mg_verify_note(fn->name)) == NULL) ||
+      (first_run(fn, ud, nin, in, out, &w, save, save_ud, &kept) != MG_OK)) {
+    mg_verify_noted(verify);
+    mg_verify_free(verify);
     if (fn->release) fn->release(ud);
     return MG_ERR;
   }
+  mg_verify_noted(verify);
   mg_call_drop_passed(&w, nin, in);
   recompute_ext *e = (recompute_ext *)calloc(1, sizeof(recompute_ext));
   mg_tensor **inputs = NULL;
@@ -362,9 +373,10 @@ static mg_status recompute_call (const mg_function *fn, void *ud, int nin, mg_te
     mg_seterror("%s: out of memory", fn->name);
     if (fn->release) fn->release(ud);
     mg_replay_free(kept);
+    mg_verify_free(verify);
   } else {
     *e = (recompute_ext){.fn = fn, .ud = ud, .rng = rng, .autocast = mg_autocast_dtype(), .nargs = nin, .kept = kept,
-                         .loop_depth = mg_ctx()->tapes.loop_depth};
+                         .loop_depth = mg_ctx()->tapes.loop_depth, .verify = verify};
     inputs = node_inputs(e, nin, in, &w);
     e->digest = (double *)malloc(sizeof(double) * (size_t)(2 * out->n + 1));
     st = inputs == NULL ? MG_ERR : e->digest == NULL ? mg_seterror("%s: out of memory", fn->name)

@@ -196,6 +196,11 @@ typedef struct mg_hooks {
   /* would an op run now be recorded? (backward rules ask: second order) */
   bool (*listening)(void);
   void (*on_read)(mg_variable *v);          /* a variable was read */
+  /* every op's outputs, differentiable or not, after the kernel (a
+  ** recompute's verify notes or checks them); MG_ERR + error */
+  mg_status (*seen)(const struct mg_opcall *c);
+  /* a variable is about to be assigned (a verified re-run refuses it); MG_ERR + error */
+  mg_status (*on_assign)(mg_variable *v);
   void (*release)(mg_context *c);           /* the context goes: the state the floors above keep in it */
 } mg_hooks;
 
@@ -205,6 +210,7 @@ typedef struct mg_hooks {
 ** step, however often it is read), valid while the same tapes record */
 typedef struct mg_autocast_cast { struct mg_tensor *value, *half; } mg_autocast_cast;
 #define MG_AUTOCAST_DEPTH 32
+#define MG_VERIFY_DEPTH 16                  /* verified recomputes running inside one another */
 typedef struct mg_autocast_state {
   mg_dtype dtype;
   int depth;
@@ -245,6 +251,9 @@ struct mg_context {
   const mg_pressure *pressure;              /* installed with it: what the allocator calls */
   mg_pace pace;                             /* the thread team (threads.c) */
   mg_autocast_state autocast;               /* products in bfloat16 (ops/autocast.c) */
+  /* recompute's verify (autodiff's verify.c): the op logs noting or
+  ** checking each op now, innermost last, and the global switch */
+  struct { struct mg_verify_log *log[MG_VERIFY_DEPTH]; int n; bool all; } verify;
 };
 
 extern _Thread_local mg_context *mg_current_context;

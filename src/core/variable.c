@@ -93,6 +93,12 @@ int mg_variable_trainable (const mg_variable *v) {
   return v->trainable;
 }
 
+/* the hook's say before v changes (a verified re-run refuses it) */
+static mg_status assigning (mg_variable *v) {
+  mg_status (*on_assign)(mg_variable *) = mg_ctx()->hooks.on_assign;
+  return on_assign ? on_assign(v) : MG_OK;
+}
+
 mg_status mg_variable_assign (mg_variable *v, mg_tensor *value) {
   MG_CHECK_ARG("mg_variable_assign", v, MG_ERR);
   MG_CHECK_ARG("mg_variable_assign", value, MG_ERR);
@@ -106,6 +112,7 @@ mg_status mg_variable_assign (mg_variable *v, mg_tensor *value) {
   if (value->dtype != cur->dtype)
     return mg_seterror("assign: dtype %s does not match the variable's %s",
                        mg_dtype_name(value->dtype), mg_dtype_name(cur->dtype));
+  if (assigning(v) != MG_OK) return MG_ERR;
   if (cur->refcount == 1 && cur->storage->refcount == 1 && value->storage != cur->storage) {
     mg_copy_into(cur, value);         /* nobody else can see the old values */
     return MG_OK;
@@ -182,6 +189,7 @@ mg_status mg_variable_axpy (mg_variable *v, double alpha, mg_tensor *x) {
   /* in range before the cast: converting a double beyond int64 is undefined */
   if (cur->dtype == MG_INT64 && !(alpha >= -0x1p63 && alpha < 0x1p63 && alpha == (double)(int64_t)alpha))
     return mg_seterror("assign_add: cannot scale an int64 variable by %g", alpha);
+  if (assigning(v) != MG_OK) return MG_ERR;
   mg_tensor *xc = mg_contiguous(x);
   if (xc == NULL) return MG_ERR;
   bool exclusive = owns_value(cur, &xc, 1);

@@ -126,7 +126,7 @@ static int rerun_body (lua_State *L) {
 ** function (uservalue 2) */
 typedef enum { KEEP_NOTHING, KEEP_DOTS, KEEP_EVERYTHING, KEEP_ASK } keep_rule;
 
-typedef struct lrecompute { bool pass_flag; keep_rule policy; } lrecompute;  /* uservalues: f, policy */
+typedef struct lrecompute { bool pass_flag, verify; keep_rule policy; } lrecompute;  /* uservalues: f, policy */
 
 /* a policy written in Lua: policy(op_name, out_shape, dtype) -> boolean.
 ** It is asked from inside ops, whose frames are above the caller's: the
@@ -175,6 +175,8 @@ static mg_status recompute_forward (void *ud, int nin, mg_tensor *const *in, mg_
 }
 
 static const mg_function recompute_fn = {"recompute_grad", recompute_forward, NULL, mgL_lfn_release, 0};
+static const mg_function recompute_verified_fn = {"recompute_grad", recompute_forward, NULL, mgL_lfn_release,
+                                                  MG_FN_VERIFY};
 
 /* Pushes the template of the n arguments from `first`: {n=, ...} with plain
 ** tables copied, variables kept and tensors as holes (mgL_hollow); then
@@ -253,6 +255,7 @@ static void reuse_boxes (lua_State *L, int first, int n, int outs) {
 static int recompute_call (lua_State *L) {
   lrecompute *r = (lrecompute *)luaL_checkudata(L, 1, RECOMPUTE_MT);
   bool pass_flag = r->pass_flag;
+  const mg_function *fn = r->verify ? &recompute_verified_fn : &recompute_fn;
   keep_rule policy = r->policy;
   int nargs = lua_gettop(L) - 1;
   luaL_checkstack(L, nargs + 8, "too many arguments");
@@ -283,7 +286,7 @@ static int recompute_call (lua_State *L) {
     lua_getiuservalue(L, 1, 2);
     ask.ref = luaL_ref(L, LUA_REGISTRYINDEX);
   }
-  mg_status st = mg_recompute_call_saving(&recompute_fn, u, nl, in, &out,
+  mg_status st = mg_recompute_call_saving(fn, u, nl, in, &out,
                                           policy == KEEP_DOTS ? mg_save_dots
                                           : policy == KEEP_ASK ? ask_lua : NULL, &ask);
   luaL_unref(L, LUA_REGISTRYINDEX, ask.ref);
@@ -338,19 +341,21 @@ static keep_rule policy_of (lua_State *L, int arg) {
                                   s ? lua_pushfstring(L, "\"%s\"", s) : luaL_typename(L, -1)));
 }
 
-/* recompute_grad(f [, {pass_is_recomputing=false, policy="nothing"}]) */
+/* recompute_grad(f [, {pass_is_recomputing=false, policy="nothing", verify=false}]) */
 static int l_recompute_grad (lua_State *L) {
   luaL_checkany(L, 1);
   if (!callable(L, 1))
     return luaL_argerror(L, 1, lua_pushfstring(L, "f must be callable (a function, or a table with "
                                                   "__call), got %s", luaL_typename(L, 1)));
-  bool pass = false;
+  bool pass = false, verify = false;
   lua_settop(L, 2);
   lua_pushnil(L);                                  /* 3: the policy */
   if (!lua_isnil(L, 2)) {
-    static const char *const keys[] = {"pass_is_recomputing", "policy", NULL};
+    static const char *const keys[] = {"pass_is_recomputing", "policy", "verify", NULL};
     mgL_checkoptions(L, 2, keys);
     if (mgL_optionfield(L, 2, "pass_is_recomputing", LUA_TBOOLEAN) != LUA_TNIL) pass = lua_toboolean(L, -1);
+    lua_pop(L, 1);
+    if (mgL_optionfield(L, 2, "verify", LUA_TBOOLEAN) != LUA_TNIL) verify = lua_toboolean(L, -1);
     lua_pop(L, 1);
     lua_getfield(L, 2, "policy");
     lua_replace(L, 3);
@@ -360,6 +365,7 @@ static int l_recompute_grad (lua_State *L) {
   lua_pop(L, 1);
   lrecompute *r = (lrecompute *)lua_newuserdatauv(L, sizeof(lrecompute), 2);
   r->pass_flag = pass;
+  r->verify = verify;
   r->policy = policy;
   luaL_setmetatable(L, RECOMPUTE_MT);
   lua_pushvalue(L, 1);

@@ -43,7 +43,7 @@ mg_tensor *mg_dispatch (mg_opcall *c) {
     release_outputs(c);
     return NULL;
   }
-  if (differentiable && h->after && h->after(c) != MG_OK) {
+  if ((differentiable && h->after && h->after(c) != MG_OK) || (h->seen && h->seen(c) != MG_OK)) {
     release_outputs(c);
     return NULL;
   }
