@@ -14,6 +14,7 @@
 -- is the median over rounds of each process's median. Threads: 2 (fixed, as
 -- PyTorch's torch.set_num_threads).
 --   build/moongrad bench/autocast.lua [rounds]     (default 3)
+--   build/moongrad bench/autocast.lua ROUNDS steps (the training steps alone)
 --   build/moongrad bench/autocast.lua quick        (tiny sizes, one round, no peer: a smoke test)
 --   build/moongrad bench/autocast.lua worker step MODEL REPS [quick] | worker gemm M N K TA TB
 local mg = mg or require "moongrad"
@@ -125,6 +126,7 @@ end
 -- {=========================== the run ===========================
 
 local quick = arg and arg[1] == "quick"
+local steps_only = arg and arg[2] == "steps"
 local rounds = quick and 1 or tonumber(arg and arg[1]) or 3
 local ME = (arg and arg[-1] or "build/moongrad") .. " bench/autocast.lua worker "
 local have_torch = not quick and sh(PY .. " -c 'import torch' 2>/dev/null && echo yes"):match("yes")
@@ -150,6 +152,7 @@ local SHAPES = {
   {"GPT 2048 tok 1024->256", 2048, 256, 1024},
 }
 local ceiling_ok = not quick and sh("test -x build/gemm_bf16_ceiling && echo yes"):match("yes")
+if steps_only then SHAPES = {} end
 print("| shape | M x N x K, op | mg.matmul GFLOPS | oneDNN bf16 ceiling | ratio | torch bf16 | target |")
 print("|---|---|---|---|---|---|---|")
 for _, s in ipairs(SHAPES) do
