@@ -60,12 +60,13 @@ layer.abstract(RecomputeLayer, "call")
 
 RecomputeLayer.__call = function(self, ...)
   if rawget(self, "_build_pending") then self:_build_first(...) end   -- outside the recompute
-  local policy = self.policy
+  local policy, verify = self.policy, self.verify == true
   local f = rawget(self, "_recompute")
-  if f == nil or rawget(self, "_recompute_policy") ~= policy then
-    f = mg.recompute_grad(function(...) return self:call(...) end, {policy = policy})
+  if f == nil or rawget(self, "_recompute_policy") ~= policy or rawget(self, "_recompute_verify") ~= verify then
+    f = mg.recompute_grad(function(...) return self:call(...) end, {policy = policy, verify = verify})
     rawset(self, "_recompute", f)                      -- rawset: not a sublayer of itself
     rawset(self, "_recompute_policy", policy)
+    rawset(self, "_recompute_verify", verify)
   end
   return note_shape(self, f(...))
 end
