@@ -635,14 +635,18 @@ static mg_tensor *rebuild (mg_dtr_state *S, mg_node *p, int o, int depth) {
   for (int j = 0; j < p->nin && all; j++) all = (in[j] = input_of(S, p, j, depth)) != NULL;
   mg_tensor *out = NULL;
   if (all && mg_pause_all() == MG_OK) {
-    mg_replay_state was = mg_ctx()->replay;
-    mg_ctx()->replay.recording = NULL;
-    mg_ctx()->replay.playing = NULL;
+    mg_context *ctx = mg_ctx();
+    mg_replay_state was = ctx->replay;
+    int verifying = ctx->verify.n;             /* a rebuild is no op of a verified re-run */
+    ctx->replay.recording = NULL;
+    ctx->replay.playing = NULL;
+    ctx->verify.n = 0;
     mg_memory_span("remat", 1);
     out = p->def->replay ? p->def->replay(p, in)
         : p->nin == 1 ? p->def->info.fn.unary(in[0]) : p->def->info.fn.binary(in[0], in[1]);
     mg_memory_span("remat", 0);
-    mg_ctx()->replay = was;
+    ctx->verify.n = verifying;
+    ctx->replay = was;
     mg_resume_all();
   }
   for (int j = 0; j < p->nin; j++) mg_tensor_release(in[j]);
