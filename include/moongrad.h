@@ -1000,12 +1000,28 @@ typedef struct mg_memory_stats {
   size_t budget;                             /* the memory budget in force; 0: none */
   int64_t evictions, rematerialisations;     /* under a budget, ever */
   size_t evicted_bytes, rematerialised_bytes;
+  /* what peak_bytes was made of: the roles' bytes when current_bytes last reached it */
+  size_t at_peak_tensor_bytes, at_peak_gradient_bytes, at_peak_saved_bytes, at_peak_variable_bytes;
 } mg_memory_stats;
 
 MG_API mg_memory_stats mg_memory_stats_get (void);
 /* bytes ever allocated (cheaper than the stats: a host paces its collector by it) */
 MG_API size_t          mg_memory_allocated_bytes (void);
 MG_API void            mg_memory_reset_peak (void);
+/* A dry run (mg.memory.estimate): between begin and end, ops whose result
+** is a float tensor allocate it and skip their kernel, so a step runs
+** with every allocation it makes and no arithmetic, and the counters see
+** its bytes (blocks above malloc's mmap threshold are never touched:
+** counted, not resident). Ops with integer or bool results, and views,
+** run as usual (their values may steer the step). Variables keep their
+** values: assignments and the optimizers' steps allocate what they would
+** and write nothing. recompute's checks of values are off. The peak
+** counters start from the current bytes at begin; end returns the stats
+** as they stand (the run's peak and its parts) and puts back the peak in
+** force before. Dry runs do not nest (begin fails). */
+MG_API mg_status       mg_dry_run_begin (void);
+MG_API mg_memory_stats mg_dry_run_end   (void);
+MG_API int             mg_dry_running   (void);
 MG_API void            mg_memory_release_cache (void);             /* free() what is cached */
 /* at most min(bytes, 16 MiB + a quarter of the most bytes ever live) wait for reuse,
 ** the longest-waiting evicted first; default 256 MiB, 0: no cache */

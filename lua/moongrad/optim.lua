@@ -237,6 +237,23 @@ local function slot_table (self, name)
   return t
 end
 
+-- the slots of vs as they are: a function that puts them back (the
+-- variables keep their values by themselves in a dry run)
+local function keep_state (self, vs, n)
+  local was = {}
+  for name, t in pairs(self._slots) do
+    local slots = {}
+    for i = 1, n do slots[i] = t[vs[i]] or false end
+    was[name] = slots
+  end
+  return function()
+    for name, t in pairs(self._slots) do
+      local slots = was[name]
+      for i = 1, n do t[vs[i]] = slots and slots[i] or nil end
+    end
+  end
+end
+
 local function apply_gradients (cls, self, grads, vars)
   local who = cls.who
   check.self(who, self, cls, "opt:apply_gradients(grads, vars)")
@@ -246,6 +263,7 @@ local function apply_gradients (cls, self, grads, vars)
   register(self, vs, n)
   clip(self, gs, n)
   local wd = self.weight_decay
+  local kept = mg.memory.dry_running() and keep_state(self, vs, n)
   for i = 1, n do
     local g, v = gs[i], vs[i]
     if g ~= nil then
@@ -253,6 +271,7 @@ local function apply_gradients (cls, self, grads, vars)
       cls.update(self, v, g, lr)
     end
   end
+  if kept then return kept() end                   -- a dry run (mg.memory.estimate) changes nothing
   self.iterations = self.iterations + 1
 end
 

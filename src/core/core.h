@@ -138,6 +138,7 @@ typedef struct mg_pressure {
 typedef struct mg_memory_state {
   size_t role_bytes[MG_ROLE__COUNT];
   size_t current, peak, peak_saved;
+  size_t peak_roles[MG_ROLE__COUNT];        /* role_bytes when current last reached peak */
   size_t graph;                             /* tapes and their nodes (mg_small_alloc) */
   int64_t live_storages, allocations;
   size_t allocated;                         /* bytes ever allocated */
@@ -254,6 +255,9 @@ struct mg_context {
   /* recompute's verify (autodiff's verify.c): the op logs noting or
   ** checking each op now, innermost last, and the global switch */
   struct { struct mg_verify_log *log[MG_VERIFY_DEPTH]; int n; bool all; } verify;
+  /* a dry run (mg_dry_run_begin, memory.c): kernels skipped, the peak
+  ** counters it found in force before it */
+  struct { bool on; size_t peak, peak_saved, peak_roles[MG_ROLE__COUNT]; } dry;
 };
 
 extern _Thread_local mg_context *mg_current_context;

@@ -237,7 +237,10 @@ static mg_storage *count_new (mg_context *c, mg_storage *s, size_t nbytes, bool 
   }
   m->role_bytes[MG_ROLE_TENSOR] += nbytes;
   m->current += nbytes;
-  if (m->current > m->peak) m->peak = m->current;
+  if (m->current > m->peak) {
+    m->peak = m->current;
+    memcpy(m->peak_roles, m->role_bytes, sizeof m->peak_roles);
+  }
   if (m->current > m->high) m->high = m->current;
   m->live_storages++;
   m->allocations++;
@@ -313,6 +316,10 @@ mg_memory_stats mg_memory_stats_get (void) {
   st.variable_bytes = m->role_bytes[MG_ROLE_VARIABLE];
   st.gradient_bytes = m->role_bytes[MG_ROLE_GRADIENT];
   st.peak_saved_bytes = m->peak_saved;
+  st.at_peak_tensor_bytes = m->peak_roles[MG_ROLE_TENSOR];
+  st.at_peak_gradient_bytes = m->peak_roles[MG_ROLE_GRADIENT];
+  st.at_peak_saved_bytes = m->peak_roles[MG_ROLE_SAVED];
+  st.at_peak_variable_bytes = m->peak_roles[MG_ROLE_VARIABLE];
   st.cached_bytes = m->cached;
   st.cache_limit = MG_POOLS ? m->cache_limit : 0;
   st.external_bytes = m->external;
@@ -329,7 +336,38 @@ void mg_memory_reset_peak (void) {
   mg_memory_state *m = mem();
   m->peak = m->current;
   m->peak_saved = m->role_bytes[MG_ROLE_SAVED];
+  memcpy(m->peak_roles, m->role_bytes, sizeof m->peak_roles);
 }
+
+/* A dry run uses the allocator as the step would, with the kernels
+** skipped: fresh blocks above malloc's mmap threshold are never touched, so
+** the step's bytes are counted without being there. Its peak is its own:
+** the one in force before comes back after. */
+mg_status mg_dry_run_begin (void) {
+  mg_context *c = mg_ctx();
+  if (c->dry.on) return mg_seterror("estimate: a dry run is running already (estimates do not nest)");
+  mg_memory_state *m = &c->memory;
+  c->dry.on = true;
+  c->dry.peak = m->peak;
+  c->dry.peak_saved = m->peak_saved;
+  memcpy(c->dry.peak_roles, m->peak_roles, sizeof m->peak_roles);
+  mg_memory_reset_peak();
+  return MG_OK;
+}
+
+mg_memory_stats mg_dry_run_end (void) {
+  mg_context *c = mg_ctx();
+  mg_memory_stats st = mg_memory_stats_get();
+  if (!c->dry.on) return st;
+  mg_memory_state *m = &c->memory;
+  c->dry.on = false;
+  m->peak = c->dry.peak > m->current ? c->dry.peak : m->current;
+  m->peak_saved = c->dry.peak_saved;
+  memcpy(m->peak_roles, c->dry.peak_roles, sizeof m->peak_roles);
+  return st;
+}
+
+int mg_dry_running (void) { return mg_ctx()->dry.on; }
 
 void mg_memory_set_hooks (void (*change)(void *ud), void (*span)(const char *, int, void *),
                           void *ud) {

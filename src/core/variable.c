@@ -99,6 +99,15 @@ static mg_status assigning (mg_variable *v) {
   return on_assign ? on_assign(v) : MG_OK;
 }
 
+/* a write in a dry run (memory.c): the fresh value a shared one would get
+** is allocated and let go, counted; the variable keeps its value */
+static mg_status dry_write (const mg_tensor *cur, bool exclusive) {
+  if (exclusive) return MG_OK;
+  mg_tensor *fresh = mg_empty(cur->shape, cur->ndim, cur->dtype);
+  mg_tensor_release(fresh);
+  return fresh ? MG_OK : MG_ERR;
+}
+
 mg_status mg_variable_assign (mg_variable *v, mg_tensor *value) {
   MG_CHECK_ARG("mg_variable_assign", v, MG_ERR);
   MG_CHECK_ARG("mg_variable_assign", value, MG_ERR);
@@ -113,7 +122,9 @@ mg_status mg_variable_assign (mg_variable *v, mg_tensor *value) {
     return mg_seterror("assign: dtype %s does not match the variable's %s",
                        mg_dtype_name(value->dtype), mg_dtype_name(cur->dtype));
   if (assigning(v) != MG_OK) return MG_ERR;
-  if (cur->refcount == 1 && cur->storage->refcount == 1 && value->storage != cur->storage) {
+  bool exclusive = cur->refcount == 1 && cur->storage->refcount == 1 && value->storage != cur->storage;
+  if (mg_dry_running()) return dry_write(cur, exclusive);
+  if (exclusive) {
     mg_copy_into(cur, value);         /* nobody else can see the old values */
     return MG_OK;
   }
@@ -190,6 +201,7 @@ mg_status mg_variable_axpy (mg_variable *v, double alpha, mg_tensor *x) {
   if (cur->dtype == MG_INT64 && !(alpha >= -0x1p63 && alpha < 0x1p63 && alpha == (double)(int64_t)alpha))
     return mg_seterror("assign_add: cannot scale an int64 variable by %g", alpha);
   if (assigning(v) != MG_OK) return MG_ERR;
+  if (mg_dry_running()) return dry_write(cur, owns_value(cur, &x, 1));
   mg_tensor *xc = mg_contiguous(x);
   if (xc == NULL) return MG_ERR;
   bool exclusive = owns_value(cur, &xc, 1);
@@ -215,7 +227,7 @@ mg_tensor *mg_variable_begin_write (mg_variable *v, mg_tensor *const *reads, int
   mg_tensor *cur = v->value;
   if (owns_value(cur, reads, n)) return cur;
   mg_tensor *copy = mg_empty(cur->shape, cur->ndim, cur->dtype);
-  if (copy && mg_copy_into(copy, cur) != MG_OK) {
+  if (copy && !mg_dry_running() && mg_copy_into(copy, cur) != MG_OK) {
     mg_tensor_release(copy);
     return NULL;
   }
@@ -225,7 +237,7 @@ mg_tensor *mg_variable_begin_write (mg_variable *v, mg_tensor *const *reads, int
 /* v takes the copy the step wrote (done), or the copy goes (failed) */
 void mg_variable_end_write (mg_variable *v, mg_tensor *dst, bool done) {
   if (dst == NULL || dst == v->value) return;
-  if (!done) {
+  if (!done || mg_dry_running()) {                 /* a dry run's copy goes too */
     mg_tensor_release(dst);
     return;
   }

@@ -253,6 +253,8 @@ void mgL_open_tensor    (lua_State *L);    /* each adds its functions to the tab
 void mgL_open_variable  (lua_State *L);
 void mgL_open_tape      (lua_State *L);
 void mgL_open_memory    (lua_State *L);
+/* pushes the embedded Lua module `name` ("moongrad.planner"), loaded as require would */
+void mgL_require (lua_State *L, const char *name);
 void mgL_open_tidy      (lua_State *L);    /* mg.tidy, mg.dispose */
 void mgL_open_trace     (lua_State *L);    /* into the memory table at -1 */
 void mgL_open_random    (lua_State *L);

@@ -113,7 +113,48 @@ static int l_fail_after (lua_State *L) {
   return 0;
 }
 
+/* dry_run(f, ...): f(...) as a dry run (mg_dry_run_begin); returns the
+** stats at its end (the run's peak and its parts), then f's results; f's
+** error is raised after the run is closed. For moongrad.planner. */
+static int l_dry_run (lua_State *L) {
+  luaL_checktype(L, 1, LUA_TFUNCTION);
+  if (mg_dry_run_begin() != MG_OK) return mgL_error(L);
+  int n = lua_gettop(L);
+  int st = lua_pcall(L, n - 1, LUA_MULTRET, 0);
+  mg_memory_stats ms = mg_dry_run_end();
+  if (st != LUA_OK) return lua_error(L);
+  int nres = lua_gettop(L);
+  lua_createtable(L, 0, 8);
+  setfield_int(L, "peak_bytes", (int64_t)ms.peak_bytes);
+  setfield_int(L, "current_bytes", (int64_t)ms.current_bytes);
+  setfield_int(L, "tensor_bytes", (int64_t)ms.at_peak_tensor_bytes);
+  setfield_int(L, "gradient_bytes", (int64_t)ms.at_peak_gradient_bytes);
+  setfield_int(L, "saved_bytes", (int64_t)ms.at_peak_saved_bytes);
+  setfield_int(L, "variable_bytes", (int64_t)ms.at_peak_variable_bytes);
+  setfield_int(L, "peak_saved_bytes", (int64_t)ms.peak_saved_bytes);
+  lua_insert(L, 1);
+  return nres + 1;
+}
+
+/* dry_running(): true inside mg.memory.estimate's run of a step */
+static int l_dry_running (lua_State *L) {
+  mgL_checknargs(L, 0);
+  lua_pushboolean(L, mg_dry_running());
+  return 1;
+}
+
+/* estimate(step, ...): moongrad.planner's */
+static int l_estimate (lua_State *L) {
+  mgL_require(L, "moongrad.planner");
+  lua_getfield(L, -1, "estimate");
+  lua_insert(L, 1);
+  lua_pop(L, 1);
+  lua_call(L, lua_gettop(L) - 1, LUA_MULTRET);
+  return lua_gettop(L);
+}
+
 static const luaL_Reg memory_funcs[] = {
+  {"_dry_run", l_dry_run}, {"estimate", l_estimate}, {"dry_running", l_dry_running},
   {"set_cache_limit", l_set_cache_limit}, {"fail_after", l_fail_after},
   {"stats", l_stats}, {"reset_peak", l_reset_peak}, {"release_cache", l_release_cache},
   {"setpause", l_setpause}, {"budget", l_budget}, {NULL, NULL}

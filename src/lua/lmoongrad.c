@@ -34,6 +34,17 @@ static int load_embedded (lua_State *L) {
   return 1;
 }
 
+void mgL_require (lua_State *L, const char *name) {
+  for (int i = 0; mgL_embedded_modules[i].name; i++) {
+    if (strcmp(mgL_embedded_modules[i].name, name) != 0) continue;
+    lua_pushinteger(L, i);
+    lua_pushcclosure(L, load_embedded, 1);
+    lua_call(L, 0, 1);
+    return;
+  }
+  luaL_error(L, "moongrad: no embedded module '%s'", name);
+}
+
 /*
 ** mg.nn, mg.optim, ...: package.loaded["moongrad.<key>"], loaded on first use.
 ** Not copied into mg: the module stays the one require gives, also after a

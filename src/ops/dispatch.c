@@ -24,6 +24,17 @@ static void mark_numbers (mg_opcall *c) {
   for (int i = 0; i < c->nout; i++) c->out[i]->number = true;
 }
 
+/* in a dry run (memory.c), a float result of float inputs is allocated and
+** not computed; views, ops of two results and ops that read integers or
+** bools run as usual (a cast of indices to bfloat16 and back, a gather at
+** them: their values must survive) */
+static bool dry_output (const mg_context *ctx, const mg_opcall *c) {
+  if (!ctx->dry.on || c->nout != 1 || !mg_is_floating(c->dtype) || c->def->makes_views) return false;
+  for (int j = 0; j < c->nin; j++)
+    if (!mg_is_floating(c->in[j]->dtype)) return false;
+  return true;
+}
+
 mg_tensor *mg_dispatch (mg_opcall *c) {
   mg_assert(c->def->forward != NULL);   /* a composite row (einsum) is never dispatched */
   mg_context *ctx = mg_ctx();
@@ -34,11 +45,13 @@ mg_tensor *mg_dispatch (mg_opcall *c) {
   mg_tensor *kept = differentiable && c->nout == 1 && h->before ? h->before(c) : NULL;
   if (kept != NULL) {
     c->out[0] = kept;
+  } else if (dry_output(ctx, c)) {
+    if ((c->out[0] = mg_empty(c->shape, c->ndim, c->dtype)) == NULL) return NULL;
   } else if (c->def->forward(c) != MG_OK) {
     return NULL;
   }
   mark_numbers(c);
-  if (differentiable && ctx->check_numerics &&
+  if (differentiable && ctx->check_numerics && !ctx->dry.on &&
       mg_numerics_check(c->def, c->nin, c->in, c->out[0]) != MG_OK) {
     release_outputs(c);
     return NULL;

@@ -84,6 +84,9 @@ typedef struct mg_opdef {
   /* a product's multiply-adds, from the node's shapes (what a memory budget
   ** weighs a rebuild by); NULL: an elementwise op, its elements */
   double (*macs)(const struct mg_node *n);
+  /* its output may be a view of its input (reshape, slice): a dry run runs
+  ** it, where it gives other ops' float outputs fresh and unwritten */
+  bool makes_views;
 } mg_opdef;
 
 /* an op family's rows, for the registry */

@@ -30,6 +30,16 @@ static mg_status check_like (const char *fn, const mg_tensor *cur, const mg_tens
   return MG_OK;
 }
 
+/* A dry run (mg.memory.estimate) counts a step's new slot and gives back
+** the old one: the optimizer keeps its state, and nothing it held becomes
+** garbage that the real step would not make. The first step's slot (no old
+** one) is the fresh tensor. */
+static mg_tensor *dry_slot (mg_tensor *fresh, mg_tensor *old) {
+  if (!mg_dry_running() || old == NULL || fresh == NULL) return fresh;
+  mg_tensor_release(fresh);
+  return mg_tensor_retain(old);
+}
+
 /* }============================================================= */
 
 
@@ -99,7 +109,7 @@ mg_status mg_variable_adam (mg_variable *v, mg_tensor *g, mg_tensor *m, mg_tenso
   if (ok) {
     adam_bufs k = {cur->dtype, mg_ptr(dst), mg_ptr(in[0]), in[1] ? mg_ptr(in[1]) : NULL,
                    in[2] ? mg_ptr(in[2]) : NULL, mg_ptr(mo), mg_ptr(so), p};
-    mg_for_blocks(cur->numel, adam_block, &k);
+    if (!mg_dry_running()) mg_for_blocks(cur->numel, adam_block, &k);   /* a dry run writes nothing */
   }
   for (int i = 0; i < 3; i++) mg_tensor_release(in[i]);
   mg_variable_end_write(v, dst, ok);
@@ -108,8 +118,8 @@ mg_status mg_variable_adam (mg_variable *v, mg_tensor *g, mg_tensor *m, mg_tenso
     mg_tensor_release(so);
     return MG_ERR;
   }
-  *m_out = mo;
-  *s_out = so;
+  *m_out = dry_slot(mo, m);
+  *s_out = dry_slot(so, s);
   return MG_OK;
 }
 
@@ -168,7 +178,7 @@ mg_status mg_variable_momentum (mg_variable *v, mg_tensor *g, mg_tensor *b, doub
   if (ok) {
     momentum_bufs k = {cur->dtype, mg_ptr(dst), mg_ptr(in[0]), in[1] ? mg_ptr(in[1]) : NULL, b ? mg_ptr(bo) : NULL,
                        momentum, lr, nesterov != 0};
-    mg_for_blocks(cur->numel, momentum_block, &k);
+    if (!mg_dry_running()) mg_for_blocks(cur->numel, momentum_block, &k);   /* a dry run writes nothing */
   }
   for (int i = 0; i < 2; i++) mg_tensor_release(in[i]);
   mg_variable_end_write(v, dst, ok);
@@ -176,7 +186,7 @@ mg_status mg_variable_momentum (mg_variable *v, mg_tensor *g, mg_tensor *b, doub
     mg_tensor_release(bo);
     return MG_ERR;
   }
-  *b_out = bo;
+  *b_out = dry_slot(bo, b);
   return MG_OK;
 }
 
@@ -258,7 +268,7 @@ mg_status mg_variable_rmsprop (mg_variable *v, mg_tensor *g, mg_tensor *const sl
     rmsprop_bufs k = {cur->dtype, mg_ptr(dst), mg_ptr(in[0]), mg_ptr(in[1]), in[2] ? mg_ptr(in[2]) : NULL,
                       in[3] ? mg_ptr(in[3]) : NULL, mg_ptr(out[0]), out[1] ? mg_ptr(out[1]) : NULL,
                       out[2] ? mg_ptr(out[2]) : NULL, p};
-    mg_for_blocks(cur->numel, rmsprop_block, &k);
+    if (!mg_dry_running()) mg_for_blocks(cur->numel, rmsprop_block, &k);   /* a dry run writes nothing */
   }
   for (int i = 0; i < 4; i++) mg_tensor_release(in[i]);
   mg_variable_end_write(v, dst, ok);
@@ -269,6 +279,7 @@ mg_status mg_variable_rmsprop (mg_variable *v, mg_tensor *g, mg_tensor *const sl
     }
     return MG_ERR;
   }
+  for (int i = 0; i < 3; i++) out[i] = dry_slot(out[i], slots[i]);
   return MG_OK;
 }
 

@@ -99,7 +99,7 @@ static mg_status reshape_backward (mg_node *n, mg_tensor *const *dout, mg_tensor
   din[0] = mg_reshape(dout[0], SHAPE_OF(n, 0));
   return MG_OK;
 }
-MG_ROW(RESHAPE, reshape) = {.forward = reshape_forward, .info = {.name = "reshape", .kind = MG_OP_OTHER, .doc = "the same values in another shape (one size may be -1)"}, .backward = reshape_backward};
+MG_ROW(RESHAPE, reshape) = {.makes_views = true, .forward = reshape_forward, .info = {.name = "reshape", .kind = MG_OP_OTHER, .doc = "the same values in another shape (one size may be -1)"}, .backward = reshape_backward};
 
 mg_tensor *mg_expand_dims (mg_tensor *x, int axis) {
   MG_CHECK_ARG("mg_expand_dims", x, NULL);
@@ -157,7 +157,7 @@ static mg_status permute_backward (mg_node *n, mg_tensor *const *dout, mg_tensor
   din[0] = mg_permute(dout[0], inv);
   return MG_OK;
 }
-MG_ROW(PERMUTE, permute) = {.forward = view_forward, .info = {.name = "permute", .kind = MG_OP_OTHER, .doc = "the axes reordered (transpose with a permutation)"}, .backward = permute_backward};
+MG_ROW(PERMUTE, permute) = {.makes_views = true, .forward = view_forward, .info = {.name = "permute", .kind = MG_OP_OTHER, .doc = "the axes reordered (transpose with a permutation)"}, .backward = permute_backward};
 
 mg_tensor *mg_transpose (mg_tensor *x, int axis1, int axis2) {
   MG_CHECK_ARG("mg_transpose", x, NULL);
@@ -204,7 +204,7 @@ static mg_status broadcast_backward (mg_node *n, mg_tensor *const *dout, mg_tens
   din[0] = mg_sum_to_shape(dout[0], SHAPE_OF(n, 0));
   return MG_OK;
 }
-MG_ROW(BROADCAST, broadcast) = {.forward = view_forward, .info = {.name = "broadcast_to", .kind = MG_OP_OTHER, .doc = "a broadcast view with a larger shape"}, .backward = broadcast_backward};
+MG_ROW(BROADCAST, broadcast) = {.makes_views = true, .forward = view_forward, .info = {.name = "broadcast_to", .kind = MG_OP_OTHER, .doc = "a broadcast view with a larger shape"}, .backward = broadcast_backward};
 
 /* }========================================================== */
 
@@ -265,7 +265,7 @@ static mg_status slice_backward (mg_node *n, mg_tensor *const *dout, mg_tensor *
   din[0] = mg_unslice(dout[0], n->in_meta[0].shape, n->attr->a, n->attr->c);
   return MG_OK;
 }
-MG_ROW(SLICE, slice) = {.forward = view_forward, .info = {.name = "slice", .kind = MG_OP_OTHER, .doc = "a view of start..stop by step along each axis"}, .backward = slice_backward};
+MG_ROW(SLICE, slice) = {.makes_views = true, .forward = view_forward, .info = {.name = "slice", .kind = MG_OP_OTHER, .doc = "a view of start..stop by step along each axis"}, .backward = slice_backward};
 
 /* unslice: zeros of `shape` with x at start::step.  grad: slice(dout) */
 mg_tensor *mg_unslice (mg_tensor *x, const int64_t *shape, const int64_t *start, const int64_t *step) {
@@ -656,6 +656,7 @@ static mg_status identity_backward (mg_node *n, mg_tensor *const *dout, mg_tenso
   return MG_OK;
 }
 MG_ROW(IDENTITY, identity) = {
+  .makes_views = true,
   .forward = fresh_view,
   .info = {.name = "identity", .kind = MG_OP_UNARY, .fn.unary = mg_identity,
            .doc = "x as a new tensor, no copy (tf.identity): a tape sees a new value"},
@@ -669,6 +670,7 @@ mg_tensor *mg_stop_gradient (mg_tensor *x) {
   return fresh_view_op(&stop_gradient_op, x);
 }
 MG_ROW(STOP_GRADIENT, stop_gradient) = {
+  .makes_views = true,
   .forward = fresh_view,
   .info = {.name = "stop_gradient", .kind = MG_OP_UNARY, .fn.unary = mg_stop_gradient,
            .doc = "x as a constant to every tape, no copy (tf.stop_gradient, torch's detach)"},

@@ -1,0 +1,173 @@
+-- mg.memory.estimate(step, ...): a training step run dry (no arithmetic)
+-- predicts the peak mg.memory.stats().peak_bytes shows for the real step,
+-- and changes nothing the step would change.
+local mg = require "moongrad"
+local h = require "spec.helpers"
+local nn = mg.nn
+
+local function labels (n, k) return mg.cast(mg.random.uniform({n}, 1, k + 1) // 1, "int64") end
+
+-- models as the bench has them, small: (model, x, y, loss)
+local MODELS = {
+  mlp = function()
+    return nn.Sequential{nn.Dense(256, "relu"), nn.Dense(256, "relu"), nn.Dense(10)}, mg.random.normal{64, 196},
+           labels(64, 10), mg.losses.SparseCategoricalCrossentropy{from_logits = true}
+  end,
+  cnn = function()
+    return nn.Sequential{nn.Conv2D(8, 3, {padding = "same", activation = "relu"}), nn.MaxPool2D(2),
+                         nn.Conv2D(16, 3, {padding = "same", activation = "relu"}), nn.MaxPool2D(2),
+                         nn.Flatten(), nn.Dense(32, "relu"), nn.Dense(10)},
+           mg.random.normal{16, 16, 16, 1}, labels(16, 10), mg.losses.SparseCategoricalCrossentropy{from_logits = true}
+  end,
+  gpt = function()
+    local layers = {nn.Embedding(32, 64), nn.PositionalEmbedding(16)}
+    for _ = 1, 2 do layers[#layers + 1] = nn.TransformerBlock(4, 64, {causal = true}) end
+    layers[#layers + 1] = nn.LayerNorm()
+    layers[#layers + 1] = nn.Dense(32)
+    local ids = mg.cast(mg.random.uniform({8, 16}, 1, 33) // 1, "int64")
+    return nn.Sequential(layers), ids, mg.cast(mg.random.uniform({8, 16}, 1, 33) // 1, "int64"),
+           mg.losses.SparseCategoricalCrossentropy{from_logits = true}
+  end,
+  chain = function()
+    local layers = {}
+    for i = 1, 8 do layers[i] = nn.Dense(128, "tanh") end
+    return nn.Sequential(layers), mg.random.normal{128, 128}, nil, function(_, p) return mg.mean(p * p) end
+  end,
+}
+
+-- a training step of the model, its forward wrapped by `how`
+local function stepper (name, how)
+  mg.random.seed(1)
+  local model, x, y, loss_fn = MODELS[name]()
+  local opt = mg.optim.Adam{learning_rate = 1e-3}
+  model(x)
+  local vars = model.trainable_variables
+  local forward = function(v) return model(v) end
+  if how == "recompute" then forward = mg.recompute_grad(forward)
+  elseif how == "dots" then forward = mg.recompute_grad(forward, {policy = "dots"})
+  elseif how == "sequential" then
+    forward = function(v) return nn.checkpoint_sequential(model.layers, 2, v) end
+  end
+  local function step ()
+    local t = mg.tape()
+    local loss
+    if how == "hooks" then
+      loss = mg.saved_tensors_hooks("bfloat16", function() return loss_fn(y, forward(x)) end)
+    else
+      loss = loss_fn(y, forward(x))
+    end
+    t:stop()
+    opt:apply_gradients(t:gradient(loss, vars), vars)
+    return loss
+  end
+  return step, vars, opt
+end
+
+local function real_peak (step)
+  h.settled()
+  mg.memory.reset_peak()
+  step()
+  return mg.memory.stats().peak_bytes
+end
+
+describe("memory.estimate", function()
+  local old, oldmin
+  before_each(function() old, oldmin = mg.memory.setpause(100, 0) end)   -- exact peaks
+  after_each(function() mg.memory.setpause(old, oldmin) end)
+
+  for _, name in ipairs{"mlp", "cnn", "gpt", "chain"} do
+    for _, how in ipairs{"plain", "recompute", "dots", "hooks", "sequential"} do
+      it(("predicts the %s step's peak (%s) within 5%%, first step and later ones"):format(name, how), function()
+        local step, vars, opt = stepper(name, how)
+        for round = 1, 2 do
+          h.settled()
+          local w = vars[1]:value():sum():item()
+          local r = mg.memory.estimate(step)
+          assert.are.equal(w, vars[1]:value():sum():item())             -- nothing written
+          assert.are.equal(round - 1, opt.iterations)                  -- nor counted
+          local real = real_peak(step)
+          if os.getenv("SHOW") then print(name, how, round, r.peak_bytes, real, r.peak_bytes / real) end
+          assert.is_true(math.abs(r.peak_bytes - real) <= 0.05 * real,
+                         ("%s/%s round %d: estimate %d, real %d"):format(name, how, round, r.peak_bytes, real))
+        end
+      end)
+    end
+  end
+
+  it("leaves everything as it was: weights, slots, step counts, statistics, the random stream, the peak", function()
+    mg.random.seed(4)
+    local model = nn.Sequential{nn.Dense(32), nn.BatchNorm(), nn.Lambda(function(v) return mg.relu(v) end), nn.Dropout(0.3), nn.Dense(4)}
+    local x, y = mg.random.normal{16, 8}, labels(16, 4)
+    local loss_fn = mg.losses.SparseCategoricalCrossentropy{from_logits = true}
+    for _, opt in ipairs{mg.optim.SGD{learning_rate = 0.1, momentum = 0.9}, mg.optim.RMSprop{centered = true, momentum = 0.5},
+                         mg.optim.Adam{}} do
+      model(x)
+      local vars = model.trainable_variables
+      local function step ()
+        local t = mg.tape()
+        local loss = loss_fn(y, model(x, true))
+        t:stop()
+        opt:apply_gradients(t:gradient(loss, vars), vars)
+      end
+      step()                                         -- slots exist
+      local before = {}
+      for i, v in ipairs(model.variables) do before[i] = v:value():cast("float64"):sum():item() end
+      local state = opt:get_state(vars)
+      local rng = mg.random.get_state()
+      local peak = mg.memory.stats().peak_bytes
+      local r = mg.memory.estimate(step)
+      assert.is_true(r.peak_bytes > 0)
+      for i, v in ipairs(model.variables) do assert.are.equal(before[i], v:value():cast("float64"):sum():item(), v.name) end
+      local now = opt:get_state(vars)
+      assert.are.equal(state.iterations, now.iterations)
+      for name, list in pairs(state.slots) do
+        for i = 1, #list do assert.are.equal(list[i], now.slots[name][i], name .. " " .. i) end   -- the same tensors
+      end
+      assert.are.same(rng, mg.random.get_state())
+      assert.are.equal(peak, mg.memory.stats().peak_bytes)
+      assert.is_false(mg.memory.dry_running())
+    end
+  end)
+
+  it("prints what makes the peak", function()
+    local step = stepper("mlp", "plain")
+    local r = mg.memory.estimate(step)
+    local text = tostring(r)
+    assert.truthy(text:find("moongrad.memory.estimate: peak ", 1, true), text)
+    assert.truthy(text:find("| weights (variables) | ", 1, true), text)
+    assert.truthy(text:find("| saved for the backward (activations) | ", 1, true), text)
+    local parts = r.at_peak.variable + r.at_peak.saved + r.at_peak.gradient + r.at_peak.tensor
+    assert.are.equal(r.peak_bytes, parts)
+    assert.is_true(r.seconds < 1)
+  end)
+
+  it("names a failing step, closes the dry run, and refuses what is not a step", function()
+    local ok, err = pcall(mg.memory.estimate, function() error("boom") end)
+    assert.is_false(ok)
+    assert.truthy(tostring(err):find("memory.estimate: the step failed in the dry run: ", 1, true), tostring(err))
+    assert.truthy(tostring(err):find("boom", 1, true))
+    assert.is_false(mg.memory.dry_running())
+    assert.has_error(function() mg.memory.estimate(42) end, "memory.estimate: step must be a function, got number")
+    ok, err = pcall(mg.memory.estimate, function() return mg.memory.estimate(function() end) end)
+    assert.truthy(tostring(err):find("estimates do not nest", 1, true), tostring(err))
+    assert.is_false(mg.memory.dry_running())
+    local x = mg.ones{3}
+    assert.are.same({1, 1, 1}, (x * 1):totable())    -- ops compute again
+  end)
+
+  it("passes the step its arguments and gives the step's bytes under autocast and a budget too", function()
+    local step, vars = stepper("gpt", "plain")
+    local auto = function() return mg.autocast("bfloat16", step) end
+    local r = mg.memory.estimate(auto)
+    assert.is_true(math.abs(r.peak_bytes - real_peak(auto)) <= 0.05 * r.peak_bytes)
+    local seen
+    mg.memory.estimate(function(a, b) seen = {a, b} end, 1, "two")
+    assert.are.same({1, "two"}, seen)
+    local was = mg.memory.budget("1 GiB")
+    local rb = mg.memory.estimate(step)                -- the step as it runs without a budget
+    assert.are.equal(1024 ^ 3, mg.memory.budget())     -- the budget back after it
+    mg.memory.budget(was)
+    assert.are.equal(rb.peak_bytes, mg.memory.estimate(step).peak_bytes)
+    assert.is_true(#vars > 0)
+  end)
+end)
