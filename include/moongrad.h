@@ -1018,10 +1018,15 @@ MG_API void            mg_memory_reset_peak (void);
 ** and write nothing. recompute's checks of values are off. The peak
 ** counters start from the current bytes at begin; end returns the stats
 ** as they stand (the run's peak and its parts) and puts back the peak in
-** force before. Dry runs do not nest (begin fails). */
-MG_API mg_status       mg_dry_run_begin (void);
+** force before. Dry runs do not nest (begin fails). site (may be NULL)
+** names the host's place making each storage of the run, as a number from
+** 1 (0: none), so that mg_dry_run_saved_by_site(site) gives the bytes made
+** there that the tapes held when they held the most (peak_saved_bytes; by
+** Lua line, from Lua). Valid until the next dry run begins. */
+MG_API mg_status       mg_dry_run_begin (int (*site)(void *ud), void *ud);
 MG_API mg_memory_stats mg_dry_run_end   (void);
 MG_API int             mg_dry_running   (void);
+MG_API size_t          mg_dry_run_saved_by_site (int site);
 MG_API void            mg_memory_release_cache (void);             /* free() what is cached */
 /* at most min(bytes, 16 MiB + a quarter of the most bytes ever live) wait for reuse,
 ** the longest-waiting evicted first; default 256 MiB, 0: no cache */

@@ -170,4 +170,35 @@ describe("memory.estimate", function()
     assert.are.equal(rb.peak_bytes, mg.memory.estimate(step).peak_bytes)
     assert.is_true(#vars > 0)
   end)
+
+  it("says which Lua line made what the tapes hold (layers count at the line that calls them)", function()
+    local l1, l2 = nn.Dense(64, "tanh"), nn.Dense(8)
+    local x = mg.random.normal{32, 16}
+    local function step ()
+      local t = mg.tape()
+      local a = l1(x)                                  -- LINE_A: l1 keeps its output (tanh's gradient)
+      local b = mg.exp(a) * 3                          -- LINE_B: exp keeps its output, mul nothing
+      local loss = mg.sum(l2(b))
+      t:stop()
+      return t:gradient(loss, {x})
+    end
+    local r = mg.memory.estimate(step)
+    local src = debug.getinfo(1, "S").short_src
+    local by = {}
+    for _, s in ipairs(r.saved_by_line) do by[s.site] = s.bytes end
+    local line_a, line_b
+    local n = 0
+    for l in io.lines(src) do
+      n = n + 1
+      if l:find("-- LINE_A:", 1, true) and not l:find("find", 1, true) then line_a = n end
+      if l:find("-- LINE_B:", 1, true) and not l:find("find", 1, true) then line_b = n end
+    end
+    assert.are.equal(32 * 64 * 4, by[src .. ":" .. line_a], tostring(r))
+    -- exp's output, the product (l2 keeps its input) and the 3 (mul keeps it for a's gradient)
+    assert.are.equal(32 * 64 * 4 * 2 + 4, by[src .. ":" .. line_b], tostring(r))
+    local total = 0
+    for _, s in ipairs(r.saved_by_line) do total = total + s.bytes end
+    assert.are.equal(r.peak_saved_bytes, total + 32 * 16 * 4)    -- and x, made before the step
+    assert.truthy(tostring(r):find("| before the step (its inputs, ...) | 2.00 KiB |", 1, true), tostring(r))
+  end)
 end)

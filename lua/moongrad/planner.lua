@@ -43,6 +43,19 @@ Report.__tostring = function(r)
     lines[#lines + 1] = ("| %s | %s | %.0f%% |"):format(p[2], human(b), r.peak_bytes > 0 and 100 * b / r.peak_bytes or 0)
   end
   lines[#lines + 1] = ("\nThe tapes held at most %s at once."):format(human(r.peak_saved_bytes))
+  if r.peak_saved_bytes > 0 then
+    lines[#lines + 1] = "\n| the tapes at their most: made at | bytes |\n|---|---|"
+    local shown, more, rest = 0, 0, 0
+    for i, s in ipairs(r.saved_by_line) do
+      if i <= 10 then lines[#lines + 1] = ("| %s | %s |"):format(s.site, human(s.bytes))
+      else more, rest = more + 1, rest + s.bytes end
+      shown = shown + s.bytes
+    end
+    if more > 0 then lines[#lines + 1] = ("| %d more lines | %s |"):format(more, human(rest)) end
+    if r.peak_saved_bytes > shown then
+      lines[#lines + 1] = ("| before the step (its inputs, ...) | %s |"):format(human(r.peak_saved_bytes - shown))
+    end
+  end
   return table.concat(lines, "\n")
 end
 
@@ -55,7 +68,9 @@ end
 --- estimate(step, ...): step(...) as a dry run; a report whose peak_bytes is
 -- the peak mg.memory.stats().peak_bytes would show for the step after
 -- mg.memory.reset_peak() at its start, with what made it (at_peak: variable,
--- saved, gradient and tensor bytes), the tapes' most (peak_saved_bytes), the
+-- saved, gradient and tensor bytes), the tapes' most (peak_saved_bytes) and
+-- what made it (saved_by_line: {site = "file:line", bytes =}, by the Lua
+-- line outside moongrad's modules that made each tensor, most first), the
 -- bytes live after it (after_bytes) and the seconds it took.
 function planner.estimate (step, ...)
   if not callable(step) then
@@ -73,6 +88,7 @@ function planner.estimate (step, ...)
   if not ok then
     error(("memory.estimate: the step failed in the dry run: %s"):format(tostring(stats)), 2)
   end
+  table.sort(stats.saved_by_line, function(a, b) return a.bytes > b.bytes or (a.bytes == b.bytes and a.site < b.site) end)
   return setmetatable({
     peak_bytes = stats.peak_bytes,
     peak_saved_bytes = stats.peak_saved_bytes,
@@ -80,6 +96,7 @@ function planner.estimate (step, ...)
     at_peak = {variable = stats.variable_bytes, saved = stats.saved_bytes, gradient = stats.gradient_bytes,
                tensor = stats.tensor_bytes},
     seconds = seconds,
+    saved_by_line = stats.saved_by_line,
   }, Report)
 end
 

@@ -68,6 +68,10 @@ static void release_pools (mg_context *c) {
   }
   free(c->autocast.cache);
   c->autocast = (mg_autocast_state){0};
+  free(c->dry.saved);                                 /* a dry run's counters by site */
+  free(c->dry.peak_saved_by);
+  c->dry.saved = c->dry.peak_saved_by = NULL;
+  c->dry.nsites = 0;
   mg_memory_release_cache();
   mg_memory_release_small();
   mg_current_context = was;

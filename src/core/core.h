@@ -86,6 +86,7 @@ typedef struct mg_storage {
   size_t bucket;          /* capacity, for the reuse cache */
   void *data;             /* 64-byte aligned, unless a host's */
   bool external;          /* a host's buffer or a mapped file: not this allocator's bytes */
+  int site;               /* made in a dry run: the host's place that made it (1..), else 0 */
   void (*release)(void *ud);   /* how to give such a buffer back; may be NULL */
   void *release_ud;
   struct mg_storage *older, *newer;   /* while in the reuse cache: the order it was freed in */
@@ -211,6 +212,17 @@ typedef struct mg_hooks {
 ** step, however often it is read), valid while the same tapes record */
 typedef struct mg_autocast_cast { struct mg_tensor *value, *half; } mg_autocast_cast;
 #define MG_AUTOCAST_DEPTH 32
+/* a dry run (mg_dry_run_begin, memory.c): kernels skipped; the peak
+** counters in force before it; the saved bytes by the host's place that
+** made them, now and when the tapes held the most */
+typedef struct mg_dry_state {
+  bool on;
+  size_t peak, peak_saved, peak_roles[MG_ROLE__COUNT];
+  int (*site)(void *ud);                    /* the host's place making a storage now: 1.. (0: none) */
+  void *site_ud;
+  size_t *saved, *peak_saved_by;            /* [nsites + 1] */
+  int nsites;
+} mg_dry_state;
 #define MG_VERIFY_DEPTH 16                  /* verified recomputes running inside one another */
 typedef struct mg_autocast_state {
   mg_dtype dtype;
@@ -255,9 +267,7 @@ struct mg_context {
   /* recompute's verify (autodiff's verify.c): the op logs noting or
   ** checking each op now, innermost last, and the global switch */
   struct { struct mg_verify_log *log[MG_VERIFY_DEPTH]; int n; bool all; } verify;
-  /* a dry run (mg_dry_run_begin, memory.c): kernels skipped, the peak
-  ** counters it found in force before it */
-  struct { bool on; size_t peak, peak_saved, peak_roles[MG_ROLE__COUNT]; } dry;
+  mg_dry_state dry;                         /* a dry run (memory.c) */
 };
 
 extern _Thread_local mg_context *mg_current_context;

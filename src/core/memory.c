@@ -176,8 +176,15 @@ static void update_role (mg_storage *s) {
   mg_memory_state *m = &s->ctx->memory;
   m->role_bytes[s->role] -= s->nbytes;
   m->role_bytes[r] += s->nbytes;
+  if (s->site > 0 && s->ctx->dry.on && s->site <= s->ctx->dry.nsites &&
+      (r == MG_ROLE_SAVED || s->role == MG_ROLE_SAVED))
+    s->ctx->dry.saved[s->site] += r == MG_ROLE_SAVED ? s->nbytes : (size_t)0 - s->nbytes;
   s->role = r;
-  if (m->role_bytes[MG_ROLE_SAVED] > m->peak_saved) m->peak_saved = m->role_bytes[MG_ROLE_SAVED];
+  if (m->role_bytes[MG_ROLE_SAVED] > m->peak_saved) {
+    m->peak_saved = m->role_bytes[MG_ROLE_SAVED];
+    mg_dry_state *d = &s->ctx->dry;
+    if (d->on && d->nsites > 0) memcpy(d->peak_saved_by, d->saved, sizeof(size_t) * (size_t)(d->nsites + 1));
+  }
   notify(m);
 }
 
@@ -218,6 +225,25 @@ static mg_storage *fresh_block (size_t nbytes) {
   return s;
 }
 
+/* a storage made in a dry run: the place that made it, its counter grown
+** to hold it (a site it cannot count stays 0) */
+static void dry_note (mg_context *c, mg_storage *s) {
+  int site = c->dry.site ? c->dry.site(c->dry.site_ud) : 0;
+  if (site <= 0) return;
+  if (site > c->dry.nsites) {
+    int n = site + 64;
+    size_t *a = (size_t *)realloc(c->dry.saved, sizeof(size_t) * (size_t)(n + 1));
+    if (a != NULL) c->dry.saved = a;
+    size_t *b = a ? (size_t *)realloc(c->dry.peak_saved_by, sizeof(size_t) * (size_t)(n + 1)) : NULL;
+    if (b != NULL) c->dry.peak_saved_by = b;
+    if (a == NULL || b == NULL) return;
+    memset(a + c->dry.nsites + 1, 0, sizeof(size_t) * (size_t)(n - c->dry.nsites));
+    memset(b + c->dry.nsites + 1, 0, sizeof(size_t) * (size_t)(n - c->dry.nsites));
+    c->dry.nsites = n;
+  }
+  s->site = site;
+}
+
 /* a new storage s of nbytes in context c: its fields and the live
 ** counters; `allocated` only counts what this allocator allocated */
 static mg_storage *count_new (mg_context *c, mg_storage *s, size_t nbytes, bool ours) {
@@ -229,6 +255,7 @@ static mg_storage *count_new (mg_context *c, mg_storage *s, size_t nbytes, bool 
   s->nbytes = nbytes;
   s->bucket = nbytes;
   s->external = !ours;
+  s->site = 0;
   s->release = NULL;
   s->release_ud = NULL;
   if (!ours) {                     /* not memory of ours: counted apart, in no role */
@@ -237,6 +264,7 @@ static mg_storage *count_new (mg_context *c, mg_storage *s, size_t nbytes, bool 
   }
   m->role_bytes[MG_ROLE_TENSOR] += nbytes;
   m->current += nbytes;
+  if (c->dry.on) dry_note(c, s);
   if (m->current > m->peak) {
     m->peak = m->current;
     memcpy(m->peak_roles, m->role_bytes, sizeof m->peak_roles);
@@ -343,11 +371,17 @@ void mg_memory_reset_peak (void) {
 ** skipped: fresh blocks above malloc's mmap threshold are never touched, so
 ** the step's bytes are counted without being there. Its peak is its own:
 ** the one in force before comes back after. */
-mg_status mg_dry_run_begin (void) {
+mg_status mg_dry_run_begin (int (*site)(void *ud), void *ud) {
   mg_context *c = mg_ctx();
   if (c->dry.on) return mg_seterror("estimate: a dry run is running already (estimates do not nest)");
   mg_memory_state *m = &c->memory;
   c->dry.on = true;
+  c->dry.site = site;
+  c->dry.site_ud = ud;
+  if (c->dry.nsites > 0) {
+    memset(c->dry.saved, 0, sizeof(size_t) * (size_t)(c->dry.nsites + 1));
+    memset(c->dry.peak_saved_by, 0, sizeof(size_t) * (size_t)(c->dry.nsites + 1));
+  }
   c->dry.peak = m->peak;
   c->dry.peak_saved = m->peak_saved;
   memcpy(c->dry.peak_roles, m->peak_roles, sizeof m->peak_roles);
@@ -361,6 +395,7 @@ mg_memory_stats mg_dry_run_end (void) {
   if (!c->dry.on) return st;
   mg_memory_state *m = &c->memory;
   c->dry.on = false;
+  c->dry.site = NULL;
   m->peak = c->dry.peak > m->current ? c->dry.peak : m->current;
   m->peak_saved = c->dry.peak_saved;
   memcpy(m->peak_roles, c->dry.peak_roles, sizeof m->peak_roles);
@@ -368,6 +403,11 @@ mg_memory_stats mg_dry_run_end (void) {
 }
 
 int mg_dry_running (void) { return mg_ctx()->dry.on; }
+
+size_t mg_dry_run_saved_by_site (int site) {
+  mg_context *c = mg_ctx();
+  return site > 0 && site <= c->dry.nsites ? c->dry.peak_saved_by[site] : 0;
+}
 
 void mg_memory_set_hooks (void (*change)(void *ud), void (*span)(const char *, int, void *),
                           void *ud) {

@@ -3,6 +3,7 @@
 ** (lgc.c) as a script sees and sets it, and the memory budget.
 */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "lbinding.h"
@@ -113,18 +114,78 @@ static int l_fail_after (lua_State *L) {
   return 0;
 }
 
+/* {=================== dry runs (moongrad.planner) ================== */
+
+/* The places of a dry run: the Lua lines that made its storages, the
+** first frame outside moongrad's own modules, so a layer's tensors go to
+** the line that called the layer. Found without allocating (the
+** allocator asks, from inside an op). */
+#define MAX_SITES 4096
+typedef struct site { char *source; int line; } site;
+typedef struct sites { lua_State *L; site *s; int n; } sites;
+
+static int site_of (void *ud) {
+  sites *w = (sites *)ud;
+  lua_Debug ar;
+  for (int level = 0; lua_getstack(w->L, level, &ar); level++) {
+    if (!lua_getinfo(w->L, "Sl", &ar) || ar.currentline < 0) continue;
+    if (strncmp(ar.source, "@moongrad/", 10) == 0) continue;
+    for (int i = 0; i < w->n; i++)
+      if (w->s[i].line == ar.currentline && strcmp(w->s[i].source, ar.short_src) == 0) return i + 1;
+    if (w->n == MAX_SITES) return 0;
+    char *src = (char *)malloc(strlen(ar.short_src) + 1);
+    if (src == NULL) return 0;
+    strcpy(src, ar.short_src);
+    w->s[w->n] = (site){src, ar.currentline};
+    return ++w->n;
+  }
+  return 0;
+}
+
+static void free_sites (sites *w) {
+  for (int i = 0; i < w->n; i++) free(w->s[i].source);
+  free(w->s);
+}
+
+/* pushes {{site = "file:line", bytes = n}, ...}: what the tapes held when
+** they held the most, by the line that made it */
+static void push_saved_by_line (lua_State *L, const sites *w) {
+  lua_createtable(L, 0, 0);
+  int k = 0;
+  for (int i = 0; i < w->n; i++) {
+    size_t b = mg_dry_run_saved_by_site(i + 1);
+    if (b == 0) continue;
+    lua_createtable(L, 0, 2);
+    lua_pushfstring(L, "%s:%d", w->s[i].source, w->s[i].line);
+    lua_setfield(L, -2, "site");
+    setfield_int(L, "bytes", (int64_t)b);
+    lua_rawseti(L, -2, ++k);
+  }
+}
+
 /* dry_run(f, ...): f(...) as a dry run (mg_dry_run_begin); returns the
-** stats at its end (the run's peak and its parts), then f's results; f's
-** error is raised after the run is closed. For moongrad.planner. */
+** stats at its end (the run's peak, its parts, the tapes' most by line),
+** then f's results; f's error is raised after the run is
+** closed. For moongrad.planner. */
 static int l_dry_run (lua_State *L) {
   luaL_checktype(L, 1, LUA_TFUNCTION);
-  if (mg_dry_run_begin() != MG_OK) return mgL_error(L);
-  int n = lua_gettop(L);
-  int st = lua_pcall(L, n - 1, LUA_MULTRET, 0);
+  sites w = {L, (site *)calloc(MAX_SITES, sizeof(site)), 0};
+  if (w.s == NULL) return luaL_error(L, "memory.estimate: out of memory");
+  if (mg_dry_run_begin(site_of, &w) != MG_OK) {
+    free(w.s);
+    return mgL_error(L);
+  }
+  int st = lua_pcall(L, lua_gettop(L) - 1, LUA_MULTRET, 0);
   mg_memory_stats ms = mg_dry_run_end();
-  if (st != LUA_OK) return lua_error(L);
+  if (st != LUA_OK) {
+    free_sites(&w);
+    return lua_error(L);
+  }
   int nres = lua_gettop(L);
   lua_createtable(L, 0, 8);
+  push_saved_by_line(L, &w);
+  free_sites(&w);
+  lua_setfield(L, -2, "saved_by_line");
   setfield_int(L, "peak_bytes", (int64_t)ms.peak_bytes);
   setfield_int(L, "current_bytes", (int64_t)ms.current_bytes);
   setfield_int(L, "tensor_bytes", (int64_t)ms.at_peak_tensor_bytes);
@@ -135,6 +196,8 @@ static int l_dry_run (lua_State *L) {
   lua_insert(L, 1);
   return nres + 1;
 }
+
+/* }========================================================== */
 
 /* dry_running(): true inside mg.memory.estimate's run of a step */
 static int l_dry_running (lua_State *L) {
