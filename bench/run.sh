@@ -50,6 +50,9 @@ echo
 echo "== bench/autocast.lua: bfloat16 autocast against float32 and PyTorch's autocast"
 "$BIN" bench/autocast.lua 3 | add
 echo
+echo "== bench/estimate.lua: mg.memory.estimate against the measured peak"
+"$BIN" bench/estimate.lua | add
+echo
 echo "== bench/busy.lua: training steps beside busy processes, the default threads against one"
 "$BIN" bench/busy.lua 5 | add
 echo

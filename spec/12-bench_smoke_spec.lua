@@ -39,6 +39,15 @@ describe("bench scripts", function()
     end
   end)
 
+  it("estimate.lua prints the estimate beside the measured peaks (quick)", function()
+    local out, code = h.run(h.bin .. " bench/estimate.lua quick")
+    assert.equal(0, code, out)
+    for _, way in ipairs{"plain", "recompute", "dots policy", "bfloat16 hooks"} do
+      assert.truthy(out:find("| GPT 4 x 256, batch 32 x 64 | " .. way .. " | [%d.]+ | [%d.]+ | [%d.]+ | [%d.]+ | [%d.]+ | 1.000 |"),
+                    way .. ":\n" .. out)               -- exact against the ideal pacing
+    end
+  end)
+
   it("autocast.lua prints the bfloat16 GEMM table and the steps (quick: no peer)", function()
     local out, code = h.run(h.bin .. " bench/autocast.lua quick")
     assert.equal(0, code, out)

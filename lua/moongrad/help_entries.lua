@@ -294,6 +294,24 @@ E("random.with_init_stream", {FN, ARGS}, "fn's results",
 
 E("memory.stats", {}, "a table of counters: current_bytes=, peak_bytes=, tensor_bytes=, saved_bytes=, gradient_bytes=, cached_bytes=, live_tensors=, ...",
   "x = mg.ones(1000)\nmg.memory.stats().live_tensors > 0 --> true")
+E("memory.estimate", {{"step", "a function: a training step"}, ARGS},
+  "a report (prints as tables): peak_bytes=, at_peak={variable=, saved=, gradient=, tensor=}, peak_saved_bytes=, saved_by_line={{site=, bytes=}, ...}, seconds=",
+  [[layer = mg.nn.Dense(64, "relu")
+x = mg.random.normal{32, 16}
+function step ()
+  local t = mg.tape()
+  local loss = mg.sum(layer(x))
+  t:stop()
+  return t:gradient(loss, layer.trainable_variables)
+end
+r = mg.memory.estimate(step)   -- print(r): the peak, its parts, the lines that made what the tapes hold
+pause, min_bytes = mg.memory.setpause(100, 0)   -- garbage collected at once, as the estimate counts
+collectgarbage()
+mg.memory.reset_peak()
+step()
+mg.memory.setpause(pause, min_bytes)
+r.peak_bytes == mg.memory.stats().peak_bytes --> true]])
+E("memory.dry_running", {}, "a boolean", "mg.memory.dry_running() --> false")
 E("memory.reset_peak", {}, "nothing", "mg.memory.reset_peak()\nmg.memory.stats().peak_bytes >= mg.memory.stats().current_bytes --> true")
 E("memory.trace", {PATH, FN, ARGS}, "fn's results; writes a Chrome trace (chrome://tracing, Perfetto)",
   "path = os.tmpname()\nmg.memory.trace(path, function() return mg.ones(100):sum() end)\nos.remove(path)")

@@ -9,10 +9,13 @@
 -- tensor gets it fresh and unwritten (memory the allocator counts and the
 -- system never maps in), views and integer results run as usual. So the
 -- counters see the step's bytes as its real run would, in the time of the
--- dispatch alone. Nothing the step would change changes: variables keep
+-- dispatch alone. Garbage is collected before every allocation of the run:
+-- the peak is what the step holds at its most, which the collector's
+-- default pacing may exceed by the garbage it lets wait (bench/estimate.lua
+-- measures both). Nothing the step would change changes: variables keep
 -- their values (assignments and optimizer steps write nothing), the
--- optimizers their slots and step counts, the random stream its place, and
--- the peak counters their state.
+-- optimizers their slots and step counts, the random stream its place, the
+-- collector its pacing and the peak counters their state.
 
 local mg = require "moongrad"
 
@@ -79,9 +82,13 @@ function planner.estimate (step, ...)
   local rng = mg.random.get_state()
   local budget = mg.memory.budget(nil)           -- the step as it runs without one
   collectgarbage()                               -- the start as a settled real step sees it
+  -- garbage collected before every allocation: the peak of what the step
+  -- holds, whatever the collector's pacing (which may add its allowance)
+  local pause, min_bytes = mg.memory.setpause(100, 0)
   local t0 = mg.clock()
   local ok, stats = pcall(mg.memory._dry_run, step, ...)
   local seconds = mg.clock() - t0
+  mg.memory.setpause(pause, min_bytes)
   mg.random.set_state(rng)
   mg.memory.budget(budget)
   collectgarbage()                               -- the dry run's tensors go now

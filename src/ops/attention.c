@@ -162,7 +162,8 @@ static mg_status ln_backward_fused (mg_node *n, mg_tensor *dy, mg_tensor **din, 
   mg_status st = xc && dyc && (gc || !gamma) && (dx || !n->needs[0]) && acc ? MG_OK : MG_ERR;
   if (st == MG_OK) {
     memset(acc->data, 0, sizeof(double) * 2 * (size_t)D * (size_t)nthr);
-    ln_backward_kernel(x->dtype, mg_ptr(xc), gc ? mg_ptr(gc) : NULL, mg_ptr(dyc), dx ? mg_ptr(dx) : NULL,
+    if (!mg_dry_running())                         /* a dry run computes nothing */
+      ln_backward_kernel(x->dtype, mg_ptr(xc), gc ? mg_ptr(gc) : NULL, mg_ptr(dyc), dx ? mg_ptr(dx) : NULL,
                        (double *)acc->data, nthr, want_g, want_b, rows, D, n->attr->f);
     double *a = (double *)acc->data;
     if (want_g) st = (din[ig] = mg_from_doubles(a, &D, 1, x->dtype)) ? MG_OK : MG_ERR;
@@ -350,7 +351,7 @@ static mg_tensor *gelu_run (mg_tensor *x, mg_tensor *dy, bool approx, bool over)
   mg_tensor *out = !xc || (dy && !dyc) ? NULL
                  : over && dyc == dy   ? mg_tensor_retain(dy)
                                        : mg_empty(x->shape, x->ndim, x->dtype);
-  if (out && out->numel > 0)
+  if (out && out->numel > 0 && !mg_dry_running())   /* a dry run computes nothing */
     gelu_kernel(x->dtype, approx, mg_ptr(xc), dyc ? mg_ptr(dyc) : NULL, mg_ptr(out), out->numel);
   mg_tensor_release(xc);
   mg_tensor_release(dyc);
@@ -643,7 +644,8 @@ static mg_status sdpa_backward_fused (mg_node *n, mg_tensor *dout, mg_tensor **d
   int nthr = threads_for(&g);
   mg_storage *work = st == MG_OK ? scratch(2 * (size_t)(g.Tq * g.Tk) * g.esz * (size_t)nthr) : NULL;
   if (work == NULL) st = MG_ERR;
-  if (st == MG_OK && g.nb > 0 && g.Tq > 0 && g.Tk > 0) {
+  if (st == MG_OK && mg_dry_running()) {          /* a dry run computes nothing */
+  } else if (st == MG_OK && g.nb > 0 && g.Tq > 0 && g.Tk > 0) {
     char *p[3];
     for (int j = 0; j < 3; j++) p[j] = grads[j] ? mg_ptr(grads[j]) : NULL;
     sdpa_backward_kernel(&g, q->dtype, p[0], p[1], p[2], (char *)work->data, nthr);
