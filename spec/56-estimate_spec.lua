@@ -202,3 +202,15 @@ describe("memory.estimate", function()
     assert.truthy(tostring(r):find("| before the step (its inputs, ...) | 2.00 KiB |", 1, true), tostring(r))
   end)
 end)
+
+describe("examples/memory_estimate.lua", function()
+  it("compares three ways before running, and the real step matches the prediction", function()
+    local out, code = h.run(h.bin .. " examples/memory_estimate.lua")
+    assert.are.equal(0, code, out)
+    for _, how in ipairs{"plain", "recompute", "bfloat16 hooks"} do
+      assert.truthy(out:find("| " .. how .. " | [%d.]+ MiB | [%d.]+ MiB | [%d.]+ ms |"), how .. ":\n" .. out)
+    end
+    local measured, predicted = out:match("measured: ([%d.]+) MiB, predicted: ([%d.]+) MiB")
+    assert.are.equal(predicted, measured, out)
+  end)
+end)
