@@ -1026,6 +1026,10 @@ MG_API void            mg_memory_reset_peak (void);
 MG_API mg_status       mg_dry_run_begin (int (*site)(void *ud), void *ud);
 MG_API mg_memory_stats mg_dry_run_end   (void);
 MG_API int             mg_dry_running   (void);
+/* computes for real inside a dry run (a layer building its weights there):
+** pause returns whether one was running, resume takes that back */
+MG_API int             mg_dry_run_pause  (void);
+MG_API void            mg_dry_run_resume (int was);
 MG_API size_t          mg_dry_run_saved_by_site (int site);
 MG_API void            mg_memory_release_cache (void);             /* free() what is cached */
 /* at most min(bytes, 16 MiB + a quarter of the most bytes ever live) wait for reuse,

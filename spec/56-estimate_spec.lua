@@ -129,6 +129,35 @@ describe("memory.estimate", function()
     end
   end)
 
+  it("builds a model for real when its first call is in the dry run, and refuses variables made from dry values", function()
+    local Scale = nn.Layer:subclass("Scale")
+    function Scale:build (shape)                      -- arithmetic in a build
+      self.w = mg.Variable(mg.random.normal{shape[#shape]} * 0.1 + 1)
+    end
+    function Scale:call (v) return v * self.w end
+    local function make ()
+      mg.random.seed(8)
+      return nn.Sequential{nn.Dense(16, "tanh"), Scale(), nn.Dense(4)}
+    end
+    local x = mg.random.normal{8, 5}
+    local built_outside = make()
+    built_outside(x)
+    local inside = make()
+    local function step ()
+      local t = mg.tape()
+      local loss = mg.sum(inside(x))
+      t:stop()
+      return t:gradient(loss, inside.trainable_variables)
+    end
+    mg.memory.estimate(step)                          -- the first call, dry: builds the layers
+    local a, b = built_outside.variables, inside.variables
+    assert.are.equal(#a, #b)
+    for i = 1, #a do assert.are.same(a[i]:value():totable(), b[i]:value():totable()) end
+    local ok, err = pcall(mg.memory.estimate, function() return mg.Variable(mg.exp(x)) end)
+    assert.is_false(ok)
+    assert.truthy(tostring(err):find("Variable: its initial value was computed in a dry run", 1, true), tostring(err))
+  end)
+
   it("prints what makes the peak", function()
     local step = stepper("mlp", "plain")
     local r = mg.memory.estimate(step)

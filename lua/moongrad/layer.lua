@@ -286,7 +286,8 @@ function Layer:_build_first (x)
       if mg.is_tensor(t) then shape[i], dtype = t.shape, dtype or t.dtype end
     end
   end
-  self:build(shape, dtype and layer.weights_dtype(dtype))   -- float32 weights for autocast's bfloat16
+  -- float32 weights for autocast's bfloat16; for real in a dry run (mg.memory.estimate): they are kept
+  mg.memory._computing(self.build, self, shape, dtype and layer.weights_dtype(dtype))
 end
 
 -- }=============================================================

@@ -47,7 +47,8 @@ local function initializer_of (who, init)
   if type(init) == "string" then
     return initializers[init] or check.unknown(who, "kernel_initializer", init, initializer_names)
   end
-  return function(shape, dtype) return mg.random.with_init_stream(init, shape, dtype) end
+  -- computed for real inside a dry run (mg.memory.estimate): the weights are kept
+  return function(shape, dtype) return mg.memory._computing(mg.random.with_init_stream, init, shape, dtype) end
 end
 
 -- }=============================================================

@@ -263,15 +263,23 @@ local function apply_gradients (cls, self, grads, vars)
   register(self, vs, n)
   clip(self, gs, n)
   local wd = self.weight_decay
-  local kept = mg.memory.dry_running() and keep_state(self, vs, n)
-  for i = 1, n do
-    local g, v = gs[i], vs[i]
-    if g ~= nil then
-      if wd > 0 and not cls.decoupled then g = g + v:value() * wd end
-      cls.update(self, v, g, lr)
+  local function steps ()
+    for i = 1, n do
+      local g, v = gs[i], vs[i]
+      if g ~= nil then
+        if wd > 0 and not cls.decoupled then g = g + v:value() * wd end
+        cls.update(self, v, g, lr)
+      end
     end
   end
-  if kept then return kept() end                   -- a dry run (mg.memory.estimate) changes nothing
+  if mg.memory.dry_running() then                  -- a dry run (mg.memory.estimate) changes nothing
+    local put_back = keep_state(self, vs, n)
+    local ok, err = pcall(steps)
+    put_back()
+    if not ok then error(err, 0) end
+    return
+  end
+  steps()
   self.iterations = self.iterations + 1
 end
 

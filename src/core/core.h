@@ -87,6 +87,7 @@ typedef struct mg_storage {
   void *data;             /* 64-byte aligned, unless a host's */
   bool external;          /* a host's buffer or a mapped file: not this allocator's bytes */
   int site;               /* made in a dry run: the host's place that made it (1..), else 0 */
+  bool unwritten;         /* a dry run's result: no values (no variable may start from it) */
   void (*release)(void *ud);   /* how to give such a buffer back; may be NULL */
   void *release_ud;
   struct mg_storage *older, *newer;   /* while in the reuse cache: the order it was freed in */

@@ -256,6 +256,7 @@ static mg_storage *count_new (mg_context *c, mg_storage *s, size_t nbytes, bool 
   s->bucket = nbytes;
   s->external = !ours;
   s->site = 0;
+  s->unwritten = false;
   s->release = NULL;
   s->release_ud = NULL;
   if (!ours) {                     /* not memory of ours: counted apart, in no role */
@@ -403,6 +404,15 @@ mg_memory_stats mg_dry_run_end (void) {
 }
 
 int mg_dry_running (void) { return mg_ctx()->dry.on; }
+
+int mg_dry_run_pause (void) {
+  mg_context *c = mg_ctx();
+  int was = c->dry.on;
+  c->dry.on = false;
+  return was;
+}
+
+void mg_dry_run_resume (int was) { mg_ctx()->dry.on = was != 0; }
 
 size_t mg_dry_run_saved_by_site (int site) {
   mg_context *c = mg_ctx();

@@ -33,6 +33,9 @@ static void disown (mg_variable *v) {
 
 mg_variable *mg_variable_new (mg_tensor *init, const char *name, int trainable) {
   MG_CHECK_ARG("mg_variable_new", init, NULL);
+  if (init->storage->unwritten)
+    return mg_seterror("Variable: its initial value was computed in a dry run (mg.memory.estimate), "
+                       "which computes nothing; make variables outside the step, or in a layer's build"), NULL;
   mg_variable *v = (mg_variable *)calloc(1, sizeof(mg_variable));
   mg_tensor *t = mg_empty(init->shape, init->ndim, init->dtype);
   char *nm = name ? strdup(name) : NULL;

@@ -197,6 +197,17 @@ static int l_dry_run (lua_State *L) {
   return nres + 1;
 }
 
+/* _computing(f, ...): f(...) computed for real inside a dry run (a layer
+** building its weights); its error raised after the dry run resumes */
+static int l_computing (lua_State *L) {
+  luaL_checktype(L, 1, LUA_TFUNCTION);
+  int was = mg_dry_run_pause();
+  int st = lua_pcall(L, lua_gettop(L) - 1, LUA_MULTRET, 0);
+  mg_dry_run_resume(was);
+  if (st != LUA_OK) return lua_error(L);
+  return lua_gettop(L);
+}
+
 /* }========================================================== */
 
 /* dry_running(): true inside mg.memory.estimate's run of a step */
@@ -217,7 +228,7 @@ static int l_estimate (lua_State *L) {
 }
 
 static const luaL_Reg memory_funcs[] = {
-  {"_dry_run", l_dry_run}, {"estimate", l_estimate}, {"dry_running", l_dry_running},
+  {"_dry_run", l_dry_run}, {"_computing", l_computing}, {"estimate", l_estimate}, {"dry_running", l_dry_running},
   {"set_cache_limit", l_set_cache_limit}, {"fail_after", l_fail_after},
   {"stats", l_stats}, {"reset_peak", l_reset_peak}, {"release_cache", l_release_cache},
   {"setpause", l_setpause}, {"budget", l_budget}, {NULL, NULL}

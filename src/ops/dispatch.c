@@ -25,11 +25,13 @@ static void mark_numbers (mg_opcall *c) {
 }
 
 /* in a dry run (memory.c), a float result of float inputs is allocated and
-** not computed; views, ops of two results and ops that read integers or
-** bools run as usual (a cast of indices to bfloat16 and back, a gather at
-** them: their values must survive) */
+** not computed; views, ops of two results, ops of no input (zeros, random
+** draws: a weight's initializer) and ops that read integers or bools run as
+** usual (a cast of indices to bfloat16 and back, a gather at them: their
+** values must survive) */
 static bool dry_output (const mg_context *ctx, const mg_opcall *c) {
-  if (!ctx->dry.on || c->nout != 1 || !mg_is_floating(c->dtype) || c->def->makes_views) return false;
+  if (!ctx->dry.on || c->nout != 1 || c->nin == 0 || !mg_is_floating(c->dtype) || c->def->makes_views)
+    return false;
   for (int j = 0; j < c->nin; j++)
     if (!mg_is_floating(c->in[j]->dtype)) return false;
   return true;
@@ -47,6 +49,7 @@ mg_tensor *mg_dispatch (mg_opcall *c) {
     c->out[0] = kept;
   } else if (dry_output(ctx, c)) {
     if ((c->out[0] = mg_empty(c->shape, c->ndim, c->dtype)) == NULL) return NULL;
+    c->out[0]->storage->unwritten = true;
   } else if (c->def->forward(c) != MG_OK) {
     return NULL;
   }
