@@ -158,6 +158,44 @@ describe("memory.estimate", function()
     assert.truthy(tostring(err):find("Variable: its initial value was computed in a dry run", 1, true), tostring(err))
   end)
 
+  it("predicts custom gradients, second order on persistent tapes, RevBlock and checkpoint_loop exactly", function()
+    local x = mg.random.normal{64, 32}
+    local w = mg.Variable(mg.random.normal{32, 32})
+    local sq = mg.custom_gradient(function(ctx, a)
+      ctx:save(a)
+      return a * a, function(dy) return dy * 2 * ctx:saved() end
+    end, {context = true})
+    local rev = nn.RevBlock(nn.Dense(16, "tanh"), nn.Dense(16, "tanh"), {num_layers = 4})
+    rev(x)
+    local steps = {
+      custom_gradient = function()
+        local t = mg.tape(); local l = mg.sum(sq(mg.matmul(x, w))); t:stop(); return t:gradient(l, {w})
+      end,
+      second_order = function()
+        local t = mg.tape({persistent = true}); t:watch(x)
+        local t2 = mg.tape(); t2:watch(x)
+        local y = mg.sum(mg.tanh(mg.matmul(x, w)))
+        local g = t2:gradient(y, {x})[1]
+        local z = mg.sum(g * g)
+        t:stop()
+        return t:gradient(z, {w}), t:gradient(y, {w})
+      end,
+      revblock = function()
+        local t = mg.tape(); local l = mg.sum(rev(x)); t:stop(); return t:gradient(l, rev.trainable_variables)
+      end,
+      checkpoint_loop = function()
+        local t = mg.tape()
+        local h = mg.checkpoint_loop(function(st) return mg.tanh(mg.matmul(st, w)) end, x, 16)
+        local l = mg.sum(h); t:stop(); return t:gradient(l, {w})
+      end,
+    }
+    for name, step in pairs(steps) do
+      step()
+      local r = mg.memory.estimate(step)
+      assert.are.equal(real_peak(step), r.peak_bytes, name)
+    end
+  end)
+
   it("prints what makes the peak", function()
     local step = stepper("mlp", "plain")
     local r = mg.memory.estimate(step)

@@ -449,10 +449,49 @@ static void recompute_verify (void) {
   verified_gradient(0, "recompute unverified", "the recomputed function gave output 0 other values");  /* C counts from 0 */
 }
 
+/* a dry run from C: a product is allocated and counted, not computed; a
+** variable keeps its value; a second begin fails; the peak before comes back */
+static void dry_run (void) {
+  int64_t s2[2] = {256, 256};
+  mg_tensor *a = mg_full(s2, 2, MG_FLOAT32, 1.0);
+  mg_variable *v = mg_variable_new(a, "v", 1);
+  mg_memory_reset_peak();
+  size_t before = mg_memory_stats_get().peak_bytes;
+  checks++;
+  if (mg_dry_run_begin(NULL, NULL) != MG_OK || !mg_dry_running()) {
+    fprintf(stderr, "c_api_test: mg_dry_run_begin: %s\n", mg_errmsg());
+    failures++;
+  }
+  says("a second mg_dry_run_begin", mg_dry_run_begin(NULL, NULL) == MG_ERR, "estimates do not nest");
+  mg_tensor *p = mg_matmul(a, a);
+  mg_tensor *q = p ? mg_add(p, a) : NULL;
+  if (q) mg_variable_assign(v, q);
+  int was = mg_dry_run_pause();
+  mg_tensor *real = mg_add(a, a);                 /* computed: the pause */
+  mg_dry_run_resume(was);
+  mg_tensor_release(q);
+  mg_tensor_release(p);
+  mg_memory_stats st = mg_dry_run_end(), now = mg_memory_stats_get();
+  checks++;
+  size_t product = 256 * 256 * 4, back = before > now.current_bytes ? before : now.current_bytes;
+  if (st.peak_bytes < before + 2 * product || mg_dry_running() || now.peak_bytes != back ||
+      real == NULL || mg_tensor_get(real, (int64_t[]){3, 4}) != 2.0 ||
+      mg_tensor_get(mg_variable_read(v), (int64_t[]){3, 4}) != 1.0) {
+    fprintf(stderr, "c_api_test: dry run: peak %zu (before %zu), the variable %g, the paused sum %g\n", st.peak_bytes,
+            before, mg_tensor_get(mg_variable_read(v), (int64_t[]){3, 4}), real ? mg_tensor_get(real, (int64_t[]){3, 4}) : -1);
+    failures++;
+  }
+  mg_memory_reset_peak();
+  mg_tensor_release(real);
+  mg_variable_release(v);
+  mg_tensor_release(a);
+}
+
 int main (void) {
   null_arguments();
   autocast();
   recompute_verify();
+  dry_run();
   c_convention();
   null_after_unrelated();
   custom_context();
