@@ -619,11 +619,34 @@ local FIT = {{"epochs", check.positive_integer, 1}, {"batch_size", batch_size_ru
              {"validation_batch_size", batch_size_rule}, {"shuffle", check.boolean, true},
              {"callbacks", check.rule("a list of callbacks", is_plain)}, {"recompute", check.boolean, false},
              {"verbose", verbose_rule, "auto"}, {"initial_epoch", epoch_rule, 0}, {"seed", check.integer},
-             {"distributed", check.boolean, false}, {"mixed_precision", precision_rule}}
+             {"distributed", check.boolean, false}, {"mixed_precision", precision_rule},
+             {"memory_budget", check.rule('bytes or a size like "2 GiB"', function(v)
+               return (type(v) == "number" and v > 0) or type(v) == "string" end)}}
 
 local function has_progbar (cbs)
   for _, cb in ipairs(cbs) do if getmetatable(cb) == ProgbarLogger then return true end end
   return false
+end
+
+-- a training step, under the memory plan fit{memory_budget} made on the
+-- first batch (mg.memory.plan: what each stretch of the model keeps,
+-- recomputes or packs)
+local function planned_step (self, xb, yb, o)
+  if not o.memory_budget then return self:train_step(xb, yb) end
+  local plan = rawget(self, "_memory_plan")
+  if not plan then
+    -- the optimizer's slots made now, as the zeros its first step would make:
+    -- the plan is for the steps that hold them, all but the first
+    local function step () return self:train_step(xb, yb) end
+    local opt, vars = self.optimizer, self.trainable_variables
+    if #vars == 0 then mg.memory.estimate(step); vars = self.trainable_variables end   -- builds the model
+    if opt.get_state and opt.set_state and #vars > 0 then opt:set_state(opt:get_state(vars), vars) end
+    local ok, p = pcall(mg.memory.plan, step, {budget = o.memory_budget})
+    if not ok then fail("fit", "memory_budget: %s", (tostring(p):gsub("^.-memory%.plan: ", ""))) end
+    plan = p
+    rawset(self, "_memory_plan", plan)
+  end
+  return mg.memory.with_plan(plan, self.train_step, self, xb, yb)
 end
 
 local function run_fit (self, x, y, o, c)
@@ -695,12 +718,12 @@ local function run_fit (self, x, y, o, c)
         local a, b, len = dist.shard(i, bs, nranks, rank, n)
         xb, yb = batch(x, y, i, bs, n, order, a, b)
         self.optimizer.grad_scale = (b - a + 1) * nranks / len   -- this rank's share of the batch
-        step_logs = self:train_step(xb, yb)
+        step_logs = planned_step(self, xb, yb, o)
         if not is_plain(step_logs) then fail(who, "train_step must return a table of logs, got %s", show(step_logs)) end
         step_logs, size = dist.average_logs(step_logs, b - a + 1, len), len
       else
         xb, yb, size = batch(x, y, i, bs, n, order)
-        step_logs = self:train_step(xb, yb)
+        step_logs = planned_step(self, xb, yb, o)
       end
       if not is_plain(step_logs) then fail(who, "train_step must return a table of logs, got %s", show(step_logs)) end
       m.add(step_logs, size)
@@ -735,6 +758,9 @@ local function fit_method (self, x, y, opts)
   local o = check.options(who, opts, FIT)
   if o.validation_data and o.validation_split > 0 then fail(who, "give validation_data or validation_split, not both") end
   if x.shape[1] == 0 then fail(who, "x has no samples") end
+  if o.recompute and o.memory_budget then
+    fail(who, "give recompute or memory_budget, not both (the budget's plan chooses what to recompute)")
+  end
   if o.initial_epoch >= o.epochs then
     fail(who, "initial_epoch (%d) must be below epochs (%d): epochs is the last epoch's number, not a count",
          o.initial_epoch, o.epochs)
@@ -753,7 +779,9 @@ local function fit_method (self, x, y, opts)
     end
     self.optimizer = dist.DistributedOptimizer(optimizer)
   end
+  rawset(self, "_memory_plan", nil)
   local ok, history = pcall(run_fit, self, x, y, o, c)
+  rawset(self, "_memory_plan", nil)
   rawset(self, "_train_forward", nil)
   rawset(self, "_autocast", nil)
   self.optimizer = optimizer

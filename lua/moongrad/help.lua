@@ -129,6 +129,8 @@ local groups = {
     {"memory.stats", "memory.stats()", "the byte counters: current and peak, by role (tensor, saved, gradient, variable), cached, the tapes' records (graph_bytes), live tensors, collections"},
     {"memory.estimate", "memory.estimate(step, ...)", "step(...) run dry (no arithmetic, nothing changed): its peak as memory.stats() would show it, what makes it, and the Lua lines that made what the tapes hold"},
     {"memory.dry_running", "memory.dry_running()", "true while memory.estimate runs a step"},
+    {"memory.plan", "memory.plan(step, {budget=, lossy=false}, ...)", "what each stretch of the step's Sequential models keeps, recomputes or packs, for the least extra time within budget; prints as a table"},
+    {"memory.with_plan", "memory.with_plan(plan, step, ...)", "step(...) with the plan applied; its results"},
     {"memory.reset_peak", "memory.reset_peak()", "the peak starts again from the current bytes"},
     {"memory.trace", "memory.trace(path, fn, ...)", "runs fn(...) writing its memory timeline as a Chrome trace"},
     {"memory.span", "memory.span(name, fn, ...)", "fn(...) as a named span of the running trace"},
@@ -346,7 +348,7 @@ local internal = {
   ["Optimizer:init"] = true, ["Optimizer:update"] = true, ["Optimizer:slot_names"] = true,
   ["Optimizer:spec"] = true, ["Optimizer:who"] = true, ["Optimizer:check"] = true,
   ["distributed.steps"] = true, ["distributed.average_logs"] = true, ["distributed.seed_of"] = true,
-  planner = true,                                     -- mg.memory.estimate's module
+  planner = true, ["Sequential:_run"] = true,        -- mg.memory.estimate's module, and how a plan runs a Sequential
 }
 
 -- each entry's arguments, result and example live in moongrad.help_entries,

@@ -312,6 +312,31 @@ step()
 mg.memory.setpause(pause, min_bytes)
 r.peak_bytes == mg.memory.stats().peak_bytes --> true]])
 E("memory.dry_running", {}, "a boolean", "mg.memory.dry_running() --> false")
+E("memory.plan", {{"step", "a function: a training step whose model is an nn.Sequential"},
+                  {"opts", "budget= (bytes or \"2 GiB\"), lossy= (true: bfloat16 packing allowed)"}, ARGS},
+  "a plan: rows={{layers=, how=, bytes=, cost=, what=}, ...}, peak_bytes= (its dry run's), budget=, plain_peak_bytes=",
+  [[layers = {}
+for i = 1, 6 do layers[i] = mg.nn.Dense(64, "tanh") end
+model = mg.nn.Sequential(layers)
+x = mg.random.normal{1024, 64}
+model(x)
+function step ()
+  local t = mg.tape()
+  local loss = mg.mean(model(x) ^ 2)
+  t:stop()
+  return t:gradient(loss, model.trainable_variables)
+end
+plain = mg.memory.estimate(step).peak_bytes
+plan = mg.memory.plan(step, {budget = plain * 0.9})   -- print(plan): the decisions
+plan.peak_bytes <= plain * 0.9 --> true]])
+E("memory.with_plan", {{"plan", "what memory.plan gave"}, {"step", "the step it was made for"}, ARGS}, "step's results",
+  [[layers = {mg.nn.Dense(32, "tanh"), mg.nn.Dense(32, "tanh"), mg.nn.Dense(32)}
+model = mg.nn.Sequential(layers)
+x = mg.random.normal{512, 32}
+model(x)
+function step () local t = mg.tape(); local l = mg.sum(model(x)); t:stop(); return t:gradient(l, model.trainable_variables) end
+plan = mg.memory.plan(step, {budget = "1 GiB"})
+#mg.memory.with_plan(plan, step) --> 6]])
 E("memory.reset_peak", {}, "nothing", "mg.memory.reset_peak()\nmg.memory.stats().peak_bytes >= mg.memory.stats().current_bytes --> true")
 E("memory.trace", {PATH, FN, ARGS}, "fn's results; writes a Chrome trace (chrome://tracing, Perfetto)",
   "path = os.tmpname()\nmg.memory.trace(path, function() return mg.ones(100):sum() end)\nos.remove(path)")

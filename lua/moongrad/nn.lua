@@ -47,8 +47,7 @@ local function initializer_of (who, init)
   if type(init) == "string" then
     return initializers[init] or check.unknown(who, "kernel_initializer", init, initializer_names)
   end
-  -- computed for real inside a dry run (mg.memory.estimate): the weights are kept
-  return function(shape, dtype) return mg.memory._computing(mg.random.with_init_stream, init, shape, dtype) end
+  return function(shape, dtype) return mg.random.with_init_stream(init, shape, dtype) end
 end
 
 -- }=============================================================
@@ -183,7 +182,15 @@ function Sequential:add (layer)
 end
 
 function Sequential:call (x, ...)
-  for i, layer in ipairs(self.layers) do
+  local around = Sequential._around           -- a memory plan's (moongrad.planner), while one runs
+  if around then return around(self, x, ...) end
+  return Sequential._run(self, 1, #self.layers, x, ...)
+end
+
+-- layers first..last on x, one after the other (a plan runs them by segments)
+function Sequential._run (self, first, last, x, ...)
+  for i = first, last do
+    local layer = self.layers[i]
     x = layer(x, ...)
     if type(layer) == "function" and mg.is_tensor(x) then     -- layers note their own (note_shape)
       local shapes = rawget(self, "_fn_shapes") or {}

@@ -107,4 +107,329 @@ function planner.estimate (step, ...)
   }, Report)
 end
 
+-- {========================== plans ===========================
+-- A plan says, for each stretch of the layers of the Sequential models a
+-- step runs, whether the tape keeps what they save ("keep"), keeps their
+-- input only and runs them again in the backward ("recompute", one
+-- recompute_grad over the stretch), or keeps it packed into bfloat16
+-- ("pack", lossy plans only). Sequential:call runs its layers by the plan
+-- while mg.memory.with_plan applies it.
+
+local Sequential = mg.nn.Sequential
+
+local function bytes_of (x)
+  if not mg.is_tensor(x) then return 0 end
+  local size = {float64 = 8, int64 = 8, float32 = 4, bool = 1}
+  return x:numel() * (size[x.dtype] or 2)
+end
+
+-- {------------------------- measuring ---------------------------
+-- What each layer of the outermost Sequential models a step runs saves on
+-- the tape (a dry run of the step), and what its forward costs: each layer
+-- timed once on the model's first input, for real, in inference mode and
+-- with no tape (no statistics move, no optimizer steps).
+
+local function profile (step, ...)
+  local models, order = {}, {}
+  local depth = 0
+  local function around (self, x, ...)
+    if depth > 0 then return Sequential._run(self, 1, #self.layers, x, ...) end   -- an inner one is a layer
+    depth = depth + 1
+    local m = models[self]
+    if not m then
+      m = {model = self, layers = {}, first_input = x}
+      models[self] = m
+      order[#order + 1] = m
+    end
+    local ok, out = pcall(function(...)
+      m.input = bytes_of(x)
+      for i = 1, #self.layers do
+        local before = mg.memory.stats().saved_bytes
+        x = Sequential._run(self, i, i, x, ...)
+        local l = m.layers[i] or {name = tostring(self.layers[i]):match("^[^\n]*")}
+        l.saved = math.max(l.saved or 0, mg.memory.stats().saved_bytes - before)
+        l.output = bytes_of(x)
+        m.layers[i] = l
+      end
+      return x
+    end, ...)
+    depth = depth - 1
+    if not ok then error(out, 0) end
+    return out
+  end
+  local was = Sequential._around
+  Sequential._around = around
+  local ok, err = pcall(planner.estimate, step, ...)
+  Sequential._around = was
+  if not ok then error(err, 0) end
+  for _, m in ipairs(order) do                   -- the costs
+    local x = m.first_input
+    for i, l in ipairs(m.layers) do
+      local t0 = mg.clock()
+      x = Sequential._run(m.model, i, i, x)
+      l.seconds = mg.clock() - t0
+    end
+    m.first_input = nil
+  end
+  return order
+end
+-- }------------------------------------------------------------------
+
+-- {------------------------- choosing ----------------------------
+-- For one chain of n layers (saved bytes s, output bytes a, a[0] the
+-- input, forward seconds c): the segments and their ways that cost the
+-- least extra time with what they store, plus the most one recomputed
+-- segment rebuilds at once in its backward, within room bytes. A dynamic
+-- programme over (layers covered, bytes stored) for each bound on that
+-- rebuild, the heterogeneous-chain checkpointing problem in its segment
+-- form (Beaumont et al.'s Rotor solves a finer one).
+
+local UNITS = 120
+
+local function choose (chain, room, lossy)
+  local n, s, a, c = #chain.layers, {}, {[0] = chain.input}, {}
+  for i, l in ipairs(chain.layers) do s[i], a[i], c[i] = l.saved, l.output, math.max(l.seconds, 1e-7) end
+  local total = 0
+  for i = 1, n do total = total + s[i] end
+  if total <= room then                          -- everything fits: keep it all
+    return {{first = 1, last = n, how = "keep", bytes = total, cost = 0}}, total
+  end
+  local unit = math.max(room, 1) / UNITS
+  local function units (b) return math.ceil(b / unit - 1e-9) end
+  -- the bounds on a recomputed segment's rebuild worth trying
+  local cands, seen = {0}, {[0] = true}
+  for i = 1, n do
+    local sum = 0
+    for j = i, n do
+      sum = sum + s[j]
+      local u = units(sum)
+      if u <= UNITS and not seen[u] then seen[u] = true; cands[#cands + 1] = u end
+    end
+  end
+  table.sort(cands)
+  if #cands > 24 then                            -- a spread of them
+    local few = {}
+    for k = 1, 24 do few[k] = cands[math.floor((k - 1) * (#cands - 1) / 23) + 1] end
+    cands = few
+  end
+  local best
+  for _, T in ipairs(cands) do
+    local cap = UNITS - T
+    if cap >= 0 then
+      -- f[j][m]: the least cost covering layers 1..j storing m units; how[j][m] its last segment
+      local f, how = {[0] = {[0] = 0}}, {}
+      for j = 1, n do
+        f[j], how[j] = {}, {}
+        local fj, hj = f[j], how[j]
+        local seg_s, seg_c = 0, 0
+        for i = j, 1, -1 do                      -- the segment i..j
+          seg_s, seg_c = seg_s + s[i], seg_c + c[i]
+          local ways = {{"keep", units(seg_s), 0}}
+          if units(seg_s) <= T then ways[#ways + 1] = {"recompute", units(a[i - 1]), seg_c} end
+          if lossy then ways[#ways + 1] = {"pack", units(seg_s / 2), seg_c * 0.05} end
+          for m0, cost0 in pairs(f[i - 1]) do
+            for _, w in ipairs(ways) do
+              local m, cost = m0 + w[2], cost0 + w[3]
+              if m <= cap and (fj[m] == nil or cost < fj[m]) then
+                fj[m], hj[m] = cost, {i, w[1], m0}
+              end
+            end
+          end
+        end
+      end
+      for m, cost in pairs(f[n]) do
+        if not best or cost < best.cost or (cost == best.cost and m + T < best.m + best.T) then
+          best = {cost = cost, m = m, T = T, how = how}
+        end
+      end
+    end
+  end
+  if not best then return nil end
+  local segs, j, m = {}, n, best.m
+  while j > 0 do
+    local h = best.how[j][m]
+    local i, way = h[1], h[2]
+    local b = 0
+    for k = i, j do b = b + s[k] end
+    local cost = 0
+    if way == "recompute" then for k = i, j do cost = cost + c[k] end end
+    table.insert(segs, 1, {first = i, last = j, how = way,
+                           bytes = way == "keep" and b or way == "pack" and b / 2 or a[i - 1], cost = cost})
+    j, m = i - 1, h[3]
+  end
+  return segs, best.m * unit + best.T * unit
+end
+-- }------------------------------------------------------------------
+
+local Plan = {}
+Plan.__index = Plan
+Plan.__name = "moongrad.memory.plan"
+
+-- runs a Sequential by its segments
+local function run_planned (self, segs, x, ...)
+  for _, g in ipairs(segs) do
+    if g.how == "keep" then
+      x = Sequential._run(self, g.first, g.last, x, ...)
+    else
+      local a, b = g.first, g.last
+      local function run (h, ...) return Sequential._run(self, a, b, h, ...) end
+      if g.how == "recompute" then
+        g.fn = g.fn or mg.recompute_grad(run)
+        x = g.fn(x, ...)
+      else
+        x = mg.saved_tensors_hooks("bfloat16", run, x, ...)
+      end
+    end
+  end
+  return x
+end
+
+--- with_plan(plan, step, ...): step(...) with the plan applied; its results
+function planner.with_plan (plan, step, ...)
+  if getmetatable(plan) ~= Plan then
+    error(("memory.with_plan: plan must be what mg.memory.plan gave, got %s"):format(type(plan)), 2)
+  end
+  local was = Sequential._around
+  Sequential._around = function(self, x, ...)
+    local segs = plan.segments[self]
+    if not segs then return Sequential._run(self, 1, #self.layers, x, ...) end
+    return run_planned(self, segs, x, ...)
+  end
+  local out = table.pack(pcall(step, ...))
+  Sequential._around = was
+  if not out[1] then error(out[2], 0) end
+  return table.unpack(out, 2, out.n)
+end
+
+local function parse_budget (who, b)
+  if math.type(b) == "integer" and b > 0 then return b end
+  if type(b) == "number" and b > 0 then return math.floor(b) end
+  if type(b) == "string" then
+    local n, u = b:match("^%s*([%d.]+)%s*(%a*)%s*$")
+    local scale = {[""] = 1, B = 1, KB = 1e3, MB = 1e6, GB = 1e9, KiB = 2^10, MiB = 2^20, GiB = 2^30}
+    if n and tonumber(n) and scale[u] then return math.floor(tonumber(n) * scale[u]) end
+  end
+  error(("%s: budget must be a number of bytes or a size like \"2 GiB\", got %s"):format(who, tostring(b)), 3)
+end
+
+--- plan(step, {budget =, lossy = false}, ...): what to keep, recompute or pack
+-- for each stretch of the layers of the Sequential models step(...) runs,
+-- so that its peak stays within budget at the least extra time; checked by
+-- a dry run (peak_bytes is the planned step's estimate). An error says when
+-- nothing fits, and what does not move.
+function planner.plan (step, opts, ...)
+  if type(step) ~= "function" and not (getmetatable(step) or {}).__call then
+    error(("memory.plan: step must be a function, got %s"):format(type(step)), 2)
+  end
+  if type(opts) ~= "table" then error("memory.plan: options {budget = bytes [, lossy = false]} expected", 2) end
+  for k in pairs(opts) do
+    if k ~= "budget" and k ~= "lossy" then error(("memory.plan: unknown option '%s' (budget, lossy)"):format(tostring(k)), 2) end
+  end
+  local budget, lossy = parse_budget("memory.plan", opts.budget), opts.lossy == true
+  local chains = profile(step, ...)
+  local plain = planner.estimate(step, ...)
+  local stored = 0
+  for _, ch in ipairs(chains) do for _, l in ipairs(ch.layers) do stored = stored + l.saved end end
+  -- the plan for a room (the bytes the layers' saves may take at once),
+  -- with its peak checked by a dry run; nil when none fits the room
+  local args = table.pack(...)
+  -- a candidate (segments by model), its peak checked by a dry run
+  local function checked (segments)
+    local p = setmetatable({segments = segments}, Plan)
+    return planner.estimate(function() return planner.with_plan(p, step, table.unpack(args, 1, args.n)) end)
+  end
+  local function cost_of (segments)
+    local cost = 0
+    for _, list in pairs(segments) do for _, g in ipairs(list) do cost = cost + g.cost end end
+    return cost
+  end
+  -- the same rule on every chain: segments of `size` layers recomputed but
+  -- the last (checkpoint_sequential's), or each chain's optimum within room
+  local function uniform (size)
+    local segments = {}
+    for _, ch in ipairs(chains) do
+      local list, n = {}, #ch.layers
+      for first = 1, n, size do
+        local last = math.min(first + size - 1, n)
+        local cost, kept = 0, 0
+        for k = first, last do cost, kept = cost + ch.layers[k].seconds, kept + ch.layers[k].saved end
+        local how = last < n and "recompute" or "keep"
+        list[#list + 1] = {first = first, last = last, how = how, cost = how == "recompute" and cost or 0,
+                           bytes = how == "recompute" and (first == 1 and ch.input or ch.layers[first - 1].output) or kept}
+      end
+      segments[ch.model] = list
+    end
+    return segments
+  end
+  local function optimal (room)
+    local segments = {}
+    for _, ch in ipairs(chains) do
+      local segs = choose(ch, room, lossy)
+      if not segs then return nil end
+      segments[ch.model] = segs
+    end
+    return segments
+  end
+  -- candidates: the optimum for rooms spread geometrically from the least any
+  -- plan fits to all the layers save (the peak of a room's plan is not
+  -- monotone in it: sharing and packing move it, so each is checked), and
+  -- checkpoint_sequential's segmentations (one recompute per layer among
+  -- them); the cheapest within the budget wins
+  local best, best_est, least
+  if plain.peak_bytes <= budget then
+    best, best_est = optimal(math.huge), nil
+    best_est = checked(best)
+  else
+    local candidates, longest = {}, 1
+    for _, ch in ipairs(chains) do longest = math.max(longest, #ch.layers) end
+    for size = 1, longest - 1 do candidates[#candidates + 1] = uniform(size) end
+    local lo, hi = 0, stored
+    for _ = 1, 30 do
+      local mid = (lo + hi) / 2
+      if optimal(mid) then hi = mid else lo = mid end
+      if hi - lo < 1 + stored / 4096 then break end
+    end
+    local min_room = math.max(hi, 1)
+    for k = 0, 15 do
+      candidates[#candidates + 1] = optimal(min_room * (math.max(stored, min_room) / min_room) ^ (k / 15))
+    end
+    local best_cost = math.huge
+    for _, segs in pairs(candidates) do
+      local est = checked(segs)
+      if not least or est.peak_bytes < least then least = est.peak_bytes end
+      local cost = cost_of(segs)
+      if est.peak_bytes <= budget and cost < best_cost then best, best_est, best_cost = segs, est, cost end
+    end
+  end
+  if not best then
+    error(("memory.plan: no plan keeps this step within %s: the least a plan found peaks at %s (the step "
+           .. "without one at %s); weights, gradients and optimizer slots do not move: try lossy = true, or a "
+           .. "larger budget"):format(human(budget), least and human(least) or "nothing found", human(plain.peak_bytes)), 2)
+  end
+  local segments, rows = best, {}
+  for _, ch in ipairs(chains) do
+    for _, g in ipairs(segments[ch.model]) do
+      local names = {}
+      for i = g.first, g.last do names[#names + 1] = ch.layers[i].name end
+      rows[#rows + 1] = {layers = ("%d-%d"):format(g.first, g.last), what = table.concat(names, ", "), how = g.how,
+                         bytes = g.bytes, cost = g.cost}
+    end
+  end
+  return setmetatable({segments = segments, rows = rows, budget = budget, lossy = lossy,
+                       peak_bytes = best_est.peak_bytes, plain_peak_bytes = plain.peak_bytes}, Plan)
+end
+
+Plan.__tostring = function(p)
+  local lines = {("moongrad.memory.plan: peak %s within %s (%s without a plan)%s"):format(human(p.peak_bytes),
+    human(p.budget), human(p.plain_peak_bytes), p.lossy and ", lossy" or ""), "",
+    "| layers | decision | kept | extra time | what |", "|---|---|---|---|---|"}
+  for _, r in ipairs(p.rows) do
+    lines[#lines + 1] = ("| %s | %s | %s | %.2f ms | %s |"):format(r.layers, r.how, human(r.bytes), r.cost * 1e3,
+                                                               r.what:sub(1, 60))
+  end
+  return table.concat(lines, "\n")
+end
+
+-- }=============================================================
+
 return planner

@@ -217,18 +217,18 @@ static int l_dry_running (lua_State *L) {
   return 1;
 }
 
-/* estimate(step, ...): moongrad.planner's */
-static int l_estimate (lua_State *L) {
+/* estimate, plan, with_plan: moongrad.planner's (the upvalue names which) */
+static int l_planner (lua_State *L) {
   mgL_require(L, "moongrad.planner");
-  lua_getfield(L, -1, "estimate");
+  lua_getfield(L, -1, lua_tostring(L, lua_upvalueindex(1)));
+  lua_replace(L, -2);
   lua_insert(L, 1);
-  lua_pop(L, 1);
   lua_call(L, lua_gettop(L) - 1, LUA_MULTRET);
   return lua_gettop(L);
 }
 
 static const luaL_Reg memory_funcs[] = {
-  {"_dry_run", l_dry_run}, {"_computing", l_computing}, {"estimate", l_estimate}, {"dry_running", l_dry_running},
+  {"_dry_run", l_dry_run}, {"_computing", l_computing}, {"dry_running", l_dry_running},
   {"set_cache_limit", l_set_cache_limit}, {"fail_after", l_fail_after},
   {"stats", l_stats}, {"reset_peak", l_reset_peak}, {"release_cache", l_release_cache},
   {"setpause", l_setpause}, {"budget", l_budget}, {NULL, NULL}
@@ -236,6 +236,12 @@ static const luaL_Reg memory_funcs[] = {
 
 void mgL_open_memory (lua_State *L) {
   mgL_newlib(L, memory_funcs);
+  static const char *const planned[] = {"estimate", "plan", "with_plan"};
+  for (int i = 0; i < 3; i++) {
+    lua_pushstring(L, planned[i]);
+    lua_pushcclosure(L, l_planner, 1);
+    lua_setfield(L, -2, planned[i]);
+  }
   mgL_open_trace(L);
   lua_setfield(L, -2, "memory");
 }

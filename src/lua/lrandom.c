@@ -73,7 +73,9 @@ static int l_permutation (lua_State *L) {
 static int l_with_init_stream (lua_State *L) {
   luaL_checktype(L, 1, LUA_TFUNCTION);
   mg_random_swap_streams();
+  int dry = mg_dry_run_pause();     /* initial weights are real even in a dry run (mg.memory.estimate) */
   int st = lua_pcall(L, lua_gettop(L) - 1, LUA_MULTRET, 0);
+  mg_dry_run_resume(dry);
   mg_random_swap_streams();
   if (st != LUA_OK) return lua_error(L);
   return lua_gettop(L);

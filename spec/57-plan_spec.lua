@@ -1,0 +1,144 @@
+-- mg.memory.plan(step, {budget =, lossy = false}), mg.memory.with_plan and
+-- fit{memory_budget}: what each stretch of a Sequential keeps, recomputes or
+-- packs, chosen for the least extra time within the budget, checked by a
+-- dry run; lossless plans give the plain step's gradients to the bit.
+local mg = require "moongrad"
+local nn = mg.nn
+
+local function same_bits (a, b)
+  assert.are.equal(#a, #b)
+  for i = 1, #a do assert.are.equal(0, mg.sum(mg.cast(mg.not_equal(a[i], b[i]), "int64")):item(), "gradient " .. i) end
+end
+
+-- a chain whose activations outweigh its weights (batch 2048, width 128, 10 layers)
+local function chain ()
+  mg.random.seed(5)
+  local layers = {}
+  for i = 1, 10 do layers[i] = nn.Dense(128, "tanh") end
+  local model = nn.Sequential(layers)
+  local x = mg.random.normal{2048, 128}
+  model(x)
+  local vars = model.trainable_variables
+  local function step ()
+    local t = mg.tape()
+    local loss = mg.mean(model(x) ^ 2)
+    t:stop()
+    return t:gradient(loss, vars)
+  end
+  return step, model, vars
+end
+
+-- the peak of one run of f, garbage collected at once (as plans count it)
+local function measured (f, ...)
+  local pause, min_bytes = mg.memory.setpause(100, 0)
+  collectgarbage()
+  collectgarbage()
+  mg.memory.reset_peak()
+  local out = table.pack(f(...))
+  local peak = mg.memory.stats().peak_bytes
+  mg.memory.setpause(pause, min_bytes)
+  return peak, table.unpack(out, 1, out.n)
+end
+
+describe("memory.plan", function()
+  it("keeps the step within budgets below its peak, as predicted, with the plain gradients to the bit", function()
+    local step = chain()
+    local plain_peak, plain = measured(step)
+    for _, frac in ipairs{0.9, 0.75} do
+      local budget = math.floor(plain_peak * frac)
+      local plan = mg.memory.plan(step, {budget = budget})
+      assert.is_true(plan.peak_bytes <= budget, ("%.2f: planned %d over %d"):format(frac, plan.peak_bytes, budget))
+      local peak, g = measured(mg.memory.with_plan, plan, step)
+      assert.are.equal(plan.peak_bytes, peak)
+      same_bits(plain, g)
+      local recomputed = 0
+      for _, row in ipairs(plan.rows) do
+        assert.is_true(row.how == "keep" or row.how == "recompute", row.how)   -- lossless: nothing packed
+        if row.how == "recompute" then recomputed = recomputed + 1 end
+      end
+      assert.is_true(recomputed > 0)
+      local text = tostring(plan)
+      assert.truthy(text:find("moongrad.memory.plan: peak ", 1, true), text)
+      assert.truthy(text:find("| layers | decision | kept | extra time | what |", 1, true), text)
+    end
+  end)
+
+  it("keeps everything when the step fits, and says why when nothing does", function()
+    local step = chain()
+    local plain_peak = measured(step)
+    local plan = mg.memory.plan(step, {budget = plain_peak * 2})
+    assert.are.equal(1, #plan.rows)
+    assert.are.equal("keep", plan.rows[1].how)
+    assert.are.equal(plain_peak, plan.peak_bytes)
+    local ok, err = pcall(mg.memory.plan, step, {budget = 1024})
+    assert.is_false(ok)
+    assert.truthy(tostring(err):find("memory.plan: no plan keeps this step within 1.00 KiB: the least a plan found "
+                                     .. "peaks at ", 1, true), tostring(err))
+    assert.truthy(tostring(err):find("weights, gradients and optimizer slots do not move", 1, true), tostring(err))
+  end)
+
+  it("changes nothing while it plans", function()
+    local step, model, vars = chain()
+    local opt = mg.optim.Adam{}
+    local function train () opt:apply_gradients(step(), vars) end
+    train()
+    local budget = measured(train) * 0.8             -- a real step: then nothing may move
+    local before = {}
+    for i, v in ipairs(model.variables) do before[i] = v:value():cast("float64"):sum():item() end
+    local rng = mg.random.get_state()
+    mg.memory.plan(train, {budget = budget})
+    for i, v in ipairs(model.variables) do assert.are.equal(before[i], v:value():cast("float64"):sum():item()) end
+    assert.are.equal(2, opt.iterations)
+    assert.are.same(rng, mg.random.get_state())
+  end)
+
+  it("names bad arguments", function()
+    local step = chain()
+    local function msg (...) local ok, e = pcall(...); assert.is_false(ok); return tostring(e) end
+    assert.truthy(msg(mg.memory.plan, 42, {budget = 1}):find("memory.plan: step must be a function, got number", 1, true))
+    assert.truthy(msg(mg.memory.plan, step):find("memory.plan: options {budget = bytes [, lossy = false]} expected", 1, true))
+    assert.truthy(msg(mg.memory.plan, step, {budget = 1, spill = true}):find("memory.plan: unknown option 'spill' (budget, lossy)", 1, true))
+    assert.truthy(msg(mg.memory.plan, step, {budget = "lots"}):find('memory.plan: budget must be a number of bytes or a size like "2 GiB", got lots', 1, true))
+    assert.truthy(msg(mg.memory.with_plan, {}, step):find("memory.with_plan: plan must be what mg.memory.plan gave, got table", 1, true))
+  end)
+end)
+
+describe("fit{memory_budget}", function()
+  local function model_and_data ()
+    mg.random.seed(2)
+    local layers = {}
+    for i = 1, 8 do layers[i] = nn.Dense(128, "tanh") end
+    layers[9] = nn.Dense(10)
+    local m = nn.Sequential(layers)
+    m:compile{optimizer = mg.optim.Adam{}, loss = mg.losses.SparseCategoricalCrossentropy{from_logits = true}}
+    m(mg.zeros{1, 128})
+    return m
+  end
+
+  it("trains within the budget, to the same weights as without it", function()
+    local x = mg.random.normal{4096, 128}
+    local y = mg.cast(mg.random.uniform({4096}, 1, 11) // 1, "int64")
+    local opts = {epochs = 1, batch_size = 2048, verbose = 0, shuffle = false}
+    local a = model_and_data()
+    local plain_peak, ha = measured(a.fit, a, x, y, opts)
+    local b = model_and_data()
+    local budget = plain_peak     -- with Adam's slots made before its first step, the plan must recompute to fit it
+    local peak, hb = measured(b.fit, b, x, y, {epochs = 1, batch_size = 2048, verbose = 0, shuffle = false,
+                                               memory_budget = budget})
+    assert.is_true(peak <= budget, ("fit peaked at %d over the budget %d"):format(peak, budget))
+    assert.are.equal(ha.history.loss[1], hb.history.loss[1])
+    local va, vb = {}, {}
+    for i, v in ipairs(a.variables) do va[i], vb[i] = v:value(), b.variables[i]:value() end
+    same_bits(va, vb)
+  end)
+
+  it("says what does not fit, and refuses recompute beside it", function()
+    local m = model_and_data()
+    local x, y = mg.random.normal{64, 128}, mg.cast(mg.random.uniform({64}, 1, 11) // 1, "int64")
+    local ok, err = pcall(m.fit, m, x, y, {verbose = 0, memory_budget = 4096})
+    assert.is_false(ok)
+    assert.truthy(tostring(err):find("fit: memory_budget: no plan keeps this step within 4.00 KiB", 1, true), tostring(err))
+    ok, err = pcall(m.fit, m, x, y, {verbose = 0, memory_budget = "1 GiB", recompute = true})
+    assert.truthy(tostring(err):find("fit: give recompute or memory_budget, not both", 1, true), tostring(err))
+  end)
+end)
