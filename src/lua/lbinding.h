@@ -253,8 +253,10 @@ void mgL_open_tensor    (lua_State *L);    /* each adds its functions to the tab
 void mgL_open_variable  (lua_State *L);
 void mgL_open_tape      (lua_State *L);
 void mgL_open_memory    (lua_State *L);
-/* pushes the embedded Lua module `name` ("moongrad.planner"), loaded as require would */
+/* the embedded Lua modules (lmodules.c): pushes module `name`
+** ("moongrad.planner"), loaded as require would; or the loader of the i-th */
 void mgL_require (lua_State *L, const char *name);
+void mgL_push_module_loader (lua_State *L, int i);
 void mgL_open_tidy      (lua_State *L);    /* mg.tidy, mg.dispose */
 void mgL_open_trace     (lua_State *L);    /* into the memory table at -1 */
 void mgL_open_random    (lua_State *L);

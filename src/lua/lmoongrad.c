@@ -13,38 +13,6 @@
 
 #include "lbinding.h"
 
-/* loads embedded module i (upvalue) as require would, caching it in package.loaded */
-static int load_embedded (lua_State *L) {
-  const mgL_embedded *m = &mgL_embedded_modules[lua_tointeger(L, lua_upvalueindex(1))];
-  luaL_getsubtable(L, LUA_REGISTRYINDEX, LUA_LOADED_TABLE);
-  if (lua_getfield(L, -1, m->name) != LUA_TNIL) return 1;
-  lua_pop(L, 1);
-  char chunkname[128];
-  snprintf(chunkname, sizeof chunkname, "@%s.lua", m->name);
-  for (char *p = chunkname + 1; *p; p++) if (*p == '.' && strcmp(p, ".lua") != 0) *p = '/';
-  if (luaL_loadbuffer(L, (const char *)m->src, m->len, chunkname) != LUA_OK) return lua_error(L);
-  lua_pushstring(L, m->name);
-  lua_call(L, 1, 1);
-  if (lua_isnil(L, -1)) {
-    lua_pop(L, 1);
-    lua_pushboolean(L, 1);
-  }
-  lua_pushvalue(L, -1);
-  lua_setfield(L, -3, m->name);
-  return 1;
-}
-
-void mgL_require (lua_State *L, const char *name) {
-  for (int i = 0; mgL_embedded_modules[i].name; i++) {
-    if (strcmp(mgL_embedded_modules[i].name, name) != 0) continue;
-    lua_pushinteger(L, i);
-    lua_pushcclosure(L, load_embedded, 1);
-    lua_call(L, 0, 1);
-    return;
-  }
-  luaL_error(L, "moongrad: no embedded module '%s'", name);
-}
-
 /*
 ** mg.nn, mg.optim, ...: package.loaded["moongrad.<key>"], loaded on first use.
 ** Not copied into mg: the module stays the one require gives, also after a
@@ -56,8 +24,7 @@ static int module_index (lua_State *L) {
   for (int i = 0; mgL_embedded_modules[i].name; i++) {
     const char *name = mgL_embedded_modules[i].name;
     if (strncmp(name, "moongrad.", 9) != 0 || strcmp(name + 9, k) != 0) continue;
-    lua_pushinteger(L, i);
-    lua_pushcclosure(L, load_embedded, 1);
+    mgL_push_module_loader(L, i);
     lua_call(L, 0, 1);
     return 1;
   }
@@ -73,8 +40,7 @@ static void register_preloads (lua_State *L) {
   if (lua_istable(L, -1))
     for (int i = 0; mgL_embedded_modules[i].name; i++) {
       if (lua_getfield(L, -1, mgL_embedded_modules[i].name) == LUA_TNIL) {
-        lua_pushinteger(L, i);
-        lua_pushcclosure(L, load_embedded, 1);
+        mgL_push_module_loader(L, i);
         lua_setfield(L, -3, mgL_embedded_modules[i].name);
       }
       lua_pop(L, 1);
