@@ -521,7 +521,9 @@ local function recompute_stmt (depth)
   return wpick{
     4, function() return fmt("%s = mg.recompute_grad(function(tbl, b, flag) %s end%s)", f, recompute_body(depth),
                              wpick{5, "", 2, ", {pass_is_recomputing = true}", 3, function() return fmt(", {policy = %s}", policy()) end,
-                                   1, function() return fmt(", {policy = %s, pass_is_recomputing = true}", policy()) end}) end,
+                                   1, function() return fmt(", {policy = %s, pass_is_recomputing = true}", policy()) end,
+                                   2, ", {verify = true}", 1, ", {verify = 'yes'}"}) end,
+    1, function() return fmt("mg.debug.verify_recompute(%s)", pick{"true", "false", "1", "nil"}) end,
     1, function() return fmt("%s = mg.recompute_grad(%s)", f, pick{Fk(), "mg.nn.Dense(2)", "mg.tanh", "5", "nil", "{}", "setmetatable({}, {__call = function(_, x) return x * 2 end})", "setmetatable({}, {__call = function() error('c') end})"}) end,
     3, function() return fmt("%s = %s", a, table_arg()) end,
     5, function() return assign(fmt("first(%s(%s, %s))", f, chance(0.8) and a or table_arg(), operand())) end,
@@ -600,6 +602,10 @@ local function memory_stmt (depth)
     3, function() return fmt("mg.memory.trace(%s, function() %s end)", pick{"TMP .. '/trace.json'", "TMP .. '/trace.json'", "'/nonexistent/dir/x.json'", "5", "nil"}, body(depth + 1)) end,
     1, function() return fmt("mg.memory.trace(TMP .. '/trace.json', function() mg.memory.trace(TMP .. '/t2.json', function() end) end)") end,
     3, function() return fmt("mg.memory.span(%s, function() %s end)", pick{"'s'", "'s'", "5", "nil", "string.rep('a', 300)", "'\"quote'"}, body(depth + 1)) end,
+    3, function() return fmt("local r = mg.memory.estimate(function() %s end); local _ = tostring(r), r.peak_bytes", body(depth + 1)) end,
+    1, function() return fmt("mg.memory.estimate(%s)", pick{"5", "nil", "{}", "function() mg.memory.estimate(function() end) end"}) end,
+    1, function() return fmt("mg.memory._computing(function() %s end)", body(depth + 1)) end,
+    1, function() return fmt("mg.memory.with_plan(%s, function() %s end)", pick{"{}", "nil", "5"}, body(depth + 1)) end,
   }
 end
 
