@@ -1,7 +1,8 @@
--- bench/budget.lua: a training step under a memory budget (DTR) against the
--- plain step, and a sweep of time against budget with recompute_grad on
--- every layer and checkpoint_sequential as reference points, on
--- bench/recompute.lua's two chains (dense+tanh layers, MLP blocks).
+-- bench/budget.lua: a training step under a memory budget (DTR) and under
+-- mg.memory.plan's plan for the same budget, against the plain step, and a
+-- sweep of time against budget with recompute_grad on every layer and
+-- checkpoint_sequential as reference points, on bench/recompute.lua's two
+-- chains (dense+tanh layers, MLP blocks) and a narrow one.
 --   build/moongrad bench/budget.lua [width] [batch] [layers] [repeats] [dir]
 -- Budgets are given as fractions of the plain step's peak above the model
 -- (activations, gradients, temporaries); a budget is that many bytes above
@@ -98,6 +99,8 @@ for _, chain in ipairs(chains()) do
   }
   local peak = measure(chain, plain).peak
   local infeasible = {}
+  local model = mg.nn.Sequential(layers)             -- what mg.memory.plan plans
+  local function sequential (h) return model(h) end
   for _, f in ipairs(FRACTIONS) do
     local budget = math.floor(peak * f)
     local m = measure(chain, plain, budget)
@@ -106,6 +109,18 @@ for _, chain in ipairs(chains()) do
     else
       infeasible[#infeasible + 1] = ("budget %.2f x plain peak (%.1f MiB): %s"):format(f, budget / 2^20,
         tostring(m.err):gsub("^[^:]*:%d+: ", ""))
+    end
+    -- the planner at the same budget: bytes above the start, as the budget's are
+    collectgarbage()
+    collectgarbage()
+    local ok, plan = pcall(mg.memory.plan, function() return step(chain, sequential) end,
+                           {budget = mg.memory.stats().current_bytes + budget})
+    if ok then
+      configs[#configs + 1] = {name = ("planned %.2f x plain peak"):format(f), planned = f,
+                               run = function(h) return mg.memory.with_plan(plan, sequential, h) end}
+    else
+      infeasible[#infeasible + 1] = ("planned %.2f x plain peak (%.1f MiB): %s"):format(f, budget / 2^20,
+        tostring(plan):gsub("^[^:]*:%d+: ", ""))
     end
   end
   for _, c in ipairs(configs) do
@@ -129,16 +144,18 @@ for _, chain in ipairs(chains()) do
   out("|---|---:|---:|---:|---:|---:|---:|")
   local base = configs[1]
   base.ms = median(base.times)
-  local bx, by = {}, {}
+  local bx, by, px, py = {}, {}, {}, {}
   for _, c in ipairs(configs) do
     c.ms = median(c.times)
     out("| %s | %.1f | %.2f | %.1f | %.2f | %d | %d |", c.name, c.ms, c.ms / base.ms, c.m.peak / 2^20,
         c.m.peak / base.m.peak, c.m.evictions, c.m.remats)
     if c.budget then bx[#bx + 1], by[#by + 1] = c.m.peak / base.m.peak, c.ms / base.ms end
+    if c.planned then px[#px + 1], py[#py + 1] = c.m.peak / base.m.peak, c.ms / base.ms end
   end
   for _, why in ipairs(infeasible) do out("") out("infeasible: %s", why) end
   local short = chain.name:match("^[^(]+"):gsub("%s+$", "")
   if #bx > 0 then series[#series + 1] = {bx, by, label = short .. ": under a budget", style = "linespoints"} end
+  if #px > 0 then series[#series + 1] = {px, py, label = short .. ": planned (mg.memory.plan)", style = "linespoints"} end
   for k = 2, 3 do
     local c = configs[k]
     series[#series + 1] = {{c.m.peak / base.m.peak}, {c.ms / base.ms}, label = short .. ": " .. c.name, style = "points"}
