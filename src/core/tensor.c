@@ -402,8 +402,10 @@ mg_tensor *mg_contiguous (mg_tensor *t) {
   MG_CHECK_ARG("mg_contiguous", t, NULL);
   if (mg_tensor_is_contiguous(t)) return mg_tensor_retain(t);
   mg_tensor *out = mg_empty(t->shape, t->ndim, t->dtype);
-  bool dry = mg_ctx()->dry.on && mg_is_floating(t->dtype);   /* a dry run's floats have no values */
-  if (out && !dry) mg_copy_into(out, t);
+  if (out == NULL) return NULL;
+  if (mg_ctx()->dry.on && mg_is_floating(t->dtype))   /* a dry run's floats have no values */
+    out->storage->unwritten = true;
+  else mg_copy_into(out, t);
   return out;
 }
 
