@@ -47,14 +47,8 @@ local function cnn (quick)
 end
 
 local function gpt (quick)
-  local S = quick and {B = 2, T = 8, D = 16, H = 2, L = 2, V = 11} or {B = 32, T = 64, D = 256, H = 4, L = 4, V = 64}
-  local layers = {nn.Embedding(S.V, S.D), nn.PositionalEmbedding(S.T)}
-  for _ = 1, S.L do layers[#layers + 1] = nn.TransformerBlock(S.H, S.D, {causal = true}) end
-  layers[#layers + 1] = nn.LayerNorm()
-  layers[#layers + 1] = nn.Dense(S.V)
-  local ids = mg.cast(mg.random.uniform({S.B, S.T}, 1, S.V + 1) // 1, "int64")
-  local targets = mg.cast(mg.random.uniform({S.B, S.T}, 1, S.V + 1) // 1, "int64")
-  return nn.Sequential(layers), ids, targets, mg.optim.AdamW{learning_rate = 1e-4}
+  local model, ids, targets = util.gpt(quick)
+  return model, ids, targets, mg.optim.AdamW{learning_rate = 1e-4}
 end
 
 local MODELS = {mlp = mlp, cnn = cnn, gpt = gpt}

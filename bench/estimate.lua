@@ -36,15 +36,8 @@ local MODELS = {
            mg.random.normal{b, 28, 28, 1}, labels(b, 10), XENT
   end},
   {"GPT 4 x 256, batch 32 x 64", function()
-    local S = quick and {B = 2, T = 8, D = 16, H = 2, L = 2, V = 11} or {B = 32, T = 64, D = 256, H = 4, L = 4, V = 64}
-    local layers = {nn.Embedding(S.V, S.D), nn.PositionalEmbedding(S.T)}
-    for _ = 1, S.L do layers[#layers + 1] = nn.TransformerBlock(S.H, S.D, {causal = true}) end
-    layers[#layers + 1] = nn.LayerNorm()
-    layers[#layers + 1] = nn.Dense(S.V)
-    local ids = mg.cast(mg.random.uniform({S.B, S.T}, 1, S.V + 1) // 1, "int64")
-    local targets = mg.cast(mg.random.uniform({S.B, S.T}, 1, S.V + 1) // 1, "int64")
-    return nn.Sequential(layers), ids, targets,
-           function(y, p) return XENT(mg.reshape(y, {-1}), mg.reshape(p, {-1, S.V})) end
+    local model, ids, targets, S = util.gpt(quick)
+    return model, ids, targets, function(y, p) return XENT(mg.reshape(y, {-1}), mg.reshape(p, {-1, S.V})) end
   end},
 }
 

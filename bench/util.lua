@@ -43,4 +43,18 @@ function util.results_path ()
   return "bench/results/" .. slug .. ".md"
 end
 
+--- The bench's GPT (4 pre-norm blocks of width 256, batch 32 x 64; tiny when quick)
+--- as an nn.Sequential, with random token ids and targets, and its sizes S.
+function util.gpt (quick)
+  local mg = require "moongrad"
+  local nn = mg.nn
+  local S = quick and {B = 2, T = 8, D = 16, H = 2, L = 2, V = 11} or {B = 32, T = 64, D = 256, H = 4, L = 4, V = 64}
+  local layers = {nn.Embedding(S.V, S.D), nn.PositionalEmbedding(S.T)}
+  for _ = 1, S.L do layers[#layers + 1] = nn.TransformerBlock(S.H, S.D, {causal = true}) end
+  layers[#layers + 1] = nn.LayerNorm()
+  layers[#layers + 1] = nn.Dense(S.V)
+  local function tokens () return mg.cast(mg.random.uniform({S.B, S.T}, 1, S.V + 1) // 1, "int64") end
+  return nn.Sequential(layers), tokens(), tokens(), S
+end
+
 return util
