@@ -77,6 +77,40 @@ describe("memory.plan", function()
     assert.truthy(tostring(err):find("weights, gradients and optimizer slots do not move", 1, true), tostring(err))
   end)
 
+  it("passes a Sequential's extra arguments (numbers, tensors, tables) to every planned stretch", function()
+    mg.random.seed(8)
+    local layers, dense = {}, {}
+    for i = 1, 8 do
+      local d = nn.Dense(128)
+      dense[i] = d
+      layers[i] = function(h, scale, bias, opts) return mg.tanh(d(h) * scale + bias) * opts.gain end
+    end
+    local model = nn.Sequential(layers)
+    local x, bias = mg.random.normal{1024, 128}, mg.random.normal{128}
+    model(x, 0.5, bias, {gain = 2})
+    local wrt = {}
+    for _, d in ipairs(dense) do for _, v in ipairs(d.trainable_variables) do wrt[#wrt + 1] = v end end
+    wrt[#wrt + 1] = bias
+    local function step ()
+      local t = mg.tape()
+      t:watch(bias)
+      local loss = mg.mean(model(x, 0.5, bias, {gain = 2}) ^ 2)
+      t:stop()
+      return t:gradient(loss, wrt)
+    end
+    local plain_peak, plain = measured(step)
+    local plan = mg.memory.plan(step, {budget = math.floor(plain_peak * 0.8)})
+    local recomputed = 0
+    for _, row in ipairs(plan.rows) do if row.how == "recompute" then recomputed = recomputed + 1 end end
+    assert.is_true(recomputed > 0)
+    local peak, g = measured(mg.memory.with_plan, plan, step)
+    assert.are.equal(plan.peak_bytes, peak)
+    -- each layer's weights: to the bit; the bias every stretch reads sums its parts in another order
+    same_bits({table.unpack(plain, 1, #plain - 1)}, {table.unpack(g, 1, #g - 1)})
+    local diff = mg.max(mg.abs(plain[#plain] - g[#g])):item()
+    assert.is_true(diff <= 1e-6 * mg.max(mg.abs(plain[#plain])):item(), diff)
+  end)
+
   it("changes nothing while it plans", function()
     local step, model, vars = chain()
     local opt = mg.optim.Adam{}
@@ -141,4 +175,5 @@ describe("fit{memory_budget}", function()
     ok, err = pcall(m.fit, m, x, y, {verbose = 0, memory_budget = "1 GiB", recompute = true})
     assert.truthy(tostring(err):find("fit: give recompute or memory_budget, not both", 1, true), tostring(err))
   end)
+
 end)

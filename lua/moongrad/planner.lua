@@ -137,7 +137,7 @@ local function profile (step, ...)
     depth = depth + 1
     local m = models[self]
     if not m then
-      m = {model = self, layers = {}, first_input = x}
+      m = {model = self, layers = {}, first_input = x, first_args = table.pack(...)}
       models[self] = m
       order[#order + 1] = m
     end
@@ -163,13 +163,13 @@ local function profile (step, ...)
   Sequential._around = was
   if not ok then error(err, 0) end
   for _, m in ipairs(order) do                   -- the costs
-    local x = m.first_input
+    local x, args = m.first_input, m.first_args
     for i, l in ipairs(m.layers) do
       local t0 = mg.clock()
-      x = Sequential._run(m.model, i, i, x)
+      x = Sequential._run(m.model, i, i, x, table.unpack(args, 1, args.n))
       l.seconds = mg.clock() - t0
     end
-    m.first_input = nil
+    m.first_input, m.first_args = nil, nil
   end
   return order
 end
