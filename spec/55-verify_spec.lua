@@ -141,6 +141,17 @@ describe("recompute verify", function()
     same_bits(grad_of(auto, x, w), grad_of(mg.recompute_grad(auto, {verify = true}), x, w))
   end)
 
+  it("takes the same tensor twice and non-tensor arguments (a table is re-read as it was at the call)", function()
+    local x, w = mg.random.normal({5, 4}, 0, 1, "float64"), mg.random.normal({5, 4}, 0, 1, "float64")
+    local function f (a, b, k, opts) return mg.tanh(a * b) * k + (opts.shift and a or 0) end
+    local twice = function(a) return f(a, a, 3, {shift = true}) end
+    local verified = mg.recompute_grad(f, {verify = true})
+    same_bits(grad_of(twice, x, w), grad_of(function(a) return verified(a, a, 3, {shift = true}) end, x, w))
+    local g = mg.recompute_grad(function(a, o) o.k = (o.k or 1) + 1; return a * o.k end, {verify = true})
+    local opts = {}
+    same_bits(w * 2, grad_of(function(a) return g(a, opts) end, x, w))
+  end)
+
   it("checks its option", function()
     assert.has_error(function() mg.recompute_grad(block, {verify = "yes"}) end,
                      "bad argument #2 to 'recompute_grad' (option 'verify' must be a boolean, got string)")
