@@ -262,7 +262,7 @@ describe("the reuse cache", function()
   end)
 
   it("evicts the blocks freed longest ago to take a newly freed one", function()
-    -- sizes used once must not keep a step's sizes out (the cap is 16 MiB + a quarter of the most ever live)
+    -- sizes used once must not keep a step's sizes out (the cap is 16 MiB + half the most ever live)
     mg.memory.release_cache()
     for n = 1, 20 do local _ <close> = mg.zeros{(1 << 18) + n} end    -- 20 one-off sizes, ~20 MiB
     local step = {}
