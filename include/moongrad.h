@@ -401,6 +401,12 @@ typedef struct mg_conv_params {
 ** grad: dx = conv2d_backward_input(dout, w), dw = conv2d_backward_filter(x, dout),
 ** db = dout summed over N, OH, OW */
 MG_API mg_tensor *mg_conv2d (mg_tensor *x, mg_tensor *w, mg_tensor *b, const mg_conv_params *p);
+/* act(conv2d(x, w, b)) in one op (Keras' Conv2D with an activation): activation
+** NULL or "linear", "relu", "tanh", "sigmoid", applied to the float32 sum (relu
+** as oneDNN's post-op, so no second pass; a bfloat16 result rounds once). The
+** tape keeps y for the activation's gradient, one node where it kept two */
+MG_API mg_tensor *mg_conv2d_act (mg_tensor *x, mg_tensor *w, mg_tensor *b, const mg_conv_params *p,
+                                 const char *activation);
 /* the gradient of conv2d with respect to x (its transpose, TensorFlow's
 ** conv2d_transpose): dy (N,OH,OW,O), w (KH,KW,C,O) -> input_shape (N,H,W,C) */
 MG_API mg_tensor *mg_conv2d_backward_input  (mg_tensor *dy, mg_tensor *w, const int64_t input_shape[4],

@@ -128,6 +128,49 @@ describe("conv2d", function()
     check(function(xx, d) return mg.conv2d_backward_filter(xx, d, w.shape, o) end, x, dy)
   end)
 
+  it("applies an activation in the same op: the separate ops' numbers, to the bit, and their gradients", function()
+    local function same_bits (a, b) assert.are.equal(0, mg.sum(mg.cast(mg.not_equal(a, b), "int64")):item()) end
+    for _, dt in ipairs{"float32", "float64"} do
+      for _, act in ipairs{"relu", "tanh", "sigmoid"} do
+        for _, o in ipairs({{padding = "same"}, {strides = 2}, {dilation_rate = 2, padding = {{1, 0}, {2, 1}}}}) do
+          local x, w, b = mg.cast(rnd{3, 9, 8, 5}, dt), mg.cast(rnd{3, 3, 5, 7}, dt), mg.cast(rnd{7}, dt)
+          local fo = {activation = act}
+          for k, v in pairs(o) do fo[k] = v end
+          local fused = function(xx, ww, bb) return mg.conv2d(xx, ww, bb, fo) end
+          local apart = function(xx, ww, bb) return mg[act](mg.conv2d(xx, ww, bb, o)) end
+          same_bits(fused(x, w, b), apart(x, w, b))
+          local seed = mg.cast(rnd(fused(x, w, b).shape), dt)
+          local g1, g2 = grads(fused, {x, w, b}, seed), grads(apart, {x, w, b}, seed)
+          for i = 1, 3 do same_bits(g1[i], g2[i]) end
+          if dt == "float64" then check(fused, rnd{2, 5, 6, 3}, rnd{3, 2, 3, 7}, rnd{7}) end
+        end
+      end
+    end
+    same_bits(mg.conv2d(ramp(), mg.ones{2, 2, 1, 1}, {activation = "linear"}), mg.conv2d(ramp(), mg.ones{2, 2, 1, 1}))
+  end)
+
+  it("its activation differentiates twice, and Conv2D runs it in the convolution's op", function()
+    for _, act in ipairs{"relu", "tanh", "sigmoid"} do
+      local w0 = rnd{2, 3, 2, 3}
+      check(function(x, w)
+        local t = mg.tape()
+        t:watch({x, w})
+        local y = mg.sum(mg.conv2d(x, w, {padding = "same", activation = act}) * 0.5)
+        t:stop()
+        local g = t:gradient(y, {x, w})
+        return mg.sum(g[1] ^ 2) + mg.sum(g[2] * w0)
+      end, rnd{2, 4, 5, 2}, rnd{2, 3, 2, 3})
+    end
+    local layer = nn.Conv2D(4, 3, {padding = "same", activation = "relu"})
+    local x = mg.random.normal{2, 6, 6, 3}
+    layer(x)
+    local t = mg.tape()
+    local y = layer(x)
+    t:stop()
+    assert.truthy(tostring(t):find("1 ops", 1, true), tostring(t))             -- one node, not two
+    h.assert_close(y, mg.relu(mg.conv2d(x, layer.kernel, layer.bias, {padding = "same"})), 0)
+  end)
+
   it("has second derivatives (its gradient differentiates again)", function()
     local o = {padding = "same", strides = {1, 2}}
     local w0 = rnd{2, 3, 2, 3}
@@ -194,6 +237,15 @@ describe("conv2d", function()
                      .. "{height, width} or {{top, bottom}, {left, right}}, got 'full')")
     assert.has_error(function() mg.conv2d(x, mg.ones{3, 3, 3, 2}, {stride = 2}) end,
                      "bad argument #3 to 'conv2d' (unknown option 'stride' (did you mean 'strides'?); known: strides, "
+                     .. "padding, dilation_rate, activation)")
+    assert.has_error(function() mg.conv2d(x, mg.ones{3, 3, 3, 2}, {activation = "swish"}) end,
+                     "conv2d: unknown activation 'swish' (linear, relu, tanh or sigmoid)")
+    assert.has_error(function() mg.conv2d(x, mg.ones{3, 3, 3, 2}, {activation = mg.relu}) end,
+                     "bad argument #3 to 'conv2d' (option 'activation' must be a string (linear, relu, tanh or "
+                     .. "sigmoid), got function)")
+    assert.has_error(function() mg.conv2d_backward_input(mg.ones{1, 3, 3, 2}, mg.ones{3, 3, 3, 2}, {1, 5, 5, 3},
+                                                         {activation = "relu"}) end,
+                     "bad argument #4 to 'conv2d_backward_input' (unknown option 'activation'; known: strides, "
                      .. "padding, dilation_rate)")
     assert.has_error(function() mg.conv2d_backward_input(mg.ones{1, 3, 3, 2}, mg.ones{3, 3, 3, 2}, {1, 6, 6, 3}) end,
                      "conv2d_backward_input: dy has shape (1,3,3,2), the convolution of input_shape (1,6,6,3) "
@@ -228,6 +280,30 @@ describe("pooling", function()
         h.assert_close(grads(g, {f32(x)}, f32(seed))[1], f32(grads(g, {x}, seed)[1]), 1e-5)
       end
     end
+  end)
+
+  it("max pools bfloat16 as it is: float32's maxima and gradients, rounded, to the bit (ties and NaN too)", function()
+    local function same_bits (a, b)
+      assert.are.equal(a.dtype, b.dtype)
+      assert.are.same(a.shape, b.shape)
+      assert.are.equal(0, mg.sum(mg.cast(mg.not_equal(mg.cast(a, "float32"), mg.cast(b, "float32")), "int64")):item())
+    end
+    local bf = function(v) return mg.cast(v, "bfloat16") end
+    for _, o in ipairs({{}, {pool_size = 3, strides = 2, padding = "same"}, {pool_size = {2, 3}, strides = 1},
+                        {pool_size = 2, padding = "same"}, {pool_size = 3, strides = {1, 2}}}) do
+      local x = bf(mg.floor(mg.random.normal{2, 7, 9, 5} * 2) / 2)       -- many ties
+      local x32 = mg.cast(x, "float32")
+      local y = mg.max_pool2d(x, o)
+      assert.are.equal("bfloat16", y.dtype)
+      same_bits(y, bf(mg.max_pool2d(x32, o)))
+      local dy = bf(mg.random.normal(y.shape))
+      same_bits(mg.max_pool2d_backward(x, dy, o), bf(mg.max_pool2d_backward(x32, mg.cast(dy, "float32"), o)))
+      local g = grads(function(v) return mg.max_pool2d(v, o) end, {x}, dy)[1]
+      same_bits(g, bf(mg.max_pool2d_backward(x32, mg.cast(dy, "float32"), o)))
+    end
+    local nan = bf(mg.tensor{{{{0 / 0}, {1}}, {{2}, {0 / 0}}}})
+    assert.are.equal(mg.max_pool2d(mg.cast(nan, "float32")):item() ~= mg.max_pool2d(mg.cast(nan, "float32")):item(),
+                     mg.max_pool2d(nan):item() ~= mg.max_pool2d(nan):item())
   end)
 
   it("gradchecks in float64 (random values: no ties) and second order", function()

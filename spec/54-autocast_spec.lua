@@ -80,7 +80,7 @@ describe("autocast", function()
     assert.matches("autocast: float16 products need AVX512%-FP16", msg(mg.autocast, "float16", function() end))
     assert.matches("conv2d: dtypes differ: input is bfloat16, filters is float32",
                    msg(mg.conv2d, mg.cast(mg.ones{1, 4, 4, 1}, "bfloat16"), mg.ones{3, 3, 1, 1}))
-    assert.matches("max_pool2d_backward: input must be float32 or float64, got bfloat16",
+    assert.matches("max_pool2d_backward: dtypes differ: input is bfloat16, dy is float32",
                    msg(mg.max_pool2d_backward, mg.cast(mg.ones{1, 4, 4, 1}, "bfloat16"), mg.ones{1, 2, 2, 1},
                        {pool_size = {2, 2}}))
     assert.matches("matmul: dtypes differ: bfloat16 @ float32",
@@ -145,6 +145,11 @@ describe("autocast", function()
       {"conv2d dilated, 1x1 after", {{1, 9, 9, 2}, {3, 3, 2, 4}, {1, 1, 4, 5}}, function(x, w, v)
         return mg.conv2d(mg.relu(mg.conv2d(x, w, nil, {dilation_rate = {2, 2}})), v)
       end},
+      {"conv2d tanh in one op", {{4, 10, 10, 3}, {3, 3, 3, 6}, {6}},
+       function(x, w, b) return mg.conv2d(x, w, b, {strides = 2, activation = "tanh"}) end},
+      {"conv2d sigmoid in one op, max pooled", {{4, 10, 10, 3}, {3, 3, 3, 6}, {6}}, function(x, w, b)
+        return mg.max_pool2d(mg.conv2d(x, w, b, {padding = "same", activation = "sigmoid"}), {pool_size = 3, strides = 2})
+      end},
       {"a small CNN", {{4, 10, 10, 2}, {3, 3, 2, 6}, {6}, {54, 5}}, function(x, w, b, d)
         local h_ = mg.max_pool2d(mg.relu(mg.conv2d(x, w, b, {padding = "same"})), {pool_size = {2, 2}})
         return mg.dense(mg.reshape(mg.avg_pool2d(h_, {pool_size = {2, 2}, padding = "same"}), {4, -1}), d)
@@ -172,6 +177,25 @@ describe("autocast", function()
         end
       end)
     end
+  end)
+
+  it("gives conv2d's relu the separate ops' values and gradients, in bfloat16, and max pools bfloat16", function()
+    local vars = {mg.Variable(mg.random.normal{4, 9, 9, 3}), mg.Variable(mg.random.normal{3, 3, 3, 5}),
+                  mg.Variable(mg.random.normal{5})}
+    local seed = mg.random.normal{4, 9, 9, 5}
+    local function run (f)
+      local t = mg.tape()
+      local y = mg.autocast("bfloat16", f, table.unpack(vars))
+      local loss = mg.sum(mg.cast(y, "float32") * seed)
+      t:stop()
+      return y, t:gradient(loss, vars)
+    end
+    local fused, g1 = run(function(x, w, b) return mg.conv2d(x, w, b, {padding = "same", activation = "relu"}) end)
+    local apart, g2 = run(function(x, w, b) return mg.relu(mg.conv2d(x, w, b, {padding = "same"})) end)
+    assert.are.equal("bfloat16", fused.dtype)
+    assert.are.equal(0, mg.sum(mg.cast(mg.not_equal(mg.cast(fused, "float32"), apart), "int64")):item())
+    for i = 1, 3 do assert.are.equal(0, mg.sum(mg.cast(mg.not_equal(g1[i], g2[i]), "int64")):item(), i) end
+    assert.are.equal("bfloat16", mg.autocast("bfloat16", mg.max_pool2d, fused).dtype)
   end)
 
   it("gives gradients to float32 tensors a tape watches, in float32", function()

@@ -57,6 +57,23 @@ static void null_arguments (void) {
   }
   mg_tensor_release(d);
   mg_tensor_release(w);
+  /* conv2d with its activation in the op: a 1x1 filter of -1 on an image of ones, relu'd */
+  int64_t img[4] = {1, 2, 2, 1}, f11[4] = {1, 1, 1, 1};
+  mg_tensor *im = mg_full(img, 4, MG_FLOAT32, 1.0), *k = mg_full(f11, 4, MG_FLOAT32, -1.0);
+  mg_conv_params cp = {0};
+  says("conv2d gelu", mg_conv2d_act(im, k, NULL, &cp, "gelu") == NULL, "conv2d: unknown activation 'gelu'");
+  says("conv2d_act(NULL)", mg_conv2d_act(NULL, k, NULL, &cp, "relu") == NULL, "mg_conv2d: argument 'x' is NULL");
+  mg_tensor *c = mg_conv2d_act(im, k, NULL, &cp, "relu"), *c0 = mg_conv2d_act(im, k, NULL, &cp, NULL);
+  checks++;
+  if (c == NULL || c0 == NULL || ((const float *)mg_tensor_data(c))[3] != 0.0f ||
+      ((const float *)mg_tensor_data(c0))[3] != -1.0f) {
+    fprintf(stderr, "c_api_test: conv2d_act relu / linear: wrong result\n");
+    failures++;
+  }
+  mg_tensor_release(c);
+  mg_tensor_release(c0);
+  mg_tensor_release(im);
+  mg_tensor_release(k);
   says("reshape(x, NULL, 1)", mg_reshape(x, NULL, 1) == NULL, "mg_reshape: argument 'shape_in' is NULL");
   says("reshape 99 dims", mg_reshape(x, s2, 99) == NULL, "99 dimensions");
   says("concat(NULL)", mg_concat(NULL, 2, 0) == NULL, "mg_concat: argument 'xs' is NULL");

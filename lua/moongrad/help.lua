@@ -107,7 +107,7 @@ local groups = {
     {"masked_fill", "masked_fill(x, mask, value)"},
   }},
   {"convolution", {
-    {"conv2d", "conv2d(x, w [, b] [, {strides=, padding=, dilation_rate=}])"},
+    {"conv2d", "conv2d(x, w [, b] [, {strides=, padding=, dilation_rate=, activation=}])"},
     {"conv2d_backward_input", "conv2d_backward_input(dy, w, input_shape [, {strides=, padding=, dilation_rate=}])"},
     {"conv2d_backward_filter", "conv2d_backward_filter(x, dy, filter_shape [, {strides=, padding=, dilation_rate=}])"},
     {"max_pool2d", "max_pool2d(x [, {pool_size=2, strides=, padding=}])"},

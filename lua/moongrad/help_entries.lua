@@ -261,7 +261,8 @@ E("masked_fill", {X, {"mask", "a bool tensor broadcasting to x"}, {"value", "a n
 local CONV = {"opts", "strides= (1), padding= \"valid\" or \"same\", dilation_rate= (1)", "{}"}
 local POOL = {"opts", "pool_size= (2), strides= (pool_size), padding= \"valid\" or \"same\"", "{}"}
 local IMG = {"x", "images (batch, height, width, channels)"}
-E("conv2d", {IMG, {"w", "filters (height, width, in, out)"}, {"b", "a bias (out)", "nil"}, CONV},
+E("conv2d", {IMG, {"w", "filters (height, width, in, out)"}, {"b", "a bias (out)", "nil"},
+              {"opts", "strides= (1), padding= \"valid\" or \"same\", dilation_rate= (1), activation= \"linear\", \"relu\", \"tanh\" or \"sigmoid\" (in the same op)", "{}"}},
   "images (batch, height', width', out)",
   "x = mg.ones(1, 4, 4, 1)\nmg.conv2d(x, mg.ones(3, 3, 1, 2)).shape --> {1, 2, 2, 2}\nmg.conv2d(x, mg.ones(3, 3, 1, 1), {padding = \"same\"}):slice(1, nil, 1, 1) --> {4.0, 6.0, 6.0, 4.0}")
 E("conv2d_backward_input", {{"dy", "conv2d's output gradient"}, {"w", "the filters"}, {"input_shape", "conv2d's input shape"}, CONV},

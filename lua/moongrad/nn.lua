@@ -270,6 +270,11 @@ function Conv2D.__new (filters, kernel_size, opts)
                                   activation = activation_of("Conv2D", opts.activation)}, "conv2d")
   self._init = initializer_of("Conv2D", opts.kernel_initializer)
   self._opts = {strides = self.strides, padding = self.padding, dilation_rate = self.dilation_rate}
+  local fused = self.activation == nil and "linear" or fused_activations[self.activation]
+  if fused then                                  -- the activation in conv2d's own op, as Dense's
+    self._opts_act = {strides = self.strides, padding = self.padding, dilation_rate = self.dilation_rate,
+                      activation = fused}
+  end
   return self
 end
 
@@ -298,10 +303,10 @@ function Conv2D:call (x)
   elseif x.shape[4] ~= k.shape[3] then
     fail("Conv2D", "input has %d channels, the layer was built for %d", x.shape[4], k.shape[3])
   end
+  if self._opts_act then return mg.conv2d(x, self.kernel, self.bias, self._opts_act) end
   local y = mg.conv2d(x, self.kernel, self.bias, self._opts)
   x = nil                 -- as in Dense:call
-  if self.activation then y = self.activation(y) end
-  return y
+  return self.activation(y)
 end
 
 function Conv2D:describe ()

@@ -19,6 +19,7 @@
 /* {======================== options ========================= */
 
 static const char *const conv_options[] = {"strides", "padding", "dilation_rate", NULL};
+static const char *const conv2d_options[] = {"strides", "padding", "dilation_rate", "activation", NULL};
 static const char *const pool_options[] = {"pool_size", "strides", "padding", NULL};
 
 /* an integer >= min at stack index idx, errors naming option key of arg */
@@ -109,11 +110,11 @@ static void paddingopt (lua_State *L, int arg, mg_conv_params *p, bool conv) {
   lua_pop(L, 1);
 }
 
-/* the options table at arg (nil: defaults) of a convolution */
-static void conv_params (lua_State *L, int arg, mg_conv_params *p) {
+/* the options table at arg (nil: defaults) of a convolution, whose keys may be `keys` */
+static void conv_params (lua_State *L, int arg, mg_conv_params *p, const char *const *keys) {
   memset(p, 0, sizeof *p);
   if (!lua_isnoneornil(L, arg)) luaL_checktype(L, arg, LUA_TTABLE);
-  mgL_checkoptions(L, arg, conv_options);
+  mgL_checkoptions(L, arg, keys);
   pairopt(L, arg, "strides", p->strides, 1);
   pairopt(L, arg, "dilation_rate", p->dilation, 1);
   paddingopt(L, arg, p, true);
@@ -144,7 +145,7 @@ static void shape4 (lua_State *L, int arg, const char *what, int64_t s[4]) {
 
 /* {====================== the functions ====================== */
 
-/* conv2d(x, w [, b] [, {strides=, padding=, dilation_rate=}]) */
+/* conv2d(x, w [, b] [, {strides=, padding=, dilation_rate=, activation=}]) */
 static int l_conv2d (lua_State *L) {
   mg_tensor *x = mgL_checktensor(L, 1), *w = mgL_checktensor(L, 2), *b = NULL;
   int opts = 3;
@@ -155,9 +156,17 @@ static int l_conv2d (lua_State *L) {
     opts = 4;                                          /* conv2d(x, w, nil, opts) */
   }
   mg_conv_params p;
-  conv_params(L, opts, &p);
+  conv_params(L, opts, &p, conv2d_options);
+  const char *act = NULL;                              /* the C entry names a wrong one */
+  if (!lua_isnoneornil(L, opts)) {
+    int t = lua_getfield(L, opts, "activation");
+    if (t != LUA_TNIL && t != LUA_TSTRING)
+      luaL_argerror(L, opts, lua_pushfstring(L, "option 'activation' must be a string (linear, relu, tanh or "
+                                                "sigmoid), got %s", luaL_typename(L, -1)));
+    act = lua_tostring(L, -1);                         /* left on the stack, so it stays alive */
+  }
   ltensor *box = mgL_newbox(L);
-  return mgL_fill(L, box, mg_conv2d(x, w, b, &p));
+  return mgL_fill(L, box, mg_conv2d_act(x, w, b, &p, act));
 }
 
 /* conv2d_backward_input(dy, w, input_shape [, options]) */
@@ -166,7 +175,7 @@ static int l_conv2d_backward_input (lua_State *L) {
   int64_t s[4];
   shape4(L, 3, "input_shape", s);
   mg_conv_params p;
-  conv_params(L, 4, &p);
+  conv_params(L, 4, &p, conv_options);
   ltensor *box = mgL_newbox(L);
   return mgL_fill(L, box, mg_conv2d_backward_input(dy, w, s, &p));
 }
@@ -177,7 +186,7 @@ static int l_conv2d_backward_filter (lua_State *L) {
   int64_t s[4];
   shape4(L, 3, "filter_shape", s);
   mg_conv_params p;
-  conv_params(L, 4, &p);
+  conv_params(L, 4, &p, conv_options);
   ltensor *box = mgL_newbox(L);
   return mgL_fill(L, box, mg_conv2d_backward_filter(x, dy, s, &p));
 }

@@ -145,9 +145,9 @@ static int64_t out_numel (const geom *g) { return g->N * g->OH * g->OW * g->O; }
 ** for the convolutions: autocast's) with 4 dims */
 static mg_status check_image (const char *fn, const char *what, const char *dims, const mg_tensor *t) {
   char s[160];
-  bool conv = strncmp(fn, "conv2d", 6) == 0;
-  if (!(mg_is_float(t->dtype) || (conv && t->dtype == MG_BFLOAT16)))
-    return mg_seterror("%s: %s must be float32%s or float64, got %s", fn, what, conv ? ", bfloat16" : "",
+  bool half = strncmp(fn, "conv2d", 6) == 0 || strncmp(fn, "max_pool2d", 10) == 0;   /* autocast's */
+  if (!(mg_is_float(t->dtype) || (half && t->dtype == MG_BFLOAT16)))
+    return mg_seterror("%s: %s must be float32%s or float64, got %s", fn, what, half ? ", bfloat16" : "",
                        mg_dtype_name(t->dtype));
   if (t->ndim != 4)
     return mg_seterror("%s: %s must have 4 dimensions %s, got shape %s", fn, what, dims,
@@ -268,9 +268,25 @@ static mg_status check_shape4 (const char *fn, const char *what, const int64_t *
   while (u1 > u0 && ih0 + (u1 - 1) * (g)->dh >= (g)->H) u1--;                       \
   while (v1 > v0 && iw0 + (v1 - 1) * (g)->dw >= (g)->W) v1--
 
+/* do the pool's windows tile the image (each pixel in one window at most)? */
+static bool pool_tiles (const geom *g) {
+  return g->sh == g->KH && g->sw == g->KW && g->dh == 1 && g->dw == 1 && g->pt == 0 && g->pl == 0 &&
+         g->OH * g->KH <= g->H && g->OW * g->KW <= g->W;
+}
+
+/* the value of an element, for comparing: float32 and float64 as they are,
+** bfloat16 bits widened (exactly) to float32; max pooling moves the bits */
+#define AS_IS(v) (v)
+static inline float bf16_value (uint16_t h) {
+  uint32_t u = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
+
 /* y (N,OH,OW,C) = the maximum over each window's pixels (max, as a blend,
 ** vectorises across the channels) */
-#define MAX_POOL_FWD(T) do {                                                        \
+#define MAX_POOL_FWD(T, V) do {                                                        \
     const T *X = (const T *)x; T *Y = (T *)y;                                       \
     const int64_t C = g->C;                                                         \
     MG_PARALLEL_FOR(out_numel(g) * g->KH * g->KW > 65536, collapse(2),              \
@@ -284,7 +300,7 @@ static mg_status check_shape4 (const char *fn, const char *what, const int64_t *
             for (int64_t v = v0; v < v1; v++) {                                     \
               const T *restrict xp = xn + ((ih0 + u * g->dh) * g->W + iw0 + v * g->dw) * C; \
               if (u == u0 && v == v0) { for (int64_t c = 0; c < C; c++) yp[c] = xp[c]; } \
-              else { for (int64_t c = 0; c < C; c++) yp[c] = xp[c] > yp[c] ? xp[c] : yp[c]; } \
+              else { for (int64_t c = 0; c < C; c++) yp[c] = V(xp[c]) > V(yp[c]) ? xp[c] : yp[c]; } \
             }                                                                       \
         });                                                                         \
   } while (0)
@@ -297,17 +313,16 @@ static mg_status check_shape4 (const char *fn, const char *what, const int64_t *
 ** is written once, dy or 0, with no zeroing pass; otherwise dx is zeroed
 ** and added to. "Inside" matters: "same" padding pads at the bottom and
 ** right (pt = pl = 0, pb or pr > 0), and there the tiled loop would write
-** each window's clipped taps past the image, past dx's end. */
-#define MAX_POOL_BWD(T) do {                                                        \
+** each window's clipped taps past the image, past dx's end. bfloat16 comes
+** here tiled only (its sums would round; max_pool_bwd_g widens the others). */
+#define MAX_POOL_BWD(T, CT, V) do {                                                    \
     const T *X = (const T *)x, *DY = (const T *)dy; T *DX = (T *)dx;                \
     const int64_t C = g->C, HWC = g->H * g->W * C;                                  \
-    const bool tiled = g->sh == g->KH && g->sw == g->KW && g->dh == 1 && g->dw == 1 \
-                       && g->pt == 0 && g->pl == 0                                  \
-                       && g->OH * g->KH <= g->H && g->OW * g->KW <= g->W;           \
+    const bool tiled = pool_tiles(g);                                             \
     MG_PARALLEL(nthreads > 1, num_threads(nthreads),                                \
     {                                                                               \
       char *mine = (char *)scratch + (size_t)omp_get_thread_num() * 2 * slice;     \
-      T *restrict m = (T *)mine;                                                    \
+      CT *restrict m = (CT *)mine;          /* each channel's best, as compared */  \
       int32_t *restrict k = (int32_t *)(mine + slice);                              \
       _Pragma("omp for")                                                            \
       for (int64_t n = 0; n < g->N; n++) {                                          \
@@ -329,11 +344,12 @@ static mg_status check_shape4 (const char *fn, const char *what, const int64_t *
                 int32_t tap = (int32_t)(u * g->KW + v);                             \
                 const T *restrict xp = xn + origin + toff[tap];                     \
                 if (u == u0 && v == v0) {                                           \
-                  for (int64_t c = 0; c < C; c++) { m[c] = xp[c]; k[c] = tap; }     \
+                  for (int64_t c = 0; c < C; c++) { m[c] = V(xp[c]); k[c] = tap; }  \
                 } else {                                                            \
                   for (int64_t c = 0; c < C; c++) {                                 \
-                    bool gt = xp[c] > m[c];                                         \
-                    m[c] = gt ? xp[c] : m[c];                                       \
+                    CT val = V(xp[c]);                                              \
+                    bool gt = val > m[c];                                           \
+                    m[c] = gt ? val : m[c];                                         \
                     k[c] = gt ? tap : k[c];                                         \
                   }                                                                 \
                 }                                                                   \
@@ -403,7 +419,11 @@ static void conv_bwd_filter_ref (const geom *g, mg_dtype dt, const void *x, cons
   if (dt == MG_FLOAT32) CONV_BWD_FILTER(float); else CONV_BWD_FILTER(double);
 }
 static void pool_fwd_ref (const geom *g, mg_dtype dt, bool is_max, const void *x, void *y) {
-  if (is_max) { if (dt == MG_FLOAT32) MAX_POOL_FWD(float); else MAX_POOL_FWD(double); }
+  if (is_max) {
+    if (dt == MG_FLOAT32) MAX_POOL_FWD(float, AS_IS);
+    else if (dt == MG_BFLOAT16) MAX_POOL_FWD(uint16_t, bf16_value);
+    else MAX_POOL_FWD(double, AS_IS);
+  }
   else { if (dt == MG_FLOAT32) AVG_POOL_FWD(float); else AVG_POOL_FWD(double); }
 }
 static mg_status pool_bwd_ref (const char *fn, const geom *g, mg_dtype dt, bool is_max, const void *x,
@@ -425,7 +445,9 @@ static mg_status pool_bwd_ref (const char *fn, const geom *g, mg_dtype dt, bool 
   }
   for (int64_t u = 0; u < g->KH; u++)
     for (int64_t v = 0; v < g->KW; v++) toff[u * g->KW + v] = (u * g->dh * g->W + v * g->dw) * g->C;
-  if (dt == MG_FLOAT32) MAX_POOL_BWD(float); else MAX_POOL_BWD(double);
+  if (dt == MG_FLOAT32) MAX_POOL_BWD(float, float, AS_IS);
+  else if (dt == MG_BFLOAT16) MAX_POOL_BWD(uint16_t, float, bf16_value);
+  else MAX_POOL_BWD(double, double, AS_IS);
   free(scratch);
   free(toff);
   return MG_OK;
@@ -455,10 +477,11 @@ static mg_status pool_bwd_ref (const char *fn, const geom *g, mg_dtype dt, bool 
 
 static mg_tensor *pool_argmax (const geom *g, mg_tensor *x) {
   int64_t shape[3] = {g->N, g->OH * g->OW, g->C};
-  mg_tensor *xc = mg_contiguous(x), *idx = xc ? mg_empty(shape, 3, MG_INT64) : NULL;
+  mg_tensor *xc = x->dtype == MG_BFLOAT16 ? mg_half_to_float32(x) : mg_contiguous(x);
+  mg_tensor *idx = xc ? mg_empty(shape, 3, MG_INT64) : NULL;
   if (idx != NULL) {
     int64_t *I = (int64_t *)mg_ptr(idx);
-    if (x->dtype == MG_FLOAT32) POOL_ARGMAX(float); else POOL_ARGMAX(double);
+    if (xc->dtype == MG_FLOAT32) POOL_ARGMAX(float); else POOL_ARGMAX(double);
   }
   mg_tensor_release(xc);
   return idx;
@@ -471,16 +494,18 @@ static mg_tensor *pool_argmax (const geom *g, mg_tensor *x) {
 
 typedef struct pkey {               /* compared with memcmp: no padding bytes */
   int32_t kind, bias, nthr, dt;     /* what (MG_DNN_CONV_FWD ...), with a bias, for how many threads, in which dtype */
+  int32_t act, unused;              /* a forward's activation, as oneDNN's post-op (MG_ACT_LINEAR: none) */
   geom g;
 } pkey;
-_Static_assert(sizeof(pkey) == 4 * sizeof(int32_t) + sizeof(geom), "conv.c: pkey has padding");
+_Static_assert(sizeof(pkey) == 6 * sizeof(int32_t) + sizeof(geom), "conv.c: pkey has padding");
 _Static_assert(sizeof(pkey) <= MG_DNN_KEY_BYTES, "conv.c: pkey is longer than dnn.h's keys");
 
-static void key_init (pkey *k, int kind, bool bias, const geom *g, mg_dtype dt) {
+static void key_init (pkey *k, int kind, bool bias, const geom *g, mg_dtype dt, mg_activation act) {
   memset(k, 0, sizeof *k);
   k->kind = kind;
   k->bias = bias;
   k->dt = dt;
+  k->act = act;
   k->nthr = omp_get_max_threads();
   k->g = *g;
 }
@@ -500,16 +525,32 @@ static dnnl_status_t prim_finish (mg_dnn *d, mg_dnn_prim *e, const pkey *key, co
   return mg_dnn_finish(d, e, key, sizeof *key);
 }
 
+/* a forward's activation as oneDNN's post-op on the float32 sum: for relu
+** that is exact (it commutes with rounding), for tanh and sigmoid
+** (bfloat16 outputs only) one rounding of oneDNN's own functions */
+static dnnl_status_t activation_post_op (dnnl_primitive_attr_t attr, mg_activation act) {
+  dnnl_alg_kind_t alg = act == MG_ACT_RELU ? dnnl_eltwise_relu : act == MG_ACT_TANH ? dnnl_eltwise_tanh
+                                                                                  : dnnl_eltwise_logistic;
+  dnnl_post_ops_t po;
+  dnnl_status_t st = dnnl_post_ops_create(&po);
+  if (st != dnnl_success) return st;
+  st = dnnl_post_ops_append_eltwise(po, 1.0f, alg, 0.0f, 0.0f);
+  if (st == dnnl_success) st = dnnl_primitive_attr_set_post_ops(attr, po);
+  dnnl_post_ops_destroy(po);
+  return st;
+}
+
 /* the primitive of `kind` for geometry g: from the cache, or made; NULL +
 ** error (*unimplemented set when oneDNN has no implementation for it) */
 static mg_dnn_prim *conv_prim (const char *fn, mg_dnn *d, int kind, const geom *g, bool bias, mg_dtype dt,
-                               bool *unimplemented) {
+                               mg_activation act, bool *unimplemented) {
   pkey key;
-  key_init(&key, kind, bias, g, dt);
+  key_init(&key, kind, bias, g, dt, act);
   mg_dnn_prim *e = mg_dnn_find(d, &key, sizeof key);
   if (e) return e;
   mg_dnn_slot(d, 1);                             /* room for this one and its hint */
-  mg_dnn_prim *hint = kind == MG_DNN_CONV_FWD ? NULL : conv_prim(fn, d, MG_DNN_CONV_FWD, g, bias, dt, unimplemented);
+  mg_dnn_prim *hint = kind == MG_DNN_CONV_FWD ? NULL : conv_prim(fn, d, MG_DNN_CONV_FWD, g, bias, dt, MG_ACT_LINEAR,
+                                                                          unimplemented);
   if (kind != MG_DNN_CONV_FWD && hint == NULL) return NULL;
   dnnl_memory_desc_t src, wei, bia, dst, hwio;
   dnnl_dims_t sd = {g->N, g->C, g->H, g->W}, wd = {g->O, g->C, g->KH, g->KW}, bd = {g->O};
@@ -536,6 +577,7 @@ static mg_dnn_prim *conv_prim (const char *fn, mg_dnn *d, int kind, const geom *
     st = dnnl_dilated_convolution_backward_weights_desc_init(&cd, dnnl_convolution_direct, &src, &wei, NULL,
                                                              &dst, strides, dil, padl, padr);
   dnnl_primitive_attr_t attr = mg_dnn_user_scratchpad();
+  if (st == dnnl_success && attr && act != MG_ACT_LINEAR) st = activation_post_op(attr, act);
   e = mg_dnn_slot(d, 0);
   if (st == dnnl_success) st = attr ? dnnl_primitive_desc_create(&e->pd, &cd, attr, d->engine, hint ? hint->pd : NULL)
                                     : dnnl_out_of_memory;
@@ -557,7 +599,7 @@ static mg_dnn_prim *conv_prim (const char *fn, mg_dnn *d, int kind, const geom *
 static mg_dnn_prim *pool_prim (const char *fn, mg_dnn *d, int kind, const geom *g, bool *unimplemented) {
   const dnnl_alg_kind_t alg = dnnl_pooling_avg_exclude_padding;
   pkey key;
-  key_init(&key, kind, false, g, MG_FLOAT32);
+  key_init(&key, kind, false, g, MG_FLOAT32, MG_ACT_LINEAR);
   mg_dnn_prim *e = mg_dnn_find(d, &key, sizeof key);
   if (e) return e;
   mg_dnn_slot(d, 1);
@@ -607,9 +649,9 @@ static void *filters_in (const char *fn, mg_dnn *d, mg_dnn_prim *e, const void *
 
 /* float32 on oneDNN; MG_ERR with *declined when it has no implementation */
 static mg_status conv_fwd_dnnl (const char *fn, const geom *g, mg_dtype dt, const void *x, const void *w,
-                                const void *b, void *y, bool *declined) {
+                                const void *b, void *y, mg_activation act, bool *declined) {
   mg_dnn *d = mg_dnn_get(fn);
-  mg_dnn_prim *e = d ? conv_prim(fn, d, MG_DNN_CONV_FWD, g, b != NULL, dt, declined) : NULL;
+  mg_dnn_prim *e = d ? conv_prim(fn, d, MG_DNN_CONV_FWD, g, b != NULL, dt, act, declined) : NULL;
   if (e == NULL) return MG_ERR;
   mg_storage *tmp;
   void *wp = filters_in(fn, d, e, w, &tmp);
@@ -624,7 +666,7 @@ static mg_status conv_fwd_dnnl (const char *fn, const geom *g, mg_dtype dt, cons
 static mg_status conv_bwd_input_dnnl (const char *fn, const geom *g, mg_dtype dt, const void *dy, const void *w,
                                       void *dx, bool *declined) {
   mg_dnn *d = mg_dnn_get(fn);
-  mg_dnn_prim *e = d ? conv_prim(fn, d, MG_DNN_CONV_BWD_DATA, g, false, dt, declined) : NULL;
+  mg_dnn_prim *e = d ? conv_prim(fn, d, MG_DNN_CONV_BWD_DATA, g, false, dt, MG_ACT_LINEAR, declined) : NULL;
   if (e == NULL) return MG_ERR;
   mg_storage *tmp;
   void *wp = filters_in(fn, d, e, w, &tmp);
@@ -639,7 +681,7 @@ static mg_status conv_bwd_input_dnnl (const char *fn, const geom *g, mg_dtype dt
 static mg_status conv_bwd_filter_dnnl (const char *fn, const geom *g, mg_dtype dt, const void *x, const void *dy,
                                        void *dw, bool *declined) {
   mg_dnn *d = mg_dnn_get(fn);
-  mg_dnn_prim *e = d ? conv_prim(fn, d, MG_DNN_CONV_BWD_WEIGHTS, g, false, dt, declined) : NULL;
+  mg_dnn_prim *e = d ? conv_prim(fn, d, MG_DNN_CONV_BWD_WEIGHTS, g, false, dt, MG_ACT_LINEAR, declined) : NULL;
   if (e == NULL) return MG_ERR;
   mg_storage *tmp = e->wp ? mg_storage_new(e->wbytes) : NULL;   /* the primitive's layout, then HWIO */
   if (e->wp && tmp == NULL) return MG_ERR;
@@ -696,9 +738,35 @@ static bool use_dnnl (const geom *g, mg_dtype dt) {
     return MG_OK;                                                                   \
   } while (0)
 
+/* this library's activation kernel over y in place, in blocks across the threads */
+typedef struct { mg_kernel k; char *y; size_t esz; } act_ud;
+static void act_block (const void *ctx, int64_t lo, int64_t hi) {
+  const act_ud *a = (const act_ud *)ctx;
+  char *p[2] = {a->y + (size_t)lo * a->esz, a->y + (size_t)lo * a->esz};
+  int64_t s[2] = {1, 1};
+  a->k(hi - lo, p, s);
+}
+static void activate (mg_dtype dt, void *y, int64_t n, mg_activation act) {
+  act_ud a = {mg_activation_kernel(act, dt), (char *)y, mg_dtype_size(dt)};
+  if (a.k) mg_for_blocks(n, act_block, &a);
+}
+
+/* float32 and float64: relu as oneDNN's post-op, other activations by this
+** library's kernels after the sum (the numbers of the separate ops) */
 static mg_status conv_fwd (const char *fn, const geom *g, mg_dtype dt, const void *x, const void *w,
-                           const void *b, void *y) {
-  DISPATCH(conv_fwd_dnnl(fn, g, dt, x, w, b, y, &declined), conv_fwd_ref(g, dt, x, w, b, y));
+                           const void *b, void *y, mg_activation act) {
+  bool declined = false;
+  mg_activation in_dnnl = act == MG_ACT_RELU ? act : MG_ACT_LINEAR;
+  if (use_dnnl(g, dt)) {
+    if (conv_fwd_dnnl(fn, g, dt, x, w, b, y, in_dnnl, &declined) == MG_OK) {
+      if (in_dnnl != act) activate(dt, y, out_numel(g), act);
+      return MG_OK;
+    }
+    if (!declined) return MG_ERR;
+  }
+  conv_fwd_ref(g, dt, x, w, b, y);
+  activate(dt, y, out_numel(g), act);
+  return MG_OK;
 }
 
 static mg_status conv_bwd_input (const char *fn, const geom *g, mg_dtype dt, const void *dy, const void *w,
@@ -742,9 +810,10 @@ static const mg_opdef conv2d_op, conv2d_bi_op, conv2d_bf_op, max_pool_op, max_po
 /* runs op on geometry g (NULL entries of in[]: an absent bias, not an
 ** input) into a new tensor of `shape`, with g in its attributes */
 static mg_tensor *run_op (const mg_opdef *op, const geom *g, int nin, mg_tensor *const *in,
-                          const int64_t *shape) {
+                          const int64_t *shape, mg_activation act) {
   mg_attr attr;
   geom_to_attr(g, &attr);
+  attr.c[1] = act;                                /* conv2d's activation (the others': linear) */
   int recorded = nin;                             /* an absent bias is not an input */
   while (recorded > 0 && in[recorded - 1] == NULL) recorded--;
   if (mg_shape_numel(op->info.name, shape, 4) < 0) return NULL;   /* the error names the op */
@@ -753,7 +822,8 @@ static mg_tensor *run_op (const mg_opdef *op, const geom *g, int nin, mg_tensor 
   return mg_dispatch(&c);
 }
 
-static mg_status conv_kernel (const mg_opdef *op, const geom *g, mg_dtype dt, void *const *p, void *out);
+static mg_status conv_kernel (const mg_opdef *op, const geom *g, mg_dtype dt, void *const *p, void *out,
+                              mg_activation act);
 static mg_status pool_kernel (const mg_opdef *op, const geom *g, mg_dtype dt, void *const *p, void *out);
 
 /* the kernel of every op here: contiguous copies of the inputs, then the
@@ -770,7 +840,8 @@ static mg_status conv_family_forward (mg_opcall *c) {
     else p[j] = mg_ptr(cc[j]);
   }
   bool conv = op == &conv2d_op || op == &conv2d_bi_op || op == &conv2d_bf_op;
-  if (st == MG_OK && out->numel > 0) st = (conv ? conv_kernel : pool_kernel)(op, g, dt, p, mg_ptr(out));
+  if (st == MG_OK && out->numel > 0)
+    st = conv ? conv_kernel(op, g, dt, p, mg_ptr(out), (mg_activation)c->attr->c[1]) : pool_kernel(op, g, dt, p, mg_ptr(out));
   for (int j = 0; j < 3; j++) mg_tensor_release(cc[j]);
   if (st != MG_OK) {
     mg_tensor_release(out);
@@ -782,7 +853,8 @@ static mg_status conv_family_forward (mg_opcall *c) {
 
 /* a bfloat16 convolution oneDNN declines (or with an empty size): float32
 ** copies of the operands through the float32 kernel, the result rounded */
-static mg_status conv_kernel_widened (const mg_opdef *op, const geom *g, void *const *p, void *out) {
+static mg_status conv_kernel_widened (const mg_opdef *op, const geom *g, void *const *p, void *out,
+                                      mg_activation act) {
   int64_t x = g->N * g->H * g->W * g->C, w = g->KH * g->KW * g->C * g->O, y = g->N * g->OH * g->OW * g->O;
   int64_t n0 = op == &conv2d_bi_op ? y : x, n1 = op == &conv2d_bf_op ? y : w;
   int64_t nout = op == &conv2d_op ? y : op == &conv2d_bi_op ? x : w;
@@ -792,23 +864,25 @@ static mg_status conv_kernel_widened (const mg_opdef *op, const geom *g, void *c
   mg_convert(p0, MG_FLOAT32, p[0], MG_BFLOAT16, n0);
   mg_convert(p1, MG_FLOAT32, p[1], MG_BFLOAT16, n1);
   void *pf[3] = {p0, p1, p[2]};                 /* the bias is float32 already */
-  mg_status st = conv_kernel(op, g, MG_FLOAT32, pf, po);
+  mg_status st = conv_kernel(op, g, MG_FLOAT32, pf, po, act);
   if (st == MG_OK) mg_convert(out, MG_BFLOAT16, po, MG_FLOAT32, nout);
   mg_storage_release(a);
   return st;
 }
 
-static mg_status conv_kernel (const mg_opdef *op, const geom *g, mg_dtype dt, void *const *p, void *out) {
+/* act: conv2d's activation, on the float32 sum (a bfloat16 result rounds once) */
+static mg_status conv_kernel (const mg_opdef *op, const geom *g, mg_dtype dt, void *const *p, void *out,
+                              mg_activation act) {
   const char *fn = op->info.name;
   if (dt == MG_BFLOAT16) {
     bool declined = !use_dnnl(g, dt);
     mg_status st = MG_ERR;
-    if (!declined && op == &conv2d_op) st = conv_fwd_dnnl(fn, g, dt, p[0], p[1], p[2], out, &declined);
+    if (!declined && op == &conv2d_op) st = conv_fwd_dnnl(fn, g, dt, p[0], p[1], p[2], out, act, &declined);
     else if (!declined && op == &conv2d_bi_op) st = conv_bwd_input_dnnl(fn, g, dt, p[0], p[1], out, &declined);
     else if (!declined) st = conv_bwd_filter_dnnl(fn, g, dt, p[0], p[1], out, &declined);
-    return st == MG_OK || !declined ? st : conv_kernel_widened(op, g, p, out);
+    return st == MG_OK || !declined ? st : conv_kernel_widened(op, g, p, out, act);
   }
-  if (op == &conv2d_op) return conv_fwd(fn, g, dt, p[0], p[1], p[2], out);
+  if (op == &conv2d_op) return conv_fwd(fn, g, dt, p[0], p[1], p[2], out, act);
   if (op == &conv2d_bi_op) return conv_bwd_input(fn, g, dt, p[0], p[1], out);
   return conv_bwd_filter(fn, g, dt, p[0], p[1], out);
 }
@@ -824,43 +898,53 @@ static mg_status pool_kernel (const mg_opdef *op, const geom *g, mg_dtype dt, vo
 static void in_shape (const geom *g, int64_t *s) { s[0] = g->N; s[1] = g->H; s[2] = g->W; s[3] = g->C; }
 static void out_shape (const geom *g, int64_t *s) { s[0] = g->N; s[1] = g->OH; s[2] = g->OW; s[3] = g->O; }
 
-static mg_tensor *conv2d_g (const geom *g, mg_tensor *x, mg_tensor *w, mg_tensor *b) {
+static mg_tensor *conv2d_g (const geom *g, mg_tensor *x, mg_tensor *w, mg_tensor *b, mg_activation act) {
   int64_t shape[4];
   out_shape(g, shape);
   mg_tensor *in[3] = {x, w, b};
-  return run_op(&conv2d_op, g, 3, in, shape);
+  return run_op(&conv2d_op, g, 3, in, shape, act);
 }
 
 static mg_tensor *conv2d_bi_g (const geom *g, mg_tensor *dy, mg_tensor *w) {
   int64_t shape[4];
   in_shape(g, shape);
   mg_tensor *in[2] = {dy, w};
-  return run_op(&conv2d_bi_op, g, 2, in, shape);
+  return run_op(&conv2d_bi_op, g, 2, in, shape, MG_ACT_LINEAR);
 }
 
 static mg_tensor *conv2d_bf_g (const geom *g, mg_tensor *x, mg_tensor *dy) {
   int64_t shape[4] = {g->KH, g->KW, g->C, g->O};
   mg_tensor *in[2] = {x, dy};
-  return run_op(&conv2d_bf_op, g, 2, in, shape);
+  return run_op(&conv2d_bf_op, g, 2, in, shape, MG_ACT_LINEAR);
 }
 
 static mg_tensor *pool_g (const mg_opdef *op, const geom *g, mg_tensor *x) {
   int64_t shape[4];
   out_shape(g, shape);
-  return run_op(op, g, 1, &x, shape);
+  return run_op(op, g, 1, &x, shape, MG_ACT_LINEAR);
 }
 
+/* bfloat16 where each dy lands in one place (the windows tile the image),
+** else float32 copies whose sums round once */
 static mg_tensor *max_pool_bwd_g (const geom *g, mg_tensor *x, mg_tensor *dy) {
   int64_t shape[4];
   in_shape(g, shape);
+  if (x->dtype == MG_BFLOAT16 && !pool_tiles(g)) {
+    mg_scope sc = {0};
+    mg_tensor *x32 = mg_tmp(&sc, mg_half_to_float32(x)), *dy32 = mg_tmp(&sc, mg_half_to_float32(dy));
+    mg_tensor *dx = x32 && dy32 ? mg_tmp(&sc, max_pool_bwd_g(g, x32, dy32)) : NULL;
+    mg_tensor *r = dx ? mg_cast(dx, MG_BFLOAT16) : NULL;
+    mg_scope_end(&sc);
+    return r;
+  }
   mg_tensor *in[2] = {x, dy};
-  return run_op(&max_pool_bwd_op, g, 2, in, shape);
+  return run_op(&max_pool_bwd_op, g, 2, in, shape, MG_ACT_LINEAR);
 }
 
 static mg_tensor *avg_pool_bwd_g (const geom *g, mg_tensor *dy) {
   int64_t shape[4];
   in_shape(g, shape);
-  return run_op(&avg_pool_bwd_op, g, 1, &dy, shape);
+  return run_op(&avg_pool_bwd_op, g, 1, &dy, shape, MG_ACT_LINEAR);
 }
 
 /* }============================================================= */
@@ -868,21 +952,67 @@ static mg_tensor *avg_pool_bwd_g (const geom *g, mg_tensor *dy) {
 
 /* {======================== convolution ========================= */
 
-/* conv2d: y = conv(x, w) + b.
-** grad: dx = backward_input(dout, w), dw = backward_filter(x, dout),
-** db = sum of dout over (N,OH,OW) */
+/* relu's gradient on bfloat16 bits: d where y > 0 (not NaN), else +0; exact */
+typedef struct { const uint16_t *d, *y; uint16_t *out; } relu_mask_ud;
+static void relu_mask_block (const void *ctx, int64_t lo, int64_t hi) {
+  const relu_mask_ud *m = (const relu_mask_ud *)ctx;
+  const uint16_t *restrict d = m->d, *restrict y = m->y;
+  uint16_t *restrict out = m->out;
+  for (int64_t i = lo; i < hi; i++) out[i] = (int16_t)y[i] > 0 && y[i] <= 0x7f80 ? d[i] : 0;
+}
+
+/* over d itself when the walk spares it (in place: no fresh pages to fault in) */
+static mg_tensor *relu_mask_bf16 (mg_tensor *d, mg_tensor *y, bool spare) {
+  bool in_place = spare && mg_tensor_is_contiguous(d);
+  mg_tensor *dc = mg_contiguous(d), *yc = mg_contiguous(y);
+  mg_tensor *out = !dc || !yc ? NULL : in_place ? mg_tensor_retain(dc) : mg_empty(d->shape, d->ndim, d->dtype);
+  if (out) {
+    relu_mask_ud m = {(const uint16_t *)mg_ptr(dc), (const uint16_t *)mg_ptr(yc), (uint16_t *)mg_ptr(out)};
+    mg_for_blocks(out->numel, relu_mask_block, &m);
+  }
+  mg_tensor_release(dc);
+  mg_tensor_release(yc);
+  return out;
+}
+
+/* the gradient at the sum, before the activation, in the dtype of the
+** convolution (a bfloat16 one takes bfloat16 gradients) */
+static mg_tensor *activation_gradient (mg_node *n, mg_activation act, mg_tensor *dout) {
+  mg_tensor *y = n->out[0];
+  if (act == MG_ACT_LINEAR) return mg_tensor_retain(dout);
+  if (act == MG_ACT_RELU && y->dtype == MG_BFLOAT16 && dout->dtype == MG_BFLOAT16) return relu_mask_bf16(dout, y, n->spare & 1);
+  mg_tensor *g = mg_activation_backward(n, act, dout, y);
+  if (g == NULL || g->dtype == n->in_meta[0].dtype) return g;
+  mg_tensor *narrow = mg_cast(g, n->in_meta[0].dtype);   /* autocast's: tanh and sigmoid's gradients come in float32 */
+  mg_tensor_release(g);
+  return narrow;
+}
+
+/* conv2d: y = act(conv(x, w) + b).
+** grad: g = the activation's gradient from y, then dx = backward_input(g, w),
+** dw = backward_filter(x, g), db = sum of g over (N,OH,OW) */
 static mg_status conv2d_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **din) {
   geom g;
   geom_from_attr(&g, n->attr);
-  if (n->needs[0]) din[0] = conv2d_bi_g(&g, dout[0], n->in[1]);
-  if (n->needs[1]) din[1] = conv2d_bf_g(&g, n->in[0], dout[0]);
+  mg_activation act = (mg_activation)n->attr->c[1];
+  mg_tensor *d = activation_gradient(n, act, dout[0]);
+  if (act != MG_ACT_LINEAR) mg_node_unkeep_out(n, 0);   /* y is done with: not held through the products */
+  if (d == NULL) return MG_ERR;
+  if (n->needs[0]) din[0] = conv2d_bi_g(&g, d, n->in[1]);
+  if (n->needs[1]) din[1] = conv2d_bf_g(&g, n->in[0], d);
   if (n->nin == 3 && n->needs[2]) {
     int64_t rows2[2] = {g.N * g.OH * g.OW, g.O};
-    mg_tensor *r = mg_reshape(dout[0], rows2, 2);
+    mg_tensor *r = mg_reshape(d, rows2, 2);
     din[2] = mg_sum(r, 0, 0);
     mg_tensor_release(r);
   }
+  mg_tensor_release(d);
   return MG_OK;
+}
+
+/* y for the activation's gradient, when there is one; x for w's, w for x's */
+static unsigned conv2d_saves (const mg_attr *attr) {
+  return attr->c[1] != MG_ACT_LINEAR ? MG_SAVE_OUT(0) : 0;
 }
 /* each output element: a filter's height x width x input channels */
 static double conv2d_macs (const mg_node *n) {
@@ -894,27 +1024,43 @@ static double conv2d_macs (const mg_node *n) {
 MG_ROW(CONV2D, conv2d) = {
   .forward = conv_family_forward,
   .info = {.name = "conv2d", .kind = MG_OP_OTHER,
-           .doc = "2-D convolution of NHWC images x with HWIO filters w, plus a bias (TensorFlow's conv2d)",
+           .doc = "2-D convolution of NHWC images x with HWIO filters w, plus a bias, then an activation "
+                  "(TensorFlow's conv2d; Keras' Conv2D in one op)",
            .product = 1},
-  .macs = conv2d_macs, .grad_saves = {MG_SAVE_IN(1), MG_SAVE_IN(0)}, .backward = conv2d_backward,
+  .macs = conv2d_macs, .saves_for = conv2d_saves, .grad_saves = {MG_SAVE_IN(1), MG_SAVE_IN(0)},
+  .backward = conv2d_backward, .reuses_gradient = true,
 };
 
-static mg_tensor *conv2d_of (mg_tensor *x, mg_tensor *w, mg_tensor *b, const mg_conv_params *p);
+static mg_tensor *conv2d_of (mg_tensor *x, mg_tensor *w, mg_tensor *b, const mg_conv_params *p,
+                             mg_activation act);
+static const char *const act_names[MG_ACT__COUNT] = {
+  [MG_ACT_LINEAR] = "linear", [MG_ACT_RELU] = "relu", [MG_ACT_TANH] = "tanh", [MG_ACT_SIGMOID] = "sigmoid"};
 
 mg_tensor *mg_conv2d (mg_tensor *x, mg_tensor *w, mg_tensor *b, const mg_conv_params *p) {
+  return mg_conv2d_act(x, w, b, p, NULL);
+}
+
+mg_tensor *mg_conv2d_act (mg_tensor *x, mg_tensor *w, mg_tensor *b, const mg_conv_params *p,
+                          const char *activation) {
   MG_CHECK_ARG("mg_conv2d", x, NULL);
   MG_CHECK_ARG("mg_conv2d", w, NULL);
+  mg_activation act = MG_ACT__COUNT;
+  for (int i = 0; i < MG_ACT__COUNT; i++)
+    if (strcmp(activation ? activation : "linear", act_names[i]) == 0) act = (mg_activation)i;
+  if (act == MG_ACT__COUNT)
+    return mg_seterror("conv2d: unknown activation '%s' (linear, relu, tanh or sigmoid)", activation), NULL;
   /* under autocast: bfloat16 images and filters; a bias always adds in float32 */
   mg_tensor *xh = mg_autocast_operand(x), *wh = mg_autocast_operand(w);
   mg_tensor *b32 = b && mg_is_half(b->dtype) ? mg_half_to_float32(b) : mg_retain_or_null(b);
-  mg_tensor *r = xh && wh && (b32 || !b) ? conv2d_of(xh, wh, b32, p) : NULL;
+  mg_tensor *r = xh && wh && (b32 || !b) ? conv2d_of(xh, wh, b32, p, act) : NULL;
   mg_tensor_release(xh);
   mg_tensor_release(wh);
   mg_tensor_release(b32);
   return r;
 }
 
-static mg_tensor *conv2d_of (mg_tensor *x, mg_tensor *w, mg_tensor *b, const mg_conv_params *p) {
+static mg_tensor *conv2d_of (mg_tensor *x, mg_tensor *w, mg_tensor *b, const mg_conv_params *p,
+                             mg_activation act) {
   const char *fn = "conv2d";
   char s1[160];
   if (check_image(fn, "input", "(N,H,W,C)", x) != MG_OK) return NULL;
@@ -933,7 +1079,7 @@ static mg_tensor *conv2d_of (mg_tensor *x, mg_tensor *w, mg_tensor *b, const mg_
   }
   geom g;
   if (geom_init(fn, &g, x->shape, w->shape[0], w->shape[1], w->shape[3], p, false) != MG_OK) return NULL;
-  return conv2d_g(&g, x, w, b);
+  return conv2d_g(&g, x, w, b, act);
 }
 
 /* conv2d_backward_input: dx = J^T dy, bilinear in (dy, w).
@@ -941,7 +1087,7 @@ static mg_tensor *conv2d_of (mg_tensor *x, mg_tensor *w, mg_tensor *b, const mg_
 static mg_status conv2d_bi_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **din) {
   geom g;
   geom_from_attr(&g, n->attr);
-  if (n->needs[0]) din[0] = conv2d_g(&g, dout[0], n->in[1], NULL);
+  if (n->needs[0]) din[0] = conv2d_g(&g, dout[0], n->in[1], NULL, MG_ACT_LINEAR);
   if (n->needs[1]) din[1] = conv2d_bf_g(&g, dout[0], n->in[0]);
   return MG_OK;
 }
@@ -988,7 +1134,7 @@ static mg_status conv2d_bf_backward (mg_node *n, mg_tensor *const *dout, mg_tens
   geom g;
   geom_from_attr(&g, n->attr);
   if (n->needs[0]) din[0] = conv2d_bi_g(&g, n->in[1], dout[0]);
-  if (n->needs[1]) din[1] = conv2d_g(&g, n->in[0], dout[0], NULL);
+  if (n->needs[1]) din[1] = conv2d_g(&g, n->in[0], dout[0], NULL, MG_ACT_LINEAR);
   return MG_OK;
 }
 MG_ROW(CONV2D_BF, conv2d_bf) = {
@@ -1039,7 +1185,9 @@ static mg_status pool_geom (const char *fn, geom *g, const int64_t *xshape, cons
 static mg_status max_pool_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **din) {
   geom g;
   geom_from_attr(&g, n->attr);
-  din[0] = max_pool_bwd_g(&g, n->in[0], dout[0]);
+  mg_tensor *x = n->in[0], *d = dout[0]->dtype == x->dtype ? mg_tensor_retain(dout[0]) : mg_cast(dout[0], x->dtype);
+  din[0] = d ? max_pool_bwd_g(&g, x, d) : NULL;
+  mg_tensor_release(d);
   return MG_OK;
 }
 MG_ROW(MAX_POOL, max_pool) = {
@@ -1050,7 +1198,8 @@ MG_ROW(MAX_POOL, max_pool) = {
 
 mg_tensor *mg_max_pool2d (mg_tensor *x, const int64_t window[2], const mg_conv_params *p) {
   MG_CHECK_ARG("mg_max_pool2d", x, NULL);
-  if (mg_is_half(x->dtype)) {                 /* pooled in float32 (autocast.c) */
+  /* bfloat16 pools as it is (a maximum is exact), float16 in float32 (autocast.c) */
+  if (mg_is_half(x->dtype) && x->dtype != MG_BFLOAT16) {
     mg_tensor *x32 = mg_half_to_float32(x), *r = x32 ? mg_max_pool2d(x32, window, p) : NULL;
     mg_tensor_release(x32);
     return r;
