@@ -1,17 +1,20 @@
 -- The digits MLP of train_digits.lua, trained data-parallel over MPI:
---   mpirun -np 2 build/moongrad examples/train_distributed.lua [epochs]
+--   mpirun -np 2 build/moongrad examples/train_distributed.lua [epochs] [shard]
 --   (as root: mpirun --allow-run-as-root ...; more ranks than cores: --oversubscribe)
 -- Every rank runs this same script. fit{distributed = true} starts every rank
 -- from rank 0's weights, gives each rank batch_size samples of every global
 -- batch, averages the gradients and the logs over the ranks, and draws the
 -- progress bar on rank 0; the result is the training of batch 32 x ranks on
--- one process.
+-- one process. shard 1 or 2 shards Adam's slots (and with 2 the gradients'
+-- reduction) over the ranks, as ZeRO: each rank keeps 1/ranks of the slots,
+-- and the weights come out the same as without.
 local mg = mg or require "moongrad"
 local nn = mg.nn
 local dist = mg.distributed
 
 local rank, size = dist.init()
 local epochs = tonumber(arg and arg[1]) or 10
+local shard = math.tointeger(tonumber(arg and arg[2]) or 0)
 
 local x, labels = mg.data.digits()
 x = x / 16
@@ -27,8 +30,11 @@ if rank == 0 then print(("%d ranks, %d training images, batch 32 per rank"):form
 local model = nn.Sequential{nn.Dense(256, "relu"), nn.Dense(10)}
 model:compile{optimizer = mg.optim.Adam{learning_rate = 2e-3},
               loss = mg.losses.SparseCategoricalCrossentropy{from_logits = true}, metrics = {"accuracy"}}
-model:fit(x_train, y_train, {epochs = epochs, batch_size = 32, distributed = true, verbose = 2})
+model:fit(x_train, y_train, {epochs = epochs, batch_size = 32, distributed = true, shard = shard, verbose = 2})
 local result = model:evaluate(x_test, y_test, {verbose = 0})
+local slots = 0                                        -- Adam's m and v on this rank
+for _, t in pairs(model.optimizer.m) do slots = slots + t:numel() end
 if rank == 0 then
-  print(("test accuracy %.4f, MPI calls on rank 0: %d"):format(result.accuracy, dist.stats().calls))
+  print(("test accuracy %.4f, MPI calls on rank 0: %d, Adam's slots on rank 0: 2 x %d values (shard %d)"):format(
+    result.accuracy, dist.stats().calls, slots, shard))
 end

@@ -228,6 +228,75 @@ describe("mg.distributed", function()
     os.execute("rm -rf " .. dir)
   end)
 
+  it("ShardedOptimizer (ZeRO 1 and 2): the replicated step's weights, losses and state, slots 1/N (mpirun -np 2, 3)", function()
+    if not needs_mpirun() then return end
+    for _, n in ipairs({2, 3}) do
+      local out, code = mpirun(n, "spec/dist/sharded.lua /tmp", 120)
+      assert.equal(0, code, out)
+      assert.matches(("ok %%d+ checks on %d ranks"):format(n), out)
+      assert.matches("stage 2: slots of %d+ bytes on rank 0, 1104 replicated; bit for bit: " .. tostring(n == 2), out)
+    end
+  end)
+
+  it("a sharded checkpoint saved on 2 ranks resumes on 3, as the replicated run goes on", function()
+    if not needs_mpirun() then return end
+    local dir = os.tmpname()
+    os.remove(dir)
+    assert(os.execute("mkdir -p " .. dir))
+    for _, r in ipairs({{2, "save"}, {3, "resume"}, {3, "reference"}}) do
+      local out, code = mpirun(r[1], ("spec/dist/sharded.lua %s %s"):format(dir, r[2]), 120)
+      assert.equal(0, code, out)
+    end
+    local a, b = mg.load(dir .. "/resumed.safetensors"), mg.load(dir .. "/reference.safetensors")
+    local n = 0
+    for name, t in pairs(b) do
+      helpers.assert_close(a[name], t, 1e-6)                 -- sums over 2 and 3 ranks round apart
+      n = n + 1
+    end
+    assert.equal(8, n)
+    os.execute("rm -rf " .. dir)
+  end)
+
+  it("fit{distributed = true, shard = 1 | 2} gives the replicated fit's curve and weights (mpirun -np 2)", function()
+    if not needs_mpirun() then return end
+    local dir = os.tmpname()
+    os.remove(dir)
+    assert(os.execute("mkdir -p " .. dir))
+    for _, shard in ipairs({0, 1, 2}) do
+      local out, code = mpirun(2, ("spec/dist/fit_equal.lua 32 %s/s%d 65536 %d"):format(dir, shard, shard))
+      assert.equal(0, code, out)
+    end
+    local out, code = mpirun(2, ("spec/dist/fit_equal.lua 32 %s/u2 65536 2 unbuilt"):format(dir))   -- built by fit
+    assert.equal(0, code, out)
+    local function read (name) local f = assert(io.open(dir .. "/" .. name)); local s = f:read("a"); f:close(); return s end
+    for _, shard in ipairs({1, 2}) do
+      assert.equal(read("s0.txt"), read(("s%d.txt"):format(shard)))     -- the same losses, to 9 digits
+      -- the weights, and the checkpoints (a sharded one gathered on every rank, written by rank 0)
+      for _, file in ipairs({"%s.safetensors", "%s.ck.safetensors"}) do
+        local w0, w = mg.load(dir .. "/" .. file:format("s0")), mg.load(dir .. "/" .. file:format("s" .. shard))
+        local n = 0
+        for name, t in pairs(w0) do
+          n = n + 1
+          assert.equal(0, mg.sum(mg.cast(mg.not_equal(w[name], t), "int64")):item(), name)
+        end
+        assert.is_true(n >= 4, file)
+      end
+    end
+    os.execute("rm -rf " .. dir)
+  end)
+
+  it("checks ShardedOptimizer's arguments and fit's shard", function()
+    local S = mg.distributed.ShardedOptimizer
+    assert.has_error(function() S(mg.optim.Adam()) end,
+      "ShardedOptimizer: mg.distributed is not initialized; call mg.distributed.init() first (and start the program with mpirun)")
+    local m = mg.nn.Sequential{mg.nn.Dense(2)}
+    m:compile{optimizer = "adam", loss = "mse"}
+    assert.has_error(function() m:fit(mg.zeros({4, 3}), mg.zeros({4, 2}), {shard = 1, verbose = 0}) end,
+      "fit: shard = 1 needs distributed = true")
+    assert.has_error(function() m:fit(mg.zeros({4, 3}), mg.zeros({4, 2}), {shard = 3, verbose = 0}) end,
+      "fit: option 'shard' must be 0, 1 or 2 (ZeRO's stage), got 3")
+  end)
+
   it("stops every rank at once, naming the rank, when one raises an error or is killed", function()
     if not needs_mpirun() then return end
     for _, mode in ipairs({"error", "kill"}) do

@@ -419,14 +419,27 @@ end
 
 function Callback:set_model (model) self.model = model end
 
+-- Under mg.distributed rank 0 writes for all (every rank holds the same
+-- weights); a sharded optimizer's state is gathered from every rank first (a
+-- collective), so every rank takes part. Returns whether this rank writes,
+-- and the optimizer to save.
+local function for_rank0 (model, opt)
+  local dist = package.loaded["moongrad.distributed"]
+  local writes = not (dist and dist.is_initialized() and dist.rank() ~= 0)
+  if opt ~= nil and opt.collective_state then
+    local st = opt:get_state(trainable(built_names(model, "checkpoint.callback")))
+    opt = {get_state = function() return st end}
+  end
+  return writes, opt
+end
+
 function Callback:on_epoch_end (epoch, logs)
   if epoch % self.every ~= 0 then return end
   local model = self.model
   if model == nil then fail("checkpoint.callback", "no model: fit gives it through set_model") end
-  local dist = package.loaded["moongrad.distributed"]
-  if dist and dist.is_initialized() and dist.rank() ~= 0 then return end   -- rank 0 writes for all
-  checkpoint.save(fill(self.path, epoch, logs), {model = model, epoch = epoch,
-                                                 optimizer = self.optimizer or rawget(model, "optimizer")})
+  local writes, opt = for_rank0(model, self.optimizer or rawget(model, "optimizer"))
+  if not writes then return end
+  checkpoint.save(fill(self.path, epoch, logs), {model = model, epoch = epoch, optimizer = opt})
 end
 
 local CALLBACK_OPTIONS = {{"every", check.positive_integer, 1}, {"optimizer", check.rule("an optimizer", function(v)
@@ -474,9 +487,9 @@ end
 
 -- saves are atomic (mg.save), so a run killed while writing leaves the last backup whole
 function Backup:on_epoch_end (epoch)
-  local dist = package.loaded["moongrad.distributed"]
-  if dist and dist.is_initialized() and dist.rank() ~= 0 then return end
-  checkpoint.save(self.path, {model = self.model, epoch = epoch, optimizer = rawget(self.model, "optimizer")})
+  local writes, opt = for_rank0(self.model, rawget(self.model, "optimizer"))
+  if not writes then return end
+  checkpoint.save(self.path, {model = self.model, epoch = epoch, optimizer = opt})
 end
 
 -- training ended (its last epoch, or stopped by a callback): no run to resume

@@ -9,7 +9,10 @@
 --   dist.barrier()
 --   dist.broadcast_variables(vars, root)     -- in place: root's values everywhere
 --   opt = dist.DistributedOptimizer(mg.optim.Adam{}, {fusion_bytes = 64 * 2^20})
+--   opt = dist.ShardedOptimizer(mg.optim.Adam{}, {stage = 2})   -- ZeRO: slots (and gradients) 1/N per rank
+--   dist.reduce_scatter(t, {op = "sum"}), dist.shard_range(n)
 --   model:fit(x, y, {distributed = true, batch_size = 32})   -- 32 per rank
+--   model:fit(x, y, {distributed = true, shard = 2})         -- with ZeRO stage 2
 -- Started the usual way: mpirun -np 4 moongrad train.lua (as root, Open MPI
 -- also wants --allow-run-as-root). Tensors of every dtype; a tensor's result
 -- is a new tensor reduced in one buffer (MPI_IN_PLACE), a variable is reduced
@@ -217,6 +220,29 @@ function DistributedOptimizer.apply_gradients (self, grads, vars)
   local post = self.op == "mean" and 1 / mpi.size() or 1
   local out = mpi.allreduce_many(list, "sum", self.grad_scale, post, math.max(self.fusion_bytes, 1), n, who)
   return self.optimizer:apply_gradients(out, vars)
+end
+
+--- ShardedOptimizer(opt [, {stage = 1, fusion_bytes = 64 MiB, op = "mean"}]):
+-- opt with its state sharded over the ranks, as DeepSpeed's ZeRO: stage 1
+-- keeps each rank's 1/N of the optimizer's slots and updates its shard of the
+-- weights, then all-gathers them; stage 2 also reduce-scatters the gradients,
+-- so a rank receives only its shard of them (moongrad.sharded).
+function dist.ShardedOptimizer (opt, opts)
+  started("ShardedOptimizer")
+  return require("moongrad.sharded").new(dist, opt, opts)
+end
+
+--- reduce_scatter(t [, {op = "sum"}]): t (the same shape on every rank)
+-- reduced across the ranks; this rank's shard of the flattened result, a 1-D
+-- tensor (elements shard_range(t numel) of it)
+function dist.reduce_scatter (t, opts) return started("reduce_scatter").reduce_scatter(t, opts) end
+
+--- shard_range(n [, size, rank]): the 1-based first and last of n elements a
+-- rank holds in a sharded collective (this rank of this run by default):
+-- floor(n r / N) + 1 .. floor(n (r + 1) / N), empty (last < first) when n < N
+function dist.shard_range (n, size, rank)
+  if size == nil then return started("shard_range").shard_range(n) end
+  return c("shard_range").shard_range(n, size, rank)
 end
 
 -- }=============================================================

@@ -620,6 +620,7 @@ local FIT = {{"epochs", check.positive_integer, 1}, {"batch_size", batch_size_ru
              {"callbacks", check.rule("a list of callbacks", is_plain)}, {"recompute", check.boolean, false},
              {"verbose", verbose_rule, "auto"}, {"initial_epoch", epoch_rule, 0}, {"seed", check.integer},
              {"distributed", check.boolean, false}, {"mixed_precision", precision_rule},
+             {"shard", check.rule("0, 1 or 2 (ZeRO's stage)", function(v) return v == 0 or v == 1 or v == 2 end), 0},
              {"memory_budget", check.rule('bytes or a size like "2 GiB"', function(v)
                return (type(v) == "number" and v > 0) or type(v) == "string" end)}}
 
@@ -745,12 +746,14 @@ end
 
 --- model:fit(x, y [, {epochs=1, batch_size=32, validation_data={x, y} | validation_split=0,
 -- validation_batch_size=, shuffle=true, callbacks={}, recompute=false, verbose="auto",
--- initial_epoch=0, seed=, distributed=false}]): trains on x, y (tensors whose first axes are the
+-- initial_epoch=0, seed=, distributed=false, shard=0}]): trains on x, y (tensors whose first axes are the
 -- samples) and returns a History (history.history.loss, ...). recompute runs
 -- the model's forward under mg.recompute_grad (the tape keeps only the input).
 -- verbose: 0 silent, 1 the progress bar, 2 one line per epoch. distributed
 -- trains data-parallel on the ranks of mg.distributed: batch_size samples per
--- rank, gradients and logs averaged over the ranks (moongrad.distributed).
+-- rank, gradients and logs averaged over the ranks (moongrad.distributed);
+-- shard = 1 or 2 shards the optimizer's state (and with 2 the gradients) over
+-- them, as ZeRO (mg.distributed.ShardedOptimizer).
 local function fit_method (self, x, y, opts)
   local who = "fit"
   local c = compiled(self, who)
@@ -758,6 +761,7 @@ local function fit_method (self, x, y, opts)
   local o = check.options(who, opts, FIT)
   if o.validation_data and o.validation_split > 0 then fail(who, "give validation_data or validation_split, not both") end
   if x.shape[1] == 0 then fail(who, "x has no samples") end
+  if o.shard > 0 and not o.distributed then fail(who, "shard = %d needs distributed = true", o.shard) end
   if o.recompute and o.memory_budget then
     fail(who, "give recompute or memory_budget, not both (the budget's plan chooses what to recompute)")
   end
@@ -777,7 +781,8 @@ local function fit_method (self, x, y, opts)
     if not dist.is_initialized() then
       fail(who, "distributed = true needs mg.distributed.init() first (and the program started with mpirun)")
     end
-    self.optimizer = dist.DistributedOptimizer(optimizer)
+    self.optimizer = o.shard > 0 and dist.ShardedOptimizer(optimizer, {stage = o.shard})
+                     or dist.DistributedOptimizer(optimizer)
   end
   rawset(self, "_memory_plan", nil)
   local ok, history = pcall(run_fit, self, x, y, o, c)

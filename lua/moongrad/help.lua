@@ -264,7 +264,7 @@ local groups = {
   }},
   {"fit", {
     {"Layer:compile", "model:compile{optimizer=\"rmsprop\", loss=, metrics=}", "what fit trains with"},
-    {"Layer:fit", "model:fit(x, y [, {epochs=, batch_size=, validation_data= | validation_split=, validation_batch_size=, shuffle=, callbacks=, recompute=, verbose=, initial_epoch=, seed=, distributed=, mixed_precision=}])", "trains; returns a History"},
+    {"Layer:fit", "model:fit(x, y [, {epochs=, batch_size=, validation_data= | validation_split=, validation_batch_size=, shuffle=, callbacks=, recompute=, verbose=, initial_epoch=, seed=, distributed=, shard=, mixed_precision=, memory_budget=}])", "trains; returns a History"},
     {"Layer:evaluate", "model:evaluate(x, y [, {batch_size=32, verbose=\"auto\"}])", "{loss=, metric=...} over x, y in inference mode"},
     {"Layer:predict", "model:predict(x [, {batch_size=32, verbose=0}])", "the outputs for x, batch by batch"},
     {"Layer:train_step", "model:train_step(x, y)", "one training step; returns the logs"},
@@ -312,6 +312,9 @@ local groups = {
     {"distributed.broadcast_variables", "distributed.broadcast_variables(vars [, root=0])", "root's values into every variable"},
     {"distributed.broadcast_optimizer_state", "distributed.broadcast_optimizer_state(opt, vars [, root=0])", "root's optimizer slots everywhere"},
     {"distributed.DistributedOptimizer", "distributed.DistributedOptimizer(opt [, {fusion_bytes=}])", "opt with gradients averaged across ranks"},
+    {"distributed.ShardedOptimizer", "distributed.ShardedOptimizer(opt [, {stage=1 | 2, fusion_bytes=, op=}])", "opt with its slots (stage 2: and gradients) sharded over the ranks (ZeRO)"},
+    {"distributed.reduce_scatter", "distributed.reduce_scatter(t [, {op=\"sum\" | \"mean\"}])", "this rank's shard of every rank's t combined (flattened)"},
+    {"distributed.shard_range", "distributed.shard_range(n [, size, rank])", "the first and last of n elements a rank holds when sharded"},
     {"distributed.stats", "distributed.stats()", "{calls=, bytes=} moved since init"},
     {"distributed.is_initialized", "distributed.is_initialized()", "whether init ran"},
     {"distributed.available", "distributed.available()", "whether MPI support is built in"},
@@ -348,7 +351,7 @@ local internal = {
   ["Optimizer:init"] = true, ["Optimizer:update"] = true, ["Optimizer:slot_names"] = true,
   ["Optimizer:spec"] = true, ["Optimizer:who"] = true, ["Optimizer:check"] = true,
   ["distributed.steps"] = true, ["distributed.average_logs"] = true, ["distributed.seed_of"] = true,
-  planner = true, ["Sequential:_run"] = true,        -- mg.memory.estimate's module, and how a plan runs a Sequential
+  planner = true, sharded = true, ["Sequential:_run"] = true,        -- mg.memory.estimate's module, and how a plan runs a Sequential
 }
 
 -- each entry's arguments, result and example live in moongrad.help_entries,

@@ -799,6 +799,13 @@ E("distributed.broadcast_optimizer_state", {{"opt", "an optimizer"}, {"vars", "i
   MPI .. "-- mg.distributed.broadcast_optimizer_state(opt, model.variables)")
 E("distributed.DistributedOptimizer", {{"opt", "an optimizer"}, {"opts", "fusion_bytes=", "{}"}}, "an optimizer",
   MPI .. "-- opt = mg.distributed.DistributedOptimizer(mg.optim.Adam{})\n-- model:compile{optimizer = opt, loss = \"mse\"}")
+E("distributed.ShardedOptimizer", {{"opt", "an optimizer"}, {"opts", "stage= 1 or 2, fusion_bytes=, op= \"mean\" or \"sum\"", "{}"}},
+  "an optimizer", MPI .. "-- opt = mg.distributed.ShardedOptimizer(mg.optim.AdamW{}, {stage = 2})\n-- opt:apply_gradients(grads, vars)")
+E("distributed.reduce_scatter", {{"t", "a tensor, the same shape on every rank"}, {"opts", "op= \"sum\" or \"mean\"", "{}"}},
+  "a 1-D tensor: this rank's shard of the flattened result",
+  MPI .. "-- mg.distributed.reduce_scatter(mg.ones(4)) --> {2.0, 2.0} on each of 2 ranks")
+E("distributed.shard_range", {{"n", "a number of elements"}, {"size", "ranks", "this run's"}, {"rank", "a rank", "this one"}},
+  "first, last (1-based; last < first when empty)", "mg.distributed.shard_range(10, 3, 1) --> 4, 6")
 E("distributed.stats", {}, "a table {calls=, bytes=}", MPI .. "-- mg.distributed.stats().bytes")
 E("distributed.is_initialized", {}, "a boolean", "mg.distributed.is_initialized() --> false")
 E("distributed.available", {}, "a boolean", "type(mg.distributed.available()) --> boolean")

@@ -38,6 +38,7 @@ typedef enum {
   MG_DIST_CALL_BARRIER = 1, MG_DIST_CALL_ALLREDUCE, MG_DIST_CALL_BROADCAST, MG_DIST_CALL_ALLGATHER,
   MG_DIST_CALL_ALLGATHER_READY,          /* allgather's second step: every rank sized its result */
   MG_DIST_CALL_ALLREDUCE_MANY, MG_DIST_CALL_BROADCAST_MANY,
+  MG_DIST_CALL_REDUCE_SCATTER,
   MG_DIST_CALL__COUNT
 } mg_dist_call;
 
@@ -94,6 +95,15 @@ mg_tensor *mg_dist_broadcast (const char *fn, mg_tensor *t, int64_t root);
 /* along the first axis, which may differ by rank (a 0-d tensor is one row);
 ** above INT_MAX bytes in all it goes as one broadcast per rank, in chunks */
 mg_tensor *mg_dist_allgather (const char *fn, mg_tensor *t);
+/* the elements [*lo, *hi) of n that rank r of size holds in a sharded
+** collective: nearly equal shares in rank order, the larger ones last
+** (floor(n r / size) to floor(n (r + 1) / size): uneven n is fine) */
+void       mg_dist_shard_range (int64_t n, int size, int r, int64_t *lo, int64_t *hi);
+/* t (any shape; the same on every rank) reduced across the ranks, of which
+** this rank gets its shard of the flattened result (mg_dist_shard_range), a
+** 1-D tensor: MPI_Reduce_scatter (ZeRO's gradient step), half the bytes an
+** allreduce moves. op sum or mean for floats, as allreduce. */
+mg_tensor *mg_dist_reduce_scatter (const char *fn, mg_tensor *t, mg_dist_op op);
 /* the same collective on a variable's value, in its own storage when nobody
 ** else holds it (otherwise into a new value the variable adopts) */
 mg_status  mg_dist_allreduce_variable (const char *fn, mg_variable *v, mg_dist_op op);

@@ -115,6 +115,38 @@ static int l_allgather (lua_State *L) {
   return 1;
 }
 
+/* reduce_scatter(t [, {op = "sum"} [, who]]): this rank's shard of the flattened reduction */
+static int l_reduce_scatter (lua_State *L) {
+  const char *fn = luaL_optstring(L, 3, "reduce_scatter");
+  mg_dist_op op = check_op(L, 2, fn, MG_DIST_SUM);
+  mgL_pushtensor(L, mg_dist_reduce_scatter(fn, mgL_checktensor(L, 1), op));
+  return 1;
+}
+
+/* shard_range(n [, size, rank]): this rank's (or rank's of size) shard of n
+** elements, 1-based: first, last (last = first - 1 when empty) */
+static int l_shard_range (lua_State *L) {
+  lua_Integer n = luaL_checkinteger(L, 1);
+  luaL_argcheck(L, n >= 0, 1, "a count >= 0 expected");
+  int size, rank;
+  if (lua_isnoneornil(L, 2)) {
+    need_init(L, "shard_range");
+    size = mg_dist_size();
+    rank = mg_dist_rank();
+  } else {
+    lua_Integer s = luaL_checkinteger(L, 2), r = luaL_checkinteger(L, 3);
+    luaL_argcheck(L, s >= 1 && s <= INT32_MAX, 2, "a number of ranks >= 1 expected");
+    luaL_argcheck(L, r >= 0 && r < s, 3, "a rank from 0 to size - 1 expected");
+    size = (int)s;
+    rank = (int)r;
+  }
+  int64_t lo, hi;
+  mg_dist_shard_range(n, size, rank, &lo, &hi);
+  lua_pushinteger(L, lo + 1);
+  lua_pushinteger(L, hi);
+  return 2;
+}
+
 /* allreduce_many(list, op, prescale, postscale, fusion_bytes [, n = #list,
 ** who]): the list's n tensors (nil: a nil gradient, which every rank must
 ** leave out too) reduced in buckets; a list of n new tensors with the same
@@ -213,7 +245,8 @@ int luaopen_moongrad_mpi (lua_State *L) {
   static const luaL_Reg fns[] = {
     {"init", l_init}, {"is_initialized", l_is_initialized}, {"rank", l_rank}, {"size", l_size},
     {"barrier", l_barrier}, {"finalize", l_finalize}, {"allreduce", l_allreduce}, {"broadcast", l_broadcast},
-    {"allgather", l_allgather}, {"allreduce_many", l_allreduce_many},
+    {"allgather", l_allgather}, {"allreduce_many", l_allreduce_many}, {"reduce_scatter", l_reduce_scatter},
+    {"shard_range", l_shard_range},
     {"broadcast_variables", l_broadcast_variables}, {"set_timeout", l_set_timeout}, {"timeout", l_timeout},
     {"stats", l_stats}, {NULL, NULL}};
   static int registered;

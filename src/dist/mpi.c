@@ -205,7 +205,8 @@ static const char *const call_names[MG_DIST_CALL__COUNT] = {   /* ORDER mg_dist_
   [MG_DIST_CALL_BROADCAST] = "broadcast", [MG_DIST_CALL_ALLGATHER] = "allgather",
   [MG_DIST_CALL_ALLGATHER_READY] = "allgather's second step",
   [MG_DIST_CALL_ALLREDUCE_MANY] = "allreduce of a list (DistributedOptimizer)",
-  [MG_DIST_CALL_BROADCAST_MANY] = "broadcast of a list of variables"};
+  [MG_DIST_CALL_BROADCAST_MANY] = "broadcast of a list of variables",
+  [MG_DIST_CALL_REDUCE_SCATTER] = "reduce_scatter"};
 
 static const char *const op_names[] = {"'sum'", "'mean'", "'max'", "'min'"};   /* ORDER mg_dist_op */
 
@@ -661,6 +662,52 @@ mg_tensor *mg_dist_allgather (const char *fn, mg_tensor *t) {
   if (agree_tensor(fn, MG_DIST_CALL_ALLGATHER, -1, -1, c != NULL ? c : t, c == NULL, 1) == MG_OK) r = gather(fn, c);
   mg_tensor_release(c);
   mg_tensor_release(src);
+  return r;
+}
+
+void mg_dist_shard_range (int64_t n, int size, int r, int64_t *lo, int64_t *hi) {
+  int64_t q = n / size, m = n % size;           /* floor(n r / size) without overflow */
+  *lo = q * r + m * r / size;
+  *hi = q * (r + 1) + m * (r + 1) / size;
+}
+
+mg_tensor *mg_dist_reduce_scatter (const char *fn, mg_tensor *t, mg_dist_op op) {
+  if (need_init(fn) != MG_OK) return NULL;
+  int64_t lo, hi, n = t->numel;
+  mg_dist_shard_range(n, world_size, world_rank, &lo, &hi);
+  int64_t one = hi - lo;
+  mg_tensor *c = mg_contiguous(t), *r = c ? mg_empty(&one, 1, t->dtype) : NULL;
+  if (agree_tensor(fn, MG_DIST_CALL_REDUCE_SCATTER, op, -1, t, r == NULL, 0) != MG_OK
+      || check_op(fn, t->dtype, op, 1.0, 1.0) != MG_OK) {
+    mg_tensor_release(c);
+    mg_tensor_release(r);
+    return NULL;
+  }
+  size_t es = mg_dtype_size(t->dtype);
+  mg_status st = MG_OK;
+  if (n <= INT_MAX) {                           /* one call; counts are ints */
+    for (int q = 0; q < world_size; q++) {
+      int64_t a, b;
+      mg_dist_shard_range(n, world_size, q, &a, &b);
+      gather_counts[q] = (int)(b - a);
+    }
+    stats.calls++;
+    stats.bytes += n * (int64_t)es;
+    int rc = MPI_Reduce_scatter(mg_ptr(c), mg_ptr(r), gather_counts, mpi_type(t->dtype),
+                                mpi_op(t->dtype, op == MG_DIST_MEAN ? MG_DIST_SUM : op), MPI_COMM_WORLD);
+    if (rc != MPI_SUCCESS) st = mpi_fail(fn, rc);
+    else if (op == MG_DIST_MEAN) scale(mg_ptr(r), one, t->dtype, 1.0 / world_size);
+  } else {                                      /* above 2^31 elements: the whole sum, then the shard */
+    mg_tensor *all = copy_of(c);
+    st = all ? allreduce_buf(fn, mg_ptr(all), n, t->dtype, op) : MG_ERR;
+    if (st == MG_OK) memcpy(mg_ptr(r), (char *)mg_ptr(all) + lo * (int64_t)es, (size_t)one * es);
+    mg_tensor_release(all);
+  }
+  mg_tensor_release(c);
+  if (st != MG_OK) {
+    mg_tensor_release(r);
+    return NULL;
+  }
   return r;
 }
 
