@@ -16,6 +16,7 @@
 */
 #include <ctype.h>
 #include <errno.h>
+#include <malloc.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -762,7 +763,23 @@ static int pmain (lua_State *L) {
   return 1;
 }
 
+/* glibc's malloc moves its thresholds after what was freed (mmap for big
+** blocks, heap trimming), so a training step's blocks came back from the
+** kernel as fresh pages on some runs and not on others: the CNN's float32
+** step took 17 or 42 ms (2,600 page faults a step) as OPENBLAS_CORETYPE
+** shifted OpenBLAS's own allocations. Fixed thresholds keep freed blocks of
+** up to 32 MiB in the heap; MALLOC_MMAP_THRESHOLD_ and MALLOC_TRIM_THRESHOLD_
+** in the environment still win. (The interpreter's choice: a host embedding
+** the library keeps its own malloc settings.) */
+static void steady_malloc (void) {
+#ifdef __GLIBC__
+  if (getenv("MALLOC_MMAP_THRESHOLD_") == NULL) mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  if (getenv("MALLOC_TRIM_THRESHOLD_") == NULL) mallopt(M_TRIM_THRESHOLD, 256 << 20);
+#endif
+}
+
 int main (int argc, char **argv) {
+  steady_malloc();
   if (argc > 1 && strcmp(argv[1], "--install-kernel") == 0)      /* no Lua needed */
     return mg_kernel_install(argc - 2, argv + 2) == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
   if (argc > 1 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0)) {
