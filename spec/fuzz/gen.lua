@@ -987,8 +987,10 @@ local function sexpr (ctx, e, s, depth)
       if not oh or not ow then padding, oh, ow = "same", ceil_div(sh[2], st[1]), ceil_div(sh[3], st[2]) end
       local w = sparam(ctx, {kh, kw, sh[4], o})
       local b = chance(0.5) and ", " .. sparam(ctx, {o}) or ""
-      return fmt("mg.conv2d(%s, %s%s, {strides = {%d, %d}, padding = %s, dilation_rate = {%d, %d}})", x, w, b,
-                 st[1], st[2], type(padding) == "string" and fmt("%q", padding) or padding, dl[1], dl[2]),
+      local act = pick{"", "", ", activation = \"tanh\"", ", activation = \"sigmoid\"", ", activation = \"relu\""}
+      if act:find("relu") then ctx.kinks = true end
+      return fmt("mg.conv2d(%s, %s%s, {strides = {%d, %d}, padding = %s, dilation_rate = {%d, %d}%s})", x, w, b,
+                 st[1], st[2], type(padding) == "string" and fmt("%q", padding) or padding, dl[1], dl[2], act),
              {sh[1], oh, ow, o} end)
     add(6, function()                                  -- the pools: strides default to the window
       local kh, kw = R(1, 3), R(1, 3)
