@@ -124,19 +124,36 @@ end
 local DistributedOptimizer = class("moongrad.distributed.DistributedOptimizer")
 dist.DistributedOptimizer_class = DistributedOptimizer
 
--- learning_rate, iterations, get_state, ... are the inner optimizer's; its
--- methods called on the wrapper (opt:get_state()) get the inner one as self
-function DistributedOptimizer.__index (self, k)
-  local m = rawget(DistributedOptimizer, k)
-  if m ~= nil then return m end
-  local inner = rawget(self, "optimizer")
-  local v = inner[k]
-  if type(v) ~= "function" then return v end
-  return function(first, ...)
-    if first == self then return v(inner, ...) end
-    return v(first, ...)
+--- The __index of an optimizer wrapper: cls's own methods, else the wrapped
+-- optimizer's (self.optimizer) fields and methods (learning_rate, iterations,
+-- get_state, ...), a method called on the wrapper getting the inner one as self.
+function dist._forwarding_index (cls)
+  return function(self, k)
+    local m = rawget(cls, k)
+    if m ~= nil then return m end
+    local inner = rawget(self, "optimizer")
+    local v = inner[k]
+    if type(v) ~= "function" then return v end
+    return function(first, ...)
+      if first == self then return v(inner, ...) end
+      return v(first, ...)
+    end
   end
 end
+
+--- apply_gradients' arguments: Keras' list of {gradient, variable} pairs as two lists
+function dist._split_pairs (grads, vars)
+  if vars == nil and type(grads) == "table" then
+    local list = grads
+    grads, vars = {n = #list}, {}
+    for i, p in ipairs(list) do
+      if type(p) == "table" then grads[i], vars[i] = p[1], p[2] end
+    end
+  end
+  return grads, vars
+end
+
+DistributedOptimizer.__index = dist._forwarding_index(DistributedOptimizer)
 
 function DistributedOptimizer.__newindex (self, k, v) rawget(self, "optimizer")[k] = v end
 
@@ -198,13 +215,7 @@ end
 -- a rank's share of an uneven batch, so the result is the whole batch's.
 function DistributedOptimizer.apply_gradients (self, grads, vars)
   local who = "DistributedOptimizer"
-  if vars == nil and type(grads) == "table" then          -- Keras' list of pairs
-    local list = grads
-    grads, vars = {n = #list}, {}
-    for i, p in ipairs(list) do
-      if type(p) == "table" then grads[i], vars[i] = p[1], p[2] end
-    end
-  end
+  grads, vars = dist._split_pairs(grads, vars)
   local n = type(vars) == "table" and #vars or 0
   check.distinct_variables(who, vars, n)                  -- before any collective
   started(who)
@@ -229,7 +240,7 @@ end
 -- so a rank receives only its shard of them (moongrad.sharded).
 function dist.ShardedOptimizer (opt, opts)
   started("ShardedOptimizer")
-  return require("moongrad.sharded").new(dist, opt, opts)
+  return require("moongrad.sharded").new(opt, opts)
 end
 
 --- reduce_scatter(t [, {op = "sum"}]): t (the same shape on every rank)

@@ -22,6 +22,7 @@ local mg = require "moongrad"
 local check = require "moongrad.check"
 local class = require "moongrad.class"
 local mpi = require "moongrad.mpi"
+local dist = require "moongrad.distributed"
 
 local fail, show = check.fail, check.show
 
@@ -32,17 +33,7 @@ sharded.class = Sharded
 
 -- learning_rate, iterations, get_learning_rate, ... are the wrapped
 -- optimizer's, as DistributedOptimizer's (its methods get it as self)
-function Sharded.__index (self, k)
-  local m = rawget(Sharded, k)
-  if m ~= nil then return m end
-  local inner = rawget(self, "optimizer")
-  local v = inner[k]
-  if type(v) ~= "function" then return v end
-  return function(first, ...)
-    if first == self then return v(inner, ...) end
-    return v(first, ...)
-  end
-end
+Sharded.__index = dist._forwarding_index(Sharded)
 
 -- get_state gathers from every rank: checkpoint callbacks call it on all of them
 Sharded.collective_state = true
@@ -59,7 +50,7 @@ local OPTIONS = {{"stage", check.rule("1 or 2", function(v) return v == 1 or v =
                  {"op", check.rule("'mean' or 'sum'", function(v) return v == "mean" or v == "sum" end), "mean"}}
 
 --- ShardedOptimizer(opt [, {stage = 1, fusion_bytes = 64 MiB, op = "mean"}])
-function sharded.new (dist, opt, opts)
+function sharded.new (opt, opts)
   local who = "ShardedOptimizer"
   if getmetatable(opt) == Sharded then return opt end
   if getmetatable(opt) == dist.DistributedOptimizer_class then opt = rawget(opt, "optimizer") end
@@ -68,8 +59,8 @@ function sharded.new (dist, opt, opts)
     fail(who, "the optimizer must be an optimizer (mg.optim.Adam{...}), got %s", show(opt))
   end
   local o = check.options(who, opts, OPTIONS)
-  return setmetatable({optimizer = opt, stage = o.stage, fusion_bytes = o.fusion_bytes, op = o.op, grad_scale = 1,
-                       _dist = dist}, Sharded)
+  return setmetatable({optimizer = opt, stage = o.stage, fusion_bytes = o.fusion_bytes, op = o.op, grad_scale = 1},
+                      Sharded)
 end
 
 -- the wrapped optimizer's update must be elementwise for a piece's update
@@ -150,7 +141,7 @@ local function layout_for (self, vars, who, example)
     if not mg.is_variable(vars[i]) then fail(who, "variable %d must be a Variable, got %s", i, show(vars[i])) end
   end
   if rawget(self, "_layout") == nil and n > 0 and not rawget(self, "_synced") then
-    self._dist.broadcast_variables(vars, 0, who)
+    dist.broadcast_variables(vars, 0, who)
   end
   return layout(self, vars, n, who)
 end
@@ -250,17 +241,10 @@ end
 -- with the same variables; nil gradients stay nil, the same on every rank)
 function Sharded.apply_gradients (self, grads, vars)
   local who = "ShardedOptimizer"
-  if vars == nil and type(grads) == "table" then          -- Keras' list of pairs
-    local list = grads
-    grads, vars = {n = #list}, {}
-    for i, p in ipairs(list) do
-      if type(p) == "table" then grads[i], vars[i] = p[1], p[2] end
-    end
-  end
+  grads, vars = dist._split_pairs(grads, vars)
   local n = type(vars) == "table" and #vars or 0
   check.distinct_variables(who, vars, n)
   check_elementwise(self, who)
-  local dist = self._dist
   if not dist.is_initialized() then
     fail(who, "mg.distributed is not initialized; call mg.distributed.init() first (and start the program with mpirun)")
   end
