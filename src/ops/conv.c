@@ -966,7 +966,7 @@ static mg_tensor *relu_mask_bf16 (mg_tensor *d, mg_tensor *y, bool spare) {
   bool in_place = spare && mg_tensor_is_contiguous(d);
   mg_tensor *dc = mg_contiguous(d), *yc = mg_contiguous(y);
   mg_tensor *out = !dc || !yc ? NULL : in_place ? mg_tensor_retain(dc) : mg_empty(d->shape, d->ndim, d->dtype);
-  if (out) {
+  if (out && !mg_dry_running()) {                /* a dry run computes nothing */
     relu_mask_ud m = {(const uint16_t *)mg_ptr(dc), (const uint16_t *)mg_ptr(yc), (uint16_t *)mg_ptr(out)};
     mg_for_blocks(out->numel, relu_mask_block, &m);
   }
