@@ -410,7 +410,7 @@ describe("compile and fit check their arguments", function()
     local cases = {
       {function() m:fit(x, y, {epoch = 3}) end, "fit: unknown option 'epoch' (did you mean 'epochs'? known: epochs, "
         .. "batch_size, validation_data, validation_split, validation_batch_size, shuffle, callbacks, recompute, "
-        .. "verbose, initial_epoch, seed, distributed, mixed_precision, memory_budget)"},
+        .. "verbose, initial_epoch, seed, distributed, mixed_precision, shard, memory_budget)"},
       {function() m:fit(x, y, {batch_size = 0}) end, "fit: option 'batch_size' must be a positive integer, got 0"},
       {function() m:fit(x, y, {validation_split = 1}) end, "fit: option 'validation_split' must be a number in [0, 1), got 1"},
       {function() m:fit(x, y, {validation_split = 0.9}) end, "fit: validation_split 0.9 of 6 samples leaves 0 for "
