@@ -1033,8 +1033,6 @@ MG_ROW(CONV2D, conv2d) = {
 
 static mg_tensor *conv2d_of (mg_tensor *x, mg_tensor *w, mg_tensor *b, const mg_conv_params *p,
                              mg_activation act);
-static const char *const act_names[MG_ACT__COUNT] = {
-  [MG_ACT_LINEAR] = "linear", [MG_ACT_RELU] = "relu", [MG_ACT_TANH] = "tanh", [MG_ACT_SIGMOID] = "sigmoid"};
 
 mg_tensor *mg_conv2d (mg_tensor *x, mg_tensor *w, mg_tensor *b, const mg_conv_params *p) {
   return mg_conv2d_act(x, w, b, p, NULL);
@@ -1044,11 +1042,8 @@ mg_tensor *mg_conv2d_act (mg_tensor *x, mg_tensor *w, mg_tensor *b, const mg_con
                           const char *activation) {
   MG_CHECK_ARG("mg_conv2d", x, NULL);
   MG_CHECK_ARG("mg_conv2d", w, NULL);
-  mg_activation act = MG_ACT__COUNT;
-  for (int i = 0; i < MG_ACT__COUNT; i++)
-    if (strcmp(activation ? activation : "linear", act_names[i]) == 0) act = (mg_activation)i;
-  if (act == MG_ACT__COUNT)
-    return mg_seterror("conv2d: unknown activation '%s' (linear, relu, tanh or sigmoid)", activation), NULL;
+  mg_activation act;
+  if (mg_activation_parse("conv2d", activation, &act) != MG_OK) return NULL;
   /* under autocast: bfloat16 images and filters; a bias always adds in float32 */
   mg_tensor *xh = mg_autocast_operand(x), *wh = mg_autocast_operand(w);
   mg_tensor *b32 = b && mg_is_half(b->dtype) ? mg_half_to_float32(b) : mg_retain_or_null(b);

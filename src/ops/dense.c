@@ -20,9 +20,6 @@
   X(DENSE, dense)
 enum { DENSE_OPS(MG_ROW_ENUM) DENSE__COUNT };
 
-static const char *const act_names[MG_ACT__COUNT] = {
-  [MG_ACT_LINEAR] = "linear", [MG_ACT_RELU] = "relu", [MG_ACT_TANH] = "tanh", [MG_ACT_SIGMOID] = "sigmoid"};
-
 /* the output rows a pass covers: about 16 KiB of float32, in L1 */
 #define BLOCK_ELEMS 4096
 
@@ -84,7 +81,7 @@ static mg_status dense_backward (mg_node *n, mg_tensor *const *dout, mg_tensor *
 
 /* DTR rebuilds y from the inputs it kept */
 static mg_tensor *dense_replay (const mg_node *n, mg_tensor *const *in) {
-  return mg_dense(in[0], in[1], n->nin == 3 ? in[2] : NULL, act_names[n->attr->a[0]]);
+  return mg_dense(in[0], in[1], n->nin == 3 ? in[2] : NULL, mg_activation_name((mg_activation)n->attr->a[0]));
 }
 
 /* y for the activation's gradient, whichever is wanted; x for w's, w for x's */
@@ -122,12 +119,7 @@ static mg_status check_dense (mg_tensor *x, mg_tensor *w, mg_tensor *b, const ch
   if (b && (b->ndim != 1 || b->shape[0] != w->shape[1]))
     return mg_seterror("%s: b has shape %s, expected (%lld) (w's columns)", fn,
                        mg_shape_str(s1, sizeof s1, b->shape, b->ndim), (long long)w->shape[1]);
-  *act = MG_ACT__COUNT;
-  for (int i = 0; i < MG_ACT__COUNT; i++)
-    if (strcmp(activation ? activation : "linear", act_names[i]) == 0) *act = (mg_activation)i;
-  if (*act == MG_ACT__COUNT)
-    return mg_seterror("%s: unknown activation '%s' (linear, relu, tanh or sigmoid)", fn, activation);
-  return MG_OK;
+  return mg_activation_parse(fn, activation, act);
 }
 
 static mg_tensor *dense_of (mg_tensor *x, mg_tensor *w, mg_tensor *b, const char *activation);

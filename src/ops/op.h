@@ -122,6 +122,10 @@ typedef enum { MG_ACT_LINEAR, MG_ACT_RELU, MG_ACT_TANH, MG_ACT_SIGMOID, MG_ACT__
 /* act's float kernel (the activation op's own, unary.c; NULL for linear),
 ** which may run in place */
 mg_kernel mg_activation_kernel (mg_activation act, mg_dtype dt);
+/* the activation named name (NULL: linear) into *act, or MG_ERR + an error
+** naming fn and the names it takes; mg_activation_name is the way back */
+mg_status   mg_activation_parse (const char *fn, const char *name, mg_activation *act);
+const char *mg_activation_name  (mg_activation act);
 /* act's backward from its output y, dout * act'(y) (relu_grad, tanh_grad,
 ** sigmoid_grad; binary.c), written over dout itself when the walk spares it
 ** to n's rule (mg_node.spare) and the layouts allow, else a new tensor */

@@ -9,6 +9,7 @@
 */
 #include <math.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "ops/op.h"
 #include "vecmath.h"
@@ -220,6 +221,21 @@ MG_ROW(RELU, relu) = {
   .saves = MG_SAVE_OUT(0), .backward = relu_backward, .reuses_gradient = true,
 };
 mg_tensor *mg_relu (mg_tensor *x) { return mg_unary_op(&relu_op, x); }
+
+static const char *const act_names[MG_ACT__COUNT] = {
+  [MG_ACT_LINEAR] = "linear", [MG_ACT_RELU] = "relu", [MG_ACT_TANH] = "tanh", [MG_ACT_SIGMOID] = "sigmoid"};
+
+mg_status mg_activation_parse (const char *fn, const char *name, mg_activation *act) {
+  for (int i = 0; i < MG_ACT__COUNT; i++)
+    if (strcmp(name ? name : "linear", act_names[i]) == 0) {
+      *act = (mg_activation)i;
+      return MG_OK;
+    }
+  *act = MG_ACT_LINEAR;
+  return mg_seterror("%s: unknown activation '%s' (linear, relu, tanh or sigmoid)", fn, name);
+}
+
+const char *mg_activation_name (mg_activation act) { return act_names[act]; }
 
 mg_kernel mg_activation_kernel (mg_activation act, mg_dtype dt) {
   static const mg_opdef *const defs[MG_ACT__COUNT] = {
