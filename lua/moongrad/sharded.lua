@@ -75,8 +75,8 @@ end
 
 -- {---- the layout ----
 
--- the flat layout of vars: per dtype, each variable's offset, this rank's
--- range and its pieces {var =, index =, from =, count =, piece =}
+-- the flat layout of vars: per dtype, its members {index =, var =, offset =,
+-- numel =} and this rank's pieces {member =, from =, count =, piece =}
 local function layout_of (vars, n)
   local size, rank = mpi.size(), mpi.rank()
   local groups, by_dtype = {}, {}
@@ -96,11 +96,11 @@ local function layout_of (vars, n)
   local pieces = {}
   for _, g in ipairs(groups) do
     local first, last = mpi.shard_range(g.total, size, rank)       -- 1-based, inclusive
-    g.first, g.last, g.pieces = first, last, {}
+    g.pieces = {}
     for _, m in ipairs(g.members) do
       local a, b = math.max(first, m.offset + 1), math.min(last, m.offset + m.numel)
       if a <= b then
-        local p = {var = m.var, index = m.index, from = a - m.offset, count = b - a + 1, member = m}
+        local p = {member = m, from = a - m.offset, count = b - a + 1}
         p.piece = mg.Variable(mg.reshape(m.var:value(), {-1}):slice({p.from, p.from + p.count - 1}),
                               {name = m.var.name .. "/shard", trainable = true})
         g.pieces[#g.pieces + 1] = p
@@ -152,6 +152,17 @@ local function pieces_of (l)
   return pv
 end
 
+-- parts (1-D, of dtype) end to end
+local function joined (parts, dtype)
+  return #parts == 0 and mg.zeros({0}, dtype) or #parts == 1 and parts[1] or mg.concat(parts)
+end
+
+-- member m's values, shaped, out of a gathered stretch of the flat vector starting after lo
+local function cut (all, m, lo)
+  if m.numel == 0 then return mg.zeros(m.var.shape, m.var.dtype) end
+  return mg.reshape(all:slice({m.offset - lo + 1, m.offset - lo + m.numel}), m.var.shape)
+end
+
 -- the slice of a (shape of the piece's variable) that piece p holds
 local function slice_of (t, p)
   return mg.reshape(t, {-1}):slice({p.from, p.from + p.count - 1})
@@ -171,7 +182,7 @@ local function shard_gradients (self, l, grads, who)
     for i = 1, l.n do list[i] = grads[i] end
     local full = mpi.allreduce_many(list, "sum", self.grad_scale, post, math.max(self.fusion_bytes, 1), l.n, who)
     for k, p in ipairs(l.pieces) do                          -- copies: the whole gradients go before the gather
-      local g = full[p.index]
+      local g = full[p.member.index]
       if g ~= nil then out[k] = mg.concat({slice_of(g, p)}) end
     end
     return out
@@ -183,7 +194,7 @@ local function shard_gradients (self, l, grads, who)
       local gr = grads[m.index]
       parts[j] = gr ~= nil and mg.reshape(gr, {-1}) or mg.zeros({m.numel}, g.dtype)   -- every rank sends P values
     end
-    local flat = #parts == 1 and parts[1] or mg.concat(parts)
+    local flat = joined(parts, g.dtype)
     if self.grad_scale ~= 1 then flat = flat * self.grad_scale end
     local mine = mpi.reduce_scatter(flat, {op = "sum"}, who)
     flat, parts = nil, nil                                 -- the whole vector goes at once
@@ -191,7 +202,7 @@ local function shard_gradients (self, l, grads, who)
     local at = 0
     for _, p in ipairs(g.pieces) do
       k = k + 1
-      if grads[p.index] ~= nil then out[k] = mine:slice({at + 1, at + p.count}) end
+      if grads[p.member.index] ~= nil then out[k] = mine:slice({at + 1, at + p.count}) end
       at = at + p.count
     end
   end
@@ -218,9 +229,8 @@ local function gather_buckets (l, fusion_bytes, value_of, fn)
       for _, p in ipairs(g.pieces) do
         if p.member.offset >= lo and p.member.offset < hi then parts[#parts + 1] = value_of(p) end
       end
-      local mine = #parts == 0 and mg.zeros({0}, g.dtype) or #parts == 1 and parts[1] or mg.concat(parts)
       local members = table.move(g.members, i, j, 1, {})
-      fn(members, mpi.allgather(mg.reshape(mine, {-1})), lo)
+      fn(members, mpi.allgather(mg.reshape(joined(parts, g.dtype), {-1})), lo)
       i = j + 1
     end
   end
@@ -230,9 +240,7 @@ end
 local function gather_weights (self, l)
   gather_buckets(l, self.fusion_bytes, function(p) return p.piece:value() end, function(members, all, lo)
     for _, m in ipairs(members) do
-      if m.numel > 0 then
-        m.var:assign(mg.reshape(all:slice({m.offset - lo + 1, m.offset - lo + m.numel}), m.var.shape))
-      end
+      if m.numel > 0 then m.var:assign(cut(all, m, lo)) end
     end
   end)
 end
@@ -264,7 +272,7 @@ function Sharded.apply_gradients (self, grads, vars)
   local pg = shard_gradients(self, l, gs, who)
   local pv = pieces_of(l)
   for _, p in ipairs(l.pieces) do
-    p.piece:assign(slice_of(p.var:value(), p))            -- the weights as they are now (a restore, a broadcast)
+    p.piece:assign(slice_of(p.member.var:value(), p))     -- the weights as they are now (a restore, a broadcast)
   end
   pg.n = #l.pieces
   self.optimizer:apply_gradients(pg, pv)
@@ -310,10 +318,7 @@ function Sharded.get_state (self, vars)
   for _, name in ipairs(names) do
     local list = {}
     gather_buckets(l, self.fusion_bytes, function(p) return st.slots[name][slot_of[p]] end, function(members, all, lo)
-      for _, m in ipairs(members) do
-        list[m.index] = m.numel == 0 and mg.zeros(m.var.shape, m.var.dtype)
-                        or mg.reshape(all:slice({m.offset - lo + 1, m.offset - lo + m.numel}), m.var.shape)
-      end
+      for _, m in ipairs(members) do list[m.index] = cut(all, m, lo) end
     end)
     slots[name] = list
   end
@@ -337,10 +342,11 @@ function Sharded.set_state (self, state, vars)
     end
     local mine = {}
     for k, p in ipairs(l.pieces) do
-      local t = list[p.index]
-      if not check.is_array(t) or t.dtype ~= p.var.dtype or not check.same_shape(t.shape, p.var.shape) then
-        fail(who, "state.slots.%s[%d] must be a %s tensor of shape %s (variable '%s'), got %s", tostring(name), p.index,
-             p.var.dtype, check.shape(p.var.shape), p.var.name, show(t))
+      local m = p.member
+      local t = list[m.index]
+      if not check.is_array(t) or t.dtype ~= m.var.dtype or not check.same_shape(t.shape, m.var.shape) then
+        fail(who, "state.slots.%s[%d] must be a %s tensor of shape %s (variable '%s'), got %s", tostring(name), m.index,
+             m.var.dtype, check.shape(m.var.shape), m.var.name, show(t))
       end
       mine[k] = slice_of(t, p)
     end
