@@ -622,6 +622,25 @@ MG_API mg_status mg_tape_gradient (mg_tape *t, int ntargets, mg_tensor *const *t
                                    int nsources, mg_tensor *const *sources,
                                    mg_tensor *const *out_grads, int unconnected_zero,
                                    mg_tensor **grads);
+/* Hooks into a gradient's walk, for work that can start before the walk
+** ends (mg.distributed sends each bucket of gradients as soon as it is
+** whole, as PyTorch's DDP does). ready(ud, s, g, &take) is called once per
+** source s the targets reach, as soon as no node left in the walk adds to
+** its gradient g (borrowed: copy what you need; setting take to 1 lets the
+** walk drop g now, and grads[s] is then NULL, even with unconnected_zero).
+** A source no node reaches gets no call. tick(ud), when not NULL, is called
+** after each node the walk runs: a chance to progress communication. A
+** hook's MG_ERR stops the walk with its error. */
+typedef struct mg_gradient_hooks {
+  mg_status (*ready) (void *ud, int source, mg_tensor *grad, int *take);
+  void (*tick) (void *ud);
+  void *ud;
+} mg_gradient_hooks;
+/* mg_tape_gradient with hooks (NULL: none, the plain call) */
+MG_API mg_status mg_tape_gradient_hooked (mg_tape *t, int ntargets, mg_tensor *const *targets,
+                                          int nsources, mg_tensor *const *sources,
+                                          mg_tensor *const *out_grads, int unconnected_zero,
+                                          const mg_gradient_hooks *hooks, mg_tensor **grads);
 /* *out: target.shape ++ source.shape, or NULL when unconnected and
 ** !unconnected_zero; a jacobian with no elements (an empty target or
 ** source) is zeros of that shape */

@@ -219,12 +219,13 @@ describe("mg.distributed", function()
     helpers.assert_close(unfused, one, 1e-5)
     local w1, w2 = mg.load(dir .. "/one.safetensors"), mg.load(dir .. "/two.safetensors")
     for name, t in pairs(w1) do helpers.assert_close(w2[name], t, 1e-4) end
-    -- per step: the gradients' agreement and one bucket, the logs' agreement
-    -- and sum; without fusion one call per gradient (4 variables)
+    -- per step (minimize: sent during the backward): the gradients'
+    -- agreement, one bucket, the agreement on which gradients exist, the
+    -- logs' agreement and sum; without fusion one call per gradient (4 variables)
     assert.equal(calls.two + 15 * 3, calls.unfused)
     -- at the start: the 4 variables (one agreement on the list, 4 broadcasts),
     -- the seed, Adam's iterations and 2 x 4 slots (an agreement and a broadcast each)
-    assert.equal(15 * 4 + (1 + 4) + 2 * (1 + 1 + 8), calls.two)
+    assert.equal(15 * 5 + (1 + 4) + 2 * (1 + 1 + 8), calls.two)
     os.execute("rm -rf " .. dir)
   end)
 
@@ -235,6 +236,16 @@ describe("mg.distributed", function()
       assert.equal(0, code, out)
       assert.matches(("ok %%d+ checks on %d ranks"):format(n), out)
       assert.matches("stage 2: slots of %d+ bytes on rank 0, 1104 replicated; bit for bit: " .. tostring(n == 2), out)
+    end
+  end)
+
+  it("minimize sends the gradients while the backward runs: the step after it, bit for bit (mpirun -np 2, 3)", function()
+    if not needs_mpirun() then return end
+    for _, n in ipairs({2, 3}) do
+      local out, code = mpirun(n, "spec/dist/overlap.lua", 120)
+      assert.equal(0, code, out)
+      assert.matches(("ok %%d+ checks on %d ranks"):format(n), out)
+      if n == 2 then assert.matches("stage 2 peak: %d+ bytes overlapped, %d+ after the backward", out) end
     end
   end)
 

@@ -52,6 +52,27 @@ end
 
 function check.is_array (v) return mg.is_tensor(v) or mg.is_variable(v) end
 
+function check.is_tape (v)
+  local mt = type(v) == "userdata" and getmetatable(v)
+  return type(mt) == "table" and rawget(mt, "__name") == "moongrad.Tape"
+end
+
+--- minimize's arguments (loss, vars, tape), checked: the list's length
+function check.minimize_args (who, loss, vars, tape)
+  if not check.is_array(loss) then check.fail(who, "the loss must be a tensor, got %s", check.show(loss)) end
+  if not check.is_tape(tape) then
+    check.fail(who, "minimize(loss, vars, tape) needs the tape that recorded the loss (mg.tape()), got %s",
+               check.show(tape))
+  end
+  local n = check.list(who, vars, "the list of variables", "variable %d")
+  for i = 1, n do
+    if not mg.is_variable(vars[i]) then
+      check.fail(who, "variable %d must be a Variable, got %s", i, check.show(vars[i]))
+    end
+  end
+  return n
+end
+
 local nouns = {nn = "layer", optim = "optimizer"}
 
 -- the class of a moongrad Lua object and what it is: "Dense", "layer"; or nil

@@ -8,7 +8,8 @@
 --   dist.allgather(t)                        -- every rank's t along the first axis
 --   dist.barrier()
 --   dist.broadcast_variables(vars, root)     -- in place: root's values everywhere
---   opt = dist.DistributedOptimizer(mg.optim.Adam{}, {fusion_bytes = 64 * 2^20})
+--   opt = dist.DistributedOptimizer(mg.optim.Adam{}, {fusion_bytes = 4 * 2^20})
+--   opt:minimize(loss, vars, tape)           -- gradients sent while the backward runs
 --   opt = dist.ShardedOptimizer(mg.optim.Adam{}, {stage = 2})   -- ZeRO: slots (and gradients) 1/N per rank
 --   dist.reduce_scatter(t, {op = "sum"}), dist.shard_range(n)
 --   model:fit(x, y, {distributed = true, batch_size = 32})   -- 32 per rank
@@ -162,16 +163,23 @@ function DistributedOptimizer.__tostring (self)
                                                                                     self.fusion_bytes)
 end
 
-local DOPTS = {{"fusion_bytes", check.rule("an integer >= 0", function(v) return math.type(v) == "integer" and v >= 0 end),
-                64 * 1024 * 1024}, {"op", check.rule("'mean' or 'sum'", function(v) return v == "mean" or v == "sum" end),
-                "mean"}}
+--- the options both optimizer wrappers take (ShardedOptimizer adds stage)
+dist.WRAPPER_OPTIONS = {
+  {"fusion_bytes", check.rule("an integer >= 0", function(v) return math.type(v) == "integer" and v >= 0 end),
+   4 * 1024 * 1024},
+  {"op", check.rule("'mean' or 'sum'", function(v) return v == "mean" or v == "sum" end), "mean"},
+  {"overlap", check.rule("a boolean", function(v) return type(v) == "boolean" end), true}}
 
---- DistributedOptimizer(opt [, {fusion_bytes = 64 MiB, op = "mean"}]): opt,
--- with gradients averaged over the ranks before each update. The first call
--- to apply_gradients (or build) broadcasts rank 0's variables, so every rank
--- starts from the same weights; gradients are packed by dtype into buckets
--- of at most fusion_bytes, one allreduce each (0: one call per gradient).
--- Everything else (learning_rate, iterations, get_state, ...) is opt's.
+--- DistributedOptimizer(opt [, {fusion_bytes = 4 MiB, op = "mean", overlap = true}]):
+-- opt, with gradients averaged over the ranks before each update. The first
+-- call to apply_gradients, minimize or build broadcasts rank 0's variables,
+-- so every rank starts from the same weights; gradients are packed by dtype
+-- into buckets of at most fusion_bytes, one allreduce each (0: one call per
+-- gradient). opt:minimize(loss, vars, tape) (what fit calls) sends each
+-- bucket as soon as the backward has made its gradients, so communication
+-- overlaps the rest of the backward (overlap = false: after it, as
+-- apply_gradients does). Everything else (learning_rate, iterations,
+-- get_state, ...) is opt's.
 function dist.DistributedOptimizer (opt, opts)
   local who = "DistributedOptimizer"
   if getmetatable(opt) == DistributedOptimizer then return opt end
@@ -179,9 +187,9 @@ function dist.DistributedOptimizer (opt, opts)
   if not (ok and check.is_callable(method)) then
     fail(who, "the optimizer must be an optimizer (mg.optim.Adam{...}), got %s", show(opt))
   end
-  local o = check.options(who, opts, DOPTS)
-  return setmetatable({optimizer = opt, fusion_bytes = o.fusion_bytes, op = o.op, _synced = setmetatable({}, {__mode = "k"}),
-                       grad_scale = 1}, DistributedOptimizer)
+  local o = check.options(who, opts, dist.WRAPPER_OPTIONS)
+  return setmetatable({optimizer = opt, fusion_bytes = o.fusion_bytes, op = o.op, overlap = o.overlap,
+                       _synced = setmetatable({}, {__mode = "k"}), grad_scale = 1}, DistributedOptimizer)
 end
 
 -- rank 0's values for the variables not broadcast yet (one agreement on
@@ -233,7 +241,25 @@ function DistributedOptimizer.apply_gradients (self, grads, vars)
   return self.optimizer:apply_gradients(out, vars)
 end
 
---- ShardedOptimizer(opt [, {stage = 1, fusion_bytes = 64 MiB, op = "mean"}]):
+--- opt:minimize(loss, vars, tape): tape's gradient of loss for vars, averaged
+-- over the ranks while the backward runs (mpi.gradient: each bucket goes out
+-- with MPI_Iallreduce once the walk has made all of its gradients), then
+-- opt's update. A gradient no rank made stays nil; one that only some ranks
+-- made is the sum with zeros from the others.
+function DistributedOptimizer.minimize (self, loss, vars, tape)
+  local who = "DistributedOptimizer"
+  local n = check.minimize_args(who .. ":minimize", loss, vars, tape)
+  check.distinct_variables(who, vars, n)
+  if not self.overlap then return self:apply_gradients(tape:gradient(loss, vars), vars) end
+  started(who)
+  local post = self.op == "mean" and 1 / mpi.size() or 1
+  local grads = mpi.gradient(tape, loss, {table.unpack(vars, 1, n)}, "allreduce", self.grad_scale, post,
+                             math.max(self.fusion_bytes, 1), who)
+  sync(self, vars, n)                                     -- after the walk: it reads the weights as they were
+  return self.optimizer:apply_gradients(grads, vars)
+end
+
+--- ShardedOptimizer(opt [, {stage = 1, fusion_bytes = 4 MiB, op = "mean", overlap = true}]):
 -- opt with its state sharded over the ranks, as DeepSpeed's ZeRO: stage 1
 -- keeps each rank's 1/N of the optimizer's slots and updates its shard of the
 -- weights, then all-gathers them; stage 2 also reduce-scatters the gradients,

@@ -296,8 +296,13 @@ local function train_step (self, x, y)
   t:stop()
   if not ok then error(y_pred, 0) end
   if not check.is_array(loss) then fail(who, "the loss gave %s; it must give a scalar tensor", show(loss)) end
-  local vars = self.trainable_variables
-  self.optimizer:apply_gradients(t:gradient(loss, vars), vars)
+  local vars, opt = self.trainable_variables, self.optimizer
+  local ok_m, minimize = pcall(function() return opt.minimize end)
+  if ok_m and check.is_callable(minimize) then
+    opt:minimize(loss, vars, t)                      -- distributed: gradients sent while the backward runs
+  else
+    opt:apply_gradients(t:gradient(loss, vars), vars)
+  end
   return batch_logs(self, c, who, loss, y, y_pred)
 end
 

@@ -174,6 +174,17 @@ function Optimizer.get_learning_rate (cls, self)
   return value
 end
 
+--- opt:minimize(loss, vars, tape): one step on tape's gradient of loss for
+-- vars, as Keras' minimize(loss, var_list, tape); the same as
+-- opt:apply_gradients(tape:gradient(loss, vars), vars). The distributed
+-- wrappers' minimize reduces the gradients while the backward runs.
+function Optimizer.minimize (cls, self, loss, vars, tape)
+  local who = cls.who .. ":minimize"
+  check.self(who, self, cls, "opt:minimize(loss, vars, tape)")
+  check.minimize_args(who, loss, vars, tape)
+  return self:apply_gradients(tape:gradient(loss, vars), vars)
+end
+
 -- registers vars (in order of first sight): the variables get_state describes
 local function register (self, vars, n)
   local known, list = self._index, self._variables

@@ -45,11 +45,9 @@ function Sharded.__tostring (self)
 end
 
 local OPTIONS = {{"stage", check.rule("1 or 2", function(v) return v == 1 or v == 2 end), 1},
-                 {"fusion_bytes", check.rule("an integer >= 0", function(v) return math.type(v) == "integer" and v >= 0 end),
-                  64 * 1024 * 1024},
-                 {"op", check.rule("'mean' or 'sum'", function(v) return v == "mean" or v == "sum" end), "mean"}}
+                 table.unpack(dist.WRAPPER_OPTIONS)}
 
---- ShardedOptimizer(opt [, {stage = 1, fusion_bytes = 64 MiB, op = "mean"}])
+--- ShardedOptimizer(opt [, {stage = 1, fusion_bytes = 4 MiB, op = "mean", overlap = true}])
 function sharded.new (opt, opts)
   local who = "ShardedOptimizer"
   if getmetatable(opt) == Sharded then return opt end
@@ -59,8 +57,8 @@ function sharded.new (opt, opts)
     fail(who, "the optimizer must be an optimizer (mg.optim.Adam{...}), got %s", show(opt))
   end
   local o = check.options(who, opts, OPTIONS)
-  return setmetatable({optimizer = opt, stage = o.stage, fusion_bytes = o.fusion_bytes, op = o.op, grad_scale = 1},
-                      Sharded)
+  return setmetatable({optimizer = opt, stage = o.stage, fusion_bytes = o.fusion_bytes, op = o.op, overlap = o.overlap,
+                       grad_scale = 1}, Sharded)
 end
 
 -- the wrapped optimizer's update must be elementwise for a piece's update
@@ -172,23 +170,45 @@ end
 
 -- {---- the step ----
 
+local function postscale (self) return self.op == "mean" and 1 / mpi.size() or 1 end
+
+-- the pieces' gradients out of the whole averaged gradients (stage 1)
+local function pieces_of_whole (l, full)
+  local out = {}
+  for k, p in ipairs(l.pieces) do                          -- copies: the whole gradients go before the gather
+    local g = full[p.member.index]
+    if g ~= nil then out[k] = mg.concat({slice_of(g, p)}) end
+  end
+  return out
+end
+
+-- the pieces' gradients out of this rank's shard of each dtype's flat
+-- vector (stage 2); present(i): variable i has a gradient
+local function pieces_of_shards (l, shards, present)
+  local out, k = {}, 0
+  for gi, g in ipairs(l.groups) do
+    local at = 0
+    for _, p in ipairs(g.pieces) do
+      k = k + 1
+      if present(p.member.index) then out[k] = shards[gi]:slice({at + 1, at + p.count}) end
+      at = at + p.count
+    end
+  end
+  return out
+end
+
 -- this rank's pieces' gradients: stage 1 from the averaged whole gradients,
 -- stage 2 from the reduce-scattered flat vector of each dtype
 local function shard_gradients (self, l, grads, who)
-  local post = self.op == "mean" and 1 / mpi.size() or 1
-  local out = {}
+  local post = postscale(self)
   if self.stage == 1 then
     local list = {}
     for i = 1, l.n do list[i] = grads[i] end
-    local full = mpi.allreduce_many(list, "sum", self.grad_scale, post, math.max(self.fusion_bytes, 1), l.n, who)
-    for k, p in ipairs(l.pieces) do                          -- copies: the whole gradients go before the gather
-      local g = full[p.member.index]
-      if g ~= nil then out[k] = mg.concat({slice_of(g, p)}) end
-    end
-    return out
+    return pieces_of_whole(l, mpi.allreduce_many(list, "sum", self.grad_scale, post, math.max(self.fusion_bytes, 1),
+                                                 l.n, who))
   end
-  local k = 0
-  for _, g in ipairs(l.groups) do
+  local shards = {}
+  for gi, g in ipairs(l.groups) do
     local parts = {}
     for j, m in ipairs(g.members) do
       local gr = grads[m.index]
@@ -198,15 +218,9 @@ local function shard_gradients (self, l, grads, who)
     if self.grad_scale ~= 1 then flat = flat * self.grad_scale end
     local mine = mpi.reduce_scatter(flat, {op = "sum"}, who)
     flat, parts = nil, nil                                 -- the whole vector goes at once
-    if post ~= 1 then mine = mine * post end
-    local at = 0
-    for _, p in ipairs(g.pieces) do
-      k = k + 1
-      if grads[p.member.index] ~= nil then out[k] = mine:slice({at + 1, at + p.count}) end
-      at = at + p.count
-    end
+    shards[gi] = post ~= 1 and mine * post or mine
   end
-  return out
+  return pieces_of_shards(l, shards, function(i) return grads[i] ~= nil end)
 end
 
 local DTYPE_BYTES = {float32 = 4, float64 = 8, bfloat16 = 2, float16 = 2}
@@ -245,6 +259,18 @@ local function gather_weights (self, l)
   end)
 end
 
+-- one step of the wrapped optimizer on the pieces, then every rank's pieces into the weights
+local function step (self, l, pg)
+  local pv = pieces_of(l)
+  for _, p in ipairs(l.pieces) do
+    p.piece:assign(slice_of(p.member.var:value(), p))     -- the weights as they are now (a restore, a broadcast)
+  end
+  pg.n = #l.pieces
+  self.optimizer:apply_gradients(pg, pv)
+  pg = nil                                                 -- gone before the gather's buffer
+  gather_weights(self, l)
+end
+
 --- opt:apply_gradients(grads, vars): one sharded step (every rank must call it
 -- with the same variables; nil gradients stay nil, the same on every rank)
 function Sharded.apply_gradients (self, grads, vars)
@@ -269,15 +295,32 @@ function Sharded.apply_gradients (self, grads, vars)
     end
   end
   local l = layout_for(self, vars, who)                     -- the first step: rank 0's weights everywhere
-  local pg = shard_gradients(self, l, gs, who)
-  local pv = pieces_of(l)
-  for _, p in ipairs(l.pieces) do
-    p.piece:assign(slice_of(p.member.var:value(), p))     -- the weights as they are now (a restore, a broadcast)
+  return step(self, l, shard_gradients(self, l, gs, who))
+end
+
+--- opt:minimize(loss, vars, tape): one sharded step on tape's gradient of
+-- loss for vars, reduced while the backward runs (mpi.gradient: stage 1
+-- allreduces each bucket, stage 2 reduce-scatters it, so a rank keeps only
+-- its shard of the gradients, and the walk lets each whole gradient go as
+-- soon as its bucket holds it). A gradient no rank made stays nil.
+function Sharded.minimize (self, loss, vars, tape)
+  local who = "ShardedOptimizer"
+  local n = check.minimize_args(who .. ":minimize", loss, vars, tape)
+  check.distinct_variables(who, vars, n)
+  check_elementwise(self, who)
+  if not self.overlap then return self:apply_gradients(tape:gradient(loss, vars), vars) end
+  if not dist.is_initialized() then
+    fail(who, "mg.distributed is not initialized; call mg.distributed.init() first (and start the program with mpirun)")
   end
-  pg.n = #l.pieces
-  self.optimizer:apply_gradients(pg, pv)
-  pg = nil                                                 -- gone before the gather's buffer
-  gather_weights(self, l)
+  local list, fusion = {table.unpack(vars, 1, n)}, math.max(self.fusion_bytes, 1)
+  if self.stage == 1 then
+    local full = mpi.gradient(tape, loss, list, "allreduce", self.grad_scale, postscale(self), fusion, who)
+    local l = layout_for(self, vars, who)                   -- after the walk: it reads the weights as they were
+    return step(self, l, pieces_of_whole(l, full))
+  end
+  local shards, present = mpi.gradient(tape, loss, list, "reduce_scatter", self.grad_scale, postscale(self), fusion, who)
+  local l = layout_for(self, vars, who)
+  return step(self, l, pieces_of_shards(l, shards, function(i) return present[i] end))
 end
 
 --- opt:mark_synced(vars): the variables hold the same values on every rank already (fit does it)

@@ -190,10 +190,11 @@ mg_status mg_walk_begin (mg_held *h, mg_tape *t, const char *fn, int na, mg_tens
 void      mg_walk_end   (mg_held *h);    /* last: it may drop the final reference to t */
 
 /* grads gets d(sum of targets . seeds)/d source for each source the tape
-** reaches; fn names the caller in messages ("gradient", "jacobian") */
+** reaches; fn names the caller in messages ("gradient", "jacobian"); hooks (or
+** NULL) as mg_tape_gradient_hooked's, taken[s] set where ready took one */
 mg_status mg_walk (mg_tape *t, int ntargets, mg_tensor *const *targets, mg_tensor *const *seeds,
                    int nsources, mg_tensor *const *sources, idmap *grads, bool free_as_you_go,
-                   const char *fn);
+                   const mg_gradient_hooks *hooks, char *taken, const char *fn);
 void      mg_release_grads (idmap *g);   /* releases the gradients a walk left */
 mg_status mg_tape_check_usable (const mg_tape *t, const char *fn);
 /* after a gradient: a non-persistent tape lets go of what it saved */

@@ -929,6 +929,72 @@ done:
   return st;
 }
 
+/* {---- ready hooks: when a source's gradient is whole ----
+
+** A source's gradient is whole once the walk (which runs the nodes last to
+** first) has run the earliest node that reads it, or, when no node reads
+** it (a target that is its own source), once the seeds are in. Sources are
+** listed by that node: first[i] heads the list for node i, first[nnodes]
+** the seeds'. */
+typedef struct ready_lists {
+  const mg_gradient_hooks *hooks;
+  char *taken;
+  int *first, *next;          /* nnodes + 1 heads; one link per source; -1 ends */
+} ready_lists;
+
+static mg_status ready_build (ready_lists *r, const mg_tape *t, int nsources, mg_tensor *const *sources,
+                              const idmap *dep) {
+  idmap earliest = {0};       /* source id -> 1 + the earliest node that adds to its gradient */
+  mg_status st = MG_OK;
+  r->first = (int *)malloc(sizeof(int) * (t->nnodes + 1 + (size_t)nsources));
+  if (r->first == NULL) return mg_seterror("out of memory in tape:gradient");
+  r->next = r->first + t->nnodes + 1;
+  for (size_t i = 0; i <= t->nnodes; i++) r->first[i] = -1;
+  for (size_t i = 0; i < t->nnodes && st == MG_OK; i++) {
+    const mg_node *n = t->nodes[i];
+    int nk = n->nin + (n->def->linked_outputs ? n->nout : 0);
+    for (int k = 0; k < nk && st == MG_OK; k++) {
+      const mg_meta *m = meta_at(n, k);
+      bool reads = k >= n->nin || k >= 32 || (n->followed & (1u << k));
+      if (!reads || !idmap_has(dep, m->id)) continue;
+      void **slot = idmap_slot(&earliest, m->id);
+      if (slot == NULL) st = MG_ERR;
+      else if (*slot == NULL) *slot = (void *)(uintptr_t)(i + 1);     /* i rises: the first is the earliest */
+    }
+  }
+  for (int s = nsources; s-- > 0 && st == MG_OK;) {
+    if (!idmap_has(dep, sources[s]->id)) continue;   /* unconnected: no call */
+    uintptr_t e = (uintptr_t)idmap_get(&earliest, sources[s]->id);
+    size_t at = e ? e - 1 : t->nnodes;
+    r->next[s] = r->first[at];
+    r->first[at] = s;
+  }
+  idmap_free(&earliest);
+  return st;
+}
+
+/* the sources listed at node i (or the seeds') are whole: hand them to ready */
+static mg_status ready_call (ready_lists *r, size_t i, idmap *grads, mg_tensor *const *sources, const char *fn) {
+  for (int s = r->first[i]; s >= 0; s = r->next[s]) {
+    mg_tensor *g = (mg_tensor *)idmap_get(grads, sources[s]->id);
+    int take = 0;
+    if (g == NULL) continue;
+    if (r->hooks->ready(r->hooks->ud, s, g, &take) != MG_OK) {
+      char why[600];
+      snprintf(why, sizeof why, "%s", mg_errmsg_raw());
+      return mg_seterror("tape:%s: %s", fn, why);
+    }
+    if (take) r->taken[s] = 1;
+  }
+  for (int s = r->first[i]; s >= 0; s = r->next[s]) {   /* after every call: sources may repeat */
+    void **slot = r->taken[s] ? idmap_slot(grads, sources[s]->id) : NULL;
+    if (slot && *slot) grads_drop(slot);
+  }
+  return MG_OK;
+}
+
+/* }---- */
+
 /*
 ** The walk: grads gets, for each source id, d(sum of targets · seeds)/d
 ** source. Only nodes downstream of a source are visited, and a node's
@@ -939,9 +1005,11 @@ done:
 */
 mg_status mg_walk (mg_tape *t, int ntargets, mg_tensor *const *targets,
                    mg_tensor *const *seeds, int nsources, mg_tensor *const *sources,
-                   idmap *grads, bool free_as_you_go, const char *fn) {
+                   idmap *grads, bool free_as_you_go, const mg_gradient_hooks *hooks, char *taken,
+                   const char *fn) {
   idmap dep = {0}, keep_ids = {0};
   bool *relevant = NULL, small_relevant[256];
+  ready_lists ready = {hooks, taken, NULL, NULL};
   mg_status st = MG_OK;
   mg_dtr_walk(1);
   for (int s = 0; s < nsources && st == MG_OK; s++)    /* sources the tape never saw stay unconnected */
@@ -974,6 +1042,10 @@ mg_status mg_walk (mg_tape *t, int ntargets, mg_tensor *const *targets,
     if (slot == NULL) mg_tensor_release(seed);
     if (slot == NULL || grads_add(slot, seed) != MG_OK) { st = MG_ERR; goto done; }
   }
+  if (hooks && hooks->ready) {
+    if ((st = ready_build(&ready, t, nsources, sources, &dep)) != MG_OK) goto done;
+    if ((st = ready_call(&ready, t->nnodes, grads, sources, fn)) != MG_OK) goto done;
+  }
   for (size_t i = t->nnodes; i-- > 0;) {
     mg_node *n = t->nodes[i];
     bool any = false;
@@ -990,6 +1062,8 @@ mg_status mg_walk (mg_tape *t, int ntargets, mg_tensor *const *targets,
       t->nodes[i] = NULL;
       node_release(n);
     }
+    if (ready.first && (st = ready_call(&ready, i, grads, sources, fn)) != MG_OK) goto done;
+    if (any && hooks && hooks->tick) hooks->tick(hooks->ud);
     if (any && mg_interrupted()) {
       st = mg_seterror("tape:%s: interrupted", fn);
       goto done;
@@ -1003,6 +1077,7 @@ done:
     st = mg_seterror("tape:%s: %s", fn, why);
   }
   if (relevant != small_relevant) free(relevant);
+  free(ready.first);
   idmap_free(&dep);
   idmap_free(&keep_ids);
   return st;
@@ -1083,6 +1158,12 @@ void mg_walk_end (mg_held *h) {
 mg_status mg_tape_gradient (mg_tape *t, int ntargets, mg_tensor *const *targets, int nsources,
                             mg_tensor *const *sources, mg_tensor *const *out_grads,
                             int unconnected_zero, mg_tensor **grads) {
+  return mg_tape_gradient_hooked(t, ntargets, targets, nsources, sources, out_grads, unconnected_zero, NULL, grads);
+}
+
+mg_status mg_tape_gradient_hooked (mg_tape *t, int ntargets, mg_tensor *const *targets, int nsources,
+                                   mg_tensor *const *sources, mg_tensor *const *out_grads,
+                                   int unconnected_zero, const mg_gradient_hooks *hooks, mg_tensor **grads) {
   const char *fn = "mg_tape_gradient";
   if (grads == NULL && nsources > 0) return mg_null_arg(fn, "grads");
   for (int s = 0; s < nsources; s++) grads[s] = NULL;
@@ -1098,11 +1179,16 @@ mg_status mg_tape_gradient (mg_tape *t, int ntargets, mg_tensor *const *targets,
   if (mg_walk_begin(&h, t, "gradient", ntargets, targets, nsources, sources, ntargets, out_grads) != MG_OK)
     return MG_ERR;
   idmap map = {0};
+  char *taken = hooks && hooks->ready ? (char *)calloc((size_t)nsources + 1, 1) : NULL;
+  mg_status st = hooks && hooks->ready && taken == NULL ? mg_seterror("out of memory in tape:gradient") : MG_OK;
   mg_memory_span("backward", 1);
-  mg_status st = mg_walk(t, ntargets, targets, out_grads, nsources, sources, &map, !t->persistent,
-                      "gradient");
+  if (st == MG_OK)
+    st = mg_walk(t, ntargets, targets, out_grads, nsources, sources, &map, !t->persistent, hooks, taken, "gradient");
   mg_memory_span("backward", 0);
   if (st == MG_OK) st = collect(&map, nsources, sources, unconnected_zero, grads);
+  for (int s = 0; st == MG_OK && taken && s < nsources; s++)
+    if (taken[s]) { mg_tensor_release(grads[s]); grads[s] = NULL; }
+  free(taken);
   mg_release_grads(&map);
   mg_tape_consume(t);                        /* even after a failure: its nodes may be gone */
   mg_walk_end(&h);                      /* last: it may drop the final reference to t */

@@ -39,6 +39,7 @@ typedef enum {
   MG_DIST_CALL_ALLGATHER_READY,          /* allgather's second step: every rank sized its result */
   MG_DIST_CALL_ALLREDUCE_MANY, MG_DIST_CALL_BROADCAST_MANY,
   MG_DIST_CALL_REDUCE_SCATTER,
+  MG_DIST_CALL_SYNC_ALLREDUCE, MG_DIST_CALL_SYNC_REDUCE_SCATTER,   /* mg_dist_sync_begin's */
   MG_DIST_CALL__COUNT
 } mg_dist_call;
 
@@ -84,8 +85,9 @@ void      mg_dist_finalize    (void);
 void      mg_dist_abort       (int code);
 
 /* MPI calls made (header exchanges included) and bytes reduced, broadcast
-** or gathered since init */
-typedef struct { int64_t calls, bytes; } mg_dist_stats;
+** or gathered since init; seconds the overlapped gradient syncs waited at
+** their end for communication the backward did not hide (mg_dist_sync_end) */
+typedef struct { int64_t calls, bytes; double waited; } mg_dist_stats;
 mg_dist_stats mg_dist_get_stats (void);
 
 /* tensors (new references; NULL + error on failure). A root outside
@@ -119,5 +121,42 @@ mg_status  mg_dist_broadcast_variables (const char *fn, mg_variable *const *vs, 
 mg_status  mg_dist_allreduce_many (const char *fn, mg_tensor *const *ts, int n, mg_dist_op op,
                                    double prescale, double postscale, int64_t fusion_bytes,
                                    mg_tensor **out);
+
+/*
+** Gradients reduced while the backward runs (src/dist/overlap.c), as
+** PyTorch's DDP and Horovod do. The list's entries (the variables, shaped
+** as like[i]) are laid out per dtype end to end, as ShardedOptimizer lays
+** them, and cut into buckets of whole entries of at most fusion_bytes. The
+** tape's walk hands each gradient over as soon as it is whole
+** (mg_tape_gradient_hooked's ready: mg_dist_sync_ready copies it, times
+** prescale, into its bucket); a bucket goes out (MPI_Iallreduce, or
+** MPI_Ireduce_scatter of each rank's share of the flat vector) once it is
+** full and every bucket after it has gone, so every rank starts the same
+** collectives in the same order, last bucket first (the order gradients
+** come in); the walk's tick progresses them. mg_dist_sync_end sends what
+** is left (a gradient not made here counts as zeros), waits, and agrees on
+** which gradients any rank made. The ranks agree on the list first.
+** Bucket buffers are allocated during the walk; a rank that fails then
+** leaves the others waiting until the timeout (mg.distributed's scripts
+** stop every rank at once on a failure: src/cli/main.c).
+*/
+typedef enum { MG_DIST_SYNC_ALLREDUCE, MG_DIST_SYNC_REDUCE_SCATTER } mg_dist_sync_mode;
+typedef struct mg_dist_sync mg_dist_sync;
+
+/* NULL + error on failure (the ranks disagree, out of memory); the result
+** is scaled by postscale (the op is a sum) */
+mg_dist_sync *mg_dist_sync_begin (const char *fn, mg_tensor *const *like, int n, mg_dist_sync_mode mode,
+                                  double prescale, double postscale, int64_t fusion_bytes);
+mg_status     mg_dist_sync_ready    (mg_dist_sync *s, int i, mg_tensor *grad);   /* entry i's whole gradient */
+void          mg_dist_sync_progress (mg_dist_sync *s);
+/* allreduce: out[i] entry i's reduced gradient (n of them, NULL where no
+** rank made one); reduce_scatter: out[g] this rank's shard of dtype group
+** g's flat vector (mg_dist_sync_groups of them, in the order of their first
+** entries) and present[i] whether any rank made entry i's gradient */
+mg_status     mg_dist_sync_end    (mg_dist_sync *s, mg_tensor **out, unsigned char *present);
+int           mg_dist_sync_groups (const mg_dist_sync *s);
+/* frees s; with collectives still in flight (a failed walk) their buffers
+** stay allocated for MPI and MPI cannot be used again in the process */
+void          mg_dist_sync_free   (mg_dist_sync *s);
 
 #endif

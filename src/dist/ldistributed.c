@@ -179,6 +179,92 @@ static int l_allreduce_many (lua_State *L) {
   return 1;
 }
 
+/* {---- gradients reduced while the backward runs (overlap.c) ---- */
+
+#define SYNC_MT "moongrad.mpi.sync"
+
+/* one call's sync, in a userdata: an error raised from the walk frees it */
+typedef struct lsync { mg_dist_sync *s; } lsync;
+
+static int sync_gc (lua_State *L) {
+  lsync *b = (lsync *)luaL_checkudata(L, 1, SYNC_MT);
+  mg_dist_sync_free(b->s);
+  b->s = NULL;
+  return 0;
+}
+
+static mg_status on_ready (void *ud, int i, mg_tensor *g, int *take) {
+  *take = 1;                                   /* its bucket holds it now: the walk lets it go */
+  return mg_dist_sync_ready((mg_dist_sync *)ud, i, g);
+}
+
+static void on_tick (void *ud) { mg_dist_sync_progress((mg_dist_sync *)ud); }
+
+/* the results of a sync: allreduce, the list of n gradients (nil where no
+** rank made one); reduce_scatter, the list of this rank's shards (one per
+** dtype group) and the list of n booleans saying which gradients exist */
+static int push_results (lua_State *L, mg_dist_sync_mode mode, int n, int ngroups, mg_tensor **out,
+                         const unsigned char *present) {
+  int count = mode == MG_DIST_SYNC_ALLREDUCE ? n : ngroups;
+  lua_createtable(L, count, 1);
+  for (int i = 0; i < count; i++) {
+    if (out[i] == NULL) continue;
+    mgL_pushtensor(L, out[i]);
+    out[i] = NULL;
+    lua_rawseti(L, -2, i + 1);
+  }
+  lua_pushinteger(L, count);
+  lua_setfield(L, -2, "n");
+  if (mode == MG_DIST_SYNC_ALLREDUCE) return 1;
+  lua_createtable(L, n, 0);
+  for (int i = 0; i < n; i++) {
+    lua_pushboolean(L, present[i]);
+    lua_rawseti(L, -2, i + 1);
+  }
+  return 2;
+}
+
+/* gradient(tape, target, vars, mode, prescale, postscale, fusion_bytes [, who]):
+** tape:gradient(target, vars) with each bucket of gradients reduced across
+** the ranks as soon as the backward has made it; mode "allreduce" or
+** "reduce_scatter" (see push_results) */
+static int l_gradient (lua_State *L) {
+  const char *fn = luaL_optstring(L, 8, "DistributedOptimizer");
+  mg_tensor *target = mgL_checktensor(L, 2);
+  luaL_checktype(L, 3, LUA_TTABLE);
+  static const char *const modes[] = {"allreduce", "reduce_scatter", NULL};
+  mg_dist_sync_mode mode = (mg_dist_sync_mode)luaL_checkoption(L, 4, NULL, modes);
+  double pre = luaL_checknumber(L, 5), post = luaL_checknumber(L, 6);
+  lua_Integer fusion = luaL_checkinteger(L, 7);
+  lua_Integer n = luaL_len(L, 3);
+  luaL_argcheck(L, n >= 0 && n <= 1 << 24, 3, "a list of at most 2^24 variables expected");
+  mg_tensor **src = lua_newuserdatauv(L, sizeof(mg_tensor *) * (size_t)(n ? 3 * n : 3), 0);
+  mg_tensor **grads = src + (n ? n : 1), **out = grads + (n ? n : 1);
+  for (int i = 0; i < n; i++) {
+    lua_geti(L, 3, i + 1);
+    src[i] = mgL_checktensor(L, -1);            /* borrowed: the list keeps it */
+    lua_pop(L, 1);
+    grads[i] = out[i] = NULL;
+  }
+  unsigned char *present = lua_newuserdatauv(L, (size_t)(n ? n : 1), 0);
+  need_init(L, fn);
+  lsync *b = lua_newuserdatauv(L, sizeof *b, 0);
+  b->s = NULL;
+  luaL_setmetatable(L, SYNC_MT);
+  if ((b->s = mg_dist_sync_begin(fn, src, (int)n, mode, pre, post, fusion)) == NULL) return mgL_error(L);
+  mg_gradient_hooks hooks = {on_ready, on_tick, b->s};
+  mg_status st = mgL_gradient_hooked(L, 1, target, (int)n, src, &hooks, grads);
+  for (int i = 0; i < n; i++) mg_tensor_release(grads[i]);   /* none: the buckets took them */
+  int ngroups = mg_dist_sync_groups(b->s);
+  if (st == MG_OK) st = mg_dist_sync_end(b->s, out, present);
+  mg_dist_sync_free(b->s);
+  b->s = NULL;
+  if (st != MG_OK) return mgL_error(L);
+  return push_results(L, mode, (int)n, ngroups, out, present);
+}
+
+/* }---- */
+
 /* broadcast_variables(list, root [, who]): root's values into the list's
 ** variables, in place, after one agreement on the whole list */
 static int l_broadcast_variables (lua_State *L) {
@@ -217,6 +303,8 @@ static int l_stats (lua_State *L) {
   lua_setfield(L, -2, "calls");
   lua_pushinteger(L, s.bytes);
   lua_setfield(L, -2, "bytes");
+  lua_pushnumber(L, s.waited);
+  lua_setfield(L, -2, "waited");
   return 1;
 }
 
@@ -246,7 +334,7 @@ int luaopen_moongrad_mpi (lua_State *L) {
     {"init", l_init}, {"is_initialized", l_is_initialized}, {"rank", l_rank}, {"size", l_size},
     {"barrier", l_barrier}, {"finalize", l_finalize}, {"allreduce", l_allreduce}, {"broadcast", l_broadcast},
     {"allgather", l_allgather}, {"allreduce_many", l_allreduce_many}, {"reduce_scatter", l_reduce_scatter},
-    {"shard_range", l_shard_range},
+    {"shard_range", l_shard_range}, {"gradient", l_gradient},
     {"broadcast_variables", l_broadcast_variables}, {"set_timeout", l_set_timeout}, {"timeout", l_timeout},
     {"stats", l_stats}, {NULL, NULL}};
   static int registered;
@@ -254,6 +342,11 @@ int luaopen_moongrad_mpi (lua_State *L) {
     pin_library();
     registered = on_exit(at_exit, NULL) == 0;
   }
+  if (luaL_newmetatable(L, SYNC_MT)) {
+    lua_pushcfunction(L, sync_gc);
+    lua_setfield(L, -2, "__gc");
+  }
+  lua_pop(L, 1);
   luaL_newlib(L, fns);
   return 1;
 }

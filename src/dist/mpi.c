@@ -25,10 +25,11 @@
 
 #include "core/core.h"
 #include "dist/dist.h"
+#include "dist/shared.h"
 
 static int started;                   /* MPI_Init_thread called by us */
 static int world_rank, world_size;
-static mg_dist_stats stats;
+mg_dist_stats mg_dist_counts;
 static MPI_Op half_ops[2][3];         /* [float16, bfloat16][sum, max, min] */
 /* the fusion buffer, kept from step to step as Horovod's: a fresh one per
 ** step cost page faults on every call (64 MiB: 148 ms instead of 20) */
@@ -43,20 +44,20 @@ static int64_t *gather_bytes;         /* allgather: each rank's bytes, from its 
 static int *gather_counts, *gather_displs;   /* allgatherv's, world_size each */
 static double timeout_s = MG_DIST_DEFAULT_TIMEOUT;
 static int timeout_given;             /* set by mg_dist_set_timeout: the environment's is not read */
-static int broken;                    /* an exchange timed out and is still pending */
+int mg_dist_broken;                    /* an exchange timed out and is still pending */
 
 #define CHUNK    (1 << 28)            /* elements or bytes per MPI call: counts are ints */
-#define DESC     (3 + MG_MAX_DIMS)    /* a list entry: present, dtype, ndim, dims */
+#define DESC     MG_DIST_DESC
 #define MAX_LIST (INT_MAX / DESC)     /* a list's entries, so that an exchange of them counts in an int */
 
-static mg_status mpi_fail (const char *fn, int rc) {
+mg_status mg_dist_mpi_fail (const char *fn, int rc) {
   char msg[MPI_MAX_ERROR_STRING];
   int len = 0;
   MPI_Error_string(rc, msg, &len);
   return mg_seterror("%s: MPI failed on rank %d: %s", fn, world_rank, msg);
 }
 
-static mg_status need_init (const char *fn) {
+mg_status mg_dist_need_init (const char *fn) {
   if (started && mg_dist_initialized()) return MG_OK;
   return mg_seterror("%s: mg.distributed is not initialized; call mg.distributed.init() first "
                      "(and start the program with mpirun)", fn);
@@ -165,11 +166,11 @@ int mg_dist_initialized (void) {
 
 int mg_dist_rank (void) { return world_rank; }
 int mg_dist_size (void) { return world_size; }
-mg_dist_stats mg_dist_get_stats (void) { return stats; }
+mg_dist_stats mg_dist_get_stats (void) { return mg_dist_counts; }
 
 void mg_dist_finalize (void) {
   if (!mg_dist_initialized()) return;
-  if (broken) {                 /* MPI_Finalize would wait for the exchange that timed out */
+  if (mg_dist_broken) {                 /* MPI_Finalize would wait for the exchange that timed out */
     fprintf(stderr, "moongrad: rank %d of %d had a collective time out; stopping every rank\n", world_rank, world_size);
     fflush(stderr);
     MPI_Abort(MPI_COMM_WORLD, 1);
@@ -206,7 +207,9 @@ static const char *const call_names[MG_DIST_CALL__COUNT] = {   /* ORDER mg_dist_
   [MG_DIST_CALL_ALLGATHER_READY] = "allgather's second step",
   [MG_DIST_CALL_ALLREDUCE_MANY] = "allreduce of a list (DistributedOptimizer)",
   [MG_DIST_CALL_BROADCAST_MANY] = "broadcast of a list of variables",
-  [MG_DIST_CALL_REDUCE_SCATTER] = "reduce_scatter"};
+  [MG_DIST_CALL_REDUCE_SCATTER] = "reduce_scatter",
+  [MG_DIST_CALL_SYNC_ALLREDUCE] = "an overlapped allreduce of the gradients (DistributedOptimizer)",
+  [MG_DIST_CALL_SYNC_REDUCE_SCATTER] = "an overlapped reduce-scatter of the gradients (ShardedOptimizer)"};
 
 static const char *const op_names[] = {"'sum'", "'mean'", "'max'", "'min'"};   /* ORDER mg_dist_op */
 
@@ -220,17 +223,17 @@ static void nap (long ns) {
 ** 1 ms) so that a long wait leaves the core to the others. After a timeout
 ** the request stays pending (a collective cannot be cancelled): MPI is
 ** unusable in this process from then on. */
-static mg_status wait_for (const char *fn, MPI_Request *req) {
+mg_status mg_dist_wait (const char *fn, MPI_Request *req) {
   double start = MPI_Wtime();
   for (;;) {
     int done = 0, rc = MPI_Test(req, &done, MPI_STATUS_IGNORE);
-    if (rc != MPI_SUCCESS) return mpi_fail(fn, rc);
+    if (rc != MPI_SUCCESS) return mg_dist_mpi_fail(fn, rc);
     if (done) return MG_OK;
     double waited = MPI_Wtime() - start;
     if (timeout_s > 0 && waited >= timeout_s) {
       char who[32] = "a rank";
       if (world_size == 2) snprintf(who, sizeof who, "rank %d", 1 - world_rank);
-      broken = 1;
+      mg_dist_broken = 1;
       return mg_seterror("%s: timed out after %g s waiting for the other ranks: %s did not arrive (it hangs, or "
                          "makes fewer collective calls than rank %d); the timeout is "
                          "mg.distributed.init{timeout = seconds} or MOONGRAD_DIST_TIMEOUT (0: no timeout)",
@@ -242,12 +245,12 @@ static mg_status wait_for (const char *fn, MPI_Request *req) {
 
 /* n int64 values from every rank into all (n per rank, rank after rank), waited for as above */
 static mg_status gather_i64 (const char *fn, const int64_t *mine, int n, int64_t *all) {
-  if (broken)
+  if (mg_dist_broken)
     return mg_seterror("%s: a collective timed out on this rank before; MPI cannot be used again in this process", fn);
   MPI_Request req;
-  stats.calls++;
+  mg_dist_counts.calls++;
   int rc = MPI_Iallgather(mine, n, MPI_INT64_T, all, n, MPI_INT64_T, MPI_COMM_WORLD, &req);
-  return rc != MPI_SUCCESS ? mpi_fail(fn, rc) : wait_for(fn, &req);
+  return rc != MPI_SUCCESS ? mg_dist_mpi_fail(fn, rc) : mg_dist_wait(fn, &req);
 }
 
 /* dims x dtype size of a header whose dims are >= 0, into *out; 0 when it overflows */
@@ -376,7 +379,7 @@ static mg_status agree (const char *fn, int from, const char *plural) {
 
 /* {--- lists: each entry described by DESC values, hashed into the header */
 
-static void describe_entry (int64_t *e, const mg_tensor *t) {
+void mg_dist_describe_entry (int64_t *e, const mg_tensor *t) {
   memset(e, 0, sizeof(int64_t) * DESC);
   if (t == NULL) return;
   e[0] = 1;
@@ -386,7 +389,7 @@ static void describe_entry (int64_t *e, const mg_tensor *t) {
 }
 
 /* FNV-1a over the entries' values */
-static int64_t hash_list (const int64_t *desc, int64_t n) {
+int64_t mg_dist_hash_list (const int64_t *desc, int64_t n) {
   uint64_t h = UINT64_C(14695981039346656037);
   const unsigned char *p = (const unsigned char *)desc;
   for (size_t i = 0; i < sizeof(int64_t) * (size_t)n * DESC; i++) h = (h ^ p[i]) * UINT64_C(1099511628211);
@@ -417,7 +420,7 @@ static mg_status list_differs (const char *fn, const char *noun, const int64_t *
   int64_t *sent = all + per * (size_t)world_size;
   memcpy(sent, mine, sizeof(int64_t) * per);
   if (gather_i64(fn, sent, (int)per, all) != MG_OK) {
-    if (!broken) free(all);
+    if (!mg_dist_broken) free(all);
     return MG_ERR;
   }
   char x[240], y[240];
@@ -439,7 +442,7 @@ static mg_status list_differs (const char *fn, const char *noun, const int64_t *
 
 /* the agreement on a list: its header (count, hash and the rest), then,
 ** when the hashes differ, the entry that differs */
-static mg_status agree_list (const char *fn, const mg_dist_header *mine, const char *noun, const int64_t *desc) {
+mg_status mg_dist_agree_list (const char *fn, const mg_dist_header *mine, const char *noun, const int64_t *desc) {
   char plural[40];
   snprintf(plural, sizeof plural, "%ss", noun);
   if (exchange(fn, mine) != MG_OK || agree(fn, 0, plural) != MG_OK) return MG_ERR;
@@ -466,7 +469,7 @@ static mg_status agree_tensor (const char *fn, mg_dist_call kind, int op, int64_
 /* barrier: an agreement on nothing but the call; every rank has arrived
 ** once every rank's header has */
 mg_status mg_dist_barrier (const char *fn) {
-  if (need_init(fn) != MG_OK) return MG_ERR;
+  if (mg_dist_need_init(fn) != MG_OK) return MG_ERR;
   mg_dist_header h = {.kind = MG_DIST_CALL_BARRIER, .op = -1, .root = -1, .dtype = -1};
   return exchange(fn, &h) != MG_OK ? MG_ERR : agree(fn, 0, "entries");
 }
@@ -476,7 +479,7 @@ mg_status mg_dist_barrier (const char *fn) {
 
 /* {=============== raw buffers, after the agreement =============== */
 
-static MPI_Datatype mpi_type (mg_dtype dt) {
+MPI_Datatype mg_dist_mpi_type (mg_dtype dt) {
   switch (dt) {
     case MG_FLOAT32:  return MPI_FLOAT;
     case MG_FLOAT64:  return MPI_DOUBLE;
@@ -490,7 +493,7 @@ static int is_float (mg_dtype dt) {
   return dt == MG_FLOAT32 || dt == MG_FLOAT64 || dt == MG_FLOAT16 || dt == MG_BFLOAT16;
 }
 
-static MPI_Op mpi_op (mg_dtype dt, mg_dist_op op) {
+MPI_Op mg_dist_mpi_op (mg_dtype dt, mg_dist_op op) {
   int k = op == MG_DIST_MAX ? 1 : op == MG_DIST_MIN ? 2 : 0;
   if (dt == MG_FLOAT16 || dt == MG_BFLOAT16) return half_ops[dt == MG_BFLOAT16][k];
   if (dt == MG_BOOL) return k == 2 ? MPI_LAND : MPI_LOR;     /* sum and max of bools: or */
@@ -498,7 +501,7 @@ static MPI_Op mpi_op (mg_dtype dt, mg_dist_op op) {
 }
 
 /* buf[0..n) *= s, for the float dtypes */
-static void scale (void *buf, int64_t n, mg_dtype dt, double s) {
+void mg_dist_scale (void *buf, int64_t n, mg_dtype dt, double s) {
   if (s == 1.0) return;
   if (dt == MG_FLOAT32) {
     float *p = buf, f = (float)s;
@@ -520,7 +523,7 @@ static void scale (void *buf, int64_t n, mg_dtype dt, double s) {
 
 /* what op and scaling mean for dtype dt: the same answer on every rank,
 ** since they agree on both */
-static mg_status check_op (const char *fn, mg_dtype dt, mg_dist_op op, double pre, double post) {
+mg_status mg_dist_check_op (const char *fn, mg_dtype dt, mg_dist_op op, double pre, double post) {
   if (op == MG_DIST_MEAN && !is_float(dt))
     return mg_seterror("%s: op 'mean' is for float tensors, got %s (use 'sum')", fn, mg_dtype_name(dt));
   if (!is_float(dt) && (pre != 1.0 || post != 1.0))
@@ -539,23 +542,23 @@ static mg_status allreduce_buf (const char *fn, void *buf, int64_t n, mg_dtype d
   size_t es = mg_dtype_size(dt);
   for (int64_t done = 0; done < n; done += CHUNK) {
     int m = n - done < CHUNK ? (int)(n - done) : CHUNK;
-    stats.calls++;
-    stats.bytes += (int64_t)m * (int64_t)es;
-    int rc = MPI_Allreduce(MPI_IN_PLACE, (char *)buf + done * (int64_t)es, m, mpi_type(dt), mpi_op(dt, op),
+    mg_dist_counts.calls++;
+    mg_dist_counts.bytes += (int64_t)m * (int64_t)es;
+    int rc = MPI_Allreduce(MPI_IN_PLACE, (char *)buf + done * (int64_t)es, m, mg_dist_mpi_type(dt), mg_dist_mpi_op(dt, op),
                            MPI_COMM_WORLD);
-    if (rc != MPI_SUCCESS) return mpi_fail(fn, rc);
+    if (rc != MPI_SUCCESS) return mg_dist_mpi_fail(fn, rc);
   }
-  scale(buf, n, dt, post);
+  mg_dist_scale(buf, n, dt, post);
   return MG_OK;
 }
 
 static mg_status bcast_buf (const char *fn, void *buf, int64_t nbytes, int root) {
   for (int64_t done = 0; done < nbytes; done += CHUNK) {
     int m = nbytes - done < CHUNK ? (int)(nbytes - done) : CHUNK;
-    stats.calls++;
-    stats.bytes += m;
+    mg_dist_counts.calls++;
+    mg_dist_counts.bytes += m;
     int rc = MPI_Bcast((char *)buf + done, m, MPI_BYTE, root, MPI_COMM_WORLD);
-    if (rc != MPI_SUCCESS) return mpi_fail(fn, rc);
+    if (rc != MPI_SUCCESS) return mg_dist_mpi_fail(fn, rc);
   }
   return MG_OK;
 }
@@ -571,11 +574,11 @@ static mg_status allgather_buf (const char *fn, const void *send, void *recv, in
       gather_displs[q] = (int)at;
       at += gather_bytes[q];
     }
-    stats.calls++;
-    stats.bytes += total;
+    mg_dist_counts.calls++;
+    mg_dist_counts.bytes += total;
     int rc = MPI_Allgatherv(mine ? send : recv, (int)mine, MPI_BYTE, recv, gather_counts, gather_displs, MPI_BYTE,
                             MPI_COMM_WORLD);
-    return rc == MPI_SUCCESS ? MG_OK : mpi_fail(fn, rc);
+    return rc == MPI_SUCCESS ? MG_OK : mg_dist_mpi_fail(fn, rc);
   }
   for (int q = 0; q < world_size; q++) {
     if (q == world_rank) memcpy((char *)recv + at, send, (size_t)mine);
@@ -603,10 +606,10 @@ static mg_tensor *copy_of (const mg_tensor *t) {
 static int64_t nbytes (const mg_tensor *t) { return t->numel * (int64_t)mg_dtype_size(t->dtype); }
 
 mg_tensor *mg_dist_allreduce (const char *fn, mg_tensor *t, mg_dist_op op) {
-  if (need_init(fn) != MG_OK) return NULL;
+  if (mg_dist_need_init(fn) != MG_OK) return NULL;
   mg_tensor *r = copy_of(t);                        /* before the agreement */
   if (agree_tensor(fn, MG_DIST_CALL_ALLREDUCE, op, -1, t, r == NULL, 0) != MG_OK
-      || check_op(fn, t->dtype, op, 1.0, 1.0) != MG_OK || allreduce_buf(fn, mg_ptr(r), r->numel, r->dtype, op) != MG_OK) {
+      || mg_dist_check_op(fn, t->dtype, op, 1.0, 1.0) != MG_OK || allreduce_buf(fn, mg_ptr(r), r->numel, r->dtype, op) != MG_OK) {
     mg_tensor_release(r);
     return NULL;
   }
@@ -614,7 +617,7 @@ mg_tensor *mg_dist_allreduce (const char *fn, mg_tensor *t, mg_dist_op op) {
 }
 
 mg_tensor *mg_dist_broadcast (const char *fn, mg_tensor *t, int64_t root) {
-  if (need_init(fn) != MG_OK) return NULL;
+  if (mg_dist_need_init(fn) != MG_OK) return NULL;
   mg_tensor *r = world_rank == root ? mg_contiguous(t) : mg_empty(t->shape, t->ndim, t->dtype);
   if (agree_tensor(fn, MG_DIST_CALL_BROADCAST, -1, root, t, r == NULL, 0) != MG_OK
       || bcast_buf(fn, mg_ptr(r), nbytes(r), (int)root) != MG_OK) {
@@ -655,7 +658,7 @@ static mg_tensor *gather (const char *fn, mg_tensor *c) {
 /* the ranks' tensors concatenated along the first axis (a 0-d tensor counts
 ** as one row); the first axes may differ */
 mg_tensor *mg_dist_allgather (const char *fn, mg_tensor *t) {
-  if (need_init(fn) != MG_OK) return NULL;
+  if (mg_dist_need_init(fn) != MG_OK) return NULL;
   int64_t one = 1;
   mg_tensor *src = t->ndim == 0 ? mg_reshape(t, &one, 1) : mg_tensor_retain(t);
   mg_tensor *c = src != NULL ? mg_contiguous(src) : NULL, *r = NULL;
@@ -672,13 +675,13 @@ void mg_dist_shard_range (int64_t n, int size, int r, int64_t *lo, int64_t *hi) 
 }
 
 mg_tensor *mg_dist_reduce_scatter (const char *fn, mg_tensor *t, mg_dist_op op) {
-  if (need_init(fn) != MG_OK) return NULL;
+  if (mg_dist_need_init(fn) != MG_OK) return NULL;
   int64_t lo, hi, n = t->numel;
   mg_dist_shard_range(n, world_size, world_rank, &lo, &hi);
   int64_t one = hi - lo;
   mg_tensor *c = mg_contiguous(t), *r = c ? mg_empty(&one, 1, t->dtype) : NULL;
   if (agree_tensor(fn, MG_DIST_CALL_REDUCE_SCATTER, op, -1, t, r == NULL, 0) != MG_OK
-      || check_op(fn, t->dtype, op, 1.0, 1.0) != MG_OK) {
+      || mg_dist_check_op(fn, t->dtype, op, 1.0, 1.0) != MG_OK) {
     mg_tensor_release(c);
     mg_tensor_release(r);
     return NULL;
@@ -691,12 +694,12 @@ mg_tensor *mg_dist_reduce_scatter (const char *fn, mg_tensor *t, mg_dist_op op) 
       mg_dist_shard_range(n, world_size, q, &a, &b);
       gather_counts[q] = (int)(b - a);
     }
-    stats.calls++;
-    stats.bytes += n * (int64_t)es;
-    int rc = MPI_Reduce_scatter(mg_ptr(c), mg_ptr(r), gather_counts, mpi_type(t->dtype),
-                                mpi_op(t->dtype, op == MG_DIST_MEAN ? MG_DIST_SUM : op), MPI_COMM_WORLD);
-    if (rc != MPI_SUCCESS) st = mpi_fail(fn, rc);
-    else if (op == MG_DIST_MEAN) scale(mg_ptr(r), one, t->dtype, 1.0 / world_size);
+    mg_dist_counts.calls++;
+    mg_dist_counts.bytes += n * (int64_t)es;
+    int rc = MPI_Reduce_scatter(mg_ptr(c), mg_ptr(r), gather_counts, mg_dist_mpi_type(t->dtype),
+                                mg_dist_mpi_op(t->dtype, op == MG_DIST_MEAN ? MG_DIST_SUM : op), MPI_COMM_WORLD);
+    if (rc != MPI_SUCCESS) st = mg_dist_mpi_fail(fn, rc);
+    else if (op == MG_DIST_MEAN) mg_dist_scale(mg_ptr(r), one, t->dtype, 1.0 / world_size);
   } else {                                      /* above 2^31 elements: the whole sum, then the shard */
     mg_tensor *all = copy_of(c);
     st = all ? allreduce_buf(fn, mg_ptr(all), n, t->dtype, op) : MG_ERR;
@@ -719,10 +722,10 @@ static mg_tensor *own_value (mg_variable *v) {
 }
 
 mg_status mg_dist_allreduce_variable (const char *fn, mg_variable *v, mg_dist_op op) {
-  if (need_init(fn) != MG_OK) return MG_ERR;
+  if (mg_dist_need_init(fn) != MG_OK) return MG_ERR;
   mg_tensor *cur = own_value(v);
   if (cur != NULL) {
-    if (agree_tensor(fn, MG_DIST_CALL_ALLREDUCE, op, -1, cur, 0, 0) != MG_OK || check_op(fn, cur->dtype, op, 1.0, 1.0) != MG_OK)
+    if (agree_tensor(fn, MG_DIST_CALL_ALLREDUCE, op, -1, cur, 0, 0) != MG_OK || mg_dist_check_op(fn, cur->dtype, op, 1.0, 1.0) != MG_OK)
       return MG_ERR;
     return allreduce_buf(fn, mg_ptr(cur), cur->numel, cur->dtype, op);
   }
@@ -734,7 +737,7 @@ mg_status mg_dist_allreduce_variable (const char *fn, mg_variable *v, mg_dist_op
 }
 
 mg_status mg_dist_broadcast_variable (const char *fn, mg_variable *v, int64_t root) {
-  if (need_init(fn) != MG_OK) return MG_ERR;
+  if (mg_dist_need_init(fn) != MG_OK) return MG_ERR;
   mg_tensor *cur = mg_variable_peek(v);
   mg_tensor *b = own_value(v) != NULL ? mg_tensor_retain(cur)          /* in place; the root only reads */
                : world_rank == root ? mg_contiguous(cur) : mg_empty(cur->shape, cur->ndim, cur->dtype);
@@ -749,7 +752,7 @@ mg_status mg_dist_broadcast_variable (const char *fn, mg_variable *v, int64_t ro
 ** else holds it, else into a new value (allocated before the agreement)
 ** that the variable adopts; the root only reads */
 mg_status mg_dist_broadcast_variables (const char *fn, mg_variable *const *vs, int n, int64_t root) {
-  if (need_init(fn) != MG_OK) return MG_ERR;
+  if (mg_dist_need_init(fn) != MG_OK) return MG_ERR;
   if (n < 0 || n > MAX_LIST) return mg_seterror("%s: %d variables; at most %d at once", fn, n, MAX_LIST);
   mg_tensor **buf = calloc((size_t)(n ? n : 1), sizeof *buf);
   int64_t *desc = malloc(sizeof(int64_t) * DESC * (size_t)(n ? n : 1));
@@ -761,12 +764,12 @@ mg_status mg_dist_broadcast_variables (const char *fn, mg_variable *const *vs, i
     buf[i] = own_value(vs[i]) != NULL ? mg_tensor_retain(cur)
            : world_rank == root ? mg_contiguous(cur) : mg_empty(cur->shape, cur->ndim, cur->dtype);
     failed = buf[i] == NULL;
-    describe_entry(desc + (size_t)i * DESC, cur);
+    mg_dist_describe_entry(desc + (size_t)i * DESC, cur);
     h.bytes += nbytes(cur);
   }
   h.failed = failed;
-  h.hash = failed ? 0 : hash_list(desc, n);
-  mg_status s = agree_list(fn, &h, "variable", desc);
+  h.hash = failed ? 0 : mg_dist_hash_list(desc, n);
+  mg_status s = mg_dist_agree_list(fn, &h, "variable", desc);
   if (s == MG_OK && (root < 0 || root >= world_size))
     s = mg_seterror("%s: root must be a rank from 0 to %d, got %lld", fn, world_size - 1, (long long)root);
   for (int i = 0; i < n && s == MG_OK; i++) s = bcast_buf(fn, mg_ptr(buf[i]), nbytes(buf[i]), (int)root);
@@ -792,7 +795,7 @@ static void *fusion_buffer (size_t size) {
 
 /* n values from src to dst, times s (float32 and float64 in the same pass;
 ** the half types copy, then scale) */
-static void copy_scaled (void *dst, const void *src, int64_t n, mg_dtype dt, double s) {
+void mg_dist_copy_scaled (void *dst, const void *src, int64_t n, mg_dtype dt, double s) {
   if (s != 1.0 && dt == MG_FLOAT32) {
     float *d = dst, f = (float)s;
     const float *x = src;
@@ -803,7 +806,7 @@ static void copy_scaled (void *dst, const void *src, int64_t n, mg_dtype dt, dou
     for (int64_t i = 0; i < n; i++) d[i] = x[i] * s;
   } else {
     memcpy(dst, src, (size_t)n * mg_dtype_size(dt));
-    scale(dst, n, dt, s);
+    mg_dist_scale(dst, n, dt, s);
   }
 }
 
@@ -837,7 +840,7 @@ static mg_status prepare (const char *fn, plan *p, mg_tensor *const *ts, int64_t
       if (ts[i] != NULL && (int)ts[i]->dtype == d) p->order[p->k++] = i;
   int64_t most = 0, bytes;
   for (int i = 0; i < n; i++) {
-    describe_entry(p->desc + (size_t)i * DESC, ts[i]);
+    mg_dist_describe_entry(p->desc + (size_t)i * DESC, ts[i]);
     if (ts[i] == NULL) continue;
     if ((p->src[i] = mg_contiguous(ts[i])) == NULL) return MG_ERR;
     if ((p->dst[i] = mg_empty(ts[i]->shape, ts[i]->ndim, ts[i]->dtype)) == NULL) return MG_ERR;
@@ -861,7 +864,7 @@ static mg_status bucket (const char *fn, const plan *p, int a, int b, mg_dist_op
   int64_t at = 0;
   for (int j = a; j < b; j++) {
     const mg_tensor *c = p->src[p->order[j]];
-    copy_scaled(buf + at * (int64_t)es, mg_ptr(c), c->numel, dt, pre);
+    mg_dist_copy_scaled(buf + at * (int64_t)es, mg_ptr(c), c->numel, dt, pre);
     at += c->numel;
   }
   if (op == MG_DIST_MEAN) {
@@ -872,7 +875,7 @@ static mg_status bucket (const char *fn, const plan *p, int a, int b, mg_dist_op
   at = 0;
   for (int j = a; j < b; j++) {
     mg_tensor *o = p->dst[p->order[j]];
-    copy_scaled(mg_ptr(o), buf + at * (int64_t)es, o->numel, dt, post);
+    mg_dist_copy_scaled(mg_ptr(o), buf + at * (int64_t)es, o->numel, dt, post);
     at += o->numel;
   }
   return MG_OK;
@@ -880,7 +883,7 @@ static mg_status bucket (const char *fn, const plan *p, int a, int b, mg_dist_op
 
 mg_status mg_dist_allreduce_many (const char *fn, mg_tensor *const *ts, int n, mg_dist_op op,
                                   double prescale, double postscale, int64_t fusion_bytes, mg_tensor **out) {
-  if (need_init(fn) != MG_OK) return MG_ERR;
+  if (mg_dist_need_init(fn) != MG_OK) return MG_ERR;
   if (n < 0 || n > MAX_LIST) return mg_seterror("%s: %d tensors; at most %d at once", fn, n, MAX_LIST);
   for (int i = 0; i < n; i++) out[i] = NULL;
   if (fusion_bytes < 1) fusion_bytes = 1;                /* one tensor per bucket */
@@ -891,11 +894,11 @@ mg_status mg_dist_allreduce_many (const char *fn, mg_tensor *const *ts, int n, m
   h.prescaled = prescale != 1.0;
   h.failed = prepare(fn, &p, ts, fusion_bytes) != MG_OK;
   for (int i = 0; i < n && !h.failed; i++) h.bytes += ts[i] ? nbytes(ts[i]) : 0;
-  h.hash = h.failed ? 0 : hash_list(p.desc, n);
-  mg_status s = agree_list(fn, &h, "gradient", p.desc);
+  h.hash = h.failed ? 0 : mg_dist_hash_list(p.desc, n);
+  mg_status s = mg_dist_agree_list(fn, &h, "gradient", p.desc);
   int prescaled = 0;                                     /* on any rank: the same answer everywhere */
   for (int r = 0; r < world_size && s == MG_OK; r++) prescaled |= hdrs[r].prescaled != 0;
-  for (int j = 0; j < p.k && s == MG_OK; j++) s = check_op(fn, p.src[p.order[j]]->dtype, op, prescaled ? 2.0 : 1.0, postscale);
+  for (int j = 0; j < p.k && s == MG_OK; j++) s = mg_dist_check_op(fn, p.src[p.order[j]]->dtype, op, prescaled ? 2.0 : 1.0, postscale);
   int64_t bytes;
   for (int a = 0, b; a < p.k && s == MG_OK; a = b) {
     b = bucket_end(&p, a, fusion_bytes, &bytes);

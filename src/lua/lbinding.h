@@ -252,6 +252,11 @@ void       mgL_checkoptions (lua_State *L, int arg, const char *const keys[]);
 void mgL_open_tensor    (lua_State *L);    /* each adds its functions to the table at -1 */
 void mgL_open_variable  (lua_State *L);
 void mgL_open_tape      (lua_State *L);
+/* tape:gradient(target, sources) with hooks into its walk, for the C
+** halves that start work before it ends (mg.distributed's overlapped
+** gradients): the tape at arg; grads[ns] set; MG_ERR with the error set */
+mg_status mgL_gradient_hooked (lua_State *L, int arg, mg_tensor *target, int ns, mg_tensor **sources,
+                               const mg_gradient_hooks *hooks, mg_tensor **grads);
 void mgL_open_memory    (lua_State *L);
 /* the embedded Lua modules (lmodules.c): pushes module `name`
 ** ("moongrad.planner"), loaded as require would; or the loader of the i-th */

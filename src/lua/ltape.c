@@ -151,6 +151,17 @@ static mg_status run_gradient (lua_State *L, mg_tape *t, int nt, mg_tensor **tar
   return st;
 }
 
+mg_status mgL_gradient_hooked (lua_State *L, int arg, mg_tensor *target, int ns, mg_tensor **sources,
+                               const mg_gradient_hooks *hooks, mg_tensor **grads) {
+  mg_tape *t = checktape(L, arg)->t;
+  mgL_checkfinalizer(L);
+  mgL_gc_before_gradient(L, mgL_getstate(L));
+  mgL_call prev = mgL_enter(L);
+  mg_status st = mg_tape_gradient_hooked(t, 1, &target, ns, sources, NULL, 0, hooks, grads);
+  mgL_leave(L, prev);
+  return st;
+}
+
 /* the list of boxes for answer: ns of them, empty */
 static int new_answers (lua_State *L) {
   int ns = (int)lua_tointeger(L, 1);
