@@ -3,9 +3,11 @@
 -- counters (mg.memory.stats()), for the GPT of bench/gpt.lua (AdamW).
 --   mpirun -np 2 build/moongrad bench/zero.lua [quick]
 -- (as root add --allow-run-as-root; --oversubscribe where ranks outnumber cores)
--- Rows per stage (0: replicated, 1, 2), on every rank: the optimizer's slots
--- (bytes of m and v), the bytes live between steps (weights, slots, a stage's
--- shard copy of its weights), and the peak of a step from its start.
+-- Rows per stage (0: replicated, 1, 2) and step (apply: tape:gradient, then
+-- apply_gradients; minimize: the gradients sent during the backward, stage 2
+-- keeping 1/N of them), on every rank: the optimizer's slots (bytes of m and
+-- v), the bytes live between steps (weights, slots, a stage's shard copy of
+-- its weights), and the peak of a step from its start.
 local mg = mg or require "moongrad"
 local util = require "bench.util"
 
@@ -23,7 +25,8 @@ local function slot_bytes (inner)
 end
 
 local rows = {}
-for _, stage in ipairs({0, 1, 2}) do
+for _, case in ipairs({{0, "apply"}, {1, "apply"}, {2, "apply"}, {0, "minimize"}, {1, "minimize"}, {2, "minimize"}}) do
+  local stage, via = case[1], case[2]
   collectgarbage()
   collectgarbage()
   mg.random.seed(0)
@@ -38,6 +41,11 @@ for _, stage in ipairs({0, 1, 2}) do
     local t = mg.tape()
     local loss = loss_fn(mg.reshape(targets, {-1}), mg.reshape(model(ids), {-1, S.V}))
     t:stop()
+    if via == "minimize" then                              -- gradients sent (stage 2: kept 1/N) during the backward
+      opt:minimize(loss, vars, t)
+      update = nil
+      return mg.memory.stats().peak_bytes
+    end
     local grads = t:gradient(loss, vars)
     t, loss = nil, nil
     collectgarbage()
@@ -62,7 +70,7 @@ for _, stage in ipairs({0, 1, 2}) do
   mg.memory.setpause(pause, min_bytes)
   local params = 0
   for _, v in ipairs(vars) do params = params + v:value():numel() end
-  rows[#rows + 1] = {stage = stage, params = params, slots = slot_bytes(inner), between = before, after = live, peak = peak,
+  rows[#rows + 1] = {stage = stage, via = via, params = params, slots = slot_bytes(inner), between = before, after = live, peak = peak,
                      update = update}
   model, opt, inner = nil, nil, nil
 end
@@ -70,8 +78,8 @@ end
 local function mib (b) return ("%.2f"):format(b / 2^20) end
 local mine = {}
 for _, r in ipairs(rows) do
-  mine[#mine + 1] = ("| %d | %d | %s | %s | %s | %s | %s |"):format(rank, r.stage, mib(r.params * 4), mib(r.slots),
-                                                                 mib(r.after), mib(r.update), mib(r.peak))
+  mine[#mine + 1] = ("| %d | %d | %s | %s | %s | %s | %s | %s |"):format(rank, r.stage, r.via, mib(r.params * 4),
+                     mib(r.slots), mib(r.after), r.update and mib(r.update) or "-", mib(r.peak))
 end
 local text = table.concat(mine, "\n")
 for r = 0, size - 1 do                                    -- rank by rank
@@ -81,8 +89,8 @@ for r = 0, size - 1 do                                    -- rank by rank
       local model, isa = util.machine()
       print(("### ZeRO on %d ranks of %s (%s), GPT %s, AdamW"):format(size, model, isa, quick and "(quick sizes)" or "4 x 256"))
       print()
-      print("| rank | stage | weights MiB | slots MiB | live between steps MiB | update's own peak MiB | step peak MiB |")
-      print("|---|---|---|---|---|---|---|")
+      print("| rank | stage | step | weights MiB | slots MiB | live between steps MiB | update's own peak MiB | step peak MiB |")
+      print("|---|---|---|---|---|---|---|---|")
     end
     print(text)
     io.stdout:flush()

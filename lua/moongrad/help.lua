@@ -253,6 +253,7 @@ local groups = {
     {"optim.get", "optim.get(spec)", "an optimizer for compile: one given, or a name (\"sgd\", \"adam\", \"adamw\", \"rmsprop\") with the defaults"},
     {"optim.schedules", "optim.schedules", "the same table as mg.schedules"},
     {"Optimizer:apply_gradients", "opt:apply_gradients(grads, vars)", "one update (nil gradients skipped; Keras' {grad, var} pairs too; a variable twice is an error)"},
+    {"Optimizer:minimize", "opt:minimize(loss, vars, tape)", "one update on tape's gradient of loss (Keras'); distributed: sent during the backward"},
     {"Optimizer:build", "opt:build(vars)", "makes the slots for vars before the first step"},
     {"Optimizer:get_state", "opt:get_state([vars])", "the slots and step count as a plain table of tensors"},
     {"Optimizer:set_state", "opt:set_state(state [, vars])", "restores what get_state gave"},
@@ -311,8 +312,8 @@ local groups = {
     {"distributed.allgather", "distributed.allgather(t)", "every rank's t concatenated"},
     {"distributed.broadcast_variables", "distributed.broadcast_variables(vars [, root=0])", "root's values into every variable"},
     {"distributed.broadcast_optimizer_state", "distributed.broadcast_optimizer_state(opt, vars [, root=0])", "root's optimizer slots everywhere"},
-    {"distributed.DistributedOptimizer", "distributed.DistributedOptimizer(opt [, {fusion_bytes=}])", "opt with gradients averaged across ranks"},
-    {"distributed.ShardedOptimizer", "distributed.ShardedOptimizer(opt [, {stage=1 | 2, fusion_bytes=, op=}])", "opt with its slots (stage 2: and gradients) sharded over the ranks (ZeRO)"},
+    {"distributed.DistributedOptimizer", "distributed.DistributedOptimizer(opt [, {fusion_bytes=, op=, overlap=true}])", "opt with gradients averaged across ranks (minimize: during the backward)"},
+    {"distributed.ShardedOptimizer", "distributed.ShardedOptimizer(opt [, {stage=1 | 2, fusion_bytes=, op=, overlap=true}])", "opt with its slots (stage 2: and gradients) sharded over the ranks (ZeRO)"},
     {"distributed.reduce_scatter", "distributed.reduce_scatter(t [, {op=\"sum\" | \"mean\"}])", "this rank's shard of every rank's t combined (flattened)"},
     {"distributed.shard_range", "distributed.shard_range(n [, size, rank])", "the first and last of n elements a rank holds when sharded"},
     {"distributed.stats", "distributed.stats()", "{calls=, bytes=} moved since init"},
@@ -350,7 +351,7 @@ local internal = {
   ["distributed.DistributedOptimizer_class"] = true, ["distributed.shard"] = true,
   ["Optimizer:init"] = true, ["Optimizer:update"] = true, ["Optimizer:slot_names"] = true,
   ["Optimizer:spec"] = true, ["Optimizer:who"] = true, ["Optimizer:check"] = true,
-  ["distributed.steps"] = true, ["distributed.average_logs"] = true, ["distributed.seed_of"] = true,
+  ["distributed.steps"] = true, ["distributed.WRAPPER_OPTIONS"] = true, ["distributed.average_logs"] = true, ["distributed.seed_of"] = true,
   planner = true, sharded = true, ["Sequential:_run"] = true,        -- mg.memory.estimate's module, and how a plan runs a Sequential
 }
 

@@ -655,6 +655,15 @@ for step = 1, 20 do
   opt:apply_gradients(t:gradient(loss, {w}), {w})
 end
 w:value() --> {0.0346}]])
+E("Optimizer:minimize", {{"loss", "the tensor the tape recorded"}, {"vars", "the list of Variables"}, {"tape", "the tape (mg.tape())"}},
+  "nothing; the variables move (opt:apply_gradients(tape:gradient(loss, vars), vars); the distributed wrappers reduce each bucket of gradients while the backward runs)",
+  [[w = mg.Variable(mg.tensor{3})
+opt = mg.optim.SGD{learning_rate = 0.1}
+t = mg.tape()
+loss = (w * w):sum()
+t:stop()
+opt:minimize(loss, {w}, t)
+w:value() --> {2.4000}]])
 E("Optimizer:build", {{"vars", "the list of Variables"}}, "the optimizer",
   "w = mg.Variable(mg.zeros(2))\nopt = mg.optim.Adam{}\nopt:build({w})\nopt:get_state({w}).iterations --> 0")
 E("Optimizer:get_state", {{"vars", "the Variables whose slots are given", "every built one"}}, "a table {iterations=, optimizer=, slots={name={tensor per variable}}}",
@@ -797,10 +806,10 @@ E("distributed.broadcast_variables", {{"vars", "a list of Variables"}, ROOT}, "n
   MPI .. "-- mg.distributed.broadcast_variables(model.variables)")
 E("distributed.broadcast_optimizer_state", {{"opt", "an optimizer"}, {"vars", "its variables"}, ROOT}, "nothing",
   MPI .. "-- mg.distributed.broadcast_optimizer_state(opt, model.variables)")
-E("distributed.DistributedOptimizer", {{"opt", "an optimizer"}, {"opts", "fusion_bytes=", "{}"}}, "an optimizer",
-  MPI .. "-- opt = mg.distributed.DistributedOptimizer(mg.optim.Adam{})\n-- model:compile{optimizer = opt, loss = \"mse\"}")
-E("distributed.ShardedOptimizer", {{"opt", "an optimizer"}, {"opts", "stage= 1 or 2, fusion_bytes=, op= \"mean\" or \"sum\"", "{}"}},
-  "an optimizer", MPI .. "-- opt = mg.distributed.ShardedOptimizer(mg.optim.AdamW{}, {stage = 2})\n-- opt:apply_gradients(grads, vars)")
+E("distributed.DistributedOptimizer", {{"opt", "an optimizer"}, {"opts", "fusion_bytes= (4 MiB), op= \"mean\" or \"sum\", overlap= true", "{}"}}, "an optimizer",
+  MPI .. "-- opt = mg.distributed.DistributedOptimizer(mg.optim.Adam{})\n-- opt:minimize(loss, vars, tape)   -- buckets sent while the backward runs\n-- model:compile{optimizer = opt, loss = \"mse\"}")
+E("distributed.ShardedOptimizer", {{"opt", "an optimizer"}, {"opts", "stage= 1 or 2, fusion_bytes= (4 MiB), op= \"mean\" or \"sum\", overlap= true", "{}"}},
+  "an optimizer", MPI .. "-- opt = mg.distributed.ShardedOptimizer(mg.optim.AdamW{}, {stage = 2})\n-- opt:minimize(loss, vars, tape)   -- this rank keeps 1/N of the gradients")
 E("distributed.reduce_scatter", {{"t", "a tensor, the same shape on every rank"}, {"opts", "op= \"sum\" or \"mean\"", "{}"}},
   "a 1-D tensor: this rank's shard of the flattened result",
   MPI .. "-- mg.distributed.reduce_scatter(mg.ones(4)) --> {2.0, 2.0} on each of 2 ranks")
