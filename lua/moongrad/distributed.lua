@@ -68,6 +68,8 @@ function dist.is_initialized () return loaded and mpi.is_initialized() end
 function dist.available () return loaded end
 function dist.rank () return started("rank").rank() end
 function dist.size () return started("size").size() end
+--- local_size(): the ranks on this rank's machine (sharing its memory), as Horovod's
+function dist.local_size () return started("local_size").local_size() end
 function dist.barrier () return started("barrier").barrier() end
 --- finalize(): ends MPI early (it also ends by itself when the program does)
 function dist.finalize () if loaded then mpi.finalize() end end
@@ -168,9 +170,20 @@ dist.WRAPPER_OPTIONS = {
   {"fusion_bytes", check.rule("an integer >= 0", function(v) return math.type(v) == "integer" and v >= 0 end),
    4 * 1024 * 1024},
   {"op", check.rule("'mean' or 'sum'", function(v) return v == "mean" or v == "sum" end), "mean"},
-  {"overlap", check.rule("a boolean", function(v) return type(v) == "boolean" end), true}}
+  {"overlap", check.rule("true, false or 'auto'", function(v) return type(v) == "boolean" or v == "auto" end), "auto"}}
 
---- DistributedOptimizer(opt [, {fusion_bytes = 4 MiB, op = "mean", overlap = true}]):
+--- Does a wrapper's minimize send buckets during the backward? overlap =
+-- "auto": when the ranks span machines (their interconnect moves the bytes
+-- while the backward computes), or when keep (stage 2) asks it, to hold 1/N
+-- of the gradients. On one machine the bytes go through shared memory, copied
+-- by the ranks' own cores, which the backward keeps busy: nothing to hide
+-- behind, and the nonblocking collectives' progress costs (bench/overlap.lua).
+function dist._overlaps (opt, keep)
+  if opt.overlap ~= "auto" then return opt.overlap end
+  return keep or mpi.local_size() < mpi.size()
+end
+
+--- DistributedOptimizer(opt [, {fusion_bytes = 4 MiB, op = "mean", overlap = "auto"}]):
 -- opt, with gradients averaged over the ranks before each update. The first
 -- call to apply_gradients, minimize or build broadcasts rank 0's variables,
 -- so every rank starts from the same weights; gradients are packed by dtype
@@ -178,7 +191,8 @@ dist.WRAPPER_OPTIONS = {
 -- gradient). opt:minimize(loss, vars, tape) (what fit calls) sends each
 -- bucket as soon as the backward has made its gradients, so communication
 -- overlaps the rest of the backward (overlap = false: after it, as
--- apply_gradients does). Everything else (learning_rate, iterations,
+-- apply_gradients does; "auto": overlap when the ranks span machines, see
+-- dist._overlaps). Everything else (learning_rate, iterations,
 -- get_state, ...) is opt's.
 function dist.DistributedOptimizer (opt, opts)
   local who = "DistributedOptimizer"
@@ -250,8 +264,8 @@ function DistributedOptimizer.minimize (self, loss, vars, tape)
   local who = "DistributedOptimizer"
   local n = check.minimize_args(who .. ":minimize", loss, vars, tape)
   check.distinct_variables(who, vars, n)
-  if not self.overlap then return self:apply_gradients(tape:gradient(loss, vars), vars) end
   started(who)
+  if not dist._overlaps(self) then return self:apply_gradients(tape:gradient(loss, vars), vars) end
   local post = self.op == "mean" and 1 / mpi.size() or 1
   local grads = mpi.gradient(tape, loss, {table.unpack(vars, 1, n)}, "allreduce", self.grad_scale, post,
                              math.max(self.fusion_bytes, 1), who)
@@ -259,7 +273,7 @@ function DistributedOptimizer.minimize (self, loss, vars, tape)
   return self.optimizer:apply_gradients(grads, vars)
 end
 
---- ShardedOptimizer(opt [, {stage = 1, fusion_bytes = 4 MiB, op = "mean", overlap = true}]):
+--- ShardedOptimizer(opt [, {stage = 1, fusion_bytes = 4 MiB, op = "mean", overlap = "auto"}]):
 -- opt with its state sharded over the ranks, as DeepSpeed's ZeRO: stage 1
 -- keeps each rank's 1/N of the optimizer's slots and updates its shard of the
 -- weights, then all-gathers them; stage 2 also reduce-scatters the gradients,

@@ -806,9 +806,10 @@ E("distributed.broadcast_variables", {{"vars", "a list of Variables"}, ROOT}, "n
   MPI .. "-- mg.distributed.broadcast_variables(model.variables)")
 E("distributed.broadcast_optimizer_state", {{"opt", "an optimizer"}, {"vars", "its variables"}, ROOT}, "nothing",
   MPI .. "-- mg.distributed.broadcast_optimizer_state(opt, model.variables)")
-E("distributed.DistributedOptimizer", {{"opt", "an optimizer"}, {"opts", "fusion_bytes= (4 MiB), op= \"mean\" or \"sum\", overlap= true", "{}"}}, "an optimizer",
+E("distributed.local_size", {}, "an integer", MPI .. "-- mg.distributed.local_size() --> 2 (mpirun -np 2 on one machine)")
+E("distributed.DistributedOptimizer", {{"opt", "an optimizer"}, {"opts", "fusion_bytes= (4 MiB), op= \"mean\" or \"sum\", overlap= \"auto\" (true across machines, and for stage 2), true or false", "{}"}}, "an optimizer",
   MPI .. "-- opt = mg.distributed.DistributedOptimizer(mg.optim.Adam{})\n-- opt:minimize(loss, vars, tape)   -- buckets sent while the backward runs\n-- model:compile{optimizer = opt, loss = \"mse\"}")
-E("distributed.ShardedOptimizer", {{"opt", "an optimizer"}, {"opts", "stage= 1 or 2, fusion_bytes= (4 MiB), op= \"mean\" or \"sum\", overlap= true", "{}"}},
+E("distributed.ShardedOptimizer", {{"opt", "an optimizer"}, {"opts", "stage= 1 or 2, fusion_bytes= (4 MiB), op= \"mean\" or \"sum\", overlap= \"auto\" (true across machines, and for stage 2), true or false", "{}"}},
   "an optimizer", MPI .. "-- opt = mg.distributed.ShardedOptimizer(mg.optim.AdamW{}, {stage = 2})\n-- opt:minimize(loss, vars, tape)   -- this rank keeps 1/N of the gradients")
 E("distributed.reduce_scatter", {{"t", "a tensor, the same shape on every rank"}, {"opts", "op= \"sum\" or \"mean\"", "{}"}},
   "a 1-D tensor: this rank's shard of the flattened result",

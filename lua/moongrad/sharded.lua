@@ -47,7 +47,7 @@ end
 local OPTIONS = {{"stage", check.rule("1 or 2", function(v) return v == 1 or v == 2 end), 1},
                  table.unpack(dist.WRAPPER_OPTIONS)}
 
---- ShardedOptimizer(opt [, {stage = 1, fusion_bytes = 4 MiB, op = "mean", overlap = true}])
+--- ShardedOptimizer(opt [, {stage = 1, fusion_bytes = 4 MiB, op = "mean", overlap = "auto"}])
 function sharded.new (opt, opts)
   local who = "ShardedOptimizer"
   if getmetatable(opt) == Sharded then return opt end
@@ -308,10 +308,10 @@ function Sharded.minimize (self, loss, vars, tape)
   local n = check.minimize_args(who .. ":minimize", loss, vars, tape)
   check.distinct_variables(who, vars, n)
   check_elementwise(self, who)
-  if not self.overlap then return self:apply_gradients(tape:gradient(loss, vars), vars) end
   if not dist.is_initialized() then
     fail(who, "mg.distributed is not initialized; call mg.distributed.init() first (and start the program with mpirun)")
   end
+  if not dist._overlaps(self, self.stage == 2) then return self:apply_gradients(tape:gradient(loss, vars), vars) end
   local list, fusion = {table.unpack(vars, 1, n)}, math.max(self.fusion_bytes, 1)
   if self.stage == 1 then
     local full = mpi.gradient(tape, loss, list, "allreduce", self.grad_scale, postscale(self), fusion, who)

@@ -8,7 +8,9 @@
 ** raise an error from the header alone, before sizing anything by it. Then
 ** it takes part in a valid allgather (one row: 7 8 9) and a barrier.
 */
+#define _POSIX_C_SOURCE 200809L      /* setenv */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <mpi.h>
@@ -32,8 +34,15 @@ static mg_dist_header allgather_header (int64_t rows, int64_t cols) {
 }
 
 int main (int argc, char **argv) {
+  /* as mg_dist_init: the same MPI_Iallreduce algorithm as the moongrad
+  ** ranks (MPI itself uses it to make a communicator), and its one
+  ** collective, the ranks per machine */
+  setenv("OMPI_MCA_coll_libnbc_iallreduce_algorithm", "3", 0);
   MPI_Init(&argc, &argv);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
+  MPI_Comm node;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+  MPI_Comm_free(&node);
   mg_dist_header all[16], h;
   if (size > 16) MPI_Abort(MPI_COMM_WORLD, 2);
 

@@ -58,7 +58,7 @@ local function setup ()
     local loss = mg.sum((p - ys) ^ 2) / N * share
     if i % 2 == 0 then loss = loss + mg.sum(idle ^ 2) end
     if rank == 0 then loss = loss + mg.sum(mg.sin(lonely))
-    elseif not overlap then loss = loss + 0 * mg.sum(lonely) end   -- the replicated list must match: zeros
+    elseif overlap ~= true then loss = loss + 0 * mg.sum(lonely) end   -- the replicated list must match: zeros
     t:stop()
     opt:minimize(loss, vars, t)
     return loss
@@ -91,6 +91,21 @@ for _, name in ipairs{"replicated", "stage1", "stage2"} do
       same(("%s fusion %d variable %d"):format(name, fusion, i), vars[i]:value(), ref_vars[i]:value(), exact)
     end
     for i = 1, #losses do same(("%s fusion %d loss %d"):format(name, fusion, i), losses[i], ref_losses[i], exact) end
+  end
+end
+
+-- overlap = "auto" (the default): on one machine the replicated and stage 1
+-- steps send after the backward (nothing to hide behind), stage 2 during it
+do
+  checks = checks + 4
+  assert(dist.local_size() == size, ("local_size %d on one machine of %d ranks"):format(dist.local_size(), size))
+  for _, c in ipairs{{"replicated", false}, {"stage1", false}, {"stage2", true}} do
+    local vars, step = setup()
+    local opt = makers[c[1]](4 << 20)
+    assert(opt.overlap == "auto")
+    local waited = dist.stats().waited
+    step(opt, 1, "auto")
+    assert((dist.stats().waited > waited) == c[2], c[1] .. ": auto chose the other way")
   end
 end
 

@@ -76,6 +76,7 @@ mg_status mg_dist_init        (void);          /* MPI_Init_thread once; a no-op 
 int       mg_dist_initialized (void);          /* 1 between init and finalize */
 int       mg_dist_rank        (void);
 int       mg_dist_size        (void);
+int       mg_dist_local_size  (void);          /* ranks on this machine (Horovod's local_size) */
 mg_status mg_dist_barrier     (const char *fn);
 /* at a normal end (lua_close); after a timed-out collective it aborts the
 ** job instead (MPI_Finalize would wait for the exchange that never ended) */

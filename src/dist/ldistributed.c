@@ -65,6 +65,12 @@ static int l_size (lua_State *L) {
   return 1;
 }
 
+static int l_local_size (lua_State *L) {
+  need_init(L, "local_size");
+  lua_pushinteger(L, mg_dist_local_size());
+  return 1;
+}
+
 static int l_barrier (lua_State *L) {
   if (mg_dist_barrier("barrier") != MG_OK) return mgL_error(L);
   return 0;
@@ -331,7 +337,7 @@ static void pin_library (void) {
 int luaopen_moongrad_mpi (lua_State *L);
 int luaopen_moongrad_mpi (lua_State *L) {
   static const luaL_Reg fns[] = {
-    {"init", l_init}, {"is_initialized", l_is_initialized}, {"rank", l_rank}, {"size", l_size},
+    {"init", l_init}, {"is_initialized", l_is_initialized}, {"rank", l_rank}, {"size", l_size}, {"local_size", l_local_size},
     {"barrier", l_barrier}, {"finalize", l_finalize}, {"allreduce", l_allreduce}, {"broadcast", l_broadcast},
     {"allgather", l_allgather}, {"allreduce_many", l_allreduce_many}, {"reduce_scatter", l_reduce_scatter},
     {"shard_range", l_shard_range}, {"gradient", l_gradient},

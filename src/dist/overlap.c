@@ -12,6 +12,7 @@
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "core/core.h"
 #include "dist/shared.h"
@@ -38,7 +39,6 @@ typedef struct bucket {
   int state;
   mg_tensor *buf;             /* the stretch, made when its first gradient comes */
   int *counts;                /* reduce-scatter: each rank's share of the stretch */
-  MPI_Request req;
 } bucket;
 
 struct mg_dist_sync {
@@ -52,6 +52,10 @@ struct mg_dist_sync {
   bucket *buckets;
   int *members;               /* entry indices, group after group, list order within one */
   unsigned char *present;     /* n: this rank made the gradient (then: any rank did) */
+  MPI_Request *reqs;          /* one per bucket, MPI_REQUEST_NULL when none is in flight */
+  int *done;                  /* MPI_Testsome's answer */
+  int in_flight;
+  double tested_at;           /* when progress last called MPI (MPI_Wtime) */
 };
 
 static int64_t numel_of (const entry *e) { return e->like->numel; }
@@ -125,9 +129,11 @@ mg_dist_sync *mg_dist_sync_begin (const char *fn, mg_tensor *const *like, int n,
     *s = (mg_dist_sync){.fn = fn, .mode = mode, .n = n, .pre = prescale, .post = postscale,
                         .entries = calloc(m, sizeof(entry)), .groups = calloc(m, sizeof(group)),
                         .buckets = calloc(m, sizeof(bucket)), .members = calloc(m, sizeof(int)),
-                        .present = calloc(m, 1)};
+                        .present = calloc(m, 1), .reqs = malloc(m * sizeof(MPI_Request)),
+                        .done = calloc(m, sizeof(int))};
   }
-  if (s == NULL || desc == NULL || !s->entries || !s->groups || !s->buckets || !s->members || !s->present) {
+  if (s == NULL || desc == NULL || !s->entries || !s->groups || !s->buckets || !s->members || !s->present ||
+      !s->reqs || !s->done) {
     mg_seterror("%s: out of memory for a list of %d gradients", fn, n);
     h.failed = 1;
   }
@@ -148,6 +154,7 @@ mg_dist_sync *mg_dist_sync_begin (const char *fn, mg_tensor *const *like, int n,
     return NULL;
   }
   s->next = s->nbuckets - 1;
+  for (int k = 0; k < s->nbuckets; k++) s->reqs[k] = MPI_REQUEST_NULL;
   return s;
 }
 
@@ -173,7 +180,7 @@ static mg_status send (mg_dist_sync *s, bucket *b) {
   mg_dist_counts.calls++;
   mg_dist_counts.bytes += count * (int64_t)es;
   if (s->mode == MG_DIST_SYNC_ALLREDUCE) {
-    rc = MPI_Iallreduce(MPI_IN_PLACE, buf, (int)count, type, op, MPI_COMM_WORLD, &b->req);
+    rc = MPI_Iallreduce(MPI_IN_PLACE, buf, (int)count, type, op, MPI_COMM_WORLD, &s->reqs[b - s->buckets]);
   } else {
     for (int q = 0; q < mg_dist_size(); q++) {
       int64_t lo, hi;
@@ -184,10 +191,11 @@ static mg_status send (mg_dist_sync *s, bucket *b) {
     }
     int64_t from = b->lo > g->lo ? b->lo : g->lo;     /* where this rank's part of the stretch lands */
     char *recv = b->counts[mg_dist_rank()] ? (char *)mg_ptr(g->shard) + (from - g->lo) * (int64_t)es : NULL;
-    rc = MPI_Ireduce_scatter(buf, recv, b->counts, type, op, MPI_COMM_WORLD, &b->req);
+    rc = MPI_Ireduce_scatter(buf, recv, b->counts, type, op, MPI_COMM_WORLD, &s->reqs[b - s->buckets]);
   }
   if (rc != MPI_SUCCESS) return mg_dist_mpi_fail(s->fn, rc);
   b->state = IN_FLIGHT;
+  s->in_flight++;
   return MG_OK;
 }
 
@@ -195,6 +203,7 @@ static mg_status send (mg_dist_sync *s, bucket *b) {
 static void landed (mg_dist_sync *s, bucket *b) {
   group *g = &s->groups[b->group];
   b->state = DONE;
+  s->in_flight--;
   if (s->mode == MG_DIST_SYNC_ALLREDUCE) {
     mg_dist_scale(mg_ptr(b->buf), b->hi - b->lo, g->dtype, s->post);
     return;
@@ -213,12 +222,17 @@ static mg_status send_ready (mg_dist_sync *s) {
   return MG_OK;
 }
 
+/* One MPI_Testsome over the buckets in flight moves them on (Open MPI
+** progresses a nonblocking collective only inside MPI calls) and lands the
+** finished ones. At most every 50 us: each call polls every transport, and
+** the walk ticks after every op. */
 void mg_dist_sync_progress (mg_dist_sync *s) {
-  for (int k = s->nbuckets - 1; k > s->next; k--) {
-    bucket *b = &s->buckets[k];
-    int done = 0;
-    if (b->state == IN_FLIGHT && MPI_Test(&b->req, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && done) landed(s, b);
-  }
+  double now = MPI_Wtime();
+  if (s->in_flight == 0 || now - s->tested_at < 50e-6) return;
+  s->tested_at = now;
+  int count = 0;
+  if (MPI_Testsome(s->nbuckets, s->reqs, &count, s->done, MPI_STATUSES_IGNORE) != MPI_SUCCESS) return;
+  for (int j = 0; j < count && count != MPI_UNDEFINED; j++) landed(s, &s->buckets[s->done[j]]);
 }
 
 mg_status mg_dist_sync_ready (mg_dist_sync *s, int i, mg_tensor *grad) {
@@ -254,6 +268,32 @@ mg_status mg_dist_sync_ready (mg_dist_sync *s, int i, mg_tensor *grad) {
 
 /* {---- the end ---- */
 
+/* Waits for every bucket in flight, at most the timeout. A nonblocking
+** collective moves only while this rank calls MPI, so the first
+** milliseconds spin (a nap per test would add its wake-up to every step of
+** the collective's schedule); a longer wait naps, leaving the core. */
+static mg_status wait_all (mg_dist_sync *s) {
+  double start = MPI_Wtime(), timeout = mg_dist_timeout();
+  while (s->in_flight > 0) {
+    int count = 0, rc = MPI_Testsome(s->nbuckets, s->reqs, &count, s->done, MPI_STATUSES_IGNORE);
+    if (rc != MPI_SUCCESS) return mg_dist_mpi_fail(s->fn, rc);
+    for (int j = 0; j < count && count != MPI_UNDEFINED; j++) landed(s, &s->buckets[s->done[j]]);
+    double waited = MPI_Wtime() - start;
+    if (s->in_flight > 0 && timeout > 0 && waited >= timeout) {
+      mg_dist_broken = 1;
+      return mg_seterror("%s: timed out after %g s waiting for the other ranks' gradients: a rank did not send "
+                         "them (it failed or hangs, or makes other collective calls); the timeout is "
+                         "mg.distributed.init{timeout = seconds} or MOONGRAD_DIST_TIMEOUT (0: no timeout)",
+                         s->fn, timeout);
+    }
+    if (waited > 5e-3) {
+      struct timespec ts = {0, waited < 0.1 ? 20000 : 1000000};
+      nanosleep(&ts, NULL);
+    }
+  }
+  return MG_OK;
+}
+
 /* entry i's gradient: a view of its stretch of the bucket's buffer */
 static mg_tensor *view_of (mg_dist_sync *s, int i) {
   const entry *e = &s->entries[i];
@@ -268,12 +308,7 @@ mg_status mg_dist_sync_end (mg_dist_sync *s, mg_tensor **out, unsigned char *pre
   double start = MPI_Wtime();
   mg_status st = MG_OK;
   for (; s->next >= 0 && st == MG_OK; s->next--) st = send(s, &s->buckets[s->next]);
-  for (int k = s->nbuckets - 1; k > s->next && st == MG_OK; k--) {
-    bucket *b = &s->buckets[k];
-    if (b->state != IN_FLIGHT) continue;
-    st = mg_dist_wait(s->fn, &b->req);
-    if (st == MG_OK) landed(s, b);
-  }
+  if (st == MG_OK) st = wait_all(s);
   MPI_Request req;                                    /* which gradients any rank made */
   int rc = st == MG_OK ? MPI_Iallreduce(MPI_IN_PLACE, s->present, s->n, MPI_UNSIGNED_CHAR, MPI_BOR, MPI_COMM_WORLD, &req)
                        : MPI_SUCCESS;
@@ -304,7 +339,7 @@ void mg_dist_sync_free (mg_dist_sync *s) {
   for (int k = 0; s->buckets && k < s->nbuckets; k++) {
     bucket *b = &s->buckets[k];
     int done = 0;
-    if (b->state == IN_FLIGHT && !(MPI_Test(&b->req, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && done)) {
+    if (b->state == IN_FLIGHT && !(MPI_Test(&s->reqs[k], &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && done)) {
       pending = true;                                  /* MPI may still write there: left allocated */
       continue;
     }
@@ -322,6 +357,8 @@ void mg_dist_sync_free (mg_dist_sync *s) {
   free(s->buckets);
   free(s->members);
   free(s->present);
+  free(s->reqs);
+  free(s->done);
   free(s);
 }
 
