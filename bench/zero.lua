@@ -7,7 +7,9 @@
 -- apply_gradients; minimize: the gradients sent during the backward, stage 2
 -- keeping 1/N of them), on every rank: the optimizer's slots (bytes of m and
 -- v), the bytes live between steps (weights, slots, a stage's shard copy of
--- its weights), and the peak of a step from its start.
+-- its weights), what the step holds above them when the wrapped optimizer's
+-- update starts (the gradients: whole, or stage 2's shard), and the peak of
+-- a step from its start.
 local mg = mg or require "moongrad"
 local util = require "bench.util"
 
@@ -34,6 +36,13 @@ for _, case in ipairs({{0, "apply"}, {1, "apply"}, {2, "apply"}, {0, "minimize"}
   model(ids)
   local vars = model.trainable_variables
   local inner = mg.optim.AdamW{learning_rate = 1e-4}
+  local held = 0                                             -- live bytes when the inner update starts
+  local inner_apply = inner.apply_gradients
+  inner.apply_gradients = function(self, ...)
+    collectgarbage()
+    held = mg.memory.stats().current_bytes
+    return inner_apply(self, ...)
+  end
   local opt = stage == 0 and dist.DistributedOptimizer(inner) or dist.ShardedOptimizer(inner, {stage = stage})
   local loss_fn = mg.losses.SparseCategoricalCrossentropy{from_logits = true}
   local update = 0                                           -- the update's own peak, above its start
@@ -70,7 +79,7 @@ for _, case in ipairs({{0, "apply"}, {1, "apply"}, {2, "apply"}, {0, "minimize"}
   mg.memory.setpause(pause, min_bytes)
   local params = 0
   for _, v in ipairs(vars) do params = params + v:value():numel() end
-  rows[#rows + 1] = {stage = stage, via = via, params = params, slots = slot_bytes(inner), between = before, after = live, peak = peak,
+  rows[#rows + 1] = {stage = stage, via = via, held = held - before, params = params, slots = slot_bytes(inner), between = before, after = live, peak = peak,
                      update = update}
   model, opt, inner = nil, nil, nil
 end
@@ -78,8 +87,8 @@ end
 local function mib (b) return ("%.2f"):format(b / 2^20) end
 local mine = {}
 for _, r in ipairs(rows) do
-  mine[#mine + 1] = ("| %d | %d | %s | %s | %s | %s | %s | %s |"):format(rank, r.stage, r.via, mib(r.params * 4),
-                     mib(r.slots), mib(r.after), r.update and mib(r.update) or "-", mib(r.peak))
+  mine[#mine + 1] = ("| %d | %d | %s | %s | %s | %s | %s | %s | %s |"):format(rank, r.stage, r.via, mib(r.params * 4),
+                     mib(r.slots), mib(r.after), mib(r.held), r.update and mib(r.update) or "-", mib(r.peak))
 end
 local text = table.concat(mine, "\n")
 for r = 0, size - 1 do                                    -- rank by rank
@@ -89,8 +98,9 @@ for r = 0, size - 1 do                                    -- rank by rank
       local model, isa = util.machine()
       print(("### ZeRO on %d ranks of %s (%s), GPT %s, AdamW"):format(size, model, isa, quick and "(quick sizes)" or "4 x 256"))
       print()
-      print("| rank | stage | step | weights MiB | slots MiB | live between steps MiB | update's own peak MiB | step peak MiB |")
-      print("|---|---|---|---|---|---|---|---|")
+      print("| rank | stage | step | weights MiB | slots MiB | live between steps MiB | held at the update MiB | "
+            .. "update's own peak MiB | step peak MiB |")
+      print("|---|---|---|---|---|---|---|---|---|")
     end
     print(text)
     io.stdout:flush()

@@ -82,8 +82,6 @@ static mg_status make_groups (mg_dist_sync *s, mg_tensor *const *like) {
       if (s->entries[i].group == g) s->members[at++] = i;
     group *gr = &s->groups[g];
     mg_dist_shard_range(gr->total, mg_dist_size(), mg_dist_rank(), &gr->lo, &gr->hi);
-    int64_t len = gr->hi - gr->lo;
-    if (s->mode == MG_DIST_SYNC_REDUCE_SCATTER && (gr->shard = mg_empty(&len, 1, gr->dtype)) == NULL) return MG_ERR;
   }
   return MG_OK;
 }
@@ -169,6 +167,10 @@ static mg_status send (mg_dist_sync *s, bucket *b) {
   size_t es = mg_dtype_size(g->dtype);
   int64_t count = b->hi - b->lo;
   if (b->buf == NULL && (b->buf = mg_empty(&count, 1, g->dtype)) == NULL) return MG_ERR;
+  /* the shard is made at its group's first send, not at the walk's start, where the activations peak */
+  int64_t len = g->hi - g->lo;
+  if (s->mode == MG_DIST_SYNC_REDUCE_SCATTER && g->shard == NULL && (g->shard = mg_empty(&len, 1, g->dtype)) == NULL)
+    return MG_ERR;
   char *buf = mg_ptr(b->buf);
   for (int j = b->first; j < b->last; j++) {         /* a gradient no node made here: zeros */
     const entry *e = &s->entries[s->members[j]];
