@@ -389,5 +389,7 @@ describe("mg.distributed", function()
     assert.equal(1, bars, out)
     local acc = tonumber(out:match("test accuracy ([%d.]+)"))
     assert.is_true(acc > 0.8, out)
+    local loss = tonumber(out:match("5 steps of a loop of our own: loss ([%d.]+) on rank 0"))   -- minimize, overlapped
+    assert.is_true(loss ~= nil and loss < 1, out)
   end)
 end)
