@@ -108,6 +108,31 @@ describe("optimizers", function()
     assert.equal(1, #built:get_state().slots.m)
   end)
 
+  it("minimize(loss, vars, tape) is apply_gradients(tape:gradient(loss, vars), vars), as Keras'", function()
+    for _, make in ipairs({function() return mg.optim.SGD{learning_rate = 0.1, momentum = 0.9} end,
+                           function() return mg.optim.Adam{learning_rate = 0.1} end}) do
+      local a, b = mg.Variable(mg.tensor{1, -2}), mg.Variable(mg.tensor{1, -2})
+      local o1, o2 = make(), make()
+      for _ = 1, 3 do
+        local t1 = mg.tape()
+        local l1 = mg.sum(mg.sin(a) * a)
+        t1:stop()
+        o1:minimize(l1, {a}, t1)
+        local t2 = mg.tape()
+        local l2 = mg.sum(mg.sin(b) * b)
+        t2:stop()
+        o2:apply_gradients(t2:gradient(l2, {b}), {b})
+      end
+      assert.same(b:value():totable(), a:value():totable())
+    end
+    local opt, v = mg.optim.SGD(), mg.Variable(mg.ones(2))
+    assert.has_error(function() opt:minimize(mg.sum(v), {v}) end,
+      "SGD:minimize: minimize(loss, vars, tape) needs the tape that recorded the loss (mg.tape()), got nil")
+    assert.has_error(function() opt:minimize("loss", {v}, mg.tape()) end, "SGD:minimize: the loss must be a tensor, got 'loss'")
+    assert.has_error(function() opt:minimize(mg.sum(v), {v, 3}, mg.tape()) end,
+      "SGD:minimize: variable 2 must be a Variable, got 3")
+  end)
+
   it("take Keras' list of {gradient, variable} pairs", function()
     local a, b = mg.Variable({1.0, 2.0}), mg.Variable(5.0)
     mg.optim.SGD{learning_rate = 0.5}:apply_gradients({{mg.constant({2.0, 2.0}), a}, {nil, b}})
