@@ -23,6 +23,19 @@ describe("constructors", function()
     assert.equal(0.1, mg.tensor({0.1}, "float64")[1]:item())   -- exact in float64
   end)
 
+  it("says its bytes: itemsize and nbytes, as PyTorch's, on tensors and variables", function()
+    local sizes = {float32 = 4, float64 = 8, bfloat16 = 2, float16 = 2, int64 = 8, bool = 1}
+    for dtype, size in pairs(sizes) do
+      local t = mg.zeros({3, 5}, dtype)
+      assert.equal(size, t.itemsize)
+      assert.equal(15 * size, t.nbytes)
+      assert.equal(0, mg.zeros({0, 4}, dtype).nbytes)
+    end
+    local v = mg.Variable(mg.ones({2, 2}, "float64"))
+    assert.same({8, 32}, {v.itemsize, v.nbytes})
+    assert.equal(8, mg.ones({2, 4}):slice(nil, {1, 1}).nbytes)      -- a view (2,1): its own elements
+  end)
+
   it("makes bool tensors from booleans", function()
     local b = mg.constant({true, false})
     assert.equal("bool", b.dtype)

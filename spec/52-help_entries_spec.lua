@@ -121,7 +121,7 @@ describe("help entries", function()
     local Mine = mg.nn.Layer:subclass("HelpSpecLayer")
     function Mine:call (x) return x end
     local cases = {
-      {mg.ones(2, 3), "^a tensor float32 shaped {2, 3}\nfields: shape dtype ndim\nmethods"},
+      {mg.ones(2, 3), "^a tensor float32 shaped {2, 3}\nfields: shape dtype ndim itemsize nbytes\nmethods"},
       {mg.Variable(mg.ones(2), {name = "w"}), '^a Variable named "w"'},
       {mg.tape(), "^a gradient tape"},
       {mg.nn.Dense(3), "^mg%.nn%.Dense%(units"},

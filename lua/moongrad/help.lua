@@ -29,6 +29,8 @@ local groups = {
     {"Tensor.shape", "x.shape", "the sizes, a table ({} for a scalar)"},
     {"Tensor.dtype", "x.dtype", "float32 float64 float16 bfloat16 int64 or bool"},
     {"Tensor.ndim", "x.ndim", "the number of axes"},
+    {"Tensor.itemsize", "x.itemsize", "bytes per element (PyTorch's)"},
+    {"Tensor.nbytes", "x.nbytes", "bytes of its elements: numel x itemsize (PyTorch's)"},
     {"item", "item(x)", "the value of a one-element tensor as a Lua number or boolean"},
     {"totable", "totable(x)", "the values as nested Lua tables"},
     {"numel", "numel(x)", "the number of entries (#x is the first size)"},
@@ -558,7 +560,7 @@ end
 -- an object's fields and methods: names for a tensor's many, else a line each
 local function object_text (kind, title)
   local out = {title}
-  local props = {Tensor = "shape dtype ndim", Variable = "name trainable shape dtype ndim"}
+  local props = {Tensor = "shape dtype ndim itemsize nbytes", Variable = "name trainable shape dtype ndim itemsize nbytes"}
   if props[kind] then out[#out + 1] = "fields: " .. props[kind] end
   if kind == "Tensor" then
     out[#out + 1] = "methods (x:f(...) is mg.f(x, ...)): " .. method_list(kind)

@@ -77,6 +77,8 @@ E("is_variable", {{"v", "any value"}}, "a boolean", "mg.is_variable(mg.Variable(
 E("Tensor.shape", {}, "a table of the sizes", "mg.zeros(2, 3).shape --> {2, 3}")
 E("Tensor.dtype", {}, "a string", "mg.tensor{1, 2}.dtype --> float32")
 E("Tensor.ndim", {}, "an integer", "mg.zeros(2, 3).ndim --> 2")
+E("Tensor.itemsize", {}, "an integer", "mg.zeros(2, 3).itemsize --> 4")
+E("Tensor.nbytes", {}, "an integer", "mg.zeros({2, 3}, \"bfloat16\").nbytes --> 12")
 E("item", {{"x", "a tensor of one element"}}, "a Lua number (an integer for int64) or a boolean",
   "mg.tensor{1, 2, 3}:sum():item() --> 6.0")
 E("totable", {X}, "nested Lua tables of numbers or booleans (a number for a scalar)",

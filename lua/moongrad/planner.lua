@@ -117,11 +117,7 @@ end
 
 local Sequential = mg.nn.Sequential
 
-local function bytes_of (x)
-  if not mg.is_tensor(x) then return 0 end
-  local size = {float64 = 8, int64 = 8, float32 = 4, bool = 1}
-  return x:numel() * (size[x.dtype] or 2)
-end
+local function bytes_of (x) return mg.is_tensor(x) and x.nbytes or 0 end
 
 -- {------------------------- measuring ---------------------------
 -- What each layer of the outermost Sequential models a step runs saves on

@@ -223,15 +223,13 @@ local function shard_gradients (self, l, grads, who)
   return pieces_of_shards(l, shards, function(i) return grads[i] ~= nil end)
 end
 
-local DTYPE_BYTES = {float32 = 4, float64 = 8, bfloat16 = 2, float16 = 2}
-
 -- The variables of each dtype in buckets of whole variables of about
 -- fusion_bytes: each bucket is a stretch of the flat vector, so every rank's
 -- pieces in it, gathered in rank order, are its values in order. Calls
 -- fn(members, values) with each bucket's variables and their flat values.
 local function gather_buckets (l, fusion_bytes, value_of, fn)
   for _, g in ipairs(l.groups) do
-    local size = DTYPE_BYTES[g.dtype]
+    local size = g.members[1].var.itemsize
     local i = 1
     while i <= #g.members do
       local j, bytes = i, g.members[i].numel * size

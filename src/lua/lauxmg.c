@@ -252,6 +252,20 @@ void mgL_pushshape (lua_State *L, const int64_t *shape, int ndim) {
   }
 }
 
+/* a tensor's (or variable's value's) field k: shape, dtype, ndim, and
+** PyTorch's itemsize (bytes per element) and nbytes (numel x itemsize);
+** pushes it and returns 1, or returns 0 for another name */
+int mgL_pushfield (lua_State *L, const mg_tensor *t, const char *k) {
+  if (strcmp(k, "shape") == 0) mgL_pushshape(L, mg_tensor_shape(t), mg_tensor_ndim(t));
+  else if (strcmp(k, "dtype") == 0) lua_pushstring(L, mg_dtype_name(mg_tensor_dtype(t)));
+  else if (strcmp(k, "ndim") == 0) lua_pushinteger(L, mg_tensor_ndim(t));
+  else if (strcmp(k, "itemsize") == 0) lua_pushinteger(L, (lua_Integer)mg_dtype_size(mg_tensor_dtype(t)));
+  else if (strcmp(k, "nbytes") == 0)
+    lua_pushinteger(L, (lua_Integer)(mg_tensor_numel(t) * (int64_t)mg_dtype_size(mg_tensor_dtype(t))));
+  else return 0;
+  return 1;
+}
+
 /* {================== Lua values to tensors ================= */
 
 /* the shape of a nested table, read along first elements */

@@ -207,6 +207,8 @@ mg_variable *mgL_testvariable  (lua_State *L, int arg);
 mg_variable *mgL_checkvariable (lua_State *L, int arg);
 /* pushes a table {d1, d2, ...} */
 void       mgL_pushshape   (lua_State *L, const int64_t *shape, int ndim);
+/* t's field k (shape, dtype, ndim, itemsize, nbytes) pushed: 1, or 0 for another name */
+int        mgL_pushfield   (lua_State *L, const mg_tensor *t, const char *k);
 /* pushes a new tensor built from the number, boolean, nested table or
 ** tensor at arg, and returns it (borrowed from the box on the stack) */
 mg_tensor *mgL_pushconstant (lua_State *L, int arg, mg_dtype dt, bool dtype_given, const char *fn);

@@ -51,17 +51,13 @@ int mgL_index_first_axis (lua_State *L, mg_tensor *t, lua_Integer i) {
   return mgL_fill(L, box, mg_select(t, 0, k));
 }
 
-/* __index: methods first, then the properties shape, dtype, ndim, then x[i] */
+/* __index: methods first, then the fields (mgL_pushfield), then x[i] */
 static int tensor_index (lua_State *L) {
   mg_tensor *t = mgL_checktensor(L, 1);
   if (lua_type(L, 2) == LUA_TSTRING) {
     lua_pushvalue(L, 2);
     if (lua_rawget(L, lua_upvalueindex(1)) != LUA_TNIL) return 1;
-    const char *k = lua_tostring(L, 2);
-    if (strcmp(k, "shape") == 0) mgL_pushshape(L, mg_tensor_shape(t), mg_tensor_ndim(t));
-    else if (strcmp(k, "dtype") == 0) lua_pushstring(L, mg_dtype_name(mg_tensor_dtype(t)));
-    else if (strcmp(k, "ndim") == 0) lua_pushinteger(L, mg_tensor_ndim(t));
-    else lua_pushnil(L);
+    if (!mgL_pushfield(L, t, lua_tostring(L, 2))) lua_pushnil(L);
     return 1;
   }
   if (lua_type(L, 2) == LUA_TNUMBER)          /* x[1.0] is x[1], as for Lua tables */

@@ -156,9 +156,7 @@ static int variable_index (lua_State *L) {
     const mg_tensor *t = mg_variable_peek(v);
     if (strcmp(k, "name") == 0) { lua_pushstring(L, mg_variable_name(v)); return 1; }
     if (strcmp(k, "trainable") == 0) { lua_pushboolean(L, mg_variable_trainable(v)); return 1; }
-    if (strcmp(k, "shape") == 0) { mgL_pushshape(L, mg_tensor_shape(t), mg_tensor_ndim(t)); return 1; }
-    if (strcmp(k, "dtype") == 0) { lua_pushstring(L, mg_dtype_name(mg_tensor_dtype(t))); return 1; }
-    if (strcmp(k, "ndim") == 0) { lua_pushinteger(L, mg_tensor_ndim(t)); return 1; }
+    if (mgL_pushfield(L, t, k)) return 1;
     lua_pushvalue(L, 2);
     lua_rawget(L, lua_upvalueindex(2));
     return 1;
