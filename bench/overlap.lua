@@ -17,32 +17,8 @@
 local mg = mg or require "moongrad"
 local util = require "bench.util"
 local median = util.median
-local nn = mg.nn
 
-local GPT = {B = 32, T = 64, D = 256, H = 4, L = 4, V = 64}     -- bench/gpt.lua's SIZES
-
-local function model_of (name)
-  mg.random.seed(0)
-  if name == "cnn" then
-    return nn.Sequential{
-      nn.Conv2D(32, 3, {padding = "same", activation = "relu"}), nn.MaxPool2D(2),
-      nn.Conv2D(64, 3, {padding = "same", activation = "relu"}), nn.MaxPool2D(2),
-      nn.Flatten(), nn.Dense(128, "relu"), nn.Dense(10)}
-  end
-  local layers = {nn.Embedding(GPT.V, GPT.D), nn.PositionalEmbedding(GPT.T)}
-  for _ = 1, GPT.L do layers[#layers + 1] = nn.TransformerBlock(GPT.H, GPT.D, {causal = true}) end
-  layers[#layers + 1] = nn.LayerNorm()
-  layers[#layers + 1] = nn.Dense(GPT.V)
-  return nn.Sequential(layers)
-end
-
-local function data_of (name, n)
-  if name == "cnn" then
-    return mg.random.uniform({n, 28, 28, 1}), mg.cast(mg.random.uniform({n}, 1, 11) // 1, "int64")
-  end
-  local ids = mg.cast(mg.random.uniform({n, GPT.T}, 1, GPT.V + 1) // 1, "int64")
-  return ids, mg.cast(mg.random.uniform({n, GPT.T}, 1, GPT.V + 1) // 1, "int64")
-end
+local model_of, data_of = util.dist_model, util.dist_data
 
 -- prints: backward after (s), allreduce after (s), overlapped gradient call
 -- (s), its exposed wait (s), buckets, gradient bytes (medians over steps)
