@@ -627,7 +627,9 @@ MG_API mg_status mg_tape_gradient (mg_tape *t, int ntargets, mg_tensor *const *t
 ** whole, as PyTorch's DDP does). ready(ud, s, g, &take) is called once per
 ** source s the targets reach, as soon as no node left in the walk adds to
 ** its gradient g (borrowed: copy what you need; setting take to 1 lets the
-** walk drop g now, and grads[s] is then NULL, even with unconnected_zero).
+** walk drop g now, and grads[s] is then NULL, even with unconnected_zero;
+** take is ignored for a source that a recorded op made, or that is a
+** target: its gradient still flows back through the op that made it).
 ** A source no node reaches gets no call. tick(ud), when not NULL, is called
 ** after each node the walk runs: a chance to progress communication. A
 ** hook's MG_ERR stops the walk with its error. */

@@ -131,6 +131,8 @@ describe("optimizers", function()
     assert.has_error(function() opt:minimize("loss", {v}, mg.tape()) end, "SGD:minimize: the loss must be a tensor, got 'loss'")
     assert.has_error(function() opt:minimize(mg.sum(v), {v, 3}, mg.tape()) end,
       "SGD:minimize: variable 2 must be a Variable, got 3")
+    assert.has_error(function() opt:minimize(mg.sum(v), v, mg.tape()) end,
+      "SGD:minimize: vars must be a list of Variables ({w, b}), got a Variable (2) float32")
   end)
 
   it("take Keras' list of {gradient, variable} pairs", function()

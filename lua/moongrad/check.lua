@@ -64,6 +64,9 @@ function check.minimize_args (who, loss, vars, tape)
     check.fail(who, "minimize(loss, vars, tape) needs the tape that recorded the loss (mg.tape()), got %s",
                check.show(tape))
   end
+  if type(vars) ~= "table" then
+    check.fail(who, "vars must be a list of Variables ({w, b}), got %s", check.show(vars))
+  end
   local n = check.list(who, vars, "the list of variables", "variable %d")
   for i = 1, n do
     if not mg.is_variable(vars[i]) then

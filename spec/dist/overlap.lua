@@ -138,6 +138,26 @@ do
   checks = checks + 4
 end
 
+-- a backward that fails on every rank, caught: the buckets already sent are
+-- finished, the error is the rule's, and the ranks stay in step
+do
+  local a, b = mg.Variable(mg.ones{3}), mg.Variable(mg.ones{300})
+  local f = mg.custom_gradient(function(x) return x * 2, function() error("boom") end end)
+  local opt = dist.DistributedOptimizer(mg.optim.SGD(0.1), {overlap = true, fusion_bytes = 64})
+  local t = mg.tape()
+  local loss = mg.sum(f(a)) + mg.sum(b * b)                   -- b's bucket goes out before f's backward fails
+  t:stop()
+  local ok, err = pcall(opt.minimize, opt, loss, {a, b}, t)
+  assert(not ok and err:find("in the backward of 'custom_gradient': .*boom"), err)
+  dist.barrier()
+  t = mg.tape()
+  loss = mg.sum(b * b)
+  t:stop()
+  opt:minimize(loss, {a, b}, t)                                -- a has no gradient: nil, left alone
+  same("after a failed backward", b:value(), mg.full({300}, 0.8), true)
+  same("a left alone", a:value(), mg.ones{3}, true)
+end
+
 -- memory: stage 2 keeps 1/N of the gradients when they go out during the backward
 if size == 2 then
   local function peak (overlap)

@@ -940,18 +940,26 @@ typedef struct ready_lists {
   const mg_gradient_hooks *hooks;
   char *taken;
   int *first, *next;          /* nnodes + 1 heads; one link per source; -1 ends */
+  idmap still_needed;         /* ids a node made or a target is: their gradient flows on, never taken */
 } ready_lists;
 
-static mg_status ready_build (ready_lists *r, const mg_tape *t, int nsources, mg_tensor *const *sources,
-                              const idmap *dep) {
+static mg_status ready_build (ready_lists *r, const mg_tape *t, int ntargets, mg_tensor *const *targets,
+                              int nsources, mg_tensor *const *sources, const idmap *dep) {
   idmap earliest = {0};       /* source id -> 1 + the earliest node that adds to its gradient */
+  idmap ids = {0};            /* the sources' ids */
   mg_status st = MG_OK;
   r->first = (int *)malloc(sizeof(int) * (t->nnodes + 1 + (size_t)nsources));
   if (r->first == NULL) return mg_seterror("out of memory in tape:gradient");
   r->next = r->first + t->nnodes + 1;
   for (size_t i = 0; i <= t->nnodes; i++) r->first[i] = -1;
+  for (int s = 0; s < nsources && st == MG_OK; s++)
+    if (idmap_slot(&ids, sources[s]->id) == NULL) st = MG_ERR;
+  for (int k = 0; k < ntargets && st == MG_OK; k++)
+    if (idmap_has(&ids, targets[k]->id) && idmap_slot(&r->still_needed, targets[k]->id) == NULL) st = MG_ERR;
   for (size_t i = 0; i < t->nnodes && st == MG_OK; i++) {
     const mg_node *n = t->nodes[i];
+    for (int k = 0; k < n->nout && st == MG_OK; k++)   /* a source a node made: its maker needs its gradient */
+      if (idmap_has(&ids, n->out_meta[k].id) && idmap_slot(&r->still_needed, n->out_meta[k].id) == NULL) st = MG_ERR;
     int nk = n->nin + (n->def->linked_outputs ? n->nout : 0);
     for (int k = 0; k < nk && st == MG_OK; k++) {
       const mg_meta *m = meta_at(n, k);
@@ -970,6 +978,7 @@ static mg_status ready_build (ready_lists *r, const mg_tape *t, int nsources, mg
     r->first[at] = s;
   }
   idmap_free(&earliest);
+  idmap_free(&ids);
   return st;
 }
 
@@ -984,7 +993,7 @@ static mg_status ready_call (ready_lists *r, size_t i, idmap *grads, mg_tensor *
       snprintf(why, sizeof why, "%s", mg_errmsg_raw());
       return mg_seterror("tape:%s: %s", fn, why);
     }
-    if (take) r->taken[s] = 1;
+    if (take && !idmap_has(&r->still_needed, sources[s]->id)) r->taken[s] = 1;
   }
   for (int s = r->first[i]; s >= 0; s = r->next[s]) {   /* after every call: sources may repeat */
     void **slot = r->taken[s] ? idmap_slot(grads, sources[s]->id) : NULL;
@@ -1009,7 +1018,7 @@ mg_status mg_walk (mg_tape *t, int ntargets, mg_tensor *const *targets,
                    const char *fn) {
   idmap dep = {0}, keep_ids = {0};
   bool *relevant = NULL, small_relevant[256];
-  ready_lists ready = {hooks, taken, NULL, NULL};
+  ready_lists ready = {hooks, taken, NULL, NULL, {0}};
   mg_status st = MG_OK;
   mg_dtr_walk(1);
   for (int s = 0; s < nsources && st == MG_OK; s++)    /* sources the tape never saw stay unconnected */
@@ -1043,7 +1052,7 @@ mg_status mg_walk (mg_tape *t, int ntargets, mg_tensor *const *targets,
     if (slot == NULL || grads_add(slot, seed) != MG_OK) { st = MG_ERR; goto done; }
   }
   if (hooks && hooks->ready) {
-    if ((st = ready_build(&ready, t, nsources, sources, &dep)) != MG_OK) goto done;
+    if ((st = ready_build(&ready, t, ntargets, targets, nsources, sources, &dep)) != MG_OK) goto done;
     if ((st = ready_call(&ready, t->nnodes, grads, sources, fn)) != MG_OK) goto done;
   }
   for (size_t i = t->nnodes; i-- > 0;) {
@@ -1078,6 +1087,7 @@ done:
   }
   if (relevant != small_relevant) free(relevant);
   free(ready.first);
+  idmap_free(&ready.still_needed);
   idmap_free(&dep);
   idmap_free(&keep_ids);
   return st;

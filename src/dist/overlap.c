@@ -10,6 +10,7 @@
 ** of it gives each rank the part of its shard that falls in the stretch.
 */
 #include <limits.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -335,8 +336,20 @@ mg_status mg_dist_sync_end (mg_dist_sync *s, mg_tensor **out, unsigned char *pre
   return MG_OK;
 }
 
+/* A failed walk leaves buckets in flight. The other ranks sent the same
+** ones (every rank sends in the same order) or will, so they are finished,
+** with the timeout, keeping the walk's error: then the ranks are still in
+** step and a pcall may go on. Only if that wait fails is MPI given up. */
+static void finish_in_flight (mg_dist_sync *s) {
+  char why[1024];
+  snprintf(why, sizeof why, "%s", mg_errmsg_raw());
+  if (wait_all(s) != MG_OK) mg_dist_broken = 1;
+  mg_seterror("%s", why);
+}
+
 void mg_dist_sync_free (mg_dist_sync *s) {
   if (s == NULL) return;
+  if (s->in_flight > 0) finish_in_flight(s);
   bool pending = false;
   for (int k = 0; s->buckets && k < s->nbuckets; k++) {
     bucket *b = &s->buckets[k];

@@ -151,16 +151,6 @@ static mg_status run_gradient (lua_State *L, mg_tape *t, int nt, mg_tensor **tar
   return st;
 }
 
-mg_status mgL_gradient_hooked (lua_State *L, int arg, mg_tensor *target, int ns, mg_tensor **sources,
-                               const mg_gradient_hooks *hooks, mg_tensor **grads) {
-  mg_tape *t = checktape(L, arg)->t;
-  mgL_checkfinalizer(L);
-  mgL_gc_before_gradient(L, mgL_getstate(L));
-  mgL_call prev = mgL_enter(L);
-  mg_status st = mg_tape_gradient_hooked(t, 1, &target, ns, sources, NULL, 0, hooks, grads);
-  mgL_leave(L, prev);
-  return st;
-}
 
 /* the list of boxes for answer: ns of them, empty */
 static int new_answers (lua_State *L) {
@@ -238,6 +228,19 @@ static void warn_unrecorded (lua_State *L, ltape *b, int n) {
           n > 1 ? "s were" : " was");
   fflush(stderr);
   lua_pop(L, 1);
+}
+
+mg_status mgL_gradient_hooked (lua_State *L, int arg, mg_tensor *target, int ns, mg_tensor **sources,
+                               const mg_gradient_hooks *hooks, mg_tensor **grads) {
+  ltape *b = checktape(L, arg);
+  mgL_checkfinalizer(L);
+  mgL_gc_before_gradient(L, mgL_getstate(L));
+  bool warn = none_recorded(b, 1, &target, 0);
+  mgL_call prev = mgL_enter(L);
+  mg_status st = mg_tape_gradient_hooked(b->t, 1, &target, ns, sources, NULL, 0, hooks, grads);
+  mgL_leave(L, prev);
+  if (warn && st == MG_OK) warn_unrecorded(L, b, 1);
+  return st;
 }
 
 static int gradient_plain (lua_State *L, ltape *b, int zero) {
