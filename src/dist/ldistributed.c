@@ -212,13 +212,7 @@ static void on_tick (void *ud) { mg_dist_sync_progress((mg_dist_sync *)ud); }
 static int push_results (lua_State *L, mg_dist_sync_mode mode, int n, int ngroups, mg_tensor **out,
                          const unsigned char *present) {
   int count = mode == MG_DIST_SYNC_ALLREDUCE ? n : ngroups;
-  lua_createtable(L, count, 1);
-  for (int i = 0; i < count; i++) {
-    if (out[i] == NULL) continue;
-    mgL_pushtensor(L, out[i]);
-    out[i] = NULL;
-    lua_rawseti(L, -2, i + 1);
-  }
+  mgL_box_answers(L, count, out);                /* the tensors are the list's now, even if it raises */
   lua_pushinteger(L, count);
   lua_setfield(L, -2, "n");
   if (mode == MG_DIST_SYNC_ALLREDUCE) return 1;

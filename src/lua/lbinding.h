@@ -257,6 +257,9 @@ void mgL_open_tape      (lua_State *L);
 /* tape:gradient(target, sources) with hooks into its walk, for the C
 ** halves that start work before it ends (mg.distributed's overlapped
 ** gradients): the tape at arg; grads[ns] set; MG_ERR with the error set */
+/* results[0..n) as a new list of tensors, nil where NULL (its stack index);
+** takes them over, also when it raises (out of memory: released) */
+int       mgL_box_answers (lua_State *L, int n, mg_tensor **results);
 mg_status mgL_gradient_hooked (lua_State *L, int arg, mg_tensor *target, int ns, mg_tensor **sources,
                                const mg_gradient_hooks *hooks, mg_tensor **grads);
 void mgL_open_memory    (lua_State *L);

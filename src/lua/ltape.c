@@ -171,7 +171,7 @@ static int new_answers (lua_State *L) {
 ** collection. A protected call makes them, so running out of memory there
 ** cannot leak the results.
 */
-static int box_answers (lua_State *L, int n, mg_tensor **results) {
+int mgL_box_answers (lua_State *L, int n, mg_tensor **results) {
   lua_pushcfunction(L, new_answers);
   lua_pushinteger(L, n);
   if (lua_pcall(L, 1, 1, 0) != LUA_OK) {
@@ -192,11 +192,11 @@ static int box_answers (lua_State *L, int n, mg_tensor **results) {
 }
 
 /* the list of gradients of the targets for the sources (nil where
-** unconnected), as box_answers; raises on failure */
+** unconnected), as mgL_box_answers; raises on failure */
 static int answer (lua_State *L, mg_tape *t, int nt, mg_tensor **targets, int ns,
                    mg_tensor **sources, mg_tensor **seeds, int zero, mg_tensor **grads) {
   if (run_gradient(L, t, nt, targets, ns, sources, seeds, zero, grads) != MG_OK) mgL_error(L);
-  return box_answers(L, ns, grads);
+  return mgL_box_answers(L, ns, grads);
 }
 
 /*
@@ -337,7 +337,7 @@ static int l_jacobian (lua_State *L) {
   mg_status st = mg_tape_jacobians(t, y, ns, sources, zero, outs);
   mgL_leave(L, prev);
   if (st != MG_OK) return mgL_error(L);
-  int answers = box_answers(L, ns, outs);
+  int answers = mgL_box_answers(L, ns, outs);
   int k = 0;
   mgL_rebuild(L, 3, answers, &k);
   return 1;
@@ -357,7 +357,7 @@ static int l_batch_jacobian (lua_State *L) {
   mg_status st = mg_tape_batch_jacobian(t, y, x, zero, &out);
   mgL_leave(L, prev);
   if (st != MG_OK) return mgL_error(L);
-  lua_rawgeti(L, box_answers(L, 1, &out), 1);
+  lua_rawgeti(L, mgL_box_answers(L, 1, &out), 1);
   return 1;
 }
 
