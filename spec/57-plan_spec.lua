@@ -63,6 +63,64 @@ describe("memory.plan", function()
     end
   end)
 
+  it("saves to a file and loads for the same step: the same segments, peak and gradients", function()
+    local step = chain()
+    local plain_peak, plain = measured(step)
+    local plan = mg.memory.plan(step, {budget = math.floor(plain_peak * 0.8)})
+    local path = os.tmpname()
+    assert.equal(plan, plan:save(path))
+    local loaded = mg.memory.load_plan(path, step)
+    assert.equal(plan.peak_bytes, loaded.peak_bytes)             -- checked again by a dry run
+    assert.same({plan.budget, plan.lossy, plan.plain_peak_bytes}, {loaded.budget, loaded.lossy, loaded.plain_peak_bytes})
+    assert.equal(#plan.rows, #loaded.rows)
+    for i, r in ipairs(plan.rows) do
+      assert.same({r.layers, r.how, r.bytes, r.what}, {loaded.rows[i].layers, loaded.rows[i].how, loaded.rows[i].bytes,
+                                                       loaded.rows[i].what})
+      assert.equal(r.cost, loaded.rows[i].cost)                 -- %.17g: the same double
+    end
+    local peak, g = measured(mg.memory.with_plan, loaded, step)
+    assert.equal(plan.peak_bytes, peak)
+    same_bits(plain, g)
+    -- hostile or mismatched files: errors naming the file and line
+    local function file_with (text)
+      local f = assert(io.open(path, "w"))
+      f:write(text)
+      f:close()
+      return path
+    end
+    local good = assert(io.open(path)):read("a")
+    local cases = {
+      {"hello\n", ":1: not a saved plan"},
+      {"moongrad plan 1\nbudget x lossy 0 peak 1 plain 1\n", ":2: budget must be an integer >= 0, got 'x'"},
+      {"moongrad plan 1\nbudget 1 lossy 0 peak 1 plain 1\nsegment 1 1 keep 0 0\n", ":3: a segment before any model"},
+      {"moongrad plan 1\nbudget 1 lossy 0 peak 1 plain 1\nmodel 10\nsegment 1 10 pack 0 0\n",
+       ":4: a packed segment in a plan that is not lossy"},
+      {"moongrad plan 1\nbudget 1 lossy 0 peak 1 plain 1\nmodel 10\nsegment 1 4 keep 0 0\nsegment 6 10 keep 0 0\n",
+       ":5: segment 6-10 does not follow on within the model's 10 layers"},
+      {"moongrad plan 1\nbudget 1 lossy 0 peak 1 plain 1\nmodel 10\nsegment 1 4 keep 0 0\n",
+       "a model's segments do not cover its 10 layers"},
+      {"moongrad plan 1\nbudget 1 lossy 0 peak 1 plain 1\nmodel 10\nsegment 1 10 keep 0 nan\n",
+       ":4: the time must be a number of seconds >= 0, got 'nan'"},
+      {"moongrad plan 1\nbudget 1 lossy 0 peak 1 plain 1\nmodel 10\nsegment 1 10 drop 0 0\n",
+       ":4: unknown decision 'drop' (keep, recompute, pack)"},
+      {"moongrad plan 1\nbudget 1 lossy 0 peak 1 plain 1\nmodel 9\nsegment 1 9 keep 0 0\n",
+       "'s model 1 has 9 layers, the step's has 10"},
+      {good .. "model 3\nsegment 1 3 keep 0 0\n", " plans 2 models, the step runs 1 Sequential models"},
+      {good .. "os.exit(1)\n", "unexpected line 'os.exit(1)'"},
+      {string.rep("x", 2^20 + 2), "is over 1 MiB: not a saved plan"},
+    }
+    for _, c in ipairs(cases) do
+      local ok, err = pcall(mg.memory.load_plan, file_with(c[1]), step)
+      assert.is_false(ok)
+      assert.truthy(tostring(err):find("memory.load_plan: ", 1, true), err)
+      assert.truthy(tostring(err):find(c[2], 1, true), ("%q\n%s"):format(c[2], err))
+    end
+    assert.has_error(function() mg.memory.load_plan("/nonexistent/plan.txt", step) end)
+    assert.has_error(function() mg.memory.load_plan(path) end, "memory.load_plan: step must be a function, got nil")
+    assert.has_error(function() plan.save(3, path) end, "plan:save: call it on a plan (plan:save(path))")
+    os.remove(path)
+  end)
+
   it("keeps everything when the step fits, and says why when nothing does", function()
     local step = chain()
     local plain_peak = measured(step)

@@ -133,6 +133,7 @@ local groups = {
     {"memory.dry_running", "memory.dry_running()", "true while memory.estimate runs a step"},
     {"memory.plan", "memory.plan(step, {budget=, lossy=false}, ...)", "what each stretch of the step's Sequential models keeps, recomputes or packs, for the least extra time within budget; prints as a table"},
     {"memory.with_plan", "memory.with_plan(plan, step, ...)", "step(...) with the plan applied; its results"},
+    {"memory.load_plan", "memory.load_plan(path, step, ...)", "a plan plan:save(path) wrote, for step(...) (its models matched by a dry run)"},
     {"memory.reset_peak", "memory.reset_peak()", "the peak starts again from the current bytes"},
     {"memory.trace", "memory.trace(path, fn, ...)", "runs fn(...) writing its memory timeline as a Chrome trace"},
     {"memory.span", "memory.span(name, fn, ...)", "fn(...) as a named span of the running trace"},

@@ -340,6 +340,16 @@ model(x)
 function step () local t = mg.tape(); local l = mg.sum(model(x)); t:stop(); return t:gradient(l, model.trainable_variables) end
 plan = mg.memory.plan(step, {budget = "1 GiB"})
 #mg.memory.with_plan(plan, step) --> 6]])
+E("memory.load_plan", {{"path", "a file plan:save(path) wrote"}, {"step", "the step it was made for"}, ARGS},
+  "the plan, its models matched with the Sequential models a dry run of step(...) runs, its peak checked again",
+  [[layers = {mg.nn.Dense(32, "tanh"), mg.nn.Dense(32)}
+model = mg.nn.Sequential(layers)
+x = mg.random.normal{64, 32}
+model(x)
+function step () local t = mg.tape(); local l = mg.sum(model(x)); t:stop(); return t:gradient(l, model.trainable_variables) end
+path = os.tmpname()
+plan = mg.memory.plan(step, {budget = "1 GiB"}):save(path)
+mg.memory.load_plan(path, step).peak_bytes == plan.peak_bytes --> true]])
 E("memory.reset_peak", {}, "nothing", "mg.memory.reset_peak()\nmg.memory.stats().peak_bytes >= mg.memory.stats().current_bytes --> true")
 E("memory.trace", {PATH, FN, ARGS}, "fn's results; writes a Chrome trace (chrome://tracing, Perfetto)",
   "path = os.tmpname()\nmg.memory.trace(path, function() return mg.ones(100):sum() end)\nos.remove(path)")

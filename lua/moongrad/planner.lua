@@ -125,7 +125,7 @@ local function bytes_of (x) return mg.is_tensor(x) and x.nbytes or 0 end
 -- timed once on the model's first input, for real, in inference mode and
 -- with no tape (no statistics move, no optimizer steps).
 
-local function profile (step, ...)
+local function profile (timed, step, ...)
   local models, order = {}, {}
   local depth = 0
   local function around (self, x, ...)
@@ -133,7 +133,7 @@ local function profile (step, ...)
     depth = depth + 1
     local m = models[self]
     if not m then
-      m = {model = self, layers = {}, first_input = x, first_args = table.pack(...)}
+      m = {model = self, layers = {}, first_input = timed and x or nil, first_args = timed and table.pack(...) or nil}
       models[self] = m
       order[#order + 1] = m
     end
@@ -158,7 +158,7 @@ local function profile (step, ...)
   local ok, err = pcall(planner.estimate, step, ...)
   Sequential._around = was
   if not ok then error(err, 0) end
-  for _, m in ipairs(order) do                   -- the costs
+  for _, m in ipairs(timed and order or {}) do   -- the costs
     local x, args = m.first_input, m.first_args
     for i, l in ipairs(m.layers) do
       local t0 = mg.clock()
@@ -322,7 +322,7 @@ function planner.plan (step, opts, ...)
     if k ~= "budget" and k ~= "lossy" then error(("memory.plan: unknown option '%s' (budget, lossy)"):format(tostring(k)), 2) end
   end
   local budget, lossy = parse_budget("memory.plan", opts.budget), opts.lossy == true
-  local chains = profile(step, ...)
+  local chains = profile(true, step, ...)
   local plain = planner.estimate(step, ...)
   local stored = 0
   for _, ch in ipairs(chains) do for _, l in ipairs(ch.layers) do stored = stored + l.saved end end
@@ -411,9 +411,135 @@ function planner.plan (step, opts, ...)
                          bytes = g.bytes, cost = g.cost}
     end
   end
-  return setmetatable({segments = segments, rows = rows, budget = budget, lossy = lossy,
+  local order = {}
+  for i, ch in ipairs(chains) do order[i] = ch.model end
+  return setmetatable({segments = segments, rows = rows, budget = budget, lossy = lossy, models = order,
                        peak_bytes = best_est.peak_bytes, plain_peak_bytes = plain.peak_bytes}, Plan)
 end
+
+-- {------------------------- save and load -----------------------
+-- A plan as text, one record per line (no code: a file is hostile input):
+--   moongrad plan 1
+--   budget <bytes> lossy <0|1> peak <bytes> plain <bytes>
+--   model <layers>                        -- the step's Sequential models, in the order it runs them
+--   segment <first> <last> <keep|recompute|pack> <bytes> <seconds>
+-- Loading matches the models a dry run of the step runs, by order and
+-- number of layers, and checks the segments tile each model's layers.
+
+local HOWS = {keep = true, recompute = true, pack = true}
+
+--- plan:save(path): the plan as text, for mg.memory.load_plan(path, step, ...)
+function Plan.save (p, path)
+  if getmetatable(p) ~= Plan then error("plan:save: call it on a plan (plan:save(path))", 2) end
+  if type(path) ~= "string" then error(("plan:save: path must be a string, got %s"):format(type(path)), 2) end
+  local lines = {"moongrad plan 1", ("budget %d lossy %d peak %d plain %d"):format(p.budget, p.lossy and 1 or 0,
+                 p.peak_bytes, p.plain_peak_bytes)}
+  for _, model in ipairs(p.models) do
+    lines[#lines + 1] = ("model %d"):format(#model.layers)
+    for _, g in ipairs(p.segments[model]) do
+      lines[#lines + 1] = ("segment %d %d %s %d %.17g"):format(g.first, g.last, g.how, g.bytes, g.cost)
+    end
+  end
+  local f, err = io.open(path, "w")
+  if not f then error(("plan:save: cannot write %s: %s"):format(path, err), 2) end
+  local ok, werr = f:write(table.concat(lines, "\n"), "\n")
+  f:close()
+  if not ok then error(("plan:save: cannot write %s: %s"):format(path, werr), 2) end
+  return p
+end
+
+-- the saved plan's lines, checked: {budget =, lossy =, models = {{n =, segments = {...}}}}
+local function parse_plan (path, text)
+  local function bad (n, why) error(("memory.load_plan: %s:%d: %s"):format(path, n, why), 0) end
+  local saved, n, current = {models = {}}, 0, nil
+  local function count (s, k, what)
+    local v = math.tointeger(tonumber(s))
+    if not v or v < 0 or v > 2^53 then bad(k, ("%s must be an integer >= 0, got '%s'"):format(what, s:sub(1, 40))) end
+    return v
+  end
+  for line in (text .. "\n"):gmatch("([^\n]*)\n") do
+    n = n + 1
+    line = line:gsub("\r$", "")
+    if n == 1 then
+      if line ~= "moongrad plan 1" then bad(1, "not a saved plan (its first line is not 'moongrad plan 1')") end
+    elseif n == 2 then
+      local b, l, pk, pl = line:match("^budget (%S+) lossy ([01]) peak (%S+) plain (%S+)$")
+      if not b then bad(2, "expected 'budget <bytes> lossy <0|1> peak <bytes> plain <bytes>'") end
+      saved.budget, saved.lossy = count(b, 2, "budget"), l == "1"
+      saved.peak_bytes, saved.plain_peak_bytes = count(pk, 2, "peak"), count(pl, 2, "plain")
+    elseif line:match("^model ") then
+      local k = line:match("^model (%S+)$")
+      current = {n = count(k or "", n, "the number of layers"), segments = {}}
+      if current.n < 1 then bad(n, "a model has at least one layer") end
+      saved.models[#saved.models + 1] = current
+    elseif line:match("^segment ") then
+      local a, b, how, bytes, cost = line:match("^segment (%S+) (%S+) (%S+) (%S+) (%S+)$")
+      if not a then bad(n, "expected 'segment <first> <last> <keep|recompute|pack> <bytes> <seconds>'") end
+      if not current then bad(n, "a segment before any model") end
+      if not HOWS[how] then bad(n, ("unknown decision '%s' (keep, recompute, pack)"):format(how:sub(1, 40))) end
+      if how == "pack" and not saved.lossy then bad(n, "a packed segment in a plan that is not lossy") end
+      local g = {first = count(a, n, "first"), last = count(b, n, "last"), how = how, bytes = count(bytes, n, "bytes"),
+                 cost = tonumber(cost)}
+      if not g.cost or g.cost ~= g.cost or g.cost < 0 or g.cost == math.huge then
+        bad(n, ("the time must be a number of seconds >= 0, got '%s'"):format(cost:sub(1, 40)))
+      end
+      local prev = current.segments[#current.segments]
+      if g.first ~= (prev and prev.last + 1 or 1) or g.last < g.first or g.last > current.n then
+        bad(n, ("segment %d-%d does not follow on within the model's %d layers"):format(g.first, g.last, current.n))
+      end
+      current.segments[#current.segments + 1] = g
+    elseif line ~= "" then
+      bad(n, ("unexpected line '%s'"):format(line:sub(1, 40)))
+    end
+  end
+  if n < 2 or not saved.budget then bad(n, "the file ends before its budget line") end
+  for _, m in ipairs(saved.models) do
+    local last = m.segments[#m.segments]
+    if not last or last.last ~= m.n then bad(n, ("a model's segments do not cover its %d layers"):format(m.n)) end
+  end
+  return saved
+end
+
+--- load_plan(path, step, ...): a plan saved by plan:save, for step(...): its
+-- models matched, in order, with the Sequential models a dry run of the step
+-- runs (the number of layers must agree), and its peak checked by a dry run
+function planner.load_plan (path, step, ...)
+  if type(path) ~= "string" then error(("memory.load_plan: path must be a string, got %s"):format(type(path)), 2) end
+  if type(step) ~= "function" and not (getmetatable(step) or {}).__call then
+    error(("memory.load_plan: step must be a function, got %s"):format(type(step)), 2)
+  end
+  local f, err = io.open(path, "rb")
+  if not f then error(("memory.load_plan: cannot read %s: %s"):format(path, err), 2) end
+  local text = f:read((1 << 20) + 1)
+  f:close()
+  if text and #text > 1 << 20 then error(("memory.load_plan: %s is over 1 MiB: not a saved plan"):format(path), 2) end
+  local saved = parse_plan(path, text or "")
+  local chains = profile(false, step, ...)
+  if #chains ~= #saved.models then
+    error(("memory.load_plan: %s plans %d models, the step runs %d Sequential models"):format(path, #saved.models,
+          #chains), 2)
+  end
+  local segments, rows, order = {}, {}, {}
+  for i, ch in ipairs(chains) do
+    local m = saved.models[i]
+    if #ch.layers ~= m.n then
+      error(("memory.load_plan: %s's model %d has %d layers, the step's has %d"):format(path, i, m.n, #ch.layers), 2)
+    end
+    segments[ch.model], order[i] = m.segments, ch.model
+    for _, g in ipairs(m.segments) do
+      local names = {}
+      for k = g.first, g.last do names[#names + 1] = ch.layers[k].name end
+      rows[#rows + 1] = {layers = ("%d-%d"):format(g.first, g.last), what = table.concat(names, ", "), how = g.how,
+                         bytes = g.bytes, cost = g.cost}
+    end
+  end
+  local p = setmetatable({segments = segments, rows = rows, budget = saved.budget, lossy = saved.lossy, models = order,
+                          plain_peak_bytes = saved.plain_peak_bytes}, Plan)
+  local args = table.pack(...)
+  p.peak_bytes = planner.estimate(function() return planner.with_plan(p, step, table.unpack(args, 1, args.n)) end).peak_bytes
+  return p
+end
+-- }------------------------------------------------------------------
 
 Plan.__tostring = function(p)
   local lines = {("moongrad.memory.plan: peak %s within %s (%s without a plan)%s"):format(human(p.peak_bytes),

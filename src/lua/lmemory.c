@@ -217,7 +217,7 @@ static int l_dry_running (lua_State *L) {
   return 1;
 }
 
-/* estimate, plan, with_plan: moongrad.planner's (the upvalue names which) */
+/* estimate, plan, with_plan, load_plan: moongrad.planner's (the upvalue names which) */
 static int l_planner (lua_State *L) {
   mgL_require(L, "moongrad.planner");
   lua_getfield(L, -1, lua_tostring(L, lua_upvalueindex(1)));
@@ -236,8 +236,8 @@ static const luaL_Reg memory_funcs[] = {
 
 void mgL_open_memory (lua_State *L) {
   mgL_newlib(L, memory_funcs);
-  static const char *const planned[] = {"estimate", "plan", "with_plan"};
-  for (int i = 0; i < 3; i++) {
+  static const char *const planned[] = {"estimate", "plan", "with_plan", "load_plan"};
+  for (int i = 0; i < 4; i++) {
     lua_pushstring(L, planned[i]);
     lua_pushcclosure(L, l_planner, 1);
     lua_setfield(L, -2, planned[i]);
