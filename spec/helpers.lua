@@ -28,6 +28,9 @@ end
 -- either may be a tensor, a nested table or a number
 function helpers.assert_close (a, b, tol)
   tol = tol or 1e-5
+  if a == nil or b == nil then                        -- nil beside nil would compare no elements
+    error(("assert_close: got %s, expected %s"):format(tostring(a), tostring(b)), 2)
+  end
   local va, sa = values(a)
   local vb, sb = values(b)
   if sa and sb then assert.same(sa, sb, "shapes differ") end

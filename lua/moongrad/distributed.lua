@@ -73,7 +73,8 @@ function dist.local_size () return started("local_size").local_size() end
 function dist.barrier () return started("barrier").barrier() end
 --- finalize(): ends MPI early (it also ends by itself when the program does)
 function dist.finalize () if loaded then mpi.finalize() end end
---- stats(): {calls =, bytes =}: MPI calls made and bytes moved since init
+--- stats(): {calls =, bytes =, waited =}: MPI calls made and bytes moved since init,
+-- and seconds overlapped steps (minimize) waited at their end for communication
 function dist.stats () return started("stats").stats() end
 
 function dist.allreduce (t, opts) return started("allreduce").allreduce(t, opts) end

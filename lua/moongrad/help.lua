@@ -320,7 +320,7 @@ local groups = {
     {"distributed.ShardedOptimizer", "distributed.ShardedOptimizer(opt [, {stage=1 | 2, fusion_bytes=, op=, overlap=\"auto\"}])", "opt with its slots (stage 2: and gradients) sharded over the ranks (ZeRO)"},
     {"distributed.reduce_scatter", "distributed.reduce_scatter(t [, {op=\"sum\" | \"mean\"}])", "this rank's shard of every rank's t combined (flattened)"},
     {"distributed.shard_range", "distributed.shard_range(n [, size, rank])", "the first and last of n elements a rank holds when sharded"},
-    {"distributed.stats", "distributed.stats()", "{calls=, bytes=} moved since init"},
+    {"distributed.stats", "distributed.stats()", "{calls=, bytes=, waited=}: MPI calls and bytes since init, seconds overlapped steps waited at their end"},
     {"distributed.is_initialized", "distributed.is_initialized()", "whether init ran"},
     {"distributed.available", "distributed.available()", "whether MPI support is built in"},
     {"distributed.finalize", "distributed.finalize()", "ends MPI early"},

@@ -828,7 +828,7 @@ E("distributed.reduce_scatter", {{"t", "a tensor, the same shape on every rank"}
   MPI .. "-- mg.distributed.reduce_scatter(mg.ones(4)) --> {2.0, 2.0} on each of 2 ranks")
 E("distributed.shard_range", {{"n", "a number of elements"}, {"size", "ranks", "this run's"}, {"rank", "a rank", "this one"}},
   "first, last (1-based; last < first when empty)", "mg.distributed.shard_range(10, 3, 1) --> 4, 6")
-E("distributed.stats", {}, "a table {calls=, bytes=}", MPI .. "-- mg.distributed.stats().bytes")
+E("distributed.stats", {}, "a table {calls=, bytes=, waited=} (waited: seconds minimize waited at its end for communication the backward did not hide)", MPI .. "-- mg.distributed.stats().bytes")
 E("distributed.is_initialized", {}, "a boolean", "mg.distributed.is_initialized() --> false")
 E("distributed.available", {}, "a boolean", "type(mg.distributed.available()) --> boolean")
 E("distributed.finalize", {}, "nothing", MPI .. "-- mg.distributed.finalize()")
