@@ -297,6 +297,23 @@ function planner.with_plan (plan, step, ...)
   return table.unpack(out, 2, out.n)
 end
 
+-- a Plan of segments (by model) for the chains: its rows (layers, decision,
+-- bytes, cost, the layers' names) and models in the order the step runs them
+local function plan_of (chains, segments, fields)
+  local rows, order = {}, {}
+  for i, ch in ipairs(chains) do
+    order[i] = ch.model
+    for _, g in ipairs(segments[ch.model]) do
+      local names = {}
+      for k = g.first, g.last do names[#names + 1] = ch.layers[k].name end
+      rows[#rows + 1] = {layers = ("%d-%d"):format(g.first, g.last), what = table.concat(names, ", "), how = g.how,
+                         bytes = g.bytes, cost = g.cost}
+    end
+  end
+  fields.segments, fields.rows, fields.models = segments, rows, order
+  return setmetatable(fields, Plan)
+end
+
 local function parse_budget (who, b)
   if math.type(b) == "integer" and b > 0 then return b end
   if type(b) == "number" and b > 0 then return math.floor(b) end
@@ -402,19 +419,8 @@ function planner.plan (step, opts, ...)
            .. "without one at %s); weights, gradients and optimizer slots do not move: try lossy = true, or a "
            .. "larger budget"):format(human(budget), least and human(least) or "nothing found", human(plain.peak_bytes)), 2)
   end
-  local segments, rows = best, {}
-  for _, ch in ipairs(chains) do
-    for _, g in ipairs(segments[ch.model]) do
-      local names = {}
-      for i = g.first, g.last do names[#names + 1] = ch.layers[i].name end
-      rows[#rows + 1] = {layers = ("%d-%d"):format(g.first, g.last), what = table.concat(names, ", "), how = g.how,
-                         bytes = g.bytes, cost = g.cost}
-    end
-  end
-  local order = {}
-  for i, ch in ipairs(chains) do order[i] = ch.model end
-  return setmetatable({segments = segments, rows = rows, budget = budget, lossy = lossy, models = order,
-                       peak_bytes = best_est.peak_bytes, plain_peak_bytes = plain.peak_bytes}, Plan)
+  return plan_of(chains, best, {budget = budget, lossy = lossy, peak_bytes = best_est.peak_bytes,
+                                 plain_peak_bytes = plain.peak_bytes})
 end
 
 -- {------------------------- save and load -----------------------
@@ -519,22 +525,16 @@ function planner.load_plan (path, step, ...)
     error(("memory.load_plan: %s plans %d models, the step runs %d Sequential models"):format(path, #saved.models,
           #chains), 2)
   end
-  local segments, rows, order = {}, {}, {}
+  local segments = {}
   for i, ch in ipairs(chains) do
     local m = saved.models[i]
     if #ch.layers ~= m.n then
       error(("memory.load_plan: %s's model %d has %d layers, the step's has %d"):format(path, i, m.n, #ch.layers), 2)
     end
-    segments[ch.model], order[i] = m.segments, ch.model
-    for _, g in ipairs(m.segments) do
-      local names = {}
-      for k = g.first, g.last do names[#names + 1] = ch.layers[k].name end
-      rows[#rows + 1] = {layers = ("%d-%d"):format(g.first, g.last), what = table.concat(names, ", "), how = g.how,
-                         bytes = g.bytes, cost = g.cost}
-    end
+    segments[ch.model] = m.segments
   end
-  local p = setmetatable({segments = segments, rows = rows, budget = saved.budget, lossy = saved.lossy, models = order,
-                          plain_peak_bytes = saved.plain_peak_bytes}, Plan)
+  local p = plan_of(chains, segments, {budget = saved.budget, lossy = saved.lossy,
+                                       plain_peak_bytes = saved.plain_peak_bytes})
   local args = table.pack(...)
   p.peak_bytes = planner.estimate(function() return planner.with_plan(p, step, table.unpack(args, 1, args.n)) end).peak_bytes
   return p
