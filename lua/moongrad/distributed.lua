@@ -51,6 +51,7 @@ local function started (who)
   end
   return mpi
 end
+dist._started = started                -- the wrappers' modules (moongrad.sharded) check the same way
 
 local INIT = {{"timeout", check.rule("a number of seconds >= 0 (0: no timeout)", function(v)
   return type(v) == "number" and v >= 0 and v <= 1e9 end)}}

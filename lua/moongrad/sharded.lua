@@ -277,9 +277,7 @@ function Sharded.apply_gradients (self, grads, vars)
   local n = type(vars) == "table" and #vars or 0
   check.distinct_variables(who, vars, n)
   check_elementwise(self, who)
-  if not dist.is_initialized() then
-    fail(who, "mg.distributed is not initialized; call mg.distributed.init() first (and start the program with mpirun)")
-  end
+  dist._started(who)
   local gs = {}
   for i = 1, n do
     local g = grads[i]
@@ -306,9 +304,7 @@ function Sharded.minimize (self, loss, vars, tape)
   local n = check.minimize_args(who .. ":minimize", loss, vars, tape)
   check.distinct_variables(who, vars, n)
   check_elementwise(self, who)
-  if not dist.is_initialized() then
-    fail(who, "mg.distributed is not initialized; call mg.distributed.init() first (and start the program with mpirun)")
-  end
+  dist._started(who)
   if not dist._overlaps(self, self.stage == 2) then return self:apply_gradients(tape:gradient(loss, vars), vars) end
   local list, fusion = {table.unpack(vars, 1, n)}, math.max(self.fusion_bytes, 1)
   if self.stage == 1 then

@@ -163,11 +163,18 @@ int mg_dist_sync_groups (const mg_dist_sync *s) { return s->ngroups; }
 
 /* {---- the buckets in flight ---- */
 
+/* the bucket's stretch, made when its first gradient comes (or at its send) */
+static mg_status make_buffer (const mg_dist_sync *s, bucket *b) {
+  int64_t count = b->hi - b->lo;
+  if (b->buf == NULL && (b->buf = mg_empty(&count, 1, s->groups[b->group].dtype)) == NULL) return MG_ERR;
+  return MG_OK;
+}
+
 static mg_status send (mg_dist_sync *s, bucket *b) {
   group *g = &s->groups[b->group];
   size_t es = mg_dtype_size(g->dtype);
   int64_t count = b->hi - b->lo;
-  if (b->buf == NULL && (b->buf = mg_empty(&count, 1, g->dtype)) == NULL) return MG_ERR;
+  if (make_buffer(s, b) != MG_OK) return MG_ERR;
   /* the shard is made at its group's first send, not at the walk's start, where the activations peak */
   int64_t len = g->hi - g->lo;
   if (s->mode == MG_DIST_SYNC_REDUCE_SCATTER && g->shard == NULL && (g->shard = mg_empty(&len, 1, g->dtype)) == NULL)
@@ -251,8 +258,7 @@ mg_status mg_dist_sync_ready (mg_dist_sync *s, int i, mg_tensor *grad) {
                        mg_shape_str(a, sizeof a, grad->shape, grad->ndim),
                        mg_shape_str(c, sizeof c, e->like->shape, e->like->ndim));
   }
-  int64_t count = b->hi - b->lo;
-  if (b->buf == NULL && (b->buf = mg_empty(&count, 1, g->dtype)) == NULL) return MG_ERR;
+  if (make_buffer(s, b) != MG_OK) return MG_ERR;
   /* a float32 sum of a half variable's gradients (the walk's) is narrowed here */
   mg_tensor *c = grad->dtype == g->dtype ? mg_contiguous(grad) : mg_cast(grad, g->dtype);
   if (c == NULL) return MG_ERR;
