@@ -2,7 +2,9 @@
 -- mg.memory.plan's plan for the same budget, against the plain step, and a
 -- sweep of time against budget with recompute_grad on every layer and
 -- checkpoint_sequential as reference points, on bench/recompute.lua's two
--- chains (dense+tanh layers, MLP blocks) and a narrow one.
+-- chains (dense+tanh layers, MLP blocks), a narrow one and a GPT (bench/gpt.lua's
+-- blocks, eight of them). The planner plans twice: recomputing only, and
+-- allowed to spill to files in $TMPDIR (or /tmp) as well.
 --   build/moongrad bench/budget.lua [width] [batch] [layers] [repeats] [dir]
 -- Budgets are given as fractions of the plain step's peak above the model
 -- (activations, gradients, temporaries); a budget is that many bytes above
@@ -21,6 +23,8 @@ local N = tonumber(arg and arg[3]) or 16
 local REPEATS = tonumber(arg and arg[4]) or 3
 local DIR = arg and arg[5] or "bench/results"
 local FRACTIONS = {0.8, 0.6, 0.5, 0.4, 1 / 3, 0.3}
+local SPILL = os.getenv("TMPDIR") or "/tmp"
+local GPT = {B = 32, T = 64, D = 256, H = 4, L = 8, V = 64}
 
 local now, median = mg.clock, util.median
 
@@ -35,9 +39,22 @@ local function chains ()
     blocks[i] = mg.nn.Sequential{mg.nn.Dense(W, {activation = "tanh"}), mg.nn.Dense(W // 4, {activation = "tanh"})}
   end
   for i = 1, 2 * N do narrow[i] = mg.nn.Dense(W // 4, {activation = "tanh"}) end
-  return {{name = "dense+tanh", layers = dense, width = W, batch = B, act = W},
-          {name = "MLP block (W/4 -> W -> W/4)", layers = blocks, width = W // 4, batch = B, act = W},
-          {name = "narrow dense+tanh (W/4, 4B)", layers = narrow, width = W // 4, batch = 4 * B, act = W // 4}}
+  local square = function(y) return mg.mean(y ^ 2) end
+  -- the GPT, sized by W's ratio to the default (tiny in spec/38's run)
+  local S, nn = GPT, mg.nn
+  local D = math.max(8, S.D * W // 1024 // 8 * 8)
+  local gpt = {nn.Embedding(S.V, D), nn.PositionalEmbedding(S.T)}
+  for _ = 1, S.L do gpt[#gpt + 1] = nn.TransformerBlock(S.H, D, {causal = true}) end
+  gpt[#gpt + 1] = nn.LayerNorm()
+  gpt[#gpt + 1] = nn.Dense(S.V)
+  local function ids () return mg.cast(mg.random.uniform({S.B, S.T}, 1, S.V + 1) // 1, "int64") end
+  local targets = ids()
+  local cross_entropy = function(y) return mg.losses.sparse_categorical_crossentropy(targets, y, {from_logits = true}) end
+  return {{name = "dense+tanh", layers = dense, x = {B, W}, act = B * W, loss = square},
+          {name = "MLP block (W/4 -> W -> W/4)", layers = blocks, x = {B, W // 4}, act = B * W, loss = square},
+          {name = "narrow dense+tanh (W/4, 4B)", layers = narrow, x = {4 * B, W // 4}, act = B * W, loss = square},
+          {name = ("GPT (%d blocks, width %d, batch %d x %d tokens)"):format(S.L, D, S.B, S.T), layers = gpt,
+           x = ids(), act = S.B * S.T * D, loss = cross_entropy}}
 end
 
 -- one step: forward, backward, SGD; budget (bytes above the start) or nil
@@ -49,7 +66,7 @@ local function step (chain, run, budget)
   end
   local ok, err = pcall(function()
     local t = mg.tape()
-    local loss = mg.mean(run(chain.x) ^ 2)
+    local loss = chain.loss(run(chain.x))
     t:stop()
     local grads = t:gradient(loss, chain.vars)
     for i, v in ipairs(chain.vars) do v:assign_sub(grads[i] * 1e-3) end
@@ -86,7 +103,7 @@ out("%s, %s, %d threads; width %d, batch %d, %d layers; medians of %d alternatin
 
 for _, chain in ipairs(chains()) do
   local layers = chain.layers
-  chain.x = mg.random.normal{chain.batch, chain.width}
+  if not mg.is_tensor(chain.x) then chain.x = mg.random.normal(chain.x) end
   do local y = chain.x for _, l in ipairs(layers) do y = l(y) end end     -- builds them
   chain.vars = {}
   for _, l in ipairs(layers) do for _, v in ipairs(l.trainable_variables) do chain.vars[#chain.vars + 1] = v end end
@@ -110,17 +127,21 @@ for _, chain in ipairs(chains()) do
       infeasible[#infeasible + 1] = ("budget %.2f x plain peak (%.1f MiB): %s"):format(f, budget / 2^20,
         tostring(m.err):gsub("^[^:]*:%d+: ", ""))
     end
-    -- the planner at the same budget: bytes above the start, as the budget's are
-    collectgarbage()
-    collectgarbage()
-    local ok, plan = pcall(mg.memory.plan, function() return step(chain, sequential) end,
-                           {budget = mg.memory.stats().current_bytes + budget})
-    if ok then
-      configs[#configs + 1] = {name = ("planned %.2f x plain peak"):format(f), planned = f,
-                               run = function(h) return mg.memory.with_plan(plan, sequential, h) end}
-    else
-      infeasible[#infeasible + 1] = ("planned %.2f x plain peak (%.1f MiB): %s"):format(f, budget / 2^20,
-        tostring(plan):gsub("^[^:]*:%d+: ", ""))
+    -- the planner at the same budget (bytes above the start, as the
+    -- budget's are), recomputing only, then allowed to spill
+    for _, spill in ipairs{false, SPILL} do
+      collectgarbage()
+      collectgarbage()
+      local what = spill and "planned, spilling" or "planned"
+      local ok, plan = pcall(mg.memory.plan, function() return step(chain, sequential) end,
+                             {budget = mg.memory.stats().current_bytes + budget, spill = spill or nil})
+      if ok then
+        configs[#configs + 1] = {name = ("%s %.2f x plain peak"):format(what, f), planned = spill and "spill" or "plan",
+                                 run = function(h) return mg.memory.with_plan(plan, sequential, h) end}
+      else
+        infeasible[#infeasible + 1] = ("%s %.2f x plain peak (%.1f MiB): %s"):format(what, f, budget / 2^20,
+          tostring(plan):gsub("^[^:]*:%d+: ", ""))
+      end
     end
   end
   for _, c in ipairs(configs) do
@@ -137,25 +158,27 @@ for _, chain in ipairs(chains()) do
     end
   end
   out("")
-  out("%s x%d, batch %d (one activation %.1f MiB):", chain.name, #layers, chain.batch,
-      chain.batch * chain.act * 4 / 2^20)
+  out("%s x%d, input %s (one activation %.1f MiB):", chain.name, #layers, table.concat(chain.x.shape, "x"),
+      chain.act * 4 / 2^20)
   out("")
   out("| configuration | step ms | x plain | peak MiB | x plain | evictions | rebuilt ops |")
   out("|---|---:|---:|---:|---:|---:|---:|")
   local base = configs[1]
   base.ms = median(base.times)
-  local bx, by, px, py = {}, {}, {}, {}
+  local bx, by, px, py, sx, sy = {}, {}, {}, {}, {}, {}
   for _, c in ipairs(configs) do
     c.ms = median(c.times)
     out("| %s | %.1f | %.2f | %.1f | %.2f | %d | %d |", c.name, c.ms, c.ms / base.ms, c.m.peak / 2^20,
         c.m.peak / base.m.peak, c.m.evictions, c.m.remats)
     if c.budget then bx[#bx + 1], by[#by + 1] = c.m.peak / base.m.peak, c.ms / base.ms end
-    if c.planned then px[#px + 1], py[#py + 1] = c.m.peak / base.m.peak, c.ms / base.ms end
+    if c.planned == "plan" then px[#px + 1], py[#py + 1] = c.m.peak / base.m.peak, c.ms / base.ms end
+    if c.planned == "spill" then sx[#sx + 1], sy[#sy + 1] = c.m.peak / base.m.peak, c.ms / base.ms end
   end
   for _, why in ipairs(infeasible) do out("") out("infeasible: %s", why) end
   local short = chain.name:match("^[^(]+"):gsub("%s+$", "")
   if #bx > 0 then series[#series + 1] = {bx, by, label = short .. ": under a budget", style = "linespoints"} end
   if #px > 0 then series[#series + 1] = {px, py, label = short .. ": planned (mg.memory.plan)", style = "linespoints"} end
+  if #sx > 0 then series[#series + 1] = {sx, sy, label = short .. ": planned, spilling", style = "linespoints"} end
   for k = 2, 3 do
     local c = configs[k]
     series[#series + 1] = {{c.m.peak / base.m.peak}, {c.ms / base.ms}, label = short .. ": " .. c.name, style = "points"}

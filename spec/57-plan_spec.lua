@@ -102,7 +102,7 @@ describe("memory.plan", function()
       {"moongrad plan 1\nbudget 1 lossy 0 peak 1 plain 1\nmodel 10\nsegment 1 10 keep 0 nan\n",
        ":4: the time must be a number of seconds >= 0, got 'nan'"},
       {"moongrad plan 1\nbudget 1 lossy 0 peak 1 plain 1\nmodel 10\nsegment 1 10 drop 0 0\n",
-       ":4: unknown decision 'drop' (keep, recompute, pack)"},
+       ":4: unknown decision 'drop' (keep, recompute, pack, spill)"},
       {"moongrad plan 1\nbudget 1 lossy 0 peak 1 plain 1\nmodel 9\nsegment 1 9 keep 0 0\n",
        "'s model 1 has 9 layers, the step's has 10"},
       {good .. "model 3\nsegment 1 3 keep 0 0\n", " plans 2 models, the step runs 1 Sequential models"},
@@ -119,6 +119,57 @@ describe("memory.plan", function()
     assert.has_error(function() mg.memory.load_plan(path) end, "memory.load_plan: step must be a function, got nil")
     assert.has_error(function() plan.save(3, path) end, "plan:save: call it on a plan (plan:save(path))")
     os.remove(path)
+  end)
+
+  it("spills stretches to files when allowed: below the recompute-only plans' least peak, the same gradients", function()
+    local step = chain()
+    local plain_peak, plain = measured(step)
+    local ok, err = pcall(mg.memory.plan, step, {budget = math.floor(plain_peak * 0.5)})
+    assert.is_false(ok)                                -- recompute alone cannot get there ...
+    local least = tonumber(tostring(err):match("the least a plan found peaks at ([%d.]+) MiB")) * 2^20
+    local dir = os.tmpname()
+    os.remove(dir)
+    assert.is_true(os.execute("mkdir -p " .. dir))
+    local budget = math.floor(plain_peak * 0.5)
+    local plan = mg.memory.plan(step, {budget = budget, spill = dir})   -- ... spilling can
+    assert.is_true(plan.peak_bytes <= budget and plan.peak_bytes < least, ("%d over %d"):format(plan.peak_bytes, budget))
+    assert.are.equal(dir, plan.spill)
+    local spilled = 0
+    for _, row in ipairs(plan.rows) do if row.how == "spill" then spilled = spilled + row.bytes end end
+    assert.is_true(spilled > 0)
+    local text = tostring(plan)
+    assert.truthy(text:find(", spilling to " .. dir, 1, true), text)
+    assert.truthy(text:find("| spill | ", 1, true) and text:find(" in files |", 1, true), text)
+    local peak, g = measured(mg.memory.with_plan, plan, step)
+    assert.are.equal(plan.peak_bytes, peak)
+    same_bits(plain, g)
+    g = nil                                            -- (peaks count what is live)
+    collectgarbage()
+    -- the files went with the step (unlinked at once, unmapped when the tape let go)
+    local p = io.popen("ls -A " .. dir)
+    assert.are.equal("", p:read("a"))
+    p:close()
+    -- saved and loaded: the directory goes with the plan
+    local path = os.tmpname()
+    plan:save(path)
+    local loaded = mg.memory.load_plan(path, step)
+    assert.are.equal(dir, loaded.spill)
+    assert.are.equal(plan.peak_bytes, loaded.peak_bytes)
+    same_bits(plain, mg.memory.with_plan(loaded, step))
+    local f = assert(io.open(path, "w"))
+    f:write("moongrad plan 1\nbudget 1 lossy 0 peak 1 plain 1\nmodel 10\nsegment 1 10 spill 0 0\n")
+    f:close()
+    local ok2, err2 = pcall(mg.memory.load_plan, path, step)
+    assert.is_false(ok2)
+    assert.truthy(tostring(err2):find(":4: a spilled segment in a plan without a 'spill <dir>' line", 1, true), err2)
+    os.remove(path)
+    -- where it cannot write, or what is not a directory's path: errors that say so
+    local ok3, err3 = pcall(mg.memory.plan, step, {budget = budget, spill = "/nonexistent/moongrad"})
+    assert.is_false(ok3)
+    assert.truthy(tostring(err3):find("memory.plan: spill: cannot make a file in /nonexistent/moongrad", 1, true), err3)
+    assert.has_error(function() mg.memory.plan(step, {budget = budget, spill = 42}) end,
+                     "memory.plan: spill must be a directory's path, got number")
+    os.execute("rm -rf " .. dir)
   end)
 
   it("keeps everything when the step fits, and says why when nothing does", function()
@@ -184,12 +235,50 @@ describe("memory.plan", function()
     assert.are.same(rng, mg.random.get_state())
   end)
 
+  it("moves no statistics and draws no dropout while it times the layers (spilling too)", function()
+    mg.random.seed(11)
+    local layers = {}
+    for i = 1, 6 do
+      layers[#layers + 1] = nn.Dense(64)
+      layers[#layers + 1] = nn.BatchNorm{}
+      layers[#layers + 1] = nn.Dropout(0.1)
+    end
+    local model = nn.Sequential(layers)
+    local x = mg.random.normal{512, 64}
+    model(x)
+    local function step ()
+      local t = mg.tape()
+      local loss = mg.mean(model(x) ^ 2)
+      t:stop()
+      return t:gradient(loss, model.trainable_variables)
+    end
+    local function state ()
+      local sums = {}
+      for i, v in ipairs(model.variables) do sums[i] = v:value():cast("float64"):sum():item() end
+      return sums
+    end
+    local before, rng, updates = state(), mg.random.get_state(), layers[2].updates
+    local peak = measured(function() return mg.memory.estimate(step).peak_bytes end)
+    local dir = os.tmpname()
+    os.remove(dir)
+    assert.is_true(os.execute("mkdir -p " .. dir))
+    for _, spill in ipairs{false, dir} do
+      local plan = mg.memory.plan(step, {budget = math.floor(mg.memory.estimate(step).peak_bytes * 0.8), spill = spill or nil})
+      assert.are.same(before, state())
+      assert.are.same(rng, mg.random.get_state())
+      assert.are.equal(updates, layers[2].updates)
+      assert.is_true(layers[3].training and layers[2].training)    -- the flags put back
+      assert.is_true(peak > 0 and plan.peak_bytes > 0)
+    end
+    os.execute("rm -rf " .. dir)
+  end)
+
   it("names bad arguments", function()
     local step = chain()
     local function msg (...) local ok, e = pcall(...); assert.is_false(ok); return tostring(e) end
     assert.truthy(msg(mg.memory.plan, 42, {budget = 1}):find("memory.plan: step must be a function, got number", 1, true))
-    assert.truthy(msg(mg.memory.plan, step):find("memory.plan: options {budget = bytes [, lossy = false]} expected", 1, true))
-    assert.truthy(msg(mg.memory.plan, step, {budget = 1, spill = true}):find("memory.plan: unknown option 'spill' (budget, lossy)", 1, true))
+    assert.truthy(msg(mg.memory.plan, step):find("memory.plan: options {budget = bytes [, lossy = false, spill = dir]} expected", 1, true))
+    assert.truthy(msg(mg.memory.plan, step, {budget = 1, spil = true}):find("memory.plan: unknown option 'spil' (budget, lossy, spill)", 1, true))
     assert.truthy(msg(mg.memory.plan, step, {budget = "lots"}):find('memory.plan: budget must be a number of bytes or a size like "2 GiB", got lots', 1, true))
     assert.truthy(msg(mg.memory.with_plan, {}, step):find("memory.with_plan: plan must be what mg.memory.plan gave, got table", 1, true))
   end)

@@ -316,8 +316,8 @@ mg.memory.setpause(pause, min_bytes)
 r.peak_bytes == mg.memory.stats().peak_bytes --> true]])
 E("memory.dry_running", {}, "a boolean", "mg.memory.dry_running() --> false")
 E("memory.plan", {{"step", "a function: a training step whose model is an nn.Sequential"},
-                  {"opts", "budget= (bytes or \"2 GiB\"), lossy= (true: bfloat16 packing allowed)"}, ARGS},
-  "a plan: rows={{layers=, how=, bytes=, cost=, what=}, ...}, peak_bytes= (its dry run's), budget=, plain_peak_bytes=",
+                  {"opts", "budget= (bytes or \"2 GiB\"), lossy= (true: bfloat16 packing allowed), spill= (a directory: spilling to files allowed)"}, ARGS},
+  "a plan: rows={{layers=, how=, bytes=, cost=, what=}, ...}, peak_bytes= (its dry run's), budget=, plain_peak_bytes=, spill=",
   [[layers = {}
 for i = 1, 6 do layers[i] = mg.nn.Dense(64, "tanh") end
 model = mg.nn.Sequential(layers)

@@ -249,6 +249,13 @@ function layer.build_pass (self, input_shape, dtype)
   local n = shape_of("build", input_shape)
   local shape = {}
   for i = 1, n do shape[i] = input_shape[i] or 1 end
+  layer.training_off(self, self, mg.ones(shape, dtype))     -- ones: a valid token id too
+end
+
+--- layer.training_off(model, f, ...): f(...) with every `training` flag in
+-- model and its sublayers off (no dropout drawn, no statistics moved), and
+-- put back after, even when f fails; f's results
+function layer.training_off (model, f, ...)
   local flags, seen = {}, {}
   local function walk (l)
     l = unwrap(l)
@@ -257,10 +264,11 @@ function layer.build_pass (self, input_shape, dtype)
     if type(rawget(l, "training")) == "boolean" then flags[l] = l.training; l.training = false end
     for _, sub in ipairs(rawget(l, "_layers") or {}) do walk(sub) end
   end
-  walk(self)
-  local ok, err = pcall(self, mg.ones(shape, dtype))     -- ones: a valid token id too
+  walk(model)
+  local out = table.pack(pcall(f, ...))
   for l, v in pairs(flags) do l.training = v end
-  if not ok then error(err, 0) end
+  if not out[1] then error(out[2], 0) end
+  return table.unpack(out, 2, out.n)
 end
 
 --- model:build(input_shape [, dtype]): makes every variable before the

@@ -639,7 +639,7 @@ function BatchNorm:call (x, training)
     local m = self.momentum
     self.moving_mean:assign(self.moving_mean * m + stats.mean * (1 - m))
     self.moving_variance:assign(self.moving_variance * m + stats.var * (1 - m))
-    self.updates = self.updates + 1
+    if not mg.memory.dry_running() then self.updates = self.updates + 1 end   -- a dry run's assigns write nothing
   end
   return y
 end

@@ -116,16 +116,38 @@ end
 -- while mg.memory.with_plan applies it.
 
 local Sequential = mg.nn.Sequential
+local layer = require "moongrad.layer"
 
 local function bytes_of (x) return mg.is_tensor(x) and x.nbytes or 0 end
 
 -- {------------------------- measuring ---------------------------
 -- What each layer of the outermost Sequential models a step runs saves on
 -- the tape (a dry run of the step), and what its forward costs: each layer
--- timed once on the model's first input, for real, in inference mode and
--- with no tape (no statistics move, no optimizer steps).
+-- timed once on the model's first input, for real, in inference mode (every
+-- training flag off: no dropout drawn, no statistics moved) and with no
+-- tape. With spill, also what spilling its saves costs: its forward and a
+-- backward to its variables (of the sum of its output) under a tape, with
+-- the offload hooks and without; the difference (no optimizer steps).
 
-local function profile (timed, step, ...)
+local function spill_seconds (run, dir)
+  local function once (hooked)
+    local t0 = mg.clock()
+    local t = mg.tape()
+    local y = hooked and mg.saved_tensors_hooks({offload = dir}, run) or run()
+    local differentiable = mg.is_tensor(y) and y.dtype:match("^b?float") ~= nil
+    local loss = differentiable and mg.sum(y)
+    t:stop()
+    local vars = t:watched_variables()
+    if differentiable and #vars > 0 then t:gradient(loss, vars) end
+    return mg.clock() - t0
+  end
+  local plain = once(false)
+  local ok, hooked = pcall(once, true)
+  if not ok then error(("memory.plan: spill: %s"):format((tostring(hooked):gsub("^.-offload: ", ""))), 0) end
+  return math.max(hooked - plain, 0)
+end
+
+local function profile (timed, step, spill, ...)
   local models, order = {}, {}
   local depth = 0
   local function around (self, x, ...)
@@ -158,15 +180,22 @@ local function profile (timed, step, ...)
   local ok, err = pcall(planner.estimate, step, ...)
   Sequential._around = was
   if not ok then error(err, 0) end
+  local rng = mg.random.get_state()
   for _, m in ipairs(timed and order or {}) do   -- the costs
     local x, args = m.first_input, m.first_args
-    for i, l in ipairs(m.layers) do
-      local t0 = mg.clock()
-      x = Sequential._run(m.model, i, i, x, table.unpack(args, 1, args.n))
-      l.seconds = mg.clock() - t0
-    end
+    layer.training_off(m.model, function()
+      for i, l in ipairs(m.layers) do
+        local function run () return Sequential._run(m.model, i, i, x, table.unpack(args, 1, args.n)) end
+        local t0 = mg.clock()
+        local y = run()
+        l.seconds = mg.clock() - t0
+        if spill then l.spill_seconds = spill_seconds(run, spill) end
+        x = y
+      end
+    end)
     m.first_input, m.first_args = nil, nil
   end
+  mg.random.set_state(rng)
   return order
 end
 -- }------------------------------------------------------------------
@@ -182,9 +211,11 @@ end
 
 local UNITS = 120
 
-local function choose (chain, room, lossy)
-  local n, s, a, c = #chain.layers, {}, {[0] = chain.input}, {}
-  for i, l in ipairs(chain.layers) do s[i], a[i], c[i] = l.saved, l.output, math.max(l.seconds, 1e-7) end
+local function choose (chain, room, lossy, spills)
+  local n, s, a, c, w = #chain.layers, {}, {[0] = chain.input}, {}, {}
+  for i, l in ipairs(chain.layers) do
+    s[i], a[i], c[i], w[i] = l.saved, l.output, math.max(l.seconds, 1e-7), spills and l.spill_seconds
+  end
   local total = 0
   for i = 1, n do total = total + s[i] end
   if total <= room then                          -- everything fits: keep it all
@@ -217,12 +248,13 @@ local function choose (chain, room, lossy)
       for j = 1, n do
         f[j], how[j] = {}, {}
         local fj, hj = f[j], how[j]
-        local seg_s, seg_c = 0, 0
+        local seg_s, seg_c, seg_w = 0, 0, 0
         for i = j, 1, -1 do                      -- the segment i..j
-          seg_s, seg_c = seg_s + s[i], seg_c + c[i]
+          seg_s, seg_c, seg_w = seg_s + s[i], seg_c + c[i], spills and seg_w + w[i]
           local ways = {{"keep", units(seg_s), 0}}
           if units(seg_s) <= T then ways[#ways + 1] = {"recompute", units(a[i - 1]), seg_c} end
           if lossy then ways[#ways + 1] = {"pack", units(seg_s / 2), seg_c * 0.05} end
+          if spills then ways[#ways + 1] = {"spill", 0, seg_w} end
           for m0, cost0 in pairs(f[i - 1]) do
             for _, w in ipairs(ways) do
               local m, cost = m0 + w[2], cost0 + w[3]
@@ -248,9 +280,10 @@ local function choose (chain, room, lossy)
     local b = 0
     for k = i, j do b = b + s[k] end
     local cost = 0
-    if way == "recompute" then for k = i, j do cost = cost + c[k] end end
+    for k = i, j do cost = cost + (way == "recompute" and c[k] or way == "spill" and w[k] or 0) end
     table.insert(segs, 1, {first = i, last = j, how = way,
-                           bytes = way == "keep" and b or way == "pack" and b / 2 or a[i - 1], cost = cost})
+                           bytes = (way == "keep" or way == "spill") and b or way == "pack" and b / 2 or a[i - 1],
+                           cost = cost})
     j, m = i - 1, h[3]
   end
   return segs, best.m * unit + best.T * unit
@@ -261,8 +294,8 @@ local Plan = {}
 Plan.__index = Plan
 Plan.__name = "moongrad.memory.plan"
 
--- runs a Sequential by its segments
-local function run_planned (self, segs, x, ...)
+-- runs a Sequential by its segments (spill: the directory spilled stretches write to)
+local function run_planned (self, segs, spill, x, ...)
   for _, g in ipairs(segs) do
     if g.how == "keep" then
       x = Sequential._run(self, g.first, g.last, x, ...)
@@ -272,6 +305,8 @@ local function run_planned (self, segs, x, ...)
       if g.how == "recompute" then
         g.fn = g.fn or mg.recompute_grad(run)
         x = g.fn(x, ...)
+      elseif g.how == "spill" then
+        x = mg.saved_tensors_hooks({offload = spill}, run, x, ...)
       else
         x = mg.saved_tensors_hooks("bfloat16", run, x, ...)
       end
@@ -289,7 +324,7 @@ function planner.with_plan (plan, step, ...)
   Sequential._around = function(self, x, ...)
     local segs = plan.segments[self]
     if not segs then return Sequential._run(self, 1, #self.layers, x, ...) end
-    return run_planned(self, segs, x, ...)
+    return run_planned(self, segs, plan.spill, x, ...)
   end
   local out = table.pack(pcall(step, ...))
   Sequential._around = was
@@ -325,21 +360,26 @@ local function parse_budget (who, b)
   error(("%s: budget must be a number of bytes or a size like \"2 GiB\", got %s"):format(who, tostring(b)), 3)
 end
 
---- plan(step, {budget =, lossy = false}, ...): what to keep, recompute or pack
--- for each stretch of the layers of the Sequential models step(...) runs,
--- so that its peak stays within budget at the least extra time; checked by
--- a dry run (peak_bytes is the planned step's estimate). An error says when
--- nothing fits, and what does not move.
+--- plan(step, {budget =, lossy = false, spill = dir}, ...): what to keep,
+-- recompute, pack or spill for each stretch of the layers of the Sequential
+-- models step(...) runs, so that its peak stays within budget at the least
+-- extra time; checked by a dry run (peak_bytes is the planned step's
+-- estimate). An error says when nothing fits, and what does not move.
 function planner.plan (step, opts, ...)
   if type(step) ~= "function" and not (getmetatable(step) or {}).__call then
     error(("memory.plan: step must be a function, got %s"):format(type(step)), 2)
   end
-  if type(opts) ~= "table" then error("memory.plan: options {budget = bytes [, lossy = false]} expected", 2) end
+  if type(opts) ~= "table" then error("memory.plan: options {budget = bytes [, lossy = false, spill = dir]} expected", 2) end
   for k in pairs(opts) do
-    if k ~= "budget" and k ~= "lossy" then error(("memory.plan: unknown option '%s' (budget, lossy)"):format(tostring(k)), 2) end
+    if k ~= "budget" and k ~= "lossy" and k ~= "spill" then
+      error(("memory.plan: unknown option '%s' (budget, lossy, spill)"):format(tostring(k)), 2)
+    end
   end
-  local budget, lossy = parse_budget("memory.plan", opts.budget), opts.lossy == true
-  local chains = profile(true, step, ...)
+  local budget, lossy, spill = parse_budget("memory.plan", opts.budget), opts.lossy == true, opts.spill
+  if spill ~= nil and (type(spill) ~= "string" or spill == "" or spill:find("[%z\n]")) then
+    error(("memory.plan: spill must be a directory's path, got %s"):format(type(spill) == "string" and "'" .. spill:sub(1, 40) .. "'" or type(spill)), 2)
+  end
+  local chains = profile(true, step, spill, ...)
   local plain = planner.estimate(step, ...)
   local stored = 0
   for _, ch in ipairs(chains) do for _, l in ipairs(ch.layers) do stored = stored + l.saved end end
@@ -348,7 +388,7 @@ function planner.plan (step, opts, ...)
   local args = table.pack(...)
   -- a candidate (segments by model), its peak checked by a dry run
   local function checked (segments)
-    local p = setmetatable({segments = segments}, Plan)
+    local p = setmetatable({segments = segments, spill = spill}, Plan)
     return planner.estimate(function() return planner.with_plan(p, step, table.unpack(args, 1, args.n)) end)
   end
   local function cost_of (segments)
@@ -377,7 +417,7 @@ function planner.plan (step, opts, ...)
   local function optimal (room)
     local segments = {}
     for _, ch in ipairs(chains) do
-      local segs = choose(ch, room, lossy)
+      local segs = choose(ch, room, lossy, spill ~= nil)
       if not segs then return nil end
       segments[ch.model] = segs
     end
@@ -419,7 +459,7 @@ function planner.plan (step, opts, ...)
            .. "without one at %s); weights, gradients and optimizer slots do not move: try lossy = true, or a "
            .. "larger budget"):format(human(budget), least and human(least) or "nothing found", human(plain.peak_bytes)), 2)
   end
-  return plan_of(chains, best, {budget = budget, lossy = lossy, peak_bytes = best_est.peak_bytes,
+  return plan_of(chains, best, {budget = budget, lossy = lossy, spill = spill, peak_bytes = best_est.peak_bytes,
                                  plain_peak_bytes = plain.peak_bytes})
 end
 
@@ -427,12 +467,13 @@ end
 -- A plan as text, one record per line (no code: a file is hostile input):
 --   moongrad plan 1
 --   budget <bytes> lossy <0|1> peak <bytes> plain <bytes>
+--   spill <dir>                           -- only in a plan that spills: where to
 --   model <layers>                        -- the step's Sequential models, in the order it runs them
---   segment <first> <last> <keep|recompute|pack> <bytes> <seconds>
+--   segment <first> <last> <keep|recompute|pack|spill> <bytes> <seconds>
 -- Loading matches the models a dry run of the step runs, by order and
 -- number of layers, and checks the segments tile each model's layers.
 
-local HOWS = {keep = true, recompute = true, pack = true}
+local HOWS = {keep = true, recompute = true, pack = true, spill = true}
 
 --- plan:save(path): the plan as text, for mg.memory.load_plan(path, step, ...)
 function Plan.save (p, path)
@@ -440,6 +481,7 @@ function Plan.save (p, path)
   if type(path) ~= "string" then error(("plan:save: path must be a string, got %s"):format(type(path)), 2) end
   local lines = {"moongrad plan 1", ("budget %d lossy %d peak %d plain %d"):format(p.budget, p.lossy and 1 or 0,
                  p.peak_bytes, p.plain_peak_bytes)}
+  if p.spill then lines[#lines + 1] = "spill " .. p.spill end
   for _, model in ipairs(p.models) do
     lines[#lines + 1] = ("model %d"):format(#model.layers)
     for _, g in ipairs(p.segments[model]) do
@@ -473,6 +515,9 @@ local function parse_plan (path, text)
       if not b then bad(2, "expected 'budget <bytes> lossy <0|1> peak <bytes> plain <bytes>'") end
       saved.budget, saved.lossy = count(b, 2, "budget"), l == "1"
       saved.peak_bytes, saved.plain_peak_bytes = count(pk, 2, "peak"), count(pl, 2, "plain")
+    elseif n == 3 and line:match("^spill ") then
+      saved.spill = line:sub(7)
+      if saved.spill == "" or saved.spill:find("%z") then bad(3, "the spill directory is empty or not text") end
     elseif line:match("^model ") then
       local k = line:match("^model (%S+)$")
       current = {n = count(k or "", n, "the number of layers"), segments = {}}
@@ -480,10 +525,11 @@ local function parse_plan (path, text)
       saved.models[#saved.models + 1] = current
     elseif line:match("^segment ") then
       local a, b, how, bytes, cost = line:match("^segment (%S+) (%S+) (%S+) (%S+) (%S+)$")
-      if not a then bad(n, "expected 'segment <first> <last> <keep|recompute|pack> <bytes> <seconds>'") end
+      if not a then bad(n, "expected 'segment <first> <last> <keep|recompute|pack|spill> <bytes> <seconds>'") end
       if not current then bad(n, "a segment before any model") end
-      if not HOWS[how] then bad(n, ("unknown decision '%s' (keep, recompute, pack)"):format(how:sub(1, 40))) end
+      if not HOWS[how] then bad(n, ("unknown decision '%s' (keep, recompute, pack, spill)"):format(how:sub(1, 40))) end
       if how == "pack" and not saved.lossy then bad(n, "a packed segment in a plan that is not lossy") end
+      if how == "spill" and not saved.spill then bad(n, "a spilled segment in a plan without a 'spill <dir>' line") end
       local g = {first = count(a, n, "first"), last = count(b, n, "last"), how = how, bytes = count(bytes, n, "bytes"),
                  cost = tonumber(cost)}
       if not g.cost or g.cost ~= g.cost or g.cost < 0 or g.cost == math.huge then
@@ -520,7 +566,7 @@ function planner.load_plan (path, step, ...)
   f:close()
   if text and #text > 1 << 20 then error(("memory.load_plan: %s is over 1 MiB: not a saved plan"):format(path), 2) end
   local saved = parse_plan(path, text or "")
-  local chains = profile(false, step, ...)
+  local chains = profile(false, step, nil, ...)
   if #chains ~= #saved.models then
     error(("memory.load_plan: %s plans %d models, the step runs %d Sequential models"):format(path, #saved.models,
           #chains), 2)
@@ -533,7 +579,7 @@ function planner.load_plan (path, step, ...)
     end
     segments[ch.model] = m.segments
   end
-  local p = plan_of(chains, segments, {budget = saved.budget, lossy = saved.lossy,
+  local p = plan_of(chains, segments, {budget = saved.budget, lossy = saved.lossy, spill = saved.spill,
                                        plain_peak_bytes = saved.plain_peak_bytes})
   local args = table.pack(...)
   p.peak_bytes = planner.estimate(function() return planner.with_plan(p, step, table.unpack(args, 1, args.n)) end).peak_bytes
@@ -543,11 +589,11 @@ end
 
 Plan.__tostring = function(p)
   local lines = {("moongrad.memory.plan: peak %s within %s (%s without a plan)%s"):format(human(p.peak_bytes),
-    human(p.budget), human(p.plain_peak_bytes), p.lossy and ", lossy" or ""), "",
-    "| layers | decision | kept | extra time | what |", "|---|---|---|---|---|"}
+    human(p.budget), human(p.plain_peak_bytes), (p.lossy and ", lossy" or "") .. (p.spill and ", spilling to " .. p.spill or "")),
+    "", "| layers | decision | kept | extra time | what |", "|---|---|---|---|---|"}
   for _, r in ipairs(p.rows) do
-    lines[#lines + 1] = ("| %s | %s | %s | %.2f ms | %s |"):format(r.layers, r.how, human(r.bytes), r.cost * 1e3,
-                                                               r.what:sub(1, 60))
+    local kept = r.how == "spill" and human(r.bytes) .. " in files" or human(r.bytes)
+    lines[#lines + 1] = ("| %s | %s | %s | %.2f ms | %s |"):format(r.layers, r.how, kept, r.cost * 1e3, r.what:sub(1, 60))
   end
   return table.concat(lines, "\n")
 end
