@@ -296,8 +296,11 @@ describe("memory.budget", function()
     assert.equal(0, code, out)
     assert.truthy(out:find("| plain |", 1, true), out)
     local f = assert(io.open(dir .. "/budget.txt"))
-    assert.truthy(f:read("a"):find("dense+tanh", 1, true))
+    local text = f:read("a")
     f:close()
+    for _, want in ipairs{"dense+tanh", "GPT (", "| planned 0.80 x plain peak |", "planned, spilling 0.80 x plain peak"} do
+      assert.truthy(text:find(want, 1, true), want .. "\n" .. text)
+    end
     assert.truthy(io.open(dir .. "/budget.svg")):close()
     os.execute("rm -rf " .. dir)
   end)

@@ -455,9 +455,10 @@ function planner.plan (step, opts, ...)
     end
   end
   if not best then
+    local try = (not lossy and "lossy = true, " or "") .. (not spill and "spill = a directory, " or "")
     error(("memory.plan: no plan keeps this step within %s: the least a plan found peaks at %s (the step "
-           .. "without one at %s); weights, gradients and optimizer slots do not move: try lossy = true, or a "
-           .. "larger budget"):format(human(budget), least and human(least) or "nothing found", human(plain.peak_bytes)), 2)
+           .. "without one at %s); weights, gradients and optimizer slots do not move: try %sor a larger budget")
+          :format(human(budget), least and human(least) or "nothing found", human(plain.peak_bytes), try), 2)
   end
   return plan_of(chains, best, {budget = budget, lossy = lossy, spill = spill, peak_bytes = best_est.peak_bytes,
                                  plain_peak_bytes = plain.peak_bytes})
