@@ -60,8 +60,13 @@ describe("bench scripts", function()
     assert.is_true(os.execute(("mkdir -p %s && cc -O2 bench/gemm_bf16_ceiling.c -ldnnl -fopenmp -o %s/ceiling")
                               :format(dir, dir)))
     out, code = h.run(dir .. "/ceiling 1 8 8 8 N T")
-    assert.equal(0, code, out)
-    assert.truthy(out:match("^[%d.]+ [%d.]+\n$"), out)
+    if code == 3 then                                  -- an AVX2-only CPU: oneDNN 2.6 has no bfloat16 matmul
+      assert.truthy(out:find("^n/a: oneDNN has no bfloat16 matmul primitive descriptor on this CPU"), out)
+      assert.is_nil(require("moongrad").autocast_isa("bfloat16"))
+    else
+      assert.equal(0, code, out)
+      assert.truthy(out:match("^[%d.]+ [%d.]+\n$"), out)
+    end
     os.execute("rm -rf " .. dir)
   end)
 

@@ -125,26 +125,35 @@ local function bytes_of (x) return mg.is_tensor(x) and x.nbytes or 0 end
 -- the tape (a dry run of the step), and what its forward costs: each layer
 -- timed once on the model's first input, for real, in inference mode (every
 -- training flag off: no dropout drawn, no statistics moved) and with no
--- tape. With spill, also what spilling its saves costs: its forward and a
--- backward to its variables (of the sum of its output) under a tape, with
--- the offload hooks and without; the difference (no optimizer steps).
+-- tape. With spill, also what spilling costs a byte: each layer's forward
+-- and a backward to its variables (of the sum of its output) under a tape,
+-- with the offload hooks and without, twice; the differences summed over
+-- the model, over the bytes its layers save (one rate: a layer's own
+-- difference is within a busy machine's noise). No optimizer steps.
 
-local function spill_seconds (run, dir)
-  local function once (hooked)
-    local t0 = mg.clock()
-    local t = mg.tape()
-    local y = hooked and mg.saved_tensors_hooks({offload = dir}, run) or run()
-    local differentiable = mg.is_tensor(y) and y.dtype:match("^b?float") ~= nil
-    local loss = differentiable and mg.sum(y)
-    t:stop()
-    local vars = t:watched_variables()
-    if differentiable and #vars > 0 then t:gradient(loss, vars) end
-    return mg.clock() - t0
+-- seconds of layer run's forward and backward under a tape, spilling to dir or not
+local function taped_seconds (run, dir)
+  local t0 = mg.clock()
+  local t = mg.tape()
+  local y = dir and mg.saved_tensors_hooks({offload = dir}, run) or run()
+  local differentiable = mg.is_tensor(y) and y.dtype:match("^b?float") ~= nil
+  local loss = differentiable and mg.sum(y)
+  t:stop()
+  local vars = t:watched_variables()
+  if differentiable and #vars > 0 then t:gradient(loss, vars) end
+  return mg.clock() - t0
+end
+
+-- what spilling adds to a layer's run, the mean of two tries
+local function spill_extra (run, dir)
+  local extra = 0
+  for _ = 1, 2 do
+    local plain = taped_seconds(run)
+    local ok, hooked = pcall(taped_seconds, run, dir)
+    if not ok then error(("memory.plan: spill: %s"):format((tostring(hooked):gsub("^.-offload: ", ""))), 0) end
+    extra = extra + (hooked - plain) / 2
   end
-  local plain = once(false)
-  local ok, hooked = pcall(once, true)
-  if not ok then error(("memory.plan: spill: %s"):format((tostring(hooked):gsub("^.-offload: ", ""))), 0) end
-  return math.max(hooked - plain, 0)
+  return extra
 end
 
 local function profile (timed, step, spill, ...)
@@ -184,14 +193,17 @@ local function profile (timed, step, spill, ...)
   for _, m in ipairs(timed and order or {}) do   -- the costs
     local x, args = m.first_input, m.first_args
     layer.training_off(m.model, function()
+      local extra, bytes = 0, 0                  -- spilling's, over the model
       for i, l in ipairs(m.layers) do
         local function run () return Sequential._run(m.model, i, i, x, table.unpack(args, 1, args.n)) end
         local t0 = mg.clock()
         local y = run()
         l.seconds = mg.clock() - t0
-        if spill then l.spill_seconds = spill_seconds(run, spill) end
+        if spill then extra, bytes = extra + spill_extra(run, spill), bytes + l.saved end
         x = y
       end
+      local rate = spill and math.max(extra, 0) / math.max(bytes, 1)
+      for _, l in ipairs(m.layers) do l.spill_seconds = rate and l.saved * rate end
     end)
     m.first_input, m.first_args = nil, nil
   end
