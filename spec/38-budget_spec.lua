@@ -6,6 +6,10 @@
 local mg = require "moongrad"
 local h = require "helpers"
 
+local release                                  -- same bits: one thread count throughout
+setup(function() release = h.hold_threads() end)
+teardown(function() release() end)
+
 local W, B, N = 64, 512, 16         -- one activation: 128 KiB; a kernel: 16 KiB
 
 local function chain (activation, dropout)

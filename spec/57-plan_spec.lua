@@ -5,11 +5,9 @@
 local mg = require "moongrad"
 local nn = mg.nn
 
--- same bits need the same thread count: "auto" drops to one thread while
--- other processes hold the cores (a busy CI machine), and sums change order
-local threads
-setup(function() threads = select(2, mg.get_num_threads()); mg.set_num_threads((mg.get_num_threads())) end)
-teardown(function() mg.set_num_threads(threads == "auto" and "auto" or (mg.get_num_threads())) end)
+local release                                  -- same bits: one thread count throughout
+setup(function() release = require("helpers").hold_threads() end)
+teardown(function() release() end)
 
 local function same_bits (a, b)
   assert.are.equal(#a, #b)

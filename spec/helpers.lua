@@ -24,6 +24,16 @@ local function values (x)
   return flat(x)
 end
 
+-- holds the thread count where it is until the returned function puts the
+-- mode back: same bits need the same thread count, and "auto" drops to one
+-- thread while other processes hold the cores (a busy CI machine), where a
+-- product's sums change order. For specs that compare bits across steps.
+function helpers.hold_threads ()
+  local n, mode = mg.get_num_threads()
+  mg.set_num_threads(n)
+  return function() mg.set_num_threads(mode == "auto" and "auto" or n) end
+end
+
 -- asserts every element of a is within tol (absolute + relative) of b;
 -- either may be a tensor, a nested table or a number
 function helpers.assert_close (a, b, tol)
