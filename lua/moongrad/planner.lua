@@ -298,7 +298,18 @@ local function choose (chain, room, lossy, spills)
                            cost = cost})
     j, m = i - 1, h[3]
   end
-  return segs, best.m * unit + best.T * unit
+  -- neighbours kept, packed or spilled alike run as one stretch: a tensor
+  -- both save (a layer's output, the next one's input) is packed once
+  local merged = {}
+  for _, g in ipairs(segs) do
+    local last = merged[#merged]
+    if last and last.how == g.how and g.how ~= "recompute" then
+      last.last, last.bytes, last.cost = g.last, last.bytes + g.bytes, last.cost + g.cost
+    else
+      merged[#merged + 1] = g
+    end
+  end
+  return merged, best.m * unit + best.T * unit
 end
 -- }------------------------------------------------------------------
 
