@@ -226,7 +226,7 @@ local UNITS = 120
 local function choose (chain, room, lossy, spills)
   local n, s, a, c, w = #chain.layers, {}, {[0] = chain.input}, {}, {}
   for i, l in ipairs(chain.layers) do
-    s[i], a[i], c[i], w[i] = l.saved, l.output, math.max(l.seconds, 1e-7), spills and l.spill_seconds
+    s[i], a[i], c[i], w[i] = l.saved, l.output, math.max(l.seconds, 1e-7), l.spill_seconds or 0
   end
   local total = 0
   for i = 1, n do total = total + s[i] end
@@ -262,7 +262,7 @@ local function choose (chain, room, lossy, spills)
         local fj, hj = f[j], how[j]
         local seg_s, seg_c, seg_w = 0, 0, 0
         for i = j, 1, -1 do                      -- the segment i..j
-          seg_s, seg_c, seg_w = seg_s + s[i], seg_c + c[i], spills and seg_w + w[i]
+          seg_s, seg_c, seg_w = seg_s + s[i], seg_c + c[i], seg_w + w[i]
           local ways = {{"keep", units(seg_s), 0}}
           if units(seg_s) <= T then ways[#ways + 1] = {"recompute", units(a[i - 1]), seg_c} end
           if lossy then ways[#ways + 1] = {"pack", units(seg_s / 2), seg_c * 0.05} end
