@@ -783,10 +783,16 @@ MG_API mg_status mg_recompute_call (const mg_function *fn, void *ud, int nin,
 ** runs, save(ud, op, out) says whether to keep an op's output; the node
 ** holds what it keeps (as saved bytes), and the re-run takes those outputs
 ** instead of computing those ops again. mg_save_dots keeps the matrix
-** products (and convolutions): the costly ops, with cheap ones between.
-** A policy answers 1 (keep), 0, or -1 with mg_seterror (the op fails). */
+** products (and convolutions): the costly ops, with cheap ones between;
+** mg_save_output keeps the function's result when its last op made it (the
+** re-run stops short of that op, and its output is held anyway by whatever
+** comes next: a chain of blocks rebuilds each block but its last op).
+** A policy answers 1 (keep), 0, or -1 with mg_seterror (the op fails); 2
+** keeps an output only if no later op is asked about and the function
+** returns it. */
 typedef int (*mg_save_policy)(void *ud, const mg_opinfo *op, const mg_tensor *out);
 MG_API int       mg_save_dots (void *ud, const mg_opinfo *op, const mg_tensor *out);
+MG_API int       mg_save_output (void *ud, const mg_opinfo *op, const mg_tensor *out);
 /* Verify (a debugging run): the first run of a recompute notes each op
 ** it runs (name, output shape, a CRC-32 of the output's bytes) and the
 ** re-run must match it op for op, or the gradient fails naming the first

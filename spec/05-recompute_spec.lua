@@ -454,7 +454,7 @@ describe("recompute_grad's save policies", function()
   it("give the plain tape's gradients, whatever they keep", function()
     local ref = run(nil)
     local asked = {}
-    for _, policy in ipairs{"nothing", "dots", "everything",
+    for _, policy in ipairs{"nothing", "dots", "everything", "output",
                             function(op, shape, dtype) asked[#asked + 1] = {op, #shape, dtype}; return op == "tanh" end} do
       local g = run(policy)
       for i = 1, #ref do h.assert_close(g[i], ref[i], 0) end      -- the same ops, bit for bit
@@ -473,9 +473,31 @@ describe("recompute_grad's save policies", function()
     assert.is_true(dots_alloc < nothing_alloc)           -- ... and the re-run skips them
   end)
 
+  it("\"output\" keeps the block's result: the re-run stops short of the last op", function()
+    local _, nothing_held, nothing_alloc = run("nothing")
+    local _, output_held, output_alloc = run("output")
+    local last = 4 * 8 * 4                               -- a block's result: 4x8 float32
+    assert.equal(nothing_held, output_held)              -- held anyway: the next block's input, h^2's
+    assert.equal(nothing_alloc - #blocks * last, output_alloc)   -- each re-run skips its last op
+  end)
+
+  it("\"output\" keeps nothing when the result is not the last op's", function()
+    local v = mg.constant({{1, 2}, {3, 4}})
+    local function f (a) local y = a * 2; local _ = mg.tanh(a); return y end   -- a later op's output is dropped
+    local t = mg.tape()
+    t:watch(v)
+    local plain = mg.recompute_grad(f)(v)
+    local held = t:saved_bytes()
+    local y = mg.recompute_grad(f, {policy = "output"})(v)
+    assert.equal(held, t:saved_bytes())                  -- only v, which both hold: not tanh's output
+    local loss = mg.sum(y * y) + mg.sum(plain)
+    t:stop()
+    h.assert_close(t:gradient(loss, v), mg.constant({{10, 18}, {26, 34}}), 0)   -- 8v + 2
+  end)
+
   it("reject unknown policies, and a failing policy fails the call", function()
     assert.has_error(function() mg.recompute_grad(mg.tanh, {policy = "dot"}) end,
-      "bad argument #2 to 'recompute_grad' (option 'policy' must be \"nothing\", \"dots\", \"everything\" or a function, got \"dot\")")
+      "bad argument #2 to 'recompute_grad' (option 'policy' must be \"nothing\", \"dots\", \"everything\", \"output\" or a function, got \"dot\")")
     local f = mg.recompute_grad(function(v) return mg.tanh(v) * 2 end, {policy = function() error("no", 0) end})
     local t = mg.tape()
     t:watch(x)

@@ -158,7 +158,7 @@ describe("recompute_grad: tensors the function closes over", function()
   end)
 
   it("a persistent tape asked twice, and a save policy", function()
-    for _, policy in ipairs{"nothing", "dots", "everything"} do
+    for _, policy in ipairs{"nothing", "dots", "everything", "output"} do
       agree(function(wrap)
         local x = c({{0.1, 0.2}, {0.3, 0.4}}, "float64")
         local w = c({{1.0, -1.0}, {0.5, 2.0}}, "float64")

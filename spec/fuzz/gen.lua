@@ -504,7 +504,7 @@ end
 -- save policies (JAX's checkpoint policies); a Lua one is called from inside ops
 local function policy ()
   return wpick{
-    3, function() return pick{"'nothing'", "'dots'", "'everything'"} end,
+    3, function() return pick{"'nothing'", "'dots'", "'everything'", "'output'"} end,
     1, function() return pick{"'bogus'", "5", "true", "{}"} end,
     4, function() return "function(op, shape, dtype) " .. pick{
          "return true", "return op == 'matmul'", "return #shape > 1", "return nil", "return 'x'", "error('policy')",
@@ -866,7 +866,7 @@ oracle_kinds = function ()
     2, function()      -- recompute_grad against the plain function, with dropout replayed
       local drop = chance(0.4) and "x = mg.nn.dropout(x, 0.5); " or ""
       return fmt("local x = %s; local function f(x) %sreturn %s end; local s = mg.random.get_state(); local t1 = mg.tape(); t1:watch(x); local ok1, a = pcall(f, x); t1:stop(); if not ok1 then return end; mg.random.set_state(s); local t2 = mg.tape(); t2:watch(x); local b = mg.recompute_grad(f, {policy = %s})(x); t2:stop(); CHECK('recompute-forward', a, b, 0); CHECK('recompute-gradient', t1:gradient(a, x), t2:gradient(b, x), 1e-12)", x, drop, e,
-                 wpick{3, function() return pick{"'nothing'", "'dots'", "'everything'"} end,
+                 wpick{3, function() return pick{"'nothing'", "'dots'", "'everything'", "'output'"} end,
                        1, "function(op, shape) return #shape == 0 end", 1, "function(op, shape, dtype) return #shape > 0 end",
                        4, function()
                          local ops = {"mul", "add", "sub", "tanh", "sigmoid", "sum", "mean", "max", "exp", "pow", "matmul", "transpose",
@@ -1124,7 +1124,7 @@ local function struct_oracle_stmt ()
   local second = not ctx.stiff and fmt("CHECK('struct-recompute-2nd-order', e1, e2, %g)", tol)
                  or dt == "float64" and "CHECK('struct-recompute-2nd-order', e1, e2, 1e-5)" or ""
   local both = fmt("local function run(gcode) %s; return y, d[1], dd end; local ok1, y1, d1, e1 = pcall(run, f); if not ok1 then return end; local y2, d2, e2 = run(mg.recompute_grad(f%s)); CHECK('struct-recompute-forward', y1, y2, %g); CHECK('struct-recompute-gradient', d1, d2, %g); %s",
-                   nested_grad(ctx, "gcode", true), chance(0.3) and fmt(", {policy = %s}", pick{"'nothing'", "'dots'", "'everything'"}) or "", tol, tol, second)
+                   nested_grad(ctx, "gcode", true), chance(0.3) and fmt(", {policy = %s}", pick{"'nothing'", "'dots'", "'everything'", "'output'"}) or "", tol, tol, second)
   if dt == "float64" and not ctx.kinks and chance(0.5) then
     return fmt("mg.memory.fail_after(0); %s; local x0 = mg.is_variable(x) and x:value() or x; local ok, err = pcall(mg.test.gradcheck, function(a) return f(a) end, {x0}, {atol = 1e-5, rtol = 1e-3}); if not ok and tostring(err):find('gradcheck: input', 1, true) then WRONG('struct-gradcheck', err) end", setup)
   end

@@ -100,6 +100,7 @@ void       mg_replay_free (mg_replay *r);
 size_t     mg_replay_count (const mg_replay *r);
 mg_status  mg_replay_note (const mg_opdef *op, mg_tensor *out);   /* the tapes' after-hook, first runs */
 void       mg_replay_rewind (mg_replay *r);
+void       mg_replay_settle (mg_replay *r, const mg_list *out);   /* the first run ended well */
 mg_tensor *mg_replay_kept (const mg_replay *r, int i);   /* the i-th kept output, or NULL */
 /* the kept output an op may take instead of computing (new to the tapes), or NULL */
 mg_tensor *mg_replay_take (const mg_opdef *op, const int64_t *shape, int ndim, mg_dtype dt);

@@ -310,6 +310,7 @@ static mg_status first_run (const mg_function *fn, void *ud, int nin, mg_tensor 
   rs->save_ud = save_ud;
   mg_status st = mg_call_forward(fn, ud, nin, in, out, w, MG_FN_CAPTURES);
   *rs = was;
+  if (st == MG_OK) mg_replay_settle(*kept, out);
   if (st != MG_OK) {
     mg_replay_free(*kept);
     *kept = NULL;

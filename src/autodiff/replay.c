@@ -15,7 +15,9 @@
 
 #include "autodiff/autodiff.h"
 
-typedef struct kept { const mg_opdef *op; int64_t ordinal; mg_tensor *t; } kept;
+/* tentative: mg_save_output's pick, kept only while no later op came and
+** at the end only if the function returns it */
+typedef struct kept { const mg_opdef *op; int64_t ordinal; mg_tensor *t; bool tentative; } kept;
 typedef struct seen { const mg_opdef *op; int64_t count; } seen;
 
 struct mg_replay {
@@ -31,12 +33,14 @@ mg_replay *mg_replay_new (void) {
   return r;
 }
 
+static void drop_item (kept *k) {
+  mg_storage_hold(k->t->storage, MG_ROLE_SAVED, -1);
+  mg_tensor_release(k->t);
+}
+
 void mg_replay_free (mg_replay *r) {
   if (r == NULL) return;
-  for (int i = 0; i < r->n; i++) {
-    mg_storage_hold(r->items[i].t->storage, MG_ROLE_SAVED, -1);
-    mg_tensor_release(r->items[i].t);
-  }
+  for (int i = 0; i < r->n; i++) drop_item(&r->items[i]);
   free(r->items);
   free(r->ops);
   free(r);
@@ -76,6 +80,7 @@ mg_status mg_replay_note (const mg_opdef *op, mg_tensor *out) {
   int keep = s->save(s->save_ud, &op->info, out);
   s->recording = r;
   if (keep <= 0) return keep < 0 ? MG_ERR : MG_OK;           /* < 0: the policy failed */
+  if (r->n > 0 && r->items[r->n - 1].tentative) drop_item(&r->items[--r->n]);  /* not the last op */
   if (r->n == r->cap) {
     int cap = r->cap ? r->cap * 2 : 16;
     kept *a = (kept *)realloc(r->items, sizeof(kept) * (size_t)cap);
@@ -84,8 +89,22 @@ mg_status mg_replay_note (const mg_opdef *op, mg_tensor *out) {
     r->cap = cap;
   }
   mg_storage_hold(out->storage, MG_ROLE_SAVED, 1);          /* saved bytes, as a tape's */
-  r->items[r->n++] = (kept){op, count_op(r, op, false) - 1, mg_tensor_retain(out)};
+  r->items[r->n++] = (kept){op, count_op(r, op, false) - 1, mg_tensor_retain(out), keep == 2};
   return MG_OK;
+}
+
+/* the first run is over: a tentative pick stays only if it is one of the
+** function's results (it was the run's last op) */
+void mg_replay_settle (mg_replay *r, const mg_list *out) {
+  if (r == NULL || r->n == 0 || !r->items[r->n - 1].tentative) return;
+  kept *k = &r->items[r->n - 1];
+  for (int i = 0; i < out->n; i++) {
+    if (out->t[i] && out->t[i]->storage == k->t->storage) {
+      k->tentative = false;
+      return;
+    }
+  }
+  drop_item(&r->items[--r->n]);
 }
 
 /* }========================================================== */
@@ -125,4 +144,13 @@ int mg_save_dots (void *ud, const mg_opinfo *op, const mg_tensor *out) {
   MG_UNUSED(ud);
   MG_UNUSED(out);
   return op->product;
+}
+
+/* "output": the function's result, when its last op made it (2: a pick a
+** later op replaces); the re-run stops short of that op */
+int mg_save_output (void *ud, const mg_opinfo *op, const mg_tensor *out) {
+  MG_UNUSED(ud);
+  MG_UNUSED(op);
+  MG_UNUSED(out);
+  return 2;
 }

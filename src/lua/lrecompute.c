@@ -122,9 +122,10 @@ static int rerun_body (lua_State *L) {
 #define RECOMPUTE_MT "moongrad.recompute_grad"
 
 /* what a save policy is: keep nothing (recompute all), keep the matrix
-** products, keep everything (no recompute: the plain tape), or ask a Lua
+** products, keep everything (no recompute: the plain tape), keep the
+** result when the last op made it (the re-run stops short of it), or ask a Lua
 ** function (uservalue 2) */
-typedef enum { KEEP_NOTHING, KEEP_DOTS, KEEP_EVERYTHING, KEEP_ASK } keep_rule;
+typedef enum { KEEP_NOTHING, KEEP_DOTS, KEEP_EVERYTHING, KEEP_OUTPUT, KEEP_ASK } keep_rule;
 
 typedef struct lrecompute { bool pass_flag, verify; keep_rule policy; } lrecompute;  /* uservalues: f, policy */
 
@@ -288,6 +289,7 @@ static int recompute_call (lua_State *L) {
   }
   mg_status st = mg_recompute_call_saving(fn, u, nl, in, &out,
                                           policy == KEEP_DOTS ? mg_save_dots
+                                          : policy == KEEP_OUTPUT ? mg_save_output
                                           : policy == KEEP_ASK ? ask_lua : NULL, &ask);
   luaL_unref(L, LUA_REGISTRYINDEX, ask.ref);
   /* u may be gone by now (when no tape recorded the call): only `first` is read */
@@ -332,12 +334,12 @@ static bool callable (lua_State *L, int idx) {
 static keep_rule policy_of (lua_State *L, int arg) {
   if (lua_isnil(L, -1)) return KEEP_NOTHING;
   if (lua_isfunction(L, -1)) return KEEP_ASK;
-  static const char *const names[] = {"nothing", "dots", "everything", NULL};
+  static const char *const names[] = {"nothing", "dots", "everything", "output", NULL};
   const char *s = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : NULL;
   for (int i = 0; s && names[i]; i++)
     if (strcmp(s, names[i]) == 0) return (keep_rule)i;
   return (keep_rule)luaL_argerror(L, arg, lua_pushfstring(L, "option 'policy' must be \"nothing\", "
-                                  "\"dots\", \"everything\" or a function, got %s",
+                                  "\"dots\", \"everything\", \"output\" or a function, got %s",
                                   s ? lua_pushfstring(L, "\"%s\"", s) : luaL_typename(L, -1)));
 }
 
