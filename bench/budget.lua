@@ -13,7 +13,8 @@
 -- in one more run with a collection at every allocation. Writes
 -- dir/budget.txt (the tables, in Markdown; not .md, which bench/assemble.lua
 -- takes for a machine's section) and dir/budget.svg (the plot); dir is
--- bench/results unless given.
+-- bench/results unless given. For a quick look at one case:
+-- BUDGET_CHAINS=MLP (chains whose name starts so) and BUDGET_FRACTIONS=0.5,0.4.
 local mg = mg or require "moongrad"
 local util = require "bench.util"
 
@@ -23,6 +24,11 @@ local N = tonumber(arg and arg[3]) or 16
 local REPEATS = tonumber(arg and arg[4]) or 3
 local DIR = arg and arg[5] or "bench/results"
 local FRACTIONS = {0.8, 0.6, 0.5, 0.4, 1 / 3, 0.3}
+if os.getenv("BUDGET_FRACTIONS") then
+  FRACTIONS = {}
+  for f in os.getenv("BUDGET_FRACTIONS"):gmatch("[^,]+") do FRACTIONS[#FRACTIONS + 1] = assert(tonumber(f), f) end
+end
+local ONLY = os.getenv("BUDGET_CHAINS")
 local SPILL = os.getenv("TMPDIR") or "/tmp"
 local GPT = {B = 32, T = 64, D = 256, H = 4, L = 8, V = 64}
 
@@ -102,6 +108,7 @@ out("%s, %s, %d threads; width %d, batch %d, %d layers; medians of %d alternatin
     model, isa, mg.get_num_threads(), W, B, N, REPEATS)
 
 for _, chain in ipairs(chains()) do
+ if not ONLY or chain.name:sub(1, #ONLY) == ONLY then
   local layers = chain.layers
   if not mg.is_tensor(chain.x) then chain.x = mg.random.normal(chain.x) end
   do local y = chain.x for _, l in ipairs(layers) do y = l(y) end end     -- builds them
@@ -183,6 +190,7 @@ for _, chain in ipairs(chains()) do
     local c = configs[k]
     series[#series + 1] = {{c.m.peak / base.m.peak}, {c.ms / base.ms}, label = short .. ": " .. c.name, style = "points"}
   end
+ end
 end
 
 local f = assert(io.open(DIR .. "/budget.txt", "w"))

@@ -124,12 +124,14 @@ local function bytes_of (x) return mg.is_tensor(x) and x.nbytes or 0 end
 -- What each layer of the outermost Sequential models a step runs saves on
 -- the tape (a dry run of the step), and what its forward costs: each layer
 -- timed once on the model's first input, for real, in inference mode (every
--- training flag off: no dropout drawn, no statistics moved) and with no
--- tape. With spill, also what spilling costs a byte: each layer's forward
--- and a backward to its variables (of the sum of its output) under a tape,
--- with the offload hooks and without, twice; the differences summed over
--- the model, over the bytes its layers save (one rate: a layer's own
--- difference is within a busy machine's noise). No optimizer steps.
+-- training flag off: no dropout drawn, no statistics moved), its last op
+-- too. With spill, also what spilling costs a byte: the whole model's
+-- forward and a backward to its variables (of the sum of its output) under
+-- a tape with the offload hooks, against each layer's alone without them
+-- (which never holds more than a layer saves), twice each, over the bytes
+-- the layers save. One rate, from the whole model: spilling a layer alone
+-- looked cheap where a step's worth of files (the page cache writing back)
+-- was not. No optimizer steps.
 
 -- seconds of layer run's forward and backward under a tape, spilling to dir or not
 local function taped_seconds (run, dir)
@@ -154,6 +156,35 @@ local function spill_extra (run, dir)
     extra = extra + (hooked - plain) / 2
   end
   return extra
+end
+
+-- a layer's forward, its seconds and those of its last op when that op
+-- made its output, and the bytes of the variables it reads (their gradients) (a recomputed stretch ending at the layer keeps that
+-- output and does not run the op again: policy "output"). The op times are
+-- stamps a save policy takes as each op ends; a tape records, so that it is
+-- asked, and is dropped.
+local function forward_seconds (run, x)
+  local stamps, shape = {}, nil
+  local function stamp (_, out_shape)
+    stamps[#stamps + 1], shape = mg.clock(), out_shape
+    return false
+  end
+  local t = mg.is_tensor(x) and mg.tape()
+  local t0 = mg.clock()
+  local y = t and mg.recompute_grad(function(_) return run() end, {policy = stamp})(x) or run()
+  local seconds = mg.clock() - t0
+  local grads = 0                                -- the variables it reads: gradients the backward holds
+  if t then
+    t:stop()
+    for _, v in ipairs(t:watched_variables()) do if v.trainable then grads = grads + v.nbytes end end
+    t:reset()                                    -- (its node holds the model: let it go now)
+  end
+  local last = 0
+  if #stamps > 0 and mg.is_tensor(y) and #shape == #y.shape then
+    last = stamps[#stamps] - (stamps[#stamps - 1] or t0)
+    for k = 1, #shape do if shape[k] ~= y.shape[k] then last = 0 end end
+  end
+  return y, seconds, math.min(last, seconds), grads
 end
 
 local function profile (timed, step, spill, ...)
@@ -196,9 +227,8 @@ local function profile (timed, step, spill, ...)
       local extra, bytes = 0, 0                  -- spilling's, over the model
       for i, l in ipairs(m.layers) do
         local function run () return Sequential._run(m.model, i, i, x, table.unpack(args, 1, args.n)) end
-        local t0 = mg.clock()
-        local y = run()
-        l.seconds = mg.clock() - t0
+        local y
+        y, l.seconds, l.last_seconds, l.grad_bytes = forward_seconds(run, x)
         if spill then extra, bytes = extra + spill_extra(run, spill), bytes + l.saved end
         x = y
       end
@@ -214,102 +244,92 @@ end
 
 -- {------------------------- choosing ----------------------------
 -- For one chain of n layers (saved bytes s, output bytes a, a[0] the
--- input, forward seconds c): the segments and their ways that cost the
--- least extra time with what they store, plus the most one recomputed
--- segment rebuilds at once in its backward, within room bytes. A dynamic
--- programme over (layers covered, bytes stored) for each bound on that
--- rebuild, the heterogeneous-chain checkpointing problem in its segment
--- form (Beaumont et al.'s Rotor solves a finer one).
+-- input, forward seconds c, of which last in the op that makes the
+-- output, gradient bytes g of the variables each reads): the segments and
+-- their ways that cost the least extra time within room bytes, at every
+-- moment of the backward. While the backward is at layer q, what layers
+-- 1..q store is still held, and so are the gradients of layers q..n: early
+-- layers share the step with almost every gradient, late ones with few
+-- (DTR finds this online; a bound on the total stored misses it). A
+-- dynamic programme over (layers covered, bytes stored), the
+-- heterogeneous-chain checkpointing problem in its segment form (Beaumont
+-- et al.'s Rotor solves a finer one). A recomputed segment keeps its input
+-- and its result (policy "output": the re-run stops short of its last op),
+-- and the next segment's input is that result: state k = 2 marks a
+-- boundary already counted.
 
 local UNITS = 120
 
 local function choose (chain, room, lossy, spills)
-  local n, s, a, c, w = #chain.layers, {}, {[0] = chain.input}, {}, {}
+  local n, s, a, c, w, last, ga = #chain.layers, {}, {[0] = chain.input}, {}, {}, {}, {}
   for i, l in ipairs(chain.layers) do
     s[i], a[i], c[i], w[i] = l.saved, l.output, math.max(l.seconds, 1e-7), l.spill_seconds or 0
+    last[i] = math.min(l.last_seconds or 0, c[i])
   end
-  local total = 0
-  for i = 1, n do total = total + s[i] end
-  if total <= room then                          -- everything fits: keep it all
+  ga[n] = 0                                      -- ga[q]: the gradients of layers q+1..n
+  for q = n - 1, 0, -1 do ga[q] = ga[q + 1] + (chain.layers[q + 1].grad_bytes or 0) end
+  local total, worst = 0, 0
+  for q = 1, n do total = total + s[q]; worst = math.max(worst, total + ga[q]) end
+  if worst <= room then                          -- everything fits: keep it all
     return {{first = 1, last = n, how = "keep", bytes = total, cost = 0}}, total
   end
   local unit = math.max(room, 1) / UNITS
   local function units (b) return math.ceil(b / unit - 1e-9) end
-  -- the bounds on a recomputed segment's rebuild worth trying
-  local cands, seen = {0}, {[0] = true}
-  for i = 1, n do
-    local sum = 0
-    for j = i, n do
-      sum = sum + s[j]
-      local u = units(sum)
-      if u <= UNITS and not seen[u] then seen[u] = true; cands[#cands + 1] = u end
-    end
-  end
-  table.sort(cands)
-  if #cands > 24 then                            -- a spread of them
-    local few = {}
-    for k = 1, 24 do few[k] = cands[math.floor((k - 1) * (#cands - 1) / 23) + 1] end
-    cands = few
-  end
-  local best
-  for _, T in ipairs(cands) do
-    local cap = UNITS - T
-    if cap >= 0 then
-      -- f[j][m]: the least cost covering layers 1..j storing m units; how[j][m] its last segment
-      local f, how = {[0] = {[0] = 0}}, {}
-      for j = 1, n do
-        f[j], how[j] = {}, {}
-        local fj, hj = f[j], how[j]
-        local seg_s, seg_c, seg_w = 0, 0, 0
-        for i = j, 1, -1 do                      -- the segment i..j
-          seg_s, seg_c, seg_w = seg_s + s[i], seg_c + c[i], seg_w + w[i]
-          local ways = {{"keep", units(seg_s), 0}}
-          if units(seg_s) <= T then ways[#ways + 1] = {"recompute", units(a[i - 1]), seg_c} end
-          if lossy then ways[#ways + 1] = {"pack", units(seg_s / 2), seg_c * 0.05} end
-          if spills then ways[#ways + 1] = {"spill", 0, seg_w} end
-          for m0, cost0 in pairs(f[i - 1]) do
-            for _, w in ipairs(ways) do
-              local m, cost = m0 + w[2], cost0 + w[3]
-              if m <= cap and (fj[m] == nil or cost < fj[m]) then
-                fj[m], hj[m] = cost, {i, w[1], m0}
-              end
+  -- f[j][k][m]: the least cost covering layers 1..j storing m units; how[j][k][m] its last segment
+  local f, how = {[0] = {{[0] = 0}, {}}}, {}
+  for j = 1, n do
+    f[j], how[j] = {{}, {}}, {{}, {}}
+    local seg_s, seg_c, seg_w, held = 0, 0, 0, -math.huge
+    for i = j, 1, -1 do                          -- the segment i..j
+      seg_s, seg_c, seg_w = seg_s + s[i], seg_c + c[i], seg_w + w[i]
+      held = s[i] + math.max(ga[i - 1], held)    -- the most a kept i..j holds with the gradients
+      for k0 = 1, 2 do
+        -- {way, units stored, units at its backward's worst moment, cost, k, bytes}
+        local ways = {{"keep", units(seg_s), units(held), 0, 1, seg_s}}
+        local kept = a[j] + (k0 == 2 and 0 or a[i - 1])
+        ways[2] = {"recompute", units(kept), units(kept + seg_s + ga[i - 1]), math.max(seg_c - last[j], 0), 2, kept}
+        if lossy then ways[#ways + 1] = {"pack", units(seg_s / 2), units(held - seg_s / 2), seg_c * 0.05, 1, seg_s / 2} end
+        if spills then ways[#ways + 1] = {"spill", 0, units(ga[i - 1]), seg_w, 1, seg_s} end
+        for m0, cost0 in pairs(f[i - 1][k0]) do
+          for _, way in ipairs(ways) do
+            local m, cost, fk = m0 + way[2], cost0 + way[4], f[j][way[5]]
+            if m0 + way[3] <= UNITS and m <= UNITS and (fk[m] == nil or cost < fk[m]) then
+              fk[m], how[j][way[5]][m] = cost, {i, way[1], k0, m0, way[6]}
             end
           end
         end
       end
-      for m, cost in pairs(f[n]) do
-        if not best or cost < best.cost or (cost == best.cost and m + T < best.m + best.T) then
-          best = {cost = cost, m = m, T = T, how = how}
-        end
-      end
+    end
+  end
+  local best
+  for k = 1, 2 do
+    for m, cost in pairs(f[n][k]) do
+      if not best or cost < best.cost or (cost == best.cost and m < best.m) then best = {cost = cost, m = m, k = k} end
     end
   end
   if not best then return nil end
-  local segs, j, m = {}, n, best.m
+  local segs, j, k, m = {}, n, best.k, best.m
   while j > 0 do
-    local h = best.how[j][m]
+    local h = how[j][k][m]
     local i, way = h[1], h[2]
-    local b = 0
-    for k = i, j do b = b + s[k] end
     local cost = 0
-    for k = i, j do cost = cost + (way == "recompute" and c[k] or way == "spill" and w[k] or 0) end
-    table.insert(segs, 1, {first = i, last = j, how = way,
-                           bytes = (way == "keep" or way == "spill") and b or way == "pack" and b / 2 or a[i - 1],
-                           cost = cost})
-    j, m = i - 1, h[3]
+    for q = i, j do cost = cost + (way == "recompute" and c[q] or way == "spill" and w[q] or 0) end
+    if way == "recompute" then cost = math.max(cost - last[j], 0) end
+    table.insert(segs, 1, {first = i, last = j, how = way, bytes = h[5], cost = cost})
+    j, k, m = i - 1, h[3], h[4]
   end
   -- neighbours kept, packed or spilled alike run as one stretch: a tensor
   -- both save (a layer's output, the next one's input) is packed once
   local merged = {}
   for _, g in ipairs(segs) do
-    local last = merged[#merged]
-    if last and last.how == g.how and g.how ~= "recompute" then
-      last.last, last.bytes, last.cost = g.last, last.bytes + g.bytes, last.cost + g.cost
+    local prev = merged[#merged]
+    if prev and prev.how == g.how and g.how ~= "recompute" then
+      prev.last, prev.bytes, prev.cost = g.last, prev.bytes + g.bytes, prev.cost + g.cost
     else
       merged[#merged + 1] = g
     end
   end
-  return merged, best.m * unit + best.T * unit
+  return merged, best.m * unit
 end
 -- }------------------------------------------------------------------
 
@@ -326,7 +346,7 @@ local function run_planned (self, segs, spill, x, ...)
       local a, b = g.first, g.last
       local function run (h, ...) return Sequential._run(self, a, b, h, ...) end
       if g.how == "recompute" then
-        g.fn = g.fn or mg.recompute_grad(run)
+        g.fn = g.fn or mg.recompute_grad(run, {policy = "output"})
         x = g.fn(x, ...)
       elseif g.how == "spill" then
         x = mg.saved_tensors_hooks({offload = spill}, run, x, ...)
@@ -404,8 +424,8 @@ function planner.plan (step, opts, ...)
   end
   local chains = profile(true, step, spill, ...)
   local plain = planner.estimate(step, ...)
-  local stored = 0
-  for _, ch in ipairs(chains) do for _, l in ipairs(ch.layers) do stored = stored + l.saved end end
+  local stored = 0                               -- all the layers save, and their gradients
+  for _, ch in ipairs(chains) do for _, l in ipairs(ch.layers) do stored = stored + l.saved + (l.grad_bytes or 0) end end
   -- the plan for a room (the bytes the layers' saves may take at once),
   -- with its peak checked by a dry run; nil when none fits the room
   local args = table.pack(...)
@@ -430,7 +450,8 @@ function planner.plan (step, opts, ...)
         local cost, kept = 0, 0
         for k = first, last do cost, kept = cost + ch.layers[k].seconds, kept + ch.layers[k].saved end
         local how = last < n and "recompute" or "keep"
-        list[#list + 1] = {first = first, last = last, how = how, cost = how == "recompute" and cost or 0,
+        cost = how == "recompute" and math.max(cost - (ch.layers[last].last_seconds or 0), 0) or 0
+        list[#list + 1] = {first = first, last = last, how = how, cost = cost,
                            bytes = how == "recompute" and (first == 1 and ch.input or ch.layers[first - 1].output) or kept}
       end
       segments[ch.model] = list
@@ -447,7 +468,7 @@ function planner.plan (step, opts, ...)
     return segments
   end
   -- candidates: the optimum for rooms spread geometrically from the least any
-  -- plan fits to all the layers save (the peak of a room's plan is not
+  -- plan fits to all the layers save with their gradients (the peak of a room's plan is not
   -- monotone in it: sharing and packing move it, so each is checked), and
   -- checkpoint_sequential's segmentations (one recompute per layer among
   -- them); the cheapest within the budget wins
