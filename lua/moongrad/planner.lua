@@ -260,7 +260,7 @@ end
 
 local UNITS = 120
 
-local function choose (chain, room, lossy, spills)
+local function choose (chain, room, lossy, spills, at_end)
   local n, s, a, c, w, last, ga = #chain.layers, {}, {[0] = chain.input}, {}, {}, {}, {}
   for i, l in ipairs(chain.layers) do
     s[i], a[i], c[i], w[i] = l.saved, l.output, math.max(l.seconds, 1e-7), l.spill_seconds or 0
@@ -270,7 +270,8 @@ local function choose (chain, room, lossy, spills)
   for q = n - 1, 0, -1 do ga[q] = ga[q + 1] + (chain.layers[q + 1].grad_bytes or 0) end
   local total, worst = 0, 0
   for q = 1, n do total = total + s[q]; worst = math.max(worst, total + ga[q]) end
-  if worst <= room then                          -- everything fits: keep it all
+  at_end = math.min(at_end or room, room)       -- what may be stored when the forward ends
+  if worst <= room and total <= at_end then      -- everything fits: keep it all
     return {{first = 1, last = n, how = "keep", bytes = total, cost = 0}}, total
   end
   local unit = math.max(room, 1) / UNITS
@@ -294,7 +295,7 @@ local function choose (chain, room, lossy, spills)
           for _, way in ipairs(ways) do
             local m, cost, fk = m0 + way[2], cost0 + way[4], f[j][way[5]]
             if m0 + way[3] <= UNITS and m <= UNITS and (fk[m] == nil or cost < fk[m]) then
-              fk[m], how[j][way[5]][m] = cost, {i, way[1], k0, m0, way[6]}
+              fk[m], how[j][way[5]][m] = cost, {i, way[1], k0, m0, way[6], cost - cost0}
             end
           end
         end
@@ -304,7 +305,9 @@ local function choose (chain, room, lossy, spills)
   local best
   for k = 1, 2 do
     for m, cost in pairs(f[n][k]) do
-      if not best or cost < best.cost or (cost == best.cost and m < best.m) then best = {cost = cost, m = m, k = k} end
+      if m * unit <= at_end and (not best or cost < best.cost or (cost == best.cost and m < best.m)) then
+        best = {cost = cost, m = m, k = k}
+      end
     end
   end
   if not best then return nil end
@@ -312,10 +315,7 @@ local function choose (chain, room, lossy, spills)
   while j > 0 do
     local h = how[j][k][m]
     local i, way = h[1], h[2]
-    local cost = 0
-    for q = i, j do cost = cost + (way == "recompute" and c[q] or way == "spill" and w[q] or 0) end
-    if way == "recompute" then cost = math.max(cost - last[j], 0) end
-    table.insert(segs, 1, {first = i, last = j, how = way, bytes = h[5], cost = cost})
+    table.insert(segs, 1, {first = i, last = j, how = way, bytes = h[5], cost = h[6]})
     j, k, m = i - 1, h[3], h[4]
   end
   -- neighbours kept, packed or spilled alike run as one stretch: a tensor
@@ -458,11 +458,13 @@ function planner.plan (step, opts, ...)
     end
     return segments
   end
-  local function optimal (room)
+  local function optimal (room, less_at_end)
     local segments = {}
     for _, ch in ipairs(chains) do
-      local segs = choose(ch, room, lossy, spill ~= nil)
+      ch.ends = ch.ends or {}                    -- what room's plan stored at the forward's end
+      local segs, used = choose(ch, room, lossy, spill ~= nil, less_at_end and ch.ends[room] - less_at_end)
       if not segs then return nil end
+      if not less_at_end then ch.ends[room] = used end
       segments[ch.model] = segs
     end
     return segments
@@ -486,16 +488,30 @@ function planner.plan (step, opts, ...)
       if optimal(mid) then hi = mid else lo = mid end
       if hi - lo < 1 + stored / 4096 then break end
     end
-    local min_room = math.max(hi, 1)
-    for k = 0, 15 do
-      candidates[#candidates + 1] = optimal(min_room * (math.max(stored, min_room) / min_room) ^ (k / 15))
-    end
     local best_cost = math.huge
-    for _, segs in pairs(candidates) do
+    local function consider (segs)
       local est = checked(segs)
       if not least or est.peak_bytes < least then least = est.peak_bytes end
       local cost = cost_of(segs)
       if est.peak_bytes <= budget and cost < best_cost then best, best_est, best_cost = segs, est, cost end
+      return est
+    end
+    for _, segs in ipairs(candidates) do consider(segs) end
+    -- a room bounds what the backward holds, but the forward's end has a
+    -- working set of its own (the loss and what it reads): a plan over the
+    -- budget is tried again storing less when the forward ends, by what it
+    -- was over, at the same room (twice at most)
+    local min_room = math.max(hi, 1)
+    for k = 0, 15 do
+      local room = min_room * (math.max(stored, min_room) / min_room) ^ (k / 15)
+      local segs, est, less = optimal(room), nil, 0
+      for _ = 1, 3 do
+        if not segs then break end
+        est = consider(segs)
+        if est.peak_bytes <= budget then break end
+        less = less + est.peak_bytes - budget
+        segs = optimal(room, less)
+      end
     end
   end
   if not best then
