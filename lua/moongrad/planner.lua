@@ -127,11 +127,12 @@ local function bytes_of (x) return mg.is_tensor(x) and x.nbytes or 0 end
 -- training flag off: no dropout drawn, no statistics moved), its last op
 -- too. With spill, also what spilling costs a byte: the whole model's
 -- forward and a backward to its variables (of the sum of its output) under
--- a tape with the offload hooks, against each layer's alone without them
--- (which never holds more than a layer saves), twice each, over the bytes
--- the layers save. One rate, from the whole model: spilling a layer alone
--- looked cheap where a step's worth of files (the page cache writing back)
--- was not. No optimizer steps.
+-- a tape with the offload hooks (the slowest of three runs: the page cache
+-- makes a file's cost vary from step to step, and a plan should hold in the
+-- slow ones), against each layer's alone without them (which never holds
+-- more than a layer saves; the mean of two), over the bytes the layers
+-- save. One rate, from the whole model: spilling a layer alone looked cheap
+-- where a step's worth of files was not. No optimizer steps.
 
 -- seconds of layer run's forward and backward under a tape, spilling to dir or not
 local function taped_seconds (run, dir)
@@ -146,23 +147,23 @@ local function taped_seconds (run, dir)
   return mg.clock() - t0
 end
 
--- what spilling adds to a layer's run, the mean of two tries
-local function spill_extra (run, dir)
-  local extra = 0
-  for _ = 1, 2 do
-    local plain = taped_seconds(run)
-    local ok, hooked = pcall(taped_seconds, run, dir)
-    if not ok then error(("memory.plan: spill: %s"):format((tostring(hooked):gsub("^.-offload: ", ""))), 0) end
-    extra = extra + (hooked - plain) / 2
+-- taped_seconds of n runs, spilling to dir or not: their mean, and the slowest
+local function runs (n, run, dir)
+  local total, slowest = 0, 0
+  for _ = 1, n do
+    local ok, took = pcall(taped_seconds, run, dir)
+    if not ok then error(("memory.plan: spill: %s"):format((tostring(took):gsub("^.-offload: ", ""))), 0) end
+    total, slowest = total + took, math.max(slowest, took)
   end
-  return extra
+  return total / n, slowest
 end
 
 -- a layer's forward, its seconds and those of its last op when that op
--- made its output, and the bytes of the variables it reads (their gradients) (a recomputed stretch ending at the layer keeps that
--- output and does not run the op again: policy "output"). The op times are
--- stamps a save policy takes as each op ends; a tape records, so that it is
--- asked, and is dropped.
+-- made its output (a recomputed stretch ending at the layer keeps that
+-- output and does not run the op again: policy "output"), and the bytes of
+-- the variables it reads (their gradients, which the backward holds). The
+-- op times are stamps a save policy takes as each op ends; a tape records,
+-- so that it is asked, and is dropped.
 local function forward_seconds (run, x)
   local stamps, shape = {}, nil
   local function stamp (_, out_shape)
@@ -173,7 +174,7 @@ local function forward_seconds (run, x)
   local t0 = mg.clock()
   local y = t and mg.recompute_grad(function(_) return run() end, {policy = stamp})(x) or run()
   local seconds = mg.clock() - t0
-  local grads = 0                                -- the variables it reads: gradients the backward holds
+  local grads = 0
   if t then
     t:stop()
     for _, v in ipairs(t:watched_variables()) do if v.trainable then grads = grads + v.nbytes end end
@@ -224,15 +225,20 @@ local function profile (timed, step, spill, ...)
   for _, m in ipairs(timed and order or {}) do   -- the costs
     local x, args = m.first_input, m.first_args
     layer.training_off(m.model, function()
-      local extra, bytes = 0, 0                  -- spilling's, over the model
+      local plain, bytes = 0, 0                  -- each layer taped alone, and what they save
       for i, l in ipairs(m.layers) do
         local function run () return Sequential._run(m.model, i, i, x, table.unpack(args, 1, args.n)) end
         local y
         y, l.seconds, l.last_seconds, l.grad_bytes = forward_seconds(run, x)
-        if spill then extra, bytes = extra + spill_extra(run, spill), bytes + l.saved end
+        if spill then plain, bytes = plain + runs(2, run), bytes + l.saved end
         x = y
       end
-      local rate = spill and math.max(extra, 0) / math.max(bytes, 1)
+      local rate
+      if spill then                              -- the whole model spilling, its bytes at once
+        local _, hooked = runs(3, function() return Sequential._run(m.model, 1, #m.layers, m.first_input,
+                                                                  table.unpack(args, 1, args.n)) end, spill)
+        rate = math.max(hooked - plain, 0) / math.max(bytes, 1)
+      end
       for _, l in ipairs(m.layers) do l.spill_seconds = rate and l.saved * rate end
     end)
     m.first_input, m.first_args = nil, nil
