@@ -67,6 +67,41 @@ describe("memory.plan", function()
     end
   end)
 
+  it("recomputes the early blocks and keeps the late ones: the backward holds the gradients of the layers after it", function()
+    -- MLP blocks whose weights' gradients are about half their activations:
+    -- while the backward is at block k the gradients of blocks k..8 are held,
+    -- so the room for what blocks 1..k keep shrinks towards the start
+    mg.random.seed(6)
+    local blocks = {}
+    for i = 1, 8 do blocks[i] = nn.Sequential{nn.Dense(512, "tanh"), nn.Dense(128, "tanh")} end
+    local model = nn.Sequential(blocks)
+    local x = mg.random.normal{512, 128}
+    model(x)
+    local vars = model.trainable_variables
+    local function step ()
+      local t = mg.tape()
+      local loss = mg.mean(model(x) ^ 2)
+      t:stop()
+      return t:gradient(loss, vars)
+    end
+    local _, plain = measured(step)
+    local plan = mg.memory.plan(step, {budget = math.floor(mg.memory.estimate(step).peak_bytes * 0.8)})   -- (plain held)
+    assert.are.equal("recompute", plan.rows[1].how, tostring(plan))
+    assert.are.equal("keep", plan.rows[#plan.rows].how, tostring(plan))
+    local peak, g = measured(mg.memory.with_plan, plan, step)
+    assert.are.equal(plan.peak_bytes, peak)
+    same_bits(plain, g)
+    -- a recomputed block keeps its result (policy "output"): one block's
+    -- re-run computes its first product only, less than its forward
+    for _, row in ipairs(plan.rows) do
+      if row.how == "recompute" and row.layers:match("^(%d+)") == row.layers:match("(%d+)$") then
+        local k = tonumber(row.layers:match("^(%d+)"))
+        assert.is_true(row.bytes <= 2 * 512 * 128 * 4, row.layers)   -- its input and its result
+        assert.is_true(k >= 1 and k <= 8)
+      end
+    end
+  end)
+
   it("saves to a file and loads for the same step: the same segments, peak and gradients", function()
     local step = chain()
     local plain_peak, plain = measured(step)

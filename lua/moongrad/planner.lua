@@ -515,7 +515,7 @@ function planner.plan (step, opts, ...)
         if not segs then break end
         est = consider(segs)
         if est.peak_bytes <= budget then break end
-        less = less + est.peak_bytes - budget
+        less = less + math.max(est.peak_bytes - budget, room / UNITS)   -- (a unit at least)
         segs = optimal(room, less)
       end
     end
