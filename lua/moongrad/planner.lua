@@ -172,7 +172,8 @@ local function forward_seconds (run, x)
   end
   local t = mg.is_tensor(x) and mg.tape()
   local t0 = mg.clock()
-  local y = t and mg.recompute_grad(function(_) return run() end, {policy = stamp})(x) or run()
+  local y                                        -- (not `t and ... or run()`: a nil result ran it twice)
+  if t then y = mg.recompute_grad(function(_) return run() end, {policy = stamp})(x) else y = run() end
   local seconds = mg.clock() - t0
   local grads = 0
   if t then

@@ -70,9 +70,6 @@ static void swap_values (mg_node *n, recompute_ext *e, mg_tensor **kept, bool re
   }
 }
 
-/* A float tensor's sum and sum of magnitudes, in float64: enough to tell a
-** re-run that computes something else (PyTorch checks what a re-run saves;
-** here what it gives) without keeping the outputs. */
 static void digest_f32 (const float *p, int64_t n, double *sum, double *mag) {
   double s = 0, m = 0;
   #pragma omp simd reduction(+:s, m)             /* any order: the check has a tolerance */
@@ -89,6 +86,9 @@ static void digest_f64 (const double *p, int64_t n, double *sum, double *mag) {
   *mag = m;
 }
 
+/* A float tensor's sum and sum of magnitudes, in float64: enough to tell a
+** re-run that computes something else (PyTorch checks what a re-run saves;
+** here what it gives) without keeping the outputs. */
 static mg_status digest (mg_tensor *t, double *sum, double *mag) {
   *sum = *mag = 0;
   if (!mg_is_floating(t->dtype) || mg_dry_running()) return MG_OK;   /* a dry run has no values */
