@@ -542,6 +542,22 @@ describe("recompute_grad's save policies", function()
     end
   end)
 
+  it("asks a Lua policy with each op's name, output shape, dtype and whether \"dots\" would keep it", function()
+    local w = mg.Variable(mg.random.normal({5, 3}, 0, 1, "float64"))
+    local asked = {}
+    local f = mg.recompute_grad(function(v) return mg.tanh(mg.matmul(v, w)) end,
+                                {policy = function(op, shape, dtype, product)
+                                   asked[#asked + 1] = {op, table.concat(shape, "x"), dtype, product}
+                                   return product
+                                 end})
+    local x = mg.random.normal({4, 5}, 0, 1, "float64")
+    local t = mg.tape()
+    local y = mg.sum(f(x))
+    t:stop()
+    assert.are.same({{"matmul", "4x3", "float64", true}, {"tanh", "4x3", "float64", false}}, asked)
+    h.assert_close(t:gradient(y, w), h.grad(function() return mg.tanh(mg.matmul(x, w)) end, w), 0)
+  end)
+
   it("a maths op's kept output (sin, erf ...) is taken by the re-run, as tanh's is", function()
     local x = mg.random.normal({64, 64}, 0, 1, "float64")
     local function grad_alloc (keep)

@@ -100,6 +100,37 @@ describe("memory.plan", function()
     end
   end)
 
+  it("recomputes a transformer block's cheap ops and keeps its products where that fits (decision dots)", function()
+    -- a block's layer norms, GELU and residual sums cost a tenth of its
+    -- forward and hold a third of what it saves: under a budget a little
+    -- below the peak, re-running them beats re-running whole blocks
+    local step = chain(7, 6, function() return nn.TransformerBlock(4, 64, {causal = true}) end, {16, 32, 64})
+    local plain_peak, plain = measured(step)
+    local plan = mg.memory.plan(step, {budget = math.floor(plain_peak * 0.9)})
+    local dots = 0
+    for _, row in ipairs(plan.rows) do
+      if row.how == "dots" then
+        dots = dots + 1
+        assert.are.equal(row.layers:match("^(%d+)"), row.layers:match("(%d+)$"))   -- one block each
+        assert.is_true(row.bytes > 0 and row.cost > 0, tostring(plan))
+      end
+    end
+    assert.is_true(dots > 0, tostring(plan))
+    assert.truthy(tostring(plan):find("| dots | ", 1, true))
+    local peak, g = measured(mg.memory.with_plan, plan, step)
+    assert.are.equal(plan.peak_bytes, peak)
+    same_bits(plain, g)
+    g = nil                                            -- (a peak counts what is live)
+    collectgarbage()
+    local path = os.tmpname()                          -- and back from a file
+    plan:save(path)
+    local loaded = mg.memory.load_plan(path, step)
+    os.remove(path)
+    assert.are.equal(plan.peak_bytes, loaded.peak_bytes)
+    for i, row in ipairs(plan.rows) do assert.are.equal(row.how, loaded.rows[i].how) end
+    same_bits(plain, mg.memory.with_plan(loaded, step))
+  end)
+
   it("saves to a file and loads for the same step: the same segments, peak and gradients", function()
     local step = chain()
     local plain_peak, plain = measured(step)
@@ -139,7 +170,7 @@ describe("memory.plan", function()
       {"moongrad plan 1\nbudget 1 lossy 0 peak 1 plain 1\nmodel 10\nsegment 1 10 keep 0 nan\n",
        ":4: the time must be a number of seconds >= 0, got 'nan'"},
       {"moongrad plan 1\nbudget 1 lossy 0 peak 1 plain 1\nmodel 10\nsegment 1 10 drop 0 0\n",
-       ":4: unknown decision 'drop' (keep, recompute, pack, spill)"},
+       ":4: unknown decision 'drop' (keep, recompute, dots, pack, spill)"},
       {"moongrad plan 1\nbudget 1 lossy 0 peak 1 plain 1\nmodel 9\nsegment 1 9 keep 0 0\n",
        "'s model 1 has 9 layers, the step's has 10"},
       {good .. "model 3\nsegment 1 3 keep 0 0\n", " plans 2 models, the step runs 1 Sequential models"},

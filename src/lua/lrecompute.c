@@ -129,7 +129,7 @@ typedef enum { KEEP_NOTHING, KEEP_DOTS, KEEP_EVERYTHING, KEEP_OUTPUT, KEEP_ASK }
 
 typedef struct lrecompute { bool pass_flag, verify; keep_rule policy; } lrecompute;  /* uservalues: f, policy */
 
-/* a policy written in Lua: policy(op_name, out_shape, dtype) -> boolean.
+/* a policy written in Lua: policy(op_name, out_shape, dtype, is_product) -> boolean.
 ** It is asked from inside ops, whose frames are above the caller's: the
 ** function is reached through the registry, not a stack index. */
 typedef struct lua_policy { lua_State *L; int ref; } lua_policy;
@@ -141,7 +141,8 @@ static int ask_body (lua_State *L) {
   lua_pushstring(L, op->name);
   mgL_pushshape(L, mg_tensor_shape(out), mg_tensor_ndim(out));
   lua_pushstring(L, mg_dtype_name(mg_tensor_dtype(out)));
-  lua_call(L, 3, 1);
+  lua_pushboolean(L, op->product);
+  lua_call(L, 4, 1);
   return 1;
 }
 
