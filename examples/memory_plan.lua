@@ -1,8 +1,9 @@
 -- Let the library choose what to keep: mg.memory.plan fits a training step
 -- into a memory budget at the least extra time, deciding for each stretch of
--- an nn.Sequential's layers to keep what they save, recompute it, or spill it
--- to files; the plan prints as a table, runs with mg.memory.with_plan (the
--- plain step's gradients, to the bit) and saves to a file for later runs.
+-- an nn.Sequential's layers to keep what they save, recompute it (all of it,
+-- or a block's cheap ops with its products kept: "dots"), or spill it to
+-- files; the plan prints as a table, runs with mg.memory.with_plan (the plain
+-- step's gradients, to the bit) and saves to a file for later runs.
 --   build/moongrad examples/memory_plan.lua [spill directory]   (default $TMPDIR or /tmp)
 -- A small GPT (bench/gpt.lua's blocks): its step's peak, then plans at 60%
 -- and 30% of it, recomputing only and with spilling allowed, each one run

@@ -131,7 +131,7 @@ local groups = {
     {"memory.stats", "memory.stats()", "the byte counters: current and peak, by role (tensor, saved, gradient, variable), cached, the tapes' records (graph_bytes), live tensors, collections"},
     {"memory.estimate", "memory.estimate(step, ...)", "step(...) run dry (no arithmetic, nothing changed): its peak as memory.stats() would show it, what makes it, and the Lua lines that made what the tapes hold"},
     {"memory.dry_running", "memory.dry_running()", "true while memory.estimate runs a step"},
-    {"memory.plan", "memory.plan(step, {budget=, lossy=false, spill=nil}, ...)", "what each stretch of the step's Sequential models keeps, recomputes, packs or spills to files, for the least extra time within budget; prints as a table"},
+    {"memory.plan", "memory.plan(step, {budget=, lossy=false, spill=nil}, ...)", "what each stretch of the step's Sequential models keeps, recomputes (all, or a layer's cheap ops: dots), packs or spills to files, for the least extra time within budget; prints as a table"},
     {"memory.with_plan", "memory.with_plan(plan, step, ...)", "step(...) with the plan applied; its results"},
     {"memory.load_plan", "memory.load_plan(path, step, ...)", "a plan plan:save(path) wrote, for step(...) (its models matched by a dry run)"},
     {"memory.reset_peak", "memory.reset_peak()", "the peak starts again from the current bytes"},

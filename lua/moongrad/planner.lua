@@ -111,7 +111,9 @@ end
 -- A plan says, for each stretch of the layers of the Sequential models a
 -- step runs, whether the tape keeps what they save ("keep"), keeps their
 -- input only and runs them again in the backward ("recompute", one
--- recompute_grad over the stretch), or keeps it packed into bfloat16
+-- recompute_grad over the stretch), for one layer keeps its input and its
+-- products' outputs and runs the rest again ("dots", recompute_grad's policy
+-- of that name), or keeps it packed into bfloat16
 -- ("pack", lossy plans only). Sequential:call runs its layers by the plan
 -- while mg.memory.with_plan applies it.
 
@@ -438,7 +440,7 @@ end
 -- extra time; checked by a dry run (peak_bytes is the planned step's
 -- estimate). An error says when nothing fits, and what does not move.
 function planner.plan (step, opts, ...)
-  if type(step) ~= "function" and not (getmetatable(step) or {}).__call then
+  if not callable(step) then
     error(("memory.plan: step must be a function, got %s"):format(type(step)), 2)
   end
   if type(opts) ~= "table" then error("memory.plan: options {budget = bytes [, lossy = false, spill = dir]} expected", 2) end
@@ -647,7 +649,7 @@ end
 -- runs (the number of layers must agree), and its peak checked by a dry run
 function planner.load_plan (path, step, ...)
   if type(path) ~= "string" then error(("memory.load_plan: path must be a string, got %s"):format(type(path)), 2) end
-  if type(step) ~= "function" and not (getmetatable(step) or {}).__call then
+  if not callable(step) then
     error(("memory.load_plan: step must be a function, got %s"):format(type(step)), 2)
   end
   local f, err = io.open(path, "rb")

@@ -61,7 +61,7 @@ static int l_autocast (lua_State *L) {
     r->depth = mg_autocast_depth();
     return 1;
   }
-  luaL_checktype(L, 2, LUA_TFUNCTION);
+  mgL_checkcallable(L, 2);
   push_region(L, dt);
   int st = lua_pcall(L, lua_gettop(L) - 2, LUA_MULTRET, 0);
   mg_autocast_pop();

@@ -672,6 +672,17 @@ static void unknown_option (lua_State *L, int arg, const char *const keys[]) {
   luaL_argerror(L, arg, lua_tostring(L, -1));
 }
 
+bool mgL_iscallable (lua_State *L, int idx) {
+  if (lua_isfunction(L, idx)) return true;
+  if (luaL_getmetafield(L, idx, "__call") == LUA_TNIL) return false;
+  lua_pop(L, 1);
+  return true;
+}
+
+void mgL_checkcallable (lua_State *L, int arg) {
+  if (!mgL_iscallable(L, arg)) luaL_typeerror(L, arg, "function");
+}
+
 void mgL_checkoptions (lua_State *L, int arg, const char *const keys[]) {
   if (lua_isnoneornil(L, arg)) return;
   luaL_checktype(L, arg, LUA_TTABLE);

@@ -248,6 +248,11 @@ const char *mgL_checkpath  (lua_State *L, int arg, const char *fn);
 bool       mgL_hasnul      (lua_State *L, int idx);
 /* pushes the string at idx with each NUL written as \0, for messages */
 const char *mgL_shownul    (lua_State *L, int idx);
+/* is the value at idx callable (a function, or a table or userdata whose
+** metatable has __call: a model)? */
+bool       mgL_iscallable  (lua_State *L, int idx);
+/* raises "function expected" unless the value at arg is callable */
+void       mgL_checkcallable (lua_State *L, int arg);
 /* raises unless the table at arg (if not nil) has only these string keys */
 void       mgL_checkoptions (lua_State *L, int arg, const char *const keys[]);
 

@@ -172,7 +172,7 @@ static int custom_call (lua_State *L) {
 /* custom_gradient(f [, {context = false}]): g with g(...) == first results
 ** of f(...), or of f(ctx, ...) with a context */
 static int l_custom_gradient (lua_State *L) {
-  luaL_checktype(L, 1, LUA_TFUNCTION);
+  mgL_checkcallable(L, 1);
   bool context = false, captures = false;
   if (!lua_isnoneornil(L, 2)) {
     static const char *const keys[] = {"context", "captures", NULL};

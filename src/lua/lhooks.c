@@ -54,7 +54,7 @@ static const mg_saved_hooks lua_hooks = {lua_pack, lua_unpack, lua_hooks_release
 static int push_hooks (lua_State *L) {
   if (lua_isfunction(L, 1)) {                       /* pack, unpack, fn, ... */
     luaL_checktype(L, 2, LUA_TFUNCTION);
-    luaL_checktype(L, 3, LUA_TFUNCTION);
+    mgL_checkcallable(L, 3);
     lua_createtable(L, 0, 2);
     lua_pushvalue(L, 1);
     lua_setfield(L, -2, "pack");
@@ -76,7 +76,7 @@ static int push_hooks (lua_State *L) {
     if (h == NULL)
       return luaL_argerror(L, 1, lua_pushfstring(L, "\"float16\", \"bfloat16\", {offload = dir} or a "
                                                     "pack function expected, got \"%s\"", name));
-    luaL_checktype(L, 2, LUA_TFUNCTION);
+    mgL_checkcallable(L, 2);
     if (mg_saved_hooks_push(h, NULL) != MG_OK) return mgL_error(L);
     return 2;
   }
@@ -85,7 +85,7 @@ static int push_hooks (lua_State *L) {
     mgL_checkoptions(L, 1, keys);
     if (mgL_optionfield(L, 1, "offload", LUA_TSTRING) == LUA_TNIL)
       return luaL_argerror(L, 1, "option 'offload' (a directory) expected");
-    luaL_checktype(L, 2, LUA_TFUNCTION);
+    mgL_checkcallable(L, 2);
     void *dir = mg_hooks_offload_dir(mgL_checkpath(L, lua_gettop(L), "saved_tensors_hooks"));
     if (dir == NULL || mg_saved_hooks_push(&mg_hooks_offload, dir) != MG_OK) return mgL_error(L);
     lua_pop(L, 1);

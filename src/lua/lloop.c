@@ -77,7 +77,7 @@ static mg_status loop_step (void *ud, int64_t i, mg_loop_phase phase, int n,
 static const mg_loop_fn lua_loop_fn = {"checkpoint_loop", loop_step, mgL_lfn_release};
 
 static int l_loop_run (lua_State *L) {
-  luaL_checktype(L, 1, LUA_TFUNCTION);
+  mgL_checkcallable(L, 1);
   lua_Integer steps = luaL_checkinteger(L, 2), k = luaL_checkinteger(L, 3);
   int n = lua_gettop(L) - 3;
   luaL_argcheck(L, k >= 1, 3, "snapshots must be at least 1");

@@ -168,7 +168,7 @@ static void push_saved_by_line (lua_State *L, const sites *w) {
 ** then f's results; f's error is raised after the run is
 ** closed. For moongrad.planner. */
 static int l_dry_run (lua_State *L) {
-  luaL_checktype(L, 1, LUA_TFUNCTION);
+  mgL_checkcallable(L, 1);
   sites w = {L, (site *)calloc(MAX_SITES, sizeof(site)), 0};
   if (w.s == NULL) return luaL_error(L, "memory.estimate: out of memory");
   if (mg_dry_run_begin(site_of, &w) != MG_OK) {
@@ -200,7 +200,7 @@ static int l_dry_run (lua_State *L) {
 /* _computing(f, ...): f(...) computed for real inside a dry run (a layer
 ** building its weights); its error raised after the dry run resumes */
 static int l_computing (lua_State *L) {
-  luaL_checktype(L, 1, LUA_TFUNCTION);
+  mgL_checkcallable(L, 1);
   int was = mg_dry_run_pause();
   int st = lua_pcall(L, lua_gettop(L) - 1, LUA_MULTRET, 0);
   mg_dry_run_resume(was);

@@ -71,7 +71,7 @@ static int l_permutation (lua_State *L) {
 
 /* with_init_stream(fn, ...): fn's draws come from the initializers' stream */
 static int l_with_init_stream (lua_State *L) {
-  luaL_checktype(L, 1, LUA_TFUNCTION);
+  mgL_checkcallable(L, 1);
   mg_random_swap_streams();
   int dry = mg_dry_run_pause();     /* initial weights are real even in a dry run (mg.memory.estimate) */
   int st = lua_pcall(L, lua_gettop(L) - 1, LUA_MULTRET, 0);

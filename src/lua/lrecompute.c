@@ -324,13 +324,6 @@ static int recompute_tostring (lua_State *L) {
   return 1;
 }
 
-static bool callable (lua_State *L, int idx) {
-  if (lua_isfunction(L, idx)) return true;
-  if (luaL_getmetafield(L, idx, "__call") == LUA_TNIL) return false;
-  lua_pop(L, 1);
-  return true;
-}
-
 /* the policy option at the top: a name or a function (left on the stack) */
 static keep_rule policy_of (lua_State *L, int arg) {
   if (lua_isnil(L, -1)) return KEEP_NOTHING;
@@ -347,7 +340,7 @@ static keep_rule policy_of (lua_State *L, int arg) {
 /* recompute_grad(f [, {pass_is_recomputing=false, policy="nothing", verify=false}]) */
 static int l_recompute_grad (lua_State *L) {
   luaL_checkany(L, 1);
-  if (!callable(L, 1))
+  if (!mgL_iscallable(L, 1))
     return luaL_argerror(L, 1, lua_pushfstring(L, "f must be callable (a function, or a table with "
                                                   "__call), got %s", luaL_typename(L, 1)));
   bool pass = false, verify = false;

@@ -363,14 +363,14 @@ static int l_batch_jacobian (lua_State *L) {
 
 /* calls the function at 2 with the arguments after it, in protected mode */
 static int pcall_rest (lua_State *L) {
-  luaL_checktype(L, 2, LUA_TFUNCTION);
+  mgL_checkcallable(L, 2);
   return lua_pcall(L, lua_gettop(L) - 2, LUA_MULTRET, 0);
 }
 
 /* record(fn, ...): records during fn (the body of a `with tape:` block) */
 static int l_record (lua_State *L) {
   mg_tape *t = checktape(L, 1)->t;
-  luaL_checktype(L, 2, LUA_TFUNCTION);
+  mgL_checkcallable(L, 2);
   bool was = mg_tape_is_recording(t);
   if (!was && mg_tape_start(t) != MG_OK) return mgL_error(L);
   mg_tape_retain(t);                    /* fn may release the tape's box */
@@ -384,7 +384,7 @@ static int l_record (lua_State *L) {
 /* stop_recording(fn, ...): fn runs with this tape paused */
 static int l_stop_recording (lua_State *L) {
   mg_tape *t = checktape(L, 1)->t;
-  luaL_checktype(L, 2, LUA_TFUNCTION);
+  mgL_checkcallable(L, 2);
   mg_tape_pause(mg_tape_retain(t));     /* fn may release the tape's box */
   int st = pcall_rest(L);
   mg_tape_resume(t);

@@ -143,7 +143,7 @@ int mgL_tidy_pcall (lua_State *L, int nargs, bool keep_results) {
 
 /* tidy(fn, ...) -> fn(...)'s results */
 static int l_tidy (lua_State *L) {
-  luaL_checktype(L, 1, LUA_TFUNCTION);
+  mgL_checkcallable(L, 1);
   if (mgL_tidy_pcall(L, lua_gettop(L) - 1, true) != LUA_OK) return lua_error(L);
   return lua_gettop(L);
 }

@@ -130,7 +130,7 @@ static int close_trace (FILE *f) {
 ** written. A path that is not a regular file (or a new one) raises. */
 static int l_trace (lua_State *L) {
   const char *path = mgL_checkpath(L, 1, "memory.trace");
-  luaL_checktype(L, 2, LUA_TFUNCTION);
+  mgL_checkcallable(L, 2);
   mgL_state *S = mgL_getstate(L);
   if (S->trace) return luaL_error(L, "memory.trace: a trace is already running");
   tracer tr = {open_trace(L, path), now_us(), 0, 0, {0, 0, 0, 0}};
@@ -163,7 +163,7 @@ static int l_trace (lua_State *L) {
 /* span(name, fn, ...): fn(...) as a named span of the running trace */
 static int l_span (lua_State *L) {
   const char *name = luaL_checkstring(L, 1);
-  luaL_checktype(L, 2, LUA_TFUNCTION);
+  mgL_checkcallable(L, 2);
   mgL_state *S = mgL_getstate(L);
   tracer *tr = S->trace;
   if (tr) event(tr, name, 'B', TID_SPANS);
