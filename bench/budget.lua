@@ -9,7 +9,8 @@
 -- Budgets are given as fractions of the plain step's peak above the model
 -- (activations, gradients, temporaries); a budget is that many bytes above
 -- what is live before the step. Times are medians of `repeats` rounds, each
--- round running every configuration once (alternating); peaks are measured
+-- round running every configuration once (alternating), and the best round
+-- (the least disturbed by other work on a shared machine); peaks are measured
 -- in one more run with a collection at every allocation. Writes
 -- dir/budget.txt (the tables, in Markdown; not .md, which bench/assemble.lua
 -- takes for a machine's section) and dir/budget.svg (the plot); dir is
@@ -104,7 +105,7 @@ local function out (fmt, ...)
   print(s)
   lines[#lines + 1] = s
 end
-out("%s, %s, %d threads; width %d, batch %d, %d layers; medians of %d alternating rounds",
+out("%s, %s, %d threads; width %d, batch %d, %d layers; medians and best of %d alternating rounds",
     model, isa, mg.get_num_threads(), W, B, N, REPEATS)
 
 for _, chain in ipairs(chains()) do
@@ -168,15 +169,15 @@ for _, chain in ipairs(chains()) do
   out("%s x%d, input %s (one activation %.1f MiB):", chain.name, #layers, table.concat(chain.x.shape, "x"),
       chain.act * 4 / 2^20)
   out("")
-  out("| configuration | step ms | x plain | peak MiB | x plain | evictions | rebuilt ops |")
-  out("|---|---:|---:|---:|---:|---:|---:|")
+  out("| configuration | step ms | x plain | best ms | x plain | peak MiB | x plain | evictions | rebuilt ops |")
+  out("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
   local base = configs[1]
-  base.ms = median(base.times)
+  base.ms, base.best = median(base.times), math.min(table.unpack(base.times))
   local bx, by, px, py, sx, sy = {}, {}, {}, {}, {}, {}
   for _, c in ipairs(configs) do
-    c.ms = median(c.times)
-    out("| %s | %.1f | %.2f | %.1f | %.2f | %d | %d |", c.name, c.ms, c.ms / base.ms, c.m.peak / 2^20,
-        c.m.peak / base.m.peak, c.m.evictions, c.m.remats)
+    c.ms, c.best = median(c.times), math.min(table.unpack(c.times))
+    out("| %s | %.1f | %.2f | %.1f | %.2f | %.1f | %.2f | %d | %d |", c.name, c.ms, c.ms / base.ms, c.best,
+        c.best / base.best, c.m.peak / 2^20, c.m.peak / base.m.peak, c.m.evictions, c.m.remats)
     if c.budget then bx[#bx + 1], by[#by + 1] = c.m.peak / base.m.peak, c.ms / base.ms end
     if c.planned == "plan" then px[#px + 1], py[#py + 1] = c.m.peak / base.m.peak, c.ms / base.ms end
     if c.planned == "spill" then sx[#sx + 1], sy[#sy + 1] = c.m.peak / base.m.peak, c.ms / base.ms end

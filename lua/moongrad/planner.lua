@@ -167,7 +167,7 @@ end
 -- policy "dots" would keep (the products' outputs) and leave to run again
 -- (the seconds of every other op). The op times are stamps a save policy
 -- takes as each op ends; a tape records, so that it is asked, and is dropped.
-local SIZE = {float64 = 8, int64 = 8, float32 = 4, int32 = 4, float16 = 2, bfloat16 = 2, uint8 = 1, bool = 1}
+local SIZE = {float64 = 8, int64 = 8, float32 = 4, float16 = 2, bfloat16 = 2, bool = 1}
 
 local function forward_seconds (run, x)
   local stamps, shape, products, others, prev = {}, nil, 0, 0, nil
