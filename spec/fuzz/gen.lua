@@ -506,8 +506,8 @@ local function policy ()
   return wpick{
     3, function() return pick{"'nothing'", "'dots'", "'everything'", "'output'"} end,
     1, function() return pick{"'bogus'", "5", "true", "{}"} end,
-    4, function() return "function(op, shape, dtype) " .. pick{
-         "return true", "return op == 'matmul'", "return #shape > 1", "return nil", "return 'x'", "error('policy')",
+    4, function() return "function(op, shape, dtype, product) " .. pick{
+         "return true", "return op == 'matmul'", "return #shape > 1", "return product", "return not product", "return nil", "return 'x'", "error('policy')",
          "collectgarbage(); return true", "local _ = mg.ones{2} + 1; return true", "T[1]:reset(); return true",
          "getmetatable(T[1]).__gc(T[1]); return false", "coroutine.yield(); return true", "V[1]:assign(V[1]); return true",
          "mg.memory.fail_after(1); return true", "mg.random.seed(1); return true", "return first(F[2](A[1]))",

@@ -317,7 +317,9 @@ mg_tensor *mg_div (mg_tensor *a, mg_tensor *b) { return binary(&div_op, a, b); }
 /* pow: out = a ^ b.  grad: da = dout * b * a^(b-1), 0 where b = 0 (as
 ** PyTorch: no 0 * 0^-1 = NaN at a = 0); db = dout * out * log(a) where
 ** a > 0, else 0 (as TensorFlow) */
-FLOAT_KERNELS(pow, POW(x, y))
+/* (libm's pow: VM_MAP2, every element through the same code whatever its place) */
+static void pow_f32 (int64_t n, char **p, const int64_t *s) { VM_MAP2(float, float, POW(x, y)); }
+static void pow_f64 (int64_t n, char **p, const int64_t *s) { VM_MAP2(double, double, POW(x, y)); }
 KERNEL(pow_i64, int64_t, int64_t, ipow(x, y))
 static mg_status pow_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **din) {
   mg_scope sc = {0};

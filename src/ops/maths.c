@@ -28,16 +28,9 @@ enum { MATHS_OPS(MG_ROW_ENUM) MATHS__COUNT };
 
 /* {============= elementwise: kernels and the common path ========= */
 
-#define LOOP1(TI, TO, EXPR) do {                                              \
-    const TI *X_ = (const TI *)p[1];                                          \
-    TO *O_ = (TO *)p[0];                                                      \
-    int64_t sx_ = s[1];                                                       \
-    if (sx_ == 1) for (int64_t i = 0; i < n; i++) { TI x = X_[i]; O_[i] = (TO)(EXPR); } \
-    else for (int64_t i = 0; i < n; i++) { TI x = X_[i * sx_]; O_[i] = (TO)(EXPR); } \
-  } while (0)
-
+/* (VM_MAP1: every element through the same code, whatever its place) */
 #define KERNEL(NAME, TI, TO, EXPR) \
-  static void NAME (int64_t n, char **p, const int64_t *s) { LOOP1(TI, TO, EXPR); }
+  static void NAME (int64_t n, char **p, const int64_t *s) { VM_MAP1(TI, TO, EXPR); }
 #define FLOAT_KERNELS(OP, EXPR) \
   KERNEL(OP##_f32, float, float, EXPR) KERNEL(OP##_f64, double, double, EXPR)
 
