@@ -1120,10 +1120,13 @@ local function struct_oracle_stmt ()
   local dt = chance(0.8) and "float64" or "float32"
   local tol = dt == "float64" and 1e-9 or 1e-4
   local setup, ctx = struct_setup(dt)
-  -- a stiff function's second order compares only in float64, loosely
+  -- a stiff function's second order compares only in float64, at a tolerance
+  -- that grows with the square of the first order's largest entry (sc): its
+  -- rounding noise is the first order's magnitude times a derivative that the
+  -- variance-0 rows amplify (FINDINGS.md O)
   local second = not ctx.stiff and fmt("CHECK('struct-recompute-2nd-order', e1, e2, %g)", tol)
-                 or dt == "float64" and "CHECK('struct-recompute-2nd-order', e1, e2, 1e-5)" or ""
-  local both = fmt("local function run(gcode) %s; return y, d[1], dd end; local ok1, y1, d1, e1 = pcall(run, f); if not ok1 then return end; local y2, d2, e2 = run(mg.recompute_grad(f%s)); CHECK('struct-recompute-forward', y1, y2, %g); CHECK('struct-recompute-gradient', d1, d2, %g); %s",
+                 or dt == "float64" and "CHECK('struct-recompute-2nd-order', e1, e2, 1e-9 * (1 + sc) ^ 2)" or ""
+  local both = fmt("local function run(gcode) %s; local sc = 0; for i = 1, #d do if d[i]:numel() > 0 then sc = math.max(sc, mg.max(mg.abs(d[i])):item()) end end; return y, d[1], dd, sc end; local ok1, y1, d1, e1, sc = pcall(run, f); if not ok1 then return end; local y2, d2, e2 = run(mg.recompute_grad(f%s)); CHECK('struct-recompute-forward', y1, y2, %g); CHECK('struct-recompute-gradient', d1, d2, %g); %s",
                    nested_grad(ctx, "gcode", true), chance(0.3) and fmt(", {policy = %s}", pick{"'nothing'", "'dots'", "'everything'", "'output'"}) or "", tol, tol, second)
   if dt == "float64" and not ctx.kinks and chance(0.5) then
     return fmt("mg.memory.fail_after(0); %s; local x0 = mg.is_variable(x) and x:value() or x; local ok, err = pcall(mg.test.gradcheck, function(a) return f(a) end, {x0}, {atol = 1e-5, rtol = 1e-3}); if not ok and tostring(err):find('gradcheck: input', 1, true) then WRONG('struct-gradcheck', err) end", setup)
