@@ -217,6 +217,27 @@ describe("recompute_grad", function()
     assert.equal(1, runs)
   end)
 
+  it("lets go of what f captured as soon as its node goes: a reset tape, a collected result", function()
+    local function live ()
+      collectgarbage()
+      collectgarbage()
+      return mg.memory.stats().tensor_bytes
+    end
+    local before = live()
+    local function run (reset)
+      local big = mg.random.normal({256, 256})       -- 256 KiB, captured by f and passed in
+      local t = mg.tape()
+      local y = mg.recompute_grad(function(_) return mg.tanh(big) end)(big)
+      t:stop()
+      if reset then t:reset() end
+      return mg.is_tensor(y)
+    end
+    assert.is_true(run(true))
+    assert.are.equal(before, live())
+    assert.is_true(run(false))                       -- the tape and the result collected
+    assert.are.equal(before, live())
+  end)
+
   it("gradients can be gradchecked through it", function()
     local w = mg.random.normal({3, 2}, 0, 1, "float64")
     local f = mg.recompute_grad(function(x, v) return mg.tanh(mg.matmul(x, v)) end)

@@ -106,6 +106,7 @@ mgL_call   mgL_enter (lua_State *L);
 void       mgL_leave (lua_State *L, mgL_call c);
 /* the anchor's registry refs of released callbacks go now */
 void       mgL_sweep (lua_State *L, mgL_anchor *a);
+void       mgL_sweep_dead (lua_State *L);   /* the same, when dead refs wait (after a tape goes) */
 /* one reference less; frees it at the last */
 void       mgL_anchor_release (mgL_anchor *a);
 

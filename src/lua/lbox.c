@@ -186,6 +186,7 @@ int mgL_tensor_gc (lua_State *L) {      /* also __close */
   if (b->t == NULL) return 0;
   mgL_checkrelease(L, "tensor");
   mgL_releasebox(b);
+  mgL_sweep_dead(L);                    /* a node it held may have been a recompute's */
   return 0;
 }
 

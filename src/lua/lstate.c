@@ -96,6 +96,15 @@ void mgL_sweep (lua_State *L, mgL_anchor *a) {
   while (a->ndead > 0) luaL_unref(L, LUA_REGISTRYINDEX, a->dead[--a->ndead]);
 }
 
+/* the refs of calls whose nodes went while no gradient ran (a tape reset
+** or released, a tensor holding a node collected), let go now: else they
+** would wait for the next recompute or custom call, holding what those
+** functions captured (a dry run would count it) */
+void mgL_sweep_dead (lua_State *L) {
+  mgL_state *S = mgL_getstate(L);
+  if (S != NULL && S->anchor != NULL && S->anchor->ndead > 0) mgL_sweep(L, S->anchor);
+}
+
 /* The hooks are the context's: each gradient sets them to its state and
 ** puts back what was there (a gradient of another state may run inside a
 ** callback of this one). */

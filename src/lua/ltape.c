@@ -37,6 +37,7 @@ static int tape_gc (lua_State *L) {
   mgL_checkrelease(L, "tape");
   mg_tape_release(b->t);
   b->t = NULL;
+  mgL_sweep_dead(L);
   return 0;
 }
 
@@ -104,6 +105,7 @@ static int l_watched_variables (lua_State *L) {
 
 static int l_reset (lua_State *L) {
   if (mg_tape_reset(checktape(L, 1)->t) != MG_OK) return mgL_error(L);
+  mgL_sweep_dead(L);
   return 0;
 }
 
