@@ -7,7 +7,8 @@
 --   build/moongrad examples/memory_plan.lua [spill directory]   (default $TMPDIR or /tmp)
 -- A small GPT (bench/gpt.lua's blocks): its step's peak, then plans at 60%
 -- and 30% of it, recomputing only and with spilling allowed, each one run
--- for real and measured against its prediction.
+-- for real and measured against its prediction; last, the same GPT as a
+-- Layer subclass of its own, planned per layer call.
 local mg = mg or require "moongrad"
 local nn = mg.nn
 
@@ -82,3 +83,33 @@ for _, frac in ipairs{0.6, 0.3} do
     end
   end
 end
+
+-- The same GPT as a model of your own (a Layer subclass whose call runs a Lua
+-- list of blocks): no Sequential to plan stretches of, so the planner decides
+-- per layer call of the model (keep, recompute, dots, pack or spill each),
+-- cheapest extra time per byte freed first, as few as fit.
+local GPT = nn.Layer:subclass("GPT")
+function GPT:init (blocks)
+  self.embed, self.position = nn.Embedding(V, D), nn.PositionalEmbedding(T)
+  self.blocks = {}
+  for i = 1, blocks do self.blocks[i] = nn.TransformerBlock(4, D, {causal = true}) end
+  self.norm, self.head = nn.LayerNorm(), nn.Dense(V)
+end
+function GPT:call (x)
+  local h = self.position(self.embed(x))
+  for _, block in ipairs(self.blocks) do h = block(h) end
+  return self.head(self.norm(h))
+end
+model = GPT(6)
+model(ids)
+vars = model.trainable_variables
+plain, plain_peak = nil, nil
+plain_peak, plain = measured(step)
+local budget = math.floor(plain_peak * 0.6)
+local plan = mg.memory.plan(step, {budget = budget})
+print(("\n-- a GPT class of its own (no Sequential), within 60%% of its peak (%s)"):format(mib(budget)))
+print(plan)
+local t0 = mg.clock()
+local peak, grads = measured(mg.memory.with_plan, plan, step)
+print(("ran it: peak %s (predicted %s), %.0f ms, gradients %s the plain step's"):format(mib(peak),
+      mib(plan.peak_bytes), (mg.clock() - t0) * 1e3, same_bits(plain, grads) and "bit for bit" or "NOT"))

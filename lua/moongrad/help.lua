@@ -350,7 +350,7 @@ local groups = {
 
 -- names in mg that are not API: helpers other modules load, and internals
 local internal = {
-  _io = true, _loop = true, _layer_call = true, ["Layer:_build_first"] = true, ["checkpoint.BackupAndRestore"] = true, check = true, fit = true, transformer = true, reversible = true,
+  _io = true, _loop = true, _layer_call = true, _layer_around = true, ["Layer:_build_first"] = true, ["checkpoint.BackupAndRestore"] = true, check = true, fit = true, transformer = true, reversible = true,
   layer = true, class = true, ["checkpoint.layer_methods"] = true, ["plot.draw"] = true, ["plot.history"] = true,
   ["distributed.DistributedOptimizer_class"] = true, ["distributed.shard"] = true,
   ["Optimizer:init"] = true, ["Optimizer:update"] = true, ["Optimizer:slot_names"] = true,

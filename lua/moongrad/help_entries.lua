@@ -315,7 +315,7 @@ step()
 mg.memory.setpause(pause, min_bytes)
 r.peak_bytes == mg.memory.stats().peak_bytes --> true]])
 E("memory.dry_running", {}, "a boolean", "mg.memory.dry_running() --> false")
-E("memory.plan", {{"step", "a function: a training step whose model is an nn.Sequential"},
+E("memory.plan", {{"step", "a function: a training step (nn.Sequential models planned per stretch of layers, another model per layer call)"},
                   {"opts", "budget= (bytes or \"2 GiB\"), lossy= (true: bfloat16 packing allowed), spill= (a directory: spilling to files allowed)"}, ARGS},
   "a plan: rows={{layers=, how=, bytes=, cost=, what=}, ...}, peak_bytes= (its dry run's), budget=, plain_peak_bytes=, spill=",
   [[layers = {}

@@ -115,7 +115,9 @@ end
 -- products' outputs and runs the rest again ("dots", recompute_grad's policy
 -- of that name), or keeps it packed into bfloat16
 -- ("pack", lossy plans only). Sequential:call runs its layers by the plan
--- while mg.memory.with_plan applies it.
+-- while mg.memory.with_plan applies it. A step without a Sequential model
+-- is planned per layer call of its model instead (below: "models that are
+-- not chains"), the layers' __call running each call by the plan.
 
 local Sequential = mg.nn.Sequential
 local layer = require "moongrad.layer"
@@ -264,6 +266,173 @@ local function profile (timed, step, spill, ...)
 end
 -- }------------------------------------------------------------------
 
+-- {--------------------- models that are not chains ---------------------
+-- A step that runs no Sequential model gets a heuristic over its layer
+-- calls. The units are the layers called directly by the outermost layer
+-- call that calls two or more (through wrappers that call one): for a model
+-- class whose call runs an embedding, a list of blocks and a head, those.
+-- Each unit call is timed on its own input (captured in the dry run, its
+-- floats drawn afresh) and, like a chain's layer, kept, recomputed (its
+-- input kept), recomputed but its products ("dots"), packed or spilled;
+-- the choice is greedy, by extra seconds per byte freed (the greedy
+-- knapsack of PyTorch's activation memory budget, per layer call), taking
+-- the fewest options whose dry run fits the budget. Units are matched by
+-- their order among the parent's calls (a layer called twice is two units).
+
+-- the tree of a dry run's layer calls: {layer, children, saved, input, output, args}
+local function call_tree (step, ...)
+  local root, stack = {children = {}}, {}
+  stack[1] = root
+  local function around (self, ...)
+    local node = {layer = self, children = {}, input = bytes_of((...)), args = #stack <= 3 and table.pack(...) or nil}
+    local parent = stack[#stack]
+    parent.children[#parent.children + 1] = node
+    stack[#stack + 1] = node
+    local before = mg.memory.stats().saved_bytes
+    local out = table.pack(pcall(self.call, self, ...))
+    stack[#stack] = nil
+    if not out[1] then error(out[2], 0) end
+    node.saved, node.output = math.max(mg.memory.stats().saved_bytes - before, 0), bytes_of(out[2])
+    return table.unpack(out, 2, out.n)
+  end
+  local was = mg._layer_around(around)
+  local ok, err = pcall(planner.estimate, step, ...)
+  mg._layer_around(was)
+  if not ok then error(err, 0) end
+  return root
+end
+
+-- a dry run's input with fresh floats (a dry run's are never written)
+local function fresh (args)
+  local out = {n = args.n}
+  for i = 1, args.n do
+    local x = args[i]
+    if mg.is_tensor(x) and x.dtype:match("^b?float") then
+      local ok, y = pcall(mg.random.normal, x.shape, 0, 1, x.dtype)
+      x = ok and y or x
+    end
+    out[i] = x
+  end
+  return out
+end
+
+local function first_tensor (args)
+  for i = 1, args.n do if mg.is_tensor(args[i]) then return args[i] end end
+end
+
+-- the units of a step that runs no Sequential model, as a chain (its
+-- layers the unit calls, in order), timed when `timed`; nil when the step
+-- calls no layer that calls two or more
+local function call_chain (timed, step, spill, ...)
+  local node = call_tree(step, ...)
+  while #node.children == 1 do node = node.children[1] end
+  if not node.layer or #node.children < 2 then return nil end
+  local ch = {model = node.layer, general = true, input = node.input, layers = {}}
+  for k, c in ipairs(node.children) do
+    ch.layers[k] = {name = tostring(c.layer):match("^[^\n]*"), saved = c.saved, output = c.output, input = c.input}
+  end
+  if not timed then return ch end
+  local rng = mg.random.get_state()
+  layer.training_off(node.layer, function()
+    local plain, bytes, whole = 0, 0, node.args and fresh(node.args)
+    for k, c in ipairs(node.children) do
+      local l, args = ch.layers[k], fresh(c.args)
+      local function run () return c.layer:call(table.unpack(args, 1, args.n)) end
+      local _
+      _, l.seconds, l.last_seconds, l.grad_bytes, l.dots = forward_seconds(run, first_tensor(args))
+      if spill then plain, bytes = plain + runs(2, run), bytes + l.saved end
+    end
+    if spill then                                -- the whole parent spilling, as for a chain
+      local _, hooked = runs(3, function() return node.layer:call(table.unpack(whole, 1, whole.n)) end, spill)
+      local rate = math.max(hooked - plain, 0) / math.max(bytes, 1)
+      for _, l in ipairs(ch.layers) do l.spill_seconds = l.saved * rate end
+    end
+  end)
+  mg.random.set_state(rng)
+  return ch
+end
+
+-- the options of a call chain, cheapest per byte freed first: {k, how, freed, cost, kept}
+local function call_options (ch, lossy, spills)
+  local options = {}
+  for k, l in ipairs(ch.layers) do
+    local function add (how, freed, cost, kept)
+      if freed > 0 then options[#options + 1] = {k = k, how = how, freed = freed, cost = cost, kept = kept} end
+    end
+    -- a recompute keeps its input (which its first op would have saved); a spill keeps nothing
+    add("recompute", l.saved - l.input, l.seconds, l.input)
+    if l.dots then add("dots", l.saved - l.dots.bytes - l.input, l.dots.seconds, l.dots.bytes + l.input) end
+    if lossy then add("pack", l.saved / 2, l.seconds * 0.05, l.saved / 2) end
+    if spills then add("spill", l.saved, l.spill_seconds or 0, l.saved) end
+  end
+  table.sort(options, function(a, b)
+    local ra, rb = a.cost / a.freed, b.cost / b.freed
+    if ra ~= rb then return ra < rb end
+    return a.k < b.k or (a.k == b.k and a.how < b.how)
+  end)
+  return options
+end
+
+-- the segments (one per unit) that the first `count` options make: an
+-- option replaces a unit's earlier one only when it frees more
+local function call_segments (ch, options, count)
+  local segs = {}
+  for k, l in ipairs(ch.layers) do segs[k] = {first = k, last = k, how = "keep", bytes = l.saved, cost = 0, freed = 0} end
+  for i = 1, count do
+    local o = options[i]
+    local g = segs[o.k]
+    if o.freed > g.freed then
+      g.how, g.bytes, g.cost, g.freed = o.how, math.floor(o.kept), o.cost, o.freed
+    end
+  end
+  return segs
+end
+
+-- runs one unit call by its segment (nil: as it is)
+local function run_call (self, g, spill, ...)
+  if not g or g.how == "keep" then return self:call(...) end
+  if g.how == "recompute" or g.how == "dots" then
+    g.fns = g.fns or setmetatable({}, {__mode = "k"})
+    local f = g.fns[self]
+    if not f then
+      f = mg.recompute_grad(function(...) return self:call(...) end, {policy = g.how == "dots" and "dots" or "nothing"})
+      g.fns[self] = f
+    end
+    return f(...)
+  elseif g.how == "spill" then
+    return mg.saved_tensors_hooks({offload = spill}, self.call, self, ...)
+  end
+  return mg.saved_tensors_hooks("bfloat16", self.call, self, ...)
+end
+
+-- the layer-call hook that applies a plan's call chains: a planned parent's
+-- k-th direct layer call runs by its k-th segment (a recompute's re-run
+-- passes through)
+local function planned_calls (plan)
+  local depth, frames = 0, {}
+  return function(self, ...)
+    if mg.is_recomputing() then return self:call(...) end
+    depth = depth + 1
+    local frame, g = frames[depth - 1], nil
+    if frame then frame.n = frame.n + 1; g = frame.segs[frame.n] end
+    frames[depth] = plan.general[self] and {segs = plan.segments[self], n = 0} or nil
+    local out = table.pack(pcall(run_call, self, g, plan.spill, ...))
+    frames[depth] = nil
+    depth = depth - 1
+    if not out[1] then error(out[2], 0) end
+    return table.unpack(out, 2, out.n)
+  end
+end
+
+-- the chains a plan is made of: the step's outermost Sequential models, or
+-- else its layer calls' units
+local function chains_of (timed, step, spill, ...)
+  local chains = profile(timed, step, spill, ...)
+  if #chains == 0 then chains[1] = call_chain(timed, step, spill, ...) end
+  return chains
+end
+-- }------------------------------------------------------------------
+
 -- {------------------------- choosing ----------------------------
 -- For one chain of n layers (saved bytes s, output bytes a, a[0] the
 -- input, forward seconds c, of which last in the op that makes the
@@ -400,8 +569,11 @@ function planner.with_plan (plan, step, ...)
     if not segs then return Sequential._run(self, 1, #self.layers, x, ...) end
     return run_planned(self, segs, plan.spill, x, ...)
   end
+  local calls = next(plan.general) ~= nil        -- a plan of layer calls (not a Sequential's)
+  local was_calls = calls and mg._layer_around(planned_calls(plan)) or nil
   local out = table.pack(pcall(step, ...))
   Sequential._around = was
+  if calls then mg._layer_around(was_calls) end
   if not out[1] then error(out[2], 0) end
   return table.unpack(out, 2, out.n)
 end
@@ -409,9 +581,9 @@ end
 -- a Plan of segments (by model) for the chains: its rows (layers, decision,
 -- bytes, cost, the layers' names) and models in the order the step runs them
 local function plan_of (chains, segments, fields)
-  local rows, order = {}, {}
+  local rows, order, sizes, general = {}, {}, {}, {}
   for i, ch in ipairs(chains) do
-    order[i] = ch.model
+    order[i], sizes[i], general[ch.model] = ch.model, #ch.layers, ch.general
     for _, g in ipairs(segments[ch.model]) do
       local names = {}
       for k = g.first, g.last do names[#names + 1] = ch.layers[k].name end
@@ -419,7 +591,7 @@ local function plan_of (chains, segments, fields)
                          bytes = g.bytes, cost = g.cost}
     end
   end
-  fields.segments, fields.rows, fields.models = segments, rows, order
+  fields.segments, fields.rows, fields.models, fields.sizes, fields.general = segments, rows, order, sizes, general
   return setmetatable(fields, Plan)
 end
 
@@ -453,7 +625,9 @@ function planner.plan (step, opts, ...)
   if spill ~= nil and (type(spill) ~= "string" or spill == "" or spill:find("[%z\n]")) then
     error(("memory.plan: spill must be a directory's path, got %s"):format(type(spill) == "string" and "'" .. spill:sub(1, 40) .. "'" or type(spill)), 2)
   end
-  local chains = profile(true, step, spill, ...)
+  local chains = chains_of(true, step, spill, ...)
+  local general = {}                             -- the models planned by their layer calls
+  for _, ch in ipairs(chains) do general[ch.model] = ch.general end
   local plain = planner.estimate(step, ...)
   local stored = 0                               -- all the layers save, and their gradients
   for _, ch in ipairs(chains) do for _, l in ipairs(ch.layers) do stored = stored + l.saved + (l.grad_bytes or 0) end end
@@ -462,7 +636,7 @@ function planner.plan (step, opts, ...)
   local args = table.pack(...)
   -- a candidate (segments by model), its peak checked by a dry run
   local function checked (segments)
-    local p = setmetatable({segments = segments, spill = spill}, Plan)
+    local p = setmetatable({segments = segments, spill = spill, general = general}, Plan)
     return planner.estimate(function() return planner.with_plan(p, step, table.unpack(args, 1, args.n)) end)
   end
   local function cost_of (segments)
@@ -506,9 +680,27 @@ function planner.plan (step, opts, ...)
   -- checkpoint_sequential's segmentations (one recompute per layer among
   -- them); the cheapest within the budget wins
   local best, best_est, least
+  local calls = chains[1] and chains[1].general and chains[1]
+  local options = calls and call_options(calls, lossy, spill ~= nil)
+  local function calls_plan (count) return {[calls.model] = call_segments(calls, options, count)} end
   if plain.peak_bytes <= budget then
-    best, best_est = optimal(math.huge), nil
+    best = calls and calls_plan(0) or optimal(math.huge)
     best_est = checked(best)
+  elseif calls then
+    -- the fewest options (cheapest per byte first) whose dry run fits:
+    -- a bisection, the peak falling as options are taken
+    local lo, hi = 0, #options
+    local est = checked(calls_plan(hi))
+    least = est.peak_bytes
+    if est.peak_bytes <= budget then
+      best, best_est = calls_plan(hi), est
+      while hi - lo > 1 do
+        local mid = (lo + hi) // 2
+        est = checked(calls_plan(mid))
+        least = math.min(least, est.peak_bytes)
+        if est.peak_bytes <= budget then hi, best, best_est = mid, calls_plan(mid), est else lo = mid end
+      end
+    end
   else
     local candidates, longest = {}, 1
     for _, ch in ipairs(chains) do longest = math.max(longest, #ch.layers) end
@@ -545,6 +737,11 @@ function planner.plan (step, opts, ...)
       end
     end
   end
+  if not best and #chains == 0 then
+    error(("memory.plan: the step (%s without a plan, over the budget of %s) runs no nn.Sequential model and no "
+           .. "layer that calls two or more layers: there is nothing to plan (wrap its parts in layers, or use "
+           .. "recompute_grad yourself)"):format(human(plain.peak_bytes), human(budget)), 2)
+  end
   if not best then
     local try = (not lossy and "lossy = true, " or "") .. (not spill and "spill = a directory, " or "")
     error(("memory.plan: no plan keeps this step within %s: the least a plan found peaks at %s (the step "
@@ -560,7 +757,7 @@ end
 --   moongrad plan 1
 --   budget <bytes> lossy <0|1> peak <bytes> plain <bytes>
 --   spill <dir>                           -- only in a plan that spills: where to
---   model <layers>                        -- the step's Sequential models, in the order it runs them
+--   model <layers>                        -- the step's Sequential models (or a model's layer calls), in order
 --   segment <first> <last> <keep|recompute|dots|pack|spill> <bytes> <seconds>
 -- Loading matches the models a dry run of the step runs, by order and
 -- number of layers, and checks the segments tile each model's layers.
@@ -574,8 +771,8 @@ function Plan.save (p, path)
   local lines = {"moongrad plan 1", ("budget %d lossy %d peak %d plain %d"):format(p.budget, p.lossy and 1 or 0,
                  p.peak_bytes, p.plain_peak_bytes)}
   if p.spill then lines[#lines + 1] = "spill " .. p.spill end
-  for _, model in ipairs(p.models) do
-    lines[#lines + 1] = ("model %d"):format(#model.layers)
+  for i, model in ipairs(p.models) do
+    lines[#lines + 1] = ("model %d"):format(p.sizes[i])
     for _, g in ipairs(p.segments[model]) do
       lines[#lines + 1] = ("segment %d %d %s %d %.17g"):format(g.first, g.last, g.how, g.bytes, g.cost)
     end
@@ -658,9 +855,9 @@ function planner.load_plan (path, step, ...)
   f:close()
   if text and #text > 1 << 20 then error(("memory.load_plan: %s is over 1 MiB: not a saved plan"):format(path), 2) end
   local saved = parse_plan(path, text or "")
-  local chains = profile(false, step, nil, ...)
+  local chains = chains_of(false, step, nil, ...)
   if #chains ~= #saved.models then
-    error(("memory.load_plan: %s plans %d models, the step runs %d Sequential models"):format(path, #saved.models,
+    error(("memory.load_plan: %s plans %d models, a dry run of the step finds %d"):format(path, #saved.models,
           #chains), 2)
   end
   local segments = {}

@@ -184,6 +184,22 @@ static int layer_called (lua_State *L, int status, lua_KContext ctx) {
   return nres;
 }
 
+/* the memory planner's hook (moongrad.planner), while one measures or
+** applies a plan over the layers of a model that is not a Sequential: a
+** function around(self, ...) that the layers' calls run instead of
+** self:call(...); a registry slot so that a plain call pays one lookup */
+static const char layer_around = 0;
+
+/* mg._layer_around(f or nil): sets the hook; returns the one before */
+static int l_layer_around (lua_State *L) {
+  if (!lua_isnoneornil(L, 1)) luaL_checktype(L, 1, LUA_TFUNCTION);
+  lua_settop(L, 1);
+  lua_rawgetp(L, LUA_REGISTRYINDEX, &layer_around);
+  lua_pushvalue(L, 1);
+  lua_rawsetp(L, LUA_REGISTRYINDEX, &layer_around);
+  return 1;
+}
+
 /* mg._layer_call(self, ...): the __call of mg.nn's layer classes:
 ** self:call(...), then the shape of what it returned noted in self for
 ** summary() ("multiple" for several tensors; nn.lua's note_shape). In C
@@ -205,7 +221,10 @@ static int l_layer_call (lua_State *L) {
   }
   lua_pushvalue(L, 1);
   lua_insert(L, 1);                          /* self (for the note), self, ... */
-  lua_getfield(L, 2, "call");
+  if (lua_rawgetp(L, LUA_REGISTRYINDEX, &layer_around) == LUA_TNIL) {
+    lua_pop(L, 1);
+    lua_getfield(L, 2, "call");
+  }                                          /* else around(self, ...) runs self:call(...) */
   lua_insert(L, 2);                          /* self, call, self, ... */
   lua_callk(L, nargs, LUA_MULTRET, 0, layer_called);
   return layer_called(L, LUA_OK, 0);
@@ -214,4 +233,6 @@ static int l_layer_call (lua_State *L) {
 void mgL_open_functions (lua_State *L) {
   lua_pushcfunction(L, l_layer_call);
   lua_setfield(L, -2, "_layer_call");
+  lua_pushcfunction(L, l_layer_around);
+  lua_setfield(L, -2, "_layer_around");
 }
