@@ -45,17 +45,25 @@ local function measured (f, ...)
   return peak, table.unpack(out, 1, out.n)
 end
 
+-- a plan of step within frac of its measured peak (plain_peak, with the
+-- plain gradients), run: within the budget, its peak as predicted, the
+-- plain gradients to the bit; the plan
+local function check_plan (step, plain_peak, plain, frac)
+  local budget = math.floor(plain_peak * frac)
+  local plan = mg.memory.plan(step, {budget = budget})
+  assert.is_true(plan.peak_bytes <= budget, ("%.2f: planned %d over %d"):format(frac, plan.peak_bytes, budget))
+  local peak, g = measured(mg.memory.with_plan, plan, step)
+  assert.are.equal(plan.peak_bytes, peak)
+  same_bits(plain, g)
+  return plan
+end
+
 describe("memory.plan", function()
   it("keeps the step within budgets below its peak, as predicted, with the plain gradients to the bit", function()
     local step = chain()
     local plain_peak, plain = measured(step)
     for _, frac in ipairs{0.9, 0.75} do
-      local budget = math.floor(plain_peak * frac)
-      local plan = mg.memory.plan(step, {budget = budget})
-      assert.is_true(plan.peak_bytes <= budget, ("%.2f: planned %d over %d"):format(frac, plan.peak_bytes, budget))
-      local peak, g = measured(mg.memory.with_plan, plan, step)
-      assert.are.equal(plan.peak_bytes, peak)
-      same_bits(plain, g)
+      local plan = check_plan(step, plain_peak, plain, frac)
       local recomputed = 0
       for _, row in ipairs(plan.rows) do
         assert.is_true(row.how == "keep" or row.how == "recompute", row.how)   -- lossless: nothing packed
@@ -391,9 +399,7 @@ describe("memory.plan of a model that is not a Sequential", function()
     local step = custom_model()
     local plain_peak, plain = measured(step)
     for _, frac in ipairs{0.8, 0.5} do
-      local budget = math.floor(plain_peak * frac)
-      local plan = mg.memory.plan(step, {budget = budget})
-      assert.is_true(plan.peak_bytes <= budget, ("%.2f: planned %d over %d"):format(frac, plan.peak_bytes, budget))
+      local plan = check_plan(step, plain_peak, plain, frac)
       assert.are.equal(9, #plan.rows)                -- input, 5 blocks, mix, the first block again, head
       local changed = 0
       for k, row in ipairs(plan.rows) do
@@ -402,9 +408,6 @@ describe("memory.plan of a model that is not a Sequential", function()
       end
       assert.is_true(changed > 0)
       assert.are.equal(plan.rows[2].what, plan.rows[8].what)   -- the first block, called again
-      local peak, g = measured(mg.memory.with_plan, plan, step)
-      assert.are.equal(plan.peak_bytes, peak)
-      same_bits(plain, g)
     end
   end)
 

@@ -678,8 +678,22 @@ static mg_status conv_bwd_input_dnnl (const char *fn, const geom *g, mg_dtype dt
   return st;
 }
 
+/* oneDNN's 1x1 backward-weights kernel for strides above 1 (jit_1x1 with
+** its "reduce to unit stride" copy) writes past that copy's workspace when
+** the input has fewer channels than its channel block (8 with AVX2, 16 with
+** AVX-512) in NHWC (uxlfoundation/oneDNN#6035): wrong weight gradients that
+** change from run to run, or a crash. Such filters are small (C below 16):
+** this file's loops take them. */
+static bool dnnl_1x1_strided_bug (const geom *g) {
+  return g->KH == 1 && g->KW == 1 && (g->sh > 1 || g->sw > 1) && g->C < 16;
+}
+
 static mg_status conv_bwd_filter_dnnl (const char *fn, const geom *g, mg_dtype dt, const void *x, const void *dy,
                                        void *dw, bool *declined) {
+  if (dnnl_1x1_strided_bug(g)) {
+    *declined = true;
+    return MG_ERR;
+  }
   mg_dnn *d = mg_dnn_get(fn);
   mg_dnn_prim *e = d ? conv_prim(fn, d, MG_DNN_CONV_BWD_WEIGHTS, g, false, dt, MG_ACT_LINEAR, declined) : NULL;
   if (e == NULL) return MG_ERR;
