@@ -4,7 +4,9 @@
 -- checkpoint_sequential as reference points, on bench/recompute.lua's two
 -- chains (dense+tanh layers, MLP blocks), a narrow one and a GPT (bench/gpt.lua's
 -- blocks, eight of them). The planner plans twice: recomputing only, and
--- allowed to spill to files in $TMPDIR (or /tmp) as well.
+-- allowed to spill to files in $TMPDIR (or /tmp) as well; and once more
+-- with the same layers called from a model class of its own (no
+-- Sequential: its heuristic per layer call, "planned per call").
 --   build/moongrad bench/budget.lua [width] [batch] [layers] [repeats] [dir]
 -- Budgets are given as fractions of the plain step's peak above the model
 -- (activations, gradients, temporaries); a budget is that many bytes above
@@ -34,6 +36,15 @@ local SPILL = os.getenv("TMPDIR") or "/tmp"
 local GPT = {B = 32, T = 64, D = 256, H = 4, L = 8, V = 64}
 
 local now, median = mg.clock, util.median
+
+-- the chain's layers called by a model of its own (no Sequential): what
+-- mg.memory.plan plans per layer call
+local OwnChain = mg.nn.Layer:subclass("OwnChain")
+function OwnChain:init (layers) self.chain = layers end
+function OwnChain:call (h)
+  for _, l in ipairs(self.chain) do h = l(h) end
+  return h
+end
 
 -- bench/recompute.lua's chains (layers, the input's width and the batch),
 -- and a third where activations outweigh the weights: the dense chain at a
@@ -126,6 +137,8 @@ for _, chain in ipairs(chains()) do
   local infeasible = {}
   local model = mg.nn.Sequential(layers)             -- what mg.memory.plan plans
   local function sequential (h) return model(h) end
+  local own = OwnChain(layers)
+  local function per_call (h) return own(h) end
   for _, f in ipairs(FRACTIONS) do
     local budget = math.floor(peak * f)
     local m = measure(chain, plain, budget)
@@ -137,15 +150,16 @@ for _, chain in ipairs(chains()) do
     end
     -- the planner at the same budget (bytes above the start, as the
     -- budget's are), recomputing only, then allowed to spill
-    for _, spill in ipairs{false, SPILL} do
+    for _, way in ipairs{{"planned", sequential}, {"planned, spilling", sequential, SPILL}, {"planned per call", per_call}} do
       collectgarbage()
       collectgarbage()
-      local what = spill and "planned, spilling" or "planned"
-      local ok, plan = pcall(mg.memory.plan, function() return step(chain, sequential) end,
-                             {budget = mg.memory.stats().current_bytes + budget, spill = spill or nil})
+      local what, run, spill = way[1], way[2], way[3]
+      local ok, plan = pcall(mg.memory.plan, function() return step(chain, run) end,
+                             {budget = mg.memory.stats().current_bytes + budget, spill = spill})
       if ok then
-        configs[#configs + 1] = {name = ("%s %.2f x plain peak"):format(what, f), planned = spill and "spill" or "plan",
-                                 run = function(h) return mg.memory.with_plan(plan, sequential, h) end}
+        configs[#configs + 1] = {name = ("%s %.2f x plain peak"):format(what, f),
+                                 planned = spill and "spill" or run == per_call and "calls" or "plan",
+                                 run = function(h) return mg.memory.with_plan(plan, run, h) end}
       else
         infeasible[#infeasible + 1] = ("%s %.2f x plain peak (%.1f MiB): %s"):format(what, f, budget / 2^20,
           tostring(plan):gsub("^[^:]*:%d+: ", ""))
@@ -173,7 +187,7 @@ for _, chain in ipairs(chains()) do
   out("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
   local base = configs[1]
   base.ms, base.best = median(base.times), math.min(table.unpack(base.times))
-  local bx, by, px, py, sx, sy = {}, {}, {}, {}, {}, {}
+  local bx, by, px, py, sx, sy, cx, cy = {}, {}, {}, {}, {}, {}, {}, {}
   for _, c in ipairs(configs) do
     c.ms, c.best = median(c.times), math.min(table.unpack(c.times))
     out("| %s | %.1f | %.2f | %.1f | %.2f | %.1f | %.2f | %d | %d |", c.name, c.ms, c.ms / base.ms, c.best,
@@ -181,12 +195,14 @@ for _, chain in ipairs(chains()) do
     if c.budget then bx[#bx + 1], by[#by + 1] = c.m.peak / base.m.peak, c.ms / base.ms end
     if c.planned == "plan" then px[#px + 1], py[#py + 1] = c.m.peak / base.m.peak, c.ms / base.ms end
     if c.planned == "spill" then sx[#sx + 1], sy[#sy + 1] = c.m.peak / base.m.peak, c.ms / base.ms end
+    if c.planned == "calls" then cx[#cx + 1], cy[#cy + 1] = c.m.peak / base.m.peak, c.ms / base.ms end
   end
   for _, why in ipairs(infeasible) do out("") out("infeasible: %s", why) end
   local short = chain.name:match("^[^(]+"):gsub("%s+$", "")
   if #bx > 0 then series[#series + 1] = {bx, by, label = short .. ": under a budget", style = "linespoints"} end
   if #px > 0 then series[#series + 1] = {px, py, label = short .. ": planned (mg.memory.plan)", style = "linespoints"} end
   if #sx > 0 then series[#series + 1] = {sx, sy, label = short .. ": planned, spilling", style = "linespoints"} end
+  if #cx > 0 then series[#series + 1] = {cx, cy, label = short .. ": planned per call", style = "linespoints"} end
   for k = 2, 3 do
     local c = configs[k]
     series[#series + 1] = {{c.m.peak / base.m.peak}, {c.ms / base.ms}, label = short .. ": " .. c.name, style = "points"}

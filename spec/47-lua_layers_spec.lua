@@ -105,6 +105,36 @@ describe("Layer:subclass", function()
                      "NoInit: the constructor takes no arguments (define NoInit:init(...) to take some)")
   end)
 
+  it("tracks what a list holds when it is asked, not only when assigned (Keras' lists)", function()
+    local Stack = nn.Layer:subclass("ListStack")
+    function Stack:init (n)
+      self.blocks = {}                                  -- assigned empty, filled after
+      for i = 1, n do self.blocks[i] = nn.Dense(4) end
+      self.nested = {{}}
+      self.nested[1][1] = nn.Dropout(0.5)
+      self.scales = {}
+      self.scales[1] = mg.Variable(mg.ones{})
+    end
+    function Stack:call (x)
+      for _, b in ipairs(self.blocks) do x = b(x) end
+      return self.nested[1][1](x) * self.scales[1]
+    end
+    local s = Stack(3)
+    s(mg.ones{2, 4})
+    assert.equal(7, #s.variables)                       -- 3 kernels, 3 biases and the scale
+    assert.equal(7, #s.trainable_variables)
+    s.blocks[4] = nn.Dense(4)                           -- added later still: tracked when asked
+    s(mg.ones{2, 4})
+    assert.equal(9, #s.variables)
+    local names = {}
+    for _, e in ipairs(require("moongrad.checkpoint").names(s)) do names[#names + 1] = e.name end
+    assert.equal(9, #names)
+    -- the Dropout in the nested list is in inference mode under evaluate/predict and training_off
+    local drop = s.nested[1][1]
+    layer.training_off(s, function() assert.is_false(drop.training) end)
+    assert.is_true(drop.training)
+  end)
+
   it("makes RecomputeLayer subclasses that run under recompute_grad", function()
     local Block = nn.RecomputeLayer:subclass("Block")
     function Block:init () self.dense = nn.Dense(2) end

@@ -424,6 +424,18 @@ describe("memory.plan of a model that is not a Sequential", function()
     assert.are.equal(plan.peak_bytes, loaded.peak_bytes)
     for k, row in ipairs(plan.rows) do assert.are.equal(row.how, loaded.rows[k].how) end
     same_bits(plain, mg.memory.with_plan(loaded, step))
+    local f = assert(io.open(path))
+    local text = f:read("a")
+    f:close()
+    assert.truthy(text:find("\nmodel 8 calls\nsegment 1 1 ", 1, true), text)
+    -- a segment over several calls is refused (each call is decided alone)
+    f = assert(io.open(path, "w"))
+    f:write("moongrad plan 1\nbudget 1 lossy 0 peak 1 plain 1\nmodel 8 calls\nsegment 1 3 recompute 0 0\n")
+    f:close()
+    local ok0, err0 = pcall(mg.memory.load_plan, path, step)
+    assert.is_false(ok0)
+    assert.truthy(tostring(err0):find(":4: segment 1-3 spans layer calls: a model planned per call has one segment each",
+                                      1, true), tostring(err0))
     os.remove(path)
     -- below what recompute reaches: spilling gets there, to the bit; packing within its tolerance
     local ok, err = pcall(mg.memory.plan, step, {budget = math.floor(plain_peak * 0.3)})
@@ -455,6 +467,86 @@ describe("memory.plan of a model that is not a Sequential", function()
     end
   end)
 
+  it("changes no variable, counter or random draw while it times the calls (a training argument, a list filled later)", function()
+    mg.random.seed(2)
+    local Net = nn.Layer:subclass("BNNet")
+    function Net:init ()
+      self.a, self.bn, self.b = nn.Dense(64), nn.BatchNorm{}, nn.Dense(8)
+      self.more = {}                                   -- filled after it is assigned
+      self.more[1] = nn.BatchNorm{}
+    end
+    function Net:call (x, training)                    -- Keras' explicit training argument
+      return self.b(self.more[1](mg.tanh(self.bn(self.a(x), training)), training))
+    end
+    local model = Net()
+    local x = mg.random.normal({256, 64})
+    model(x, false)
+    local vars = model.trainable_variables
+    assert.are.equal(8, #vars)                         -- both BatchNorms' gamma and beta among them
+    local function step ()
+      local t = mg.tape()
+      local loss = mg.mean(model(x, true) ^ 2)
+      t:stop()
+      return t:gradient(loss, vars)
+    end
+    step()
+    local function state ()
+      local s = {updates = {model.bn.updates, model.more[1].updates}, rng = mg.random.get_state()}
+      for i, v in ipairs(model.variables) do s[i] = v:value() end
+      return s
+    end
+    local budget = math.floor(measured(step) * 2)     -- (a real step: before the state is taken)
+    local before = state()
+    local plan = mg.memory.plan(step, {budget = budget})   -- it times the calls all the same
+    assert.truthy(plan)
+    local after = state()
+    assert.are.same(before.updates, after.updates)
+    assert.are.same(before.rng, after.rng)
+    same_bits({table.unpack(before)}, {table.unpack(after)})
+  end)
+
+  it("plans a model inside wrappers, with a block of its own under recompute, or small Sequentials inside", function()
+    mg.random.seed(3)
+    local function blocks (mlp)
+      local Block = nn.Layer:subclass("PlanBlock")
+      function Block:init () self.q, self.mlp = nn.Dense(32), mlp() end
+      function Block:call (x)                          -- attention-like: a wide middle, then the MLP
+        local q = self.q(x)
+        return self.mlp(mg.matmul(mg.softmax(mg.matmul(q, mg.transpose(q, {1, 3, 2})), -1), x)) + x
+      end
+      local Net = nn.Layer:subclass("PlanNet2")
+      function Net:init () self.b = {}; for i = 1, 4 do self.b[i] = Block() end; self.head = nn.Dense(4) end
+      function Net:call (x) for _, b in ipairs(self.b) do x = b(x) end return self.head(x) end
+      return Net()
+    end
+    local Wrap = nn.Layer:subclass("PlanWrap")
+    function Wrap:init (inner) self.inner = inner end
+    function Wrap:call (x) return self.inner(x) end
+    local Rec = nn.RecomputeLayer:subclass("PlanRecMLP")
+    function Rec:init () self.u, self.v = nn.Dense(64, "tanh"), nn.Dense(32) end
+    function Rec:call (x) return self.v(self.u(x)) end
+    local cases = {
+      wrapped = function() return Wrap(Wrap(blocks(function() return nn.Dense(32, "tanh") end))) end,
+      recomputed = function() return blocks(Rec) end,
+      sequentials = function() return blocks(function() return nn.Sequential{nn.Dense(64, "tanh"), nn.Dense(32)} end) end,
+    }
+    for name, make in pairs(cases) do
+      local model = make()
+      local x = mg.random.normal({4, 128, 32})
+      model(x)
+      local vars = model.trainable_variables
+      local function step ()
+        local t = mg.tape()
+        local loss = mg.mean(model(x) ^ 2)
+        t:stop()
+        return t:gradient(loss, vars)
+      end
+      local plain_peak, plain = measured(step)
+      local plan = check_plan(step, plain_peak, plain, 0.75)
+      assert.are.equal(5, #plan.rows, name)            -- the four blocks and the head
+    end
+  end)
+
   it("says when a step has nothing to plan", function()
     local w = mg.Variable(mg.random.normal({512, 512}))
     local x = mg.random.normal({512, 512})
@@ -469,6 +561,18 @@ describe("memory.plan of a model that is not a Sequential", function()
     assert.is_false(ok)
     assert.truthy(tostring(err):find("runs no nn.Sequential model and no layer that calls two or more layers", 1, true),
                   tostring(err))
+    local a, b = nn.Dense(512, "tanh"), nn.Dense(512, "tanh")
+    local function two ()                              -- two layers called by the step itself
+      local t = mg.tape()
+      local loss = mg.mean(b(a(x)))
+      t:stop()
+      return t:gradient(loss, {a.kernel, b.kernel})
+    end
+    two()
+    ok, err = pcall(mg.memory.plan, two, {budget = 1024})
+    assert.is_false(ok)
+    assert.truthy(tostring(err):find("calls 2 layers itself (put them in one model: a Layer subclass or an nn.Sequential)",
+                                     1, true), tostring(err))
   end)
 end)
 

@@ -25,6 +25,7 @@
 local mg = require "moongrad"
 local check = require "moongrad.check"
 local class = require "moongrad.class"
+local layers_mod = require "moongrad.layer"
 
 local fail, show = check.fail, check.show
 
@@ -55,6 +56,7 @@ end
 
 -- adds {name, var} for layer's variables and its sublayers' to out
 local function walk (layer, path, out, seen)
+  if rawget(layer, "_vars") then layers_mod.refresh(layer) end
   for _, v in ipairs(rawget(layer, "_vars") or {}) do
     if not seen[v] then
       seen[v] = true

@@ -46,6 +46,7 @@ local mg = require "moongrad"
 local check = require "moongrad.check"
 local mixed_precision = require "moongrad.mixed_precision"
 local class = require "moongrad.class"
+local layer_mod = require "moongrad.layer"
 
 local fail, show = check.fail, check.show
 
@@ -78,6 +79,7 @@ local function training_layers (layer, seen, out)
   end
   if type(layer) ~= "table" then return out end
   if type(rawget(layer, "training")) == "boolean" then out[#out + 1] = layer end
+  if rawget(layer, "_vars") then layer_mod.refresh(layer) end
   for _, key in ipairs({"_layers", "layers"}) do
     local subs = rawget(layer, key)
     if type(subs) == "table" then

@@ -108,15 +108,32 @@ layer.unwrap = unwrap
 -- a layer under recompute_grad is the layer's own.
 function Layer:track (layer)
   local inner = unwrap(layer)
-  if type(inner) == "table" then self._layers[#self._layers + 1] = inner end
+  if type(inner) ~= "table" then return layer end
+  for _, l in ipairs(self._layers) do if l == inner then return layer end end
+  self._layers[#self._layers + 1] = inner
   return layer
 end
 
-local function collect (layer, out, seen)
-  for _, v in ipairs(rawget(layer, "_vars") or {}) do
+local track_value
+
+--- layer.refresh(l): what l's lists (plain tables assigned to its fields)
+-- hold now becomes l's own too: a list filled after it was assigned
+-- (`self.blocks = {}`, then `self.blocks[i] = ...`), as Keras tracks lists.
+-- Everything that walks a layer's variables or sublayers calls it first.
+function layer.refresh (l)
+  local lists = rawget(l, "_lists")
+  if not lists then return end
+  for _, list in ipairs(lists) do
+    for _, x in ipairs(list) do track_value(l, x) end
+  end
+end
+
+local function collect (l, out, seen)
+  layer.refresh(l)
+  for _, v in ipairs(rawget(l, "_vars") or {}) do
     if not seen[v] then seen[v] = true; out[#out + 1] = v end
   end
-  for _, sub in ipairs(rawget(layer, "_layers") or {}) do
+  for _, sub in ipairs(rawget(l, "_layers") or {}) do
     local vars = sub.variables            -- a sublayer's own error is the user's to see
     if type(vars) == "table" then
       for _, v in ipairs(vars) do
@@ -262,6 +279,7 @@ function layer.training_off (model, f, ...)
     if type(l) ~= "table" or seen[l] then return end
     seen[l] = true
     if type(rawget(l, "training")) == "boolean" then flags[l] = l.training; l.training = false end
+    if rawget(l, "_vars") then layer.refresh(l) end
     for _, sub in ipairs(rawget(l, "_layers") or {}) do walk(sub) end
   end
   walk(model)
@@ -307,9 +325,10 @@ local function snake (name)
 end
 
 -- what a field assigned on an instance of a subclass holds: a variable, a
--- layer (or a layer under recompute_grad), or a list of them, becomes the
--- instance's own, as Keras tracks attributes
-local function track_value (self, v)
+-- layer (or a layer under recompute_grad), or a list of them (what it
+-- holds later too: layer.refresh), becomes the instance's own, as Keras
+-- tracks attributes
+function track_value (self, v)
   if mg.is_variable(v) then
     for _, w in ipairs(rawget(self, "_vars")) do if w == v then return end end
     local vars = rawget(self, "_vars")
@@ -320,6 +339,10 @@ local function track_value (self, v)
     local ok, inner = pcall(function() return v.__wrapped__ end)
     if ok and type(inner) == "table" and classes[getmetatable(inner)] then self:track(v) end
   elseif type(v) == "table" and getmetatable(v) == nil then
+    local lists = rawget(self, "_lists")
+    if not lists then lists = {}; rawset(self, "_lists", lists) end
+    for _, w in ipairs(lists) do if w == v then lists = nil; break end end
+    if lists then lists[#lists + 1] = v end
     for _, x in ipairs(v) do track_value(self, x) end
   end
 end

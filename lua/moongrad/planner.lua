@@ -206,6 +206,36 @@ local function forward_seconds (run, x)
   return y, seconds, math.min(last, seconds), grads, {bytes = products, seconds = others}
 end
 
+-- f(...) with the random stream and the values of every variable
+-- reachable from root (its fields, lists and sublayers, however they were
+-- assigned) put back after, even when f fails: timing a layer for real must
+-- not move a BatchNorm's statistics, whatever its training flag (an
+-- explicit `training` argument, a layer in a list the model does not track)
+local function keeping_variables (root, f, ...)
+  local rng = mg.random.get_state()
+  local vars, fields, seen, todo = {}, {}, {}, {root}
+  while #todo > 0 do
+    local t = table.remove(todo)
+    if mg.is_variable(t) then
+      vars[#vars + 1] = {t, t:read_value()}      -- (copy on write: an assign leaves it as it is)
+    elseif type(t) == "table" and not seen[t] then
+      seen[t] = true
+      local is_layer = rawget(t, "_vars") ~= nil  -- its counters too (BatchNorm's updates)
+      for k, v in next, t do
+        if type(v) == "table" or mg.is_variable(v) then todo[#todo + 1] = v end
+        if type(k) == "table" then todo[#todo + 1] = k end
+        if is_layer and type(v) == "number" then fields[#fields + 1] = {t, k, v} end
+      end
+    end
+  end
+  local out = table.pack(pcall(f, ...))
+  for _, kv in ipairs(vars) do kv[1]:assign(kv[2]) end
+  for _, tkv in ipairs(fields) do rawset(tkv[1], tkv[2], tkv[3]) end
+  mg.random.set_state(rng)
+  if not out[1] then error(out[2], 0) end
+  return table.unpack(out, 2, out.n)
+end
+
 local function profile (timed, step, spill, ...)
   local models, order = {}, {}
   local depth = 0
@@ -239,10 +269,9 @@ local function profile (timed, step, spill, ...)
   local ok, err = pcall(planner.estimate, step, ...)
   Sequential._around = was
   if not ok then error(err, 0) end
-  local rng = mg.random.get_state()
   for _, m in ipairs(timed and order or {}) do   -- the costs
     local x, args = m.first_input, m.first_args
-    layer.training_off(m.model, function()
+    keeping_variables(m.model, layer.training_off, m.model, function()
       local plain, bytes = 0, 0                  -- each layer taped alone, and what they save
       for i, l in ipairs(m.layers) do
         local function run () return Sequential._run(m.model, i, i, x, table.unpack(args, 1, args.n)) end
@@ -261,7 +290,6 @@ local function profile (timed, step, spill, ...)
     end)
     m.first_input, m.first_args = nil, nil
   end
-  mg.random.set_state(rng)
   return order
 end
 -- }------------------------------------------------------------------
@@ -283,8 +311,8 @@ end
 local function call_tree (step, ...)
   local root, stack = {children = {}}, {}
   stack[1] = root
-  local function around (self, ...)
-    local node = {layer = self, children = {}, input = bytes_of((...)), args = #stack <= 3 and table.pack(...) or nil}
+  local function record (self, ...)
+    local node = {layer = self, children = {}, input = bytes_of((...)), args = table.pack(...)}
     local parent = stack[#stack]
     parent.children[#parent.children + 1] = node
     stack[#stack + 1] = node
@@ -295,6 +323,8 @@ local function call_tree (step, ...)
     node.saved, node.output = math.max(mg.memory.stats().saved_bytes - before, 0), bytes_of(out[2])
     return table.unpack(out, 2, out.n)
   end
+  -- (a recompute's re-run in the backward calls its layers again: not recorded)
+  local function around (self) if self ~= nil and not mg.is_recomputing() then return record end end
   local was = mg._layer_around(around)
   local ok, err = pcall(planner.estimate, step, ...)
   mg._layer_around(was)
@@ -322,18 +352,18 @@ end
 
 -- the units of a step that runs no Sequential model, as a chain (its
 -- layers the unit calls, in order), timed when `timed`; nil when the step
--- calls no layer that calls two or more
+-- calls no layer that calls two or more (and then how many layers the
+-- step called itself)
 local function call_chain (timed, step, spill, ...)
   local node = call_tree(step, ...)
   while #node.children == 1 do node = node.children[1] end
-  if not node.layer or #node.children < 2 then return nil end
+  if not node.layer or #node.children < 2 then return nil, #node.children end
   local ch = {model = node.layer, general = true, input = node.input, layers = {}}
   for k, c in ipairs(node.children) do
     ch.layers[k] = {name = tostring(c.layer):match("^[^\n]*"), saved = c.saved, output = c.output, input = c.input}
   end
   if not timed then return ch end
-  local rng = mg.random.get_state()
-  layer.training_off(node.layer, function()
+  keeping_variables(node.layer, layer.training_off, node.layer, function()
     local plain, bytes, whole = 0, 0, node.args and fresh(node.args)
     for k, c in ipairs(node.children) do
       local l, args = ch.layers[k], fresh(c.args)
@@ -348,7 +378,6 @@ local function call_chain (timed, step, spill, ...)
       for _, l in ipairs(ch.layers) do l.spill_seconds = l.saved * rate end
     end
   end)
-  mg.random.set_state(rng)
   return ch
 end
 
@@ -388,49 +417,41 @@ local function call_segments (ch, options, count)
   return segs
 end
 
--- runs one unit call by its segment (nil: as it is)
-local function run_call (self, g, spill, ...)
-  if not g or g.how == "keep" then return self:call(...) end
+-- what runs a unit call by its segment g, called as (self, ...) in place
+-- of self.call; nil: self.call itself (kept)
+local function unit_runner (self, g, spill)
+  if not g or g.how == "keep" then return nil end
+  g.fns = g.fns or setmetatable({}, {__mode = "k"})
+  local f = g.fns[self]
+  if f then return f end
   if g.how == "recompute" or g.how == "dots" then
-    g.fns = g.fns or setmetatable({}, {__mode = "k"})
-    local f = g.fns[self]
-    if not f then
-      f = mg.recompute_grad(function(...) return self:call(...) end, {policy = g.how == "dots" and "dots" or "nothing"})
-      g.fns[self] = f
-    end
-    return f(...)
-  elseif g.how == "spill" then
-    return mg.saved_tensors_hooks({offload = spill}, self.call, self, ...)
+    local rf = mg.recompute_grad(function(...) return self:call(...) end, {policy = g.how == "dots" and "dots" or "nothing"})
+    f = function(_, ...) return rf(...) end
+  else
+    local hooks = g.how == "spill" and {offload = spill} or "bfloat16"
+    f = function(s, ...) return mg.saved_tensors_hooks(hooks, s.call, s, ...) end
   end
-  return mg.saved_tensors_hooks("bfloat16", self.call, self, ...)
+  g.fns[self] = f
+  return f
 end
 
 -- the layer-call hook that applies a plan's call chains: a planned parent's
--- k-th direct layer call runs by its k-th segment (a recompute's re-run
--- passes through)
+-- k-th direct layer call runs by its k-th segment. Each call at depth d
+-- sets frames[d] (the planned parent's count of its calls, or nothing), so
+-- a call at d + 1 finds its parent's; a recompute's re-run passes through.
 local function planned_calls (plan)
   local depth, frames = 0, {}
-  return function(self, ...)
-    if mg.is_recomputing() then return self:call(...) end
+  return function(self)
+    if self == nil then depth = depth - 1; return end          -- a call returned
     depth = depth + 1
+    if mg.is_recomputing() then frames[depth] = nil; return nil end
     local frame, g = frames[depth - 1], nil
     if frame then frame.n = frame.n + 1; g = frame.segs[frame.n] end
     frames[depth] = plan.general[self] and {segs = plan.segments[self], n = 0} or nil
-    local out = table.pack(pcall(run_call, self, g, plan.spill, ...))
-    frames[depth] = nil
-    depth = depth - 1
-    if not out[1] then error(out[2], 0) end
-    return table.unpack(out, 2, out.n)
+    return unit_runner(self, g, plan.spill)
   end
 end
 
--- the chains a plan is made of: the step's outermost Sequential models, or
--- else its layer calls' units
-local function chains_of (timed, step, spill, ...)
-  local chains = profile(timed, step, spill, ...)
-  if #chains == 0 then chains[1] = call_chain(timed, step, spill, ...) end
-  return chains
-end
 -- }------------------------------------------------------------------
 
 -- {------------------------- choosing ----------------------------
@@ -625,122 +646,149 @@ function planner.plan (step, opts, ...)
   if spill ~= nil and (type(spill) ~= "string" or spill == "" or spill:find("[%z\n]")) then
     error(("memory.plan: spill must be a directory's path, got %s"):format(type(spill) == "string" and "'" .. spill:sub(1, 40) .. "'" or type(spill)), 2)
   end
-  local chains = chains_of(true, step, spill, ...)
-  local general = {}                             -- the models planned by their layer calls
-  for _, ch in ipairs(chains) do general[ch.model] = ch.general end
+  local chains = profile(true, step, spill, ...)
   local plain = planner.estimate(step, ...)
-  local stored = 0                               -- all the layers save, and their gradients
-  for _, ch in ipairs(chains) do for _, l in ipairs(ch.layers) do stored = stored + l.saved + (l.grad_bytes or 0) end end
-  -- the plan for a room (the bytes the layers' saves may take at once),
-  -- with its peak checked by a dry run; nil when none fits the room
   local args = table.pack(...)
-  -- a candidate (segments by model), its peak checked by a dry run
-  local function checked (segments)
-    local p = setmetatable({segments = segments, spill = spill, general = general}, Plan)
-    return planner.estimate(function() return planner.with_plan(p, step, table.unpack(args, 1, args.n)) end)
-  end
-  local function cost_of (segments)
-    local cost = 0
-    for _, list in pairs(segments) do for _, g in ipairs(list) do cost = cost + g.cost end end
-    return cost
-  end
-  -- the same rule on every chain: segments of `size` layers recomputed but
-  -- the last (checkpoint_sequential's), or each chain's optimum within room
-  local function uniform (size)
-    local segments = {}
-    for _, ch in ipairs(chains) do
-      local list, n = {}, #ch.layers
-      for first = 1, n, size do
-        local last = math.min(first + size - 1, n)
-        local cost, kept = 0, 0
-        for k = first, last do cost, kept = cost + ch.layers[k].seconds, kept + ch.layers[k].saved end
-        local how = last < n and "recompute" or "keep"
-        cost = how == "recompute" and math.max(cost - (ch.layers[last].last_seconds or 0), 0) or 0
-        list[#list + 1] = {first = first, last = last, how = how, cost = cost,
-                           bytes = how == "recompute" and (first == 1 and ch.input or ch.layers[first - 1].output) or kept}
+  -- the cheapest plan of these chains within the budget (their segments by
+  -- model), its estimate, and the least peak a candidate reached
+  local function search (chains)
+    local general = {}                           -- the models planned by their layer calls
+    for _, ch in ipairs(chains) do general[ch.model] = ch.general end
+    local stored = 0                             -- all the layers save, and their gradients
+    for _, ch in ipairs(chains) do for _, l in ipairs(ch.layers) do stored = stored + l.saved + (l.grad_bytes or 0) end end
+    -- a candidate (segments by model), its peak checked by a dry run
+    local function checked (segments)
+      local p = setmetatable({segments = segments, spill = spill, general = general}, Plan)
+      return planner.estimate(function() return planner.with_plan(p, step, table.unpack(args, 1, args.n)) end)
+    end
+    local function cost_of (segments)
+      local cost = 0
+      for _, list in pairs(segments) do for _, g in ipairs(list) do cost = cost + g.cost end end
+      return cost
+    end
+    -- the same rule on every chain: segments of `size` layers recomputed but
+    -- the last (checkpoint_sequential's), or each chain's optimum within room
+    local function uniform (size)
+      local segments = {}
+      for _, ch in ipairs(chains) do
+        local list, n = {}, #ch.layers
+        for first = 1, n, size do
+          local last = math.min(first + size - 1, n)
+          local cost, kept = 0, 0
+          for k = first, last do cost, kept = cost + ch.layers[k].seconds, kept + ch.layers[k].saved end
+          local how = last < n and "recompute" or "keep"
+          cost = how == "recompute" and math.max(cost - (ch.layers[last].last_seconds or 0), 0) or 0
+          list[#list + 1] = {first = first, last = last, how = how, cost = cost,
+                             bytes = how == "recompute" and (first == 1 and ch.input or ch.layers[first - 1].output) or kept}
+        end
+        segments[ch.model] = list
       end
-      segments[ch.model] = list
+      return segments
     end
-    return segments
-  end
-  local function optimal (room, less_at_end)
-    local segments = {}
-    for _, ch in ipairs(chains) do
-      ch.ends = ch.ends or {}                    -- what room's plan stored at the forward's end
-      local segs, used = choose(ch, room, lossy, spill ~= nil, less_at_end and ch.ends[room] - less_at_end)
-      if not segs then return nil end
-      if not less_at_end then ch.ends[room] = used end
-      segments[ch.model] = segs
+    local function optimal (room, less_at_end)
+      local segments = {}
+      for _, ch in ipairs(chains) do
+        ch.ends = ch.ends or {}                    -- what room's plan stored at the forward's end
+        local segs, used = choose(ch, room, lossy, spill ~= nil, less_at_end and ch.ends[room] - less_at_end)
+        if not segs then return nil end
+        if not less_at_end then ch.ends[room] = used end
+        segments[ch.model] = segs
+      end
+      return segments
     end
-    return segments
+    -- candidates: the optimum for rooms spread geometrically from the least any
+    -- plan fits to all the layers save with their gradients (the peak of a room's plan is not
+    -- monotone in it: sharing and packing move it, so each is checked), and
+    -- checkpoint_sequential's segmentations (one recompute per layer among
+    -- them); the cheapest within the budget wins
+    local best, best_est, least
+    local calls = chains[1] and chains[1].general and chains[1]
+    local options = calls and call_options(calls, lossy, spill ~= nil)
+    local function calls_plan (count) return {[calls.model] = call_segments(calls, options, count)} end
+    if plain.peak_bytes <= budget then
+      best = calls and calls_plan(0) or optimal(math.huge)
+      best_est = checked(best)
+    elseif calls then
+      -- the fewest options (cheapest per byte first) whose dry run fits:
+      -- a bisection, the peak falling as options are taken
+      local lo, hi = 0, #options
+      local est = checked(calls_plan(hi))
+      least = est.peak_bytes
+      if est.peak_bytes <= budget then
+        best, best_est = calls_plan(hi), est
+        while hi - lo > 1 do
+          local mid = (lo + hi) // 2
+          est = checked(calls_plan(mid))
+          least = math.min(least, est.peak_bytes)
+          if est.peak_bytes <= budget then hi, best, best_est = mid, calls_plan(mid), est else lo = mid end
+        end
+      else
+        -- all of them over the budget (a re-run's working set can outweigh
+        -- what a unit frees): the fewest that fit, one count after another
+        for count = 1, #options - 1 do
+          est = checked(calls_plan(count))
+          least = math.min(least, est.peak_bytes)
+          if est.peak_bytes <= budget then best, best_est = calls_plan(count), est; break end
+        end
+      end
+    else
+      local candidates, longest = {}, 1
+      for _, ch in ipairs(chains) do longest = math.max(longest, #ch.layers) end
+      for size = 1, longest - 1 do candidates[#candidates + 1] = uniform(size) end
+      local lo, hi = 0, stored
+      for _ = 1, 30 do
+        local mid = (lo + hi) / 2
+        if optimal(mid) then hi = mid else lo = mid end
+        if hi - lo < 1 + stored / 4096 then break end
+      end
+      local best_cost = math.huge
+      local function consider (segs)
+        local est = checked(segs)
+        if not least or est.peak_bytes < least then least = est.peak_bytes end
+        local cost = cost_of(segs)
+        if est.peak_bytes <= budget and cost < best_cost then best, best_est, best_cost = segs, est, cost end
+        return est
+      end
+      for _, segs in ipairs(candidates) do consider(segs) end
+      -- a room bounds what the backward holds, but the forward's end has a
+      -- working set of its own (the loss and what it reads): a plan over the
+      -- budget is tried again storing less when the forward ends, by what it
+      -- was over, at the same room (twice at most)
+      local min_room = math.max(hi, 1)
+      for k = 0, 15 do
+        local room = min_room * (math.max(stored, min_room) / min_room) ^ (k / 15)
+        local segs, est, less = optimal(room), nil, 0
+        for _ = 1, 3 do
+          if not segs then break end
+          est = consider(segs)
+          if est.peak_bytes <= budget then break end
+          less = less + math.max(est.peak_bytes - budget, room / UNITS)   -- (a unit at least)
+          segs = optimal(room, less)
+        end
+      end
+    end
+    return best, best_est, least
   end
-  -- candidates: the optimum for rooms spread geometrically from the least any
-  -- plan fits to all the layers save with their gradients (the peak of a room's plan is not
-  -- monotone in it: sharing and packing move it, so each is checked), and
-  -- checkpoint_sequential's segmentations (one recompute per layer among
-  -- them); the cheapest within the budget wins
   local best, best_est, least
-  local calls = chains[1] and chains[1].general and chains[1]
-  local options = calls and call_options(calls, lossy, spill ~= nil)
-  local function calls_plan (count) return {[calls.model] = call_segments(calls, options, count)} end
-  if plain.peak_bytes <= budget then
-    best = calls and calls_plan(0) or optimal(math.huge)
-    best_est = checked(best)
-  elseif calls then
-    -- the fewest options (cheapest per byte first) whose dry run fits:
-    -- a bisection, the peak falling as options are taken
-    local lo, hi = 0, #options
-    local est = checked(calls_plan(hi))
-    least = est.peak_bytes
-    if est.peak_bytes <= budget then
-      best, best_est = calls_plan(hi), est
-      while hi - lo > 1 do
-        local mid = (lo + hi) // 2
-        est = checked(calls_plan(mid))
-        least = math.min(least, est.peak_bytes)
-        if est.peak_bytes <= budget then hi, best, best_est = mid, calls_plan(mid), est else lo = mid end
-      end
+  if #chains > 0 then best, best_est, least = search(chains) end
+  -- no Sequential model, or none whose plans meet the budget (a small one
+  -- inside a block, say): the layer calls of the step's model
+  if not best then
+    local calls, called = call_chain(true, step, spill, ...)
+    if calls then
+      local b, e, l = search({calls})
+      if b then chains, best, best_est = {calls}, b, e end
+      if l and (not least or l < least) then least = l end
+    elseif #chains == 0 and plain.peak_bytes <= budget then
+      best, best_est = {}, plain                 -- nothing to plan, nothing needed
+    elseif #chains == 0 then
+      local what = called >= 2 and ("calls %d layers itself (put them in one model: a Layer subclass or an "
+                                    .. "nn.Sequential)"):format(called)
+                   or "runs no nn.Sequential model and no layer that calls two or more layers"
+      error(("memory.plan: the step (%s without a plan, over the budget of %s) %s: there is nothing to plan "
+             .. "(wrap its parts in layers, or use recompute_grad yourself)"):format(human(plain.peak_bytes),
+             human(budget), what), 2)
     end
-  else
-    local candidates, longest = {}, 1
-    for _, ch in ipairs(chains) do longest = math.max(longest, #ch.layers) end
-    for size = 1, longest - 1 do candidates[#candidates + 1] = uniform(size) end
-    local lo, hi = 0, stored
-    for _ = 1, 30 do
-      local mid = (lo + hi) / 2
-      if optimal(mid) then hi = mid else lo = mid end
-      if hi - lo < 1 + stored / 4096 then break end
-    end
-    local best_cost = math.huge
-    local function consider (segs)
-      local est = checked(segs)
-      if not least or est.peak_bytes < least then least = est.peak_bytes end
-      local cost = cost_of(segs)
-      if est.peak_bytes <= budget and cost < best_cost then best, best_est, best_cost = segs, est, cost end
-      return est
-    end
-    for _, segs in ipairs(candidates) do consider(segs) end
-    -- a room bounds what the backward holds, but the forward's end has a
-    -- working set of its own (the loss and what it reads): a plan over the
-    -- budget is tried again storing less when the forward ends, by what it
-    -- was over, at the same room (twice at most)
-    local min_room = math.max(hi, 1)
-    for k = 0, 15 do
-      local room = min_room * (math.max(stored, min_room) / min_room) ^ (k / 15)
-      local segs, est, less = optimal(room), nil, 0
-      for _ = 1, 3 do
-        if not segs then break end
-        est = consider(segs)
-        if est.peak_bytes <= budget then break end
-        less = less + math.max(est.peak_bytes - budget, room / UNITS)   -- (a unit at least)
-        segs = optimal(room, less)
-      end
-    end
-  end
-  if not best and #chains == 0 then
-    error(("memory.plan: the step (%s without a plan, over the budget of %s) runs no nn.Sequential model and no "
-           .. "layer that calls two or more layers: there is nothing to plan (wrap its parts in layers, or use "
-           .. "recompute_grad yourself)"):format(human(plain.peak_bytes), human(budget)), 2)
   end
   if not best then
     local try = (not lossy and "lossy = true, " or "") .. (not spill and "spill = a directory, " or "")
@@ -757,7 +805,8 @@ end
 --   moongrad plan 1
 --   budget <bytes> lossy <0|1> peak <bytes> plain <bytes>
 --   spill <dir>                           -- only in a plan that spills: where to
---   model <layers>                        -- the step's Sequential models (or a model's layer calls), in order
+--   model <layers> [calls]                -- the step's Sequential models, in order, or (calls)
+--                                            one model's layer calls: one segment each
 --   segment <first> <last> <keep|recompute|dots|pack|spill> <bytes> <seconds>
 -- Loading matches the models a dry run of the step runs, by order and
 -- number of layers, and checks the segments tile each model's layers.
@@ -772,7 +821,7 @@ function Plan.save (p, path)
                  p.peak_bytes, p.plain_peak_bytes)}
   if p.spill then lines[#lines + 1] = "spill " .. p.spill end
   for i, model in ipairs(p.models) do
-    lines[#lines + 1] = ("model %d"):format(p.sizes[i])
+    lines[#lines + 1] = ("model %d%s"):format(p.sizes[i], p.general[model] and " calls" or "")
     for _, g in ipairs(p.segments[model]) do
       lines[#lines + 1] = ("segment %d %d %s %d %.17g"):format(g.first, g.last, g.how, g.bytes, g.cost)
     end
@@ -808,8 +857,10 @@ local function parse_plan (path, text)
       saved.spill = line:sub(7)
       if saved.spill == "" or saved.spill:find("%z") then bad(3, "the spill directory is empty or not text") end
     elseif line:match("^model ") then
-      local k = line:match("^model (%S+)$")
-      current = {n = count(k or "", n, "the number of layers"), segments = {}}
+      local k, calls = line:match("^model (%S+)$"), false
+      if not k then k, calls = line:match("^model (%S+) calls$"), true end
+      current = {n = count(k or "", n, "the number of layers"), segments = {}, calls = calls}
+      if #saved.models > 0 and (calls or saved.models[1].calls) then bad(n, "a plan of layer calls has one model") end
       if current.n < 1 then bad(n, "a model has at least one layer") end
       saved.models[#saved.models + 1] = current
     elseif line:match("^segment ") then
@@ -823,6 +874,9 @@ local function parse_plan (path, text)
                  cost = tonumber(cost)}
       if not g.cost or g.cost ~= g.cost or g.cost < 0 or g.cost == math.huge then
         bad(n, ("the time must be a number of seconds >= 0, got '%s'"):format(cost:sub(1, 40)))
+      end
+      if current.calls and g.last ~= g.first then
+        bad(n, ("segment %d-%d spans layer calls: a model planned per call has one segment each"):format(g.first, g.last))
       end
       local prev = current.segments[#current.segments]
       if g.first ~= (prev and prev.last + 1 or 1) or g.last < g.first or g.last > current.n then
@@ -855,7 +909,12 @@ function planner.load_plan (path, step, ...)
   f:close()
   if text and #text > 1 << 20 then error(("memory.load_plan: %s is over 1 MiB: not a saved plan"):format(path), 2) end
   local saved = parse_plan(path, text or "")
-  local chains = chains_of(false, step, nil, ...)
+  local chains
+  if saved.models[1] and saved.models[1].calls then
+    chains = {(call_chain(false, step, nil, ...))}
+  else
+    chains = profile(false, step, nil, ...)
+  end
   if #chains ~= #saved.models then
     error(("memory.load_plan: %s plans %d models, a dry run of the step finds %d"):format(path, #saved.models,
           #chains), 2)

@@ -169,11 +169,24 @@ int mgL_push_outputs (lua_State *L, mg_list *out) {
 
 /* }========================================================== */
 
+/* the memory planner's hook (moongrad.planner), while one measures or
+** applies a plan over the layer calls of a model that is not a Sequential:
+** around(self) before each layer call gives what to call in place of
+** self.call (nil: self.call itself), and around() after it returned. The
+** call's arguments stay on this C frame until lua_call moves them to the
+** callee, so a layer that lets go of its input early still can (a Lua
+** wrapper's frame would hold it). A registry slot: a plain call pays one
+** lookup. */
+static const char layer_around = 0;
+
 /* what mg._layer_call does once the layer returned (also when a yield in it
-** resumes): the note */
+** resumes): the hook's "returned" (ctx: it was asked before), the note */
 static int layer_called (lua_State *L, int status, lua_KContext ctx) {
   (void)status;
-  (void)ctx;
+  if (ctx) {
+    if (lua_rawgetp(L, LUA_REGISTRYINDEX, &layer_around) == LUA_TFUNCTION) lua_call(L, 0, 0);
+    else lua_pop(L, 1);
+  }
   int nres = lua_gettop(L) - 1;
   lua_pushliteral(L, "_output_shape");
   if (nres >= 2 && mgL_testbox(L, 3)) lua_pushliteral(L, "multiple");
@@ -183,12 +196,6 @@ static int layer_called (lua_State *L, int status, lua_KContext ctx) {
   else lua_rawset(L, 1);
   return nres;
 }
-
-/* the memory planner's hook (moongrad.planner), while one measures or
-** applies a plan over the layers of a model that is not a Sequential: a
-** function around(self, ...) that the layers' calls run instead of
-** self:call(...); a registry slot so that a plain call pays one lookup */
-static const char layer_around = 0;
 
 /* mg._layer_around(f or nil): sets the hook; returns the one before */
 static int l_layer_around (lua_State *L) {
@@ -221,13 +228,18 @@ static int l_layer_call (lua_State *L) {
   }
   lua_pushvalue(L, 1);
   lua_insert(L, 1);                          /* self (for the note), self, ... */
-  if (lua_rawgetp(L, LUA_REGISTRYINDEX, &layer_around) == LUA_TNIL) {
+  int hooked = lua_rawgetp(L, LUA_REGISTRYINDEX, &layer_around) != LUA_TNIL;
+  if (hooked) {                              /* around(self): what to call instead, or nil */
+    lua_pushvalue(L, 2);
+    lua_call(L, 1, 1);
+  }
+  if (lua_isnil(L, -1)) {
     lua_pop(L, 1);
     lua_getfield(L, 2, "call");
-  }                                          /* else around(self, ...) runs self:call(...) */
+  }
   lua_insert(L, 2);                          /* self, call, self, ... */
-  lua_callk(L, nargs, LUA_MULTRET, 0, layer_called);
-  return layer_called(L, LUA_OK, 0);
+  lua_callk(L, nargs, LUA_MULTRET, hooked, layer_called);
+  return layer_called(L, LUA_OK, hooked);
 }
 
 void mgL_open_functions (lua_State *L) {
