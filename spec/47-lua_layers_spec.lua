@@ -133,6 +133,13 @@ describe("Layer:subclass", function()
     local drop = s.nested[1][1]
     layer.training_off(s, function() assert.is_false(drop.training) end)
     assert.is_true(drop.training)
+    -- a list that holds itself (or holds a list that holds it) is walked once
+    local Cyc = nn.Layer:subclass("ListCycle")
+    function Cyc:init () local l = {nn.Dense(2)}; l[2] = l; self.l = l; self.l[3] = {nn.Dense(3), l} end
+    function Cyc:call (x) return self.l[3][1](self.l[1](x)) end
+    local c = Cyc()
+    c(mg.ones{1, 2})
+    assert.equal(4, #c.variables)
   end)
 
   it("makes RecomputeLayer subclasses that run under recompute_grad", function()

@@ -341,8 +341,8 @@ function track_value (self, v)
   elseif type(v) == "table" and getmetatable(v) == nil then
     local lists = rawget(self, "_lists")
     if not lists then lists = {}; rawset(self, "_lists", lists) end
-    for _, w in ipairs(lists) do if w == v then lists = nil; break end end
-    if lists then lists[#lists + 1] = v end
+    for _, w in ipairs(lists) do if w == v then return end end   -- known (refresh walks it; a cycle ends here)
+    lists[#lists + 1] = v
     for _, x in ipairs(v) do track_value(self, x) end
   end
 end
