@@ -361,6 +361,18 @@ describe("memory.plan", function()
   end)
 end)
 
+-- a step of model on x (built on it): the gradients of mean(model(x)^2)
+local function training_step (model, x)
+  model(x)
+  local vars = model.trainable_variables
+  return function ()
+    local t = mg.tape()
+    local loss = mg.mean(model(x) ^ 2)
+    t:stop()
+    return t:gradient(loss, vars)
+  end
+end
+
 -- a model that is not a Sequential: a Layer subclass whose call runs an
 -- input layer, a list of blocks (one of them twice, with a closed-over bias
 -- and an aliased argument) and a head
@@ -382,16 +394,7 @@ local function custom_model (seed, n)
     return self.head(self.blocks[1](h))              -- a block called again: a unit of its own
   end
   local model = Net()
-  local x = mg.random.normal({16, 32, 64})
-  model(x)
-  local vars = model.trainable_variables
-  local function step ()
-    local t = mg.tape()
-    local loss = mg.mean(model(x) ^ 2)
-    t:stop()
-    return t:gradient(loss, vars)
-  end
-  return step, model
+  return training_step(model, mg.random.normal({16, 32, 64})), model
 end
 
 describe("memory.plan of a model that is not a Sequential", function()
@@ -531,16 +534,7 @@ describe("memory.plan of a model that is not a Sequential", function()
       sequentials = function() return blocks(function() return nn.Sequential{nn.Dense(64, "tanh"), nn.Dense(32)} end) end,
     }
     for name, make in pairs(cases) do
-      local model = make()
-      local x = mg.random.normal({4, 128, 32})
-      model(x)
-      local vars = model.trainable_variables
-      local function step ()
-        local t = mg.tape()
-        local loss = mg.mean(model(x) ^ 2)
-        t:stop()
-        return t:gradient(loss, vars)
-      end
+      local step = training_step(make(), mg.random.normal({4, 128, 32}))
       local plain_peak, plain = measured(step)
       local plan = check_plan(step, plain_peak, plain, 0.75)
       assert.are.equal(5, #plan.rows, name)            -- the four blocks and the head
