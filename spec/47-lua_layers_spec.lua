@@ -140,6 +140,49 @@ describe("Layer:subclass", function()
     local c = Cyc()
     c(mg.ones{1, 2})
     assert.equal(4, #c.variables)
+    -- a field that holds a list for a while (activations kept in call) piles nothing up
+    local Keep = nn.Layer:subclass("ListKeep")
+    function Keep:init () self.d = nn.Dense(4) end
+    function Keep:call (x) local y = self.d(x); self.saved = {x, y}; self.saved = nil; return y end
+    local k = Keep()
+    for _ = 1, 50 do k(mg.ones{2, 4}) end
+    assert.equal(2, #k.variables)
+    assert.same({"saved"}, rawget(k, "_list_fields"))
+    -- a layer in its own list, and tied layers, count as before (checkpoint names unchanged)
+    local Self = nn.Layer:subclass("ListSelf")
+    function Self:init () self.all = {}; self.all[1] = self; self.all[2] = nn.Dense(2) end
+    function Self:call (x) return self.all[2](x) end
+    local me = Self()
+    me(mg.ones{1, 2})
+    assert.equal(2, #me.variables)
+    local d, e = nn.Dense(2), nn.Dense(2)
+    local tied = nn.Sequential{d, d, e}
+    tied(mg.ones{1, 2})
+    local names = {}
+    for _, n in ipairs(require("moongrad.checkpoint").names(tied)) do names[#names + 1] = n.name:match("^[^/]*") end
+    assert.same({"dense", "dense", "dense_2", "dense_2"}, names)
+  end)
+
+  it("the layers' __call asks a hook before each call and tells it after, also when the call fails or yields", function()
+    local log = {}
+    local function hook (self) log[#log + 1] = self and "before" or "after" end
+    local Y = nn.Layer:subclass("HookYield")
+    function Y:call (a) return a + coroutine.yield("in") end
+    local E = nn.Layer:subclass("HookError")
+    function E:call () error("boom", 0) end
+    local R = nn.Layer:subclass("HookReplace")
+    function R:call () mg._layer_around(function(s) log[#log + 1] = s and "other" or "other after" end); return 1 end
+    local was = mg._layer_around(hook)
+    local co = coroutine.wrap(function() return Y()(1) end)
+    assert.equal("in", co())
+    assert.equal(4, co(3))
+    assert.same({false, "boom"}, {pcall(E())})
+    assert.equal(1, R()())                             -- the hook it asked is the one it tells
+    mg._layer_around(was)
+    assert.same({"before", "after", "before", "after", "before", "after"}, log)
+    local M = nn.Layer:subclass("HookNone")
+    function M:call (...) return ... end
+    assert.equal(4, select("#", M()(1, nil, 3, nil)))  -- without a hook: every result, nils too
   end)
 
   it("makes RecomputeLayer subclasses that run under recompute_grad", function()

@@ -108,23 +108,44 @@ layer.unwrap = unwrap
 -- a layer under recompute_grad is the layer's own.
 function Layer:track (layer)
   local inner = unwrap(layer)
-  if type(inner) ~= "table" then return layer end
-  for _, l in ipairs(self._layers) do if l == inner then return layer end end
-  self._layers[#self._layers + 1] = inner
+  if type(inner) == "table" then self._layers[#self._layers + 1] = inner end
   return layer
 end
 
-local track_value
+local function is_list (v) return type(v) == "table" and getmetatable(v) == nil end
 
---- layer.refresh(l): what l's lists (plain tables assigned to its fields)
--- hold now becomes l's own too: a list filled after it was assigned
--- (`self.blocks = {}`, then `self.blocks[i] = ...`), as Keras tracks lists.
--- Everything that walks a layer's variables or sublayers calls it first.
+--- layer.refresh(l): what l's lists (plain tables in the fields that were
+-- assigned one) hold now becomes l's own too, as Keras tracks lists: a list
+-- filled after it was assigned (`self.blocks = {}`, then `self.blocks[i] =
+-- ...`), or replaced (the field read now, by name: nothing piles up). The
+-- variables and layers (l itself aside) not yet l's are appended, in the
+-- lists' order; everything that walks a layer's variables or sublayers
+-- calls it first. O(what l holds).
 function layer.refresh (l)
-  local lists = rawget(l, "_lists")
-  if not lists then return end
-  for _, list in ipairs(lists) do
-    for _, x in ipairs(list) do track_value(l, x) end
+  local fields = rawget(l, "_list_fields")
+  if not fields then return end
+  local have, seen = {}, {}
+  for _, v in ipairs(rawget(l, "_vars")) do have[v] = true end
+  for _, v in ipairs(rawget(l, "_layers")) do have[v] = true end
+  local function walk (list)
+    if seen[list] then return end
+    seen[list] = true
+    for _, x in ipairs(list) do
+      if is_list(x) then
+        walk(x)
+      elseif x ~= l then
+        local inner = mg.is_variable(x) and x or unwrap(x)
+        local own = mg.is_variable(x) or (type(inner) == "table" and classes[getmetatable(inner)])
+        if own and not have[inner] then
+          have[inner] = true
+          if mg.is_variable(x) then local vars = rawget(l, "_vars"); vars[#vars + 1] = x else l:track(x) end
+        end
+      end
+    end
+  end
+  for _, k in ipairs(fields) do
+    local v = rawget(l, k)
+    if is_list(v) then walk(v) end
   end
 end
 
@@ -328,7 +349,8 @@ end
 -- layer (or a layer under recompute_grad), or a list of them (what it
 -- holds later too: layer.refresh), becomes the instance's own, as Keras
 -- tracks attributes
-function track_value (self, v)
+local function track_value (self, v, seen)
+  if v == self then return end                  -- (self.me = self: nothing to own)
   if mg.is_variable(v) then
     for _, w in ipairs(rawget(self, "_vars")) do if w == v then return end end
     local vars = rawget(self, "_vars")
@@ -338,18 +360,25 @@ function track_value (self, v)
   elseif type(v) == "userdata" and not mg.is_tensor(v) then
     local ok, inner = pcall(function() return v.__wrapped__ end)
     if ok and type(inner) == "table" and classes[getmetatable(inner)] then self:track(v) end
-  elseif type(v) == "table" and getmetatable(v) == nil then
-    local lists = rawget(self, "_lists")
-    if not lists then lists = {}; rawset(self, "_lists", lists) end
-    for _, w in ipairs(lists) do if w == v then return end end   -- known (refresh walks it; a cycle ends here)
-    lists[#lists + 1] = v
-    for _, x in ipairs(v) do track_value(self, x) end
+  elseif is_list(v) then
+    seen = seen or {}
+    if seen[v] then return end                  -- (a list that holds itself)
+    seen[v] = true
+    for _, x in ipairs(v) do track_value(self, x, seen) end
   end
 end
 
 local function track_on_assign (self, k, v)
   rawset(self, k, v)
-  if k ~= "name" then track_value(self, v) end
+  if k == "name" then return end
+  if is_list(v) then                            -- its field, for layer.refresh
+    local fields = rawget(self, "_list_fields")
+    if not fields then fields = {}; rawset(self, "_list_fields", fields) end
+    local known = false
+    for _, f in ipairs(fields) do if f == k then known = true end end
+    if not known then fields[#fields + 1] = k end
+  end
+  track_value(self, v)
 end
 
 -- A subclass's own build, looked up on an instance, comes wrapped: once it

@@ -172,28 +172,30 @@ int mgL_push_outputs (lua_State *L, mg_list *out) {
 /* the memory planner's hook (moongrad.planner), while one measures or
 ** applies a plan over the layer calls of a model that is not a Sequential:
 ** around(self) before each layer call gives what to call in place of
-** self.call (nil: self.call itself), and around() after it returned. The
-** call's arguments stay on this C frame until lua_call moves them to the
-** callee, so a layer that lets go of its input early still can (a Lua
-** wrapper's frame would hold it). A registry slot: a plain call pays one
-** lookup. */
+** self.call (nil: self.call itself), and around() after it returned or
+** failed (the same function: it stays on this frame). The call's arguments
+** stay on this C frame until lua_call moves them to the callee, so a layer
+** that lets go of its input early still can (a Lua wrapper's frame would
+** hold it). A registry slot: a plain call pays one lookup. */
 static const char layer_around = 0;
 
 /* what mg._layer_call does once the layer returned (also when a yield in it
-** resumes): the hook's "returned" (ctx: it was asked before), the note */
+** resumes): with a hook (ctx; the stack is hook, self, results), its
+** "returned", then the error rethrown if the call failed; the note */
 static int layer_called (lua_State *L, int status, lua_KContext ctx) {
-  (void)status;
+  int self = ctx ? 2 : 1;
   if (ctx) {
-    if (lua_rawgetp(L, LUA_REGISTRYINDEX, &layer_around) == LUA_TFUNCTION) lua_call(L, 0, 0);
-    else lua_pop(L, 1);
+    lua_pushvalue(L, 1);
+    lua_call(L, 0, 0);
+    if (status != LUA_OK && status != LUA_YIELD) return lua_error(L);   /* its error object is on top */
   }
-  int nres = lua_gettop(L) - 1;
+  int nres = lua_gettop(L) - self;
   lua_pushliteral(L, "_output_shape");
-  if (nres >= 2 && mgL_testbox(L, 3)) lua_pushliteral(L, "multiple");
-  else if (nres >= 1 && mgL_testbox(L, 2)) lua_getfield(L, 2, "shape");
+  if (nres >= 2 && mgL_testbox(L, self + 2)) lua_pushliteral(L, "multiple");
+  else if (nres >= 1 && mgL_testbox(L, self + 1)) lua_getfield(L, self + 1, "shape");
   else lua_pushnil(L);
   if (lua_isnil(L, -1)) lua_pop(L, 2);
-  else lua_rawset(L, 1);
+  else lua_rawset(L, self);
   return nres;
 }
 
@@ -228,18 +230,25 @@ static int l_layer_call (lua_State *L) {
   }
   lua_pushvalue(L, 1);
   lua_insert(L, 1);                          /* self (for the note), self, ... */
-  int hooked = lua_rawgetp(L, LUA_REGISTRYINDEX, &layer_around) != LUA_TNIL;
-  if (hooked) {                              /* around(self): what to call instead, or nil */
-    lua_pushvalue(L, 2);
-    lua_call(L, 1, 1);
-  }
-  if (lua_isnil(L, -1)) {
+  if (lua_rawgetp(L, LUA_REGISTRYINDEX, &layer_around) == LUA_TNIL) {
     lua_pop(L, 1);
     lua_getfield(L, 2, "call");
+    lua_insert(L, 2);                        /* self, call, self, ... */
+    lua_callk(L, nargs, LUA_MULTRET, 0, layer_called);
+    return layer_called(L, LUA_OK, 0);
   }
-  lua_insert(L, 2);                          /* self, call, self, ... */
-  lua_callk(L, nargs, LUA_MULTRET, hooked, layer_called);
-  return layer_called(L, LUA_OK, hooked);
+  lua_insert(L, 1);                          /* around, self (for the note), self, ... */
+  lua_pushvalue(L, 1);
+  lua_pushvalue(L, 3);
+  lua_call(L, 1, 1);                         /* around(self): what to call instead, or nil */
+  if (lua_isnil(L, -1)) {
+    lua_pop(L, 1);
+    lua_getfield(L, 3, "call");
+  }
+  lua_insert(L, 3);                          /* around, self, call, self, ... */
+  /* a failing call still tells the hook (its count of calls stays right) */
+  int status = lua_pcallk(L, nargs, LUA_MULTRET, 0, 1, layer_called);
+  return layer_called(L, status, 1);
 }
 
 void mgL_open_functions (lua_State *L) {
