@@ -236,6 +236,23 @@ local function keeping_variables (root, f, ...)
   return table.unpack(out, 2, out.n)
 end
 
+-- times each of layers: run_of(i, y) gives layer i's run and its input
+-- (y: what layer i - 1 gave); with spill, also what spilling costs a byte:
+-- whole (the model's run) under the offload hooks against the layers alone
+local function time_layers (layers, run_of, whole, spill)
+  local plain, bytes, y = 0, 0, nil
+  for i, l in ipairs(layers) do
+    local run, x = run_of(i, y)
+    y, l.seconds, l.last_seconds, l.grad_bytes, l.dots = forward_seconds(run, x)
+    if spill then plain, bytes = plain + runs(2, run), bytes + l.saved end
+  end
+  if spill then                                  -- the whole model spilling, its bytes at once
+    local _, hooked = runs(3, whole, spill)
+    local rate = math.max(hooked - plain, 0) / math.max(bytes, 1)
+    for _, l in ipairs(layers) do l.spill_seconds = l.saved * rate end
+  end
+end
+
 local function profile (timed, step, spill, ...)
   local models, order = {}, {}
   local depth = 0
@@ -271,23 +288,12 @@ local function profile (timed, step, spill, ...)
   if not ok then error(err, 0) end
   for _, m in ipairs(timed and order or {}) do   -- the costs
     local x, args = m.first_input, m.first_args
-    keeping_variables(m.model, layer.training_off, m.model, function()
-      local plain, bytes = 0, 0                  -- each layer taped alone, and what they save
-      for i, l in ipairs(m.layers) do
-        local function run () return Sequential._run(m.model, i, i, x, table.unpack(args, 1, args.n)) end
-        local y
-        y, l.seconds, l.last_seconds, l.grad_bytes, l.dots = forward_seconds(run, x)
-        if spill then plain, bytes = plain + runs(2, run), bytes + l.saved end
-        x = y
-      end
-      local rate
-      if spill then                              -- the whole model spilling, its bytes at once
-        local _, hooked = runs(3, function() return Sequential._run(m.model, 1, #m.layers, m.first_input,
-                                                                  table.unpack(args, 1, args.n)) end, spill)
-        rate = math.max(hooked - plain, 0) / math.max(bytes, 1)
-      end
-      for _, l in ipairs(m.layers) do l.spill_seconds = rate and l.saved * rate end
-    end)
+    local function run_of (i, y)                 -- each layer on the one before's output
+      local h = i == 1 and x or y
+      return function() return Sequential._run(m.model, i, i, h, table.unpack(args, 1, args.n)) end, h
+    end
+    local function whole () return Sequential._run(m.model, 1, #m.layers, x, table.unpack(args, 1, args.n)) end
+    keeping_variables(m.model, layer.training_off, m.model, time_layers, m.layers, run_of, whole, spill)
     m.first_input, m.first_args = nil, nil
   end
   return order
@@ -363,21 +369,15 @@ local function call_chain (timed, step, spill, ...)
     ch.layers[k] = {name = tostring(c.layer):match("^[^\n]*"), saved = c.saved, output = c.output, input = c.input}
   end
   if not timed then return ch end
-  keeping_variables(node.layer, layer.training_off, node.layer, function()
-    local plain, bytes, whole = 0, 0, node.args and fresh(node.args)
-    for k, c in ipairs(node.children) do
-      local l, args = ch.layers[k], fresh(c.args)
-      local function run () return c.layer:call(table.unpack(args, 1, args.n)) end
-      local _
-      _, l.seconds, l.last_seconds, l.grad_bytes, l.dots = forward_seconds(run, first_tensor(args))
-      if spill then plain, bytes = plain + runs(2, run), bytes + l.saved end
-    end
-    if spill then                                -- the whole parent spilling, as for a chain
-      local _, hooked = runs(3, function() return node.layer:call(table.unpack(whole, 1, whole.n)) end, spill)
-      local rate = math.max(hooked - plain, 0) / math.max(bytes, 1)
-      for _, l in ipairs(ch.layers) do l.spill_seconds = l.saved * rate end
-    end
-  end)
+  local function run_of (k)                      -- each call on its own input
+    local c, args = node.children[k], fresh(node.children[k].args)
+    return function() return c.layer:call(table.unpack(args, 1, args.n)) end, first_tensor(args)
+  end
+  local function timing ()                       -- (its draws inside: the stream is put back)
+    local all = fresh(node.args)
+    time_layers(ch.layers, run_of, function() return node.layer:call(table.unpack(all, 1, all.n)) end, spill)
+  end
+  keeping_variables(node.layer, layer.training_off, node.layer, timing)
   return ch
 end
 
