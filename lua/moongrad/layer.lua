@@ -113,6 +113,7 @@ function Layer:track (layer)
 end
 
 local function is_list (v) return type(v) == "table" and getmetatable(v) == nil end
+local track_value
 
 --- layer.refresh(l): what l's lists (plain tables in the fields that were
 -- assigned one) hold now becomes l's own too, as Keras tracks lists: a list
@@ -127,25 +128,9 @@ function layer.refresh (l)
   local have, seen = {}, {}
   for _, v in ipairs(rawget(l, "_vars")) do have[v] = true end
   for _, v in ipairs(rawget(l, "_layers")) do have[v] = true end
-  local function walk (list)
-    if seen[list] then return end
-    seen[list] = true
-    for _, x in ipairs(list) do
-      if is_list(x) then
-        walk(x)
-      elseif x ~= l then
-        local inner = mg.is_variable(x) and x or unwrap(x)
-        local own = mg.is_variable(x) or (type(inner) == "table" and classes[getmetatable(inner)])
-        if own and not have[inner] then
-          have[inner] = true
-          if mg.is_variable(x) then local vars = rawget(l, "_vars"); vars[#vars + 1] = x else l:track(x) end
-        end
-      end
-    end
-  end
   for _, k in ipairs(fields) do
     local v = rawget(l, k)
-    if is_list(v) then walk(v) end
+    if is_list(v) then track_value(l, v, seen, have) end
   end
 end
 
@@ -348,23 +333,36 @@ end
 -- what a field assigned on an instance of a subclass holds: a variable, a
 -- layer (or a layer under recompute_grad), or a list of them (what it
 -- holds later too: layer.refresh), becomes the instance's own, as Keras
--- tracks attributes
-local function track_value (self, v, seen)
+-- tracks attributes; with `have` (layer.refresh's: what self owns), only
+-- what it does not own yet
+function track_value (self, v, seen, have)
   if v == self then return end                  -- (self.me = self: nothing to own)
   if mg.is_variable(v) then
-    for _, w in ipairs(rawget(self, "_vars")) do if w == v then return end end
+    if have then
+      if have[v] then return end
+      have[v] = true
+    else
+      for _, w in ipairs(rawget(self, "_vars")) do if w == v then return end end
+    end
     local vars = rawget(self, "_vars")
     vars[#vars + 1] = v
-  elseif type(v) == "table" and classes[getmetatable(v)] then
-    self:track(v)
-  elseif type(v) == "userdata" and not mg.is_tensor(v) then
-    local ok, inner = pcall(function() return v.__wrapped__ end)
-    if ok and type(inner) == "table" and classes[getmetatable(inner)] then self:track(v) end
   elseif is_list(v) then
     seen = seen or {}
     if seen[v] then return end                  -- (a list that holds itself)
     seen[v] = true
-    for _, x in ipairs(v) do track_value(self, x, seen) end
+    for _, x in ipairs(v) do track_value(self, x, seen, have) end
+  else
+    local inner = v
+    if type(v) == "userdata" and not mg.is_tensor(v) then
+      local ok, w = pcall(function() return v.__wrapped__ end)
+      inner = ok and w or nil
+    end
+    if type(inner) ~= "table" or not classes[getmetatable(inner)] or inner == self then return end
+    if have then
+      if have[inner] then return end
+      have[inner] = true
+    end
+    self:track(v)
   end
 end
 
