@@ -452,6 +452,18 @@ describe("jacobians", function()
     assert.same({{2, 0, 0}, {0, 4, 0}, {0, 0, 6}}, t:jacobian(y, x):totable())
   end)
 
+  it("jacobian of a float16 or bfloat16 target: its one-hot seeds written in the target's dtype", function()
+    -- (they were written as doubles, 8 bytes into 2-byte elements: past the seed's end)
+    for _, dt in ipairs{"float16", "bfloat16"} do
+      local x = mg.cast(c({1, 2, 3}), dt)
+      local t = mg.tape()
+      t:watch(x)
+      local y = x * x
+      t:stop()
+      assert.same({{2, 0, 0}, {0, 4, 0}, {0, 0, 6}}, mg.cast(t:jacobian(y, x), "float64"):totable())
+    end
+  end)
+
   it("jacobian shapes are target shape then source shape", function()
     local x = mg.random.normal({2, 3}, 0, 1, "float64")
     local w = mg.random.normal({3, 4}, 0, 1, "float64")

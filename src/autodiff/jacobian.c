@@ -16,11 +16,10 @@ static mg_tensor *one_hot (const mg_tensor *target, int64_t j, int64_t batch) {
   mg_tensor *seed = mg_full(target->shape, target->ndim, target->dtype, 0.0);
   if (seed == NULL) return NULL;
   int64_t per = seed->numel / batch;
-  for (int64_t b = 0; b < batch; b++) {
-    int64_t i = b * per + j;
-    if (seed->dtype == MG_FLOAT32) ((float *)mg_ptr(seed))[i] = 1;
-    else ((double *)mg_ptr(seed))[i] = 1;
-  }
+  size_t esz = mg_dtype_size(seed->dtype);
+  const double one = 1;
+  for (int64_t b = 0; b < batch; b++)        /* in the target's dtype (float16 and bfloat16 too) */
+    mg_convert((char *)mg_ptr(seed) + (size_t)(b * per + j) * esz, seed->dtype, &one, MG_FLOAT64, 1);
   return seed;
 }
 
