@@ -365,3 +365,89 @@ describe("random", function()
     assert.same({1, 2, 3, 4, 5, 6, 7, 8, 9, 10}, p)
   end)
 end)
+
+describe("pow's square (x ^ 2, in every loss and norm)", function()
+  -- same values bit for bit: NaN equal to NaN, -0 not to 0
+  local function same (a, b)
+    assert.same(a.shape, b.shape)
+    local function walk (u, v)
+      if type(u) == "table" then for i = 1, #u do walk(u[i], v[i]) end return end
+      if u ~= u then assert.is_true(v ~= v) return end
+      assert.equal(u, v)
+      if u == 0 then assert.equal(1 / u, 1 / v) end
+    end
+    walk(a:totable(), b:totable())
+  end
+  it("is x * x bit for bit, strided, with NaN, infinities and -0, and other exponents still libm's", function()
+    for _, dt in ipairs{"float32", "float64"} do
+      mg.random.seed(3)
+      local x = mg.random.normal({64, 33}, 0, 1e3, dt)
+      local specials = mg.constant({0 / 0, 1 / 0, -1 / 0, -0.0, 0, 1e-30, 3.5e19}, dt)
+      for _, v in ipairs{x, x:transpose(), specials} do
+        same(v ^ 2, v * v)
+        same(v ^ 1, v)
+      end
+      h.assert_close(mg.constant({2, 3}, dt) ^ 3, mg.constant({8, 27}, dt), 1e-6)
+      h.assert_close(mg.constant({4, 9}, dt) ^ mg.constant({2, 0.5}, dt), mg.constant({16, 3}, dt), 1e-6)
+    end
+  end)
+
+  it("has the gradient of x * x bit for bit, in place or not, and keeps only x on the tape", function()
+    mg.random.seed(4)
+    local x, w = mg.random.normal({128, 65}), mg.random.normal({128, 65})
+    local function grad (f)
+      local t = mg.tape()
+      t:watch(x)
+      local y = f()
+      t:stop()
+      local saved = t:saved_bytes()
+      return t:gradient(y, x), saved
+    end
+    -- a fresh dout (mul's, which the walk may write over) and a broadcast one (mean's)
+    local g1, s1 = grad(function() return mg.sum((x ^ 2) * w) end)
+    local g2 = grad(function() return mg.sum((x * x) * w) end)
+    same(g1, g2)
+    local g3, s3 = grad(function() return mg.mean(x ^ 2) end)
+    same(g3, (grad(function() return mg.mean(x * x) end)))
+    local small = 64                                   -- the exponent and a sum's scalars
+    assert.is_true(s3 >= x.nbytes and s3 < x.nbytes + small)   -- x, not x ^ 2: the exponent needs no gradient
+    assert.is_true(s1 >= x.nbytes + w.nbytes and s1 < x.nbytes + w.nbytes + small)   -- and w, for the product's gradient
+    -- an exponent that wants a gradient keeps the result too
+    local e = mg.constant(2.0)
+    local t = mg.tape()
+    t:watch(x)
+    t:watch(e)
+    local y = mg.sum(x ^ e)
+    t:stop()
+    assert.is_true(t:saved_bytes() >= 2 * x.nbytes and t:saved_bytes() < 2 * x.nbytes + small)
+    local gx, ge = table.unpack(t:gradient(y, {x, e}))
+    same(gx, (grad(function() return mg.sum(x * x) end)))
+    -- x ^ e * log(x) where x > 0, 0 elsewhere (TensorFlow's)
+    h.assert_close(ge, mg.sum(mg.where(mg.greater(x, mg.constant(0.0)), x * x * mg.log(mg.abs(x)), mg.zeros_like(x))), 1e-3)
+  end)
+
+  it("holds one x-sized temporary in the backward of mean(x ^ 2), none when dout is the walk's", function()
+    mg.random.seed(5)
+    local x = mg.random.normal({512, 512})
+    local function backward_peak (f)
+      local t = mg.tape()
+      t:watch(x)
+      local y = f()
+      t:stop()
+      collectgarbage()
+      collectgarbage()
+      local was = mg.memory.setpause(100, 0)
+      mg.memory.reset_peak()
+      local before = mg.memory.stats().current_bytes
+      local g = t:gradient(y, x)
+      local peak = mg.memory.stats().peak_bytes - before
+      mg.memory.setpause(was)
+      return peak, g
+    end
+    -- dout broadcast from mean's scalar: 2x, then dout * 2x (the result)
+    assert.is_true(backward_peak(function() return mg.mean(x ^ 2) end) <= 2 * x.nbytes + 4096)
+    -- dout a fresh product's (the walk's alone): written over, no temporary beside it
+    local w = mg.random.normal({512, 512})
+    assert.is_true(backward_peak(function() return mg.sum((x ^ 2) * w) end) <= x.nbytes + 4096)
+  end)
+end)

@@ -57,6 +57,19 @@ describe("gradcheck", function()
       check(mg.pow, rnd({2, 3}, 0.5, 2), rnd({3}))
       check(function(x) return x ^ 3 end, rnd({4}))
       check(function(x) return 2 ^ x end, rnd({4}))
+      -- x ^ 2's own backward (dout * 2x, over dout when the walk spares it),
+      -- first and second order, through a broadcast dout (mean's) and a fresh one
+      check(function(x) return x ^ 2 end, rnd({2, 3}))
+      check(function(x) return mg.mean(x ^ 2) end, rnd({2, 3}))
+      check(function(x, w) return mg.sum((x ^ 2) * w) end, rnd({2, 3}), rnd({2, 3}))
+      check(function(x) return x ^ mg.constant({{2}}, "float64") end, rnd({3}))   -- a (1,1) exponent: summed back
+      check(function(x, w)                               -- d/dw of the gradient of sum((x * w) ^ 2)
+        local t = mg.tape()
+        t:watch(x)
+        local y = mg.sum((x * w) ^ 2)
+        t:stop()
+        return t:gradient(y, x)
+      end, rnd({2, 3}), rnd({2, 3}, 0.5, 1.5))
     end)
 
     it("operators with Lua numbers", function()
