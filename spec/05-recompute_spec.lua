@@ -238,6 +238,55 @@ describe("recompute_grad", function()
     assert.are.equal(before, live())
   end)
 
+  it("its re-run's backward takes the walk's own output gradient: no copy beside it at its peak", function()
+    -- the backward of a recomputed block peaks at what its re-run saves plus
+    -- the plain block's working set: the output gradient the walk hands it
+    -- is the re-run walk's seed, which its first rule may write over
+    mg.random.seed(9)
+    local x, w, c = mg.random.normal({512, 256}), mg.random.normal({256, 256}), mg.random.normal({512, 256})
+    local block = function(h) for _ = 1, 4 do h = mg.tanh(mg.matmul(h, w)) end return h end
+    local function backward (f)
+      local t = mg.tape()
+      t:watch(x)
+      local y = mg.sum(f(x) * c)                     -- a fresh dout (mul's), as the next block's would be
+      t:stop()
+      local saved = t:saved_bytes()
+      collectgarbage()
+      collectgarbage()
+      local was = mg.memory.setpause(100, 0)
+      mg.memory.reset_peak()
+      local before = mg.memory.stats().current_bytes
+      local g = t:gradient(y, x)
+      local peak = mg.memory.stats().peak_bytes - before
+      mg.memory.setpause(was)
+      return peak, saved, g
+    end
+    local plain_peak, plain_saved, plain_g = backward(block)
+    local peak, saved, g = backward(mg.recompute_grad(block))
+    h.assert_close(g, plain_g, 0)
+    -- beyond the plain backward's working set, the re-run holds what the
+    -- plain tape saved and the recomputed one did not, and its forward's
+    -- in-flight product; a copy of the output gradient beside it would be
+    -- one activation more (what this measured before the handover)
+    local act = x.nbytes
+    local bound = plain_peak + (plain_saved - saved) + 2 * act
+    assert.is_true(peak < bound, ("peak %d, at most %d"):format(peak, bound))
+    -- a re-run that fails with the gradient handed over lets it go
+    local runs = 0
+    local bad = mg.recompute_grad(function(v)
+      runs = runs + 1
+      if runs > 1 then error("boom in the re-run", 0) end
+      return block(v)
+    end)
+    collectgarbage()
+    collectgarbage()
+    local live = mg.memory.stats().current_bytes
+    assert.has_error(function() backward(bad) end, "tape:gradient: in the backward of 'recompute_grad': boom in the re-run")
+    collectgarbage()
+    collectgarbage()
+    assert.equal(live, mg.memory.stats().current_bytes)
+  end)
+
   it("gradients can be gradchecked through it", function()
     local w = mg.random.normal({3, 2}, 0, 1, "float64")
     local f = mg.recompute_grad(function(x, v) return mg.tanh(mg.matmul(x, v)) end)

@@ -192,10 +192,17 @@ void      mg_walk_end   (mg_held *h);    /* last: it may drop the final referenc
 
 /* grads gets d(sum of targets . seeds)/d source for each source the tape
 ** reaches; fn names the caller in messages ("gradient", "jacobian"); hooks (or
-** NULL) as mg_tape_gradient_hooked's, taken[s] set where ready took one */
+** NULL) as mg_tape_gradient_hooked's, taken[s] set where ready took one.
+** Seed k < 32 with bit k of given set is the caller's reference, handed
+** over: the walk owns it from the call on, whatever happens */
 mg_status mg_walk (mg_tape *t, int ntargets, mg_tensor *const *targets, mg_tensor *const *seeds,
-                   int nsources, mg_tensor *const *sources, idmap *grads, bool free_as_you_go,
+                   unsigned given, int nsources, mg_tensor *const *sources, idmap *grads, bool free_as_you_go,
                    const mg_gradient_hooks *hooks, char *taken, const char *fn);
+/* mg_tape_gradient with the seeds given (as mg_walk's): a recompute's
+** re-run seeded with the output gradient its node was handed */
+mg_status mg_tape_gradient_given (mg_tape *t, int ntargets, mg_tensor *const *targets, int nsources,
+                                  mg_tensor *const *sources, mg_tensor *const *seeds, unsigned given,
+                                  mg_tensor **grads);
 void      mg_release_grads (idmap *g);   /* releases the gradients a walk left */
 mg_status mg_tape_check_usable (const mg_tape *t, const char *fn);
 /* after a gradient: a non-persistent tape lets go of what it saved */

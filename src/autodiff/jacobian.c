@@ -51,7 +51,7 @@ static mg_status jacobian_rows (mg_tape *t, mg_tensor *target, int ns, mg_tensor
     idmap map = {0};
     mg_tensor *seed = differentiable ? one_hot(target, j, batch) : NULL;
     if (differentiable)
-      st = seed ? mg_walk(t, 1, &target, &seed, ns, sources, &map, false, NULL, NULL, fn) : MG_ERR;
+      st = seed ? mg_walk(t, 1, &target, &seed, 0, ns, sources, &map, false, NULL, NULL, fn) : MG_ERR;
     mg_tensor_release(seed);
     for (int s = 0; s < ns && st == MG_OK; s++) {
       mg_tensor *x = sources[s];

@@ -153,9 +153,12 @@ static mg_status check_outputs (const mg_node *n, const mg_list *out) {
 
 /* the local tape's gradient of the outputs, seeded with dout, for the
 ** inputs the outer walk asked for; an input the outputs do not reach stays
-** unconnected (needs cleared), as the plain tape leaves it */
+** unconnected (needs cleared), as the plain tape leaves it. The douts in
+** *handed (the walk's, handed over: takes_gradient) go to that walk as
+** its own seeds, so its first rule may write over them; they are cleared
+** from *handed once given */
 static mg_status local_gradient (mg_node *n, mg_tape *tape, const mg_list *out,
-                                 mg_tensor *const *dout, mg_tensor **din) {
+                                 mg_tensor *const *dout, unsigned *handed, mg_tensor **din) {
   int nt = 0, ns = 0, most = n->nin + n->nout;
   mg_tensor **targets = (mg_tensor **)malloc(sizeof(mg_tensor *) * (size_t)(2 * n->nout + 1));
   mg_tensor **sources = (mg_tensor **)malloc(sizeof(mg_tensor *) * (size_t)(2 * most + 1));
@@ -165,8 +168,13 @@ static mg_status local_gradient (mg_node *n, mg_tape *tape, const mg_list *out,
     return mg_seterror("out of memory in the backward of a recompute");
   }
   mg_tensor **seeds = targets + n->nout, **grads = sources + most;
+  unsigned given = 0;
   for (int i = 0; i < n->nout; i++) {
     if (dout[i] == NULL || !mg_is_floating(out->t[i]->dtype)) continue;
+    if (i < 32 && nt < 32 && (*handed & (1u << i))) {
+      given |= 1u << nt;
+      *handed &= ~(1u << i);
+    }
     targets[nt] = out->t[i];
     seeds[nt++] = dout[i];
   }
@@ -174,7 +182,7 @@ static mg_status local_gradient (mg_node *n, mg_tape *tape, const mg_list *out,
     if (n->needs[j]) sources[ns++] = n->in[j];
   for (int i = 0; i < n->nout && i < 32; i++)     /* outputs asked for: through the others too */
     if (n->out_sources & (1u << i)) sources[ns++] = out->t[i];
-  mg_status st = mg_tape_gradient(tape, nt, targets, ns, sources, seeds, 0, grads);
+  mg_status st = mg_tape_gradient_given(tape, nt, targets, ns, sources, seeds, given, grads);
   int k = 0;
   for (int j = 0; st == MG_OK && j < n->nin; j++)
     if (n->needs[j] && (din[j] = grads[k++]) == NULL) n->needs[j] = false;
@@ -238,10 +246,18 @@ static mg_status rerun (mg_node *n, recompute_ext *e, mg_tape *tape, mg_list *ou
   return st;
 }
 
+/* releases the handed-over douts a backward did not pass on */
+static mg_status drop_handed (const mg_node *n, mg_tensor *const *dout, unsigned handed, mg_status st) {
+  for (int i = 0; i < n->nout && i < 32; i++)
+    if (handed & (1u << i)) mg_tensor_release(dout[i]);
+  return st;
+}
+
 static mg_status recompute_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **din) {
   recompute_ext *e = (recompute_ext *)n->ext;
+  unsigned handed = n->spare;                    /* douts the walk handed over: ours to release */
   mg_tape *tape = mg_tape_new(0, 1);
-  if (tape == NULL) return MG_ERR;
+  if (tape == NULL) return drop_handed(n, dout, handed, MG_ERR);
   mg_list out = {0};
   mg_rng_state now = mg_random_get_state();
   mg_random_set_state(e->rng);
@@ -257,7 +273,8 @@ static mg_status recompute_backward (mg_node *n, mg_tensor *const *dout, mg_tens
   if (st == MG_OK) st = check_outputs(n, &out);
   if (st == MG_OK) st = check_captures(n, e, tape, &out);
   if (st == MG_OK && !mg_dry_running()) st = check_values(e, &out);   /* a dry run has no values */
-  if (st == MG_OK) st = local_gradient(n, tape, &out, dout, din);
+  if (st == MG_OK) st = local_gradient(n, tape, &out, dout, &handed, din);
+  drop_handed(n, dout, handed, st);
   mg_memory_span("recompute", 0);
   *loops = was;
   mg_recompute_leave();
@@ -275,6 +292,7 @@ static const mg_opdef recompute_op = {
   .info = {.name = "recompute_grad", .kind = MG_OP_OTHER},
   .saves = MG_SAVE_INPUTS, .backward = recompute_backward, .free_ext = recompute_free,
   .saved_extra = recompute_kept, .linked_outputs = true,
+  .reuses_gradient = true, .takes_gradient = true,    /* the re-run's walk may write over dout */
 };
 
 /* }========================================================== */

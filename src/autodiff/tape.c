@@ -870,6 +870,19 @@ static mg_status step_back (mg_node *n, idmap *grads, const idmap *dep, const id
     if (n->def->reuses_gradient && i < 32 && dout[i] && spare_gradient(dout[i], n->out_meta[i].id, keep_ids))
       n->spare |= 1u << i;
   }
+  unsigned handed = 0;                     /* gradients out of the map, the rule's (takes_gradient) */
+  for (int i = 0; n->def->takes_gradient && i < n->nout && i < 32; i++) {
+    if (!(n->spare & (1u << i))) continue;
+    if (narrowed & (1u << i)) {
+      narrowed &= ~(1u << i);              /* the walk's own cast: the rule's now */
+    } else {
+      void **slot = idmap_slot(grads, n->out_meta[i].id);
+      if (slot == NULL || *slot != dout[i]) { n->spare &= ~(1u << i); continue; }
+      grad_hold(dout[i], -1);
+      *slot = NULL;                        /* the map's reference, the rule's now */
+    }
+    handed |= 1u << i;
+  }
   n->out_sources = 0;
   for (int i = 0; n->def->linked_outputs && i < n->nout && i < 32; i++)
     if (idmap_has(keep_ids, n->out_meta[i].id) && mg_is_floating(n->out_meta[i].dtype)) n->out_sources |= 1u << i;
@@ -884,9 +897,12 @@ static mg_status step_back (mg_node *n, idmap *grads, const idmap *dep, const id
   bool pinned = n->dtr && st == MG_OK;
   if (st == MG_OK) st = n->packed ? unpack_all(n, packed) : MG_OK;
   if (st == MG_OK) {
+    handed = 0;                            /* the rule releases or passes them on */
     st = n->def->backward(n, dout, din);
     if (n->packed) repack_all(n, packed);
   }
+  for (int i = 0; i < n->nout && i < 32; i++)   /* handed over to a rule that did not run */
+    if (handed & (1u << i)) mg_tensor_release(dout[i]);
   n->spare = 0;
   n->going = false;
   if (pinned) mg_dtr_unpin(n);
@@ -1013,10 +1029,11 @@ static mg_status ready_call (ready_lists *r, size_t i, idmap *grads, mg_tensor *
 ** backward pass rather than after it, which lowers its peak.
 */
 mg_status mg_walk (mg_tape *t, int ntargets, mg_tensor *const *targets,
-                   mg_tensor *const *seeds, int nsources, mg_tensor *const *sources,
+                   mg_tensor *const *seeds, unsigned given, int nsources, mg_tensor *const *sources,
                    idmap *grads, bool free_as_you_go, const mg_gradient_hooks *hooks, char *taken,
                    const char *fn) {
   idmap dep = {0}, keep_ids = {0};
+  unsigned owned = given;                      /* given seeds not yet in the map */
   bool *relevant = NULL, small_relevant[256];
   ready_lists ready = {hooks, taken, NULL, NULL, {0}};
   mg_status st = MG_OK;
@@ -1044,8 +1061,10 @@ mg_status mg_walk (mg_tape *t, int ntargets, mg_tensor *const *targets,
     ** it stopped, or from nothing it watches) reaches no source: as in
     ** TensorFlow, its sources are unconnected, not an error */
     if (!mg_is_floating(y->dtype) || !idmap_has(&t->tracked, y->id)) continue;
-    mg_tensor *seed = seeds && seeds[k] ? mg_tensor_retain(seeds[k])
-                                        : mg_full(y->shape, y->ndim, y->dtype, 1.0);
+    bool mine = k < 32 && (owned & (1u << k));
+    owned &= ~(mine ? 1u << k : 0u);
+    mg_tensor *seed = mine ? seeds[k] : seeds && seeds[k] ? mg_tensor_retain(seeds[k])
+                                                         : mg_full(y->shape, y->ndim, y->dtype, 1.0);
     if (seed == NULL) { st = MG_ERR; goto done; }
     void **slot = idmap_slot(grads, y->id);
     if (slot == NULL) mg_tensor_release(seed);
@@ -1080,6 +1099,8 @@ mg_status mg_walk (mg_tape *t, int ntargets, mg_tensor *const *targets,
     if (any) mg_memory_safe_point();
   }
 done:
+  for (int k = 0; k < ntargets && k < 32; k++)   /* given, never seeded (an error, a target not recorded) */
+    if (owned & (1u << k)) mg_tensor_release(seeds[k]);
   if (mg_dtr_walk_end() != MG_OK && st == MG_OK) {   /* a step short of its budget */
     char why[600];
     snprintf(why, sizeof why, "%s", mg_errmsg_raw());
@@ -1171,29 +1192,49 @@ mg_status mg_tape_gradient (mg_tape *t, int ntargets, mg_tensor *const *targets,
   return mg_tape_gradient_hooked(t, ntargets, targets, nsources, sources, out_grads, unconnected_zero, NULL, grads);
 }
 
-mg_status mg_tape_gradient_hooked (mg_tape *t, int ntargets, mg_tensor *const *targets, int nsources,
-                                   mg_tensor *const *sources, mg_tensor *const *out_grads,
-                                   int unconnected_zero, const mg_gradient_hooks *hooks, mg_tensor **grads) {
+/* releases the given seeds (as mg_walk's) and returns MG_ERR: a gradient
+** that fails before its walk still owns them */
+static mg_status drop_given (int ntargets, mg_tensor *const *seeds, unsigned given) {
+  for (int k = 0; k < ntargets && k < 32; k++)
+    if (given & (1u << k)) mg_tensor_release(seeds[k]);
+  return MG_ERR;
+}
+
+static mg_status tape_gradient (mg_tape *t, int ntargets, mg_tensor *const *targets, int nsources,
+                                mg_tensor *const *sources, mg_tensor *const *out_grads, unsigned given,
+                                int unconnected_zero, const mg_gradient_hooks *hooks, mg_tensor **grads) {
   const char *fn = "mg_tape_gradient";
-  if (grads == NULL && nsources > 0) return mg_null_arg(fn, "grads");
+  if (grads == NULL && nsources > 0) return mg_null_arg(fn, "grads"), drop_given(ntargets, out_grads, given);
   for (int s = 0; s < nsources; s++) grads[s] = NULL;
-  MG_CHECK_ARG(fn, t, MG_ERR);
+  if (t == NULL) return mg_null_arg(fn, "t"), drop_given(ntargets, out_grads, given);
   if (check_array(fn, "targets", ntargets, targets) != MG_OK ||
       check_array(fn, "sources", nsources, sources) != MG_OK)
-    return MG_ERR;
-  if (mg_tape_check_usable(t, "gradient") != MG_OK) return MG_ERR;
+    return drop_given(ntargets, out_grads, given);
+  if (mg_tape_check_usable(t, "gradient") != MG_OK) return drop_given(ntargets, out_grads, given);
   for (int k = 0; k < ntargets; k++) {
-    if (out_grads && out_grads[k] && check_seed(targets[k], out_grads[k], k) != MG_OK) return MG_ERR;
+    if (out_grads && out_grads[k] && check_seed(targets[k], out_grads[k], k) != MG_OK)
+      return drop_given(ntargets, out_grads, given);
+  }
+  /* the walk holds the seeds it was not given (a given one is the map's alone:
+  ** a rule may write over it) */
+  mg_tensor *held_small[8], **held = (mg_tensor **)out_grads;
+  if (given && out_grads) {
+    held = ntargets <= 8 ? held_small : (mg_tensor **)malloc(sizeof(mg_tensor *) * (size_t)ntargets);
+    if (held == NULL) return mg_seterror("out of memory in tape:gradient"), drop_given(ntargets, out_grads, given);
+    for (int k = 0; k < ntargets; k++) held[k] = k < 32 && (given & (1u << k)) ? NULL : out_grads[k];
   }
   mg_held h = {0};
-  if (mg_walk_begin(&h, t, "gradient", ntargets, targets, nsources, sources, ntargets, out_grads) != MG_OK)
-    return MG_ERR;
+  mg_status began = mg_walk_begin(&h, t, "gradient", ntargets, targets, nsources, sources, ntargets, held);
+  if (held != out_grads && held != held_small) free(held);
+  if (began != MG_OK) return drop_given(ntargets, out_grads, given);
   idmap map = {0};
   char *taken = hooks && hooks->ready ? (char *)calloc((size_t)nsources + 1, 1) : NULL;
   mg_status st = hooks && hooks->ready && taken == NULL ? mg_seterror("out of memory in tape:gradient") : MG_OK;
+  if (st != MG_OK) drop_given(ntargets, out_grads, given);
   mg_memory_span("backward", 1);
   if (st == MG_OK)
-    st = mg_walk(t, ntargets, targets, out_grads, nsources, sources, &map, !t->persistent, hooks, taken, "gradient");
+    st = mg_walk(t, ntargets, targets, out_grads, given, nsources, sources, &map, !t->persistent, hooks, taken,
+                 "gradient");
   mg_memory_span("backward", 0);
   if (st == MG_OK) st = collect(&map, nsources, sources, unconnected_zero, grads);
   for (int s = 0; st == MG_OK && taken && s < nsources; s++)
@@ -1203,6 +1244,18 @@ mg_status mg_tape_gradient_hooked (mg_tape *t, int ntargets, mg_tensor *const *t
   mg_tape_consume(t);                        /* even after a failure: its nodes may be gone */
   mg_walk_end(&h);                      /* last: it may drop the final reference to t */
   return st;
+}
+
+mg_status mg_tape_gradient_hooked (mg_tape *t, int ntargets, mg_tensor *const *targets, int nsources,
+                                   mg_tensor *const *sources, mg_tensor *const *out_grads,
+                                   int unconnected_zero, const mg_gradient_hooks *hooks, mg_tensor **grads) {
+  return tape_gradient(t, ntargets, targets, nsources, sources, out_grads, 0, unconnected_zero, hooks, grads);
+}
+
+mg_status mg_tape_gradient_given (mg_tape *t, int ntargets, mg_tensor *const *targets, int nsources,
+                                  mg_tensor *const *sources, mg_tensor *const *seeds, unsigned given,
+                                  mg_tensor **grads) {
+  return tape_gradient(t, ntargets, targets, nsources, sources, seeds, given, 0, NULL, grads);
 }
 
 /* }========================================================== */

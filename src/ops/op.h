@@ -72,6 +72,11 @@ typedef struct mg_opdef {
   /* its backward may write over an output gradient the walk spares it
   ** (mg_node.spare): only then does the walk look */
   bool reuses_gradient;
+  /* (with reuses_gradient) the walk hands such a gradient over: bit i of
+  ** mg_node.spare set, dout[i] is out of the walk's map and the backward's
+  ** to release or pass on (recompute seeds its re-run's walk with it, which
+  ** then may write over it in turn) */
+  bool takes_gradient;
   /* its outputs may depend on one another inside it (a recomputed function
   ** returning y and cos(y)): when output i is a source of the gradient, the
   ** walk sets bit i of mg_node.out_sources and the backward writes
