@@ -429,21 +429,7 @@ describe("pow's square (x ^ 2, in every loss and norm)", function()
   it("holds one x-sized temporary in the backward of mean(x ^ 2), none when dout is the walk's", function()
     mg.random.seed(5)
     local x = mg.random.normal({512, 512})
-    local function backward_peak (f)
-      local t = mg.tape()
-      t:watch(x)
-      local y = f()
-      t:stop()
-      collectgarbage()
-      collectgarbage()
-      local was = mg.memory.setpause(100, 0)
-      mg.memory.reset_peak()
-      local before = mg.memory.stats().current_bytes
-      local g = t:gradient(y, x)
-      local peak = mg.memory.stats().peak_bytes - before
-      mg.memory.setpause(was)
-      return peak, g
-    end
+    local function backward_peak (f) return h.gradient_peak(x, f) end
     -- dout broadcast from mean's scalar: 2x, then dout * 2x (the result)
     assert.is_true(backward_peak(function() return mg.mean(x ^ 2) end) <= 2 * x.nbytes + 4096)
     -- dout a fresh product's (the walk's alone): written over, no temporary beside it

@@ -245,24 +245,12 @@ describe("recompute_grad", function()
     mg.random.seed(9)
     local x, w, c = mg.random.normal({512, 256}), mg.random.normal({256, 256}), mg.random.normal({512, 256})
     local block = function(h) for _ = 1, 4 do h = mg.tanh(mg.matmul(h, w)) end return h end
-    local function backward (f)
-      local t = mg.tape()
-      t:watch(x)
-      local y = mg.sum(f(x) * c)                     -- a fresh dout (mul's), as the next block's would be
-      t:stop()
-      local saved = t:saved_bytes()
-      collectgarbage()
-      collectgarbage()
-      local was = mg.memory.setpause(100, 0)
-      mg.memory.reset_peak()
-      local before = mg.memory.stats().current_bytes
-      local g = t:gradient(y, x)
-      local peak = mg.memory.stats().peak_bytes - before
-      mg.memory.setpause(was)
-      return peak, saved, g
-    end
+    -- a fresh dout (mul's), as the next block's would be
+    local function backward (f) return h.gradient_peak(x, function() return mg.sum(f(x) * c) end) end
+    local release = h.hold_threads()                 -- same bits: one thread count for both
     local plain_peak, plain_saved, plain_g = backward(block)
     local peak, saved, g = backward(mg.recompute_grad(block))
+    release()
     h.assert_close(g, plain_g, 0)
     -- beyond the plain backward's working set, the re-run holds what the
     -- plain tape saved and the recomputed one did not, and its forward's

@@ -160,6 +160,27 @@ function helpers.grads (f, xs, seed)
   return t:gradient(y, xs)
 end
 
+-- the gradient of f() (a scalar) with respect to x, on a tape that
+-- watches x: the peak bytes above the gradient's start (collected eagerly),
+-- the bytes the tape saved, and the gradient
+function helpers.gradient_peak (x, f)
+  local t = mg.tape()
+  t:watch(x)
+  local y = f()
+  t:stop()
+  local saved = t:saved_bytes()
+  collectgarbage()
+  collectgarbage()
+  local pause, min_bytes = mg.memory.setpause(100, 0)
+  mg.memory.reset_peak()
+  local before = mg.memory.stats().current_bytes
+  local ok, g = pcall(t.gradient, t, y, x)
+  local peak = mg.memory.stats().peak_bytes - before
+  mg.memory.setpause(pause, min_bytes)
+  if not ok then error(g, 0) end
+  return peak, saved, g
+end
+
 -- live tensor count after a full collection
 function helpers.live ()
   return helpers.settled().live_tensors
