@@ -388,6 +388,8 @@ describe("pow's square (x ^ 2, in every loss and norm)", function()
         same(v ^ 1, v)
       end
       h.assert_close(mg.constant({2, 3}, dt) ^ 3, mg.constant({8, 27}, dt), 1e-6)
+      assert.same({0, 3}, (mg.zeros({0, 3}, dt) ^ mg.zeros({0, 3}, dt)).shape)   -- no exponent to read
+      assert.same({0, 3}, (mg.zeros({0, 3}, dt) ^ 2).shape)
       h.assert_close(mg.constant({4, 9}, dt) ^ mg.constant({2, 0.5}, dt), mg.constant({16, 3}, dt), 1e-6)
     end
   end)

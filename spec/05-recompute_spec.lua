@@ -675,6 +675,37 @@ describe("recompute_grad's save policies", function()
     end
   end)
 
+  it("a gradient taken inside the block runs the same ops in the first run and the re-run", function()
+    -- the first run walks with no tape recording, the re-run under its
+    -- local tape: a walk's shortcuts (a gradient written over, x ^ 2's
+    -- two-op backward) are off in both, so kept outputs and verify's log
+    -- match op for op
+    local x = mg.constant({0.5, -1.0, 2.0})
+    local function square_penalty (a)                -- d/da sum(a^2), cubed: 8 a^3
+      local t = mg.tape()
+      t:watch(a)
+      local y = mg.sum(a ^ 2)
+      t:stop()
+      return t:gradient(y, a) ^ 3
+    end
+    local function tanh_penalty (a)
+      local t = mg.tape()
+      t:watch(a)
+      local y = mg.sum(mg.tanh(a * 3) * a)
+      t:stop()
+      return t:gradient(y, a) * a
+    end
+    for _, block in ipairs{square_penalty, tanh_penalty} do
+      local want = h.grad(function(a) return mg.sum(block(a)) end, x)
+      for _, opts in ipairs{{policy = "output"}, {policy = function(name) return name == "pow" end},
+                            {policy = "nothing"}, {verify = true}, {verify = true, policy = "dots"}} do
+        local f = mg.recompute_grad(block, opts)
+        h.assert_close(h.grad(function(a) return mg.sum(f(a)) end, x), want, 0)
+      end
+    end
+    h.assert_close(h.grad(function(a) return mg.sum(square_penalty(a)) end, x), {6, 24, 96}, 0)
+  end)
+
   it("a policy's own ops are not asked about", function()
     local asked = 0
     local f = mg.recompute_grad(function(v) return mg.tanh(v) * 2 end,

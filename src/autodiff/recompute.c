@@ -335,12 +335,24 @@ static mg_tensor **node_inputs (recompute_ext *e, int nin, mg_tensor *const *in,
   return inputs;
 }
 
+/* the first run, counted while it runs: a gradient taken inside f walks
+** then as in the re-run, where a tape records (no buffer reused, no op
+** skipped: its ops are the ones the re-run's verify and save policy count) */
+static mg_status counted_forward (const mg_function *fn, void *ud, int nin, mg_tensor *const *in,
+                                  mg_list *out, mg_var_watcher *w) {
+  int *first_runs = &mg_ctx()->replay.first_runs;
+  (*first_runs)++;
+  mg_status st = mg_call_forward(fn, ud, nin, in, out, w, MG_FN_CAPTURES);
+  (*first_runs)--;
+  return st;
+}
+
 /* the first run under a save policy: what it keeps goes to *kept */
 static mg_status first_run (const mg_function *fn, void *ud, int nin, mg_tensor *const *in,
                             mg_list *out, mg_var_watcher *w, mg_save_policy save, void *save_ud,
                             mg_replay **kept) {
   *kept = NULL;
-  if (save == NULL) return mg_call_forward(fn, ud, nin, in, out, w, MG_FN_CAPTURES);
+  if (save == NULL) return counted_forward(fn, ud, nin, in, out, w);
   if ((*kept = mg_replay_new()) == NULL) return MG_ERR;
   mg_replay_state *rs = &mg_ctx()->replay, was = *rs;
   mg_autodiff_install(mg_ctx());                 /* the dispatcher tells the policy of each op */
@@ -348,7 +360,7 @@ static mg_status first_run (const mg_function *fn, void *ud, int nin, mg_tensor 
   rs->playing = NULL;                            /* (an enclosing re-run's ops are not these) */
   rs->save = save;
   rs->save_ud = save_ud;
-  mg_status st = mg_call_forward(fn, ud, nin, in, out, w, MG_FN_CAPTURES);
+  mg_status st = counted_forward(fn, ud, nin, in, out, w);
   *rs = was;
   if (st == MG_OK) mg_replay_settle(*kept, out);
   if (st != MG_OK) {

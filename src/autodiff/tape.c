@@ -685,12 +685,13 @@ size_t mg_tape_saved_bytes (const mg_tape *t) {
 
 /* May the walk reuse a gradient's buffer (adding into a sum, or letting a
 ** rule write over its output gradient)? Not when a tape records the walk
-** (a higher-order gradient needs the ops), nor while a save policy counts
-** ops: recompute's first run and its re-run (which runs under its own
-** recording tape) must make the same ops for the kept outputs to match. */
+** (a higher-order gradient needs the ops), nor inside a recompute's first
+** run: its re-run runs under its own recording tape, and the two must make
+** the same ops (a save policy's kept outputs, verify's log), a gradient
+** taken inside the function included. */
 static bool reuse_allowed (void) {
   const mg_replay_state *r = &mg_ctx()->replay;
-  return mg_tapes_recording() == 0 && r->recording == NULL && r->playing == NULL;
+  return mg_tapes_recording() == 0 && r->recording == NULL && r->playing == NULL && r->first_runs == 0;
 }
 
 /* Does nothing but the walk see gradient t: one reference, its storage's
@@ -857,6 +858,7 @@ static mg_status step_back (mg_node *n, idmap *grads, const idmap *dep, const id
   }
   n->spare = 0;
   n->going = going;
+  n->shortcuts = reuse_allowed();
   for (int i = 0; i < n->nout; i++) {
     dout[i] = (mg_tensor *)idmap_get(grads, n->out_meta[i].id);
     if (dout[i] && dout[i]->dtype != n->out_meta[i].dtype && !n->def->any_gradient_dtype && i < 32) {

@@ -183,6 +183,7 @@ typedef struct mg_replay_state {
   mg_save_policy save;
   void *save_ud;
   mg_replay *playing;                       /* a re-run: take kept outputs */
+  int first_runs;                           /* recomputes' first runs under way (any policy) */
 } mg_replay_state;
 
 /* What the floors above install in the context, so that no floor below

@@ -323,8 +323,8 @@ mg_tensor *mg_div (mg_tensor *a, mg_tensor *b) { return binary(&div_op, a, b); }
 ** of 1, x itself) */
 #define POW_KERNEL(NAME, T)                                                       \
   static void NAME (int64_t n, char **p, const int64_t *s) {                      \
-    T e = *(const T *)p[2];                                                       \
-    if (s[2] == 0 && (e == 2 || e == 1)) {                                        \
+    T e = n > 0 && s[2] == 0 ? *(const T *)p[2] : 0;                              \
+    if (e == 2 || e == 1) {                                                       \
       const T *a = (const T *)p[1];                                               \
       T *o = (T *)p[0];                                                           \
       int64_t sa = s[1];                                                          \
@@ -372,10 +372,12 @@ static mg_status pow_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **d
   mg_scope sc = {0};
   mg_tensor *a = n->in[0], *b = n->in[1];
   /* a ^ 2 (a square in a loss or a norm): dout * (2 * a) over dout's own
-  ** buffer when the walk spares it, else two ops, not pow's five. Not
-  ** while a tape records the backward: pow's ops keep a third derivative
-  ** connected to a (0, not none, as TensorFlow's) */
-  if (n->needs[0] && !n->needs[1] && is_two(b) && mg_tapes_recording() == 0) {
+  ** buffer when the walk spares it, else two ops, not pow's five. Only
+  ** where the walk allows shortcuts: while a tape records the backward,
+  ** pow's ops keep a third derivative connected to a (0, not none, as
+  ** TensorFlow's), and a recompute's first run takes the path its re-run
+  ** (recorded) takes */
+  if (n->needs[0] && !n->needs[1] && n->shortcuts && is_two(b)) {
     if ((n->spare & 1) && square_grad_into(dout[0], a)) {
       din[0] = mg_tensor_retain(dout[0]);
       return MG_OK;

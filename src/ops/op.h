@@ -207,6 +207,11 @@ struct mg_node {
   ** alone (nothing else holds it, nothing records the walk, it is dropped
   ** after the rule), so the rule may write its own result over it */
   unsigned spare;
+  /* set by the walk before the rule: it may take shortcuts that run fewer
+  ** ops (no tape records the walk, no recompute's first run or re-run
+  ** counts ops); a rule whose ops differ with it runs the same ops in a
+  ** recompute's first run as in its re-run */
+  bool shortcuts;
   /* set by the walk before the rule: the node goes when its rule returns (a
   ** non-persistent tape's gradient, and no other tape holds it), so the rule
   ** may let go of a saved output it is done with (mg_node_unkeep_out) */
