@@ -186,8 +186,10 @@ struct mg_tape {
 ** of each op computes in the dtypes its forward ran in) */
 typedef struct mg_held { mg_tape *t; bool paused, autocast_off; mg_tensor **xs; int n; mg_tensor *small[8]; } mg_held;
 
+/* holds t and the tensors of a, b and c (c may be NULL, or have NULLs; c[k]
+** with bit k of c_not_held set is not held: a seed handed to the walk) */
 mg_status mg_walk_begin (mg_held *h, mg_tape *t, const char *fn, int na, mg_tensor *const *a,
-                         int nb, mg_tensor *const *b, int nc, mg_tensor *const *c);
+                         int nb, mg_tensor *const *b, int nc, mg_tensor *const *c, unsigned c_not_held);
 void      mg_walk_end   (mg_held *h);    /* last: it may drop the final reference to t */
 
 /* grads gets d(sum of targets . seeds)/d source for each source the tape
@@ -204,6 +206,9 @@ mg_status mg_tape_gradient_given (mg_tape *t, int ntargets, mg_tensor *const *ta
                                   mg_tensor *const *sources, mg_tensor *const *seeds, unsigned given,
                                   mg_tensor **grads);
 void      mg_release_grads (idmap *g);   /* releases the gradients a walk left */
+/* releases ts[k] for each k < n (and < 32) with bit k of mask set: the
+** references handed over (given seeds, handed output gradients) not passed on */
+void      mg_release_masked (int n, mg_tensor *const *ts, unsigned mask);
 mg_status mg_tape_check_usable (const mg_tape *t, const char *fn);
 /* after a gradient: a non-persistent tape lets go of what it saved */
 void      mg_tape_consume (mg_tape *t);

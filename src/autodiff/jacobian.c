@@ -41,7 +41,7 @@ static mg_status jacobian_rows (mg_tape *t, mg_tensor *target, int ns, mg_tensor
   if (walks > (1 << 20))
     return mg_seterror("tape:%s: target is too large (%lld elements)", fn, (long long)rows);
   mg_held h = {0};
-  if (mg_walk_begin(&h, t, fn, 1, &target, ns, sources, 0, NULL) != MG_OK) return MG_ERR;
+  if (mg_walk_begin(&h, t, fn, 1, &target, ns, sources, 0, NULL, 0) != MG_OK) return MG_ERR;
   bool differentiable = mg_is_floating(target->dtype);
   size_t np = (size_t)walks * (size_t)ns;            /* parts[s * walks + j]: row j of source s */
   mg_tensor **parts = (mg_tensor **)calloc(np ? np : 1, sizeof(mg_tensor *));

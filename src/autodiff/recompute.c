@@ -248,8 +248,7 @@ static mg_status rerun (mg_node *n, recompute_ext *e, mg_tape *tape, mg_list *ou
 
 /* releases the handed-over douts a backward did not pass on */
 static mg_status drop_handed (const mg_node *n, mg_tensor *const *dout, unsigned handed, mg_status st) {
-  for (int i = 0; i < n->nout && i < 32; i++)
-    if (handed & (1u << i)) mg_tensor_release(dout[i]);
+  mg_release_masked(n->nout, dout, handed);
   return st;
 }
 

@@ -1101,8 +1101,7 @@ mg_status mg_walk (mg_tape *t, int ntargets, mg_tensor *const *targets,
     if (any) mg_memory_safe_point();
   }
 done:
-  for (int k = 0; k < ntargets && k < 32; k++)   /* given, never seeded (an error, a target not recorded) */
-    if (owned & (1u << k)) mg_tensor_release(seeds[k]);
+  mg_release_masked(ntargets, seeds, owned);     /* given, never seeded (an error, a target not recorded) */
   if (mg_dtr_walk_end() != MG_OK && st == MG_OK) {   /* a step short of its budget */
     char why[600];
     snprintf(why, sizeof why, "%s", mg_errmsg_raw());
@@ -1158,7 +1157,7 @@ static mg_status check_array (const char *fn, const char *name, int n, mg_tensor
 }
 
 mg_status mg_walk_begin (mg_held *h, mg_tape *t, const char *fn, int na, mg_tensor *const *a,
-                             int nb, mg_tensor *const *b, int nc, mg_tensor *const *c) {
+                         int nb, mg_tensor *const *b, int nc, mg_tensor *const *c, unsigned c_not_held) {
   if (t->walking)
     return mg_seterror("tape:%s: called while this tape's gradient is being computed", fn);
   int most = na + nb + nc;
@@ -1167,7 +1166,8 @@ mg_status mg_walk_begin (mg_held *h, mg_tape *t, const char *fn, int na, mg_tens
   h->n = 0;
   for (int i = 0; i < na; i++) h->xs[h->n++] = mg_tensor_retain(a[i]);
   for (int i = 0; i < nb; i++) h->xs[h->n++] = mg_tensor_retain(b[i]);
-  for (int i = 0; c && i < nc; i++) if (c[i]) h->xs[h->n++] = mg_tensor_retain(c[i]);
+  for (int i = 0; c && i < nc; i++)
+    if (c[i] && !(i < 32 && (c_not_held & (1u << i)))) h->xs[h->n++] = mg_tensor_retain(c[i]);
   h->t = mg_tape_retain(t);
   t->walking++;
   /* A persistent tape still recording records its own backward pass, as
@@ -1194,11 +1194,15 @@ mg_status mg_tape_gradient (mg_tape *t, int ntargets, mg_tensor *const *targets,
   return mg_tape_gradient_hooked(t, ntargets, targets, nsources, sources, out_grads, unconnected_zero, NULL, grads);
 }
 
+void mg_release_masked (int n, mg_tensor *const *ts, unsigned mask) {
+  for (int k = 0; k < n && k < 32; k++)
+    if (mask & (1u << k)) mg_tensor_release(ts[k]);
+}
+
 /* releases the given seeds (as mg_walk's) and returns MG_ERR: a gradient
 ** that fails before its walk still owns them */
 static mg_status drop_given (int ntargets, mg_tensor *const *seeds, unsigned given) {
-  for (int k = 0; k < ntargets && k < 32; k++)
-    if (given & (1u << k)) mg_tensor_release(seeds[k]);
+  mg_release_masked(ntargets, seeds, given);
   return MG_ERR;
 }
 
@@ -1219,16 +1223,9 @@ static mg_status tape_gradient (mg_tape *t, int ntargets, mg_tensor *const *targ
   }
   /* the walk holds the seeds it was not given (a given one is the map's alone:
   ** a rule may write over it) */
-  mg_tensor *held_small[8], **held = (mg_tensor **)out_grads;
-  if (given && out_grads) {
-    held = ntargets <= 8 ? held_small : (mg_tensor **)malloc(sizeof(mg_tensor *) * (size_t)ntargets);
-    if (held == NULL) return mg_seterror("out of memory in tape:gradient"), drop_given(ntargets, out_grads, given);
-    for (int k = 0; k < ntargets; k++) held[k] = k < 32 && (given & (1u << k)) ? NULL : out_grads[k];
-  }
   mg_held h = {0};
-  mg_status began = mg_walk_begin(&h, t, "gradient", ntargets, targets, nsources, sources, ntargets, held);
-  if (held != out_grads && held != held_small) free(held);
-  if (began != MG_OK) return drop_given(ntargets, out_grads, given);
+  if (mg_walk_begin(&h, t, "gradient", ntargets, targets, nsources, sources, ntargets, out_grads, given) != MG_OK)
+    return drop_given(ntargets, out_grads, given);
   idmap map = {0};
   char *taken = hooks && hooks->ready ? (char *)calloc((size_t)nsources + 1, 1) : NULL;
   mg_status st = hooks && hooks->ready && taken == NULL ? mg_seterror("out of memory in tape:gradient") : MG_OK;
