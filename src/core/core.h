@@ -91,6 +91,7 @@ typedef struct mg_storage {
   void (*release)(void *ud);   /* how to give such a buffer back; may be NULL */
   void *release_ud;
   struct mg_storage *older, *newer;   /* while in the reuse cache: the order it was freed in */
+  struct mg_storage **in_bucket;      /* and the link that points to it in its bucket */
 } mg_storage;
 
 mg_storage *mg_storage_new     (size_t nbytes);       /* NULL + error on failure */
