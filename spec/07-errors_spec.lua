@@ -16,6 +16,9 @@ describe("errors name the function and the mismatch", function()
     fails(function() return mg.ones{2, 3}:reshape{4, 2} end,
           "reshape: cannot reshape (2,3) [6 elements] into (4,2)")
     fails(function() return mg.reshape(mg.ones{6}, {-1, -1}) end, "reshape: only one dimension can be -1")
+    fails(function() return mg.reshape(mg.zeros{0, 3}, {-1, 0}) end,       -- NumPy's and PyTorch's refusal
+          "reshape: the -1 in (-1,0) is ambiguous: another dimension is 0, so any size fits")
+    assert.same({0}, mg.reshape(mg.zeros{0, 3}, {-1}).shape)
     fails(function() return mg.concat({mg.ones{2, 3}, mg.ones{2, 4}}) end,
           "concat: shapes differ outside axis 1: tensor 1 is (2,3), tensor 2 is (2,4)")
     fails(function() return mg.squeeze(mg.ones{2, 3}, 1) end, "squeeze: dimension 1 has size 2, not 1")

@@ -237,6 +237,15 @@ describe("flip, tile, repeat_interleave, pad", function()
     same({{1, 1, 2, 2, 3, 3}, {4, 4, 5, 5, 6, 6}}, x:repeat_interleave(2, 2))
     same({{1, 2, 3}, {4, 5, 6}, {4, 5, 6}}, mg.repeat_interleave(x, {1, 2}, 1))
     same({{2, 3, 3}, {5, 6, 6}}, mg.repeat_interleave(x, {0, 1, 2}, -1))
+    -- counts as an int64 tensor (torch's), 1-d, strided or 0-d
+    same({{2, 3, 3}, {5, 6, 6}}, mg.repeat_interleave(x, mg.tensor({0, 1, 2}, "int64"), 2))
+    same({{1, 2, 3}, {4, 5, 6}, {4, 5, 6}},
+         mg.repeat_interleave(x, mg.tensor({9, 1, 7, 2}, "int64"):slice({2, 4, 2}), 1))
+    same({1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6}, mg.repeat_interleave(x, mg.tensor(2, "int64")))
+    fails(function() return mg.repeat_interleave(x, mg.tensor{1, 2}, 1) end,
+          "bad argument #2 to 'repeat_interleave' (repeats as a tensor must be int64 of 0 or 1 dimensions, got float32 with 1)")
+    fails(function() return mg.repeat_interleave(x, "2", 1) end,
+          "bad argument #2 to 'repeat_interleave' (repeats expected (an integer, a list of integers or an int64 tensor), got string)")
     assert.same({2, 0}, mg.repeat_interleave(x, 0, 2).shape)
     fails(function() return mg.repeat_interleave(x, {1, 2}, 2) end,
           "repeat_interleave: 2 repeat counts given for dimension 2 of size 3 (give one, or one per entry)")

@@ -320,9 +320,39 @@ describe("pooling", function()
       local g = grads(function(v) return mg.max_pool2d(v, o) end, {x}, dy)[1]
       same_bits(g, bf(mg.max_pool2d_backward(x32, mg.cast(dy, "float32"), o)))
     end
-    local nan = bf(mg.tensor{{{{0 / 0}, {1}}, {{2}, {0 / 0}}}})
+    local nan = bf(mg.tensor{{{{1}, {0 / 0}}, {{2}, {3}}}})
     assert.are.equal(mg.max_pool2d(mg.cast(nan, "float32")):item() ~= mg.max_pool2d(mg.cast(nan, "float32")):item(),
                      mg.max_pool2d(nan):item() ~= mg.max_pool2d(nan):item())
+  end)
+
+  it("a NaN in a window is its maximum wherever it sits, and takes the gradient (the last NaN: PyTorch's)", function()
+    local nan = 0 / 0
+    for _, dt in ipairs{"float32", "float64", "bfloat16"} do
+      local function t (v) return mg.cast(mg.tensor(v, "float64"), dt) end
+      for _, case in ipairs{
+        {{1, nan, 2, 3}, {0, 1, 0, 0}}, {{nan, 1, 2, 3}, {1, 0, 0, 0}}, {{1, 2, 3, nan}, {0, 0, 0, 1}},
+        {{nan, 1, nan, 3}, {0, 0, 1, 0}}, {{1, 2, 4, 3}, {0, 0, 1, 0}},
+      } do
+        local x = mg.reshape(t(case[1]), {1, 2, 2, 1})
+        local y = mg.max_pool2d(x)
+        local want_nan = case[2] ~= nil and (case[1][1] ~= case[1][1] or case[1][2] ~= case[1][2] or
+                                             case[1][3] ~= case[1][3] or case[1][4] ~= case[1][4])
+        local v = mg.cast(y, "float64"):item()
+        assert.are.equal(want_nan, v ~= v, dt)
+        local g = grads(function(u) return mg.max_pool2d(u) end, {x}, mg.ones_like(y))[1]
+        assert.same(case[2], mg.cast(mg.reshape(g, {4}), "float64"):totable(), dt)
+      end
+      -- overlapping windows and SAME padding: the other backward loop and its argmax
+      local x = mg.reshape(t{1, 2, 3, 4, nan, 6, 7, 8, 9}, {1, 3, 3, 1})
+      local o = {pool_size = 2, strides = 1, padding = "same"}
+      local y = mg.cast(mg.max_pool2d(x, o), "float64"):totable()
+      assert.is_true(y[1][1][1][1] ~= y[1][1][1][1] and y[1][2][2][1] ~= y[1][2][2][1])   -- windows holding x[2][2]
+      assert.are.equal(6, y[1][1][3][1])
+      assert.are.equal(9, y[1][2][3][1])
+      local g = mg.cast(grads(function(u) return mg.max_pool2d(u, o) end, {x}, mg.ones_like(mg.max_pool2d(x, o)))[1],
+                        "float64")
+      assert.same({0, 0, 0, 0, 4, 1, 0, 1, 3}, mg.reshape(g, {9}):totable(), dt)
+    end
   end)
 
   it("gradchecks in float64 (random values: no ties) and second order", function()

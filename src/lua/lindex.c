@@ -63,7 +63,23 @@ static int fill_one_based (lua_State *L, ltensor *box, mg_tensor *ix) {
 
 /* a list of integers at arg (or one integer, as a list of one) into an
 ** int64 array anchored on the stack; returns it, *n its length */
+/* an int64 tensor's values (0-d or 1-d), as a list's */
+static int64_t *tensor_ints (lua_State *L, int arg, mg_tensor *t, const char *what, int64_t *n) {
+  if (mg_tensor_dtype(t) != MG_INT64 || mg_tensor_ndim(t) > 1)
+    luaL_argerror(L, arg, lua_pushfstring(L, "%s as a tensor must be int64 of 0 or 1 dimensions, got %s with %d",
+                                          what, mg_dtype_name(mg_tensor_dtype(t)), mg_tensor_ndim(t)));
+  *n = mg_tensor_numel(t);
+  int64_t *v = (int64_t *)lua_newuserdatauv(L, sizeof(int64_t) * (size_t)(*n ? *n : 1), 0);
+  const int64_t *p = (const int64_t *)mg_tensor_data(t);
+  int64_t step = mg_tensor_ndim(t) ? mg_tensor_strides(t)[0] : 0;
+  for (int64_t i = 0; i < *n; i++) v[i] = p[i * step];
+  return v;
+}
+
+/* an integer, a list of integers or an int64 tensor of them (*n of them) */
 static int64_t *checkints (lua_State *L, int arg, const char *what, int64_t *n) {
+  mg_tensor *t = mgL_testtensor(L, arg);
+  if (t) return tensor_ints(L, arg, t, what, n);
   if (lua_type(L, arg) == LUA_TNUMBER) {
     int64_t *v = (int64_t *)lua_newuserdatauv(L, sizeof(int64_t), 0);
     v[0] = (int64_t)mgL_intat(L, arg, arg, what);
@@ -71,7 +87,7 @@ static int64_t *checkints (lua_State *L, int arg, const char *what, int64_t *n) 
     return v;
   }
   if (!lua_istable(L, arg))
-    luaL_argerror(L, arg, lua_pushfstring(L, "%s expected (an integer or a list of integers), got %s", what,
+    luaL_argerror(L, arg, lua_pushfstring(L, "%s expected (an integer, a list of integers or an int64 tensor), got %s", what,
                                           luaL_typename(L, arg)));
   int len = mgL_checklist(L, arg, arg, what);
   int64_t *v = (int64_t *)lua_newuserdatauv(L, sizeof(int64_t) * (size_t)(len ? len : 1), 0);

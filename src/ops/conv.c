@@ -284,6 +284,11 @@ static inline float bf16_value (uint16_t h) {
   return f;
 }
 
+/* does a window's value a take the maximum from m? A greater one does, and
+** a NaN does (the maximum of a window with a NaN is NaN, as mg.max's and
+** PyTorch's; the last NaN takes the gradient, as in PyTorch) */
+#define BEATS(a, m) ((a) > (m) || (a) != (a))
+
 /* y (N,OH,OW,C) = the maximum over each window's pixels (max, as a blend,
 ** vectorises across the channels) */
 #define MAX_POOL_FWD(T, V) do {                                                        \
@@ -300,7 +305,7 @@ static inline float bf16_value (uint16_t h) {
             for (int64_t v = v0; v < v1; v++) {                                     \
               const T *restrict xp = xn + ((ih0 + u * g->dh) * g->W + iw0 + v * g->dw) * C; \
               if (u == u0 && v == v0) { for (int64_t c = 0; c < C; c++) yp[c] = xp[c]; } \
-              else { for (int64_t c = 0; c < C; c++) yp[c] = V(xp[c]) > V(yp[c]) ? xp[c] : yp[c]; } \
+              else { for (int64_t c = 0; c < C; c++) yp[c] = BEATS(V(xp[c]), V(yp[c])) ? xp[c] : yp[c]; } \
             }                                                                       \
         });                                                                         \
   } while (0)
@@ -348,7 +353,7 @@ static inline float bf16_value (uint16_t h) {
                 } else {                                                            \
                   for (int64_t c = 0; c < C; c++) {                                 \
                     CT val = V(xp[c]);                                              \
-                    bool gt = val > m[c];                                           \
+                    bool gt = BEATS(val, m[c]);                                     \
                     m[c] = gt ? val : m[c];                                         \
                     k[c] = gt ? tap : k[c];                                         \
                   }                                                                 \
@@ -468,7 +473,7 @@ static mg_status pool_bwd_ref (const char *fn, const geom *g, mg_dtype dt, bool 
             for (int64_t u = u0; u < u1; u++)                                       \
               for (int64_t v = v0; v < v1; v++) {                                   \
                 int64_t pix = (ih0 + u * g->dh) * g->W + iw0 + v * g->dw;           \
-                if (best < 0 || xn[pix * g->C + c] > m) { m = xn[pix * g->C + c]; best = pix; } \
+                if (best < 0 || BEATS(xn[pix * g->C + c], m)) { m = xn[pix * g->C + c]; best = pix; } \
               }                                                                     \
             ip[c] = best;                                                           \
           }                                                                         \

@@ -71,10 +71,15 @@ mg_tensor *mg_reshape (mg_tensor *x, const int64_t *shape_in, int ndim) {
       known *= shape[i];
     }
   }
-  if (infer >= 0) shape[infer] = known == 0 ? 0 : x->numel / known;
+  if (infer >= 0 && known == 0) {               /* any size would do: NumPy and PyTorch refuse too */
+    char b[160];
+    return mg_seterror("reshape: the -1 in %s is ambiguous: another dimension is 0, so any size fits",
+                       mg_shape_str(b, sizeof b, shape_in, ndim)), NULL;
+  }
+  if (infer >= 0) shape[infer] = x->numel / known;
   int64_t n = mg_shape_numel("reshape", shape, ndim);
   if (n < 0) return NULL;
-  if (n != x->numel || (infer >= 0 && known != 0 && x->numel % known != 0)) {
+  if (n != x->numel || (infer >= 0 && x->numel % known != 0)) {
     char a[160], b[160];
     mg_seterror("reshape: cannot reshape %s [%lld elements] into %s", shape_s(a, sizeof a, x),
                 (long long)x->numel, mg_shape_str(b, sizeof b, shape_in, ndim));
