@@ -903,8 +903,7 @@ static mg_status step_back (mg_node *n, idmap *grads, const idmap *dep, const id
     st = n->def->backward(n, dout, din);
     if (n->packed) repack_all(n, packed);
   }
-  for (int i = 0; i < n->nout && i < 32; i++)   /* handed over to a rule that did not run */
-    if (handed & (1u << i)) mg_tensor_release(dout[i]);
+  mg_release_masked(n->nout, dout, handed);     /* handed over to a rule that did not run */
   n->spare = 0;
   n->going = false;
   if (pinned) mg_dtr_unpin(n);
