@@ -846,9 +846,12 @@ MG_API void      mg_saved_hooks_pop  (void);
 /* ready to push: saved activations as float16 or bfloat16 (about half
 ** the bytes, at their rounding), or in files of a directory, mapped */
 MG_API const mg_saved_hooks mg_hooks_float16, mg_hooks_bfloat16, mg_hooks_offload;
-/* the ud for mg_hooks_offload: a copy of dir (where the files go; they are
-** unlinked at once, so nothing is left behind) */
+/* the ud for mg_hooks_offload: dir's spill file (made on the first spill and
+** unlinked at once, so nothing is left behind; its space is reused by every
+** push for dir, and kept, at the most spilled at once, while the process
+** runs); mg_spill_release_idle closes the files nothing is spilled in */
 MG_API void     *mg_hooks_offload_dir (const char *dir);
+MG_API void      mg_spill_release_idle (void);
 
 /* Checkpointed loops (Griewank's Revolve): mg_checkpoint_loop runs
 ** state = step(state, i) for i = 1..steps as one node on the tapes, which

@@ -128,6 +128,74 @@ describe("saved_tensors_hooks", function()
     assert.equal("", left)                                 -- the files were unlinked at once
   end)
 
+  -- the spill files this process has open in dir (unlinked: "(deleted)")
+  local function spill_files (dir)
+    local pid = io.open("/proc/self/stat"):read("l"):match("^(%d+)")
+    local n = 0
+    for line in io.popen("ls -l /proc/" .. pid .. "/fd 2>/dev/null"):lines() do
+      if line:find(dir .. "/moongrad-saved-", 1, true) then n = n + 1 end
+    end
+    return n
+  end
+
+  it("offloaded, share one file per directory, its space reused step after step and released when idle", function()
+    local dir = os.tmpname()
+    os.remove(dir)
+    os.execute("mkdir -p " .. dir)
+    mg.memory.release_cache()
+    assert.equal(0, spill_files(dir))
+    local ext0 = mg.memory.stats().external_bytes
+    for _ = 1, 3 do                                     -- tensors of several sizes, freed out of order
+      local g = grads(function(f) return mg.saved_tensors_hooks({offload = dir}, f) end)
+      for i = 1, #ref do h.assert_close(g[i], ref[i], 0) end
+      local t = mg.tape()
+      local xs = {}
+      mg.saved_tensors_hooks({offload = dir}, function()
+        for i = 1, 6 do
+          xs[i] = mg.Variable(mg.random.normal{i * 300})
+          t:watch(xs[i])
+          xs[i] = mg.sum(mg.tanh(xs[i]) * xs[i])
+        end
+      end)
+      t:stop()
+      collectgarbage()
+      assert.equal(1, spill_files(dir))                 -- one file however many tensors went
+      assert.is_true(mg.memory.stats().external_bytes > ext0)
+      t = nil
+      collectgarbage()
+      assert.equal(ext0, mg.memory.stats().external_bytes)
+    end
+    assert.equal(1, spill_files(dir))                   -- idle, kept for the next step's spills
+    mg.memory.release_cache()
+    assert.equal(0, spill_files(dir))
+    -- a tape that still holds spilled tensors keeps its file through release_cache
+    local x = mg.Variable(mg.random.normal({1000}, 0, 1, "float64"))
+    local t = mg.tape{persistent = true}
+    local y = mg.saved_tensors_hooks({offload = dir}, function() return mg.sum(mg.sin(x) * x) end)
+    t:stop()
+    local g1 = t:gradient(y, x)
+    mg.memory.release_cache()
+    assert.equal(1, spill_files(dir))
+    h.assert_close(t:gradient(y, x), g1, 0)
+    t, y = nil, nil
+    collectgarbage()
+    mg.memory.release_cache()
+    assert.equal(0, spill_files(dir))
+    -- empty tensors take no space; a directory that is not there is an error naming it
+    local e = mg.Variable(mg.zeros{0, 3})
+    t = mg.tape()
+    y = mg.saved_tensors_hooks({offload = dir}, function() return mg.sum(mg.exp(e)) end)
+    t:stop()
+    assert.same({0, 3}, t:gradient(y, e).shape)
+    local v = mg.Variable(mg.ones{3})
+    t = mg.tape()
+    assert.has_error(function()
+      mg.saved_tensors_hooks({offload = dir .. "/missing"}, function() return mg.exp(v) end)
+    end, "saved-tensor hooks: pack failed: offload: cannot make a file in " .. dir .. "/missing")
+    os.execute("rm -rf " .. dir)
+    mg.memory.release_cache()
+  end)
+
   it("check what unpack gives, and name the hook that failed", function()
     assert.has_error(function()
       grads(function(f) return mg.saved_tensors_hooks(function(t) return t end, function(t) return t:reshape{-1} end, f) end)

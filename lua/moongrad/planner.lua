@@ -129,37 +129,43 @@ local function bytes_of (x) return mg.is_tensor(x) and x.nbytes or 0 end
 -- the tape (a dry run of the step), and what its forward costs: each layer
 -- timed once on the model's first input, for real, in inference mode (every
 -- training flag off: no dropout drawn, no statistics moved), its last op
--- too. With spill, also what spilling costs a byte: the whole model's
--- forward and a backward to its variables (of the sum of its output) under
--- a tape with the offload hooks (the slowest of three runs: the page cache
--- makes a file's cost vary from step to step, and a plan should hold in the
--- slow ones), against each layer's alone without them (which never holds
--- more than a layer saves; the mean of two), over the bytes the layers
--- save. One rate, from the whole model: spilling a layer alone looked cheap
--- where a step's worth of files was not. No optimizer steps.
+-- too. With spill, also what spilling costs a byte: each layer's forward
+-- and a backward to its variables (of the sum of its output) under a tape
+-- with the offload hooks against the same without them (the mean of two
+-- runs each), over the bytes those runs spilled, once the whole model has run
+-- spilled (which grows the directory's spill file to a step's bytes: every
+-- later step writes over pages the file has, spill.c). The first spill of
+-- a step's worth of new pages costs many times a later one (1.0 s against
+-- 0.45 s for a 32-layer chain's step, bench/budget.lua's narrow one); the
+-- rate is the later ones', which a run of layers alone, never holding more
+-- than a layer saves, measures alike (0.15 against 0.11 ms a MiB), where a
+-- whole run against the layers alone took their cache misses for the
+-- files' cost (0.9 ms a MiB). No optimizer steps.
 
--- seconds of layer run's forward and backward under a tape, spilling to dir or not
+-- seconds of layer run's forward and backward under a tape, spilling to dir
+-- or not, and the bytes spilled (what the files hold after the forward)
 local function taped_seconds (run, dir)
-  local t0 = mg.clock()
+  local t0, files = mg.clock(), mg.memory.stats().external_bytes
   local t = mg.tape()
   local y = dir and mg.saved_tensors_hooks({offload = dir}, run) or run()
   local differentiable = mg.is_tensor(y) and y.dtype:match("^b?float") ~= nil
   local loss = differentiable and mg.sum(y)
   t:stop()
+  files = mg.memory.stats().external_bytes - files
   local vars = t:watched_variables()
   if differentiable and #vars > 0 then t:gradient(loss, vars) end
-  return mg.clock() - t0
+  return mg.clock() - t0, files
 end
 
--- taped_seconds of n runs, spilling to dir or not: their mean, and the slowest
+-- taped_seconds of n runs, spilling to dir or not: their means
 local function runs (n, run, dir)
-  local total, slowest = 0, 0
+  local total, spilled = 0, 0
   for _ = 1, n do
-    local ok, took = pcall(taped_seconds, run, dir)
+    local ok, took, files = pcall(taped_seconds, run, dir)
     if not ok then error(("memory.plan: spill: %s"):format((tostring(took):gsub("^.-offload: ", ""))), 0) end
-    total, slowest = total + took, math.max(slowest, took)
+    total, spilled = total + took, spilled + files
   end
-  return total / n, slowest
+  return total / n, spilled / n
 end
 
 -- a layer's forward, its seconds and those of its last op when that op
@@ -237,17 +243,20 @@ local function keeping_variables (root, f, ...)
 end
 
 -- times each of layers: run_of(i, y) gives layer i's run and its input
--- (y: what layer i - 1 gave); with spill, also what spilling costs a byte:
--- whole (the model's run) under the offload hooks against the layers alone
+-- (y: what layer i - 1 gave); with spill, also what spilling costs a byte,
+-- once whole (the model's run) has run under the offload hooks
 local function time_layers (layers, run_of, whole, spill)
-  local plain, bytes, y = 0, 0, nil
+  if spill then runs(1, whole, spill) end        -- the spill file grown to a step's bytes
+  local plain, hooked, bytes, y = 0, 0, 0, nil
   for i, l in ipairs(layers) do
     local run, x = run_of(i, y)
     y, l.seconds, l.last_seconds, l.grad_bytes, l.dots = forward_seconds(run, x)
-    if spill then plain, bytes = plain + runs(2, run), bytes + l.saved end
+    if spill then
+      local seconds, spilled = runs(2, run, spill)
+      plain, hooked, bytes = plain + runs(2, run), hooked + seconds, bytes + spilled
+    end
   end
-  if spill then                                  -- the whole model spilling, its bytes at once
-    local _, hooked = runs(3, whole, spill)
+  if spill then
     local rate = math.max(hooked - plain, 0) / math.max(bytes, 1)
     for _, l in ipairs(layers) do l.spill_seconds = l.saved * rate end
   end

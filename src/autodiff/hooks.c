@@ -4,15 +4,12 @@
 **
 ** The pushed hooks form a stack in the context; a node records the hooks
 ** its tensors went through (a counted reference), so they outlive the push
-** while nodes need them. Ready-made hooks: float16, bfloat16, and offload to
-** a file mapped with mmap (the bytes leave the process's tensor memory and
-** come back page by page when the backward reads them).
+** while nodes need them. Ready-made hooks: float16 and bfloat16 here, and
+** offload to a file (spill.c).
 */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <unistd.h>
 
 #include "autodiff.h"
 
@@ -118,65 +115,5 @@ static mg_tensor *unpack_cast (void *ud, mg_tensor *p, mg_dtype dt) { MG_UNUSED(
 
 const mg_saved_hooks mg_hooks_float16 = {pack_f16, unpack_cast, NULL};
 const mg_saved_hooks mg_hooks_bfloat16 = {pack_bf16, unpack_cast, NULL};
-
-typedef struct mapping { void *addr; size_t len; } mapping;
-
-static void unmap (void *ud) {
-  mapping *m = (mapping *)ud;
-  munmap(m->addr, m->len);
-  free(m);
-}
-
-/* the bytes of t written to a new file in dir, mapped back read-only and
-** the file unlinked at once: the mapping keeps it until the last view goes */
-static mg_tensor *pack_file (void *ud, mg_tensor *t) {
-  const char *dir = (const char *)ud;
-  mg_tensor *c = mg_contiguous(t);
-  if (c == NULL) return NULL;
-  size_t len = (size_t)c->numel * mg_dtype_size(c->dtype);
-  char path[4096];
-  snprintf(path, sizeof path, "%s/moongrad-saved-XXXXXX", dir);
-  int fd = mkstemp(path);
-  mg_tensor *out = NULL;
-  if (fd < 0) {
-    mg_seterror("offload: cannot make a file in %s", dir);
-    goto done;
-  }
-  unlink(path);
-  const char *p = (const char *)mg_ptr(c);
-  for (size_t done = 0; done < len;) {
-    ssize_t w = write(fd, p + done, len - done);
-    if (w <= 0) { mg_seterror("offload: cannot write %zu bytes to %s", len, dir); goto done; }
-    done += (size_t)w;
-  }
-  mapping *m = (mapping *)malloc(sizeof(mapping));
-  void *addr = len ? mmap(NULL, len, PROT_READ, MAP_SHARED, fd, 0) : NULL;
-  if (m == NULL || addr == MAP_FAILED) {
-    free(m);
-    mg_seterror("offload: cannot map the file of %zu bytes", len);
-    goto done;
-  }
-  *m = (mapping){addr, len};
-  out = mg_from_blob(addr ? addr : (void *)m, c->shape, c->ndim, NULL, c->dtype, unmap, m);
-done:
-  if (fd >= 0) close(fd);
-  mg_tensor_release(c);
-  return out;
-}
-
-static mg_tensor *unpack_file (void *ud, mg_tensor *p, mg_dtype dt) {
-  MG_UNUSED(ud);
-  MG_UNUSED(dt);
-  return mg_tensor_retain(p);
-}
-
-const mg_saved_hooks mg_hooks_offload = {pack_file, unpack_file, free};
-
-void *mg_hooks_offload_dir (const char *dir) {
-  MG_CHECK_ARG("mg_hooks_offload_dir", dir, NULL);
-  char *d = strdup(dir);
-  if (d == NULL) mg_seterror("out of memory");
-  return d;
-}
 
 /* }========================================================== */

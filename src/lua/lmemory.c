@@ -77,6 +77,7 @@ static int l_reset_peak (lua_State *L) {
 static int l_release_cache (lua_State *L) {
   (void)L;
   mg_memory_release_cache();
+  mg_spill_release_idle();
   return 0;
 }
 
