@@ -229,7 +229,7 @@ describe("memory timeline", function()
     end
     local nil_, msg = mg.memory.trace("/nonexistent/dir/t.json", function() end)
     assert.is_nil(nil_)
-    assert.equal("/nonexistent/dir/t.json: No such file or directory", msg)
+    assert.equal("memory.trace: '/nonexistent/dir/t.json': No such file or directory", msg)
     assert.has_error(function() mg.memory.trace(path, function() mg.memory.trace(path, print) end) end,
                      "memory.trace: a trace is already running")
     os.remove(path)

@@ -100,7 +100,13 @@ describe("mg.distributed", function()
     local D = mg.distributed.DistributedOptimizer
     assert.has_error(function() D(3) end, "DistributedOptimizer: the optimizer must be an optimizer (mg.optim.Adam{...}), got 3")
     assert.has_error(function() D(mg.optim.SGD(), {fusion_bytes = -1}) end,
-      "DistributedOptimizer: option 'fusion_bytes' must be an integer >= 0, got -1")
+      "DistributedOptimizer: option 'fusion_bytes' must be a whole number >= 0, got -1")
+    assert.has_error(function() D(mg.optim.SGD(), {fusion_bytes = 1.5}) end,
+      "DistributedOptimizer: option 'fusion_bytes' must be a whole number >= 0, got 1.5")
+    assert.has_error(function() D(mg.optim.SGD(), {fusion_bytes = "8"}) end,
+      "DistributedOptimizer: option 'fusion_bytes' must be a whole number >= 0, got '8'")
+    assert.equal(4194304, math.tointeger(D(mg.optim.SGD(), {fusion_bytes = 4 * 2^20}).fusion_bytes))   -- 2^20 is a float
+    assert.equal("integer", math.type(D(mg.optim.SGD(), {fusion_bytes = 4 * 2^20}).fusion_bytes))
     local opt = D(mg.optim.Adam{learning_rate = 0.01}, {fusion_bytes = 0})
     assert.equal(0.01, opt.learning_rate)                -- the inner optimizer's fields
     assert.equal(0, opt.iterations)

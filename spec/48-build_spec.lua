@@ -25,7 +25,7 @@ describe("Layer:subclass with a build of its own", function()
   it("builds once, before the first call, with the input's shape", function()
     local L = dense_class()
     local l = L(3)
-    assert.is_falsy(l.built)
+    assert.is_false(l.built)                                  -- Keras: False until built
     assert.same({}, l.variables)
     local y = l(mg.ones({4, 5}, "float64"))
     assert.same({4, 3}, y.shape)

@@ -56,6 +56,21 @@ print("second", pcall(v.gradient, v, w, a))
     assert.truthy(out:find(":10: tape:gradient: the targets were not recorded by this tape", 1, true), out)
   end)
 
+  it("says that an integer target has no gradient, rather than that it was not recorded", function()
+    local out, status = run_script([[
+local mg = require "moongrad"
+local v = mg.Variable(mg.tensor({1, 2}, "int64"))
+local t = mg.tape()
+local y = mg.sum(v * 2)
+t:stop()
+print("int", t:gradient(y, v))
+]])
+    assert.equal(0, status, out)
+    assert.truthy(out:find("int\tnil", 1, true), out)
+    assert.truthy(out:find(":6: tape:gradient: the target is integer or bool, and such tensors have no gradient " ..
+                           "(nil); cast to float32 or float64 before the ops to differentiate", 1, true), out)
+  end)
+
   it("keeps quiet with mg.tape{warn = false}, with unconnected = \"zero\", and for recorded targets", function()
     local out, status = run_script([[
 local mg = require "moongrad"

@@ -169,7 +169,7 @@ end
 
 --- the options both optimizer wrappers take (ShardedOptimizer adds stage)
 dist.WRAPPER_OPTIONS = {
-  {"fusion_bytes", check.rule("an integer >= 0", function(v) return math.type(v) == "integer" and v >= 0 end),
+  {"fusion_bytes", check.rule("a whole number >= 0", function(v) return type(v) == "number" and math.tointeger(v) ~= nil and v >= 0 end),
    4 * 1024 * 1024},
   {"op", check.rule("'mean' or 'sum'", function(v) return v == "mean" or v == "sum" end), "mean"},
   {"overlap", check.rule("true, false or 'auto'", function(v) return type(v) == "boolean" or v == "auto" end), "auto"}}
@@ -204,7 +204,7 @@ function dist.DistributedOptimizer (opt, opts)
     fail(who, "the optimizer must be an optimizer (mg.optim.Adam{...}), got %s", show(opt))
   end
   local o = check.options(who, opts, dist.WRAPPER_OPTIONS)
-  return setmetatable({optimizer = opt, fusion_bytes = o.fusion_bytes, op = o.op, overlap = o.overlap,
+  return setmetatable({optimizer = opt, fusion_bytes = math.tointeger(o.fusion_bytes), op = o.op, overlap = o.overlap,
                        _synced = setmetatable({}, {__mode = "k"}), grad_scale = 1}, DistributedOptimizer)
 end
 

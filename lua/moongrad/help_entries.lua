@@ -475,7 +475,8 @@ E("nn.Dense", {{"units", "the output size"}, {"activation", "\"relu\" \"tanh\" \
                {"opts", "activation=, use_bias=, name=", "{use_bias=true}"}},
   LAYER .. ": (..., in) -> (..., units); kernel and bias made on the first call",
   "mg.random.seed(0)\nlayer = mg.nn.Dense(4, \"relu\")\nlayer(mg.ones(2, 3)).shape --> {2, 4}\nlayer.kernel.shape --> {3, 4}")
-E("nn.Sequential", {{"layers", "a table of layers, applied in order"}, NAME},
+E("nn.Sequential", {{"layers", "a table of layers, applied in order"},
+                    {"opts", "name=, input_shape= (one sample's shape, no batch: builds the layers at once)", "{}"}},
   "a model (a layer): compile, fit, evaluate, predict, summary",
   "model = mg.nn.Sequential{mg.nn.Dense(8, \"relu\"), mg.nn.Dense(1)}\nmodel(mg.ones(4, 3)).shape --> {4, 1}")
 E("nn.Lambda", {FN, NAME}, "a layer; layer(x, ...) is fn(x, ...)",
@@ -728,6 +729,9 @@ E("callbacks.ProgbarLogger", {{"opts", "out= (a file), tty=, verbose= 1 (a bar) 
   FIT .. "model:fit(x, y, {epochs = 2, verbose = 0, callbacks = {mg.callbacks.ProgbarLogger{verbose = 2, out = io.stdout}}})")
 E("callbacks.History", {}, "a History: history.history = {loss = {...}, ...}; history:plot([path])",
   FIT .. "history = model:fit(x, y, {epochs = 5, verbose = 0})\nhistory --> moongrad.callbacks.History (5 epochs: loss, mae)")
+E("callbacks.ModelCheckpoint", {{"path", "the file; {epoch} in it is replaced by the epoch"}, {"opts", "every=, optimizer=", "{every=1}"}},
+  "a callback for fit's callbacks= (checkpoint.callback)",
+  FIT .. "dir = os.tmpname()\nos.remove(dir)\nos.execute(\"mkdir \" .. dir)\nmodel:fit(x, y, {epochs = 2, verbose = 0, callbacks = {mg.callbacks.ModelCheckpoint(dir .. \"/ckpt{epoch}.safetensors\")}})\nio.open(dir .. \"/ckpt2.safetensors\") ~= nil --> true\nos.execute(\"rm -r \" .. dir)")
 E("callbacks.BackupAndRestore", {{"opts", "backup_dir= (a directory, made if missing)"}}, "a callback for fit's callbacks=",
   FIT .. "dir = os.tmpname()\nos.remove(dir)\nmodel:fit(x, y, {epochs = 3, verbose = 0, callbacks = {mg.callbacks.BackupAndRestore{backup_dir = dir}}})")
 E("checkpoint.save", {PATH, {"what", "model=, optimizer=, epoch=, rng= (the random state), metadata= (strings)"}}, "nothing; writes a safetensors file",

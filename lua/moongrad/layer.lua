@@ -69,6 +69,7 @@ end
 -- {=========================== Layer ===========================
 
 local Layer = layer.class("Layer")
+Layer.built = false                     -- until it builds (Keras' layer.built)
 layer.Layer = Layer
 Layer.__call = mg._layer_call             -- self:call(...), then note_shape's note (in C: see there)
 Layer.__tostring = function(self) return self:describe() end

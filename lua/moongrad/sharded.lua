@@ -57,7 +57,7 @@ function sharded.new (opt, opts)
     fail(who, "the optimizer must be an optimizer (mg.optim.Adam{...}), got %s", show(opt))
   end
   local o = check.options(who, opts, OPTIONS)
-  return setmetatable({optimizer = opt, stage = o.stage, fusion_bytes = o.fusion_bytes, op = o.op, overlap = o.overlap,
+  return setmetatable({optimizer = opt, stage = o.stage, fusion_bytes = math.tointeger(o.fusion_bytes), op = o.op, overlap = o.overlap,
                        grad_scale = 1}, Sharded)
 end
 

@@ -211,23 +211,34 @@ static int answer (lua_State *L, mg_tape *t, int nt, mg_tensor **targets, int ns
 ** where PyTorch raises. When no target was recorded (one of several is
 ** normal), said once per tape after the walk, on stderr with the caller's
 ** line; mg.tape{warn = false} keeps quiet, and so does unconnected = "zero". */
-static bool none_recorded (ltape *b, int n, mg_tensor *const *targets, int zero) {
-  if (!b->warn || zero || n == 0) return false;
-  for (int i = 0; i < n; i++)            /* one target recorded: the sum has its gradient */
-    if (mg_tape_follows(b->t, targets[i])) return false;
-  return true;
+enum { RECORDED, UNRECORDED, INTEGERS };   /* what none_recorded found */
+
+static int none_recorded (ltape *b, int n, mg_tensor *const *targets, int zero) {
+  if (!b->warn || zero || n == 0) return RECORDED;
+  bool integers = true;
+  for (int i = 0; i < n; i++) {          /* one target recorded: the sum has its gradient */
+    if (mg_tape_follows(b->t, targets[i])) return RECORDED;
+    mg_dtype dt = mg_tensor_dtype(targets[i]);
+    integers = integers && dt != MG_FLOAT32 && dt != MG_FLOAT64 && dt != MG_FLOAT16 && dt != MG_BFLOAT16;
+  }
+  return integers ? INTEGERS : UNRECORDED;
 }
 
 /* said after the walk (a call that raises says only why); whether to was
 ** asked before it, as a non-persistent tape forgets its record */
-static void warn_unrecorded (lua_State *L, ltape *b, int n) {
+static void warn_unrecorded (lua_State *L, ltape *b, int n, int why) {
   b->warn = false;
   luaL_where(L, 1);
-  fprintf(stderr, "moongrad: warning: %stape:gradient: the target%s not recorded by this tape "
-                  "(computed after t:stop(), from nothing the tape watches, or by ops without a "
-                  "gradient such as sign, floor or //), so it has no gradient (nil); "
-                  "mg.tape{warn = false} silences this\n", lua_tostring(L, -1),
-          n > 1 ? "s were" : " was");
+  if (why == INTEGERS)
+    fprintf(stderr, "moongrad: warning: %stape:gradient: the target%s integer or bool, and such tensors "
+                    "have no gradient (nil); cast to float32 or float64 before the ops to differentiate; "
+                    "mg.tape{warn = false} silences this\n", lua_tostring(L, -1), n > 1 ? "s are" : " is");
+  else
+    fprintf(stderr, "moongrad: warning: %stape:gradient: the target%s not recorded by this tape "
+                    "(computed after t:stop(), from nothing the tape watches, or by ops without a "
+                    "gradient such as sign, floor or //), so it has no gradient (nil); "
+                    "mg.tape{warn = false} silences this\n", lua_tostring(L, -1),
+            n > 1 ? "s were" : " was");
   fflush(stderr);
   lua_pop(L, 1);
 }
@@ -237,11 +248,11 @@ mg_status mgL_gradient_hooked (lua_State *L, int arg, mg_tensor *target, int ns,
   ltape *b = checktape(L, arg);
   mgL_checkfinalizer(L);
   mgL_gc_before_gradient(L, mgL_getstate(L));
-  bool warn = none_recorded(b, 1, &target, 0);
+  int warn = none_recorded(b, 1, &target, 0);
   mgL_call prev = mgL_enter(L);
   mg_status st = mg_tape_gradient_hooked(b->t, 1, &target, ns, sources, NULL, 0, hooks, grads);
   mgL_leave(L, prev);
-  if (warn && st == MG_OK) warn_unrecorded(L, b, 1);
+  if (warn && st == MG_OK) warn_unrecorded(L, b, 1, warn);
   return st;
 }
 
@@ -268,9 +279,9 @@ static int gradient_plain (lua_State *L, ltape *b, int zero) {
       return -1;
     }
   }
-  bool warn = none_recorded(b, 1, &y, zero);
+  int warn = none_recorded(b, 1, &y, zero);
   int answers = answer(L, t, 1, &y, ns, sources, NULL, zero, grads);
-  if (warn) warn_unrecorded(L, b, 1);
+  if (warn) warn_unrecorded(L, b, 1, warn);
   if (one) lua_rawgeti(L, answers, 1);
   return 1;
 }
@@ -310,9 +321,9 @@ static int l_gradient (lua_State *L) {
   mg_tensor **targets = leaves(L, 6, nt), **sources = leaves(L, 7, ns);
   mg_tensor **seeds = ng ? leaves(L, 8, ng) : NULL;
   mg_tensor **grads = (mg_tensor **)lua_newuserdatauv(L, sizeof(mg_tensor *) * (size_t)(ns ? ns : 1), 0);
-  bool warn = none_recorded(b, nt, targets, zero);
+  int warn = none_recorded(b, nt, targets, zero);
   int answers = answer(L, t, nt, targets, ns, sources, seeds, zero, grads);
-  if (warn) warn_unrecorded(L, b, nt);
+  if (warn) warn_unrecorded(L, b, nt, warn);
   int k = 0;
   mgL_rebuild(L, 3, answers, &k);
   return 1;

@@ -134,7 +134,13 @@ static int l_trace (lua_State *L) {
   mgL_state *S = mgL_getstate(L);
   if (S->trace) return luaL_error(L, "memory.trace: a trace is already running");
   tracer tr = {open_trace(L, path), now_us(), 0, 0, {0, 0, 0, 0}};
-  if (tr.f == NULL) return luaL_fileresult(L, 0, path);
+  if (tr.f == NULL) {                            /* nil, "memory.trace: 'path': why", errno */
+    int en = errno;
+    luaL_pushfail(L);
+    lua_pushfstring(L, "memory.trace: '%s': %s", path, strerror(en));
+    lua_pushinteger(L, en);
+    return 3;
+  }
   fprintf(tr.f, "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n"
                 "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":1,\"args\":{\"name\":\"moongrad\"}}");
   thread_name(&tr, TID_SPANS, "spans");
