@@ -192,8 +192,36 @@ describe("saved_tensors_hooks", function()
     assert.has_error(function()
       mg.saved_tensors_hooks({offload = dir .. "/missing"}, function() return mg.exp(v) end)
     end, "saved-tensor hooks: pack failed: offload: cannot make a file in " .. dir .. "/missing")
+    t:stop()
+    t, y = nil, nil
+    collectgarbage()
     os.execute("rm -rf " .. dir)
     mg.memory.release_cache()
+    -- a new directory each step: beside the last one, the idle files of the four used
+    -- before it stay open, no more
+    local dirs = {}
+    for i = 1, 6 do
+      dirs[i] = os.tmpname()
+      os.remove(dirs[i])
+      os.execute("mkdir -p " .. dirs[i])
+      grads(function(f) return mg.saved_tensors_hooks({offload = dirs[i]}, f) end)
+      collectgarbage()
+    end
+    local open = {}
+    for i = 1, 6 do open[i] = spill_files(dirs[i]) end
+    assert.same({0, 1, 1, 1, 1, 1}, open)
+    -- one directory however it is written; a child process does not inherit its file
+    for _, d in ipairs{dirs[6] .. "/", dirs[6]:gsub("/([^/]*)$", "//%1"), dirs[6] .. "/../" .. dirs[6]:match("[^/]*$")} do
+      grads(function(f) return mg.saved_tensors_hooks({offload = d}, f) end)
+    end
+    collectgarbage()
+    assert.equal(1, spill_files(dirs[6]))
+    assert.equal(nil, io.popen("ls -l /proc/self/fd"):read("a"):find("moongrad-saved-", 1, true))
+    mg.memory.release_cache()
+    for i = 1, 6 do
+      assert.equal(0, spill_files(dirs[i]))
+      os.execute("rm -rf " .. dirs[i])
+    end
   end)
 
   it("check what unpack gives, and name the hook that failed", function()

@@ -10,13 +10,18 @@
 ** against 47 ms, and a new file's write stalled for hundreds of ms at
 ** times). The file is unlinked at once, so nothing is left behind; it stays
 ** open, at the most that was spilled at once, until mg_spill_release_idle
-** (mg.memory.release_cache) finds nothing spilled in it, or the process ends.
+** (mg.memory.release_cache) finds nothing spilled in it, or the process ends;
+** or until another directory is taken into use while those of KEEP_IDLE
+** directories used since lie idle (a new directory each step must not leave
+** a file descriptor and its disk space behind for good).
 */
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/types.h>
 #include <unistd.h>
 
@@ -26,6 +31,9 @@ typedef struct extent { size_t off, len; } extent;
 
 typedef struct spill_file {
   char *dir;
+  bool seen;                   /* dev and ino name the directory ("/tmp", "/tmp/", "/var/../tmp") */
+  dev_t dev;
+  ino_t ino;
   int fd;                      /* -1 until the first spill makes the file */
   int refs;                    /* pushes of the hooks and spilled tensors */
   size_t end;                  /* the file's length */
@@ -34,9 +42,10 @@ typedef struct spill_file {
   struct spill_file *next;
 } spill_file;
 
-/* the files by directory; one lock for the list and every file's space
-** (held for bookkeeping only, never while writing) */
+/* the files by directory, the last used first; one lock for the list and
+** every file's space (held for bookkeeping only, never while writing) */
 static spill_file *files;
+enum { KEEP_IDLE = 4 };
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 
 static void file_close (spill_file *f) {
@@ -105,22 +114,53 @@ static void file_release (spill_file *f) {
   pthread_mutex_unlock(&lock);
 }
 
-void *mg_hooks_offload_dir (const char *dir) {
-  MG_CHECK_ARG("mg_hooks_offload_dir", dir, NULL);
-  pthread_mutex_lock(&lock);
-  spill_file *f = files;
-  while (f && strcmp(f->dir, dir) != 0) f = f->next;
-  if (f == NULL && (f = (spill_file *)calloc(1, sizeof *f)) != NULL) {
-    if ((f->dir = strdup(dir)) == NULL) {
-      free(f);
-      f = NULL;
+/* closes the idle files past the first `keep` of the list (under the lock) */
+static void close_idle (size_t keep) {
+  size_t seen = 0;
+  for (spill_file **p = &files; *p;) {
+    spill_file *f = *p;
+    if (f->refs == 0 && seen++ >= keep) {
+      *p = f->next;
+      file_close(f);
     } else {
-      f->fd = -1;
-      f->next = files;
-      files = f;
+      p = &f->next;
     }
   }
-  if (f) f->refs++;
+}
+
+/* a directory's entry, with no file yet; NULL when out of memory */
+static spill_file *file_new (const char *dir, const struct stat *st) {
+  spill_file *f = (spill_file *)calloc(1, sizeof *f);
+  if (f && (f->dir = strdup(dir)) == NULL) {
+    free(f);
+    return NULL;
+  }
+  if (f) *f = (spill_file){.dir = f->dir, .seen = st != NULL, .dev = st ? st->st_dev : 0,
+                           .ino = st ? st->st_ino : 0, .fd = -1};
+  return f;
+}
+
+/* is f the directory dir (st: its stat, or NULL when it has none)? */
+static bool same_dir (const spill_file *f, const char *dir, const struct stat *st) {
+  if (st && f->seen) return f->dev == st->st_dev && f->ino == st->st_ino;
+  return !st && !f->seen && strcmp(f->dir, dir) == 0;
+}
+
+void *mg_hooks_offload_dir (const char *dir) {
+  MG_CHECK_ARG("mg_hooks_offload_dir", dir, NULL);
+  struct stat sb, *st = stat(dir, &sb) == 0 ? &sb : NULL;   /* none: the first spill says why */
+  pthread_mutex_lock(&lock);
+  spill_file **p = &files;
+  while (*p && !same_dir(*p, dir, st)) p = &(*p)->next;
+  spill_file *f = *p;
+  if (f) *p = f->next;                           /* to the front: the last used */
+  else f = file_new(dir, st);
+  if (f) {
+    f->next = files;
+    files = f;
+    f->refs++;
+    close_idle(KEEP_IDLE);
+  }
   pthread_mutex_unlock(&lock);
   if (f == NULL) mg_seterror("out of memory");
   return f;
@@ -128,15 +168,7 @@ void *mg_hooks_offload_dir (const char *dir) {
 
 void mg_spill_release_idle (void) {
   pthread_mutex_lock(&lock);
-  for (spill_file **p = &files; *p;) {
-    spill_file *f = *p;
-    if (f->refs == 0) {
-      *p = f->next;
-      file_close(f);
-    } else {
-      p = &f->next;
-    }
-  }
+  close_idle(0);
   pthread_mutex_unlock(&lock);
 }
 
@@ -174,6 +206,7 @@ static mg_status file_open (spill_file *f) {
     return mg_seterror("offload: the directory's path is too long");
   if ((f->fd = mkstemp(path)) < 0) return mg_seterror("offload: cannot make a file in %s", f->dir);
   unlink(path);
+  fcntl(f->fd, F_SETFD, FD_CLOEXEC);             /* kept open: no child of os.execute inherits it */
   return MG_OK;
 }
 
