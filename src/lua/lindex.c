@@ -61,9 +61,7 @@ static int fill_one_based (lua_State *L, ltensor *box, mg_tensor *ix) {
   return mgL_fill(L, box, r);
 }
 
-/* a list of integers at arg (or one integer, as a list of one) into an
-** int64 array anchored on the stack; returns it, *n its length */
-/* an int64 tensor's values (0-d or 1-d), as a list's */
+/* an int64 tensor's values (0-d or 1-d), as checkints gives a list's */
 static int64_t *tensor_ints (lua_State *L, int arg, mg_tensor *t, const char *what, int64_t *n) {
   if (mg_tensor_dtype(t) != MG_INT64 || mg_tensor_ndim(t) > 1)
     luaL_argerror(L, arg, lua_pushfstring(L, "%s as a tensor must be int64 of 0 or 1 dimensions, got %s with %d",
@@ -76,7 +74,9 @@ static int64_t *tensor_ints (lua_State *L, int arg, mg_tensor *t, const char *wh
   return v;
 }
 
-/* an integer, a list of integers or an int64 tensor of them (*n of them) */
+/* a list of integers at arg (or one integer, as a list of one, or an int64
+** tensor of them) into an int64 array anchored on the stack; returns it, *n
+** its length */
 static int64_t *checkints (lua_State *L, int arg, const char *what, int64_t *n) {
   mg_tensor *t = mgL_testtensor(L, arg);
   if (t) return tensor_ints(L, arg, t, what, n);
