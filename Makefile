@@ -206,10 +206,12 @@ install-kernel: $(BUILD)/moongrad
 
 check: run-c-tests
 
+# each spec file in a process of its own (spec/run-each says why); SPECS= runs
+# some: make test SPECS=spec/20-saved_hooks_spec.lua
 test: deps
 	$(MAKE) all
 	$(MAKE) run-c-tests
-	$(LUA) /usr/bin/busted
+	spec/run-each $(LUA) $(SPECS)
 
 demo: deps
 	$(MAKE) all
@@ -227,7 +229,7 @@ asan-build: deps
 
 asan: asan-build
 	$(ASAN_MAKE) run-c-tests
-	MOONGRAD_BIN=build-asan/moongrad build-asan/moongrad /usr/bin/busted
+	MOONGRAD_BIN=build-asan/moongrad spec/run-each build-asan/moongrad $(SPECS)
 
 # ThreadSanitizer: two Lua states on two threads (spec/threads_test.c). One
 # OpenMP thread each: libgomp is not instrumented, and would be all noise.
