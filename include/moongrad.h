@@ -43,6 +43,7 @@
 #define MOONGRAD_H
 
 #include <stddef.h>
+#include <stdbool.h>
 #include <stdint.h>
 
 #ifdef __cplusplus
@@ -156,6 +157,8 @@ MG_API double       mg_tensor_get      (const mg_tensor *t, const int64_t *index
 MG_API const char  *mg_dtype_name      (mg_dtype dt);    /* "float32" ... */
 MG_API int          mg_dtype_from_name (const char *name);  /* -1 if unknown */
 MG_API size_t       mg_dtype_size      (mg_dtype dt);
+/* float32, float64, float16, bfloat16: the dtypes gradients flow through */
+MG_API bool         mg_dtype_is_float  (mg_dtype dt);
 /* n values of src (dtype sdt) into dst (dtype ddt), contiguous both; floats
 ** to int64 truncate toward zero and saturate, NaN gives 0 */
 MG_API void         mg_convert         (void *dst, mg_dtype ddt, const void *src, mg_dtype sdt, int64_t n);

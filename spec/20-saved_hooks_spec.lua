@@ -128,6 +128,48 @@ describe("saved_tensors_hooks", function()
     assert.equal("", left)                                 -- the files were unlinked at once
   end)
 
+  it("offloaded, give the plain tape's gradients for aliases, views, captured values, numbers and recompute", function()
+    local dir = os.tmpname()
+    os.remove(dir)
+    os.execute("mkdir -p " .. dir)
+    mg.random.seed(7)
+    local w = mg.Variable(mg.random.normal{5, 5}:cast("float64"))
+    local x = mg.random.normal{3, 5}:cast("float64")
+    local scale, on = 0.5, true
+    -- a recomputed stretch taking a number and a boolean, and capturing w
+    local block = mg.recompute_grad(function(u, k, flag)
+      local v = flag and mg.tanh(mg.matmul(u, w)) * k or u
+      return v * v                                     -- one tensor as both arguments
+    end)
+    local function step (wrap)
+      local t = mg.tape()
+      t:watch(x)
+      local y = wrap(function()
+        local a = mg.matmul(x, w)
+        local at = mg.transpose(a)                     -- a view of a, saved beside a
+        local b = mg.matmul(at, a) + a[1]              -- a row of a, a view again
+        local c = block(b, scale, on) + block(b, scale, on)   -- the same input twice
+        return mg.sum(c * mg.sum(a)) + mg.sum(mg.exp(w) * scale)
+      end)
+      t:stop()
+      return t:gradient(y, {w, x})
+    end
+    local ref = step(function(f) return f() end)
+    for round = 1, 2 do                                -- the second writes over the first's pages
+      local spilled
+      local g = step(function(f)
+        return mg.saved_tensors_hooks({offload = dir}, function()
+          local y = f()
+          spilled = mg.memory.stats().external_bytes
+          return y
+        end)
+      end)
+      assert.is_true(spilled >= 2 * 3 * 5 * 8, "spilled " .. spilled)   -- a and x at least
+      for i = 1, #ref do h.assert_close(g[i], ref[i], 0) end
+    end
+    os.execute("rm -rf " .. dir)
+  end)
+
   -- the spill files this process has open in dir (unlinked: "(deleted)")
   local function spill_files (dir)
     local pid = io.open("/proc/self/stat"):read("l"):match("^(%d+)")

@@ -130,6 +130,11 @@ static void out_of_range (void) {
   says("get past the end", isnan(mg_tensor_get(x, bad)), "index[1] = 3 is out of range");
   says("get negative", isnan(mg_tensor_get(x, neg)), "index[0] = -1");
   says("get NULL index", isnan(mg_tensor_get(x, NULL)), "argument 'index' is NULL");
+  if (!mg_dtype_is_float(MG_FLOAT64) || !mg_dtype_is_float(MG_BFLOAT16) || mg_dtype_is_float(MG_INT64)
+      || mg_dtype_is_float(MG_BOOL) || mg_dtype_is_float((mg_dtype)42)) {
+    fprintf(stderr, "c_api_test: mg_dtype_is_float is wrong\n");
+    failures++;
+  }
   mg_tape *t = mg_tape_new(0, 1);
   says("tape_variable(t, 99)", mg_tape_variable(t, 99) == NULL, "index 99 is out of range");
   says("tape_variable(t, -1)", mg_tape_variable(t, -1) == NULL, "index -1");

@@ -108,9 +108,10 @@ static void give_space (spill_file *f, size_t off, size_t len) {
 
 /* {==================== the files, shared ===================== */
 
-static void file_release (spill_file *f) {
+/* one holder fewer (the hooks' release, and each mapping's end) */
+static void release_dir (void *ud) {
   pthread_mutex_lock(&lock);
-  f->refs--;
+  ((spill_file *)ud)->refs--;
   pthread_mutex_unlock(&lock);
 }
 
@@ -182,10 +183,12 @@ typedef struct mapping { spill_file *f; void *addr; size_t off, len; } mapping;
 static void unmap (void *ud) {
   mapping *m = (mapping *)ud;
   if (m->addr) munmap(m->addr, m->len);
-  pthread_mutex_lock(&lock);
-  if (m->len) give_space(m->f, m->off, m->len);
-  m->f->refs--;
-  pthread_mutex_unlock(&lock);
+  if (m->len) {
+    pthread_mutex_lock(&lock);
+    give_space(m->f, m->off, m->len);
+    pthread_mutex_unlock(&lock);
+  }
+  release_dir(m->f);
   free(m);
 }
 
@@ -253,8 +256,6 @@ static mg_tensor *unpack_file (void *ud, mg_tensor *p, mg_dtype dt) {
   MG_UNUSED(dt);
   return mg_tensor_retain(p);
 }
-
-static void release_dir (void *ud) { file_release((spill_file *)ud); }
 
 const mg_saved_hooks mg_hooks_offload = {pack_file, unpack_file, release_dir};
 

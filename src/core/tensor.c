@@ -38,6 +38,10 @@ size_t mg_dtype_size (mg_dtype dt) {
   return mg_dtype_bytes(dt);
 }
 
+bool mg_dtype_is_float (mg_dtype dt) {
+  return (unsigned)dt < MG_DTYPE__COUNT && mg_is_floating(dt);
+}
+
 int mg_dtype_from_name (const char *name) {
   if (name == NULL) return -1;
   for (int i = 0; i < MG_DTYPE__COUNT; i++)

@@ -219,7 +219,7 @@ static int none_recorded (ltape *b, int n, mg_tensor *const *targets, int zero) 
   for (int i = 0; i < n; i++) {          /* one target recorded: the sum has its gradient */
     if (mg_tape_follows(b->t, targets[i])) return RECORDED;
     mg_dtype dt = mg_tensor_dtype(targets[i]);
-    integers = integers && dt != MG_FLOAT32 && dt != MG_FLOAT64 && dt != MG_FLOAT16 && dt != MG_BFLOAT16;
+    integers = integers && !mg_dtype_is_float(dt);
   }
   return integers ? INTEGERS : UNRECORDED;
 }
