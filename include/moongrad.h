@@ -1072,8 +1072,9 @@ MG_API void            mg_dry_run_resume (int was);
 MG_API size_t          mg_dry_run_saved_by_site (int site);
 MG_API void            mg_memory_release_cache (void);             /* free() what is cached */
 /* at most min(bytes, 16 MiB + a quarter of the most bytes ever live) wait for reuse,
-** the longest-waiting evicted first; default 256 MiB, 0: no cache */
-MG_API void            mg_memory_set_cache_limit (size_t bytes);
+** the longest-waiting evicted first; default 256 MiB, 0: no cache.
+** Returns the limit set before */
+MG_API size_t          mg_memory_set_cache_limit (size_t bytes);
 /* for timelines: change(ud) runs on every change of the byte counts, and
 ** span(name, begin, ud) when a phase ("backward", "recompute") begins and
 ** ends; NULL for none */

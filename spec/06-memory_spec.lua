@@ -275,13 +275,14 @@ describe("the reuse cache", function()
     mg.dispose(step)
   end)
 
-  it("respects its limit", function()
-    mg.memory.set_cache_limit(1000)
+  it("respects its limit, and setting it returns the one before", function()
+    local old = mg.memory.set_cache_limit(1000)
+    assert.equal(256 * 2^20, old)                                        -- the default
     do local a = mg.zeros{1000} end
     collectgarbage()
     collectgarbage()
     assert.equal(0, mg.memory.stats().cached_bytes)
-    mg.memory.set_cache_limit(256 * 2^20)
+    assert.equal(1000, mg.memory.set_cache_limit(old))
   end)
 end)
 

@@ -230,3 +230,16 @@ describe("nn's extensions", function()
     assert.equal("true\tmy LayerNorm\tfunction\ttable\n", out)
   end)
 end)
+
+describe("a layer's description", function()
+  it("names its activation: by the name it goes by, linear without one, custom for a function", function()
+    local nn = mg.nn
+    assert.equal("moongrad.nn.Dense 'h' (units=3, activation=relu)", nn.Dense(3, "relu", {name = "h"}):describe())
+    assert.equal("moongrad.nn.Dense 'o' (units=2, activation=linear)", nn.Dense(2, {name = "o"}):describe())
+    assert.equal("moongrad.nn.Dense 's' (units=2, activation=silu)", nn.Dense(2, "swish", {name = "s"}):describe())
+    assert.equal("moongrad.nn.Dense 'f' (units=2, activation=custom)",
+                 nn.Dense(2, function(x) return x * 2 end, {name = "f"}):describe())
+    assert.equal("moongrad.nn.Conv2D 'c' (filters=4, kernel_size=3x3, activation=tanh)",
+                 nn.Conv2D(4, 3, {activation = "tanh", name = "c"}):describe())
+  end)
+end)

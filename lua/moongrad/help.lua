@@ -141,7 +141,7 @@ local groups = {
     {"tidy", "tidy(fn, ...)", "fn(...), and every tensor made meanwhile released at its end, but its results (TF.js's tidy)"},
     {"dispose", "dispose(x, ...)", "releases tensors (or tables of them) now, as a <close> variable would"},
     {"keep", "keep(x, ...)", "x, ...: tensors taken out of the open tidy scopes, to outlive them (state kept for later)"},
-    {"memory.set_cache_limit", "memory.set_cache_limit(bytes)", "how many freed bytes may wait for reuse"},
+    {"memory.set_cache_limit", "memory.set_cache_limit(bytes)", "how many freed bytes may wait for reuse; returns the limit before"},
     {"memory.release_cache", "memory.release_cache()", "frees the cached blocks, and closes the spill files ({offload = dir}) nothing is spilled in"},
     {"memory.fail_after", "memory.fail_after(n)", "for tests: the n-th allocation from now fails as if out of memory (0 turns it off)"},
     {"memory.budget", "memory.budget([bytes])", "train within bytes (\"300 MB\", \"+40 MiB\" above what is live too): saved tensors are evicted and rebuilt on demand (DTR); nil clears; returns the previous"},

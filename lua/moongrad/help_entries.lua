@@ -361,8 +361,8 @@ E("tidy", {FN, ARGS}, "fn's results (kept); every other tensor made inside is re
   "y = mg.tidy(function() local t = mg.ones(1000) * 2 return t:sum() end)\ny --> 2000.0")
 E("dispose", {{"x, ...", "tensors or tables of them"}}, "nothing", "x = mg.ones(1000)\nmg.dispose(x)")
 E("keep", {{"x, ...", "tensors"}}, "x, ...", "saved = nil\nmg.tidy(function() saved = mg.keep(mg.ones(2)) end)\nsaved --> {1.0, 1.0}")
-E("memory.set_cache_limit", {{"bytes", "an integer number of bytes"}}, "nothing",
-  "mg.memory.set_cache_limit(64 * 2^20)   -- (a sanitizer build keeps no cache)\nmg.memory.stats().cache_limit <= 67108864 --> true\nmg.memory.set_cache_limit(256 * 2^20)")
+E("memory.set_cache_limit", {{"bytes", "an integer number of bytes"}}, "the limit set before",
+  "old = mg.memory.set_cache_limit(64 * 2^20)   -- (a sanitizer build keeps no cache)\nmg.memory.stats().cache_limit <= 67108864 --> true\nmg.memory.set_cache_limit(old) --> 67108864")
 E("memory.release_cache", {}, "nothing", "mg.memory.release_cache()\nmg.memory.stats().cached_bytes --> 0")
 E("memory.fail_after", {{"n", "the allocation that fails; 0 turns it off"}}, "nothing",
   "mg.memory.fail_after(1)\nprint(pcall(mg.ones, 1000))   -- false  out of memory allocating 3.91 KiB (injected failure) ...\nmg.memory.fail_after(0)")
@@ -560,7 +560,7 @@ outer(mg.ones(1, 3)).shape --> {1, 2}
 #outer.variables --> 2]])
 E("Layer:call", {{"x", "the input"}, {"...", "more arguments"}}, "the layer's output",
   "mg.nn.Dense(2):call(mg.ones(1, 3)).shape --> {1, 2}")
-E("Layer:describe", {}, "a string", "mg.nn.Dense(3, \"relu\", {name = \"hidden\"}):describe() --> moongrad.nn.Dense 'hidden' (units=3)")
+E("Layer:describe", {}, "a string", "mg.nn.Dense(3, \"relu\", {name = \"hidden\"}):describe() --> moongrad.nn.Dense 'hidden' (units=3, activation=relu)")
 E("Layer:save_weights", {PATH}, "the model; writes a safetensors file",
   "model = mg.nn.Sequential{mg.nn.Dense(2)}\nmodel:build{nil, 3}\npath = os.tmpname()\nmodel:save_weights(path)\nos.remove(path)")
 E("Layer:load_weights", {PATH}, "the model, its variables holding the file's values",

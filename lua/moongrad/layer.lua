@@ -196,6 +196,16 @@ table.sort(layer.activation_names)
 layer.activation_rule = check.rule("an activation name or a function",
                                    function(v) return type(v) == "string" or check.is_callable(v) end)
 
+--- layer.activation_label(f): the name activation function f goes by, for
+-- describe ("linear" for none, "custom" for a function of one's own)
+function layer.activation_label (f)
+  if f == nil then return "linear" end
+  for _, name in ipairs(layer.activation_names) do
+    if layer.activations[name] == f then return name end
+  end
+  return "custom"
+end
+
 --- layer.activation_of(who, a): the function of activation a (a name or a
 -- function; nil stays nil)
 function layer.activation_of (who, a)

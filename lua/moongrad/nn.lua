@@ -118,7 +118,8 @@ function Dense:call (x)
 end
 
 function Dense:describe ()
-  return ("moongrad.nn.Dense '%s' (units=%d)"):format(self.name, self.units)
+  return ("moongrad.nn.Dense '%s' (units=%d, activation=%s)"):format(self.name, self.units,
+                                                                      layer.activation_label(self.activation))
 end
 
 local NAME_ONLY = {{"name", check.string}}
@@ -310,8 +311,8 @@ function Conv2D:call (x)
 end
 
 function Conv2D:describe ()
-  return ("moongrad.nn.Conv2D '%s' (filters=%d, kernel_size=%dx%d)"):format(self.name, self.filters,
-                                                                            self.kernel_size[1], self.kernel_size[2])
+  return ("moongrad.nn.Conv2D '%s' (filters=%d, kernel_size=%dx%d, activation=%s)"):format(self.name,
+    self.filters, self.kernel_size[1], self.kernel_size[2], layer.activation_label(self.activation))
 end
 
 local POOL_OPTIONS = {{"pool_size", pair_rule}, {"strides", pair_rule}, {"padding", padding_rule, "valid"},

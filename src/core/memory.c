@@ -156,10 +156,12 @@ void mg_memory_release_small (void) {
   memset(m->small, 0, sizeof m->small);
 }
 
-void mg_memory_set_cache_limit (size_t bytes) {
+size_t mg_memory_set_cache_limit (size_t bytes) {
   mg_memory_state *m = mem();
+  size_t before = m->cache_limit;
   m->cache_limit = bytes;
   if (m->cached > bytes) mg_memory_release_cache();
+  return before;
 }
 
 /* }========================================================== */

@@ -98,12 +98,13 @@ static int l_setpause (lua_State *L) {
   return 2;
 }
 
-/* set_cache_limit(bytes): how many freed bytes may wait for reuse */
+/* set_cache_limit(bytes): how many freed bytes may wait for reuse; returns
+** the limit before (to put back, as set_num_threads' callers do) */
 static int l_set_cache_limit (lua_State *L) {
   lua_Integer n = luaL_checkinteger(L, 1);
   luaL_argcheck(L, n >= 0, 1, "limit must not be negative");
-  mg_memory_set_cache_limit((size_t)n);
-  return 0;
+  lua_pushinteger(L, (lua_Integer)mg_memory_set_cache_limit((size_t)n));
+  return 1;
 }
 
 /* fail_after(n): for tests, the n-th allocation from now fails as if out
