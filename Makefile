@@ -102,7 +102,7 @@ DIST_OBJ   = $(call obj_of,$(DIST_SRC))
 LUA_MODS = $(wildcard lua/moongrad/*.lua)
 HEADERS = $(wildcard include/*.h src/*/*.h)
 
-.PHONY: all deps notebook-deps fuzz-deps install-kernel test demo asan asan-build tsan fuzz fuzz-build fuzz-parsers \
+.PHONY: all deps notebook-deps fuzz-deps install-kernel test demo asan asan-build tsan fuzz fuzz-opt fuzz-build fuzz-parsers \
         run-c-tests bench install clean check sz api-table
 
 all: $(BUILD)/moongrad $(BUILD)/moongrad.so $(BUILD)/libmoongrad.a $(BUILD)/libmoongrad_lua.a
@@ -251,6 +251,17 @@ fuzz: asan-build fuzz-build
 	bash spec/fuzz/run.sh
 	bash spec/fuzz/harness/run.sh
 	@for n in $(FUZZ_NAMES); do build-asan/fuzz_replay_$$n $(FUZZ_BUILD)/corpus/$$n || exit 1; done
+
+# the same random programs on the optimised build (some bugs show only there):
+# -O3, LTO, built for x86-64-v3 (AVX2, which valgrind runs; oneDNN and OpenBLAS
+# pick their AVX2 kernels under it), each program under valgrind's memcheck,
+# its address space capped (spec/fuzz/check.sh); FUZZ_SECONDS as make fuzz
+VALGRIND = valgrind -q --error-exitcode=25 --fullpath-after=
+fuzz-opt: deps
+	@$(MAKE) -s deps DEPS=valgrind
+	$(MAKE) BUILD=build-v3 MARCH=-march=x86-64-v3 build-v3/moongrad
+	FUZZ_BIN=build-v3/moongrad FUZZ_OUT=build-v3/fuzz-findings FUZZ_WRAP="$(VALGRIND)" \
+	  FUZZ_TIMEOUT=$${FUZZ_TIMEOUT:-120} bash spec/fuzz/run.sh
 
 # libFuzzer harnesses (spec/fuzz/harness/) for the safetensors, IDX and CSV
 # readers and the kernel's wire format: each harness and the parser sources it

@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # spec/fuzz/check.sh PROG.lua [BIN]: runs one program under the sanitizer
 # interpreter and prints one line: "ok" (Lua errors are fine), or the finding
-# as "<kind> <signature>", where kind is asan, ubsan, leak, signal, hang or
+# as "<kind> <signature>", where kind is asan, ubsan, valgrind, leak, signal, hang or
 # wrong (an oracle in the program printed FUZZ-WRONG: a silently wrong result) and
 # the signature names the place (src/file.c:line) so findings can be grouped.
 # Leaves PROG.lua.out and PROG.lua.err (stdout, stderr; the first MiB each).
 #
 # Environment: FUZZ_BIN (default build-asan/moongrad), FUZZ_TIMEOUT (seconds,
-# default 20), FUZZ_TMP (a scratch directory for the program, default: PROG's).
+# default 20), FUZZ_TMP (a scratch directory for the program, default: PROG's),
+# FUZZ_WRAP (a command BIN runs under: make fuzz-opt's valgrind, whose reports
+# exit with status 25).
 set -u
 prog=$1
 bin=${2:-${FUZZ_BIN:-build-asan/moongrad}}
@@ -31,7 +33,7 @@ export FUZZ_TMP=$(cd "$FUZZ_TMP" && pwd)
 # minutes and counting as a hang. FUZZ_VMEM_KB= sets it, 0: none
 cap=0
 grep -qa "AddressSanitizer" "$bin" || cap=${FUZZ_VMEM_KB:-8388608}
-(cd "$FUZZ_TMP" && { [ "$cap" -eq 0 ] || ulimit -v "$cap"; } && exec timeout -k 5 "$limit" "$bin" "$prog") \
+(cd "$FUZZ_TMP" && { [ "$cap" -eq 0 ] || ulimit -v "$cap"; } && exec timeout -k 5 "$limit" ${FUZZ_WRAP:-} "$bin" "$prog") \
   > "$prog.out" 2> "$prog.err"
 rc=$?
 err=$prog.err
@@ -57,6 +59,10 @@ elif grep -q "ERROR: LeakSanitizer" "$err"; then
   loc=$(sed -n '/Direct leak\|Indirect leak/,$p' "$err" | grep -E "^ *#[0-9]+ .* (/[^ ]*/)?(src|include)/" \
         | grep -v -E " in (mg_malloc|mg_calloc|mg_alloc|xmalloc)" | head -1 | sed -E 's/.* in ([^ ]+) (.*)$/\2 \1/' | where)
   echo "leak ${loc:-unknown}"
+elif [ $rc -eq 25 ] && grep -q "^==[0-9]*== " "$err"; then
+  what=$(grep -m1 -E "^==[0-9]+== [A-Z]" "$err" | sed -E 's/^==[0-9]+== //; s/[0-9]+/N/g' | cut -c1-60)
+  loc=$(grep -m1 -E "^==[0-9]+== +(at|by) .*/(src|include)/[^ ]*:[0-9]+\)$" "$err" | sed -E 's/.*\(([^()]*)\)$/\1/' | where)
+  echo "valgrind ${what// /-}@${loc:-unknown}"
 elif grep -q "Sanitizer:DEADLYSIGNAL" "$err" || [ $rc -eq 23 ] || [ $rc -eq 24 ]; then
   echo "asan other-rc$rc:$(grep -m1 -i "sanitizer" "$err" | cut -c1-80)"
 elif [ $rc -ge 128 ]; then
