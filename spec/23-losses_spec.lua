@@ -202,6 +202,18 @@ describe("stability at extreme logits", function()
     end
   end)
 
+  it("float32 logits of 1e4 and 1e5 lose nothing to the large max: log 2, gradient -1/2", function()
+    for _, v in ipairs{1e4, 1e5, -1e5} do
+      local z = mg.constant({{v, v}})
+      local t, loss = h.record(function(a)
+        return L.categorical_crossentropy(mg.constant({{1, 0}}), a, {from_logits = true})
+      end, z)
+      h.assert_close(loss, math.log(2), 1e-7)
+      h.assert_close(t:gradient(loss, z), mg.constant({{-0.5, 0.5}}), 1e-7)
+      h.assert_close(mg.log_softmax(z), mg.constant({{-math.log(2), -math.log(2)}}), 1e-7)
+    end
+  end)
+
   it("probabilities of exactly 0 and 1 are clipped, not log(0)", function()
     local l = L.sparse_categorical_crossentropy(i64{2}, f64{{1, 0}})
     h.assert_close(l, -math.log(1e-7), 1e-9)
