@@ -144,6 +144,16 @@ describe("BatchNorm", function()
     assert.equal(2, #bn.trainable_variables)
     assert.equal(2, #bn.non_trainable_variables)
   end)
+
+  it("leaves its moving statistics as they were after an empty batch (as PyTorch)", function()
+    local bn = nn.BatchNorm{momentum = 0.5}
+    bn(mg.constant({{1, 10}, {3, 30}}))
+    local mean, var, updates = bn.moving_mean:totable(), bn.moving_variance:totable(), bn.updates
+    assert.same({0, 2}, bn(mg.zeros{0, 2}).shape)
+    assert.same(mean, bn.moving_mean:totable())
+    assert.same(var, bn.moving_variance:totable())
+    assert.equal(updates, bn.updates)
+  end)
 end)
 
 describe("losses", function()

@@ -357,6 +357,11 @@ describe("optimizer steps match their formulas", function()
     sgd{learning_rate = 1, global_clipnorm = 2.5}:apply_gradients({f64{3}, f64{0, 4}}, {a, b})       -- norm 5
     h.assert_close(a, {-1.5}, 1e-12)
     h.assert_close(b, {0, -2}, 1e-12)
+    -- an infinite global norm scales by 0, as PyTorch's clip_grad_norm_: inf * 0 is NaN, the rest stay
+    a, b = mg.Variable(f64{1}), mg.Variable(f64{1, 1})
+    sgd{learning_rate = 1, global_clipnorm = 1}:apply_gradients({f64{1 / 0}, f64{2, 3}}, {a, b})
+    assert.is_true(a:value():item() ~= a:value():item())
+    h.assert_close(b, {1, 1}, 0)
     -- per-variable clipnorm clips each alone
     a, b = mg.Variable(f64{0}), mg.Variable(f64{0, 0})
     sgd{learning_rate = 1, clipnorm = 2}:apply_gradients({f64{3}, f64{0, 1}}, {a, b})

@@ -214,6 +214,18 @@ describe("stability at extreme logits", function()
     end
   end)
 
+  it("a NaN probability is a NaN loss, as a NaN logit is, not the error for values outside [0, 1]", function()
+    local nan = 0 / 0
+    local function is_nan (t) local v = t:item() return v ~= v end
+    assert.is_true(is_nan(L.binary_crossentropy(f64{0, 1}, f64{nan, 0.5})))
+    assert.is_true(is_nan(L.categorical_crossentropy(f64{{1, 0}}, f64{{nan, 0.5}})))
+    assert.is_true(is_nan(L.sparse_categorical_crossentropy(i64{1}, f64{{0.5, nan}})))
+    assert.is_true(is_nan(L.binary_crossentropy(f64{0, 1}, f64{nan, 0.5}, {from_logits = true})))
+    err(function() L.binary_crossentropy(f64{0, 1}, f64{-0.5, 0.5}) end,
+        "binary_crossentropy: y_pred has values outside [0, 1] (min -0.5, max 0.5), so it is not probabilities; "
+        .. "for logits pass {from_logits = true}")
+  end)
+
   it("probabilities of exactly 0 and 1 are clipped, not log(0)", function()
     local l = L.sparse_categorical_crossentropy(i64{2}, f64{{1, 0}})
     h.assert_close(l, -math.log(1e-7), 1e-9)

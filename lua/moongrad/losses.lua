@@ -81,11 +81,13 @@ local function same_shape (who, y_true, y_pred, ints_ok)
   return y_true
 end
 
--- probabilities must lie in [0, 1]: values outside are logits given without from_logits
+-- probabilities must lie in [0, 1]: values outside are logits given without
+-- from_logits. A NaN is neither (min and max are NaN then): it passes, and
+-- the loss is NaN, as from logits (fit warns and goes on)
 local function check_probabilities (who, y_pred)
   if y_pred:numel() == 0 then return end
   local lo, hi = mg.min(y_pred):item(), mg.max(y_pred):item()
-  if not (lo >= 0 and hi <= 1) then
+  if lo < 0 or hi > 1 then
     fail(who, "y_pred has values outside [0, 1] (min %.4g, max %.4g), so it is not probabilities; "
          .. "for logits pass {from_logits = true}", lo, hi)
   end

@@ -636,7 +636,8 @@ function BatchNorm:call (x, training)
   end
   local stats = {}
   local y = batch_norm_op(x, self.gamma, self.beta, self.epsilon, stats)
-  if not mg.is_recomputing() then
+  -- an empty batch has no statistics (its mean is NaN): the moving ones stay, as PyTorch's
+  if not mg.is_recomputing() and x:numel() > 0 then
     local m = self.momentum
     self.moving_mean:assign(self.moving_mean * m + stats.mean * (1 - m))
     self.moving_variance:assign(self.moving_variance * m + stats.var * (1 - m))

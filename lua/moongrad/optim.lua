@@ -18,7 +18,9 @@
 --   clipnorm          each gradient is scaled to a norm of at most clipnorm
 --   clipvalue         each gradient entry is clipped to [-clipvalue, clipvalue]
 --   global_clipnorm   all gradients are scaled together to a global norm of at
---                     most global_clipnorm (at most one of the three clips)
+--                     most global_clipnorm (at most one of the three clips); an
+--                     infinite norm scales them by 0, as PyTorch's clip_grad_norm_
+--                     (Keras' clip_by_global_norm makes them NaN)
 --   name
 -- Clipping comes first, then the weight decay, then the update.
 --
