@@ -230,28 +230,35 @@ static void nap (long ns) {
   nanosleep(&ts, NULL);
 }
 
-/* Waits for req at most timeout_s seconds (0: for ever): spinning at first,
-** for a peer a few microseconds behind, then napping (20 us, after 10 ms
-** 1 ms) so that a long wait leaves the core to the others. After a timeout
-** the request stays pending (a collective cannot be cancelled): MPI is
-** unusable in this process from then on. */
+bool mg_dist_waited_out (double start, double spin_s, double long_s) {
+  double waited = MPI_Wtime() - start;
+  if (timeout_s > 0 && waited >= timeout_s) {
+    mg_dist_broken = 1;
+    return true;
+  }
+  if (waited > spin_s) nap(waited < long_s ? 20000 : 1000000);
+  return false;
+}
+
+/* Waits for req at most timeout_s seconds (0: for ever): spinning for the
+** first 0.1 ms, for a peer a few microseconds behind, then napping (20 us,
+** after 10 ms 1 ms) so that a long wait leaves the core to the others. After
+** a timeout the request stays pending (a collective cannot be cancelled):
+** MPI is unusable in this process from then on. */
 mg_status mg_dist_wait (const char *fn, MPI_Request *req) {
   double start = MPI_Wtime();
   for (;;) {
     int done = 0, rc = MPI_Test(req, &done, MPI_STATUS_IGNORE);
     if (rc != MPI_SUCCESS) return mg_dist_mpi_fail(fn, rc);
     if (done) return MG_OK;
-    double waited = MPI_Wtime() - start;
-    if (timeout_s > 0 && waited >= timeout_s) {
+    if (mg_dist_waited_out(start, 1e-4, 1e-2)) {
       char who[32] = "a rank";
       if (world_size == 2) snprintf(who, sizeof who, "rank %d", 1 - world_rank);
-      mg_dist_broken = 1;
       return mg_seterror("%s: timed out after %g s waiting for the other ranks: %s did not arrive (it hangs, or "
                          "makes fewer collective calls than rank %d); the timeout is "
                          "mg.distributed.init{timeout = seconds} or MOONGRAD_DIST_TIMEOUT (0: no timeout)",
                          fn, timeout_s, who, world_rank);
     }
-    if (waited > 1e-4) nap(waited < 1e-2 ? 20000 : 1000000);
   }
 }
 

@@ -278,26 +278,20 @@ mg_status mg_dist_sync_ready (mg_dist_sync *s, int i, mg_tensor *grad) {
 /* {---- the end ---- */
 
 /* Waits for every bucket in flight, at most the timeout. A nonblocking
-** collective moves only while this rank calls MPI, so the first
-** milliseconds spin (a nap per test would add its wake-up to every step of
-** the collective's schedule); a longer wait naps, leaving the core. */
+** collective moves only while this rank calls MPI, so the first 5 ms spin
+** (a nap per test would add its wake-up to every step of the collective's
+** schedule); a longer wait naps, leaving the core. */
 static mg_status wait_all (mg_dist_sync *s) {
-  double start = MPI_Wtime(), timeout = mg_dist_timeout();
+  double start = MPI_Wtime();
   while (s->in_flight > 0) {
     int count = 0, rc = MPI_Testsome(s->nbuckets, s->reqs, &count, s->done, MPI_STATUSES_IGNORE);
     if (rc != MPI_SUCCESS) return mg_dist_mpi_fail(s->fn, rc);
     for (int j = 0; j < count && count != MPI_UNDEFINED; j++) landed(s, &s->buckets[s->done[j]]);
-    double waited = MPI_Wtime() - start;
-    if (s->in_flight > 0 && timeout > 0 && waited >= timeout) {
-      mg_dist_broken = 1;
+    if (s->in_flight > 0 && mg_dist_waited_out(start, 5e-3, 0.1)) {
       return mg_seterror("%s: timed out after %g s waiting for the other ranks' gradients: a rank did not send "
                          "them (it failed or hangs, or makes other collective calls); the timeout is "
                          "mg.distributed.init{timeout = seconds} or MOONGRAD_DIST_TIMEOUT (0: no timeout)",
-                         s->fn, timeout);
-    }
-    if (waited > 5e-3) {
-      struct timespec ts = {0, waited < 0.1 ? 20000 : 1000000};
-      nanosleep(&ts, NULL);
+                         s->fn, mg_dist_timeout());
     }
   }
   return MG_OK;

@@ -19,6 +19,10 @@ mg_status    mg_dist_need_init (const char *fn);
 mg_status    mg_dist_mpi_fail  (const char *fn, int rc);           /* MPI's error string, as ours */
 /* waits for req, at most the timeout (then MPI is broken for good) */
 mg_status    mg_dist_wait      (const char *fn, MPI_Request *req);
+/* one turn of a wait begun at start (MPI_Wtime): true past the timeout (MPI
+** broken for good: the request stays pending); else, past spin_s, a nap of
+** 20 us, and past long_s one of 1 ms, leaving the core to the others */
+bool         mg_dist_waited_out (double start, double spin_s, double long_s);
 /* one entry of a list (MG_DIST_DESC values; NULL: nil) and the list's hash */
 void         mg_dist_describe_entry (int64_t *e, const mg_tensor *t);
 int64_t      mg_dist_hash_list (const int64_t *desc, int64_t n);
