@@ -120,8 +120,9 @@ local groups = {
   }},
   {"random", {
     {"random.seed", "random.seed(n)", "restarts the stream (dropout, initializers, normal, uniform)"},
-    {"random.normal", "random.normal(shape [, mean=0, stddev=1] [, dtype])", "normal draws"},
-    {"random.uniform", "random.uniform(shape [, low=0, high=1] [, dtype])", "uniform draws in [low, high)"},
+    {"random.normal", "random.normal(shape [, mean=0, stddev=1] [, dtype])", "normal draws; normal(2, 3): every number a size"},
+    {"random.uniform", "random.uniform(shape [, low=0, high=1] [, dtype])", "uniform draws in [low, high); uniform(2, 3): sizes"},
+    {"random.randint", "random.randint(low, high, shape)", "int64 draws in low..high-1 (high not drawn)"},
     {"random.permutation", "random.permutation(n)", "1..n shuffled (int64)"},
     {"random.get_state", "random.get_state()", "the stream's state {seed=, offset=}"},
     {"random.set_state", "random.set_state(state)", "goes back to a state get_state gave"},
