@@ -455,6 +455,36 @@ describe("examples that train with fit", function()
     assert.is_true(acc and acc > 0.85, out)
   end)
 
+  it("a rank of mpirun writes plain lines though its stdout is a pseudo-terminal", function()
+    -- Open MPI gives each rank a pty whatever mpirun's stdout is (`mpirun ... > log`);
+    -- script(1) gives one here, with and without mpirun's variables
+    if os.execute("command -v script >/dev/null 2>&1") ~= true then pending("script(1) not found") return end
+    local prog = os.tmpname() .. ".lua"
+    local f = assert(io.open(prog, "w"))
+    f:write([[
+local m = mg.nn.Sequential{mg.nn.Dense(1)}
+m:compile{optimizer = "sgd", loss = "mse"}
+m:fit(mg.ones(8, 2), mg.ones(8, 1), {epochs = 2, batch_size = 2})
+]])
+    f:close()
+    local function on_a_pty (env)
+      local log = os.tmpname()
+      local _, code = h.run(("%s script -qec '%s %s' /dev/null > %s"):format(env, h.bin, prog, log))
+      local out = assert(io.open(log, "rb")):read("a")
+      os.remove(log)
+      assert.equal(0, code, out)
+      return out
+    end
+    assert.truthy(on_a_pty(""):find("\r[^\n]"))                   -- a terminal: redrawn in place
+    for _, env in ipairs{"OMPI_COMM_WORLD_SIZE=1", "PMIX_RANK=0", "PMI_RANK=0"} do
+      local out = on_a_pty(env)
+      assert.is_nil(out:find("\r[^\n]", 1), out)                   -- the pty's own \r\n line ends only
+      local _, bars = out:gsub("4/4 %[", "")
+      assert.equal(2, bars, out)                                     -- one line per epoch
+    end
+    os.remove(prog)
+  end)
+
   it("train_digits.lua reaches 97% on the digits' test split", function()
     local out, code = h.run(h.bin .. " examples/train_digits.lua")
     if code ~= 0 and out:find("package python3-sklearn is not installed", 1, true) then

@@ -49,6 +49,27 @@ local function needs_mpirun ()
 end
 
 describe("mg.distributed", function()
+  it("rank 0's progress bar into a file under mpirun: plain lines, no carriage returns", function()
+    if not needs_mpirun() then return end
+    local prog, log = os.tmpname() .. ".lua", os.tmpname()
+    local f = assert(io.open(prog, "w"))
+    f:write([[
+mg.distributed.init()
+local m = mg.nn.Sequential{mg.nn.Dense(1)}
+m:compile{optimizer = "sgd", loss = "mse"}
+m:fit(mg.ones(8, 2), mg.ones(8, 1), {epochs = 2, batch_size = 2, distributed = true})
+]])
+    f:close()
+    local out, code = mpirun(2, prog .. " > " .. log)
+    local text = assert(io.open(log, "rb")):read("a")
+    os.remove(prog)
+    os.remove(log)
+    assert.equal(0, code, out)
+    assert.is_nil(text:find("\r", 1, true), text)
+    local _, bars = text:gsub("2/2 %[", "")
+    assert.equal(2, bars, text)                                      -- one line per epoch, rank 0's
+  end)
+
   it("says to call init first", function()
     local dist = mg.distributed
     assert.is_false(dist.is_initialized())
