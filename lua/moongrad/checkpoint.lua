@@ -543,4 +543,4 @@ end
 --- the methods of every layer (mg.nn copies them into Layer on first use)
 checkpoint.layer_methods = {save_weights = save_weights, load_weights = load_weights}
 
-return checkpoint
+return check.export(checkpoint)          -- errors name the user's line (moongrad.check)

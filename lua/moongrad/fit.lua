@@ -860,4 +860,4 @@ end
 fit.layer_methods = {compile = compile, fit = fit_method, evaluate = evaluate, predict = predict,
                      train_step = train_step, test_step = test_step}
 
-return fit
+return check.export(fit)          -- errors name the user's line (moongrad.check)

@@ -584,7 +584,7 @@ end
 local function what (x)
   if type(x) == "number" or type(x) == "boolean" then return ("%s (%s)"):format(type(x), tostring(x)) end
   if type(x) == "function" then
-    local info = debug.getinfo(x, "S")
+    local info = debug.getinfo(require("moongrad.check").unguarded(x), "S")
     if info.what == "C" then return "function (a C function, not mg's)" end
     return ("function (defined at %s:%d)"):format(info.short_src, info.linedefined)
   end
