@@ -364,6 +364,63 @@ describe("random", function()
     table.sort(p)
     assert.same({1, 2, 3, 4, 5, 6, 7, 8, 9, 10}, p)
   end)
+
+  it("normal and uniform take mg.zeros' shapes, with its errors, and keep mean/std, low/high after a table", function()
+    -- called by field, so that the message names them (not tail calls: those give '?')
+    local by_name = {normal = function(...) local r = mg.random.normal(...) return r end,
+                     uniform = function(...) local r = mg.random.uniform(...) return r end}
+    for _, f in ipairs{"normal", "uniform"} do
+      local draw = by_name[f]
+      assert.same({2, 3}, draw(2, 3).shape)                       -- every number first is a size
+      assert.same({2, 3, 1}, draw(2, 3, 1).shape)
+      assert.same({2, 3}, draw({2, 3}).shape)
+      assert.same({4}, draw(4).shape)
+      assert.equal("float64", draw(2, 3, "float64").dtype)
+      assert.equal("float64", draw({2, 3}, "float64").dtype)
+      assert.equal("float64", draw({2, 3}, 0, 1, "float64").dtype)
+      for _, bad in ipairs{{{2, -3}, "dimension 2 is negative (-3)"}, {{2, 3.5}, "dimension 2 is 3.5, not an integer"},
+                           {{"a"}, "shape expected (a table of sizes), got string"}} do
+        local arg = bad[1][2] and 2 or 1
+        assert.has_error(function() draw(table.unpack(bad[1])) end, ("bad argument #%d to '%s' (%s)"):format(arg, f, bad[2]))
+        assert.has_error(function() local z = mg.zeros(table.unpack(bad[1])) return z end, ("bad argument #%d to 'zeros' (%s)"):format(arg, bad[2]))
+      end
+      assert.has_error(function() draw({2}, 0, 1, "float32", 5) end,
+                       ("bad argument #5 to '%s' (unexpected number: it takes at most 4 arguments)"):format(f))
+    end
+    mg.random.seed(5)
+    local n = mg.random.normal({100000}, 3, 0.5)                  -- after a table: mean, stddev
+    h.assert_close(mg.mean(n), 3, 0.01)
+    local u = mg.random.uniform({1000}, 5, 6)                      -- low, high
+    assert.is_true(mg.min(u):item() >= 5 and mg.max(u):item() < 6)
+  end)
+
+  it("randint(low, high, shape) draws int64 values low..high-1, as torch.randint", function()
+    mg.random.seed(6)
+    local r = mg.random.randint(-2, 3, 100, 50)
+    assert.equal("int64", r.dtype)
+    assert.same({100, 50}, r.shape)
+    local seen = {}
+    for _, row in ipairs(r:totable()) do for _, v in ipairs(row) do seen[v] = (seen[v] or 0) + 1 end end
+    for v = -2, 2 do assert.is_true(seen[v] > 800, v) end         -- each of the 5 values about 1000 times
+    assert.is_nil(seen[3])                                         -- high is not drawn
+    assert.same({3}, mg.random.randint(0, 1, {3}).shape)
+    assert.same({0, 0, 0}, mg.random.randint(0, 1, {3}):totable())
+    assert.same({}, mg.random.randint(0, 10, {}).shape)            -- a 0-d draw
+    local s = mg.random.get_state()
+    local a = mg.random.randint(0, 100, 8)
+    mg.random.set_state(s)
+    assert.same(a:totable(), mg.random.randint(0, 100, 8):totable())
+    assert.has_error(function() mg.random.randint(3, 3, 2) end,
+                     "bad argument #2 to 'randint' (high (3) must be above low (3); high is not drawn)")
+    assert.has_error(function() mg.random.randint(0.5, 3, 2) end, "bad argument #1 to 'randint' (low is 0.5, not an integer)")
+    assert.has_error(function() mg.random.randint(0, 3) end,
+                     "bad argument #3 to 'randint' (shape expected (a table of sizes), got no value)")
+    assert.has_error(function() mg.random.randint(0, 3, 2, -1) end, "bad argument #4 to 'randint' (dimension 2 is negative (-1))")
+    assert.has_error(function() mg.random.randint(0, 3, 2, "int64") end,
+                     "bad argument #4 to 'randint' (unexpected string: it takes at most 3 arguments)")
+    assert.has_error(function() mg.random.randint(0, 2 ^ 62 // 1, 2) end,
+                     "bad argument #2 to 'randint' (high - low must be at most 2^53, got 0 .. 4611686018427387904)")
+  end)
 end)
 
 describe("pow's square (x ^ 2, in every loss and norm)", function()

@@ -332,7 +332,7 @@ describe("callbacks", function()
     local x, y = blobs(10)
     local model = compiled(classifier())
     err(function() model:fit(x, y, {verbose = 0, callbacks = {mg.callbacks.EarlyStopping()}}) end,
-        "EarlyStopping: monitor 'val_loss' is not in the logs (they have: accuracy, loss); "
+        "fit: EarlyStopping: monitor 'val_loss' is not in the logs (they have: accuracy, loss); "
         .. "fit needs validation_data or validation_split for it")
     err(function() mg.callbacks.EarlyStopping{patience = -1} end,
         "EarlyStopping: option 'patience' must be an integer >= 0, got -1")
@@ -405,6 +405,44 @@ describe("compile and fit check their arguments", function()
     for _, c in ipairs(cases) do err(c[1], c[2]) end
   end)
 
+  it("errors raised inside fit, evaluate and predict say so first", function()
+    local function mse_model (loss)
+      local m = nn.Sequential{nn.Dense(2)}
+      m:compile{optimizer = "sgd", loss = loss or "mse"}
+      m(mg.ones{1, 3})
+      return m
+    end
+    local m, xs, ys, q = mse_model(), mg.ones{8, 3}, mg.ones{8, 2}, {verbose = 0}
+    local function val (vx, vy) return {verbose = 0, validation_data = {vx, vy}} end
+    local cases = {
+      {function() m:fit(xs, mg.ones{8, 5}, q) end,
+       "fit: mean_squared_error: y_true has shape (8,5) but y_pred has shape (8,2); they must match exactly"},
+      {function() m:fit(mg.ones{8, 4}, ys, q) end, "fit: Dense: input has 4 features (its last axis), the layer was built for 3"},
+      {function() m:fit(mg.ones({8, 3}, "int64"), ys, q) end, "fit: Dense: input must be a float tensor, got int64"},
+      {function() m:fit(xs, mg.zeros({8, 2}, "int64"), q) end, "fit: mean_squared_error: y_true must be a float tensor, got int64"},
+      {function() m:fit(xs, ys, val(mg.ones{4, 5}, mg.ones{4, 2})) end,
+       "fit: validation_data: Dense: input has 5 features (its last axis), the layer was built for 3"},
+      {function() m:fit(xs, ys, val(mg.ones{4, 3}, mg.ones{4, 7})) end,
+       "fit: validation_data: mean_squared_error: y_true has shape (4,7) but y_pred has shape (4,2); they must match exactly"},
+      {function() mse_model("sparse_categorical_crossentropy"):fit(xs, ys, q) end,
+       "fit: sparse_categorical_crossentropy: y_true must be int64 class numbers (1-based), got float32; one-hot targets "
+       .. "go to categorical_crossentropy"},
+      {function() m:fit(xs, ys, {verbose = 0, callbacks = {mg.callbacks.EarlyStopping{monitor = "val_los"}}}) end,
+       "fit: EarlyStopping: monitor 'val_los' is not in the logs (they have: loss); fit needs validation_data or "
+       .. "validation_split for it"},
+      {function() m:evaluate(xs, mg.ones{8, 5}, q) end,
+       "evaluate: mean_squared_error: y_true has shape (8,5) but y_pred has shape (8,2); they must match exactly"},
+      {function() m:predict(mg.ones{8, 4}) end, "predict: Dense: input has 4 features (its last axis), the layer was built for 3"},
+    }
+    for _, c in ipairs(cases) do err(c[1], c[2]) end
+    -- the user's own error, from a callback, is theirs: its message and line unchanged
+    local line = debug.getinfo(1, "l").currentline + 1
+    local mine = {on_epoch_end = function() error("mine") end}
+    local ok, e = pcall(function() m:fit(xs, ys, {verbose = 0, callbacks = {mine}}) end)
+    assert.is_false(ok)
+    assert.equal(("%s:%d: mine"):format(debug.getinfo(1, "S").short_src, line), e)
+  end)
+
   it("fit, evaluate and predict", function()
     local m = model()
     local cases = {
@@ -433,7 +471,7 @@ describe("compile and fit check their arguments", function()
       {function() m:fit(x, y, {callbacks = {print}}) end,
        "fit: callbacks[1] must be a callback (a table with on_epoch_end, ... methods), got a function"},
       {function() m:fit(x, mg.constant({1, 2, 3, 1, 2, 4}, "int64"), quiet) end,
-       "sparse_categorical_crossentropy: y_true must be class numbers in 1..3 (1-based), got 4"},
+       "fit: sparse_categorical_crossentropy: y_true must be class numbers in 1..3 (1-based), got 4"},
       {function() m:evaluate(x, y, {batch_size = -1}) end, "evaluate: option 'batch_size' must be a positive integer, got -1"},
       {function() m:predict(mg.zeros{0, 2}) end, "predict: x has no samples"},
       {function() m:predict(x, {verbos = 1}) end,
@@ -453,6 +491,36 @@ describe("examples that train with fit", function()
     assert.equal(3, bars)
     local acc = tonumber(out:match("accuracy ([%d.]+)\n$"))
     assert.is_true(acc and acc > 0.85, out)
+  end)
+
+  it("a rank of mpirun writes plain lines though its stdout is a pseudo-terminal", function()
+    -- Open MPI gives each rank a pty whatever mpirun's stdout is (`mpirun ... > log`);
+    -- script(1) gives one here, with and without mpirun's variables
+    if os.execute("command -v script >/dev/null 2>&1") ~= true then pending("script(1) not found") return end
+    local prog = os.tmpname() .. ".lua"
+    local f = assert(io.open(prog, "w"))
+    f:write([[
+local m = mg.nn.Sequential{mg.nn.Dense(1)}
+m:compile{optimizer = "sgd", loss = "mse"}
+m:fit(mg.ones(8, 2), mg.ones(8, 1), {epochs = 2, batch_size = 2})
+]])
+    f:close()
+    local function on_a_pty (env)
+      local log = os.tmpname()
+      local _, code = h.run(("%s script -qec '%s %s' /dev/null > %s"):format(env, h.bin, prog, log))
+      local out = assert(io.open(log, "rb")):read("a")
+      os.remove(log)
+      assert.equal(0, code, out)
+      return out
+    end
+    assert.truthy(on_a_pty(""):find("\r[^\n]"))                   -- a terminal: redrawn in place
+    for _, env in ipairs{"OMPI_COMM_WORLD_SIZE=1", "PMIX_RANK=0", "PMI_RANK=0"} do
+      local out = on_a_pty(env)
+      assert.is_nil(out:find("\r[^\n]", 1), out)                   -- the pty's own \r\n line ends only
+      local _, bars = out:gsub("4/4 %[", "")
+      assert.equal(2, bars, out)                                     -- one line per epoch
+    end
+    os.remove(prog)
   end)
 
   it("train_digits.lua reaches 97% on the digits' test split", function()

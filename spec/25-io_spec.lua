@@ -767,6 +767,44 @@ describe("save_weights and load_weights", function()
     assert_has(err(model().load_weights, model(), d .. "/none"), "load: '" .. d .. "/none': cannot open")
   end)
 
+  it("list every mismatch in one error, load_weights and checkpoint.restore alike, changing nothing", function()
+    local d = tmpdir()
+    local p, c = d .. "/w.safetensors", d .. "/c.safetensors"
+    local src = model()
+    src:save_weights(p)
+    local opt = mg.optim.Adam{}
+    opt:apply_gradients({mg.zeros_like(src.trainable_variables[1])}, {src.trainable_variables[1]})
+    mg.checkpoint.save(c, {model = src, optimizer = opt})
+    -- three shapes differ: the first Dense's kernel and bias (7 units, not 6), the second's kernel
+    local wide = nn.Sequential{nn.Dense(7, "tanh"), nn.Dense(4), nn.Sequential{nn.Dense(3), nn.BatchNorm()}}
+    wide(mg.ones{2, 5})
+    local function values (m)
+      local out = {}
+      for i, v in ipairs(m.variables) do out[i] = v:value():totable() end
+      return out
+    end
+    local before, rng = values(wide), mg.random.get_state()
+    local three = "'dense/kernel' has shape (5,6) in the file, the model's variable has shape (5,7); "
+               .. "'dense/bias' has shape (6) in the file, the model's variable has shape (7); "
+               .. "'dense_1/kernel' has shape (6,4) in the file, the model's variable has shape (7,4)"
+    assert.equal("load_weights: '" .. p .. "' does not match the model in 3 places: " .. three,
+                 (err(wide.load_weights, wide, p):gsub("^.-:%d+: ", "")))
+    assert.same(before, values(wide))
+    local opt2 = mg.optim.Adam{}
+    assert.equal("checkpoint.restore: '" .. c .. "' does not match the model in 3 places: " .. three,
+                 (err(mg.checkpoint.restore, c, {model = wide, optimizer = opt2}):gsub("^.-:%d+: ", "")))
+    assert.same(before, values(wide))
+    assert.same(rng, mg.random.get_state())
+    -- a shape and a missing pair: one error with both
+    local more = nn.Sequential{nn.Dense(7, "tanh"), nn.Dense(4), nn.Sequential{nn.Dense(3), nn.BatchNorm()}, nn.Dense(2)}
+    more(mg.ones{2, 5})
+    before = values(more)
+    assert.equal("load_weights: '" .. p .. "' does not match the model in 4 places: " .. three
+                 .. "; it has no weights for 2 variables of the model: 'dense_2/bias', 'dense_2/kernel'",
+                 (err(more.load_weights, more, p):gsub("^.-:%d+: ", "")))
+    assert.same(before, values(more))
+  end)
+
   it("cast float weights to the model's dtype", function()
     local d = tmpdir()
     local a = nn.Dense(2)

@@ -19,23 +19,148 @@ local function internal (source)
   return source:find("moongrad/[%w_]+%.lua$") ~= nil
 end
 
--- error's level for the first function outside these modules (0: none, no
--- position); mg._layer_call, the layers' __call, is one of them
+-- the level (counted from the caller of first_user) of the first frame at or
+-- above its level `level` outside these modules. mg._layer_call, the layers'
+-- __call, is one of them; so is a pcall that they made (check.guard's), not
+-- one the user made (pcall(mg.nn.Dense, 0) has no position, as
+-- pcall(string.rep) in Lua). nil: none (a C host called in)
+local function first_user (level)
+  local info = getinfo(level + 1, "Sf")
+  while info do
+    local ours = internal(info.source) or info.func == layer_call
+    if not ours and info.func == pcall then
+      local caller = getinfo(level + 2, "S")
+      ours = caller ~= nil and internal(caller.source)
+    end
+    if not ours then return level end
+    level = level + 1
+    info = getinfo(level + 1, "Sf")
+  end
+end
+
+-- error's level for the user's line, from the function that calls error (0:
+-- no user frame, no position)
 local function user_level ()
   if not getinfo then return 2 end
-  local level = 3                                   -- 1 is user_level, 2 is fail
+  local level = first_user(3)                       -- 1 is user_level, 2 is its caller
+  return level and level - 1 or 0                   -- counted from that caller, as error counts
+end
+
+-- the work under way (check.within: "fit", "fit: validation_data"), or nil
+local context
+
+-- msg as said under ctx: "fit: " .. msg, unless msg already starts with
+-- ctx's function ("fit: x has 4 samples ...")
+local function prefixed (ctx, msg)
+  if not ctx then return msg end
+  local head = ctx:match("^[^:]+")
+  if msg:sub(1, #head + 1) == head .. ":" then return msg end
+  return ctx .. ": " .. msg
+end
+
+--- Raises "who: <fmt formatted>" at the user's line (under check.within's
+-- context: "fit: who: ...").
+function check.fail (who, fmt, ...)
+  error(prefixed(context, who .. ": " .. fmt:format(...)), user_level())
+end
+
+-- A message that starts with the position of one of these modules (raised by
+-- a plain error, by a C function that they called, or passed on by one that
+-- ran a callback: "moongrad/checkpoint_loop.lua:172: x.lua:9: boom") loses
+-- it: what is left is re-raised at the user's line, or as it is when it
+-- already names a place (the user's own callback raised it).
+local LIBRARY_AT = "^[^\n]-moongrad/[%w_]+%.lua:%d+: (.*)$"
+
+-- whether msg starts with a position ("x.lua:9: ", '[string "..."]:1: ')
+local function placed (msg)
+  return msg:find("^[^%s:]+:%d+: ") ~= nil or msg:find('^%[string ".-"%]:%d+: ') ~= nil
+end
+
+-- e without the library positions it starts with; nil: it starts with none
+local function unplaced (e)
+  local rest = type(e) == "string" and e:match(LIBRARY_AT)
+  while rest and rest:match(LIBRARY_AT) do rest = rest:match(LIBRARY_AT) end
+  return rest
+end
+
+local function relocate (e)
+  local rest = unplaced(e)
+  if not rest or placed(rest) then error(rest or e, 0) end
+  error(rest, user_level())
+end
+
+--- fn(...) as the work of who ("fit"): an error that these modules raise
+-- meanwhile says who first ("fit: mean_squared_error: y_true has shape
+-- ..."); the user's own errors (a callback's) pass unchanged.
+function check.within (who, fn, ...)
+  local outer = context
+  context = who
+  local r = table.pack(pcall(fn, ...))
+  context = outer
+  if r[1] then return table.unpack(r, 2, r.n) end
+  local rest = unplaced(r[2])
+  if not rest or placed(rest) then error(rest or r[2], 0) end
+  error(prefixed(who, rest), user_level())
+end
+
+local function rethrow (ok, ...)
+  if ok then return ... end
+  relocate((...))
+end
+
+local guarded = setmetatable({}, {__mode = "k"})    -- wrapper -> the function it wraps
+
+-- whether the caller of the caller of called_by_user is the user's code
+-- (past mg._layer_call, which runs a layer's call)
+local function called_by_user ()
+  local level = 3
   local info = getinfo(level, "Sf")
-  while info and (internal(info.source) or info.func == layer_call) do
+  while info and info.func == layer_call do
     level = level + 1
     info = getinfo(level, "Sf")
   end
-  return info and level - 1 or 0                    -- counted from fail, as error counts
+  return info ~= nil and not internal(info.source)
 end
 
---- Raises "who: <fmt formatted>" at the user's line.
-function check.fail (who, fmt, ...)
-  error(who .. ": " .. fmt:format(...), user_level())
+--- f, wrapped so that an error it raises when the user called it (not
+-- another of these modules) names the user's line: check.fail does that by
+-- itself, but errors raised by C functions (mg.load in checkpoint.restore)
+-- or by plain error() would name a line of moongrad/*.lua. Calls from
+-- inside the library go straight through.
+function check.guard (f)
+  if not getinfo or type(f) ~= "function" or guarded[f] then return f end
+  local function g (...)
+    if not called_by_user() then return f(...) end
+    return rethrow(pcall(f, ...))
+  end
+  guarded[g] = f
+  return g
 end
+
+--- The function g wraps (help's "defined at"), or g itself.
+function check.unguarded (g) return guarded[g] or g end
+
+-- whether key = v is a public function of these modules (not __index,
+-- _build...). Not a layer's call, which mg._layer_call runs: a wrapper's
+-- frame would hold the layer's input until the layer returned (spec/08);
+-- its own checks go through check.fail.
+local function public (k, v)
+  return type(k) == "string" and not k:find("^_") and k ~= "call" and type(v) == "function" and getinfo
+         and internal(getinfo(v, "S").source)
+end
+
+--- Guards every public function of module t (and its metatable's __call, for
+-- a callable module); returns t. Classes guard their methods by themselves
+-- (moongrad.class).
+function check.export (t)
+  for k, v in pairs(t) do
+    if public(k, v) then t[k] = check.guard(v) end
+  end
+  local mt = getmetatable(t)
+  if type(mt) == "table" and type(rawget(mt, "__call")) == "function" then mt.__call = check.guard(mt.__call) end
+  return t
+end
+check.public = public
 
 -- }=============================================================
 

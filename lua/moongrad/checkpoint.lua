@@ -133,38 +133,53 @@ local function some (list)
   return "'" .. table.concat(list, "', '") .. "'"
 end
 
+-- "has no weights for ...; it has ... instead", "has 2 weights the model
+-- does not: ...", or nil
+local function missing_or_extra (missing, extra)
+  if #missing > 0 then
+    return ("has no weights for %d variable%s of the model: %s%s"):format(#missing,
+           #missing == 1 and "" or "s", some(missing), #extra > 0 and ("; it has %s instead"):format(some(extra)) or "")
+  end
+  if #extra > 0 then
+    return ("has %d weight%s the model does not: %s"):format(#extra, #extra == 1 and "" or "s", some(extra))
+  end
+end
+
+-- what is wrong with file tensor t for variable v ("'dense/kernel' has shape
+-- (5,6) in the file, ..."), or nil
+local function mismatch (name, t, v)
+  if not check.same_shape(t.shape, v.shape) then
+    return ("'%s' has shape %s in the file, the model's variable has shape %s"):format(name, check.shape(t.shape),
+           check.shape(v.shape))
+  end
+  if t.dtype ~= v.dtype and not (FLOATS[t.dtype] and FLOATS[v.dtype]) then
+    return ("'%s' is %s in the file, the model's variable is %s"):format(name, t.dtype, v.dtype)
+  end
+end
+
 -- the value each named variable gets from tensors[prefix .. name], all
--- checked before any is used
+-- checked before any is used: one error lists every mismatched, missing
+-- and extra weight (a fix then needs one run, not one per tensor)
 local function match (who, path, named, tensors, prefix)
-  local missing, extra, values, want = {}, {}, {}, {}
+  local missing, extra, values, want, wrong = {}, {}, {}, {}, {}
   for i, e in ipairs(named) do
     want[prefix .. e.name] = true
     local t, v = tensors[prefix .. e.name], e.var
-    if t == nil then
-      missing[#missing + 1] = e.name
-    else
-      if not check.same_shape(t.shape, v.shape) then
-        fail(who, "'%s': '%s' has shape %s in the file, the model's variable has shape %s", path, e.name,
-             check.shape(t.shape), check.shape(v.shape))
-      end
-      if t.dtype ~= v.dtype then
-        if not (FLOATS[t.dtype] and FLOATS[v.dtype]) then
-          fail(who, "'%s': '%s' is %s in the file, the model's variable is %s", path, e.name, t.dtype, v.dtype)
-        end
-        t = mg.cast(t, v.dtype)
-      end
-      values[i] = t
+    local bad = t and mismatch(e.name, t, v)
+    if t == nil then missing[#missing + 1] = e.name
+    elseif bad then wrong[#wrong + 1] = bad
+    else values[i] = t.dtype == v.dtype and t or mg.cast(t, v.dtype)
     end
   end
   for name in pairs(tensors) do
     if name:sub(1, #prefix) == prefix and not want[name] then extra[#extra + 1] = name:sub(#prefix + 1) end
   end
-  if #missing > 0 then
-    fail(who, "'%s' has no weights for %d variable%s of the model: %s%s", path, #missing, #missing == 1 and "" or "s",
-         some(missing), #extra > 0 and ("; it has %s instead"):format(some(extra)) or "")
-  end
-  if #extra > 0 then
-    fail(who, "'%s' has %d weight%s the model does not: %s", path, #extra, #extra == 1 and "" or "s", some(extra))
+  local other = missing_or_extra(missing, extra)
+  if #wrong == 0 and other then fail(who, "'%s' %s", path, other) end
+  if #wrong == 1 and not other then fail(who, "'%s': %s", path, wrong[1]) end
+  if #wrong > 0 then
+    if other then wrong[#wrong + 1] = "it " .. other end
+    fail(who, "'%s' does not match the model in %d places: %s", path, #wrong, table.concat(wrong, "; "))
   end
   return values
 end
@@ -528,4 +543,4 @@ end
 --- the methods of every layer (mg.nn copies them into Layer on first use)
 checkpoint.layer_methods = {save_weights = save_weights, load_weights = load_weights}
 
-return checkpoint
+return check.export(checkpoint)          -- errors name the user's line (moongrad.check)

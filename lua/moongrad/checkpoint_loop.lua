@@ -186,7 +186,7 @@ local function checkpoint_loop (step, state, n, opts)
   return build(tmpl, out, values[n + 1] or v0)
 end
 
-return setmetatable(loop, {
+return check.export(setmetatable(loop, {      -- errors name the user's line (moongrad.check)
   __call = function(_, ...) return checkpoint_loop(...) end,
   __name = "moongrad.checkpoint_loop",
-})
+}))

@@ -464,4 +464,4 @@ end
 
 -- }=============================================================
 
-return data
+return check.export(data)          -- errors name the user's line (moongrad.check)

@@ -344,4 +344,4 @@ end
 
 -- }=============================================================
 
-return dist
+return check.export(dist)          -- errors name the user's line (moongrad.check)

@@ -741,7 +741,7 @@ local function run_fit (self, x, y, o, c)
     end
     logs = m.means()
     if xv then
-      local val = evaluate_batches(self, xv, yv, o.validation_batch_size or bs)
+      local val = check.within("fit: validation_data", evaluate_batches, self, xv, yv, o.validation_batch_size or bs)
       for k, v in pairs(val) do logs["val_" .. k] = v end
     end
     call(cbs, "on_epoch_end", epoch, logs)
@@ -792,7 +792,7 @@ local function fit_method (self, x, y, opts)
                      or dist.DistributedOptimizer(optimizer)
   end
   rawset(self, "_memory_plan", nil)
-  local ok, history = pcall(run_fit, self, x, y, o, c)
+  local ok, history = pcall(check.within, who, run_fit, self, x, y, o, c)   -- errors say "fit: "
   rawset(self, "_memory_plan", nil)
   rawset(self, "_train_forward", nil)
   rawset(self, "_autocast", nil)
@@ -820,7 +820,8 @@ local function evaluate (self, x, y, opts)
     bar:set_params({steps = steps, verbose = verbose, metrics = metric_names(c)})
     bar:start(steps)
   end
-  local logs = evaluate_batches(self, x, y, o.batch_size, bar and function(i, running) bar:on_batch_end(i, running) end)
+  local logs = check.within(who, evaluate_batches, self, x, y, o.batch_size,
+                            bar and function(i, running) bar:on_batch_end(i, running) end)
   if bar then bar:on_epoch_end(nil, logs) end
   return logs
 end
@@ -840,7 +841,7 @@ local function predict (self, x, opts)
   local verbose = o.verbose == "auto" and 1 or o.verbose
   local bar = verbose > 0 and mg.progress(steps, {verbose = verbose}) or nil
   local outs = {}
-  fit.inference(self, function()
+  check.within(who, fit.inference, self, function()
     for i = 1, steps do
       local xb = batch(x, nil, i, bs, n)
       local out = mixed_precision.run(autocast_of(self), self, xb)
@@ -860,4 +861,4 @@ end
 fit.layer_methods = {compile = compile, fit = fit_method, evaluate = evaluate, predict = predict,
                      train_step = train_step, test_step = test_step}
 
-return fit
+return check.export(fit)          -- errors name the user's line (moongrad.check)

@@ -120,8 +120,9 @@ local groups = {
   }},
   {"random", {
     {"random.seed", "random.seed(n)", "restarts the stream (dropout, initializers, normal, uniform)"},
-    {"random.normal", "random.normal(shape [, mean=0, stddev=1] [, dtype])", "normal draws"},
-    {"random.uniform", "random.uniform(shape [, low=0, high=1] [, dtype])", "uniform draws in [low, high)"},
+    {"random.normal", "random.normal(shape [, mean=0, stddev=1] [, dtype])", "normal draws; normal(2, 3): every number a size"},
+    {"random.uniform", "random.uniform(shape [, low=0, high=1] [, dtype])", "uniform draws in [low, high); uniform(2, 3): sizes"},
+    {"random.randint", "random.randint(low, high, shape)", "int64 draws in low..high-1 (high not drawn)"},
     {"random.permutation", "random.permutation(n)", "1..n shuffled (int64)"},
     {"random.get_state", "random.get_state()", "the stream's state {seed=, offset=}"},
     {"random.set_state", "random.set_state(state)", "goes back to a state get_state gave"},
@@ -583,7 +584,7 @@ end
 local function what (x)
   if type(x) == "number" or type(x) == "boolean" then return ("%s (%s)"):format(type(x), tostring(x)) end
   if type(x) == "function" then
-    local info = debug.getinfo(x, "S")
+    local info = debug.getinfo(require("moongrad.check").unguarded(x), "S")
     if info.what == "C" then return "function (a C function, not mg's)" end
     return ("function (defined at %s:%d)"):format(info.short_src, info.linedefined)
   end

@@ -18,6 +18,9 @@ local B = {"b", "a tensor or a number, broadcasting against a"}
 local DTYPE = {"dtype", "float32 float64 float16 bfloat16 int64 or bool", "\"float32\""}
 local FDTYPE = {"dtype", "a float dtype: float32 float64 float16 bfloat16", "\"float32\""}
 local SHAPE = {"shape", "the sizes: a table {2, 3} or integers 2, 3"}
+-- mg.random's shapes: as mg.zeros', but numbers after a table are the draw's
+-- parameters (normal({2, 3}, 0, 0.1)), numbers first all sizes (normal(2, 3))
+local RSHAPE = {"shape", "a table {2, 3} (then mean/low and stddev/high may follow) or integers 2, 3 (every number a size)"}
 local AXES = {"axis", "a 1-based axis (negative from the end), or a table of axes; nil for all", "nil"}
 local KEEP = {"keepdims", "true keeps reduced axes with size 1", "false"}
 local FN = {"fn", "a function"}
@@ -283,10 +286,13 @@ E("scaled_dot_product_attention", {{"q", "queries (..., n, d)"}, {"k", "keys (..
   "a tensor (..., n, dv)", "q = mg.ones(1, 2, 4)\nmg.scaled_dot_product_attention(q, q, mg.tensor{{{1, 2, 3, 4}, {5, 6, 7, 8}}}, {causal = true}) --> {{{1.0, 2.0, 3.0, 4.0}, {3.0, 4.0, 5.0, 6.0}}}")
 
 E("random.seed", {{"n", "an integer"}}, "nothing", "mg.random.seed(42)\na = mg.random.normal{3}\nmg.random.seed(42)\n(a - mg.random.normal{3}):abs():max():item() --> 0.0")
-E("random.normal", {SHAPE, {"mean", "the mean", "0"}, {"stddev", "the standard deviation", "1"}, FDTYPE},
-  "a tensor of draws", "mg.random.seed(1)\nmg.random.normal({2, 3}, 0, 0.1).shape --> {2, 3}")
-E("random.uniform", {SHAPE, {"low", "the lower end", "0"}, {"high", "the upper end (not reached)", "1"}, FDTYPE},
+E("random.normal", {RSHAPE, {"mean", "the mean", "0"}, {"stddev", "the standard deviation", "1"}, FDTYPE},
+  "a tensor of draws", "mg.random.seed(1)\nmg.random.normal({2, 3}, 0, 0.1).shape --> {2, 3}\nmg.random.normal(2, 3, \"float64\").dtype --> float64")
+E("random.uniform", {RSHAPE, {"low", "the lower end", "0"}, {"high", "the upper end (not reached)", "1"}, FDTYPE},
   "a tensor of draws", "mg.random.seed(1)\nu = mg.random.uniform({1000}, -1, 1)\nu:min():item() >= -1 and u:max():item() < 1 --> true")
+E("random.randint", {{"low", "the smallest value (an integer)"}, {"high", "one past the largest (not drawn)"}, SHAPE},
+  "an int64 tensor of draws, each of low..high-1 as likely (torch.randint)",
+  "mg.random.seed(1)\nr = mg.random.randint(1, 7, 2, 500)\nr.dtype --> int64\nr:min():item() == 1 and r:max():item() == 6 --> true")
 E("random.permutation", {{"n", "how many"}}, "an int64 tensor holding 1..n in some order",
   "mg.random.seed(1)\nmg.random.permutation(5) --> {1, 4, 3, 5, 2}")
 E("random.get_state", {}, "a table {seed=, offset=}", "s = mg.random.get_state()\na = mg.random.uniform{2}\nmg.random.set_state(s)\n(a - mg.random.uniform{2}):abs():max():item() --> 0.0")

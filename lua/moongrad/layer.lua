@@ -170,7 +170,7 @@ function Layer:describe ()
 end
 
 function Layer:call ()
-  error(("%s: call is not defined"):format(self:describe()), 2)
+  check.fail(self:describe(), "call is not defined")
 end
 
 -- }=============================================================
@@ -555,4 +555,4 @@ end
 
 -- }=============================================================
 
-return layer
+return check.export(layer)          -- errors name the user's line (moongrad.check)

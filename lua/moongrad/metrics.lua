@@ -142,4 +142,4 @@ function metrics.get (spec, loss_name, from_logits, who)
   return check.value(who, "metric", spec, check.rule("a metric name or a function(y_true, y_pred)", check.is_callable))
 end
 
-return metrics
+return check.export(metrics)          -- errors name the user's line (moongrad.check)

@@ -9,6 +9,7 @@
 -- Direct calls, model(x), run as written: wrap them in mg.autocast.
 
 local mg = require "moongrad"
+local check = require "moongrad.check"
 
 local mixed_precision = {}
 
@@ -19,8 +20,8 @@ local global = "float32"
 
 local function check_policy (who, name)
   if POLICIES[name] == nil then
-    error(("%s: unknown policy %s (mixed_bfloat16, mixed_float16 or float32)"):format(
-      who, type(name) == "string" and ("'" .. name .. "'") or ("of type " .. type(name))), 3)
+    check.fail(who, "unknown policy %s (mixed_bfloat16, mixed_float16 or float32)",
+               type(name) == "string" and ("'" .. name .. "'") or ("of type " .. type(name)))
   end
   return name
 end
@@ -55,4 +56,4 @@ function mixed_precision.run (dtype, fn, ...)
   return mg.autocast(dtype, fn, ...)
 end
 
-return mixed_precision
+return check.export(mixed_precision)          -- errors name the user's line (moongrad.check)

@@ -748,7 +748,7 @@ local function extend (module)
   installed[module] = ok or nil
   if not ok then error(m, 0) end
   for _, name in ipairs(e.methods or {}) do
-    if rawget(Layer, name) == stand_ins[name] then Layer[name] = m.layer_methods[name] end
+    if rawget(Layer, name) == stand_ins[name] then Layer[name] = check.guard(m.layer_methods[name]) end
   end
   for _, name in ipairs(e.classes or {}) do
     if rawget(nn, name) == nil then rawset(nn, name, m[name]) end
@@ -765,8 +765,8 @@ local function stand_in (module, name)
     if f == method or f == nil then error(("nn: %s gives no Layer.%s"):format(module, name)) end
     return Layer[name](...)
   end
-  stand_ins[name] = method
-  return method
+  stand_ins[name] = check.guard(method)
+  return stand_ins[name]
 end
 
 -- nn's metatable loads a class on first access; its keys name the classes
@@ -790,4 +790,4 @@ setmetatable(nn, lazy)
 
 -- }=============================================================
 
-return nn
+return check.export(nn)          -- errors name the user's line (moongrad.check)

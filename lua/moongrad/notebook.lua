@@ -192,4 +192,4 @@ end
 
 -- }=============================================================
 
-return notebook
+return check.export(notebook)          -- errors name the user's line (moongrad.check)

@@ -526,4 +526,4 @@ function optim.get (spec, who)
   return spec
 end
 
-return optim
+return check.export(optim)          -- errors name the user's line (moongrad.check)

@@ -330,4 +330,4 @@ end
 
 -- }=============================================================
 
-return setmetatable(plot, {__call = plot_call})
+return check.export(setmetatable(plot, {__call = plot_call}))     -- errors name the user's line (moongrad.check)

@@ -18,7 +18,11 @@
 -- io.stderr is worked out once per process, at the first bar: a stream that
 -- can seek is a file (no terminal, no cost); otherwise `test -t 1` (or 2) runs
 -- through os.execute, one fork and exec of /bin/sh, about a millisecond.
--- Other files and writer objects count as no terminal. tty = true or false
+-- Other files and writer objects count as no terminal; so does every stream
+-- of a rank that mpirun started: Open MPI gives each rank a pseudo-terminal
+-- whatever mpirun's own stdout is (a file, under `mpirun ... > log`), so
+-- `test -t` cannot tell, and a log must not fill with carriage returns
+-- (OMPI_COMM_WORLD_SIZE, PMIX_RANK or PMI_RANK set). tty = true or false
 -- says it outright (a writer that is a terminal, a notebook that draws \r).
 -- In a Jupyter kernel (moongrad --kernel) a bar on io.stdout with no tty
 -- option is one display that each redraw updates in place (moongrad.notebook).
@@ -35,9 +39,16 @@ local Progress = class("moongrad.progress")      -- made by the module's functio
 
 local tty_of_fd = {}
 
+-- whether an MPI launcher (mpirun, mpiexec, srun through PMI) started us
+local function launched_by_mpi ()
+  local getenv = os and os.getenv
+  if not getenv then return false end
+  return (getenv("OMPI_COMM_WORLD_SIZE") or getenv("PMIX_RANK") or getenv("PMI_RANK")) ~= nil
+end
+
 local function isatty (out)
   local fd = (out == io.stdout and 1) or (out == io.stderr and 2) or nil
-  if not fd then return false end
+  if not fd or launched_by_mpi() then return false end
   if tty_of_fd[fd] == nil then
     local ok, pos = pcall(out.seek, out, "cur")
     if ok and pos then

@@ -15,6 +15,7 @@
 -- tensor with its entries, a layer as its summary).
 -- @module moongrad.repr
 local mg = require "moongrad"
+local fail = require("moongrad.check").fail
 
 local DEFAULTS = {width = 80, depth = 4, items = 20}
 
@@ -96,11 +97,11 @@ return function(v, opts)
   local o = {}
   for k, d in pairs(DEFAULTS) do o[k] = d end
   if opts ~= nil then
-    if type(opts) ~= "table" then error(("repr: options must be a table, got %s"):format(type(opts)), 2) end
+    if type(opts) ~= "table" then fail("repr", "options must be a table, got %s", type(opts)) end
     for k, x in pairs(opts) do
-      if not OPTIONS[k] then error(("repr: unknown option '%s' (known: depth, items, width)"):format(tostring(k)), 2) end
+      if not OPTIONS[k] then fail("repr", "unknown option '%s' (known: depth, items, width)", tostring(k)) end
       if math.type(x) ~= "integer" or x < 1 then
-        error(("repr: option '%s' must be a positive integer, got %s"):format(k, tostring(x)), 2)
+        fail("repr", "option '%s' must be a positive integer, got %s", k, tostring(x))
       end
       o[k] = x
     end

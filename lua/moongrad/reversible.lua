@@ -777,4 +777,4 @@ end
 
 -- }===============================================================
 
-return reversible
+return check.export(reversible)          -- errors name the user's line (moongrad.check)

@@ -151,4 +151,4 @@ function PiecewiseConstantDecay:value (step)
   return self.values[#self.values]
 end
 
-return schedules
+return check.export(schedules)          -- errors name the user's line (moongrad.check)

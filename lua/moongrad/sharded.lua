@@ -395,4 +395,4 @@ end
 
 -- }----
 
-return sharded
+return check.export(sharded)          -- errors name the user's line (moongrad.check)

@@ -404,4 +404,4 @@ end
 
 -- }=============================================================
 
-return transformer
+return check.export(transformer)          -- errors name the user's line (moongrad.check)
