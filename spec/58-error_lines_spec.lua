@@ -94,6 +94,27 @@ print(e)
                  raised_at(here(), function() local r = m:fit(mg.zeros(4, 2), mg.zeros(4, 3), {verbose = 0}) return r end))
   end)
 
+  it("an op's error inside a built-in layer's call: the line that called the layer", function()
+    local conv = nn.Conv2D(4, 3)
+    local e = raised_at(here(), function() local r = conv(mg.ones(1, 2, 2, 3)) return r end)
+    assert.truthy(e:find("^conv2d: "), e)
+    local m = nn.Sequential{nn.Dense(2), nn.Conv2D(4, 3)}
+    e = raised_at(here(), function() local r = m(mg.ones(1, 2, 2, 3)) return r end)
+    assert.truthy(e:find("^conv2d: "), e)
+    m:compile{optimizer = "sgd", loss = "mse"}
+    e = raised_at(here(), function() local r = m:fit(mg.ones(4, 2, 2, 3), mg.ones(4, 1), {verbose = 0}) return r end)
+    assert.truthy(e:find("^fit: conv2d: "), e)
+    -- a yielding layer's error after its resume, too
+    local Y = nn.Layer:subclass("Yielding")
+    function Y:call (x) coroutine.yield() return mg.matmul(x, mg.ones(5, 1)) end
+    local y = Y()
+    local co = coroutine.wrap(function() local r = y(mg.ones(2, 3)) return r end)
+    co()
+    local ok, msg = pcall(co)
+    assert.is_false(ok)
+    assert.truthy(msg:find("matmul: inner dimensions differ", 1, true), msg)
+  end)
+
   it("from inside the caller's own function the library called, that function's line", function()
     -- a custom layer whose call misuses a built-in one: the custom call's line
     local Outer = nn.Layer:subclass("Outer")

@@ -179,16 +179,32 @@ int mgL_push_outputs (lua_State *L, mg_list *out) {
 ** hold it). A registry slot: a plain call pays one lookup. */
 static const char layer_around = 0;
 
-/* what mg._layer_call does once the layer returned (also when a yield in it
-** resumes): with a hook (ctx; the stack is hook, self, results), its
-** "returned", then the error rethrown if the call failed; the note */
+/* moongrad.check's handler of a layer call's error (a registry slot set by
+** mg._layer_errors): it gives an error that a built-in layer's call raised
+** inside moongrad's Lua modules ("moongrad/nn.lua:306: conv2d: ...") the
+** position of the user's line that called the layer, and raises it */
+static const char layer_errors = 0;
+
+/* a failed layer call's error, on top, raised again through the handler
+** (a runtime error only: out of memory stays as it is) */
+static int layer_failed (lua_State *L, int status) {
+  if (status == LUA_ERRRUN && lua_rawgetp(L, LUA_REGISTRYINDEX, &layer_errors) == LUA_TFUNCTION) {
+    lua_insert(L, -2);
+    lua_call(L, 1, 0);                       /* raises */
+  }
+  return lua_error(L);
+}
+
+/* what mg._layer_call does once the layer returned or failed (also when a
+** yield in it resumes): with a hook (ctx; the stack is hook, self, results),
+** its "returned"; the error raised again if the call failed; the note */
 static int layer_called (lua_State *L, int status, lua_KContext ctx) {
   int self = ctx ? 2 : 1;
   if (ctx) {
     lua_pushvalue(L, 1);
     lua_call(L, 0, 0);
-    if (status != LUA_OK && status != LUA_YIELD) return lua_error(L);   /* its error object is on top */
   }
+  if (status != LUA_OK && status != LUA_YIELD) return layer_failed(L, status);   /* its error object is on top */
   int nres = lua_gettop(L) - self;
   lua_pushliteral(L, "_output_shape");
   if (nres >= 2 && mgL_testbox(L, self + 2)) lua_pushliteral(L, "multiple");
@@ -215,7 +231,7 @@ static int l_layer_around (lua_State *L) {
 ** because a Lua wrapper's frame would hold the layer's input until the layer
 ** returned: each input would outlive two young collections and grow old,
 ** garbage that only a full collection finds. lua_call takes the arguments
-** off this frame instead (lua_callk: a layer may yield, as in Lua). */
+** off this frame instead (lua_pcallk: a layer may yield, as in Lua). */
 static int l_layer_call (lua_State *L) {
   int nargs = lua_gettop(L);                 /* self, ... */
   luaL_checktype(L, 1, LUA_TTABLE);
@@ -234,8 +250,8 @@ static int l_layer_call (lua_State *L) {
     lua_pop(L, 1);
     lua_getfield(L, 2, "call");
     lua_insert(L, 2);                        /* self, call, self, ... */
-    lua_callk(L, nargs, LUA_MULTRET, 0, layer_called);
-    return layer_called(L, LUA_OK, 0);
+    int status = lua_pcallk(L, nargs, LUA_MULTRET, 0, 0, layer_called);
+    return layer_called(L, status, 0);
   }
   lua_insert(L, 1);                          /* around, self (for the note), self, ... */
   lua_pushvalue(L, 1);
@@ -251,9 +267,19 @@ static int l_layer_call (lua_State *L) {
   return layer_called(L, status, 1);
 }
 
+/* mg._layer_errors(f): sets the handler of layer calls' errors (moongrad.check's) */
+static int l_layer_errors (lua_State *L) {
+  luaL_checktype(L, 1, LUA_TFUNCTION);
+  lua_settop(L, 1);
+  lua_rawsetp(L, LUA_REGISTRYINDEX, &layer_errors);
+  return 0;
+}
+
 void mgL_open_functions (lua_State *L) {
   lua_pushcfunction(L, l_layer_call);
   lua_setfield(L, -2, "_layer_call");
   lua_pushcfunction(L, l_layer_around);
   lua_setfield(L, -2, "_layer_around");
+  lua_pushcfunction(L, l_layer_errors);
+  lua_setfield(L, -2, "_layer_errors");
 }
