@@ -108,6 +108,32 @@ describe("saved_tensors_hooks", function()
     end
   end)
 
+  it("as float16 or bfloat16, leave integer tensors (a gather's indices, an Embedding's) as they are", function()
+    local x = mg.cast(mg.arange(5000), "float32")
+    local ids = mg.constant({4001, 4999, 2049, 1}, "int64")
+    local emb = mg.nn.Embedding(1000, 4)
+    local tok = mg.constant({{300, 301, 999}}, "int64")
+    emb(tok)
+    local function grads (wrap)
+      local t = mg.tape()
+      t:watch(x)
+      local y = wrap(function() return mg.sum(mg.gather(x, ids) * 1) + mg.sum(emb(tok) ^ 2) end)
+      t:stop()
+      return t:gradient(y, {x, emb.embeddings})
+    end
+    local ref = grads(function(f) return f() end)
+    for _, half in ipairs{"float16", "bfloat16"} do
+      local g = grads(function(f) return mg.saved_tensors_hooks(half, f) end)
+      h.assert_close(g[1], ref[1], 0)                   -- ones at 1, 2049, 4001, 4999 (not 4993)
+      h.assert_close(g[2], ref[2], 2e-2)                -- rows 300, 301, 999, within the rounding
+      local rows = {}
+      for i, row in ipairs(g[2]:totable()) do
+        for _, v in ipairs(row) do if v ~= 0 then rows[#rows + 1] = i break end end
+      end
+      assert.same({300, 301, 999}, rows)                -- no other row (a rounded id would move it)
+    end
+  end)
+
   it("offloaded to a mapped file, leave nothing on the tape and give the same gradients", function()
     local dir = os.tmpname()
     os.remove(dir)

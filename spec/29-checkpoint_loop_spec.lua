@@ -283,8 +283,8 @@ describe("checkpoint_loop", function()
     local W = mg.Variable(mg.constant({{0.9, 0.1}, {-0.2, 0.8}}, "float64"))
     local x = mg.constant({{0.5, -1}, {2, 0.25}}, "float64")
     local function step ()
-      local t = mg.tape()
-      t:watch(x)
+      local t <close> = mg.tape()        -- stopped when a failure leaves the scope: else it would
+      t:watch(x)                          -- record the next step's gradient (a second order, refused)
       local s = mg.checkpoint_loop(function(s, i)
         return {h = mg.tanh(mg.matmul(s.h, W)) + s.c, c = s.c * (1 / i)}
       end, {h = x, c = x}, 9, {snapshots = 2})
@@ -371,5 +371,42 @@ describe("checkpoint_loop", function()
     t2:stop()
     assert.has_error(function() t2:gradient(loss, x) end,
       "tape:gradient: in the backward of 'custom_gradient': bad re-run")
+  end)
+
+  it("refuses a second-order gradient through the loop (it would be wrong), and allows an unrelated tape", function()
+    local W = mg.Variable(mg.constant({{0.5, -0.2}, {0.3, 0.9}}, "float64"))
+    local x0 = mg.constant({{0.3, -0.7}, {0.1, 0.2}}, "float64")
+    local step = function(s) return {h = mg.tanh(mg.matmul(s.h, W))} end
+    for _, watched in ipairs{x0, W} do
+      local outer = mg.tape()
+      outer:watch(watched)
+      local inner = mg.tape()
+      inner:watch(x0)
+      local s = mg.checkpoint_loop(step, {h = x0}, 3, {snapshots = 1})
+      local loss = mg.sum(s.h ^ 2)
+      inner:stop()
+      local ok, e = pcall(inner.gradient, inner, loss, x0)
+      outer:stop()
+      assert.is_false(ok)
+      assert.truthy(tostring(e):find("checkpoint_loop: a tape records this gradient (a second-order gradient", 1, true), e)
+    end
+    -- a recording tape that follows nothing the gradient reads is no second order
+    -- (without watch_accessed_variables = false, it would follow W, read in the steps)
+    local other = mg.tape{watch_accessed_variables = false}
+    other:watch(mg.ones(2))
+    local t = mg.tape()
+    t:watch(x0)
+    local s = mg.checkpoint_loop(step, {h = x0}, 3, {snapshots = 1})
+    local loss = mg.sum(s.h ^ 2)
+    t:stop()
+    local g = t:gradient(loss, x0)
+    other:stop()
+    local t2 = mg.tape()
+    t2:watch(x0)
+    local p = {h = x0}
+    for _ = 1, 3 do p = step(p) end
+    local plain = mg.sum(p.h ^ 2)
+    t2:stop()
+    h.assert_close(g, t2:gradient(plain, x0), 0)
   end)
 end)

@@ -212,6 +212,26 @@ describe("memory.estimate", function()
     assert.is_true(r.seconds < 1)
   end)
 
+  it("leaves the peak as reset_peak left it, though its tensors outlive it until collected, failing or not", function()
+    local W = mg.Variable(mg.random.normal{256, 256})
+    local x = mg.random.normal{128, 256}
+    local function step (fail)
+      local t = mg.tape()
+      local loss = mg.sum(mg.tanh(mg.matmul(x, W)))
+      t:stop()
+      local g = t:gradient(loss, {W})
+      if fail then error("late") end
+      return g
+    end
+    for _, fail in ipairs{false, true} do
+      h.settled()
+      mg.memory.reset_peak()
+      local peak = mg.memory.stats().peak_bytes
+      pcall(mg.memory.estimate, step, fail)
+      assert.are.equal(peak, mg.memory.stats().peak_bytes)
+    end
+  end)
+
   it("names a failing step, closes the dry run, and refuses what is not a step", function()
     local ok, err = pcall(mg.memory.estimate, function() error("boom") end)
     assert.is_false(ok)

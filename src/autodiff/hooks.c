@@ -109,8 +109,14 @@ mg_tensor *mg_hooks_unpack (mg_hooks_ref *r, mg_tensor *packed, const mg_meta *m
 
 /* {==================== ready-made hooks ====================== */
 
-static mg_tensor *pack_f16 (void *ud, mg_tensor *t) { MG_UNUSED(ud); return mg_cast(t, MG_FLOAT16); }
-static mg_tensor *pack_bf16 (void *ud, mg_tensor *t) { MG_UNUSED(ud); return mg_cast(t, MG_BFLOAT16); }
+/* float32 and float64 to half precision; integers (a gather's or an
+** embedding's indices: a rounded index moves the gradient to another row),
+** bools and halves stay as they are */
+static mg_tensor *pack_half (mg_tensor *t, mg_dtype half) {
+  return mg_is_float(t->dtype) ? mg_cast(t, half) : mg_tensor_retain(t);
+}
+static mg_tensor *pack_f16 (void *ud, mg_tensor *t) { MG_UNUSED(ud); return pack_half(t, MG_FLOAT16); }
+static mg_tensor *pack_bf16 (void *ud, mg_tensor *t) { MG_UNUSED(ud); return pack_half(t, MG_BFLOAT16); }
 static mg_tensor *unpack_cast (void *ud, mg_tensor *p, mg_dtype dt) { MG_UNUSED(ud); return mg_cast(p, dt); }
 
 const mg_saved_hooks mg_hooks_float16 = {pack_f16, unpack_cast, NULL};

@@ -427,8 +427,31 @@ static mg_status reverse_all (void *ud) {
   return st;
 }
 
+/* Does a tape record this gradient, following what it reads (its seeds,
+** the variables, the tensors the steps read, the initial state)? That is a
+** second-order gradient through the loop, which re-runs from snapshots that
+** tape never saw cannot give (it came out silently wrong: refused). */
+static bool recorded_again (const loop_call *c, const mg_grad_args *g) {
+  if (mg_tapes_recording() == 0) return false;
+  for (int j = 0; j < g->nout; j++)
+    if (mg_any_tape_tracks(g->dout[j]->id)) return true;
+  for (int q = 0; q < g->nvars; q++)
+    if (mg_any_tape_tracks(g->vars[q]->id)) return true;
+  for (int q = 0; q < g->ncaptured; q++)
+    if (mg_any_tape_tracks(g->captured[q]->id)) return true;
+  for (int j = 0; j < c->L; j++)
+    if (mg_any_tape_tracks(c->x0[j]->id)) return true;
+  return false;
+}
+
 static mg_status loop_backward (void *ud, const mg_grad_args *g) {
   loop_call *c = (loop_call *)ud;
+  if (recorded_again(c, g))
+    return mg_seterror("checkpoint_loop: a tape records this gradient (a second-order gradient through the "
+                       "loop), which the loop cannot give: its steps re-run from snapshots that tape never saw; "
+                       "stop the outer tape before asking (tape:stop(); a tape left recording by an error counts "
+                       "too: local t <close> = mg.tape() stops it), or for second order write the loop plainly "
+                       "(recompute_grad on each step gives second-order gradients)");
   c->g = g;
   c->ctx = g->ctx;
   c->vgrad = (mg_tensor **)calloc((size_t)noutside(c) + 1, sizeof(mg_tensor *));
