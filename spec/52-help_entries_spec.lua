@@ -42,6 +42,8 @@ local function run_example (name, code)
   local ok, e = pcall(f)
   G.print, io.stdout, io.write = saved.print, saved.stdout, saved.write
   null:close()
+  env, f = nil, nil
+  collectgarbage()        -- a tape an example left recording stops now, as its scope's end would stop it
   return ok, e, checks
 end
 
