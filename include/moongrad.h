@@ -734,6 +734,11 @@ typedef struct mg_function {
 /* recompute only: the re-run must compute the very bytes the first run did
 ** (mg_recompute_verify) */
 #define MG_FN_VERIFY         4u
+/* the backward runs the forward's code again on the variables' current
+** values (checkpoint_loop): a variable written since the forward (an
+** optimizer step between it and the gradient) is an error there, naming it,
+** where the gradient would be another function's */
+#define MG_FN_REREADS        8u
 
 /* Runs fn->forward once and records one node for it, whose backward is
 ** fn->backward. out gets the outputs, each new to the tapes. ud belongs to

@@ -409,4 +409,24 @@ describe("checkpoint_loop", function()
     t2:stop()
     h.assert_close(g, t2:gradient(plain, x0), 0)
   end)
+
+  it("refuses a gradient after a variable the steps read was written (it would be another function's)", function()
+    local W = mg.Variable(mg.constant({{0.5, -0.2}, {0.3, 0.9}}, "float64"), {name = "w"})
+    local x0 = mg.constant({{0.3, -0.7}, {0.1, 0.2}}, "float64")
+    local step = function(s) return {h = mg.tanh(mg.matmul(s.h, W))} end
+    local opt = mg.optim.SGD{learning_rate = 0.1}
+    for _, write in ipairs{function() W:assign(W:value() * 2) end, function() W:assign_add(W:value()) end,
+                           function() opt:apply_gradients({mg.ones_like(W:value())}, {W}) end} do
+      local t = mg.tape({persistent = true})
+      t:watch(x0)
+      local loss = mg.sum(mg.checkpoint_loop(step, {h = x0}, 4, {snapshots = 2}).h)
+      t:stop()
+      local g = t:gradient(loss, {x0, W})              -- before the write: fine
+      assert.is_true(mg.is_tensor(g[1]) and mg.is_tensor(g[2]))
+      write()
+      local ok, e = pcall(t.gradient, t, loss, {x0, W})
+      assert.is_false(ok)
+      assert.truthy(tostring(e):find("checkpoint_loop: variable 'w' was assigned after the forward", 1, true), e)
+    end
+  end)
 end)

@@ -161,6 +161,7 @@ typedef struct custom_ext {
   mg_variable **vars;          /* retained */
   mg_tensor **captured;        /* retained */
   mg_custom_ctx *ctx;          /* retained */
+  uint64_t *writes;            /* MG_FN_REREADS: each variable's writes at the forward */
 } custom_ext;
 
 static void release_ud (const mg_function *fn, void *ud) {
@@ -174,6 +175,7 @@ static void custom_free (mg_node *n) {
   for (int k = 0; k < e->ncaptured; k++) mg_tensor_release(e->captured[k]);
   free(e->vars);
   free(e->captured);
+  free(e->writes);
   if (e->ctx) ctx_close(e->ctx);               /* a host's handle may outlive the node */
   mg_custom_ctx_release(e->ctx);
   free(e);
@@ -196,8 +198,19 @@ static mg_status fill_douts (mg_node *n, mg_tensor *const *dout, mg_tensor **ful
   return MG_OK;
 }
 
+/* MG_FN_REREADS: the variables as the forward read them, or an error naming one written since */
+static mg_status unwritten (const custom_ext *e) {
+  for (int k = 0; e->writes && k < e->nvars; k++)
+    if (e->vars[k]->writes != e->writes[k])
+      return mg_seterror("%s: variable '%s' was assigned after the forward (an optimizer step?), and the "
+                         "backward runs the steps again on its new value, which would give another function's "
+                         "gradient; take the gradient before changing it", e->fn->name, mg_variable_name(e->vars[k]));
+  return MG_OK;
+}
+
 static mg_status custom_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **din) {
   custom_ext *e = (custom_ext *)n->ext;
+  if (unwritten(e) != MG_OK) return MG_ERR;
   int nin = n->nin;
   mg_tensor **full = (mg_tensor **)calloc((size_t)n->nout + 1, sizeof(mg_tensor *));
   int *needs = (int *)calloc((size_t)nin + 1, sizeof(int));
@@ -259,7 +272,10 @@ static mg_status record (const mg_function *fn, void *ud, mg_custom_ctx *c, int 
   memcpy(inputs, in, sizeof(mg_tensor *) * (size_t)nin);
   for (int k = 0; k < w->n; k++) inputs[nin + k] = w->vars[k]->value;
   for (int k = 0; k < w->nt; k++) inputs[nin + w->n + k] = w->ts[k];
-  *e = (custom_ext){fn, ud, nin, w->n, w->nt, w->vars, w->ts, c};
+  *e = (custom_ext){fn, ud, nin, w->n, w->nt, w->vars, w->ts, c, NULL};
+  /* (out of memory here, the check is skipped: the call itself goes on) */
+  if ((fn->flags & MG_FN_REREADS) && w->n > 0 && (e->writes = (uint64_t *)malloc(sizeof(uint64_t) * (size_t)w->n)))
+    for (int k = 0; k < w->n; k++) e->writes[k] = w->vars[k]->writes;
   w->vars = NULL;                                /* the node owns them now */
   w->ts = NULL;
   w->n = w->cap = w->nt = w->capt = 0;

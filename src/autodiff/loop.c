@@ -532,7 +532,7 @@ mg_status mg_checkpoint_loop (const mg_loop_fn *fn, void *ud, int n, mg_tensor *
                    .autocast = mg_autocast_dtype(),
                    .save = mg_tapes_recording() > 0};   /* (the forward runs with them paused) */
   static const mg_function loop_fn = {"checkpoint_loop", loop_forward, loop_backward, loop_release,
-                                      MG_FN_CAPTURES};
+                                      MG_FN_CAPTURES | MG_FN_REREADS};
   return mg_custom_call(&loop_fn, c, n, state, out);
 }
 

@@ -388,6 +388,7 @@ struct mg_variable {
   int trainable;
   mg_tensor *value;       /* owned; value->var == this */
   char *name;
+  uint64_t writes;        /* assigns and optimizer steps so far: a re-run's backward can tell a value moved */
 };
 
 /* Makes t (a value v had before: same id) v's value and returns the

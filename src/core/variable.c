@@ -129,6 +129,7 @@ mg_status mg_variable_assign (mg_variable *v, mg_tensor *value) {
   if (mg_dry_running()) return dry_write(cur, exclusive);
   if (exclusive) {
     mg_copy_into(cur, value);         /* nobody else can see the old values */
+    v->writes++;
     return MG_OK;
   }
   mg_tensor *fresh = mg_empty(cur->shape, cur->ndim, cur->dtype);
@@ -136,6 +137,7 @@ mg_status mg_variable_assign (mg_variable *v, mg_tensor *value) {
   mg_copy_into(fresh, value);
   disown(v);
   adopt(v, fresh);
+  v->writes++;
   return MG_OK;
 }
 
@@ -215,6 +217,7 @@ mg_status mg_variable_axpy (mg_variable *v, double alpha, mg_tensor *x) {
   }
   axpy(mg_ptr(dst), mg_ptr(cur), alpha, mg_ptr(xc), same, cur->numel, cur->dtype);
   mg_tensor_release(xc);
+  v->writes++;
   if (!exclusive) {
     disown(v);
     adopt(v, dst);
@@ -239,6 +242,7 @@ mg_tensor *mg_variable_begin_write (mg_variable *v, mg_tensor *const *reads, int
 
 /* v takes the copy the step wrote (done), or the copy goes (failed) */
 void mg_variable_end_write (mg_variable *v, mg_tensor *dst, bool done) {
+  if (dst != NULL && done && !mg_dry_running()) v->writes++;
   if (dst == NULL || dst == v->value) return;
   if (!done || mg_dry_running()) {                 /* a dry run's copy goes too */
     mg_tensor_release(dst);
