@@ -74,7 +74,8 @@ end
 -- saved, gradient and tensor bytes), the tapes' most (peak_saved_bytes) and
 -- what made it (saved_by_line: {site = "file:line", bytes =}, by the Lua
 -- line outside moongrad's modules that made each tensor, most first), the
--- bytes live after it (after_bytes) and the seconds it took.
+-- bytes live after it, its results and garbage let go (after_bytes), and the
+-- seconds it took.
 function planner.estimate (step, ...)
   if not callable(step) then
     error(("memory.estimate: step must be a function, got %s"):format(type(step)), 2)

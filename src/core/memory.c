@@ -379,9 +379,8 @@ void mg_memory_reset_peak (void) {
 /* A dry run uses the allocator as the step would, with the kernels
 ** skipped: fresh blocks above malloc's mmap threshold are never touched, so
 ** the step's bytes are counted without being there. Its peak is its own:
-** the one in force before comes back after, as it was (the dry run's tensors
-** still referenced count in current until collected, bytes that were never
-** there: estimate collects them at once; a peak raised to them would stay). */
+** the one in force before comes back after (raised to the bytes live then:
+** let the dry run's tensors go before its end, as estimate does). */
 mg_status mg_dry_run_begin (int (*site)(void *ud), void *ud) {
   mg_context *c = mg_ctx();
   if (c->dry.on) return mg_seterror("estimate: a dry run is running already (estimates do not nest)");
@@ -407,7 +406,7 @@ mg_memory_stats mg_dry_run_end (void) {
   mg_memory_state *m = &c->memory;
   c->dry.on = false;
   c->dry.site = NULL;
-  m->peak = c->dry.peak;
+  m->peak = c->dry.peak > m->current ? c->dry.peak : m->current;
   m->peak_saved = c->dry.peak_saved;
   memcpy(m->peak_roles, c->dry.peak_roles, sizeof m->peak_roles);
   return st;

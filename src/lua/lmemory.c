@@ -166,9 +166,9 @@ static void push_saved_by_line (lua_State *L, const sites *w) {
 }
 
 /* dry_run(f, ...): f(...) as a dry run (mg_dry_run_begin); returns the
-** stats at its end (the run's peak, its parts, the tapes' most by line),
-** then f's results; f's error is raised after the run is
-** closed. For moongrad.planner. */
+** stats at its end (the run's peak, its parts, the tapes' most by line,
+** the bytes still live once f's results and garbage are let go); f's error
+** is raised after the run is closed. For moongrad.planner. */
 static int l_dry_run (lua_State *L) {
   mgL_checkcallable(L, 1);
   sites w = {L, (site *)calloc(MAX_SITES, sizeof(site)), 0};
@@ -178,12 +178,16 @@ static int l_dry_run (lua_State *L) {
     return mgL_error(L);
   }
   int st = lua_pcall(L, lua_gettop(L) - 1, LUA_MULTRET, 0);
+  /* the step's results and garbage (a gradient it dropped, its tapes) go
+  ** before the end, which would raise the peak to bytes never there */
+  if (st == LUA_OK) lua_settop(L, 0);
+  lua_gc(L, LUA_GCCOLLECT);
+  lua_gc(L, LUA_GCCOLLECT);
   mg_memory_stats ms = mg_dry_run_end();
   if (st != LUA_OK) {
     free_sites(&w);
     return lua_error(L);
   }
-  int nres = lua_gettop(L);
   lua_createtable(L, 0, 8);
   push_saved_by_line(L, &w);
   free_sites(&w);
@@ -195,8 +199,7 @@ static int l_dry_run (lua_State *L) {
   setfield_int(L, "saved_bytes", (int64_t)ms.at_peak_saved_bytes);
   setfield_int(L, "variable_bytes", (int64_t)ms.at_peak_variable_bytes);
   setfield_int(L, "peak_saved_bytes", (int64_t)ms.peak_saved_bytes);
-  lua_insert(L, 1);
-  return nres + 1;
+  return 1;
 }
 
 /* _computing(f, ...): f(...) computed for real inside a dry run (a layer
