@@ -32,7 +32,7 @@ export FUZZ_TMP=$(cd "$FUZZ_TMP" && pwd)
 # once (an out-of-memory error, itself worth testing) instead of paging for
 # minutes and counting as a hang. FUZZ_VMEM_KB= sets it, 0: none
 cap=0
-grep -qa "AddressSanitizer" "$bin" || cap=${FUZZ_VMEM_KB:-8388608}
+grep -qa "__asan_init" "$bin" || cap=${FUZZ_VMEM_KB:-8388608}     # (ASan reserves terabytes of shadow)
 (cd "$FUZZ_TMP" && { [ "$cap" -eq 0 ] || ulimit -v "$cap"; } && exec timeout -k 5 "$limit" ${FUZZ_WRAP:-} "$bin" "$prog") \
   > "$prog.out" 2> "$prog.err"
 rc=$?
