@@ -83,10 +83,12 @@ local function unplaced (e)
   return rest
 end
 
-local function relocate (e)
+-- e raised again: without its library positions at the user's line (said
+-- under who, when given: "fit: ..."), or as it is when it names the user's place
+local function relocate (e, who)
   local rest = unplaced(e)
   if not rest or placed(rest) then error(rest or e, 0) end
-  error(rest, user_level())
+  error(prefixed(who, rest), user_level())
 end
 
 --- fn(...) as the work of who ("fit"): an error that these modules raise
@@ -98,9 +100,7 @@ function check.within (who, fn, ...)
   local r = table.pack(pcall(fn, ...))
   context = outer
   if r[1] then return table.unpack(r, 2, r.n) end
-  local rest = unplaced(r[2])
-  if not rest or placed(rest) then error(rest or r[2], 0) end
-  error(prefixed(who, rest), user_level())
+  relocate(r[2], who)
 end
 
 local guarded = setmetatable({}, {__mode = "k"})    -- wrapper -> the function it wraps

@@ -91,8 +91,7 @@ function planner.estimate (step, ...)
   local seconds = mg.clock() - t0
   mg.memory.setpause(pause, min_bytes)
   mg.random.set_state(rng)
-  mg.memory.budget(budget)
-  collectgarbage()                               -- the dry run's tensors go now
+  mg.memory.budget(budget)                       -- (the dry run let its tensors go before its end)
   if not ok then
     error(("memory.estimate: the step failed in the dry run: %s"):format(tostring(stats)), 2)
   end
