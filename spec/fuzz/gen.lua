@@ -1124,7 +1124,11 @@ local function struct_oracle_stmt ()
   -- that grows with the square of the first order's largest entry (sc): its
   -- rounding noise is the first order's magnitude times a derivative that the
   -- variance-0 rows amplify (FINDINGS.md O)
-  local second = not ctx.stiff and fmt("CHECK('struct-recompute-2nd-order', e1, e2, %g)", tol)
+  -- A float32 second order compares within 1e-4 of its largest entry, not entry by
+  -- entry: an entry is a sum of terms of about that size that can cancel, leaving
+  -- float32's rounding of them (FINDINGS.md S)
+  local second = not ctx.stiff and dt == "float64" and fmt("CHECK('struct-recompute-2nd-order', e1, e2, %g)", tol)
+                 or not ctx.stiff and "CHECK('struct-recompute-2nd-order', e1, e2, nil, 1e-4 * (1 + math.max(amax(e1), amax(e2))))"
                  or dt == "float64" and "CHECK('struct-recompute-2nd-order', e1, e2, 1e-9 * (1 + sc) ^ 2)" or ""
   local both = fmt("local function run(gcode) %s; local sc = 0; for i = 1, #d do if d[i]:numel() > 0 then sc = math.max(sc, mg.max(mg.abs(d[i])):item()) end end; return y, d[1], dd, sc end; local ok1, y1, d1, e1, sc = pcall(run, f); if not ok1 then return end; local y2, d2, e2 = run(mg.recompute_grad(f%s)); CHECK('struct-recompute-forward', y1, y2, %g); CHECK('struct-recompute-gradient', d1, d2, %g); %s",
                    nested_grad(ctx, "gcode", true), chance(0.3) and fmt(", {policy = %s}", pick{"'nothing'", "'dots'", "'everything'", "'output'"}) or "", tol, tol, second)
@@ -1187,8 +1191,11 @@ line("local function entries (t) if type(t) ~= 'table' then return {t} end local
 line("local function first (g) if type(g) == 'table' and not getmetatable(g) then return first(entries(g)[1]) end return g end")
 line("local function small (x) return not (mg.is_tensor(x) or mg.is_variable(x)) or x:numel() <= 64 end")
 line("local function WRONG (what, detail) io.stderr:write('FUZZ-WRONG: ', what, ' (', tostring(detail):sub(1, 300), ')\\n'); error('wrong: ' .. what) end")
-line("local function close (a, b, tol) if not (mg.is_tensor(a) and mg.is_tensor(b)) then return rawequal(a, b) end; if table.concat(a.shape, ',') ~= table.concat(b.shape, ',') then return false end; local fa, fb = mg.reshape(mg.cast(a, 'float64'), {-1}):totable(), mg.reshape(mg.cast(b, 'float64'), {-1}):totable(); for i = 1, #fa do local p, q = fa[i], fb[i]; if not (p == q or (p ~= p and q ~= q) or math.abs(p - q) <= tol * (1 + math.abs(p) + math.abs(q))) then return false, i, p, q end end; return true end")
-line("local function CHECK (what, a, b, tol) local ok, i, p, q = close(a, b, tol or 1e-9); if not ok then WRONG(what, i and ('element ' .. i .. ': ' .. p .. ' vs ' .. q) or (tostring(a) .. ' vs ' .. tostring(b))) end end")
+-- close: each pair within tol relative to the pair, or within `bound` when given
+line("local function close (a, b, tol, bound) if not (mg.is_tensor(a) and mg.is_tensor(b)) then return rawequal(a, b) end; if table.concat(a.shape, ',') ~= table.concat(b.shape, ',') then return false end; local fa, fb = mg.reshape(mg.cast(a, 'float64'), {-1}):totable(), mg.reshape(mg.cast(b, 'float64'), {-1}):totable(); for i = 1, #fa do local p, q = fa[i], fb[i]; if not (p == q or (p ~= p and q ~= q) or math.abs(p - q) <= (bound or tol * (1 + math.abs(p) + math.abs(q)))) then return false, i, p, q end end; return true end")
+line("local function CHECK (what, a, b, tol, bound) local ok, i, p, q = close(a, b, tol or 1e-9, bound); if not ok then WRONG(what, i and ('element ' .. i .. ': ' .. p .. ' vs ' .. q) or (tostring(a) .. ' vs ' .. tostring(b))) end end")
+-- the largest finite magnitude in a tensor (0 for anything else)
+line("local function amax (t) local m = 0; if mg.is_tensor(t) then for _, v in ipairs(mg.reshape(mg.cast(t, 'float64'), {-1}):totable()) do if math.abs(v) < math.huge then m = math.max(m, math.abs(v)) end end end; return m end")
 line("local CG = mg.custom_gradient(function(a) local y = mg.tanh(a); return y, function(dy) return dy * (1 - y * y) end end)")
 line("local RG = mg.recompute_grad(function(a) return mg.sigmoid(a) * a end)")
 line("local function S (f) if VERBOSE == '2' then io.stderr:write('line ', debug.getinfo(2, 'l').currentline, '\\n') end local ok, e = pcall(f); if VERBOSE and not ok then print('error: ' .. tostring(e):sub(1, 300)) end end")
