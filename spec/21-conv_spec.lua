@@ -430,6 +430,35 @@ describe("pooling", function()
     end
   end)
 
+  it("2x2 windows of stride 2 (their own vectorised loops): the first maximum, any channel count, odd sizes", function()
+    -- ties everywhere (values from a few integers), an uncovered last row and
+    -- column (odd H and W), channel counts around the vector widths
+    for _, dt in ipairs({"float64", "float32", "bfloat16"}) do
+      for _, shape in ipairs({{2, 5, 7, 1}, {1, 4, 4, 3}, {2, 7, 5, 17}, {1, 3, 9, 40}, {3, 6, 6, 64}}) do
+        local x = mg.cast(mg.floor(mg.random.uniform(shape, 0, 3)), dt)
+        local dy = mg.cast(mg.round(rnd{shape[1], shape[2] // 2, shape[3] // 2, shape[4]} * 8), dt)
+        local want = lua_max_pool_bwd(mg.cast(x, "float64"):totable(), mg.cast(dy, "float64"):totable(), 2, 2, 2, 2)
+        local got = mg.cast(mg.max_pool2d_backward(x, dy), "float64")
+        assert.same(want, got:totable(), dt)
+        local g = grads(function(v) return mg.max_pool2d(v) end, {x}, dy)[1]
+        assert.same(want, mg.cast(g, "float64"):totable(), dt)
+        local y = mg.cast(mg.max_pool2d(x), "float64"):totable()
+        local xs = mg.cast(x, "float64"):totable()
+        for n = 1, shape[1] do
+          for i = 1, shape[2] // 2 do
+            for j = 1, shape[3] // 2 do
+              for c = 1, shape[4] do
+                local m = math.max(xs[n][2 * i - 1][2 * j - 1][c], xs[n][2 * i - 1][2 * j][c],
+                                   xs[n][2 * i][2 * j - 1][c], xs[n][2 * i][2 * j][c])
+                assert.are.equal(m, y[n][i][j][c])
+              end
+            end
+          end
+        end
+      end
+    end
+  end)
+
   it("max_pool2d_backward sends each dy to its window's maximum", function()
     local x = mg.constant({{1, 5}, {3, 2}}):reshape{1, 2, 2, 1}
     assert.same({{0, 7}, {0, 0}}, plane(mg.max_pool2d_backward(x, mg.full({1, 1, 1, 1}, 7))))

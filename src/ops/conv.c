@@ -287,7 +287,7 @@ static inline float bf16_value (uint16_t h) {
 /* does a window's value a take the maximum from m? A greater one does, and
 ** a NaN does (the maximum of a window with a NaN is NaN, as mg.max's and
 ** PyTorch's; the last NaN takes the gradient, as in PyTorch) */
-#define BEATS(a, m) ((a) > (m) || (a) != (a))
+#define BEATS(a, m) (((a) > (m)) | ((a) != (a)))   /* | not ||: no branch, the loops vectorise */
 
 /* y (N,OH,OW,C) = the maximum over each window's pixels (max, as a blend,
 ** vectorises across the channels) */
@@ -373,6 +373,79 @@ static inline float bf16_value (uint16_t h) {
     });                                                                             \
   } while (0)
 
+/* The 2x2 windows of stride 2 most networks pool with, as one pass over the
+** channels: the four taps' values side by side in registers (the general
+** loops above keep a best value and tap per channel in memory and pass over
+** the channels once per tap). Same selection: the first maximum in tap order,
+** a NaN beating all. Only where the windows tile the image (pool_tiles). */
+#define MAX_POOL2_FWD(T, V) do {                                                       \
+    const T *X = (const T *)x; T *Y = (T *)y;                                       \
+    const int64_t C = g->C, WC = g->W * C;                                          \
+    MG_PARALLEL_FOR(out_numel(g) * 4 > 65536, collapse(2),                          \
+    for (int64_t n = 0; n < g->N; n++)                                              \
+      for (int64_t oh = 0; oh < g->OH; oh++)                                        \
+        for (int64_t ow = 0; ow < g->OW; ow++) {                                    \
+          const T *restrict p0 = X + n * g->H * WC + 2 * oh * WC + 2 * ow * C;      \
+          const T *restrict p1 = p0 + C, *restrict p2 = p0 + WC, *restrict p3 = p2 + C; \
+          T *restrict yp = Y + ((n * g->OH + oh) * g->OW + ow) * C;                 \
+          for (int64_t c = 0; c < C; c++) {                                         \
+            T m = p0[c];                                                            \
+            m = BEATS(V(p1[c]), V(m)) ? p1[c] : m;                                  \
+            m = BEATS(V(p2[c]), V(m)) ? p2[c] : m;                                  \
+            yp[c] = BEATS(V(p3[c]), V(m)) ? p3[c] : m;                              \
+          }                                                                         \
+        });                                                                         \
+  } while (0)
+
+/* dx: dy at each window's first maximum (the last tap to beat the ones
+** before it), 0 at its other three pixels and at the rows and columns no
+** window covers; the selection as masks on the bits, so that it vectorises */
+/* one window's C channels; restrict as parameters, where the vectoriser
+** believes it (on pointers declared inside the parallel loop it did not) */
+#define MAX_POOL2_WINDOW(NAME, T, UT, CT, V)                                          \
+  static void NAME (int64_t C, const T *restrict p0, const T *restrict p1, const T *restrict p2, \
+                    const T *restrict p3, const T *restrict dyp, T *restrict d0, T *restrict d1, \
+                    T *restrict d2, T *restrict d3) {                               \
+    for (int64_t c = 0; c < C; c++) {                                               \
+      CT m = V(p0[c]), v1 = V(p1[c]), v2 = V(p2[c]), v3 = V(p3[c]);                 \
+      UT g1 = BEATS(v1, m);                                                         \
+      m = g1 ? v1 : m;                                                              \
+      UT g2 = BEATS(v2, m);                                                         \
+      m = g2 ? v2 : m;                                                              \
+      UT g3 = BEATS(v3, m), d, o;                                                   \
+      /* all-ones masks: dy's bits go to the last tap that beat the ones before */  \
+      UT m3 = -g3, m2 = -g2 & ~m3, m1 = -g1 & ~(m2 | m3), m0 = ~(m1 | m2 | m3);     \
+      memcpy(&d, dyp + c, sizeof d);                                                \
+      o = d & m0; memcpy(d0 + c, &o, sizeof o);                                     \
+      o = d & m1; memcpy(d1 + c, &o, sizeof o);                                     \
+      o = d & m2; memcpy(d2 + c, &o, sizeof o);                                     \
+      o = d & m3; memcpy(d3 + c, &o, sizeof o);                                     \
+    }                                                                               \
+  }
+MAX_POOL2_WINDOW(pool2_window_f32, float, uint32_t, float, AS_IS)
+MAX_POOL2_WINDOW(pool2_window_bf16, uint16_t, uint16_t, float, bf16_value)
+MAX_POOL2_WINDOW(pool2_window_f64, double, uint64_t, double, AS_IS)
+
+#define MAX_POOL2_BWD(T, WINDOW_FN) do {                                               \
+    const T *X = (const T *)x, *DY = (const T *)dy; T *DX = (T *)dx;                \
+    const int64_t C = g->C, WC = g->W * C, HWC = g->H * WC;                         \
+    MG_PARALLEL_FOR(out_numel(g) * 4 > 65536, ,                                     \
+    for (int64_t n = 0; n < g->N; n++) {                                            \
+      T *dxn = DX + n * HWC;                                                        \
+      for (int64_t i = 2 * g->OH * WC; i < HWC; i++) dxn[i] = 0;                    \
+      for (int64_t r = 0; r < 2 * g->OH && 2 * g->OW < g->W; r++)                   \
+        for (int64_t i = r * WC + 2 * g->OW * C; i < (r + 1) * WC; i++) dxn[i] = 0; \
+      for (int64_t oh = 0; oh < g->OH; oh++)                                        \
+        for (int64_t ow = 0; ow < g->OW; ow++) {                                    \
+          int64_t at = 2 * oh * WC + 2 * ow * C;                                    \
+          const T *xw = X + n * HWC + at;                                           \
+          T *dw = dxn + at;                                                         \
+          WINDOW_FN(C, xw, xw + C, xw + WC, xw + WC + C, DY + ((n * g->OH + oh) * g->OW + ow) * C, \
+                    dw, dw + C, dw + WC, dw + WC + C);                              \
+        }                                                                           \
+    });                                                                             \
+  } while (0)
+
 /* y (N,OH,OW,C) = the mean over each window's pixels in x (padding not counted) */
 #define AVG_POOL_FWD(T) do {                                                        \
     const T *X = (const T *)x; T *Y = (T *)y;                                       \
@@ -423,8 +496,16 @@ static void conv_bwd_input_ref (const geom *g, mg_dtype dt, const void *dy, cons
 static void conv_bwd_filter_ref (const geom *g, mg_dtype dt, const void *x, const void *dy, void *dw) {
   if (dt == MG_FLOAT32) CONV_BWD_FILTER(float); else CONV_BWD_FILTER(double);
 }
+/* the 2x2, stride-2 windows that tile the image (MAX_POOL2_FWD's case) */
+static bool pool_2x2 (const geom *g) { return g->KH == 2 && g->KW == 2 && pool_tiles(g); }
+
 static void pool_fwd_ref (const geom *g, mg_dtype dt, bool is_max, const void *x, void *y) {
-  if (is_max) {
+  if (is_max && pool_2x2(g)) {
+    if (dt == MG_FLOAT32) MAX_POOL2_FWD(float, AS_IS);
+    else if (dt == MG_BFLOAT16) MAX_POOL2_FWD(uint16_t, bf16_value);
+    else MAX_POOL2_FWD(double, AS_IS);
+  }
+  else if (is_max) {
     if (dt == MG_FLOAT32) MAX_POOL_FWD(float, AS_IS);
     else if (dt == MG_BFLOAT16) MAX_POOL_FWD(uint16_t, bf16_value);
     else MAX_POOL_FWD(double, AS_IS);
@@ -435,6 +516,12 @@ static mg_status pool_bwd_ref (const char *fn, const geom *g, mg_dtype dt, bool 
                                const void *dy, void *dx) {
   if (!is_max) {
     if (dt == MG_FLOAT32) AVG_POOL_BWD(float); else AVG_POOL_BWD(double);
+    return MG_OK;
+  }
+  if (pool_2x2(g)) {
+    if (dt == MG_FLOAT32) MAX_POOL2_BWD(float, pool2_window_f32);
+    else if (dt == MG_BFLOAT16) MAX_POOL2_BWD(uint16_t, pool2_window_bf16);
+    else MAX_POOL2_BWD(double, pool2_window_f64);
     return MG_OK;
   }
   int nthreads = out_numel(g) * g->KH * g->KW > 65536 ? omp_get_max_threads() : 1;

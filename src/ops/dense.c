@@ -23,8 +23,11 @@ enum { DENSE_OPS(MG_ROW_ENUM) DENSE__COUNT };
 /* the output rows a pass covers: about 16 KiB of float32, in L1 */
 #define BLOCK_ELEMS 4096
 
-/* y[r, :] = act(y[r, :] + b) for `rows` rows of n, in blocks of rows */
-static void bias_act (mg_dtype dt, char *y, const char *b, int64_t rows, int64_t n, mg_activation act) {
+/* y[r, :] = act(y[r, :] + b) for `rows` rows of n, in blocks of rows; when
+** `out` is given (autocast's bfloat16 output), each block is also rounded
+** into it while in cache */
+static void bias_act (mg_dtype dt, char *y, const char *b, int64_t rows, int64_t n, mg_activation act,
+                      char *out, mg_dtype out_dt) {
   size_t esz = mg_dtype_size(dt);
   mg_kernel k = mg_activation_kernel(act, dt);
   int64_t per = n >= BLOCK_ELEMS ? 1 : BLOCK_ELEMS / n, nblocks = (rows + per - 1) / per;
@@ -50,6 +53,7 @@ static void bias_act (mg_dtype dt, char *y, const char *b, int64_t rows, int64_t
       int64_t s[2] = {1, 1};
       k((r1 - r0) * n, p, s);
     }
+    if (out) mg_convert(out + (size_t)(r0 * n) * mg_dtype_size(out_dt), out_dt, base, dt, (r1 - r0) * n);
   });
 }
 
@@ -177,8 +181,9 @@ static mg_status dense_forward (mg_opcall *c) {
   if (st == MG_OK && out->numel > 0) {
     if (K == 0) memset(mg_ptr(acc), 0, (size_t)acc->numel * mg_dtype_size(acc->dtype));
     else st = mg_matrix_product(x2, mg_ptr(x2), w, mg_ptr(w), mg_ptr(acc), rows, N, K, acc->dtype);
-    if (st == MG_OK) bias_act(acc->dtype, mg_ptr(acc), bc ? mg_ptr(bc) : NULL, rows, N, act);
-    if (st == MG_OK && acc != out) mg_convert(mg_ptr(out), out->dtype, mg_ptr(acc), acc->dtype, out->numel);
+    if (st == MG_OK)
+      bias_act(acc->dtype, mg_ptr(acc), bc ? mg_ptr(bc) : NULL, rows, N, act, acc != out ? mg_ptr(out) : NULL,
+               out->dtype);
   }
   mg_tensor_release(acc);
   mg_tensor_release(xc);
