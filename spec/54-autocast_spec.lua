@@ -198,6 +198,34 @@ describe("autocast", function()
     assert.are.equal("bfloat16", mg.autocast("bfloat16", mg.max_pool2d, fused).dtype)
   end)
 
+  it("sums bfloat16 into float32 as it is: float32's sums of the widened values, to the bit, any thread count", function()
+    -- the bias gradients: columns of 100,000 rows, summed in parallel over column ranges
+    local threads = mg.get_num_threads()
+    for _, shape in ipairs({{20000, 33}, {4000, 70}, {100, 1}, {5, 7, 64}, {2, 600, 40}, {0, 4}}) do
+      local x = mg.cast(mg.random.normal(shape), "bfloat16")
+      local x32 = mg.cast(x, "float32")
+      for axis = 1, #shape do
+        local s = mg.sum(x, axis)
+        assert.are.equal("float32", s.dtype)
+        same_bits(s, mg.sum(x32, axis))
+        mg.set_num_threads(1)
+        local one = mg.sum(x, axis)
+        local one32 = mg.sum(x32, axis)
+        mg.set_num_threads(threads)
+        same_bits(one, s)
+        same_bits(one32, s)
+      end
+      same_bits(mg.sum(x), mg.sum(x32))
+      local t = mg.tape()
+      t:watch(x)
+      local y = mg.sum(mg.sum(x, 1) * 3)
+      t:stop()
+      local g = t:gradient(y, x)
+      assert.are.equal("bfloat16", g.dtype)
+      same_bits(mg.cast(g, "float32"), mg.full(shape, 3))
+    end
+  end)
+
   it("gives gradients to float32 tensors a tape watches, in float32", function()
     local x = mg.random.normal{4, 8}
     local w = mg.random.normal{8, 3}

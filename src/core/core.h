@@ -330,6 +330,11 @@ bool       mg_is_float    (mg_dtype dt);
 static inline bool mg_is_half (mg_dtype dt) { return dt == MG_FLOAT16 || dt == MG_BFLOAT16; }
 /* a dtype gradients flow through: the computing floats and the half ones */
 static inline bool mg_is_floating (mg_dtype dt) { return mg_is_float(dt) || mg_is_half(dt); }
+/* a bfloat16's value: its bits are float32's top half, so widening is exact */
+static inline float mg_bf16_value (uint16_t h) {
+  union { uint32_t u; float f; } v = {(uint32_t)h << 16};
+  return v.f;
+}
 /* bytes per element, inline for the hot paths */
 static inline size_t mg_dtype_bytes (mg_dtype dt) {
   return dt == MG_FLOAT32 ? 4 : dt == MG_BOOL ? 1 : dt >= MG_FLOAT16 ? 2 : 8;

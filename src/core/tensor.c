@@ -247,12 +247,6 @@ static inline uint16_t to_bf16 (float f) {
   if (f != f) return 0x7FC0;
   return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
 }
-static inline float from_bf16 (uint16_t h) {
-  uint32_t u = (uint32_t)h << 16;
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
-}
 
 /* a float to int64: toward zero, saturating, NaN gives 0 (C leaves the
 ** out-of-range cases undefined) */
@@ -270,7 +264,7 @@ double mg_load_double (const void *p, mg_dtype dt) {
     case MG_INT64: return (double)*(const int64_t *)p;
     case MG_BOOL: return *(const uint8_t *)p;
     case MG_FLOAT16: return (double)*(const _Float16 *)p;
-    default: return from_bf16(*(const uint16_t *)p);
+    default: return mg_bf16_value(*(const uint16_t *)p);
   }
 }
 
@@ -307,7 +301,7 @@ void mg_convert (void *dst, mg_dtype ddt, const void *src, mg_dtype sdt, int64_t
   else if (sdt == MG_FLOAT32 && ddt == MG_FLOAT16) CONVERT_LOOP(_Float16, float, s[i]);
   else if (sdt == MG_FLOAT16 && ddt == MG_FLOAT32) CONVERT_LOOP(float, _Float16, s[i]);
   else if (sdt == MG_FLOAT32 && ddt == MG_BFLOAT16) CONVERT_LOOP(uint16_t, float, to_bf16(s[i]));
-  else if (sdt == MG_BFLOAT16 && ddt == MG_FLOAT32) CONVERT_LOOP(float, uint16_t, from_bf16(s[i]));
+  else if (sdt == MG_BFLOAT16 && ddt == MG_FLOAT32) CONVERT_LOOP(float, uint16_t, mg_bf16_value(s[i]));
   else {
     size_t dsz = mg_dtype_size(ddt), ssz = mg_dtype_size(sdt);
     for (int64_t i = 0; i < n; i++)

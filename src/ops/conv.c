@@ -277,12 +277,6 @@ static bool pool_tiles (const geom *g) {
 /* the value of an element, for comparing: float32 and float64 as they are,
 ** bfloat16 bits widened (exactly) to float32; max pooling moves the bits */
 #define AS_IS(v) (v)
-static inline float bf16_value (uint16_t h) {
-  uint32_t u = (uint32_t)h << 16;
-  float f;
-  memcpy(&f, &u, sizeof f);
-  return f;
-}
 
 /* does a window's value a take the maximum from m? A greater one does, and
 ** a NaN does (the maximum of a window with a NaN is NaN, as mg.max's and
@@ -423,7 +417,7 @@ static inline float bf16_value (uint16_t h) {
     }                                                                               \
   }
 MAX_POOL2_WINDOW(pool2_window_f32, float, uint32_t, float, AS_IS)
-MAX_POOL2_WINDOW(pool2_window_bf16, uint16_t, uint16_t, float, bf16_value)
+MAX_POOL2_WINDOW(pool2_window_bf16, uint16_t, uint16_t, float, mg_bf16_value)
 MAX_POOL2_WINDOW(pool2_window_f64, double, uint64_t, double, AS_IS)
 
 #define MAX_POOL2_BWD(T, WINDOW_FN) do {                                               \
@@ -502,12 +496,12 @@ static bool pool_2x2 (const geom *g) { return g->KH == 2 && g->KW == 2 && pool_t
 static void pool_fwd_ref (const geom *g, mg_dtype dt, bool is_max, const void *x, void *y) {
   if (is_max && pool_2x2(g)) {
     if (dt == MG_FLOAT32) MAX_POOL2_FWD(float, AS_IS);
-    else if (dt == MG_BFLOAT16) MAX_POOL2_FWD(uint16_t, bf16_value);
+    else if (dt == MG_BFLOAT16) MAX_POOL2_FWD(uint16_t, mg_bf16_value);
     else MAX_POOL2_FWD(double, AS_IS);
   }
   else if (is_max) {
     if (dt == MG_FLOAT32) MAX_POOL_FWD(float, AS_IS);
-    else if (dt == MG_BFLOAT16) MAX_POOL_FWD(uint16_t, bf16_value);
+    else if (dt == MG_BFLOAT16) MAX_POOL_FWD(uint16_t, mg_bf16_value);
     else MAX_POOL_FWD(double, AS_IS);
   }
   else { if (dt == MG_FLOAT32) AVG_POOL_FWD(float); else AVG_POOL_FWD(double); }
@@ -538,7 +532,7 @@ static mg_status pool_bwd_ref (const char *fn, const geom *g, mg_dtype dt, bool 
   for (int64_t u = 0; u < g->KH; u++)
     for (int64_t v = 0; v < g->KW; v++) toff[u * g->KW + v] = (u * g->dh * g->W + v * g->dw) * g->C;
   if (dt == MG_FLOAT32) MAX_POOL_BWD(float, float, AS_IS);
-  else if (dt == MG_BFLOAT16) MAX_POOL_BWD(uint16_t, float, bf16_value);
+  else if (dt == MG_BFLOAT16) MAX_POOL_BWD(uint16_t, float, mg_bf16_value);
   else MAX_POOL_BWD(double, double, AS_IS);
   free(scratch);
   free(toff);

@@ -11,6 +11,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include <omp.h>
+
 #include "ops/op.h"
 #include "lanes.h"
 
@@ -23,20 +25,45 @@ typedef enum redop { R_SUM, R_MAX, R_MIN, R_ARGMAX, R_ARGMIN } redop;
 
 #define BLOCK 4096
 
-/* sum of n contiguous values */
-#define ROW_SUM(T, ACC) do {                                               \
+#define AS_IS(v) (v)
+
+/* sum of n contiguous values, each read as V(x[i]) */
+#define ROW_SUM(T, ACC, V) do {                                            \
     ACC total = 0;                                                         \
     for (int64_t b0 = 0; b0 < n; b0 += BLOCK) {                            \
       int64_t e = b0 + BLOCK < n ? b0 + BLOCK : n, i = b0;                 \
       ACC lane[LANES] = {0};                                               \
       for (; i + LANES <= e; i += LANES)                                   \
-        for (int l = 0; l < LANES; l++) lane[l] += x[i + l];               \
-      for (; i < e; i++) lane[0] += x[i];                                  \
+        for (int l = 0; l < LANES; l++) lane[l] += V(x[i + l]);            \
+      for (; i < e; i++) lane[0] += V(x[i]);                               \
       ACC s = 0;                                                           \
       for (int l = 0; l < LANES; l++) s += lane[l];                        \
       total += s;                                                          \
     }                                                                      \
     *out = (T)total;                                                       \
+  } while (0)
+
+/* out[i] (inner values, T) = the sum over k of V(x[k*inner + i]) (x of X), each
+** column's rows added in order, so any team size gives the same bits. Each
+** thread takes a range of columns (whole blocks of 16) and walks the rows
+** over it: a bias' gradient sums 100,000 rows, once serial */
+#define COL_BLOCK 16
+#define COLS_SUM(T, X, V, ADD) do {                                        \
+    int64_t nblocks = (inner + COL_BLOCK - 1) / COL_BLOCK;                 \
+    bool par = n * inner >= MG_PARALLEL_MIN && nblocks > 1;                \
+    int64_t parts = par ? omp_get_max_threads() : 1;                       \
+    if (parts > nblocks) parts = nblocks;                                  \
+    MG_PARALLEL_FOR(par, ,                                                 \
+    for (int64_t t = 0; t < parts; t++) {                                  \
+      int64_t i0 = nblocks * t / parts * COL_BLOCK;                        \
+      int64_t i1 = nblocks * (t + 1) / parts * COL_BLOCK;                  \
+      if (i1 > inner) i1 = inner;                                          \
+      for (int64_t i = i0; i < i1; i++) out[i] = 0;                        \
+      for (int64_t k = 0; k < n; k++) {                                    \
+        const X *row = x + k * inner;                                      \
+        for (int64_t i = i0; i < i1; i++) out[i] = ADD(out[i], (T)V(row[i])); \
+      }                                                                    \
+    });                                                                    \
   } while (0)
 
 /* out[i] (inner values) = reduce over k of x[k*inner + i] */
@@ -78,10 +105,10 @@ typedef enum redop { R_SUM, R_MAX, R_MIN, R_ARGMAX, R_ARGMIN } redop;
       T *out = (T *)outs + o * inner;                                      \
       const T *x = x0;                                                     \
       if (inner == 1) {                                                    \
-        if (op == R_SUM) ROW_SUM(T, ACC);                                  \
+        if (op == R_SUM) ROW_SUM(T, ACC, AS_IS);                           \
         else if (op == R_MAX) ROW_EXTREME(T, v > m || v != v);             \
         else ROW_EXTREME(T, v < m || v != v);                              \
-      } else if (op == R_SUM) COLS(T, 0, ADD(m, v));                       \
+      } else if (op == R_SUM) COLS_SUM(T, T, AS_IS, ADD);                   \
       else if (op == R_MAX) COLS(T, x[i], (v > m || v != v) ? v : m);      \
       else COLS(T, x[i], (v < m || v != v) ? v : m);                       \
     }
@@ -104,10 +131,22 @@ static void reduce_i64 (redop op, const int64_t *xs, void *outs, int64_t outer, 
   REDUCE_BODY(int64_t, uint64_t, WRAP_ADD)
 }
 
+/* a bfloat16 sum (autocast's bias gradients) reads its input as it is, into
+** float32: float32's sum of the widened values, without the widened copy */
+static void sum_bf16 (const uint16_t *xs, float *outs, int64_t outer, int64_t n, int64_t inner) {
+  for (int64_t o = 0; o < outer; o++) {
+    const uint16_t *x = xs + o * n * inner;
+    float *out = outs + o * inner;
+    if (inner == 1) ROW_SUM(float, double, mg_bf16_value);
+    else COLS_SUM(float, uint16_t, mg_bf16_value, PLAIN_ADD);
+  }
+}
+
 /* the kernel of every reduction, one switch per call; the rows' kernels below */
 static void reduce_any (redop op, mg_dtype dt, const void *x, void *out, int64_t outer, int64_t n,
                         int64_t inner) {
-  if (dt == MG_FLOAT32) reduce_f32(op, (const float *)x, out, outer, n, inner);
+  if (dt == MG_BFLOAT16 && op == R_SUM) sum_bf16((const uint16_t *)x, (float *)out, outer, n, inner);
+  else if (dt == MG_FLOAT32) reduce_f32(op, (const float *)x, out, outer, n, inner);
   else if (dt == MG_FLOAT64) reduce_f64(op, (const double *)x, out, outer, n, inner);
   else reduce_i64(op, (const int64_t *)x, out, outer, n, inner);
 }
@@ -146,7 +185,8 @@ static mg_tensor *reduce (const mg_opdef *op, mg_tensor *x, int axis, int keepdi
   }
   if (axis != MG_ALL_AXES && (axis = mg_check_axis(fn, axis, x->ndim)) < 0) return NULL;
   mg_dtype dt = x->dtype;
-  if (mg_is_half(dt)) {                       /* computed in float32 (autocast.c) */
+  bool read_as_is = op == &sum_op && dt == MG_BFLOAT16;   /* sum_bf16: float32 out, no widened copy */
+  if (mg_is_half(dt) && !read_as_is) {        /* computed in float32 (autocast.c) */
     mg_tensor *x32 = mg_half_to_float32(x), *r = x32 ? reduce(op, x32, axis, keepdims) : NULL;
     mg_tensor_release(x32);
     return r;
@@ -165,7 +205,7 @@ static mg_tensor *reduce (const mg_opdef *op, mg_tensor *x, int axis, int keepdi
   mg_attr attr = {0};
   attr.axis = axis;
   attr.keepdims = keepdims;
-  mg_opcall c = MG_OPCALL(op, 1, &x, &attr, shape, nd, index ? MG_INT64 : dt);
+  mg_opcall c = MG_OPCALL(op, 1, &x, &attr, shape, nd, index ? MG_INT64 : read_as_is ? MG_FLOAT32 : dt);
   return mg_dispatch(&c);
 }
 
