@@ -226,6 +226,52 @@ describe("autocast", function()
     end
   end)
 
+  it("runs attention's core on bfloat16 q, k, v: float32's values and gradients within reach, masks, second order", function()
+    local bf = function(t) return mg.cast(t, "bfloat16") end
+    local f32 = function(t) return mg.cast(t, "float32") end
+    local q, k, v = bf(mg.random.normal{2, 3, 5, 8}), bf(mg.random.normal{2, 3, 7, 8}), bf(mg.random.normal{2, 3, 7, 6})
+    local mask = mg.greater(mg.random.normal{2, 1, 5, 7}, -0.3)
+    mask = mg.logical_and(mask, mg.reshape(mg.tensor({true, false, true, true, true}), {1, 1, 5, 1}))  -- row 2: nothing
+    local seed = mg.random.normal{2, 3, 5, 6}
+    for _, opts in ipairs({{mask = mask}, {causal = true}, {}}) do
+      local y = mg.scaled_dot_product_attention(q, k, v, opts)
+      local y32 = mg.scaled_dot_product_attention(f32(q), f32(k), f32(v), opts)
+      -- bfloat16 where the CPU has bfloat16 products; float32 (widened) where it has not
+      assert.are.equal(mg.autocast_isa() and "bfloat16" or "float32", y.dtype)
+      assert.is_true(rel_err(y, y32) < 2e-2)
+      if opts.mask then      -- a row with nothing to attend to is 0, as in float32
+        assert.are.equal(0, mg.max(mg.abs(f32(mg.slice(y, {1, 2}, {1, 3}, {2, 2})))):item())
+      end
+      local function g (a, b, c)
+        local t = mg.tape()
+        t:watch({a, b, c})
+        local l = mg.sum(f32(mg.scaled_dot_product_attention(a, b, c, opts)) * seed)
+        t:stop()
+        return t:gradient(l, {a, b, c})
+      end
+      local g16, g32 = g(q, k, v), g(f32(q), f32(k), f32(v))
+      for i = 1, 3 do
+        assert.are.equal("bfloat16", g16[i].dtype)
+        assert.is_true(rel_err(g16[i], g32[i]) < 3e-2, i)
+      end
+      -- second order: a tape that records the backward (its public ops, in float32)
+      local function gg (a)
+        local t1 = mg.tape()
+        t1:watch(a)
+        local t2 = mg.tape()
+        t2:watch(a)
+        local l = mg.sum(f32(mg.scaled_dot_product_attention(a, k, v, opts)) * seed)
+        t2:stop()
+        local d = t2:gradient(l, a)
+        local s = mg.sum(f32(d) ^ 2)
+        t1:stop()
+        return t1:gradient(s, a)
+      end
+      local h16, h32 = gg(q), gg(f32(q))
+      assert.is_true(rel_err(h16, h32) < 5e-2)
+    end
+  end)
+
   it("gives gradients to float32 tensors a tape watches, in float32", function()
     local x = mg.random.normal{4, 8}
     local w = mg.random.normal{8, 3}

@@ -20,7 +20,11 @@
 **
 ** float32 products go to oneDNN's sgemm, called from inside an OpenMP loop
 ** over the batch, where oneDNN runs each on the calling thread; float64 runs
-** plain C loops (the reference the gradient checks use).
+** plain C loops (the reference the gradient checks use). Under autocast,
+** bfloat16 q, k and v (where the CPU has bfloat16 products) keep their
+** dtype: each batch entry's products are oneDNN's bfloat16 matmul into
+** float32 tiles, the softmax and its gradient run in float32, and the
+** results are rounded to bfloat16 once, as PyTorch's autocast attention.
 */
 #include <float.h>
 #include <math.h>
@@ -543,24 +547,79 @@ static void gemm (mg_dtype dt, char ta, char tb, int64_t M, int64_t N, int64_t K
     }                                                                               \
   } while (0)
 
-/* P (Tq,Tk) = the attention weights of batch entry b */
-static void weights (const sdpa_geom *g, mg_dtype dt, int64_t b, void *P) {
-  gemm(dt, 'N', 'T', g->Tq, g->Tk, g->dk, g->scale, mat_at(g, &g->q, b), g->q.ld, mat_at(g, &g->k, b), g->k.ld,
-       P, g->Tk);
-  if (dt == MG_FLOAT32) SOFTMAX_ROWS(float, expf);
-  else SOFTMAX_ROWS(double, exp);
+/* C (M,N) float32 = op(A) op(B) of bfloat16 matrices (oneDNN's matmul, on
+** this thread); false when oneDNN failed */
+static bool gemm_bf16 (char ta, char tb, int64_t M, int64_t N, int64_t K, const void *A, int64_t lda,
+                       const void *B, int64_t ldb, float *C) {
+  return mg_gemm_half(ta, tb, M, N, K, MG_BFLOAT16, A, lda, B, ldb, C, MG_FLOAT32) == MG_OK;
 }
 
-/* out (nb, Tq, dv) = P v for every batch entry, one per thread at a time */
-static void sdpa_forward_kernel (const sdpa_geom *g, mg_dtype dt, char *out, char *work, int nthr) {
-  size_t tile = (size_t)(g->Tq * g->Tk) * g->esz;
+/* n float32 values rounded into bfloat16 rows of `cols` at dst, ld apart */
+static void round_rows (void *dst, int64_t ld, const float *src, int64_t rows, int64_t cols) {
+  for (int64_t r = 0; r < rows; r++)
+    mg_convert((uint16_t *)dst + r * ld, MG_BFLOAT16, src + r * cols, MG_FLOAT32, cols);
+}
+
+/* P (Tq,Tk) = the attention weights of batch entry b (float32 for bfloat16
+** q and k); false when a product failed */
+static bool weights (const sdpa_geom *g, mg_dtype dt, int64_t b, void *P) {
+  if (dt == MG_BFLOAT16) {
+    float *S = (float *)P;
+    if (!gemm_bf16('N', 'T', g->Tq, g->Tk, g->dk, mat_at(g, &g->q, b), g->q.ld, mat_at(g, &g->k, b), g->k.ld, S))
+      return false;
+    for (int64_t i = 0; i < g->Tq * g->Tk; i++) S[i] *= (float)g->scale;
+  } else {
+    gemm(dt, 'N', 'T', g->Tq, g->Tk, g->dk, g->scale, mat_at(g, &g->q, b), g->q.ld, mat_at(g, &g->k, b), g->k.ld,
+         P, g->Tk);
+  }
+  if (dt == MG_FLOAT64) SOFTMAX_ROWS(double, exp);
+  else SOFTMAX_ROWS(float, expf);
+  return true;
+}
+
+/* a failure seen by one of the team's threads */
+#define FAILED(ok) do { _Pragma("omp atomic write") ok = false; } while (0)
+
+/* a thread's scratch: the weights P and their gradient dP (Tq,Tk) in the
+** sums' dtype; for bfloat16 also P (or dS) rounded, and a float32 tile for
+** one product's result before its rounding */
+typedef struct sdpa_work { size_t p, pb, o, total; } sdpa_work;
+
+static sdpa_work work_sizes (const sdpa_geom *g, mg_dtype dt, int tiles) {
+  bool half = dt == MG_BFLOAT16;
+  int64_t rows = g->Tq > g->Tk ? g->Tq : g->Tk, cols = g->dk > g->dv ? g->dk : g->dv;
+  sdpa_work w;
+  w.p = (size_t)(g->Tq * g->Tk) * (half ? sizeof(float) : g->esz);
+  w.pb = half ? (size_t)(g->Tq * g->Tk) * 2 : 0;
+  w.o = half ? (size_t)(rows * cols) * sizeof(float) : 0;
+  w.total = (size_t)tiles * w.p + w.pb + w.o;
+  w.total = (w.total + 63) & ~(size_t)63;      /* each thread's share on its own cache lines */
+  return w;
+}
+
+/* out (nb, Tq, dv) = P v for every batch entry, one per thread at a time;
+** false when a bfloat16 product failed */
+static bool sdpa_forward_kernel (const sdpa_geom *g, mg_dtype dt, char *out, char *work, int nthr) {
+  sdpa_work w = work_sizes(g, dt, 1);
+  bool ok = true;
   MG_PARALLEL_FOR(nthr > 1, schedule(dynamic) num_threads(nthr),
   for (int64_t b = 0; b < g->nb; b++) {
-    void *P = work + tile * (size_t)omp_get_thread_num();
-    weights(g, dt, b, P);
-    gemm(dt, 'N', 'N', g->Tq, g->dv, g->Tk, 1.0, P, g->Tk, mat_at(g, &g->v, b), g->v.ld,
-         out + (size_t)(b * g->Tq * g->dv) * g->esz, g->dv);
+    char *P = work + w.total * (size_t)omp_get_thread_num(), *Pb = P + w.p;
+    float *O = (float *)(Pb + w.pb);
+    char *ob = out + (size_t)(b * g->Tq * g->dv) * g->esz;
+    if (dt != MG_BFLOAT16) {
+      weights(g, dt, b, P);
+      gemm(dt, 'N', 'N', g->Tq, g->dv, g->Tk, 1.0, P, g->Tk, mat_at(g, &g->v, b), g->v.ld, ob, g->dv);
+    } else if (weights(g, dt, b, P)) {
+      mg_convert(Pb, MG_BFLOAT16, P, MG_FLOAT32, g->Tq * g->Tk);
+      if (gemm_bf16('N', 'N', g->Tq, g->dv, g->Tk, Pb, g->Tk, mat_at(g, &g->v, b), g->v.ld, O))
+        round_rows(ob, g->dv, O, g->Tq, g->dv);
+      else FAILED(ok);
+    } else {
+      FAILED(ok);
+    }
   });
+  return ok;
 }
 
 /* dS = P * (dP - rowsum(P * dP)) * scale, in place of dP; 0 where P is 0
@@ -574,13 +633,49 @@ static void sdpa_forward_kernel (const sdpa_geom *g, mg_dtype dt, char *out, cha
     }                                                                               \
   } while (0)
 
-/* dq, dk, dv (any may be NULL) from dout, for every batch entry */
-static void sdpa_backward_kernel (const sdpa_geom *g, mg_dtype dt, char *dq, char *dk, char *dv, char *work,
+/* the backward of one batch entry with bfloat16 q, k, v and dout: the
+** float32 code's steps, each product oneDNN's bfloat16 one into the
+** float32 tile O and rounded into its gradient; false when one failed */
+static bool backward_bf16 (const sdpa_geom *g, int64_t b, char *dq, char *dk, char *dv, char *P, const sdpa_work *w) {
+  char *dP = P + w->p, *Pb = dP + w->p;
+  float *O = (float *)(Pb + w->pb);
+  const void *Q = mat_at(g, &g->q, b), *K = mat_at(g, &g->k, b), *V = mat_at(g, &g->v, b);
+  const void *DO = mat_at(g, &g->dout, b);
+  size_t esz = 2;
+  if (!weights(g, MG_BFLOAT16, b, P)) return false;
+  if (dv) {
+    mg_convert(Pb, MG_BFLOAT16, P, MG_FLOAT32, g->Tq * g->Tk);
+    if (!gemm_bf16('T', 'N', g->Tk, g->dv, g->Tq, Pb, g->Tk, DO, g->dout.ld, O)) return false;
+    round_rows(dv + (size_t)(b * g->Tk * g->dv) * esz, g->dv, O, g->Tk, g->dv);
+  }
+  if (!dq && !dk) return true;
+  if (!gemm_bf16('N', 'T', g->Tq, g->Tk, g->dv, DO, g->dout.ld, V, g->v.ld, (float *)dP)) return false;
+  SOFTMAX_GRAD(float);
+  mg_convert(Pb, MG_BFLOAT16, dP, MG_FLOAT32, g->Tq * g->Tk);      /* dS, rounded */
+  if (dq) {
+    if (!gemm_bf16('N', 'N', g->Tq, g->dk, g->Tk, Pb, g->Tk, K, g->k.ld, O)) return false;
+    round_rows(dq + (size_t)(b * g->Tq * g->dk) * esz, g->dk, O, g->Tq, g->dk);
+  }
+  if (dk) {
+    if (!gemm_bf16('T', 'N', g->Tk, g->dk, g->Tq, Pb, g->Tk, Q, g->q.ld, O)) return false;
+    round_rows(dk + (size_t)(b * g->Tk * g->dk) * esz, g->dk, O, g->Tk, g->dk);
+  }
+  return true;
+}
+
+/* dq, dk, dv (any may be NULL) from dout, for every batch entry; false when
+** a bfloat16 product failed */
+static bool sdpa_backward_kernel (const sdpa_geom *g, mg_dtype dt, char *dq, char *dk, char *dv, char *work,
                                   int nthr) {
-  size_t tile = (size_t)(g->Tq * g->Tk) * g->esz;
+  sdpa_work w = work_sizes(g, dt, 2);
+  bool ok = true;
   MG_PARALLEL_FOR(nthr > 1, schedule(dynamic) num_threads(nthr),
   for (int64_t b = 0; b < g->nb; b++) {
-    char *P = work + 2 * tile * (size_t)omp_get_thread_num(), *dP = P + tile;
+    char *P = work + w.total * (size_t)omp_get_thread_num(), *dP = P + w.p;
+    if (dt == MG_BFLOAT16) {
+      if (!backward_bf16(g, b, dq, dk, dv, P, &w)) FAILED(ok);
+      continue;
+    }
     const void *Q = mat_at(g, &g->q, b), *K = mat_at(g, &g->k, b), *V = mat_at(g, &g->v, b);
     const void *DO = mat_at(g, &g->dout, b);
     weights(g, dt, b, P);
@@ -595,6 +690,7 @@ static void sdpa_backward_kernel (const sdpa_geom *g, mg_dtype dt, char *dq, cha
     if (dk) gemm(dt, 'T', 'N', g->Tk, g->dk, g->Tq, 1.0, dP, g->Tk, Q, g->q.ld,
                  dk + (size_t)(b * g->Tk * g->dk) * g->esz, g->dk);
   });
+  return ok;
 }
 
 /* fills g from q, k, v and the broadcast mask; copies (to release) get
@@ -642,13 +738,14 @@ static mg_status sdpa_backward_fused (mg_node *n, mg_tensor *dout, mg_tensor **d
   for (int j = 0; j < 3 && st == MG_OK; j++)
     if (n->needs[j] && (grads[j] = mg_empty(src[j]->shape, src[j]->ndim, src[j]->dtype)) == NULL) st = MG_ERR;
   int nthr = threads_for(&g);
-  mg_storage *work = st == MG_OK ? scratch(2 * (size_t)(g.Tq * g.Tk) * g.esz * (size_t)nthr) : NULL;
+  mg_storage *work = st == MG_OK ? scratch(work_sizes(&g, q->dtype, 2).total * (size_t)nthr) : NULL;
   if (work == NULL) st = MG_ERR;
   if (st == MG_OK && mg_dry_running()) {          /* a dry run computes nothing */
   } else if (st == MG_OK && g.nb > 0 && g.Tq > 0 && g.Tk > 0) {
     char *p[3];
     for (int j = 0; j < 3; j++) p[j] = grads[j] ? mg_ptr(grads[j]) : NULL;
-    sdpa_backward_kernel(&g, q->dtype, p[0], p[1], p[2], (char *)work->data, nthr);
+    if (!sdpa_backward_kernel(&g, q->dtype, p[0], p[1], p[2], (char *)work->data, nthr))
+      st = mg_seterror("scaled_dot_product_attention: a bfloat16 product of the backward failed (out of memory?)");
   } else if (st == MG_OK) {          /* nothing attended to: zero gradients */
     for (int j = 0; j < 3; j++)
       if (grads[j] && grads[j]->numel) memset(mg_ptr(grads[j]), 0, (size_t)grads[j]->numel * g.esz);
@@ -703,6 +800,16 @@ static mg_tensor *weights_ops (mg_tensor *q, mg_tensor *k, mg_tensor *mask, bool
 static mg_status sdpa_backward_ops (mg_node *n, mg_tensor *dout, mg_tensor **din) {
   mg_scope sc = {0};
   mg_tensor *q = n->in[0], *k = n->in[1], *v = n->in[2], *mask = n->nin > 3 ? n->in[3] : NULL;
+  if (q->dtype == MG_BFLOAT16) {      /* autocast's: in float32 (the tape casts the gradients back) */
+    q = mg_tmp(&sc, mg_half_to_float32(q));
+    k = mg_tmp(&sc, mg_half_to_float32(k));
+    v = mg_tmp(&sc, mg_half_to_float32(v));
+    dout = mg_tmp(&sc, mg_half_to_float32(dout));
+    if (!q || !k || !v || !dout) {
+      mg_scope_end(&sc);
+      return MG_ERR;
+    }
+  }
   int nd = q->ndim;
   mg_tensor *scale = mg_tmp(&sc, mg_scalar(n->attr->f, q->dtype));
   mg_tensor *p = mg_tmp(&sc, weights_ops(q, k, mask, n->attr->a[0], n->attr->f));
@@ -752,7 +859,7 @@ static mg_status sdpa_check (const char *fn, const mg_tensor *q, const mg_tensor
   const mg_tensor *t[3] = {q, k, v};
   const char *names[3] = {"q", "k", "v"};
   for (int i = 0; i < 3; i++) {
-    if (check_float(fn, names[i], t[i]) != MG_OK) return MG_ERR;
+    if (t[i]->dtype != MG_BFLOAT16 && check_float(fn, names[i], t[i]) != MG_OK) return MG_ERR;
     if (t[i]->ndim < 2)
       return mg_seterror("%s: %s must have at least 2 dimensions (..., positions, features), got shape %s", fn,
                          names[i], mg_shape_str(s1, sizeof s1, t[i]->shape, t[i]->ndim));
@@ -794,8 +901,10 @@ mg_tensor *mg_scaled_dot_product_attention (mg_tensor *q, mg_tensor *k, mg_tenso
   MG_CHECK_ARG("mg_scaled_dot_product_attention", q, NULL);
   MG_CHECK_ARG("mg_scaled_dot_product_attention", k, NULL);
   MG_CHECK_ARG("mg_scaled_dot_product_attention", v, NULL);
-  if (mg_is_half(q->dtype) || mg_is_half(k->dtype) || mg_is_half(v->dtype)) {
-    /* the fused kernel runs float32: half q, k, v (autocast's projections) are widened once */
+  bool bf16 = q->dtype == MG_BFLOAT16 && k->dtype == MG_BFLOAT16 && v->dtype == MG_BFLOAT16;
+  if (bf16 && mg_half_isa(MG_BFLOAT16) == NULL) bf16 = false;
+  if (!bf16 && (mg_is_half(q->dtype) || mg_is_half(k->dtype) || mg_is_half(v->dtype))) {
+    /* float32 kernels for half q, k, v with no bfloat16 products here (or mixed dtypes): widened once */
     mg_tensor *q32 = mg_half_to_float32(q), *k32 = mg_half_to_float32(k), *v32 = mg_half_to_float32(v);
     mg_tensor *r = q32 && k32 && v32 ? mg_scaled_dot_product_attention(q32, k32, v32, mask, p) : NULL;
     mg_tensor_release(q32);
@@ -828,11 +937,12 @@ static mg_status sdpa_forward (mg_opcall *c) {
   sdpa_geom g;
   mg_status st = out ? geom_of(&g, q, k, v, mask, c->attr->a[0], scale, copies) : MG_ERR;
   int nthr = st == MG_OK ? threads_for(&g) : 1;
-  mg_storage *work = st == MG_OK ? scratch((size_t)(g.Tq * g.Tk) * g.esz * (size_t)nthr) : NULL;
+  mg_storage *work = st == MG_OK ? scratch(work_sizes(&g, q->dtype, 1).total * (size_t)nthr) : NULL;
   if (work == NULL) st = MG_ERR;
   if (st == MG_OK && out->numel > 0) {
     if (g.Tk == 0) memset(mg_ptr(out), 0, (size_t)out->numel * g.esz);   /* nothing to attend to */
-    else sdpa_forward_kernel(&g, q->dtype, mg_ptr(out), (char *)work->data, nthr);
+    else if (!sdpa_forward_kernel(&g, q->dtype, mg_ptr(out), (char *)work->data, nthr))
+      st = mg_seterror("scaled_dot_product_attention: a bfloat16 product failed (out of memory?)");
   }
   mg_storage_release(work);
   for (int i = 0; i < 4; i++) mg_tensor_release(copies[i]);
