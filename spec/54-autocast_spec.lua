@@ -111,7 +111,11 @@ describe("autocast", function()
           return mg.sum(mg.dense(a, w, nil, "relu")) + mg.sum(mg.conv2d(mg.ones{1, 5, 5, 2}, k))
         end)
         local g = t:gradient(l, {w, k})
-        assert(g[1].dtype == "float32" and g[1][1][1]:item() == 4 and g[2][2][2][1][1]:item() == 9)']])
+        assert(g[1].dtype == "float32" and g[1][1][1]:item() == 4 and g[2][2][2][1][1]:item() == 9)
+        local y = mg.autocast("bfloat16", mg.dense, a, w, mg.Variable(mg.tensor{-5, 1, 0}), "relu")
+        assert(y.dtype == "bfloat16" and y[2][1]:item() == 0 and y[2][2]:item() == 5 and y[2][3]:item() == 4)
+        local q = mg.cast(mg.ones{1, 2, 3, 4}, "bfloat16")
+        assert(mg.scaled_dot_product_attention(q, q, q).dtype == "float32")   -- widened: no bfloat16 products']])
       assert.are.equal(0, code, isa .. ": " .. out)
       assert.matches("nil", out)
       local _, warnings = out:gsub("warning: autocast: this CPU has no bfloat16 dot products", "")
@@ -269,6 +273,25 @@ describe("autocast", function()
       end
       local h16, h32 = gg(q), gg(f32(q))
       assert.is_true(rel_err(h16, h32) < 5e-2)
+    end
+  end)
+
+  it("adds dense's bias and relu inside the bfloat16 product, rounded once (the float32 sums', rounded)", function()
+    -- small integers: every sum is exact in float32 whatever the order, so the
+    -- one rounding to bfloat16 (sums past 256 round) is all that can differ
+    local x = mg.floor(mg.random.uniform({37, 50}, -6, 6))
+    local w = mg.Variable(mg.floor(mg.random.uniform({50, 21}, -6, 6)))
+    local b = mg.Variable(mg.floor(mg.random.uniform({21}, -300, 300)))
+    for _, act in ipairs({"linear", "relu"}) do
+      for _, bias in ipairs({b, false}) do
+        local want = mg.matmul(x, w:value()) + (bias and b:value() or 0)
+        if act == "relu" then want = mg.relu(want) end
+        local y = mg.autocast("bfloat16", mg.dense, x, w, bias or nil, act)
+        local yt = mg.autocast("bfloat16", mg.dense, mg.transpose(mg.transpose(x) + 0), w, bias or nil, act)
+        assert.are.equal("bfloat16", y.dtype)
+        same_bits(y, mg.cast(want, "bfloat16"))
+        same_bits(yt, y)
+      end
     end
   end)
 

@@ -551,7 +551,7 @@ static void gemm (mg_dtype dt, char ta, char tb, int64_t M, int64_t N, int64_t K
 ** this thread); false when oneDNN failed */
 static bool gemm_bf16 (char ta, char tb, int64_t M, int64_t N, int64_t K, const void *A, int64_t lda,
                        const void *B, int64_t ldb, float *C) {
-  return mg_gemm_half(ta, tb, M, N, K, MG_BFLOAT16, A, lda, B, ldb, C, MG_FLOAT32) == MG_OK;
+  return mg_gemm_half(ta, tb, M, N, K, MG_BFLOAT16, A, lda, B, ldb, NULL, C, MG_FLOAT32) == MG_OK;
 }
 
 /* n float32 values rounded into bfloat16 rows of `cols` at dst, ld apart */

@@ -175,12 +175,17 @@ static mg_status dense_forward (mg_opcall *c) {
     snprintf(msg, sizeof msg, "%s", mg_errmsg_raw());
     mg_seterror("dense: %s", msg);
   }
-  /* a bfloat16 product accumulates into float32, where the bias and activation go, then rounds once */
-  mg_tensor *acc = out && sums != out->dtype ? mg_empty(c->shape, c->ndim, sums) : mg_retain_or_null(out);
+  /* a bfloat16 product accumulates into float32, where the bias and activation go, then rounds once:
+  ** inside oneDNN's matmul for a bias and relu (its epilogue), else in bias_act */
+  bool epilogue = sums != c->dtype && (act == MG_ACT_LINEAR || act == MG_ACT_RELU);
+  mg_tensor *acc = out && sums != out->dtype && !epilogue ? mg_empty(c->shape, c->ndim, sums) : mg_retain_or_null(out);
   mg_status st = x2 && acc && (bc || !b) ? MG_OK : MG_ERR;
-  if (st == MG_OK && out->numel > 0) {
+  if (st == MG_OK && out->numel > 0 && epilogue) {
+    mg_epilogue ep = {bc ? (const float *)mg_ptr(bc) : NULL, act == MG_ACT_RELU};
+    st = mg_matrix_product(x2, mg_ptr(x2), w, mg_ptr(w), &ep, mg_ptr(out), rows, N, K, out->dtype);
+  } else if (st == MG_OK && out->numel > 0) {
     if (K == 0) memset(mg_ptr(acc), 0, (size_t)acc->numel * mg_dtype_size(acc->dtype));
-    else st = mg_matrix_product(x2, mg_ptr(x2), w, mg_ptr(w), mg_ptr(acc), rows, N, K, acc->dtype);
+    else st = mg_matrix_product(x2, mg_ptr(x2), w, mg_ptr(w), NULL, mg_ptr(acc), rows, N, K, acc->dtype);
     if (st == MG_OK)
       bias_act(acc->dtype, mg_ptr(acc), bc ? mg_ptr(bc) : NULL, rows, N, act, acc != out ? mg_ptr(out) : NULL,
                out->dtype);

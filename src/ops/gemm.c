@@ -72,27 +72,43 @@ static mg_status dnnl_ct (const gemm_call *g) {
 }
 
 /* the matmul primitive's key (dnn.h): the transposes, operand and result
-** dtypes, sizes, leading dimensions and threads */
-typedef struct { int32_t kind, nthr, ta, tb, ab, cdt; int64_t m, n, k, lda, ldb; } matmul_key;
+** dtypes, a bias and relu in its epilogue, sizes, leading dimensions and threads */
+typedef struct { int32_t kind, nthr, ta, tb, ab, cdt, bias, relu; int64_t m, n, k, lda, ldb; } matmul_key;
 
 static mg_dnn_prim *matmul_prim (mg_dnn *d, const matmul_key *key) {
   /* op(A) (m,k) and op(B) (k,n) as strides over the row-major buffers */
   dnnl_dims_t ad = {key->m, key->k}, bd = {key->k, key->n}, cd = {key->m, key->n};
   dnnl_dims_t as = {key->ta ? 1 : key->lda, key->ta ? key->lda : 1};
   dnnl_dims_t bs = {key->tb ? 1 : key->ldb, key->tb ? key->ldb : 1}, cs = {key->n, 1};
-  dnnl_memory_desc_t a, b, c;
+  dnnl_dims_t biasd = {1, key->n};
+  dnnl_memory_desc_t a, b, c, bias;
   dnnl_matmul_desc_t md;
   dnnl_data_type_t ab = (dnnl_data_type_t)key->ab, cdt = (dnnl_data_type_t)key->cdt;
   dnnl_status_t st = dnnl_memory_desc_init_by_strides(&a, 2, ad, ab, as);
   if (st == dnnl_success) st = dnnl_memory_desc_init_by_strides(&b, 2, bd, ab, bs);
   if (st == dnnl_success) st = dnnl_memory_desc_init_by_strides(&c, 2, cd, cdt, cs);
-  if (st == dnnl_success) st = dnnl_matmul_desc_init(&md, &a, &b, NULL, &c);
+  if (st == dnnl_success && key->bias) st = dnnl_memory_desc_init_by_tag(&bias, 2, biasd, dnnl_f32, dnnl_ab);
+  if (st == dnnl_success) st = dnnl_matmul_desc_init(&md, &a, &b, key->bias ? &bias : NULL, &c);
   if (st != dnnl_success) return mg_dnn_fail("matmul", "describe a matmul", st), NULL;
+  dnnl_primitive_attr_t attr = NULL;   /* relu on the float32 sums: exact, it commutes with the rounding */
+  dnnl_post_ops_t po = NULL;
+  if (key->relu) {
+    st = dnnl_primitive_attr_create(&attr);
+    if (st == dnnl_success) st = dnnl_post_ops_create(&po);
+    if (st == dnnl_success) st = dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_relu, 0.0f, 0.0f);
+    if (st == dnnl_success) st = dnnl_primitive_attr_set_post_ops(attr, po);
+    if (po) dnnl_post_ops_destroy(po);
+    if (st != dnnl_success) {
+      if (attr) dnnl_primitive_attr_destroy(attr);
+      return mg_dnn_fail("matmul", "describe a matmul's relu", st), NULL;
+    }
+  }
   /* its scratchpad (packed panels) is oneDNN's own, as dnnl_sgemm's and
   ** OpenBLAS' are: counted, it would make the memory a budget admits depend
   ** on the way calibration chose */
   mg_dnn_prim *e = mg_dnn_slot(d, 0);
-  st = dnnl_primitive_desc_create(&e->pd, &md, NULL, d->engine, NULL);
+  st = dnnl_primitive_desc_create(&e->pd, &md, attr, d->engine, NULL);
+  if (attr) dnnl_primitive_attr_destroy(attr);
   if (st == dnnl_success) st = mg_dnn_finish(d, e, key, sizeof *key);
   if (st != dnnl_success) {
     mg_dnn_destroy(e);
@@ -106,7 +122,7 @@ static mg_dnn_prim *matmul_prim (mg_dnn *d, const matmul_key *key) {
 static mg_status matmul_primitive (const gemm_call *g) {
   mg_dnn *d = mg_dnn_get("matmul");
   if (d == NULL) return MG_ERR;
-  matmul_key key = {MG_DNN_MATMUL, omp_get_max_threads(), g->ta == 'T', g->tb == 'T', dnnl_f32, dnnl_f32,
+  matmul_key key = {MG_DNN_MATMUL, omp_get_max_threads(), g->ta == 'T', g->tb == 'T', dnnl_f32, dnnl_f32, 0, 0,
                     g->m, g->n, g->k, g->lda, g->ldb};
   mg_dnn_prim *e = mg_dnn_find(d, &key, sizeof key);
   if (e == NULL && (e = matmul_prim(d, &key)) == NULL) return MG_ERR;
@@ -542,7 +558,7 @@ mg_status mg_sgemm (char ta, char tb, int64_t m, int64_t n, int64_t k, const flo
 ** tensors, so not counted (a dry run, which skips kernels, predicts the
 ** counters exactly) */
 static mg_status gemm_half_widened (char ta, char tb, int64_t m, int64_t n, int64_t k, const void *a, int64_t lda,
-                                    const void *b, int64_t ldb, void *c, mg_dtype cdt) {
+                                    const void *b, int64_t ldb, const mg_epilogue *ep, void *c, mg_dtype cdt) {
   int64_t na = ((ta == 'N' ? m : k) - 1) * lda + (ta == 'N' ? k : m);   /* elements up to the last one read */
   int64_t nb = ((tb == 'N' ? k : n) - 1) * ldb + (tb == 'N' ? n : k);
   int64_t nc = cdt == MG_FLOAT32 ? 0 : m * n;
@@ -553,6 +569,11 @@ static mg_status gemm_half_widened (char ta, char tb, int64_t m, int64_t n, int6
   mg_convert(af, MG_FLOAT32, a, MG_BFLOAT16, na);
   mg_convert(bf, MG_FLOAT32, b, MG_BFLOAT16, nb);
   mg_status st = mg_sgemm(ta, tb, m, n, k, af, lda, bf, ldb, cf);
+  for (int64_t i = 0; st == MG_OK && ep && i < m; i++) {     /* the epilogue, as oneDNN's */
+    float *row = cf + i * n;
+    if (ep->bias) for (int64_t j = 0; j < n; j++) row[j] += ep->bias[j];
+    if (ep->relu) for (int64_t j = 0; j < n; j++) row[j] = row[j] > 0 ? row[j] : 0;
+  }
   if (st == MG_OK && nc) mg_convert(c, cdt, cf, MG_FLOAT32, nc);
   free(af);
   return st;
@@ -561,33 +582,36 @@ static mg_status gemm_half_widened (char ta, char tb, int64_t m, int64_t n, int6
 /* one library, one way: oneDNN's matmul primitive with the team (products
 ** under TEAM_MIN_FLOP on one thread, as float32's), no calibration */
 mg_status mg_gemm_half (char ta, char tb, int64_t m, int64_t n, int64_t k, mg_dtype ab, const void *a,
-                        int64_t lda, const void *b, int64_t ldb, void *c, mg_dtype cdt) {
+                        int64_t lda, const void *b, int64_t ldb, const mg_epilogue *ep, void *c, mg_dtype cdt) {
   size_t csz = mg_dtype_size(cdt);
   if (m == 0 || n == 0) return MG_OK;
-  if (k == 0) {
+  if (k == 0 && ep == NULL) {
     memset(c, 0, csz * (size_t)(m * n));
     return MG_OK;
   }
+  if (k == 0) return gemm_half_widened(ta, tb, m, n, k, a, lda, b, ldb, ep, c, cdt);   /* the bias alone */
   if (ab != MG_BFLOAT16 || (cdt != MG_FLOAT32 && cdt != MG_BFLOAT16))
     return mg_seterror("matmul: no %s product into %s", mg_dtype_name(ab), mg_dtype_name(cdt));
   mg_dnn *d = mg_dnn_get("matmul");
   if (d == NULL) return MG_ERR;
   int was = omp_get_max_threads(), threads = 2.0 * (double)m * (double)n * (double)k < TEAM_MIN_FLOP ? 1 : was;
+  bool bias = ep && ep->bias, relu = ep && ep->relu;
   matmul_key key = {MG_DNN_MATMUL, threads, ta == 'T', tb == 'T', dnnl_bf16, cdt == MG_FLOAT32 ? dnnl_f32 : dnnl_bf16,
+                    bias, relu,
                     m, n, k, lda, ldb};
   if (threads != was) omp_set_num_threads(threads);
   static _Thread_local bool declined;   /* oneDNN made no bfloat16 matmul here once: not asked again */
   mg_dnn_prim *e = declined ? NULL : mg_dnn_find(d, &key, sizeof key);
   mg_status st = MG_ERR;
   if (!declined && (e != NULL || (e = matmul_prim(d, &key)) != NULL)) {
-    int args[3] = {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST};
-    void *ptrs[3] = {(void *)a, (void *)b, c};
-    st = mg_dnn_execute("matmul", d, e->pd, e->p, e->scratch, 3, args, ptrs, e->mem);
+    int args[4] = {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST, DNNL_ARG_BIAS};
+    void *ptrs[4] = {(void *)a, (void *)b, c, bias ? (void *)ep->bias : NULL};
+    st = mg_dnn_execute("matmul", d, e->pd, e->p, e->scratch, bias ? 4 : 3, args, ptrs, e->mem);
   }
   if (threads != was) omp_set_num_threads(was);
   if (e == NULL) {                      /* no bfloat16 kernel on this CPU (AVX2 only) */
     declined = true;
-    st = gemm_half_widened(ta, tb, m, n, k, a, lda, b, ldb, c, cdt);
+    st = gemm_half_widened(ta, tb, m, n, k, a, lda, b, ldb, ep, c, cdt);
   }
   return st;
 }

@@ -64,13 +64,14 @@ static void gemm_i64 (const void *a, const void *b, void *c, int64_t M, int64_t 
 /* one (M,K) @ (K,N) product of matrix views a and b into contiguous c, of
 ** a's dtype or (bfloat16 a) float32 */
 mg_status mg_matrix_product (const mg_tensor *a, const char *pa, const mg_tensor *b, const char *pb,
-                       char *pc, int64_t M, int64_t N, int64_t K, mg_dtype cdt) {
+                             const mg_epilogue *ep, char *pc, int64_t M, int64_t N, int64_t K, mg_dtype cdt) {
+  mg_assert(ep == NULL || a->dtype == MG_BFLOAT16);
   gemm_layout la, lb;
   if (a->dtype == MG_FLOAT32 && layout_of(a, &la) && layout_of(b, &lb))
     return mg_sgemm(la.trans, lb.trans, M, N, K, (const float *)pa, la.ld, (const float *)pb, lb.ld,
                     (float *)pc);
   if (a->dtype == MG_BFLOAT16 && layout_of(a, &la) && layout_of(b, &lb))
-    return mg_gemm_half(la.trans, lb.trans, M, N, K, a->dtype, pa, la.ld, pb, lb.ld, pc, cdt);
+    return mg_gemm_half(la.trans, lb.trans, M, N, K, a->dtype, pa, la.ld, pb, lb.ld, ep, pc, cdt);
   /* other dtypes and odd strides: contiguous copies of these two matrices */
   int64_t sa[2] = {M, K}, sb[2] = {K, N};
   int64_t sta[2] = {a->strides[a->ndim - 2], a->strides[a->ndim - 1]};
@@ -85,7 +86,7 @@ mg_status mg_matrix_product (const mg_tensor *a, const char *pa, const mg_tensor
     if (a->dtype == MG_FLOAT32)
       st = mg_sgemm('N', 'N', M, N, K, (const float *)mg_ptr(ac), K, (const float *)mg_ptr(bc), N, (float *)pc);
     else if (a->dtype == MG_BFLOAT16)
-      st = mg_gemm_half('N', 'N', M, N, K, a->dtype, mg_ptr(ac), K, mg_ptr(bc), N, pc, cdt);
+      st = mg_gemm_half('N', 'N', M, N, K, a->dtype, mg_ptr(ac), K, mg_ptr(bc), N, ep, pc, cdt);
     else if (a->dtype == MG_FLOAT64)
       gemm_f64(mg_ptr(ac), mg_ptr(bc), pc, M, N, K);
     else
@@ -141,7 +142,7 @@ static mg_status matmul_forward (mg_opcall *c) {
     /* a stack of matrices times one matrix: a single (batch*M, K) GEMM */
     int64_t s2[2] = {batch * M, K}, st2[2] = {K, 1};
     mg_tensor *a2 = mg_tensor_view(a->storage, a->dtype, s2, 2, st2, a->offset);
-    st = a2 ? mg_matrix_product(a2, mg_ptr(a2), b, mg_ptr(b), mg_ptr(out), batch * M, N, K, out->dtype) : MG_ERR;
+    st = a2 ? mg_matrix_product(a2, mg_ptr(a2), b, mg_ptr(b), NULL, mg_ptr(out), batch * M, N, K, out->dtype) : MG_ERR;
     mg_tensor_release(a2);
   } else {
     /* walk the broadcast batch with per-operand strides (0 when broadcast) */
@@ -160,7 +161,7 @@ static mg_status matmul_forward (mg_opcall *c) {
         oa += k * bst[0][i];
         ob += k * bst[1][i];
       }
-      st = mg_matrix_product(a, mg_ptr(a) + oa * (int64_t)esz, b, mg_ptr(b) + ob * (int64_t)esz,
+      st = mg_matrix_product(a, mg_ptr(a) + oa * (int64_t)esz, b, mg_ptr(b) + ob * (int64_t)esz, NULL,
                 mg_ptr(out) + t * M * N * (int64_t)esz, M, N, K, out->dtype);
     }
   }

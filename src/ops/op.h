@@ -135,11 +135,15 @@ const char *mg_activation_name  (mg_activation act);
 ** sigmoid_grad; binary.c), written over dout itself when the walk spares it
 ** to n's rule (mg_node.spare) and the layouts allow, else a new tensor */
 mg_tensor *mg_activation_backward (const struct mg_node *n, mg_activation act, mg_tensor *dout, mg_tensor *y);
+/* what a bfloat16 product adds to its float32 sums before their one
+** rounding (dense's forward under autocast): a float32 bias of n values
+** (or NULL), then relu */
+typedef struct mg_epilogue { const float *bias; bool relu; } mg_epilogue;
 /* one (M,K) @ (K,N) product of the matrix views a and b (their last two
 ** dimensions, starting at pa and pb) into contiguous c of dtype cdt: a's,
-** or float32 for bfloat16 a (matmul.c) */
+** or float32 for bfloat16 a; ep: bfloat16 products' epilogue, else NULL (matmul.c) */
 mg_status mg_matrix_product (const mg_tensor *a, const char *pa, const mg_tensor *b, const char *pb,
-                             char *pc, int64_t M, int64_t N, int64_t K, mg_dtype cdt);
+                             const mg_epilogue *ep, char *pc, int64_t M, int64_t N, int64_t K, mg_dtype cdt);
 
 #define MG_SAVE_IN(j)    (1u << (j))
 #define MG_SAVE_OUT(i)   (1u << (16 + (i)))
@@ -244,10 +248,10 @@ mg_status mg_sgemm (char ta, char tb, int64_t m, int64_t n, int64_t k, const flo
                     const float *b, int64_t ldb, float *c);
 
 /* c (m,n) = op(a) @ op(b) for a and b of half dtype ab (bfloat16), row-major,
-** accumulated in float32, c of dtype cdt (float32 or ab), through oneDNN's
-** matmul primitive (gemm.c) */
+** accumulated in float32, then the epilogue ep (NULL: none), c of dtype cdt
+** (float32 or ab), through oneDNN's matmul primitive (gemm.c) */
 mg_status mg_gemm_half (char ta, char tb, int64_t m, int64_t n, int64_t k, mg_dtype ab, const void *a,
-                        int64_t lda, const void *b, int64_t ldb, void *c, mg_dtype cdt);
+                        int64_t lda, const void *b, int64_t ldb, const mg_epilogue *ep, void *c, mg_dtype cdt);
 
 /* autocast (autocast.c): a product's operand as it computes under the open
 ** region (its cast, a variable's cached once), else x; a new reference */
