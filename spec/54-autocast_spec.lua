@@ -115,7 +115,8 @@ describe("autocast", function()
         local y = mg.autocast("bfloat16", mg.dense, a, w, mg.Variable(mg.tensor{-5, 1, 0}), "relu")
         assert(y.dtype == "bfloat16" and y[2][1]:item() == 0 and y[2][2]:item() == 5 and y[2][3]:item() == 4)
         local q = mg.cast(mg.ones{1, 2, 3, 4}, "bfloat16")
-        assert(mg.scaled_dot_product_attention(q, q, q).dtype == "float32")   -- widened: no bfloat16 products']])
+        assert(mg.scaled_dot_product_attention(q, q, q).dtype == "float32")   -- widened: no bfloat16 products
+        assert(mg.gelu(q).dtype == "float32")']])
       assert.are.equal(0, code, isa .. ": " .. out)
       assert.matches("nil", out)
       local _, warnings = out:gsub("warning: autocast: this CPU has no bfloat16 dot products", "")
@@ -292,6 +293,56 @@ describe("autocast", function()
         same_bits(y, mg.cast(want, "bfloat16"))
         same_bits(yt, y)
       end
+    end
+  end)
+
+  it("runs gelu on bfloat16 as it is (oneDNN's, float32 inside): float32's values and gradients, rounded", function()
+    local x = mg.cast(mg.random.normal{64, 33} * 3, "bfloat16")
+    local seed = mg.random.normal{64, 33}
+    local x32 = mg.cast(x, "float32")
+    for _, approx in ipairs({false, true}) do
+      local y, y32 = mg.gelu(x, approx), mg.gelu(x32, approx)
+      assert.are.equal(mg.autocast_isa() and "bfloat16" or "float32", y.dtype)
+      -- one rounding to bfloat16: within 2^-8 of float32's, relative (absolute near 0)
+      local err = mg.abs(mg.cast(y, "float32") - y32) / (mg.abs(y32) + 1e-2)
+      assert.is_true(mg.max(err):item() < 2 ^ -8, approx)
+      local function g (a)
+        local t = mg.tape()
+        t:watch(a)
+        local l = mg.sum(mg.cast(mg.gelu(a, approx), "float32") * seed)
+        t:stop()
+        return t:gradient(l, a)
+      end
+      local g16, g32 = g(x), g(x32)
+      assert.are.equal("bfloat16", g16.dtype)
+      assert.is_true(rel_err(g16, g32) < 1e-2, approx)
+      local function gg (a)        -- second order: public ops in float32
+        local t1 = mg.tape()
+        t1:watch(a)
+        local t2 = mg.tape()
+        t2:watch(a)
+        local l = mg.sum(mg.cast(mg.gelu(a, approx), "float32") * seed)
+        t2:stop()
+        local s = mg.sum(mg.cast(t2:gradient(l, a), "float32") ^ 2)
+        t1:stop()
+        return t1:gradient(s, a)
+      end
+      assert.is_true(rel_err(gg(x), gg(x32)) < 2e-2, approx)
+    end
+    -- in a transformer block under autocast: the MLP's hidden activations stay bfloat16
+    local block = mg.nn.TransformerBlock(2, 16, {causal = true})
+    local xs = mg.random.normal{2, 5, 16}
+    block(xs)
+    local t = mg.tape()
+    local l = mg.autocast("bfloat16", function() return mg.mean(block(xs) ^ 2) end)
+    t:stop()
+    local g16 = t:gradient(l, block.trainable_variables)
+    local g32 = grads(function() return mg.mean(block(xs) ^ 2) end, block.trainable_variables)
+    for i = 1, #g16 do        -- the key bias' gradient is 0 (softmax ignores a shift): rounding on both sides
+      assert.are.equal("float32", g16[i].dtype)
+      local n32 = mg.sqrt(mg.sum(g32[i] ^ 2)):item()
+      local d = mg.sqrt(mg.sum((g16[i] - g32[i]) ^ 2)):item()
+      assert.is_true(d < 5e-2 * math.max(n32, 1e-2), i)
     end
   end)
 

@@ -33,6 +33,7 @@
 #include <dnnl.h>
 #include <omp.h>
 
+#include "dnn.h"
 #include "ops/op.h"
 #include "lanes.h"
 #include "vecmath.h"
@@ -362,6 +363,65 @@ static mg_tensor *gelu_run (mg_tensor *x, mg_tensor *dy, bool approx, bool over)
   return out;
 }
 
+/* Autocast's gelu: bfloat16 x (a product's output) in and out through
+** oneDNN's eltwise primitive, float32 inside (PyTorch's autocast runs gelu
+** in its input's dtype too): no widened copy of x to keep for the backward,
+** none of the result to round for the next product. */
+typedef struct gelu_key { int32_t kind, nthr, alg, backward; int64_t n; } gelu_key;   /* no padding */
+
+static mg_dnn_prim *gelu_prim (mg_dnn *d, const gelu_key *key) {
+  mg_dnn_prim *e = mg_dnn_find(d, key, sizeof *key);
+  if (e) return e;
+  mg_dnn_slot(d, 1);                    /* room for this one and its hint */
+  gelu_key fkey = *key;
+  fkey.backward = 0;
+  mg_dnn_prim *hint = key->backward ? gelu_prim(d, &fkey) : NULL;
+  if (key->backward && hint == NULL) return NULL;
+  dnnl_dims_t dims = {key->n};
+  dnnl_memory_desc_t md;
+  dnnl_eltwise_desc_t ed;
+  dnnl_alg_kind_t alg = (dnnl_alg_kind_t)key->alg;
+  dnnl_status_t st = dnnl_memory_desc_init_by_tag(&md, 1, dims, dnnl_bf16, dnnl_a);
+  if (st == dnnl_success)
+    st = key->backward ? dnnl_eltwise_backward_desc_init(&ed, alg, &md, &md, 0.0f, 0.0f)
+                       : dnnl_eltwise_forward_desc_init(&ed, dnnl_forward_training, alg, &md, 0.0f, 0.0f);
+  e = mg_dnn_slot(d, 0);
+  if (st == dnnl_success) st = dnnl_primitive_desc_create(&e->pd, &ed, NULL, d->engine, hint ? hint->pd : NULL);
+  if (st == dnnl_success) st = mg_dnn_finish(d, e, key, sizeof *key);
+  if (st != dnnl_success) {
+    mg_dnn_destroy(e);
+    return mg_dnn_fail("gelu", "make an eltwise gelu", st), NULL;
+  }
+  return e;
+}
+
+/* y = gelu(x), or (dy given) dx = dy * gelu'(x), over n contiguous bfloat16 values */
+static mg_status gelu_dnnl (bool approx, int64_t n, const void *x, const void *dy, void *y) {
+  mg_dnn *d = mg_dnn_get("gelu");
+  gelu_key key = {MG_DNN_ELTWISE, omp_get_max_threads(), approx ? dnnl_eltwise_gelu_tanh : dnnl_eltwise_gelu_erf,
+                  dy != NULL, n};
+  mg_dnn_prim *e = d ? gelu_prim(d, &key) : NULL;
+  if (e == NULL) return MG_ERR;
+  int fargs[2] = {DNNL_ARG_SRC, DNNL_ARG_DST}, bargs[3] = {DNNL_ARG_SRC, DNNL_ARG_DIFF_DST, DNNL_ARG_DIFF_SRC};
+  void *ptrs[3] = {(void *)x, dy ? (void *)dy : y, y};
+  return mg_dnn_execute("gelu", d, e->pd, e->p, e->scratch, dy ? 3 : 2, dy ? bargs : fargs, ptrs, e->mem);
+}
+
+/* gelu_run's bfloat16 form: a new bfloat16 tensor */
+static mg_tensor *gelu_bf16 (mg_tensor *x, mg_tensor *dy, bool approx) {
+  mg_tensor *xc = mg_contiguous(x);
+  mg_tensor *dyc = !dy ? NULL : dy->dtype == MG_BFLOAT16 ? mg_contiguous(dy) : mg_cast(dy, MG_BFLOAT16);
+  mg_tensor *out = !xc || (dy && !dyc) ? NULL : mg_empty(x->shape, x->ndim, MG_BFLOAT16);
+  if (out && out->numel > 0 && !mg_dry_running() &&
+      gelu_dnnl(approx, out->numel, mg_ptr(xc), dyc ? mg_ptr(dyc) : NULL, mg_ptr(out)) != MG_OK) {
+    mg_tensor_release(out);
+    out = NULL;
+  }
+  mg_tensor_release(xc);
+  mg_tensor_release(dyc);
+  return out;
+}
+
 /* gelu'(x) with public ops: Phi(x) + x * phi(x), or the tanh form's derivative */
 static mg_tensor *gelu_grad_ops (mg_tensor *x, bool approx) {
   mg_scope sc = {0};
@@ -392,17 +452,21 @@ static mg_tensor *gelu_grad_ops (mg_tensor *x, bool approx) {
 ** x/2 * sech^2(u) * u' + (1 + tanh(u)) / 2 */
 static mg_status gelu_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **din) {
   bool approx = n->attr->a[0];
+  mg_tensor *x = n->in[0];
   if (!recorded_backward()) {
-    din[0] = gelu_run(n->in[0], dout[0], approx, n->spare & 1);
+    din[0] = x->dtype == MG_BFLOAT16 ? gelu_bf16(x, dout[0], approx) : gelu_run(x, dout[0], approx, n->spare & 1);
     return MG_OK;
   }
-  mg_tensor *d = gelu_grad_ops(n->in[0], approx);
+  mg_tensor *x32 = mg_half_to_float32(x);       /* a tape records: public ops, in float32 for autocast's */
+  mg_tensor *d = x32 ? gelu_grad_ops(x32, approx) : NULL;
+  mg_tensor_release(x32);
   din[0] = mg_mul(dout[0], d);
   mg_tensor_release(d);
   return MG_OK;
 }
 static mg_status gelu_forward (mg_opcall *c) {
-  c->out[0] = gelu_run(c->in[0], NULL, c->attr->a[0], false);
+  bool approx = c->attr->a[0];
+  c->out[0] = c->in[0]->dtype == MG_BFLOAT16 ? gelu_bf16(c->in[0], NULL, approx) : gelu_run(c->in[0], NULL, approx, false);
   return c->out[0] ? MG_OK : MG_ERR;
 }
 MG_ROW(GELU, gelu) = {
@@ -414,12 +478,13 @@ MG_ROW(GELU, gelu) = {
 
 mg_tensor *mg_gelu (mg_tensor *x, int approximate) {
   MG_CHECK_ARG("mg_gelu", x, NULL);
-  if (mg_is_half(x->dtype)) {                 /* computed in float32 (autocast.c) */
+  bool bf16 = x->dtype == MG_BFLOAT16 && mg_half_isa(MG_BFLOAT16) != NULL;   /* gelu_bf16 */
+  if (mg_is_half(x->dtype) && !bf16) {        /* computed in float32 (autocast.c) */
     mg_tensor *x32 = mg_half_to_float32(x), *r = x32 ? mg_gelu(x32, approximate) : NULL;
     mg_tensor_release(x32);
     return r;
   }
-  if (check_float("gelu", "x", x) != MG_OK) return NULL;
+  if (!bf16 && check_float("gelu", "x", x) != MG_OK) return NULL;
   mg_attr attr = {0};
   attr.a[0] = approximate != 0;
   mg_opcall c = MG_OPCALL(&gelu_op, 1, &x, &attr, x->shape, x->ndim, x->dtype);
