@@ -649,16 +649,16 @@ static bool weights (const sdpa_geom *g, mg_dtype dt, int64_t b, void *P) {
 ** sums' dtype; for bfloat16 also P (or dS) rounded, and a float32 tile for
 ** one product's result before its rounding */
 typedef struct sdpa_work { size_t p, pb, o, total; } sdpa_work;
+#define ROUND64(n) (((n) + 63) & ~(size_t)63)
 
 static sdpa_work work_sizes (const sdpa_geom *g, mg_dtype dt, int tiles) {
   bool half = dt == MG_BFLOAT16;
   int64_t rows = g->Tq > g->Tk ? g->Tq : g->Tk, cols = g->dk > g->dv ? g->dk : g->dv;
-  sdpa_work w;
-  w.p = (size_t)(g->Tq * g->Tk) * (half ? sizeof(float) : g->esz);
-  w.pb = half ? (size_t)(g->Tq * g->Tk) * 2 : 0;
-  w.o = half ? (size_t)(rows * cols) * sizeof(float) : 0;
+  sdpa_work w;                                 /* each part on its own cache lines: aligned for its dtype too */
+  w.p = ROUND64((size_t)(g->Tq * g->Tk) * (half ? sizeof(float) : g->esz));
+  w.pb = half ? ROUND64((size_t)(g->Tq * g->Tk) * 2) : 0;
+  w.o = half ? ROUND64((size_t)(rows * cols) * sizeof(float)) : 0;
   w.total = (size_t)tiles * w.p + w.pb + w.o;
-  w.total = (w.total + 63) & ~(size_t)63;      /* each thread's share on its own cache lines */
   return w;
 }
 
