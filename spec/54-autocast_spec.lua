@@ -296,6 +296,37 @@ describe("autocast", function()
     end
   end)
 
+  it("attention's bfloat16 products over whole chunks of the batch agree with the entry-by-entry loop", function()
+    -- 4-D q, k, v take one oneDNN matmul per product and chunk (several chunks
+    -- here: 20 x 8 entries of 128 x 128 scores); 5-D ones (and broadcast
+    -- batches) the per-entry loop: the same products, within bfloat16's rounding
+    local bf = function(t) return mg.cast(t, "bfloat16") end
+    local q, k, v = bf(mg.random.normal{20, 8, 128, 8}), bf(mg.random.normal{20, 8, 96, 8}), bf(mg.random.normal{20, 8, 96, 4})
+    local mask = mg.greater(mg.random.normal{20, 1, 128, 96}, -1)
+    local seed = mg.random.normal{20, 8, 128, 4}
+    local function run (a, b, c, m, opts, s)
+      local t = mg.tape()
+      t:watch({a, b, c})
+      opts.mask = m
+      local y = mg.scaled_dot_product_attention(a, b, c, opts)
+      local l = mg.sum(mg.cast(y, "float32") * s)
+      t:stop()
+      return y, t:gradient(l, {a, b, c})
+    end
+    local r5 = function(t) return mg.reshape(t, {1, table.unpack(t.shape)}) end
+    for _, opts in ipairs({{}, {causal = true}, {masked = true}}) do
+      local m = opts.masked and mask or nil
+      local y4, g4 = run(q, k, v, m, {causal = opts.causal}, seed)
+      local y5, g5 = run(r5(q), r5(k), r5(v), m and r5(m), {causal = opts.causal}, r5(seed))
+      assert.is_true(rel_err(y4, mg.reshape(y5, y4.shape)) < 1e-2)
+      for i = 1, 3 do assert.is_true(rel_err(g4[i], mg.reshape(g5[i], g4[i].shape)) < 2e-2, i) end
+    end
+    -- a batch broadcast along heads (stride 0): the loop, same numbers as the copy
+    local kb = mg.broadcast_to(mg.slice(k, {1, 20}, {1, 1}), k.shape)
+    local yb = mg.scaled_dot_product_attention(q, kb, v)
+    assert.is_true(rel_err(yb, mg.scaled_dot_product_attention(q, kb + mg.cast(mg.zeros(k.shape), "bfloat16"), v)) < 1e-2)
+  end)
+
   it("runs gelu on bfloat16 as it is (oneDNN's, float32 inside): float32's values and gradients, rounded", function()
     local x = mg.cast(mg.random.normal{64, 33} * 3, "bfloat16")
     local seed = mg.random.normal{64, 33}
@@ -362,6 +393,8 @@ describe("autocast", function()
     local w = mg.Variable(mg.random.normal{64, 64})
     mg.autocast("bfloat16", function()
       local a = mg.matmul(x, w)
+      collectgarbage()                              -- earlier tests' garbage goes now, not during the count
+      collectgarbage()
       local before = mg.memory.stats().current_bytes
       local b = mg.matmul(x, w)                     -- no new casts: only the output
       assert.are.equal(64 * 64 * 2, mg.memory.stats().current_bytes - before)

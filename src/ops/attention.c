@@ -625,6 +625,12 @@ static void round_rows (void *dst, int64_t ld, const float *src, int64_t rows, i
     mg_convert((uint16_t *)dst + r * ld, MG_BFLOAT16, src + r * cols, MG_FLOAT32, cols);
 }
 
+/* P (Tq,Tk), holding entry b's scaled scores, becomes its weights */
+static void softmax_tile (const sdpa_geom *g, mg_dtype dt, int64_t b, void *P) {
+  if (dt == MG_FLOAT64) SOFTMAX_ROWS(double, exp);
+  else SOFTMAX_ROWS(float, expf);
+}
+
 /* P (Tq,Tk) = the attention weights of batch entry b (float32 for bfloat16
 ** q and k); false when a product failed */
 static bool weights (const sdpa_geom *g, mg_dtype dt, int64_t b, void *P) {
@@ -637,8 +643,7 @@ static bool weights (const sdpa_geom *g, mg_dtype dt, int64_t b, void *P) {
     gemm(dt, 'N', 'T', g->Tq, g->Tk, g->dk, g->scale, mat_at(g, &g->q, b), g->q.ld, mat_at(g, &g->k, b), g->k.ld,
          P, g->Tk);
   }
-  if (dt == MG_FLOAT64) SOFTMAX_ROWS(double, exp);
-  else SOFTMAX_ROWS(float, expf);
+  softmax_tile(g, dt, b, P);
   return true;
 }
 
@@ -697,6 +702,144 @@ static bool sdpa_forward_kernel (const sdpa_geom *g, mg_dtype dt, char *out, cha
       for (int64_t j = 0; j < g->Tk; j++) d[j] = p[j] == 0 ? 0 : p[j] * (d[j] - s) * (T)g->scale; \
     }                                                                               \
   } while (0)
+
+/* dP (Tq,Tk) float32 becomes dS from the weights P */
+static void softmax_grad_tile (const sdpa_geom *g, const float *P, float *dP) { SOFTMAX_GRAD(float); }
+
+/* {------- bfloat16 attention, the whole batch per product -------
+** Per-entry oneDNN calls cost as much as the products themselves at 64 x 64 x
+** 64 (a GPT's heads): with at most two batch dimensions each product is one
+** strided 4-D matmul over a chunk of the batch, and the softmax passes run
+** between them on the chunk's float32 scores, scratch of (chunk, Tq, Tk)
+** kept under CHUNK_BYTES (longer sequences take the per-entry loop). */
+#define CHUNK_BYTES ((size_t)8 << 20)
+
+typedef struct chunking {
+  int64_t B0, B1;                   /* the batch as two dimensions (1s in front) */
+  int64_t per;                      /* entries of dimension 0 per chunk */
+} chunking;
+
+static bool chunk_plan (const sdpa_geom *g, size_t bytes_per_entry, chunking *c) {
+  if (g->nbd > 2 || g->nb == 0 || g->Tq == 0 || g->Tk == 0 || g->dk == 0 || g->dv == 0) return false;
+  const mat_view *m[4] = {&g->q, &g->k, &g->v, &g->dout};
+  for (int i = 0; i < 4; i++)                     /* a broadcast operand (batch stride 0): entry by entry */
+    for (int d = 0; m[i]->base && d < g->nbd; d++)
+      if (m[i]->bstride[d] == 0 && g->bshape[d] > 1) return false;
+  c->B1 = g->nbd >= 1 ? g->bshape[g->nbd - 1] : 1;
+  c->B0 = g->nbd == 2 ? g->bshape[0] : 1;
+  size_t slice = bytes_per_entry * (size_t)c->B1;
+  if (slice > 4 * CHUNK_BYTES) return false;
+  c->per = CHUNK_BYTES / slice > 0 ? (int64_t)(CHUNK_BYTES / slice) : 1;
+  if (c->per > c->B0) c->per = c->B0;
+  return true;
+}
+
+/* the 4-D strides of a matrix operand: its batch strides (for the two
+** dimensions; a missing one spans the rest), then rows and columns */
+static void strides4 (const sdpa_geom *g, const int64_t *bstride, int64_t B1, int64_t span, int64_t rs, int64_t cs,
+                      int64_t out[4]) {
+  out[1] = g->nbd >= 1 ? bstride[g->nbd - 1] : span;
+  out[0] = g->nbd == 2 ? bstride[0] : out[1] * B1;
+  out[2] = rs;
+  out[3] = cs;
+}
+
+/* strides of a contiguous (B0, B1, R, C) tile */
+static void dense4 (int64_t B1, int64_t R, int64_t C, int64_t out[4]) {
+  out[0] = B1 * R * C; out[1] = R * C; out[2] = C; out[3] = 1;
+}
+
+/* one batched product of a chunk: c = a @ b, dims {cn, B1, M, N, K} */
+static bool bmm (const chunking *ch, int64_t cn, int64_t M, int64_t N, int64_t K, const void *a, const int64_t as[4],
+                 const void *b, const int64_t bs[4], void *c, const int64_t cs[4], mg_dtype cdt) {
+  int64_t dims[5] = {cn, ch->B1, M, N, K};
+  return mg_gemm_half_batched(dims, a, as, b, bs, c, cs, cdt) == MG_OK;
+}
+
+/* q, k, v and dout of chunk c0 (its first dimension-0 entry) */
+static const char *at0 (const sdpa_geom *g, const mat_view *m, int64_t c0) {
+  return m->base + (g->nbd == 2 ? c0 * m->bstride[0] : 0) * (int64_t)g->esz;
+}
+
+/* S (cn*B1 entries of Tq x Tk, float32) = scale * q k^T of a chunk, then
+** the weights P in place and rounded into Pb */
+static bool chunk_weights (const sdpa_geom *g, const chunking *ch, int64_t c0, int64_t cn, float *S, uint16_t *Pb) {
+  int64_t qs[4], ks[4], ss[4];
+  int64_t span = g->Tq * g->q.ld + g->dk;
+  strides4(g, g->q.bstride, ch->B1, span, g->q.ld, 1, qs);
+  strides4(g, g->k.bstride, ch->B1, g->Tk * g->k.ld + g->dk, 1, g->k.ld, ks);     /* k^T */
+  dense4(ch->B1, g->Tq, g->Tk, ss);
+  if (!bmm(ch, cn, g->Tq, g->Tk, g->dk, at0(g, &g->q, c0), qs, at0(g, &g->k, c0), ks, S, ss, MG_FLOAT32))
+    return false;
+  int64_t n = cn * ch->B1, tile = g->Tq * g->Tk;
+  MG_PARALLEL_FOR(n * tile >= 65536, ,
+  for (int64_t j = 0; j < n; j++) {
+    float *P = S + j * tile;
+    for (int64_t i = 0; i < tile; i++) P[i] *= (float)g->scale;
+    softmax_tile(g, MG_FLOAT32, c0 * ch->B1 + j, P);
+    mg_convert(Pb + j * tile, MG_BFLOAT16, P, MG_FLOAT32, tile);
+  });
+  return true;
+}
+
+/* out (nb, Tq, dv) bfloat16; false when a product failed */
+static bool forward_batched (const sdpa_geom *g, const chunking *ch, char *out, char *work) {
+  size_t tile = (size_t)(g->Tq * g->Tk);
+  float *S = (float *)work;
+  uint16_t *Pb = (uint16_t *)(work + ROUND64((size_t)(ch->per * ch->B1) * tile * 4));
+  int64_t vs[4], os[4], ps[4];
+  strides4(g, g->v.bstride, ch->B1, g->Tk * g->v.ld + g->dv, g->v.ld, 1, vs);
+  dense4(ch->B1, g->Tq, g->dv, os);
+  dense4(ch->B1, g->Tq, g->Tk, ps);
+  for (int64_t c0 = 0; c0 < ch->B0; c0 += ch->per) {
+    int64_t cn = ch->B0 - c0 < ch->per ? ch->B0 - c0 : ch->per;
+    if (!chunk_weights(g, ch, c0, cn, S, Pb)) return false;
+    char *o = out + (size_t)(c0 * ch->B1 * g->Tq * g->dv) * 2;
+    if (!bmm(ch, cn, g->Tq, g->dv, g->Tk, Pb, ps, at0(g, &g->v, c0), vs, o, os, MG_BFLOAT16)) return false;
+  }
+  return true;
+}
+
+/* dq, dk, dv (any NULL) bfloat16; false when a product failed */
+static bool backward_batched (const sdpa_geom *g, const chunking *ch, char *dq, char *dk, char *dv, char *work) {
+  size_t tile = (size_t)(g->Tq * g->Tk), f32 = ROUND64((size_t)(ch->per * ch->B1) * tile * 4);
+  float *S = (float *)work, *dP = (float *)(work + f32);
+  uint16_t *Pb = (uint16_t *)(work + 2 * f32);
+  int64_t qs[4], ks[4], vT[4], ds[4], ps[4], pT[4], gq[4], gk[4], gv[4];
+  strides4(g, g->q.bstride, ch->B1, g->Tq * g->q.ld + g->dk, g->q.ld, 1, qs);
+  strides4(g, g->k.bstride, ch->B1, g->Tk * g->k.ld + g->dk, g->k.ld, 1, ks);
+  strides4(g, g->v.bstride, ch->B1, g->Tk * g->v.ld + g->dv, 1, g->v.ld, vT);      /* v^T */
+  strides4(g, g->dout.bstride, ch->B1, g->Tq * g->dout.ld + g->dv, g->dout.ld, 1, ds);
+  dense4(ch->B1, g->Tq, g->Tk, ps);
+  pT[0] = ps[0]; pT[1] = ps[1]; pT[2] = 1; pT[3] = g->Tk;                           /* P^T, dS^T */
+  dense4(ch->B1, g->Tq, g->dk, gq);
+  dense4(ch->B1, g->Tk, g->dk, gk);
+  dense4(ch->B1, g->Tk, g->dv, gv);
+  for (int64_t c0 = 0; c0 < ch->B0; c0 += ch->per) {
+    int64_t cn = ch->B0 - c0 < ch->per ? ch->B0 - c0 : ch->per, e0 = c0 * ch->B1;
+    if (!chunk_weights(g, ch, c0, cn, S, Pb)) return false;
+    const char *DO = at0(g, &g->dout, c0), *Q = at0(g, &g->q, c0), *K = at0(g, &g->k, c0);
+    if (dv && !bmm(ch, cn, g->Tk, g->dv, g->Tq, Pb, pT, DO, ds, dv + (size_t)(e0 * g->Tk * g->dv) * 2, gv, MG_BFLOAT16))
+      return false;
+    if (!dq && !dk) continue;
+    if (!bmm(ch, cn, g->Tq, g->Tk, g->dv, DO, ds, at0(g, &g->v, c0), vT, dP, ps, MG_FLOAT32)) return false;
+    int64_t n = cn * ch->B1;
+    MG_PARALLEL_FOR(n * (int64_t)tile >= 65536, ,
+    for (int64_t j = 0; j < n; j++) {
+      const float *P = S + (size_t)j * tile;
+      float *dPj = dP + (size_t)j * tile;
+      softmax_grad_tile(g, P, dPj);
+      mg_convert(Pb + (size_t)j * tile, MG_BFLOAT16, dPj, MG_FLOAT32, (int64_t)tile);     /* dS, rounded */
+    });
+    if (dq && !bmm(ch, cn, g->Tq, g->dk, g->Tk, Pb, ps, K, ks, dq + (size_t)(e0 * g->Tq * g->dk) * 2, gq, MG_BFLOAT16))
+      return false;
+    if (dk && !bmm(ch, cn, g->Tk, g->dk, g->Tq, Pb, pT, Q, qs, dk + (size_t)(e0 * g->Tk * g->dk) * 2, gk, MG_BFLOAT16))
+      return false;
+  }
+  return true;
+}
+
+/* }------------------------------------------------------------- */
 
 /* the backward of one batch entry with bfloat16 q, k, v and dout: the
 ** float32 code's steps, each product oneDNN's bfloat16 one into the
@@ -802,15 +945,22 @@ static mg_status sdpa_backward_fused (mg_node *n, mg_tensor *dout, mg_tensor **d
   mg_tensor *src[3] = {q, k, v};
   for (int j = 0; j < 3 && st == MG_OK; j++)
     if (n->needs[j] && (grads[j] = mg_empty(src[j]->shape, src[j]->ndim, src[j]->dtype)) == NULL) st = MG_ERR;
-  int nthr = threads_for(&g);
-  mg_storage *work = st == MG_OK ? scratch(work_sizes(&g, q->dtype, 2).total * (size_t)nthr) : NULL;
+  int nthr = st == MG_OK ? threads_for(&g) : 1;
+  chunking ch;
+  size_t tile = st == MG_OK ? (size_t)(g.Tq * g.Tk) : 0;
+  bool batched = st == MG_OK && q->dtype == MG_BFLOAT16 && chunk_plan(&g, tile * 10, &ch);
+  size_t f32 = batched ? ROUND64((size_t)(ch.per * ch.B1) * tile * 4) : 0;
+  mg_storage *work = st != MG_OK ? NULL
+                   : batched ? scratch(2 * f32 + (size_t)(ch.per * ch.B1) * tile * 2)
+                             : scratch(work_sizes(&g, q->dtype, 2).total * (size_t)nthr);
   if (work == NULL) st = MG_ERR;
   if (st == MG_OK && mg_dry_running()) {          /* a dry run computes nothing */
   } else if (st == MG_OK && g.nb > 0 && g.Tq > 0 && g.Tk > 0) {
     char *p[3];
     for (int j = 0; j < 3; j++) p[j] = grads[j] ? mg_ptr(grads[j]) : NULL;
-    if (!sdpa_backward_kernel(&g, q->dtype, p[0], p[1], p[2], (char *)work->data, nthr))
-      st = mg_seterror("scaled_dot_product_attention: a bfloat16 product of the backward failed (out of memory?)");
+    bool ok = batched ? backward_batched(&g, &ch, p[0], p[1], p[2], (char *)work->data)
+                      : sdpa_backward_kernel(&g, q->dtype, p[0], p[1], p[2], (char *)work->data, nthr);
+    if (!ok) st = mg_seterror("scaled_dot_product_attention: a bfloat16 product of the backward failed (out of memory?)");
   } else if (st == MG_OK) {          /* nothing attended to: zero gradients */
     for (int j = 0; j < 3; j++)
       if (grads[j] && grads[j]->numel) memset(mg_ptr(grads[j]), 0, (size_t)grads[j]->numel * g.esz);
@@ -1002,11 +1152,17 @@ static mg_status sdpa_forward (mg_opcall *c) {
   sdpa_geom g;
   mg_status st = out ? geom_of(&g, q, k, v, mask, c->attr->a[0], scale, copies) : MG_ERR;
   int nthr = st == MG_OK ? threads_for(&g) : 1;
-  mg_storage *work = st == MG_OK ? scratch(work_sizes(&g, q->dtype, 1).total * (size_t)nthr) : NULL;
+  chunking ch;
+  size_t tile = st == MG_OK ? (size_t)(g.Tq * g.Tk) : 0;
+  bool batched = st == MG_OK && q->dtype == MG_BFLOAT16 && chunk_plan(&g, tile * 6, &ch);
+  mg_storage *work = st != MG_OK ? NULL
+                   : batched ? scratch(ROUND64((size_t)(ch.per * ch.B1) * tile * 4) + (size_t)(ch.per * ch.B1) * tile * 2)
+                             : scratch(work_sizes(&g, q->dtype, 1).total * (size_t)nthr);
   if (work == NULL) st = MG_ERR;
   if (st == MG_OK && out->numel > 0) {
     if (g.Tk == 0) memset(mg_ptr(out), 0, (size_t)out->numel * g.esz);   /* nothing to attend to */
-    else if (!sdpa_forward_kernel(&g, q->dtype, mg_ptr(out), (char *)work->data, nthr))
+    else if (!(batched ? forward_batched(&g, &ch, mg_ptr(out), (char *)work->data)
+                       : sdpa_forward_kernel(&g, q->dtype, mg_ptr(out), (char *)work->data, nthr)))
       st = mg_seterror("scaled_dot_product_attention: a bfloat16 product failed (out of memory?)");
   }
   mg_storage_release(work);

@@ -16,7 +16,7 @@
 
 /* what a primitive computes: the first field of every key */
 enum { MG_DNN_CONV_FWD, MG_DNN_CONV_BWD_DATA, MG_DNN_CONV_BWD_WEIGHTS, MG_DNN_POOL_FWD, MG_DNN_POOL_BWD,
-       MG_DNN_MATMUL, MG_DNN_ELTWISE };
+       MG_DNN_MATMUL, MG_DNN_MATMUL_BATCHED, MG_DNN_ELTWISE };
 
 #define MG_DNN_KEY_BYTES 160
 #define MG_DNN_PRIMS 256                /* all go when full: convolutions and matmul shapes share them */

@@ -616,6 +616,47 @@ mg_status mg_gemm_half (char ta, char tb, int64_t m, int64_t n, int64_t k, mg_dt
   return st;
 }
 
+/* the batched matmul's key: dims, the three operands' strides, the result's dtype, threads */
+typedef struct { int32_t kind, nthr, cdt, unused; int64_t dims[5], astr[4], bstr[4], cstr[4]; } batched_key;
+
+static mg_dnn_prim *batched_prim (mg_dnn *d, const batched_key *key) {
+  const int64_t *n = key->dims;      /* b0, b1, M, N, K */
+  dnnl_dims_t ad = {n[0], n[1], n[2], n[4]}, bd = {n[0], n[1], n[4], n[3]}, cd = {n[0], n[1], n[2], n[3]};
+  dnnl_dims_t as, bs, cs;
+  for (int i = 0; i < 4; i++) as[i] = key->astr[i], bs[i] = key->bstr[i], cs[i] = key->cstr[i];
+  dnnl_memory_desc_t a, b, c;
+  dnnl_matmul_desc_t md;
+  dnnl_status_t st = dnnl_memory_desc_init_by_strides(&a, 4, ad, dnnl_bf16, as);
+  if (st == dnnl_success) st = dnnl_memory_desc_init_by_strides(&b, 4, bd, dnnl_bf16, bs);
+  if (st == dnnl_success) st = dnnl_memory_desc_init_by_strides(&c, 4, cd, (dnnl_data_type_t)key->cdt, cs);
+  if (st == dnnl_success) st = dnnl_matmul_desc_init(&md, &a, &b, NULL, &c);
+  if (st != dnnl_success) return mg_dnn_fail("matmul", "describe a batched matmul", st), NULL;
+  mg_dnn_prim *e = mg_dnn_slot(d, 0);
+  st = dnnl_primitive_desc_create(&e->pd, &md, NULL, d->engine, NULL);
+  if (st == dnnl_success) st = mg_dnn_finish(d, e, key, sizeof *key);
+  if (st != dnnl_success) {
+    mg_dnn_destroy(e);
+    return mg_dnn_fail("matmul", "make a batched matmul", st), NULL;
+  }
+  return e;
+}
+
+mg_status mg_gemm_half_batched (const int64_t dims[5], const void *a, const int64_t astr[4], const void *b,
+                                const int64_t bstr[4], void *c, const int64_t cstr[4], mg_dtype cdt) {
+  if (cdt != MG_FLOAT32 && cdt != MG_BFLOAT16) return mg_seterror("matmul: no bfloat16 product into %s", mg_dtype_name(cdt));
+  mg_dnn *d = mg_dnn_get("matmul");
+  if (d == NULL) return MG_ERR;
+  batched_key key = {MG_DNN_MATMUL_BATCHED, omp_get_max_threads(), cdt == MG_FLOAT32 ? dnnl_f32 : dnnl_bf16, 0,
+                     {0}, {0}, {0}, {0}};
+  for (int i = 0; i < 5; i++) key.dims[i] = dims[i];
+  for (int i = 0; i < 4; i++) key.astr[i] = astr[i], key.bstr[i] = bstr[i], key.cstr[i] = cstr[i];
+  mg_dnn_prim *e = mg_dnn_find(d, &key, sizeof key);
+  if (e == NULL && (e = batched_prim(d, &key)) == NULL) return MG_ERR;
+  int args[3] = {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST};
+  void *ptrs[3] = {(void *)a, (void *)b, c};
+  return mg_dnn_execute("matmul", d, e->pd, e->p, e->scratch, 3, args, ptrs, e->mem);
+}
+
 mg_status mg_gemm_use (const char *backend) {
   MG_CHECK_ARG("mg_gemm_use", backend, MG_ERR);
   gemm_lib l = strcmp(backend, "auto") == 0 ? LIB__COUNT : lib_named(backend);

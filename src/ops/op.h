@@ -139,6 +139,12 @@ mg_tensor *mg_activation_backward (const struct mg_node *n, mg_activation act, m
 ** rounding (dense's forward under autocast): a float32 bias of n values
 ** (or NULL), then relu */
 typedef struct mg_epilogue { const float *bias; bool relu; } mg_epilogue;
+/* a batch of bfloat16 products c[b] = a[b] @ b[b] in one oneDNN matmul:
+** dims {b0, b1, M, N, K}, each operand a 4-D strided view (strides in
+** elements: a (b0,b1,M,K), b (b0,b1,K,N), c (b0,b1,M,N) of dtype cdt,
+** float32 or bfloat16); attention's products (gemm.c) */
+mg_status mg_gemm_half_batched (const int64_t dims[5], const void *a, const int64_t astr[4], const void *b,
+                                const int64_t bstr[4], void *c, const int64_t cstr[4], mg_dtype cdt);
 /* one (M,K) @ (K,N) product of the matrix views a and b (their last two
 ** dimensions, starting at pa and pb) into contiguous c of dtype cdt: a's,
 ** or float32 for bfloat16 a; ep: bfloat16 products' epilogue, else NULL (matmul.c) */
