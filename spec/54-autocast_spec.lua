@@ -377,6 +377,42 @@ describe("autocast", function()
     end
   end)
 
+  it("takes products' bfloat16 results everywhere float32 goes: gather's gradient, sort, topk, dropout, attention's plain path", function()
+    local x = mg.cast(mg.random.normal{4, 6}, "bfloat16")
+    local x32 = mg.cast(x, "float32")
+    local function grad (f, a)
+      local t = mg.tape()
+      t:watch(a)
+      local l = mg.sum(mg.cast(f(a), "float32") * mg.cast(mg.arange(1, 1 + f(a):numel()), "float32"):reshape(f(a).shape))
+      t:stop()
+      return t:gradient(l, a)
+    end
+    for _, f in ipairs({function(a) return mg.gather(a, {1, 3, 3}, 1) end, function(a) return (mg.sort(a, 2)) end,
+                        function(a) return (mg.topk(a, 2, 2)) end, function(a) return mg.take_along_axis(a, mg.argsort(a, 2), 2) end}) do
+      same_bits(mg.cast(f(x), "float32"), f(x32))
+      local g, g32 = grad(f, x), grad(f, x32)
+      assert.are.equal("bfloat16", g.dtype)
+      same_bits(mg.cast(g, "float32"), g32)                     -- exact: the gradient moves values
+    end
+    mg.random.seed(5)
+    local d = mg.nn.dropout(x, 0.5)
+    mg.random.seed(5)
+    same_bits(d, mg.nn.dropout(x32, 0.5))                         -- the same mask, in float32
+    -- a transformer block with dropout runs attention's plain ops (masked softmax) under autocast
+    local block = mg.nn.TransformerBlock(2, 16, {causal = true, dropout = 0.2})
+    local xs = mg.random.normal{2, 5, 16}
+    block(xs)
+    local t = mg.tape()
+    local l = mg.autocast("bfloat16", function() return mg.mean(block(xs) ^ 2) end)
+    t:stop()
+    for _, g in ipairs(t:gradient(l, block.trainable_variables)) do assert.are.equal("float32", g.dtype) end
+    local m = mg.nn.Sequential{mg.nn.Dense(16, "relu"), mg.nn.Dropout(0.3), mg.nn.Dense(3)}
+    m:compile{optimizer = "adam", loss = mg.losses.SparseCategoricalCrossentropy{from_logits = true}}
+    local h_ = m:fit(mg.random.normal{32, 8}, mg.cast(mg.random.uniform({32}, 1, 4) // 1, "int64"),
+                     {epochs = 2, verbose = 0, mixed_precision = "bfloat16"})
+    assert.is_true(h_.history.loss[2] == h_.history.loss[2])
+  end)
+
   it("gives gradients to float32 tensors a tape watches, in float32", function()
     local x = mg.random.normal{4, 8}
     local w = mg.random.normal{8, 3}

@@ -548,7 +548,7 @@ function layer.dropout (x, rate)
   check.float_tensor("dropout", "x", x)
   check.value("dropout", "rate", rate, check.fraction)
   if rate == 0 then return x end
-  local dtype = x.dtype
+  local dtype = (x.dtype == "bfloat16" or x.dtype == "float16") and "float32" or x.dtype   -- autocast's: in float32
   local keep = mg.greater_equal(mg.random.uniform(x.shape, 0, 1, dtype), rate)
   return x * (mg.cast(keep, dtype) / (1 - rate))
 end

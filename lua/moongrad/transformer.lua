@@ -291,7 +291,7 @@ function MultiHeadAttention:_plain (q, k, v, mask, training)
   end
   local p
   if mask then
-    p = mg.where(mask, mg.softmax(mg.where(mask, s, NEG[q.dtype]), -1), 0)   -- 0 where nothing is attended
+    p = mg.where(mask, mg.softmax(mg.where(mask, s, NEG[s.dtype] or NEG.float32), -1), 0)   -- 0 where nothing is attended
   else
     p = mg.softmax(s, -1)
   end

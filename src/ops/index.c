@@ -186,11 +186,11 @@ static mg_status put_forward (mg_opcall *c) {
   int64_t outer, inner, n = x->shape[a], k = idx->shape[a];
   around(x->shape, x->ndim, a, &outer, &inner);
   const int64_t *v = (const int64_t *)mg_ptr(idx);
-  switch (x->dtype) {                           /* mg_put_along_axis checked the dtype */
+  switch (x->dtype) {                           /* mg_put_along_axis and take_backward checked the dtype */
     case MG_FLOAT32: PUT(float, ADD); break;
     case MG_FLOAT64: PUT(double, ADD); break;
     case MG_INT64: PUT(int64_t, ADD_I); break;
-    default: PUT(uint8_t, OR); break;
+    default: mg_assert(x->dtype == MG_BOOL); PUT(uint8_t, OR); break;
   }
 done:
   mg_tensor_release(idx);
@@ -203,8 +203,11 @@ done:
 ** grad: dx = put_along_axis(zeros, indices, dout), adding */
 static mg_status take_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **din) {
   mg_scope sc = {0};
-  mg_tensor *z = mg_tmp(&sc, mg_zeros_meta(&n->in_meta[0]));
-  din[0] = z ? put_prim(z, n->in[1], dout[0], n->attr->axis) : NULL;
+  mg_tensor *d = mg_tmp(&sc, mg_half_to_float32(dout[0]));      /* half: the sums in float32 (cast back by the tape) */
+  mg_meta m = n->in_meta[0];
+  if (d) m.dtype = d->dtype;
+  mg_tensor *z = d ? mg_tmp(&sc, mg_zeros_meta(&m)) : NULL;
+  din[0] = z ? put_prim(z, n->in[1], d, n->attr->axis) : NULL;
   mg_scope_end(&sc);
   return MG_OK;
 }
