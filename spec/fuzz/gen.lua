@@ -1139,6 +1139,13 @@ local function struct_oracle_stmt ()
   if dt == "float64" and not ctx.kinks and chance(0.5) then
     return fmt("mg.memory.fail_after(0); %s; local x0 = mg.is_variable(x) and x:value() or x; local ok, err = pcall(mg.test.gradcheck, function(a) return f(a) end, {x0}, {atol = 1e-5, rtol = 1e-3}); if not ok and tostring(err):find('gradcheck: input', 1, true) then WRONG('struct-gradcheck', err) end", setup)
   end
+  if dt == "float32" and chance(0.4) then
+    -- under bfloat16 autocast: recompute_grad against f and f against float32, forward
+    -- and first order, within bfloat16's reach (a wrong kernel is far off; FINDINGS.md T)
+    local one = fmt("local function run(gcode, ac) local function body() local g = gcode; local t2 = mg.tape(); t2:watch(x); local y = first(g(x)); local l = mg.sum(mg.cast(y, 'float32') ^ 2); t2:stop(); return mg.cast(y, 'float32'), first(t2:gradient(l, %s, nil, {unconnected = 'zero'})) end; if ac then return mg.autocast('bfloat16', body) end; return body() end", struct_sources(ctx))
+    return fmt("mg.memory.fail_after(0); %s; %s; local ok1, y1, d1 = pcall(run, f, true); if not ok1 then return end; local y2, d2 = run(mg.recompute_grad(f), true); local y3, d3 = run(f, false); local s1, s3 = amax(d1), amax(d3); CHECK('struct-autocast-recompute-forward', y1, y2, nil, 5e-2 * (1 + amax(y1))); CHECK('struct-autocast-recompute-gradient', d1, d2, nil, 5e-2 * (1 + s1)); CHECK('struct-autocast-vs-float32', y1, y3, nil, 5e-2 * (1 + amax(y3)))",
+               setup, one)
+  end
   return fmt("mg.memory.fail_after(0); %s; %s", setup, both)
 end
 
