@@ -317,6 +317,13 @@ mg_tensor *mg_put_along_axis (mg_tensor *x, mg_tensor *indices, mg_tensor *value
   MG_CHECK_ARG("mg_put_along_axis", values, NULL);
   int a = along_axis_check("put_along_axis", x, indices, axis);
   if (a < 0) return NULL;
+  if (mg_is_half(x->dtype) || mg_is_half(values->dtype)) {    /* in float32, as other ops */
+    mg_tensor *x32 = mg_half_to_float32(x), *v32 = mg_half_to_float32(values);
+    mg_tensor *r = x32 && v32 ? mg_put_along_axis(x32, indices, v32, axis, add) : NULL;
+    mg_tensor_release(x32);
+    mg_tensor_release(v32);
+    return r;
+  }
   if (values->dtype != x->dtype)
     return mg_seterror("put_along_axis: dtypes differ: x is %s, values are %s", mg_dtype_name(x->dtype),
                        mg_dtype_name(values->dtype)), NULL;

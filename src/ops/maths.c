@@ -270,7 +270,14 @@ mg_tensor *mg_clamp (mg_tensor *x, mg_tensor *lo, mg_tensor *hi) {
   MG_CHECK_ARG("mg_clamp", lo, NULL);
   MG_CHECK_ARG("mg_clamp", hi, NULL);
   if (x->dtype == MG_BOOL) return mg_seterror("clamp: not defined for bool tensors"), NULL;
-  if (mg_check_computable("clamp", x->dtype) != MG_OK) return NULL;
+  if (mg_is_half(x->dtype) || mg_is_half(lo->dtype) || mg_is_half(hi->dtype)) {   /* in float32, as other ops */
+    mg_tensor *x32 = mg_half_to_float32(x), *lo32 = mg_half_to_float32(lo), *hi32 = mg_half_to_float32(hi);
+    mg_tensor *r = x32 && lo32 && hi32 ? mg_clamp(x32, lo32, hi32) : NULL;
+    mg_tensor_release(x32);
+    mg_tensor_release(lo32);
+    mg_tensor_release(hi32);
+    return r;
+  }
   if (lo->dtype != x->dtype || hi->dtype != x->dtype)
     return mg_seterror("clamp: dtypes differ: x is %s, lo is %s, hi is %s", mg_dtype_name(x->dtype),
                        mg_dtype_name(lo->dtype), mg_dtype_name(hi->dtype)), NULL;
@@ -450,6 +457,17 @@ static mg_tensor *reduction_op (const mg_opdef *op, mg_tensor *x, const rview *v
 
 /* int64 and bool reduce as float64, as mean does: returns CALL made again
 ** with x the cast */
+/* half x (a product's output under autocast) computes in float32, as the
+** other ops do: CALL again on the widened x */
+#define HALF_AS_FLOAT32(x, CALL) do {                                         \
+    if (mg_is_half((x)->dtype)) {                                             \
+      mg_tensor *xf_ = mg_cast(x, MG_FLOAT32), *r_ = NULL;                    \
+      if (xf_) { x = xf_; r_ = CALL; }                                        \
+      mg_tensor_release(xf_);                                                 \
+      return r_;                                                              \
+    }                                                                         \
+  } while (0)
+
 #define AS_FLOAT64(x, CALL) do {                                              \
     if ((x)->dtype == MG_INT64 || (x)->dtype == MG_BOOL) {                    \
       mg_tensor *xf_ = mg_cast(x, MG_FLOAT64), *r_ = NULL;                    \
@@ -537,6 +555,7 @@ MG_ROW(PROD, prod) = {
 
 mg_tensor *mg_prod (mg_tensor *x, int axis, int keepdims) {
   MG_CHECK_ARG("mg_prod", x, NULL);
+  HALF_AS_FLOAT32(x, mg_prod(x, axis, keepdims));
   if (x->dtype == MG_BOOL) {                    /* counts as int64, as sum does */
     mg_tensor *xi = mg_cast(x, MG_INT64), *r = xi ? mg_prod(xi, axis, keepdims) : NULL;
     mg_tensor_release(xi);
@@ -627,6 +646,7 @@ MG_ROW(LOGSUMEXP, logsumexp) = {
 
 mg_tensor *mg_logsumexp (mg_tensor *x, int axis, int keepdims) {
   MG_CHECK_ARG("mg_logsumexp", x, NULL);
+  HALF_AS_FLOAT32(x, mg_logsumexp(x, axis, keepdims));
   AS_FLOAT64(x, mg_logsumexp(x, axis, keepdims));
   rview v;
   if (reduce_view("logsumexp", x, axis, keepdims, &v) < 0) return NULL;
@@ -756,12 +776,14 @@ static mg_tensor *moment (const mg_opdef *op, red_kernel k, mg_tensor *x, int ax
 
 mg_tensor *mg_var (mg_tensor *x, int axis, int keepdims, double ddof) {
   MG_CHECK_ARG("mg_var", x, NULL);
+  HALF_AS_FLOAT32(x, mg_var(x, axis, keepdims, ddof));
   AS_FLOAT64(x, mg_var(x, axis, keepdims, ddof));
   return moment(&var_op, var_kernel, x, axis, keepdims, ddof);
 }
 
 mg_tensor *mg_std (mg_tensor *x, int axis, int keepdims, double ddof) {
   MG_CHECK_ARG("mg_std", x, NULL);
+  HALF_AS_FLOAT32(x, mg_std(x, axis, keepdims, ddof));
   AS_FLOAT64(x, mg_std(x, axis, keepdims, ddof));
   return moment(&std_op, std_kernel, x, axis, keepdims, ddof);
 }
@@ -894,6 +916,7 @@ mg_tensor *mg_norm (mg_tensor *x, int axis, int keepdims, double ord) {
   MG_CHECK_ARG("mg_norm", x, NULL);
   if (ord != 1 && ord != 2 && ord != INFINITY)
     return mg_seterror("norm: ord must be 1, 2 or inf, got %g", ord), NULL;
+  HALF_AS_FLOAT32(x, mg_norm(x, axis, keepdims, ord));
   AS_FLOAT64(x, mg_norm(x, axis, keepdims, ord));
   rview v;
   if (reduce_view("norm", x, axis, keepdims, &v) < 0) return NULL;
@@ -976,6 +999,7 @@ MG_ROW(CUMSUM, cumsum) = {
 
 mg_tensor *mg_cumsum (mg_tensor *x, int axis, int exclusive, int reverse) {
   MG_CHECK_ARG("mg_cumsum", x, NULL);
+  HALF_AS_FLOAT32(x, mg_cumsum(x, axis, exclusive, reverse));
   if (x->dtype == MG_BOOL) {                    /* counts as int64, as sum does */
     mg_tensor *xi = mg_cast(x, MG_INT64), *r = xi ? mg_cumsum(xi, axis, exclusive, reverse) : NULL;
     mg_tensor_release(xi);
