@@ -58,10 +58,19 @@ typedef enum redop { R_SUM, R_MAX, R_MIN, R_ARGMAX, R_ARGMIN } redop;
       int64_t i0 = nblocks * t / parts * COL_BLOCK;                        \
       int64_t i1 = nblocks * (t + 1) / parts * COL_BLOCK;                  \
       if (i1 > inner) i1 = inner;                                          \
-      for (int64_t i = i0; i < i1; i++) out[i] = 0;                        \
-      for (int64_t k = 0; k < n; k++) {                                    \
+      int64_t full = i1 - i0 <= 4 * COL_BLOCK ? i0 + (i1 - i0) / COL_BLOCK * COL_BLOCK : i0; \
+      for (int64_t b = i0; b < full; b += COL_BLOCK) {   /* a narrow range: 16 sums in registers */ \
+        T acc[COL_BLOCK] = {0};                                            \
+        for (int64_t k = 0; k < n; k++) {                                  \
+          const X *row = x + k * inner + b;                                \
+          for (int c = 0; c < COL_BLOCK; c++) acc[c] = ADD(acc[c], (T)V(row[c])); \
+        }                                                                  \
+        for (int c = 0; c < COL_BLOCK; c++) out[b + c] = acc[c];           \
+      }                                                                    \
+      for (int64_t i = full; i < i1; i++) out[i] = 0;                      \
+      for (int64_t k = 0; full < i1 && k < n; k++) {                       \
         const X *row = x + k * inner;                                      \
-        for (int64_t i = i0; i < i1; i++) out[i] = ADD(out[i], (T)V(row[i])); \
+        for (int64_t i = full; i < i1; i++) out[i] = ADD(out[i], (T)V(row[i])); \
       }                                                                    \
     });                                                                    \
   } while (0)
