@@ -321,6 +321,14 @@ describe("autocast", function()
       assert.is_true(rel_err(y4, mg.reshape(y5, y4.shape)) < 1e-2)
       for i = 1, 3 do assert.is_true(rel_err(g4[i], mg.reshape(g5[i], g4[i].shape)) < 2e-2, i) end
     end
+    -- the output and the gradients are laid out (batch, time, heads, features): swapping
+    -- heads and time back, then joining the heads, copies nothing (as PyTorch's fused attention)
+    local y = mg.scaled_dot_product_attention(q, k, v)
+    collectgarbage()
+    local before = mg.memory.stats().current_bytes
+    local joined = mg.reshape(mg.swapaxes(y, 2, 3), {20, 128, 32})
+    if mg.autocast_isa() then assert.are.equal(before, mg.memory.stats().current_bytes) end
+    same_bits(mg.reshape(joined, {20, 128, 8, 4}), mg.swapaxes(y, 2, 3))
     -- a batch broadcast along heads (stride 0): the loop, same numbers as the copy
     local kb = mg.broadcast_to(mg.slice(k, {1, 20}, {1, 1}), k.shape)
     local yb = mg.scaled_dot_product_attention(q, kb, v)

@@ -717,6 +717,7 @@ static void softmax_grad_tile (const sdpa_geom *g, const float *P, float *dP) { 
 typedef struct chunking {
   int64_t B0, B1;                   /* the batch as two dimensions (1s in front) */
   int64_t per;                      /* entries of dimension 0 per chunk */
+  bool heads_last;                  /* 4-D: results laid out as heads_last4 says */
 } chunking;
 
 static bool chunk_plan (const sdpa_geom *g, size_t bytes_per_entry, chunking *c) {
@@ -727,6 +728,7 @@ static bool chunk_plan (const sdpa_geom *g, size_t bytes_per_entry, chunking *c)
       if (m[i]->bstride[d] == 0 && g->bshape[d] > 1) return false;
   c->B1 = g->nbd >= 1 ? g->bshape[g->nbd - 1] : 1;
   c->B0 = g->nbd == 2 ? g->bshape[0] : 1;
+  c->heads_last = g->nbd == 2;
   size_t slice = bytes_per_entry * (size_t)c->B1;
   if (slice > 4 * CHUNK_BYTES) return false;
   c->per = CHUNK_BYTES / slice > 0 ? (int64_t)(CHUNK_BYTES / slice) : 1;
@@ -747,6 +749,25 @@ static void strides4 (const sdpa_geom *g, const int64_t *bstride, int64_t B1, in
 /* strides of a contiguous (B0, B1, R, C) tile */
 static void dense4 (int64_t B1, int64_t R, int64_t C, int64_t out[4]) {
   out[0] = B1 * R * C; out[1] = R * C; out[2] = C; out[3] = 1;
+}
+
+/* strides of a (B0, B1, R, C) tensor stored as (B0, R, B1, C): the heads of
+** (batch, heads, time, features) side by side in memory, as the projections
+** make q, k, v and read the output back (PyTorch's fused attention does the
+** same): swapping axes 2 and 3 then gives a contiguous tensor, so the
+** reshapes around attention are views, forward and backward */
+static void heads_last4 (int64_t B1, int64_t R, int64_t C, int64_t out[4]) {
+  out[0] = R * B1 * C; out[1] = C; out[2] = B1 * C; out[3] = 1;
+}
+
+/* a new (B0, B1, R, C) tensor of dtype dt with heads_last4's strides */
+static mg_tensor *heads_last_tensor (const int64_t shape[4], mg_dtype dt) {
+  int64_t stored[4] = {shape[0], shape[2], shape[1], shape[3]}, strides[4];
+  heads_last4(shape[1], shape[2], shape[3], strides);
+  mg_tensor *t = mg_empty(stored, 4, dt);
+  mg_tensor *v = t ? mg_tensor_view(t->storage, dt, shape, 4, strides, t->offset) : NULL;
+  mg_tensor_release(t);
+  return v;
 }
 
 /* one batched product of a chunk: c = a @ b, dims {cn, B1, M, N, K} */
@@ -789,7 +810,7 @@ static bool forward_batched (const sdpa_geom *g, const chunking *ch, char *out, 
   uint16_t *Pb = (uint16_t *)(work + ROUND64((size_t)(ch->per * ch->B1) * tile * 4));
   int64_t vs[4], os[4], ps[4];
   strides4(g, g->v.bstride, ch->B1, g->Tk * g->v.ld + g->dv, g->v.ld, 1, vs);
-  dense4(ch->B1, g->Tq, g->dv, os);
+  (ch->heads_last ? heads_last4 : dense4)(ch->B1, g->Tq, g->dv, os);   /* as sdpa_forward made it */
   dense4(ch->B1, g->Tq, g->Tk, ps);
   for (int64_t c0 = 0; c0 < ch->B0; c0 += ch->per) {
     int64_t cn = ch->B0 - c0 < ch->per ? ch->B0 - c0 : ch->per;
@@ -812,9 +833,10 @@ static bool backward_batched (const sdpa_geom *g, const chunking *ch, char *dq, 
   strides4(g, g->dout.bstride, ch->B1, g->Tq * g->dout.ld + g->dv, g->dout.ld, 1, ds);
   dense4(ch->B1, g->Tq, g->Tk, ps);
   pT[0] = ps[0]; pT[1] = ps[1]; pT[2] = 1; pT[3] = g->Tk;                           /* P^T, dS^T */
-  dense4(ch->B1, g->Tq, g->dk, gq);
-  dense4(ch->B1, g->Tk, g->dk, gk);
-  dense4(ch->B1, g->Tk, g->dv, gv);
+  void (*layout)(int64_t, int64_t, int64_t, int64_t *) = ch->heads_last ? heads_last4 : dense4;
+  layout(ch->B1, g->Tq, g->dk, gq);           /* as sdpa_backward_fused made them */
+  layout(ch->B1, g->Tk, g->dk, gk);
+  layout(ch->B1, g->Tk, g->dv, gv);
   for (int64_t c0 = 0; c0 < ch->B0; c0 += ch->per) {
     int64_t cn = ch->B0 - c0 < ch->per ? ch->B0 - c0 : ch->per, e0 = c0 * ch->B1;
     if (!chunk_weights(g, ch, c0, cn, S, Pb)) return false;
@@ -942,13 +964,15 @@ static mg_status sdpa_backward_fused (mg_node *n, mg_tensor *dout, mg_tensor **d
   sdpa_geom g;
   mg_status st = geom_of(&g, q, k, v, mask, n->attr->a[0], n->attr->f, copies);
   if (st == MG_OK) st = view_of(dout, &g, &g.dout, &copies[4]);
-  mg_tensor *src[3] = {q, k, v};
-  for (int j = 0; j < 3 && st == MG_OK; j++)
-    if (n->needs[j] && (grads[j] = mg_empty(src[j]->shape, src[j]->ndim, src[j]->dtype)) == NULL) st = MG_ERR;
   int nthr = st == MG_OK ? threads_for(&g) : 1;
   chunking ch;
   size_t tile = st == MG_OK ? (size_t)(g.Tq * g.Tk) : 0;
   bool batched = st == MG_OK && q->dtype == MG_BFLOAT16 && chunk_plan(&g, tile * 10, &ch);
+  mg_tensor *src[3] = {q, k, v};
+  for (int j = 0; j < 3 && st == MG_OK; j++)
+    if (n->needs[j] && (grads[j] = batched && ch.heads_last ? heads_last_tensor(src[j]->shape, src[j]->dtype)
+                                                            : mg_empty(src[j]->shape, src[j]->ndim, src[j]->dtype)) == NULL)
+      st = MG_ERR;
   size_t f32 = batched ? ROUND64((size_t)(ch.per * ch.B1) * tile * 4) : 0;
   mg_storage *work = st != MG_OK ? NULL
                    : batched ? scratch(2 * f32 + (size_t)(ch.per * ch.B1) * tile * 2)
@@ -1148,13 +1172,16 @@ mg_tensor *mg_scaled_dot_product_attention (mg_tensor *q, mg_tensor *k, mg_tenso
 static mg_status sdpa_forward (mg_opcall *c) {
   mg_tensor *q = c->in[0], *k = c->in[1], *v = c->in[2], *mask = c->attr->a[1] ? c->in[3] : NULL;
   double scale = c->attr->f;
-  mg_tensor *copies[4] = {NULL, NULL, NULL, NULL}, *out = mg_empty(c->shape, c->ndim, c->dtype);
+  mg_tensor *copies[4] = {NULL, NULL, NULL, NULL}, *out = NULL;
   sdpa_geom g;
-  mg_status st = out ? geom_of(&g, q, k, v, mask, c->attr->a[0], scale, copies) : MG_ERR;
+  mg_status st = geom_of(&g, q, k, v, mask, c->attr->a[0], scale, copies);
   int nthr = st == MG_OK ? threads_for(&g) : 1;
   chunking ch;
   size_t tile = st == MG_OK ? (size_t)(g.Tq * g.Tk) : 0;
   bool batched = st == MG_OK && q->dtype == MG_BFLOAT16 && chunk_plan(&g, tile * 6, &ch);
+  if (st == MG_OK)
+    out = batched && ch.heads_last ? heads_last_tensor(c->shape, c->dtype) : mg_empty(c->shape, c->ndim, c->dtype);
+  if (out == NULL) st = MG_ERR;
   mg_storage *work = st != MG_OK ? NULL
                    : batched ? scratch(ROUND64((size_t)(ch.per * ch.B1) * tile * 4) + (size_t)(ch.per * ch.B1) * tile * 2)
                              : scratch(work_sizes(&g, q->dtype, 1).total * (size_t)nthr);
