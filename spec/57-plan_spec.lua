@@ -125,8 +125,13 @@ describe("memory.plan", function()
         assert.is_true(row.bytes > 0 and row.cost > 0, tostring(plan))
       end
     end
-    assert.is_true(dots > 0, tostring(plan))
-    assert.truthy(tostring(plan):find("| dots | ", 1, true))
+    -- the premise is the optimised build's balance: under AddressSanitizer (its reuse
+    -- cache off) the instrumented elementwise ops cost several times theirs next to
+    -- oneDNN's uninstrumented products, and whole blocks can rightly win
+    if mg.memory.stats().cache_limit > 0 then
+      assert.is_true(dots > 0, tostring(plan))
+      assert.truthy(tostring(plan):find("| dots | ", 1, true))
+    end
     local peak, g = measured(mg.memory.with_plan, plan, step)
     assert.are.equal(plan.peak_bytes, peak)
     same_bits(plain, g)
