@@ -154,6 +154,12 @@ MG_API mg_tensor   *mg_contiguous      (mg_tensor *t);
 MG_API void        *mg_tensor_data     (const mg_tensor *t);
 /* one element as a double, index 0-based; NaN + error when out of range */
 MG_API double       mg_tensor_get      (const mg_tensor *t, const int64_t *index);
+/* 0 for a dry run's float result (mg_dry_run_begin): it has no values (its
+** memory is uninitialised). Once the dry run ends, ops, copies and
+** mg_tensor_get refuse it: mg_tensor_need_values gives MG_ERR + an error
+** naming who; inside the run, MG_OK (its values are meaningless there) */
+MG_API int          mg_tensor_has_values  (const mg_tensor *t);
+MG_API mg_status    mg_tensor_need_values (const mg_tensor *t, const char *who);
 MG_API const char  *mg_dtype_name      (mg_dtype dt);    /* "float32" ... */
 MG_API int          mg_dtype_from_name (const char *name);  /* -1 if unknown */
 MG_API size_t       mg_dtype_size      (mg_dtype dt);

@@ -162,6 +162,57 @@ describe("memory.estimate", function()
     assert.truthy(tostring(err):find("Variable: its initial value was computed in a dry run", 1, true), tostring(err))
   end)
 
+  it("keeps no values in what a dry run computes: inside it they read as NaN, after it reading one is an error", function()
+    local x = mg.random.normal({2, 3}, 0, 1, "float64")
+    local kept, seen = {}, {}
+    mg.memory.estimate(function()
+      local t = mg.tape({persistent = true})
+      t:watch(x)
+      local y = mg.exp(x) * 2
+      kept.y, kept.view, kept.t = y, y:transpose(), t
+      kept.g = t:gradient(mg.sum(y), x)
+      kept.ids = mg.constant({1, 0}, "int64") + 1      -- integers are computed for real
+      seen.item, seen.rows = mg.sum(y):item(), y:totable()
+      seen.text = tostring(y)
+    end)
+    assert.is_true(seen.item ~= seen.item)              -- NaN
+    assert.is_true(seen.rows[2][3] ~= seen.rows[2][3])
+    assert.truthy(seen.text:find("no values: computed in a dry run", 1, true), seen.text)
+    assert.are.same({2, 1}, kept.ids:totable())
+    assert.truthy(tostring(kept.view):find("no values", 1, true))   -- printing still works
+    local dry = "this tensor was computed in a dry run (mg.memory.estimate), which computes no values"
+    local v = mg.Variable(mg.zeros({2, 3}, "float64"))
+    for what, f in pairs{
+      item = function() return kept.y:reshape{-1}[1]:item() end,
+      totable = function() return kept.g:totable() end,
+      round = function() return mg.round(kept.view) end,
+      add = function() return kept.y + 1 end,
+      reshape = function() return kept.y:reshape{-1} end,
+      cast = function() return mg.cast(kept.y, "float32") end,
+      assign = function() v:assign(kept.y) end,
+      gradient = function() return kept.t:gradient(mg.sum(kept.y), x) end,
+      save = function() mg.save(os.tmpname(), {w = kept.y}) end,
+    } do
+      local ok, err = pcall(f)
+      assert.is_false(ok, what)
+      assert.truthy(tostring(err):find(dry, 1, true), what .. ": " .. tostring(err))
+    end
+    assert.are.same({{0, 0, 0}, {0, 0, 0}}, v:value():totable())   -- nothing half-done
+    -- estimate's next dry run takes them as its own (meaningless values, no error)
+    mg.memory.estimate(function() return mg.round(kept.view) + kept.y:transpose() end)
+  end)
+
+  it("does not keep an autocast region's weight casts from a dry run inside it", function()
+    local w = mg.Variable(mg.random.normal{8, 8})
+    local x = mg.random.normal{4, 8}
+    local want = mg.autocast("bfloat16", function() return mg.matmul(x, w) end)
+    local got = mg.autocast("bfloat16", function()
+      mg.memory.estimate(function() return mg.matmul(x, w) end)   -- casts w, dry
+      return mg.matmul(x, w)                                      -- casts it again, for real
+    end)
+    assert.are.same(want:totable(), got:totable())
+  end)
+
   it("predicts custom gradients, second order on persistent tapes, RevBlock and checkpoint_loop exactly", function()
     local x = mg.random.normal{64, 32}
     local w = mg.Variable(mg.random.normal{32, 32})

@@ -267,6 +267,20 @@ local function time_layers (layers, run_of, whole, spill)
   end
 end
 
+-- a dry run's input with fresh floats (a dry run's are never written)
+local function fresh (args)
+  local out = {n = args.n}
+  for i = 1, args.n do
+    local x = args[i]
+    if mg.is_tensor(x) and x.dtype:match("^b?float") then
+      local ok, y = pcall(mg.random.normal, x.shape, 0, 1, x.dtype)
+      x = ok and y or x
+    end
+    out[i] = x
+  end
+  return out
+end
+
 local function profile (timed, step, spill, ...)
   local models, order = {}, {}
   local depth = 0
@@ -301,13 +315,17 @@ local function profile (timed, step, spill, ...)
   Sequential._around = was
   if not ok then error(err, 0) end
   for _, m in ipairs(timed and order or {}) do   -- the costs
-    local x, args = m.first_input, m.first_args
+    local x, args
     local function run_of (i, y)                 -- each layer on the one before's output
       local h = i == 1 and x or y
       return function() return Sequential._run(m.model, i, i, h, table.unpack(args, 1, args.n)) end, h
     end
     local function whole () return Sequential._run(m.model, 1, #m.layers, x, table.unpack(args, 1, args.n)) end
-    keeping_variables(m.model, layer.training_off, m.model, time_layers, m.layers, run_of, whole, spill)
+    local function timing ()                     -- (an inner model's input is the dry run's: drawn afresh)
+      x, args = fresh{n = 1, m.first_input}[1], fresh(m.first_args)
+      time_layers(m.layers, run_of, whole, spill)
+    end
+    keeping_variables(m.model, layer.training_off, m.model, timing)
     m.first_input, m.first_args = nil, nil
   end
   return order
@@ -350,20 +368,6 @@ local function call_tree (step, ...)
   mg._layer_around(was)
   if not ok then error(err, 0) end
   return root
-end
-
--- a dry run's input with fresh floats (a dry run's are never written)
-local function fresh (args)
-  local out = {n = args.n}
-  for i = 1, args.n do
-    local x = args[i]
-    if mg.is_tensor(x) and x.dtype:match("^b?float") then
-      local ok, y = pcall(mg.random.normal, x.shape, 0, 1, x.dtype)
-      x = ok and y or x
-    end
-    out[i] = x
-  end
-  return out
 end
 
 local function first_tensor (args)

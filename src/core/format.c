@@ -139,13 +139,16 @@ char *mg_tensor_format (const mg_tensor *t) {
   style st = {t, t->numel > SUMMARY_OVER, F_FIXED, 1};
   int64_t idx[MG_MAX_DIMS] = {0};
   bool floats = mg_is_float(t->dtype) || t->dtype == MG_FLOAT16 || t->dtype == MG_BFLOAT16;
-  if (floats && t->numel > 0) {         /* (an empty tensor may still have 2^40 rows) */
+  bool none = t->storage->unwritten;    /* a dry run's result: nothing to show */
+  if (floats && t->numel > 0 && !none) {   /* (an empty tensor may still have 2^40 rows) */
     range r = {0, INFINITY, true};
     visit(&st, 0, idx, scan_value, &r);
     if (r.integral && r.maxabs < 1e15) st.kind = F_INTEGRAL;
     else if (r.maxabs >= 1e8 || r.minabs < 1e-4) st.kind = F_SCI;
   }
-  if (t->numel == 0) {
+  if (none) {
+    put(&b, "(no values: computed in a dry run, mg.memory.estimate)");
+  } else if (t->numel == 0) {
     put(&b, "{}");
   } else {
     visit(&st, 0, idx, measure_value, NULL);

@@ -225,9 +225,26 @@ void *mg_tensor_data (const mg_tensor *t) {
   return mg_ptr(t);
 }
 
+int mg_tensor_has_values (const mg_tensor *t) {
+  MG_CHECK_ARG("mg_tensor_has_values", t, 0);
+  return !t->storage->unwritten;
+}
+
+/* A dry run's float results have no values. Inside the run they are read
+** as meaningless (docs/memory.md); a tensor kept past its end would give
+** uninitialised memory, so from then on reading it is an error. */
+mg_status mg_tensor_need_values (const mg_tensor *t, const char *who) {
+  MG_CHECK_ARG("mg_tensor_need_values", t, MG_ERR);
+  if (!t->storage->unwritten || mg_ctx()->dry.on) return MG_OK;
+  return mg_seterror("%s: this tensor was computed in a dry run (mg.memory.estimate), which computes no "
+                     "values; compute it outside the estimate", who);
+}
+
 double mg_tensor_get (const mg_tensor *t, const int64_t *index) {
   MG_CHECK_ARG("mg_tensor_get", t, NAN);
   if (t->ndim > 0) MG_CHECK_ARG("mg_tensor_get", index, NAN);
+  if (t->storage->unwritten)                    /* no values: NaN, and an error past the dry run */
+    return mg_tensor_need_values(t, "mg_tensor_get"), NAN;
   int64_t off = 0;
   for (int i = 0; i < t->ndim; i++) {
     if (index[i] < 0 || index[i] >= t->shape[i])
@@ -385,6 +402,7 @@ static int tiled_copy (mg_tensor *dst, const mg_tensor *src) {
 
 /* dst (any layout, not aliasing src) gets src's values, converting dtype if needed */
 mg_status mg_copy_into (mg_tensor *dst, const mg_tensor *src) {
+  if (mg_tensor_need_values(src, "copy") != MG_OK) return MG_ERR;
   if (tiled_copy(dst, src)) return MG_OK;
   mg_iter it;
   const mg_tensor *ops[2] = {dst, src};
@@ -398,6 +416,7 @@ mg_status mg_copy_into (mg_tensor *dst, const mg_tensor *src) {
 
 mg_tensor *mg_contiguous (mg_tensor *t) {
   MG_CHECK_ARG("mg_contiguous", t, NULL);
+  if (mg_tensor_need_values(t, "mg_contiguous") != MG_OK) return NULL;
   if (mg_tensor_is_contiguous(t)) return mg_tensor_retain(t);
   mg_tensor *out = mg_empty(t->shape, t->ndim, t->dtype);
   if (out == NULL) return NULL;

@@ -124,7 +124,7 @@ mg_status mg_variable_assign (mg_variable *v, mg_tensor *value) {
   if (value->dtype != cur->dtype)
     return mg_seterror("assign: dtype %s does not match the variable's %s",
                        mg_dtype_name(value->dtype), mg_dtype_name(cur->dtype));
-  if (assigning(v) != MG_OK) return MG_ERR;
+  if (mg_tensor_need_values(value, "assign") != MG_OK || assigning(v) != MG_OK) return MG_ERR;
   bool exclusive = cur->refcount == 1 && cur->storage->refcount == 1 && value->storage != cur->storage;
   if (mg_dry_running()) return dry_write(cur, exclusive);
   if (exclusive) {

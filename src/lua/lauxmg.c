@@ -387,6 +387,10 @@ mg_tensor *mgL_pushconstant (lua_State *L, int arg, mg_dtype dt, bool dtype_give
 /* }========================================================== */
 
 static void push_element (lua_State *L, const mg_tensor *t, const char *p) {
+  if (!mg_tensor_has_values(t)) {                /* a dry run's result, read inside the run */
+    lua_pushnumber(L, NAN);
+    return;
+  }
   switch (mg_tensor_dtype(t)) {
     case MG_FLOAT32: lua_pushnumber(L, *(const float *)p); break;
     case MG_FLOAT64: lua_pushnumber(L, *(const double *)p); break;

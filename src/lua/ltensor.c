@@ -160,6 +160,7 @@ static int l_item (lua_State *L) {
   mg_tensor *t = mgL_checktensor(L, 1);
   if (mg_tensor_numel(t) != 1)
     return luaL_error(L, "item: tensor has %I elements, expected 1", (lua_Integer)mg_tensor_numel(t));
+  if (mg_tensor_need_values(t, "item") != MG_OK) return mgL_error(L);
   int64_t idx[MG_MAX_DIMS] = {0};
   switch (mg_tensor_dtype(t)) {
     case MG_INT64: lua_pushinteger(L, (lua_Integer)*(const int64_t *)mg_tensor_data(t)); break;   /* exact */
@@ -188,6 +189,7 @@ static int64_t tables_needed (const mg_tensor *t) {
 static int l_totable (lua_State *L) {
   mgL_checknargs(L, 1);
   mg_tensor *t = mgL_checktensor(L, 1);
+  if (mg_tensor_need_values(t, "totable") != MG_OK) return mgL_error(L);
   if (mg_tensor_numel(t) > MAX_TOTABLE)
     return luaL_error(L, "totable: %I elements are too many for Lua tables (at most %I)",
                       (lua_Integer)mg_tensor_numel(t), (lua_Integer)MAX_TOTABLE);

@@ -59,10 +59,19 @@ void mg_autocast_pop (void) {
 mg_dtype mg_autocast_dtype (void) { return mg_ctx()->autocast.dtype; }
 int mg_autocast_depth (void) { return mg_ctx()->autocast.depth; }
 
-/* the cast of variable value x, made once per region */
+/* the cast of variable value x, made once per region (again when a dry
+** run, mg.memory.estimate, inside the region made it: it has no values) */
 static mg_tensor *cached_cast (mg_autocast_state *s, mg_tensor *x, mg_dtype dt) {
-  for (int i = 0; i < s->ncache; i++)
-    if (s->cache[i].value == x && s->cache[i].half->dtype == dt) return mg_tensor_retain(s->cache[i].half);
+  for (int i = 0; i < s->ncache; i++) {
+    mg_autocast_cast *e = &s->cache[i];
+    if (e->value != x || e->half->dtype != dt) continue;
+    if (mg_tensor_has_values(e->half) || mg_dry_running()) return mg_tensor_retain(e->half);
+    mg_tensor *h = mg_cast(x, dt);
+    if (h == NULL) return NULL;
+    mg_tensor_release(e->half);
+    e->half = mg_tensor_retain(h);
+    return h;
+  }
   mg_tensor *h = mg_cast(x, dt);
   if (h == NULL) return NULL;
   if (s->ncache == s->capcache) {       /* no room: the cast is still right, only not kept */

@@ -42,6 +42,8 @@ mg_tensor *mg_dispatch (mg_opcall *c) {
   mg_context *ctx = mg_ctx();
   const mg_hooks *h = &ctx->hooks;
   if (ctx->pace.hold == 0 && (++ctx->pace.ops & 15) == 0) mg_pace_tick(ctx);   /* between steps */
+  for (int j = 0; j < c->nin; j++)                 /* a result kept past a dry run has no values */
+    if (mg_tensor_need_values(c->in[j], c->def->info.name) != MG_OK) return NULL;
   /* what a tape could record: a float result of an op with a backward */
   bool differentiable = c->def->backward != NULL && mg_is_floating(c->dtype);
   mg_tensor *kept = differentiable && c->nout == 1 && h->before ? h->before(c) : NULL;
