@@ -172,6 +172,9 @@ describe("memory.estimate", function()
       kept.y, kept.view, kept.t = y, y:transpose(), t
       kept.g = t:gradient(mg.sum(y), x)
       kept.ids = mg.constant({1, 0}, "int64") + 1      -- integers are computed for real
+      kept.mask = mg.greater(y, -1)                     -- on zeros (defined, meaningless)
+      kept.top = mg.topk(y, 2)                          -- two results: computed on zeros, floats without values
+      kept.picked = mg.gather(y, kept.ids)              -- a float of floats without values and integers
       seen.item, seen.rows = mg.sum(y):item(), y:totable()
       seen.text = tostring(y)
     end)
@@ -179,6 +182,7 @@ describe("memory.estimate", function()
     assert.is_true(seen.rows[2][3] ~= seen.rows[2][3])
     assert.truthy(seen.text:find("no values: computed in a dry run", 1, true), seen.text)
     assert.are.same({2, 1}, kept.ids:totable())
+    assert.are.same({{true, true, true}, {true, true, true}}, kept.mask:totable())
     assert.truthy(tostring(kept.view):find("no values", 1, true))   -- printing still works
     local dry = "this tensor was computed in a dry run (mg.memory.estimate), which computes no values"
     local v = mg.Variable(mg.zeros({2, 3}, "float64"))
@@ -187,6 +191,8 @@ describe("memory.estimate", function()
       totable = function() return kept.g:totable() end,
       round = function() return mg.round(kept.view) end,
       add = function() return kept.y + 1 end,
+      topk = function() return kept.top:totable() end,
+      gather = function() return kept.picked * 1 end,
       reshape = function() return kept.y:reshape{-1} end,
       cast = function() return mg.cast(kept.y, "float32") end,
       assign = function() v:assign(kept.y) end,

@@ -7,6 +7,8 @@
 ** policies) and checks see every op without the ops knowing of them:
 ** PyTorch's dispatcher, kept small.
 */
+#include <string.h>
+
 #include "ops/op.h"
 
 static void release_outputs (mg_opcall *c) {
@@ -24,17 +26,44 @@ static void mark_numbers (mg_opcall *c) {
   for (int i = 0; i < c->nout; i++) c->out[i]->number = true;
 }
 
-/* in a dry run (memory.c), a float result of float inputs is allocated and
-** not computed; views, ops of two results, ops of no input (zeros, random
-** draws: a weight's initializer) and ops that read integers or bools run as
-** usual (a cast of indices to bfloat16 and back, a gather at them: their
-** values must survive) */
+/* in a dry run (memory.c), a float result of float inputs, or of an input
+** without values, is allocated and not computed; views, ops of two results,
+** ops of no input (zeros, random draws: a weight's initializer) and ops that
+** read integers or bools run as usual (a cast of indices to bfloat16 and
+** back, a gather at them: their values must survive) */
 static bool dry_output (const mg_context *ctx, const mg_opcall *c) {
   if (!ctx->dry.on || c->nout != 1 || c->nin == 0 || !mg_is_floating(c->dtype) || c->def->makes_views)
     return false;
-  for (int j = 0; j < c->nin; j++)
-    if (!mg_is_floating(c->in[j]->dtype)) return false;
-  return true;
+  bool floats = true;
+  for (int j = 0; j < c->nin; j++) {
+    if (c->in[j]->storage->unwritten) return true;
+    if (!mg_is_floating(c->in[j]->dtype)) floats = false;
+  }
+  return floats;
+}
+
+/* an op a dry run runs for real (a comparison, a cast to integers, an op of
+** two results) on an input without values reads it: zeroed first, so what
+** it gives is defined (and meaningless, as all a dry run's values); true
+** when it did, and then its float results have no values either */
+static bool dry_zero_inputs (const mg_context *ctx, const mg_opcall *c) {
+  bool any = false;
+  for (int j = 0; ctx->dry.on && !c->def->makes_views && j < c->nin; j++) {
+    mg_storage *s = c->in[j]->storage;
+    if (s->unwritten) {
+      memset(s->data, 0, s->nbytes);
+      any = true;
+    }
+  }
+  return any;
+}
+
+static void dry_mark_outputs (mg_opcall *c) {
+  for (int i = 0; i < c->nout; i++) {
+    bool own = true;                          /* not an input given back */
+    for (int j = 0; j < c->nin; j++) own = own && c->in[j]->storage != c->out[i]->storage;
+    if (own && mg_is_floating(c->out[i]->dtype)) c->out[i]->storage->unwritten = true;
+  }
 }
 
 mg_tensor *mg_dispatch (mg_opcall *c) {
@@ -52,8 +81,10 @@ mg_tensor *mg_dispatch (mg_opcall *c) {
   } else if (dry_output(ctx, c)) {
     if ((c->out[0] = mg_empty(c->shape, c->ndim, c->dtype)) == NULL) return NULL;
     c->out[0]->storage->unwritten = true;
-  } else if (c->def->forward(c) != MG_OK) {
-    return NULL;
+  } else {
+    bool none = dry_zero_inputs(ctx, c);
+    if (c->def->forward(c) != MG_OK) return NULL;
+    if (none) dry_mark_outputs(c);
   }
   mark_numbers(c);
   if (differentiable && ctx->check_numerics && !ctx->dry.on &&
