@@ -492,8 +492,19 @@ static void dry_run (void) {
   mg_tensor *real = mg_add(a, a);                 /* computed: the pause */
   mg_dry_run_resume(was);
   mg_tensor_release(q);
-  mg_tensor_release(p);
   mg_memory_stats st = mg_dry_run_end(), now = mg_memory_stats_get();
+  /* the product kept past the dry run has no values: refused, never read */
+  const char *dry = "computed in a dry run (mg.memory.estimate), which computes no values";
+  checks++;
+  if (p == NULL || mg_tensor_has_values(p) || !mg_tensor_has_values(a)) {
+    fprintf(stderr, "c_api_test: mg_tensor_has_values of a dry run's product and of a real tensor\n");
+    failures++;
+  }
+  says("an op of a dry run's product", mg_add(p, a) == NULL, dry);
+  says("mg_to_dlpack of a dry run's product", mg_to_dlpack(p) == NULL, dry);
+  says("mg_tensor_get of a dry run's product", isnan(mg_tensor_get(p, (int64_t[]){0, 0})), dry);
+  says("mg_tensor_need_values", mg_tensor_need_values(p, "host") == MG_ERR, "host: this tensor was computed");
+  mg_tensor_release(p);
   checks++;
   size_t product = 256 * 256 * 4, back = before > now.current_bytes ? before : now.current_bytes;
   if (st.peak_bytes < before + 2 * product || mg_dry_running() || now.peak_bytes != back ||

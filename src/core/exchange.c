@@ -91,6 +91,7 @@ static DLDataType dl_type (mg_dtype dt) {
 
 struct DLManagedTensor *mg_to_dlpack (mg_tensor *t) {
   MG_CHECK_ARG("mg_to_dlpack", t, NULL);
+  if (mg_tensor_need_values(t, "to_dlpack") != MG_OK) return NULL;   /* a dry run's: nothing to hand over */
   exported *e = (exported *)calloc(1, sizeof(exported));
   if (e == NULL) return mg_seterror("mg_to_dlpack: out of memory"), NULL;
   e->t = mg_tensor_retain(t);

@@ -230,11 +230,7 @@ mg_tensor *mg_layer_norm (mg_tensor *x, mg_tensor *gamma, mg_tensor *beta, doubl
   const char *fn = "layer_norm";
   char s1[160];
   MG_CHECK_ARG("mg_layer_norm", x, NULL);
-  if (mg_is_half(x->dtype)) {                 /* normalises in float32 (autocast.c) */
-    mg_tensor *x32 = mg_half_to_float32(x), *r = x32 ? mg_layer_norm(x32, gamma, beta, epsilon) : NULL;
-    mg_tensor_release(x32);
-    return r;
-  }
+  HALF_AS_FLOAT32(x, mg_layer_norm(x, gamma, beta, epsilon));
   if (check_float(fn, "x", x) != MG_OK) return NULL;
   if (x->ndim == 0) return mg_seterror("%s: x must have at least 1 dimension (the features), got a 0-d tensor", fn), NULL;
   if (!(epsilon >= 0 && epsilon < INFINITY))
@@ -479,11 +475,7 @@ MG_ROW(GELU, gelu) = {
 mg_tensor *mg_gelu (mg_tensor *x, int approximate) {
   MG_CHECK_ARG("mg_gelu", x, NULL);
   bool bf16 = x->dtype == MG_BFLOAT16 && mg_half_isa(MG_BFLOAT16) != NULL;   /* gelu_bf16 */
-  if (mg_is_half(x->dtype) && !bf16) {        /* computed in float32 (autocast.c) */
-    mg_tensor *x32 = mg_half_to_float32(x), *r = x32 ? mg_gelu(x32, approximate) : NULL;
-    mg_tensor_release(x32);
-    return r;
-  }
+  RETRY_AS(x, mg_is_half(x->dtype) && !bf16, MG_FLOAT32, mg_gelu(x, approximate));
   if (!bf16 && check_float("gelu", "x", x) != MG_OK) return NULL;
   mg_attr attr = {0};
   attr.a[0] = approximate != 0;

@@ -1294,11 +1294,7 @@ MG_ROW(MAX_POOL, max_pool) = {
 mg_tensor *mg_max_pool2d (mg_tensor *x, const int64_t window[2], const mg_conv_params *p) {
   MG_CHECK_ARG("mg_max_pool2d", x, NULL);
   /* bfloat16 pools as it is (a maximum is exact), float16 in float32 (autocast.c) */
-  if (mg_is_half(x->dtype) && x->dtype != MG_BFLOAT16) {
-    mg_tensor *x32 = mg_half_to_float32(x), *r = x32 ? mg_max_pool2d(x32, window, p) : NULL;
-    mg_tensor_release(x32);
-    return r;
-  }
+  RETRY_AS(x, x->dtype == MG_FLOAT16, MG_FLOAT32, mg_max_pool2d(x, window, p));
   geom g;
   if (check_image("max_pool2d", "input", "(N,H,W,C)", x) != MG_OK) return NULL;
   if (pool_geom("max_pool2d", &g, x->shape, window, p) != MG_OK) return NULL;
@@ -1362,11 +1358,7 @@ MG_ROW(AVG_POOL, avg_pool) = {
 
 mg_tensor *mg_avg_pool2d (mg_tensor *x, const int64_t window[2], const mg_conv_params *p) {
   MG_CHECK_ARG("mg_avg_pool2d", x, NULL);
-  if (mg_is_half(x->dtype)) {                 /* pooled in float32 (autocast.c) */
-    mg_tensor *x32 = mg_half_to_float32(x), *r = x32 ? mg_avg_pool2d(x32, window, p) : NULL;
-    mg_tensor_release(x32);
-    return r;
-  }
+  HALF_AS_FLOAT32(x, mg_avg_pool2d(x, window, p));
   geom g;
   if (check_image("avg_pool2d", "input", "(N,H,W,C)", x) != MG_OK) return NULL;
   if (pool_geom("avg_pool2d", &g, x->shape, window, p) != MG_OK) return NULL;

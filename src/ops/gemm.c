@@ -600,17 +600,20 @@ mg_status mg_gemm_half (char ta, char tb, int64_t m, int64_t n, int64_t k, mg_dt
                     bias, relu,
                     m, n, k, lda, ldb};
   if (threads != was) omp_set_num_threads(threads);
-  static _Thread_local bool declined;   /* oneDNN made no bfloat16 matmul here once: not asked again */
-  mg_dnn_prim *e = declined ? NULL : mg_dnn_find(d, &key, sizeof key);
+  /* oneDNN made no bfloat16 matmul here once (or none with an epilogue): not asked again */
+  static _Thread_local bool declined, declined_epilogue;
+  bool skip = declined || ((bias || relu) && declined_epilogue);
+  mg_dnn_prim *e = skip ? NULL : mg_dnn_find(d, &key, sizeof key);
   mg_status st = MG_ERR;
-  if (!declined && (e != NULL || (e = matmul_prim(d, &key)) != NULL)) {
+  if (!skip && (e != NULL || (e = matmul_prim(d, &key)) != NULL)) {
     int args[4] = {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST, DNNL_ARG_BIAS};
     void *ptrs[4] = {(void *)a, (void *)b, c, bias ? (void *)ep->bias : NULL};
     st = mg_dnn_execute("matmul", d, e->pd, e->p, e->scratch, bias ? 4 : 3, args, ptrs, e->mem);
   }
   if (threads != was) omp_set_num_threads(was);
   if (e == NULL) {                      /* no bfloat16 kernel on this CPU (AVX2 only) */
-    declined = true;
+    if (bias || relu) declined_epilogue = true;   /* (plain products may still have one) */
+    else declined = true;
     st = gemm_half_widened(ta, tb, m, n, k, a, lda, b, ldb, ep, c, cdt);
   }
   return st;

@@ -455,17 +455,6 @@ static mg_tensor *reduction_op (const mg_opdef *op, mg_tensor *x, const rview *v
   return mg_dispatch(&c);
 }
 
-/* when COND holds of x, returns CALL made again with x cast to DT */
-#define RETRY_AS(x, COND, DT, CALL) do {                                      \
-    if (COND) {                                                               \
-      mg_tensor *xf_ = mg_cast(x, DT), *r_ = NULL;                            \
-      if (xf_) { x = xf_; r_ = CALL; }                                        \
-      mg_tensor_release(xf_);                                                 \
-      return r_;                                                              \
-    }                                                                         \
-  } while (0)
-/* half x (a product's output under autocast) computes in float32, as the other ops do */
-#define HALF_AS_FLOAT32(x, CALL) RETRY_AS(x, mg_is_half((x)->dtype), MG_FLOAT32, CALL)
 /* int64 and bool reduce as float64, as mean does */
 #define AS_FLOAT64(x, CALL) RETRY_AS(x, (x)->dtype == MG_INT64 || (x)->dtype == MG_BOOL, MG_FLOAT64, CALL)
 

@@ -577,11 +577,7 @@ mg_tensor *mg_scatter_add (mg_tensor *src, mg_tensor *indices, int axis, const i
   MG_CHECK_ARG("mg_scatter_add", src, NULL);
   MG_CHECK_ARG("mg_scatter_add", indices, NULL);
   if (mg_shape_numel("mg_scatter_add", shape, ndim) < 0) return NULL;
-  if (mg_is_half(src->dtype)) {       /* in float32 (gather's gradient under autocast) */
-    mg_tensor *s32 = mg_half_to_float32(src), *r = s32 ? mg_scatter_add(s32, indices, axis, shape, ndim) : NULL;
-    mg_tensor_release(s32);
-    return r;
-  }
+  HALF_AS_FLOAT32(src, mg_scatter_add(src, indices, axis, shape, ndim));   /* gather's gradient under autocast */
   if (mg_check_computable("scatter_add", src->dtype) != MG_OK) return NULL;
   int a = mg_check_axis("scatter_add", axis, ndim);
   if (a < 0) return NULL;

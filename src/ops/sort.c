@@ -353,11 +353,7 @@ MG_ROW(SORT, sort) = {
 /* argsort: where sort's values come from (not differentiable) */
 mg_tensor *mg_argsort (mg_tensor *x, int axis, int descending) {
   MG_CHECK_ARG("mg_argsort", x, NULL);
-  if (mg_is_half(x->dtype)) {
-    mg_tensor *x32 = mg_half_to_float32(x), *r = x32 ? mg_argsort(x32, axis, descending) : NULL;
-    mg_tensor_release(x32);
-    return r;
-  }
+  HALF_AS_FLOAT32(x, mg_argsort(x, axis, descending));
   mg_tensor *ix = NULL;
   int a = sort_axis("argsort", x, axis);
   if (a < 0 || run_sort(&argsort_op, x, a, (sort_how){-1, descending != 0, false}, NULL, &ix) != MG_OK) return NULL;
