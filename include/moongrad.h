@@ -741,9 +741,11 @@ typedef struct mg_function {
 ** (mg_recompute_verify) */
 #define MG_FN_VERIFY         4u
 /* the backward runs the forward's code again on the variables' current
-** values (checkpoint_loop): a variable written since the forward (an
-** optimizer step between it and the gradient) is an error there, naming it,
-** where the gradient would be another function's */
+** values (checkpoint_loop, reversible layers): a variable written since the
+** forward (an optimizer step between it and the gradient) is an error
+** there, naming it, where the gradient would be another function's; one
+** the forward wrote itself (BatchNorm's moving averages) is its state, not
+** checked */
 #define MG_FN_REREADS        8u
 
 /* Runs fn->forward once and records one node for it, whose backward is

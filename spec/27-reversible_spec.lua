@@ -169,7 +169,27 @@ describe("custom_gradient with a context", function()
       mg.custom_gradient(function(c, v) c:save(v, "no"); return v, function(d) return d end end, {context = true})(x)
     end, "ctx:save: argument 2 is a string, not a tensor (or nil)")
     assert.has_error(function() mg.custom_gradient(mg.exp, {contxt = true}) end,
-      "bad argument #2 to 'custom_gradient' (unknown option 'contxt' (did you mean 'context'?); known: context, captures)")
+      "bad argument #2 to 'custom_gradient' (unknown option 'contxt' (did you mean 'context'?); known: context, captures, rereads)")
+    assert.has_error(function() mg.custom_gradient(mg.exp, {rereads = true}) end,
+      "custom_gradient: rereads = true needs context = true (without a context the forward is recorded, and what it closes over gets its gradient through it)")
+  end)
+
+  it("with rereads, refuses a backward after a variable the forward read was assigned", function()
+    local w = mg.Variable(mg.constant({0.5, -1}, "float64"), {name = "w"})
+    local f = mg.custom_gradient(function(ctx, x)
+      ctx:save(x)
+      return x * w, function(dy, vars) return dy * w, {dy * ctx:saved()} end
+    end, {context = true, rereads = true})
+    local x = mg.constant({2, 3}, "float64")
+    local t = mg.tape({persistent = true})
+    t:watch(x)
+    local loss = mg.sum(f(x))
+    t:stop()
+    assert.are.same({2, 3}, t:gradient(loss, w):totable())
+    w:assign(w:value() * 2)
+    local ok, e = pcall(t.gradient, t, loss, w)
+    assert.is_false(ok)
+    assert.truthy(tostring(e):find("custom_gradient: variable 'w' was assigned after the forward", 1, true), e)
   end)
 end)
 
@@ -415,6 +435,35 @@ describe("reversible layers", function()
     assert.is_true(max_diff(got, want) < 1e-10)
     local act = 5 * 6 * 8
     assert.equal(4 * act, bytes)                                 -- r1's output, d's tanh's, r2's; the loss's tanh
+  end)
+
+  it("refuses a gradient after a variable a layer read was assigned (its inverse would rebuild other inputs)", function()
+    mg.random.seed(9)
+    local x = f64{4, 6}
+    local opt = mg.optim.SGD{learning_rate = 0.1}
+    local ld = mg.zeros({4}, "float64")
+    for _, c in ipairs{
+      {function() return nn.RevBlock(nn.Dense(3, "tanh", {name = "f_dense"}), nn.Dense(3, "tanh"), {num_layers = 2}) end,
+       function(l) return l(x) end},
+      {function() return nn.AffineCoupling(nn.Dense(6, "tanh", {name = "f_dense"})) end,
+       function(l) return (l(x, ld)) end},
+    } do
+      local layer, call = c[1](), c[2]
+      call(layer)
+      local kernel
+      for _, v in ipairs(layer.trainable_variables) do if v.name:find("f_dense") then kernel = kernel or v end end
+      local t = mg.tape({persistent = true})
+      t:watch(x)
+      local y = call(layer)
+      local loss = mg.sum(mg.tanh(y))
+      t:stop()
+      local vars = layer.trainable_variables
+      local g = t:gradient(loss, vars)                   -- before the write: fine
+      opt:apply_gradients(g, vars)                       -- an optimizer step between the forward and a gradient
+      local ok, e = pcall(t.gradient, t, loss, {x, vars})
+      assert.is_false(ok)
+      assert.truthy(tostring(e):find("variable '" .. kernel.name .. "' was assigned after the forward", 1, true), e)
+    end
   end)
 
   it("4 and 16 separate RevBlocks hold the same bytes after the forward pass; the plain tape grows", function()

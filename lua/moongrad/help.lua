@@ -167,7 +167,7 @@ local groups = {
     {"Variable:assign", "v:assign(value)", "a new value of the same shape and dtype"},
     {"Variable:assign_add", "v:assign_add(d [, scale=1])", "v = v + scale * d, in place"},
     {"Variable:assign_sub", "v:assign_sub(d [, scale=1])", "v = v - scale * d, in place"},
-    {"custom_gradient", "custom_gradient(f [, {context=false}])", "f returns outputs and a backward function; a context ctx has save saved forget needs_input_grad is_recorded recompute"},
+    {"custom_gradient", "custom_gradient(f [, {context=false, captures=false, rereads=false}])", "f returns outputs and a backward function; a context ctx has save saved forget needs_input_grad is_recorded recompute"},
     {"recompute_grad", "recompute_grad(f [, {pass_is_recomputing=false, policy=\"nothing\", verify=false}])", "f whose inside activations are recomputed in the backward instead of kept"},
     {"is_recomputing", "is_recomputing()", "whether the code runs as a recompute"},
     {"in_loop", "in_loop(fn, ...)", "fn(...) as a loop helper's body (is_in_loop() true)"},

@@ -248,7 +248,8 @@ function ReversibleLayer:call (...)
     ys.n = ys.n + 1
     ys[ys.n] = function(...) return backward_of(rec, ...) end
     return unpack(ys)
-  end, {context = true, captures = true})   -- what forward closes over gets its gradient too
+  end, {context = true, captures = true,    -- what forward closes over gets its gradient too,
+        rereads = true})                    -- and the backward's inverse reads the variables again
   local outs = pack(fn(...))
   if rec.ctx:is_recorded() then link(rec, xs, outs) end
   return unpack(outs)

@@ -161,7 +161,7 @@ typedef struct custom_ext {
   mg_variable **vars;          /* retained */
   mg_tensor **captured;        /* retained */
   mg_custom_ctx *ctx;          /* retained */
-  uint64_t *writes;            /* MG_FN_REREADS: each variable's writes at the forward */
+  uint64_t *writes;            /* MG_FN_REREADS: each variable's last write at the forward, or STATE */
 } custom_ext;
 
 static void release_ud (const mg_function *fn, void *ud) {
@@ -198,10 +198,14 @@ static mg_status fill_douts (mg_node *n, mg_tensor *const *dout, mg_tensor **ful
   return MG_OK;
 }
 
+/* a variable the forward wrote itself (BatchNorm's moving averages): its
+** state, which the gradient does not depend on, and others may move */
+#define STATE UINT64_MAX
+
 /* MG_FN_REREADS: the variables as the forward read them, or an error naming one written since */
 static mg_status unwritten (const custom_ext *e) {
   for (int k = 0; e->writes && k < e->nvars; k++)
-    if (e->vars[k]->writes != e->writes[k])
+    if (e->writes[k] != STATE && e->vars[k]->writes != e->writes[k])
       return mg_seterror("%s: variable '%s' was assigned after the forward (an optimizer step?), and the "
                          "backward runs the steps again on its new value, which would give another function's "
                          "gradient; take the gradient before changing it", e->fn->name, mg_variable_name(e->vars[k]));
@@ -256,7 +260,7 @@ static const mg_opdef custom_op = {
 /* records the node; takes over ud, the context and the watcher's variables
 ** and tensors */
 static mg_status record (const mg_function *fn, void *ud, mg_custom_ctx *c, int nin,
-                         mg_tensor *const *in, mg_var_watcher *w, mg_list *out) {
+                         mg_tensor *const *in, mg_var_watcher *w, uint64_t began, mg_list *out) {
   int ninputs = nin + w->n + w->nt;
   custom_ext *e = (custom_ext *)calloc(1, sizeof(custom_ext));
   mg_tensor **inputs = (mg_tensor **)malloc(sizeof(mg_tensor *) * (size_t)(ninputs + 1));
@@ -275,7 +279,7 @@ static mg_status record (const mg_function *fn, void *ud, mg_custom_ctx *c, int 
   *e = (custom_ext){fn, ud, nin, w->n, w->nt, w->vars, w->ts, c, NULL};
   /* (out of memory here, the check is skipped: the call itself goes on) */
   if ((fn->flags & MG_FN_REREADS) && w->n > 0 && (e->writes = (uint64_t *)malloc(sizeof(uint64_t) * (size_t)w->n)))
-    for (int k = 0; k < w->n; k++) e->writes[k] = w->vars[k]->writes;
+    for (int k = 0; k < w->n; k++) e->writes[k] = w->vars[k]->writes > began ? STATE : w->vars[k]->writes;
   w->vars = NULL;                                /* the node owns them now */
   w->ts = NULL;
   w->n = w->cap = w->nt = w->capt = 0;
@@ -307,12 +311,13 @@ mg_status mg_custom_call (const mg_function *fn, void *ud, int nin, mg_tensor *c
   c->prev = T->custom;                           /* the forward finds it (mg_custom_context) */
   T->custom = c;
   mg_var_watcher w;
+  uint64_t began = mg_variable_clock();
   st = mg_call_forward(fn, ud, nin, in, out, &w, fn->flags);
   T->custom = c->prev;
   c->prev = NULL;
   if (st == MG_OK && mg_recording_tapes > 0) {
     mg_call_drop_passed(&w, nin, in);
-    if ((st = record(fn, ud, c, nin, in, &w, out)) != MG_OK) mg_list_clear(out);
+    if ((st = record(fn, ud, c, nin, in, &w, began, out)) != MG_OK) mg_list_clear(out);
   } else {                                       /* failed, or nobody will ask for the gradient */
     if (st == MG_OK) mg_watcher_free(&w);
     release_ud(fn, ud);

@@ -393,8 +393,12 @@ struct mg_variable {
   int trainable;
   mg_tensor *value;       /* owned; value->var == this */
   char *name;
-  uint64_t writes;        /* assigns and optimizer steps so far: a re-run's backward can tell a value moved */
+  uint64_t writes;        /* when it was last written (mg_variable_clock's stamps; 0: never):
+                          ** a re-run's backward can tell a value moved */
 };
+
+/* the stamp of the last variable write anywhere (a clock that only moves on) */
+uint64_t mg_variable_clock (void);
 
 /* Makes t (a value v had before: same id) v's value and returns the
 ** current one, whose reference passes to the caller. recompute uses it to

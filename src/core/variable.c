@@ -8,6 +8,7 @@
 ** fresh copy and the old value stays as it was (copy on write).
 */
 #include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -30,6 +31,14 @@ static void disown (mg_variable *v) {
   mg_tensor_release(t);
   v->value = NULL;
 }
+
+/* the write clock (mg_variable_clock): one for all contexts and threads,
+** so a stamp never repeats */
+static _Atomic uint64_t write_clock;
+
+static uint64_t next_stamp (void) { return atomic_fetch_add(&write_clock, 1) + 1; }
+
+uint64_t mg_variable_clock (void) { return atomic_load(&write_clock); }
 
 mg_variable *mg_variable_new (mg_tensor *init, const char *name, int trainable) {
   MG_CHECK_ARG("mg_variable_new", init, NULL);
@@ -129,7 +138,7 @@ mg_status mg_variable_assign (mg_variable *v, mg_tensor *value) {
   if (mg_dry_running()) return dry_write(cur, exclusive);
   if (exclusive) {
     mg_copy_into(cur, value);         /* nobody else can see the old values */
-    v->writes++;
+    v->writes = next_stamp();
     return MG_OK;
   }
   mg_tensor *fresh = mg_empty(cur->shape, cur->ndim, cur->dtype);
@@ -137,7 +146,7 @@ mg_status mg_variable_assign (mg_variable *v, mg_tensor *value) {
   mg_copy_into(fresh, value);
   disown(v);
   adopt(v, fresh);
-  v->writes++;
+  v->writes = next_stamp();
   return MG_OK;
 }
 
@@ -217,7 +226,7 @@ mg_status mg_variable_axpy (mg_variable *v, double alpha, mg_tensor *x) {
   }
   axpy(mg_ptr(dst), mg_ptr(cur), alpha, mg_ptr(xc), same, cur->numel, cur->dtype);
   mg_tensor_release(xc);
-  v->writes++;
+  v->writes = next_stamp();
   if (!exclusive) {
     disown(v);
     adopt(v, dst);
@@ -242,7 +251,7 @@ mg_tensor *mg_variable_begin_write (mg_variable *v, mg_tensor *const *reads, int
 
 /* v takes the copy the step wrote (done), or the copy goes (failed) */
 void mg_variable_end_write (mg_variable *v, mg_tensor *dst, bool done) {
-  if (dst != NULL && done && !mg_dry_running()) v->writes++;
+  if (dst != NULL && done && !mg_dry_running()) v->writes = next_stamp();
   if (dst == NULL || dst == v->value) return;
   if (!done || mg_dry_running()) {                 /* a dry run's copy goes too */
     mg_tensor_release(dst);

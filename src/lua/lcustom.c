@@ -137,10 +137,18 @@ static const mg_function custom_fn = {"custom_gradient", custom_forward, custom_
 static const mg_function custom_ctx_fn = {"custom_gradient", custom_forward, custom_backward,
                                           mgL_lfn_release, 0};
 /* with captures: the tensors f closes over that a tape follows come after
-** the variables, in the list grad_fn gets and returns (ReversibleLayer) */
+** the variables, in the list grad_fn gets and returns (ReversibleLayer);
+** with rereads: grad_fn runs f's code again on the variables' values, so a
+** variable assigned since the forward is an error (MG_FN_REREADS) */
 static const mg_function custom_captures_fn = {"custom_gradient", custom_forward, custom_backward,
                                                mgL_lfn_release, MG_FN_CAPTURES};
-static const mg_function *const custom_forms[3] = {&custom_fn, &custom_ctx_fn, &custom_captures_fn};
+static const mg_function custom_rereads_fn = {"custom_gradient", custom_forward, custom_backward,
+                                              mgL_lfn_release, MG_FN_REREADS};
+static const mg_function custom_captures_rereads_fn = {"custom_gradient", custom_forward, custom_backward,
+                                                       mgL_lfn_release, MG_FN_CAPTURES | MG_FN_REREADS};
+/* by form: 0 no context, then with one: 1 + captures + 2 * rereads */
+static const mg_function *const custom_forms[5] = {&custom_fn, &custom_ctx_fn, &custom_captures_fn,
+                                                   &custom_rereads_fn, &custom_captures_rereads_fn};
 
 /* g(...): upvalue 1 is the binding's state (lbinding.h), 2 is f, 3 the form
 ** (whether f takes a context, and captures) */
@@ -160,7 +168,7 @@ static int custom_call (lua_State *L) {
   lua_newtable(L);                                 /* the lfn table */
   first_run first = {L, fidx, 1, nargs, 0, 0, 0, false};
   lua_Integer form = lua_tointeger(L, lua_upvalueindex(3));
-  lfn *u = mgL_lfn_new(L, form > 0, &first);
+  lfn *u = mgL_lfn_new(L, form > 0, &first);   /* (a context from form 1 on) */
   mg_list out = {0};
   mg_status st = mg_custom_call(custom_forms[form], u, ntensors, in, &out);
   if (st != MG_OK) return mgL_raise_call_error(L, &first);
@@ -169,24 +177,26 @@ static int custom_call (lua_State *L) {
   return n;
 }
 
-/* custom_gradient(f [, {context = false}]): g with g(...) == first results
-** of f(...), or of f(ctx, ...) with a context */
+/* custom_gradient(f [, {context = false, captures = false, rereads = false}]):
+** g with g(...) == first results of f(...), or of f(ctx, ...) with a context */
 static int l_custom_gradient (lua_State *L) {
   mgL_checkcallable(L, 1);
-  bool context = false, captures = false;
+  bool context = false, captures = false, rereads = false;
   if (!lua_isnoneornil(L, 2)) {
-    static const char *const keys[] = {"context", "captures", NULL};
+    static const char *const keys[] = {"context", "captures", "rereads", NULL};
     mgL_checkoptions(L, 2, keys);
     if (mgL_optionfield(L, 2, "context", LUA_TBOOLEAN) != LUA_TNIL) context = lua_toboolean(L, -1);
     if (mgL_optionfield(L, 2, "captures", LUA_TBOOLEAN) != LUA_TNIL) captures = lua_toboolean(L, -1);
+    if (mgL_optionfield(L, 2, "rereads", LUA_TBOOLEAN) != LUA_TNIL) rereads = lua_toboolean(L, -1);
   }
-  if (captures && !context)
-    return luaL_error(L, "custom_gradient: captures = true needs context = true (without a context the "
-                         "forward is recorded, and what it closes over gets its gradient through it)");
+  if ((captures || rereads) && !context)
+    return luaL_error(L, "custom_gradient: %s = true needs context = true (without a context the "
+                         "forward is recorded, and what it closes over gets its gradient through it)",
+                      captures ? "captures" : "rereads");
   lua_settop(L, 1);
   mgL_pushstate(L);
   lua_insert(L, 1);
-  lua_pushinteger(L, context + captures);          /* the form: 0, 1 context, 2 and captures */
+  lua_pushinteger(L, context ? 1 + captures + 2 * rereads : 0);   /* the form (custom_forms) */
   lua_pushcclosure(L, custom_call, 3);
   return 1;
 }
