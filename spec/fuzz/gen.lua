@@ -768,9 +768,11 @@ local function gexpr (e, s, depth)
       local a = R(1, nd); local keep = chance(0.3); local out = {}
       for i = 1, nd do if i ~= a then out[#out + 1] = sh[i] elseif keep then out[#out + 1] = 1 end end
       return fmt("mg.%s(%s, %d%s)", pick{"sum", "mean", "sum", "max", "min"}, inner, pick{a, a - nd - 1}, keep and ", true" or ""), out end)
-    add(1, function() return fmt("mg.%s(%s)", pick{"sum", "mean", "logsumexp", "prod", "norm", "var", "std"}, inner), {} end)
+    -- (no std: entries equal as functions but not to the bit, sort(x) * x of two, put std
+    -- at its kink (zero spread) everywhere, where the tape differentiates the rounding: FINDINGS V)
+    add(1, function() return fmt("mg.%s(%s)", pick{"sum", "mean", "logsumexp", "prod", "norm", "var"}, inner), {} end)
     add(1, function() local a = R(1, nd); local out = copy(sh); table.remove(out, a)
-      return fmt("mg.%s(%s, %d)", pick{"logsumexp", "prod", "var", "std", "norm"}, inner, a), out end)
+      return fmt("mg.%s(%s, %d)", pick{"logsumexp", "prod", "var", "norm"}, inner, a), out end)
     add(1, function() return fmt("mg.flip(%s, %d)", inner, R(1, nd)), sh end)
     add(1, function() return fmt("first(mg.sort(%s, %d))", inner, R(1, nd)), sh end)
     add(1, function() local out = copy(sh); out[1] = 2 * sh[1]; return fmt("mg.tile(%s, {2%s})", inner, string.rep(", 1", nd - 1)), out end)
