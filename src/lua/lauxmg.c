@@ -386,8 +386,9 @@ mg_tensor *mgL_pushconstant (lua_State *L, int arg, mg_dtype dt, bool dtype_give
 
 /* }========================================================== */
 
+/* the element at p; p NULL: a dry run's result, read inside the run */
 static void push_element (lua_State *L, const mg_tensor *t, const char *p) {
-  if (!mg_tensor_has_values(t)) {                /* a dry run's result, read inside the run */
+  if (p == NULL) {
     lua_pushnumber(L, NAN);
     return;
   }
@@ -415,13 +416,13 @@ static void push_level (lua_State *L, const mg_tensor *t, int d, const char *p) 
   lua_createtable(L, (int)shape[d], 0);
   int64_t step = mg_tensor_strides(t)[d] * (int64_t)mg_dtype_size(mg_tensor_dtype(t));
   for (int64_t i = 0; i < shape[d]; i++) {
-    push_level(L, t, d + 1, p + i * step);
+    push_level(L, t, d + 1, p ? p + i * step : NULL);
     lua_rawseti(L, -2, (lua_Integer)i + 1);
   }
 }
 
 void mgL_pushvalues (lua_State *L, const mg_tensor *t) {
-  push_level(L, t, 0, (const char *)mg_tensor_data(t));
+  push_level(L, t, 0, mg_tensor_has_values(t) ? (const char *)mg_tensor_data(t) : NULL);
 }
 
 /* {================ nested structures of tensors ============ */

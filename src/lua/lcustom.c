@@ -132,23 +132,15 @@ static mg_status custom_backward (void *ud, const mg_grad_args *g) {
 ** grad_fn using the forward's tensors can be differentiated again (TF's
 ** log1pexp to any order); with one (PyTorch's Function) it runs paused and
 ** the tapes hold what ctx:save keeps. */
-static const mg_function custom_fn = {"custom_gradient", custom_forward, custom_backward,
-                                      mgL_lfn_release, MG_FN_RECORD_FORWARD};
-static const mg_function custom_ctx_fn = {"custom_gradient", custom_forward, custom_backward,
-                                          mgL_lfn_release, 0};
-/* with captures: the tensors f closes over that a tape follows come after
+/* With captures, the tensors f closes over that a tape follows come after
 ** the variables, in the list grad_fn gets and returns (ReversibleLayer);
-** with rereads: grad_fn runs f's code again on the variables' values, so a
-** variable assigned since the forward is an error (MG_FN_REREADS) */
-static const mg_function custom_captures_fn = {"custom_gradient", custom_forward, custom_backward,
-                                               mgL_lfn_release, MG_FN_CAPTURES};
-static const mg_function custom_rereads_fn = {"custom_gradient", custom_forward, custom_backward,
-                                              mgL_lfn_release, MG_FN_REREADS};
-static const mg_function custom_captures_rereads_fn = {"custom_gradient", custom_forward, custom_backward,
-                                                       mgL_lfn_release, MG_FN_CAPTURES | MG_FN_REREADS};
-/* by form: 0 no context, then with one: 1 + captures + 2 * rereads */
-static const mg_function *const custom_forms[5] = {&custom_fn, &custom_ctx_fn, &custom_captures_fn,
-                                                   &custom_rereads_fn, &custom_captures_rereads_fn};
+** with rereads, grad_fn runs f's code again on the variables' values, so a
+** variable assigned since the forward is an error (MG_FN_REREADS). By form:
+** 0 no context, then with one: 1 + captures + 2 * rereads. */
+#define FORM(flags) {"custom_gradient", custom_forward, custom_backward, mgL_lfn_release, flags}
+static const mg_function custom_forms[5] = {FORM(MG_FN_RECORD_FORWARD), FORM(0), FORM(MG_FN_CAPTURES),
+                                            FORM(MG_FN_REREADS), FORM(MG_FN_CAPTURES | MG_FN_REREADS)};
+#undef FORM
 
 /* g(...): upvalue 1 is the binding's state (lbinding.h), 2 is f, 3 the form
 ** (whether f takes a context, and captures) */
@@ -170,7 +162,7 @@ static int custom_call (lua_State *L) {
   lua_Integer form = lua_tointeger(L, lua_upvalueindex(3));
   lfn *u = mgL_lfn_new(L, form > 0, &first);   /* (a context from form 1 on) */
   mg_list out = {0};
-  mg_status st = mg_custom_call(custom_forms[form], u, ntensors, in, &out);
+  mg_status st = mg_custom_call(&custom_forms[form], u, ntensors, in, &out);
   if (st != MG_OK) return mgL_raise_call_error(L, &first);
   int outs = mgL_push_outputs(L, &out), n = (int)lua_rawlen(L, outs);
   for (int i = 1; i <= n; i++) lua_geti(L, outs, i);

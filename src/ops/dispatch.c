@@ -47,8 +47,9 @@ static bool dry_output (const mg_context *ctx, const mg_opcall *c) {
 ** it gives is defined (and meaningless, as all a dry run's values); true
 ** when it did, and then its float results have no values either */
 static bool dry_zero_inputs (const mg_context *ctx, const mg_opcall *c) {
+  if (!ctx->dry.on || c->def->makes_views) return false;
   bool any = false;
-  for (int j = 0; ctx->dry.on && !c->def->makes_views && j < c->nin; j++) {
+  for (int j = 0; j < c->nin; j++) {
     mg_storage *s = c->in[j]->storage;
     if (s->unwritten) {
       memset(s->data, 0, s->nbytes);

@@ -537,11 +537,7 @@ MG_ROW(PROD, prod) = {
 mg_tensor *mg_prod (mg_tensor *x, int axis, int keepdims) {
   MG_CHECK_ARG("mg_prod", x, NULL);
   HALF_AS_FLOAT32(x, mg_prod(x, axis, keepdims));
-  if (x->dtype == MG_BOOL) {                    /* counts as int64, as sum does */
-    mg_tensor *xi = mg_cast(x, MG_INT64), *r = xi ? mg_prod(xi, axis, keepdims) : NULL;
-    mg_tensor_release(xi);
-    return r;
-  }
+  RETRY_AS(x, x->dtype == MG_BOOL, MG_INT64, mg_prod(x, axis, keepdims));   /* counts as int64, as sum does */
   rview v;
   if (reduce_view("prod", x, axis, keepdims, &v) < 0) return NULL;
   return reduction_op(&prod_op, x, &v, keepdims, 0, prod_kernel, 1, 0, 1);
@@ -981,11 +977,7 @@ MG_ROW(CUMSUM, cumsum) = {
 mg_tensor *mg_cumsum (mg_tensor *x, int axis, int exclusive, int reverse) {
   MG_CHECK_ARG("mg_cumsum", x, NULL);
   HALF_AS_FLOAT32(x, mg_cumsum(x, axis, exclusive, reverse));
-  if (x->dtype == MG_BOOL) {                    /* counts as int64, as sum does */
-    mg_tensor *xi = mg_cast(x, MG_INT64), *r = xi ? mg_cumsum(xi, axis, exclusive, reverse) : NULL;
-    mg_tensor_release(xi);
-    return r;
-  }
+  RETRY_AS(x, x->dtype == MG_BOOL, MG_INT64, mg_cumsum(x, axis, exclusive, reverse));   /* counts as int64, as sum does */
   rview v;
   if (reduce_view("cumsum", x, axis, 0, &v) < 0) return NULL;
   int64_t flat[1] = {x->numel};

@@ -264,16 +264,19 @@ mg_status mg_gemm_half (char ta, char tb, int64_t m, int64_t n, int64_t k, mg_dt
 mg_tensor *mg_autocast_operand (mg_tensor *x);
 /* any other op's operand: float32 for a half x, else x; a new reference */
 mg_tensor *mg_half_to_float32 (mg_tensor *x);
-/* in an op's entry of tensor x: when COND holds of x, returns CALL (a
-** tensor, the entry itself again) made with x cast to DT */
-#define RETRY_AS(x, COND, DT, CALL) do {                                      \
+/* in an op's entry of tensor x: when COND holds of x, returns CALL (the
+** entry itself again, giving a T, FAIL when the cast fails) made with x
+** cast to DT */
+#define RETRY_AS_T(T, FAIL, x, COND, DT, CALL) do {                           \
     if (COND) {                                                               \
-      mg_tensor *xf_ = mg_cast(x, DT), *r_ = NULL;                            \
+      mg_tensor *xf_ = mg_cast(x, DT);                                        \
+      T r_ = FAIL;                                                            \
       if (xf_) { x = xf_; r_ = CALL; }                                        \
       mg_tensor_release(xf_);                                                 \
       return r_;                                                              \
     }                                                                         \
   } while (0)
+#define RETRY_AS(x, COND, DT, CALL) RETRY_AS_T(mg_tensor *, NULL, x, COND, DT, CALL)
 /* half x (a product's output under autocast) computes in float32, as the other ops do */
 #define HALF_AS_FLOAT32(x, CALL) RETRY_AS(x, mg_is_half((x)->dtype), MG_FLOAT32, CALL)
 /* the tapes recording changed: the cached casts go */

@@ -322,20 +322,13 @@ static mg_status sort_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **
   return MG_OK;
 }
 
-/* half x (autocast's products) sorts in float32, as other ops compute */
-static mg_status sort_widened (mg_tensor *x, int axis, int descending, mg_tensor **values, mg_tensor **indices) {
-  mg_tensor *x32 = mg_half_to_float32(x);
-  mg_status st = x32 ? mg_sort(x32, axis, descending, values, indices) : MG_ERR;
-  mg_tensor_release(x32);
-  return st;
-}
-
 /* sort: x's entries along axis in order, and where each came from */
 mg_status mg_sort (mg_tensor *x, int axis, int descending, mg_tensor **values, mg_tensor **indices) {
   MG_CHECK_ARG("mg_sort", x, MG_ERR);
   if (values) *values = NULL;
   if (indices) *indices = NULL;
-  if (mg_is_half(x->dtype)) return sort_widened(x, axis, descending, values, indices);
+  /* half x (autocast's products) sorts in float32, as other ops compute */
+  RETRY_AS_T(mg_status, MG_ERR, x, mg_is_half(x->dtype), MG_FLOAT32, mg_sort(x, axis, descending, values, indices));
   mg_tensor *v = NULL, *ix = NULL;
   int a = sort_axis("sort", x, axis);
   if (a < 0 || run_sort(&sort_op, x, a, (sort_how){-1, descending != 0, false}, &v, &ix) != MG_OK) return MG_ERR;
@@ -373,12 +366,7 @@ mg_status mg_topk (mg_tensor *x, int64_t k, int axis, int largest, int sorted, m
   MG_CHECK_ARG("mg_topk", x, MG_ERR);
   if (values) *values = NULL;
   if (indices) *indices = NULL;
-  if (mg_is_half(x->dtype)) {
-    mg_tensor *x32 = mg_half_to_float32(x);
-    mg_status st = x32 ? mg_topk(x32, k, axis, largest, sorted, values, indices) : MG_ERR;
-    mg_tensor_release(x32);
-    return st;
-  }
+  RETRY_AS_T(mg_status, MG_ERR, x, mg_is_half(x->dtype), MG_FLOAT32, mg_topk(x, k, axis, largest, sorted, values, indices));
   if (x->ndim == 0) return mg_seterror("topk: needs at least 1 dimension, got a 0-d tensor");
   int a = mg_check_axis("topk", axis, x->ndim);
   if (a < 0) return MG_ERR;
