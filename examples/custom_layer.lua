@@ -53,3 +53,20 @@ os.remove(path)
 local diff = mg.max(mg.abs(copy(x) - model(x))):item()
 print(("the copy predicts the same: max difference %g"):format(diff))
 assert(diff == 0)
+
+-- sublayers kept in a table by name (a dict) are the layer's own, as Keras
+-- tracks dicts: both towers' weights train and save
+local TwoTower = nn.Layer:subclass("TwoTower")
+function TwoTower:init (units)
+  self.towers = {left = nn.Dense(units, "relu"), right = nn.Dense(units, "tanh")}
+  self.head = nn.Dense(1)
+end
+function TwoTower:call (x)
+  return self.head(self.towers.left(x) * self.towers.right(x))
+end
+
+local towers = TwoTower(16)
+towers:compile{loss = "mse", optimizer = mg.optim.Adam{learning_rate = 0.01}}
+local tl = towers:fit(x, y, {epochs = 30, batch_size = 32, verbose = 0}).history.loss
+print(("two towers: %d variables, loss %.3f -> %.3f"):format(#towers.variables, tl[1], tl[#tl]))
+assert(#towers.variables == 6 and tl[#tl] < tl[1] / 4, "the towers did not learn")

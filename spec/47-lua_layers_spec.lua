@@ -163,6 +163,69 @@ describe("Layer:subclass", function()
     assert.same({"dense", "dense", "dense_2", "dense_2"}, names)
   end)
 
+  it("tracks what a dict holds too (Keras' dicts), in one order, and layers that hold each other once", function()
+    local Heads = nn.Layer:subclass("DictHeads")
+    function Heads:init ()
+      self.heads = {v = nn.Dense(2), q = nn.Dense(2)}     -- assigned full
+      self.params = {}                                    -- assigned empty, filled after
+      self.params.scale = mg.Variable(mg.ones{}, {name = "scale"})
+      self.mixed = {nn.Dense(2), extra = {gate = nn.Dense(2)}, [3] = nn.Dense(2)}   -- a list with a hole, a dict in it
+      self.vocab = {the = 1, cat = 2}                     -- plain values: nothing to own
+    end
+    function Heads:call (x)
+      local y = (self.heads.q(x) + self.heads.v(x)) * self.params.scale
+      return self.mixed[3](self.mixed.extra.gate(self.mixed[1](y)))
+    end
+    local m = Heads()
+    local x = mg.ones{3, 2}
+    m(x)
+    assert.equal(11, #m.variables)                      -- 5 Dense layers' kernels and biases, the scale
+    assert.equal(11, #m.trainable_variables)
+    -- numbers, then strings, sorted: the same order, and names, in every process
+    local names = {}
+    for i, e in ipairs(mg.checkpoint.names(m)) do names[i] = e.name end
+    assert.same({"scale", "dense/kernel", "dense/bias", "dense_1/kernel", "dense_1/bias", "dense_2/kernel",
+                 "dense_2/bias", "dense_3/kernel", "dense_3/bias", "dense_4/kernel", "dense_4/bias"}, names)
+    assert.equal(m.heads.q, rawget(m, "_layers")[1])     -- heads' q before v, whatever the hashing
+    assert.equal(m.mixed[3], rawget(m, "_layers")[4])   -- the list part, then [3], then "extra"
+    -- a training step moves them all (they were silently left out before)
+    local vars = m.trainable_variables
+    local before = {}
+    for i, v in ipairs(vars) do before[i] = v:value():totable() end
+    local t = mg.tape()
+    local loss = mg.sum(m(x) ^ 2)
+    t:stop()
+    mg.optim.SGD{learning_rate = 0.1}:apply_gradients(t:gradient(loss, vars), vars)
+    for i, v in ipairs(vars) do assert.are_not.same(before[i], v:value():totable()) end
+    -- a dict filled after it was assigned counts what it holds when asked
+    m.params.bias = mg.Variable(mg.zeros{})
+    assert.equal(12, #m.variables)
+    -- save and load by those names
+    local d = h.tempdir()
+    m:save_weights(d .. "/w.safetensors")
+    local n = Heads()
+    n(x)
+    n.params.bias = mg.Variable(mg.zeros{})
+    n:load_weights(d .. "/w.safetensors")
+    assert.same(m(x):totable(), n(x):totable())
+    h.remove_tree(d)
+    -- a parent held by its child in a list and a dict: each layer walked once
+    local Child = nn.Layer:subclass("DictChild")
+    function Child:init () self.d = nn.Dense(2) end
+    function Child:call (y) return self.d(y) end
+    local Parent = nn.Layer:subclass("DictParent")
+    function Parent:init () self.c = Child(); self.c.up = {self}; self.c.owner = {model = self} end
+    function Parent:call (y) return self.c(y) end
+    local p = Parent()
+    p(x)
+    assert.equal(2, #p.variables)
+    assert.equal(2, #p.c.variables)
+    assert.equal(2, #mg.checkpoint.names(p))
+    local drop = nn.Dropout(0.5)
+    p.c.owner.drop = drop
+    layer.training_off(p, function() assert.is_false(drop.training) end)
+  end)
+
   it("the layers' __call asks a hook before each call and tells it after, also when the call fails or yields", function()
     local log = {}
     local function hook (self) log[#log + 1] = self and "before" or "after" end

@@ -56,6 +56,8 @@ end
 
 -- adds {name, var} for layer's variables and its sublayers' to out
 local function walk (layer, path, out, seen)
+  if seen[layer] then return out end                -- (a layer a sublayer holds: no cycle)
+  seen[layer] = true
   if rawget(layer, "_vars") then layers_mod.refresh(layer) end
   for _, v in ipairs(rawget(layer, "_vars") or {}) do
     if not seen[v] then

@@ -135,16 +135,24 @@ function layer.refresh (l)
   end
 end
 
+-- l's variables, then its sublayers' (each layer walked once: a layer a
+-- sublayer holds in a list or dict, its parent say, is no cycle)
 local function collect (l, out, seen)
+  if seen[l] then return out end
+  seen[l] = true
   layer.refresh(l)
   for _, v in ipairs(rawget(l, "_vars") or {}) do
     if not seen[v] then seen[v] = true; out[#out + 1] = v end
   end
   for _, sub in ipairs(rawget(l, "_layers") or {}) do
-    local vars = sub.variables            -- a sublayer's own error is the user's to see
-    if type(vars) == "table" then
-      for _, v in ipairs(vars) do
-        if not seen[v] then seen[v] = true; out[#out + 1] = v end
+    if rawget(sub, "_vars") or rawget(sub, "_layers") then
+      collect(sub, out, seen)
+    else                                  -- a callable table with variables of its own
+      local vars = sub.variables          -- (its own error is the user's to see)
+      if type(vars) == "table" then
+        for _, v in ipairs(vars) do
+          if not seen[v] then seen[v] = true; out[#out + 1] = v end
+        end
       end
     end
   end
@@ -341,11 +349,31 @@ local function snake (name)
   return (name:gsub("(%l)(%u)", "%1_%2"):gsub("(%u)(%u%l)", "%1_%2"):lower())
 end
 
+-- a plain table's keys past its list part (a dict's) whose values may hold
+-- variables or layers, in an order that does not depend on the table's
+-- hashing: numbers, then strings, each sorted, so variables and checkpoint
+-- names come in the same order in every process (a table of plain values,
+-- a vocabulary, is passed over without sorting)
+local function named_keys (t)
+  local n, nums, strs = 0, {}, {}
+  while rawget(t, n + 1) ~= nil do n = n + 1 end
+  for k, v in pairs(t) do
+    local holder = type(v) == "table" or type(v) == "userdata"
+    if not holder or (math.type(k) == "integer" and k >= 1 and k <= n) then   -- (ipairs' part)
+    elseif type(k) == "number" then nums[#nums + 1] = k
+    elseif type(k) == "string" then strs[#strs + 1] = k end
+  end
+  table.sort(nums)
+  table.sort(strs)
+  for _, k in ipairs(strs) do nums[#nums + 1] = k end
+  return nums
+end
+
 -- what a field assigned on an instance of a subclass holds: a variable, a
 -- layer (or a layer under recompute_grad), or a list of them (what it
--- holds later too: layer.refresh), becomes the instance's own, as Keras
--- tracks attributes; with `have` (layer.refresh's: what self owns), only
--- what it does not own yet
+-- holds later too: layer.refresh), or a table of them by name (a dict),
+-- becomes the instance's own, as Keras tracks attributes, lists and dicts;
+-- with `have` (layer.refresh's: what self owns), only what it does not own yet
 function track_value (self, v, seen, have)
   if v == self then return end                  -- (self.me = self: nothing to own)
   if mg.is_variable(v) then
@@ -362,6 +390,7 @@ function track_value (self, v, seen, have)
     if seen[v] then return end                  -- (a list that holds itself)
     seen[v] = true
     for _, x in ipairs(v) do track_value(self, x, seen, have) end
+    for _, key in ipairs(named_keys(v)) do track_value(self, v[key], seen, have) end
   else
     local inner = v
     if type(v) == "userdata" and not mg.is_tensor(v) then
