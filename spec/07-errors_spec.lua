@@ -39,6 +39,12 @@ describe("errors name the function and the mismatch", function()
           "matmul: not defined for float16 tensors (a storage format); cast to float32 first")
     fails(function() return mg.ones({2}, "bfloat16") * mg.ones({2}, "float64") end, "mul: dtypes differ: float32 * float64")
     fails(function() return mg.softmax(c({1}, "int64")) end, "softmax: needs a float tensor, got int64")
+    fails(function() return mg.stack({mg.ones{2}, mg.ones({2}, "float64")}) end,
+          "stack: dtypes differ: tensor 1 is float32, tensor 2 is float64")
+    fails(function() return mg.concat({mg.ones({2}, "bfloat16"), c({1}, "int64")}) end,
+          "concat: dtypes differ: tensor 1 is bfloat16, tensor 2 is int64")
+    fails(function() return mg.where(c({true}), mg.ones({1}, "bfloat16"), mg.ones({1}, "float64")) end,
+          "where: dtypes differ: bfloat16 vs float64")
     fails(function() return c({true}) + c({true}) end, "add: not defined for bool tensors; cast them first")
     fails(function() return c({1}, "int64") + 1.5 end, "add: cannot convert 1.5 to int64")
     fails(function() return c({1, 2}, "int64") // c({0, 1}, "int64") end, "floordiv: integer division by zero")

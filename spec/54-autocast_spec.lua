@@ -49,6 +49,88 @@ describe("autocast", function()
     assert.is_nil(mg.autocast_dtype())
   end)
 
+  -- PyTorch's TestAutocastCPU: an op under autocast gives, to the bit, what it
+  -- gives outside with its float inputs cast by hand to the dtype its list
+  -- says (bfloat16 for products; float32 for the rest, and for joins of a
+  -- bfloat16 with a float32 tensor, which autocast promotes to the widest)
+  it("gives what casting the inputs by hand gives, to the bit (PyTorch's autocast lists)", function()
+    local function bf (x) return mg.cast(x, "bfloat16") end
+    local function f32 (x) return mg.cast(x, "float32") end
+    local a, b, bias = mg.random.normal{6, 5}, mg.random.normal{5, 4}, mg.random.normal{4}
+    local img, k = mg.random.normal{2, 5, 5, 3}, mg.random.normal{3, 3, 3, 4}
+    local q, kk, v = mg.random.normal{2, 3, 4, 8}, mg.random.normal{2, 3, 5, 8}, mg.random.normal{2, 3, 5, 8}
+    local products = {
+      matmul = {function(x, y) return mg.matmul(x, y) end, {a, b}},
+      dense = {function(x, y, z) return mg.dense(x, y, z, "relu") end, {a, b, bias}, {false, false, true}},
+      conv2d = {function(x, w) return mg.conv2d(x, w, {padding = "same"}) end, {img, k}},
+      einsum = {function(x, y) return mg.einsum("ij,jk->ik", x, y) end, {a, b}},
+      attention = {function(x, y, z) return mg.scaled_dot_product_attention(x, y, z, {causal = true}) end, {q, kk, v}},
+    }
+    for name, case in pairs(products) do
+      local f, args, keep = case[1], case[2], case[3] or {}
+      local auto = mg.autocast("bfloat16", f, table.unpack(args))
+      local by_hand = {}
+      for i, x in ipairs(args) do by_hand[i] = keep[i] and x or bf(x) end
+      assert.are.equal("bfloat16", auto.dtype, name)
+      same_bits(auto, f(table.unpack(by_hand)))
+    end
+    -- a product's bfloat16 output into the float32 list: the op on its float32 widening
+    local p16 = bf(mg.matmul(a, b))
+    local other = mg.random.normal{6, 4}
+    local float32_ops = {
+      softmax = function(x) return mg.softmax(x) end,
+      log_softmax = function(x) return mg.log_softmax(x) end,
+      layer_norm = function(x) return mg.layer_norm(x) end,
+      sum = function(x) return mg.sum(x, 2) end,
+      mean = function(x) return mg.mean(x) end,
+      exp = function(x) return mg.exp(x) end,
+      tanh = function(x) return mg.tanh(x) end,
+      add = function(x) return x + other end,
+      mse = function(x) return mg.losses.mean_squared_error(other, x) end,
+      cross_entropy = function(x)
+        return mg.losses.sparse_categorical_crossentropy(mg.tensor({1, 2, 3, 4, 1, 2}, "int64"), x, {from_logits = true})
+      end,
+      concat = function(x) return mg.concat({x, other}, 2) end,
+      stack = function(x) return mg.stack({other, x}) end,
+      where = function(x) return mg.where(mg.greater(other, 0), x, other) end,
+    }
+    for name, f in pairs(float32_ops) do
+      local auto = mg.autocast("bfloat16", f, p16)
+      assert.are.equal("float32", auto.dtype, name)
+      same_bits(auto, f(f32(p16)))
+    end
+  end)
+
+  it("joins a bfloat16 tensor with a float32 one in float32, gradients back in each one's dtype", function()
+    local p16 = mg.cast(mg.random.normal{3, 4}, "bfloat16")
+    local x = mg.random.normal{3, 4}
+    local cond = mg.greater(mg.random.normal{3, 4}, 0)
+    local joins = {
+      concat = function(a, b) return mg.concat({a, b}, 1) end,
+      stack = function(a, b) return mg.stack({b, a}, 2) end,
+      where = function(a, b) return mg.where(cond, a, b) end,
+    }
+    for name, join in pairs(joins) do
+      local w = mg.random.normal(join(p16, x).shape)        -- a weight per entry: every gradient entry differs
+      local function grads_of (a)
+        local t = mg.tape()
+        t:watch(a); t:watch(x)
+        local y = join(a, x)
+        local loss = mg.sum(y * w)
+        t:stop()
+        return y, t:gradient(loss, {a, x})
+      end
+      local y, g = grads_of(p16)
+      local y2, g2 = grads_of(mg.cast(p16, "float32"))     -- widened by hand
+      assert.are.equal("float32", y.dtype, name)
+      assert.are.equal("bfloat16", g[1].dtype, name)
+      assert.are.equal("float32", g[2].dtype, name)
+      same_bits(y, y2)
+      same_bits(g[1], mg.cast(g2[1], "bfloat16"))
+      same_bits(g[2], g2[2])
+    end
+  end)
+
   it("has a <close> form, nests, and can be turned off inside", function()
     local a = mg.random.normal{4, 4}
     do

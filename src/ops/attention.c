@@ -1126,18 +1126,33 @@ static mg_status sdpa_check (const char *fn, const mg_tensor *q, const mg_tensor
   return MG_OK;
 }
 
+static mg_tensor *attention_of (mg_tensor *q, mg_tensor *k, mg_tensor *v, mg_tensor *mask,
+                                const mg_attention_params *p);
+
 mg_tensor *mg_scaled_dot_product_attention (mg_tensor *q, mg_tensor *k, mg_tensor *v, mg_tensor *mask,
                                             const mg_attention_params *p) {
-  const char *fn = "scaled_dot_product_attention";
   MG_CHECK_ARG("mg_scaled_dot_product_attention", q, NULL);
   MG_CHECK_ARG("mg_scaled_dot_product_attention", k, NULL);
   MG_CHECK_ARG("mg_scaled_dot_product_attention", v, NULL);
+  /* under autocast: bfloat16 q, k, v, as the other products' operands */
+  mg_tensor *qh = mg_autocast_operand(q), *kh = mg_autocast_operand(k), *vh = mg_autocast_operand(v);
+  mg_tensor *r = qh && kh && vh ? attention_of(qh, kh, vh, mask, p) : NULL;
+  mg_tensor_release(qh);
+  mg_tensor_release(kh);
+  mg_tensor_release(vh);
+  return r;
+}
+
+/* attention of q, k, v as they are */
+static mg_tensor *attention_of (mg_tensor *q, mg_tensor *k, mg_tensor *v, mg_tensor *mask,
+                                const mg_attention_params *p) {
+  const char *fn = "scaled_dot_product_attention";
   bool bf16 = q->dtype == MG_BFLOAT16 && k->dtype == MG_BFLOAT16 && v->dtype == MG_BFLOAT16;
   if (bf16 && mg_half_isa(MG_BFLOAT16) == NULL) bf16 = false;
   if (!bf16 && (mg_is_half(q->dtype) || mg_is_half(k->dtype) || mg_is_half(v->dtype))) {
     /* float32 kernels for half q, k, v with no bfloat16 products here (or mixed dtypes): widened once */
     mg_tensor *q32 = mg_half_to_float32(q), *k32 = mg_half_to_float32(k), *v32 = mg_half_to_float32(v);
-    mg_tensor *r = q32 && k32 && v32 ? mg_scaled_dot_product_attention(q32, k32, v32, mask, p) : NULL;
+    mg_tensor *r = q32 && k32 && v32 ? attention_of(q32, k32, v32, mask, p) : NULL;
     mg_tensor_release(q32);
     mg_tensor_release(k32);
     mg_tensor_release(v32);

@@ -97,3 +97,13 @@ mg_tensor *mg_half_to_float32 (mg_tensor *x) {
   if (x == NULL) return NULL;
   return mg_is_half(x->dtype) ? mg_cast(x, MG_FLOAT32) : mg_tensor_retain(x);
 }
+
+bool mg_half_mixed (mg_tensor *const *xs, int n) {
+  bool half = false, differ = false;
+  for (int k = 0; k < n; k++) {
+    if (xs[k]->dtype != MG_FLOAT32 && !mg_is_half(xs[k]->dtype)) return false;
+    half = half || mg_is_half(xs[k]->dtype);
+    differ = differ || xs[k]->dtype != xs[0]->dtype;
+  }
+  return half && differ;
+}

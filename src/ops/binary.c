@@ -680,6 +680,14 @@ mg_tensor *mg_where (mg_tensor *cond, mg_tensor *a, mg_tensor *b) {
   MG_CHECK_ARG("mg_where", b, NULL);
   if (cond->dtype != MG_BOOL)
     return mg_seterror("where: condition must be a bool tensor, got %s", mg_dtype_name(cond->dtype)), NULL;
+  mg_tensor *ab[2] = {a, b};
+  if (mg_half_mixed(ab, 2)) {                       /* a half and float32: in float32 */
+    mg_tensor *a32 = mg_half_to_float32(a), *b32 = mg_half_to_float32(b);
+    mg_tensor *r = a32 && b32 ? mg_where(cond, a32, b32) : NULL;
+    mg_tensor_release(a32);
+    mg_tensor_release(b32);
+    return r;
+  }
   if (a->dtype != b->dtype)
     return mg_seterror("where: dtypes differ: %s vs %s", mg_dtype_name(a->dtype),
                        mg_dtype_name(b->dtype)), NULL;
