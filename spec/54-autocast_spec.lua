@@ -87,6 +87,9 @@ describe("autocast", function()
       tanh = function(x) return mg.tanh(x) end,
       add = function(x) return x + other end,
       mse = function(x) return mg.losses.mean_squared_error(other, x) end,
+      mse_half_targets = function(x) return mg.losses.mean_squared_error(x, other) end,
+      nn_mse = function(x) return mg.nn.mean_squared_error(other, x) end,
+      nn_mse_half_first = function(x) return mg.nn.mean_squared_error(x, other) end,
       cross_entropy = function(x)
         return mg.losses.sparse_categorical_crossentropy(mg.tensor({1, 2, 3, 4, 1, 2}, "int64"), x, {from_logits = true})
       end,

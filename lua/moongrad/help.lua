@@ -206,7 +206,7 @@ local groups = {
     {"nn.dropout", "nn.dropout(x, rate)", "dropout as a function"},
     {"nn.glorot_uniform", "nn.glorot_uniform(shape [, dtype])", "Glorot-uniform initial values"},
     {"nn.softmax_cross_entropy", "nn.softmax_cross_entropy(logits, labels)", "the mean cross entropy of int64 class numbers or probabilities"},
-    {"nn.mean_squared_error", "nn.mean_squared_error(y_true, y_pred)", "the mean squared error (shapes must match)"},
+    {"nn.mean_squared_error", "nn.mean_squared_error(y, target)", "the mean squared error (shapes must match)"},
     {"Layer:subclass", "nn.Layer:subclass(name)", "a new layer class (give it build and call)"},
     {"Layer:summary", "model:summary([{input_shape=, print_fn=}])", "prints Keras' table of layers and parameters"},
     {"Layer:add_variable", "layer:add_variable(name, init [, {trainable=true}])", "a variable owned by the layer"},

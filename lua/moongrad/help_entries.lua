@@ -537,7 +537,8 @@ E("nn.glorot_uniform", {SHAPE, FDTYPE}, "a tensor of draws in +-sqrt(6 / (fan_in
   "mg.random.seed(0)\nmg.nn.glorot_uniform{3, 2}.shape --> {3, 2}")
 E("nn.softmax_cross_entropy", {{"logits", "a tensor (batch, classes)"}, {"labels", "int64 class numbers 1..classes, or probabilities like logits"}},
   "a scalar tensor", "mg.nn.softmax_cross_entropy(mg.tensor{{0, 0}}, mg.tensor({1}, \"int64\")) --> 0.6931")
-E("nn.mean_squared_error", {YT, YP}, "a scalar tensor", "mg.nn.mean_squared_error(mg.tensor{1, 2}, mg.tensor{1, 4}) --> 2.0")
+E("nn.mean_squared_error", {{"y", "the predictions, a tensor"}, {"target", "the targets, y's shape (a bfloat16 y under autocast with a float32 target is fine)"}},
+  "a scalar tensor", "mg.nn.mean_squared_error(mg.tensor{1, 4}, mg.tensor{1, 2}) --> 2.0")
 E("Layer:subclass", SUBCLASS, "a new layer class, a table to give methods to (init, build, call)",
   [[Scale = mg.nn.Layer:subclass("Scale")
 function Scale:build (input_shape) self.w = self:add_variable("w", mg.ones(input_shape[#input_shape])) end

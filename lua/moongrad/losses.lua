@@ -64,6 +64,7 @@ end
 -- y_true of y_pred's shape and float dtype (int64 and bool are cast when ints_ok)
 local function same_shape (who, y_true, y_pred, ints_ok)
   if not check.is_array(y_true) then fail(who, "y_true must be a tensor, got %s", show(y_true)) end
+  if HALF[y_true.dtype] and y_pred.dtype == "float32" then y_true = mg.cast(y_true, "float32") end   -- as y_pred's
   local dt = y_true.dtype
   if dt ~= y_pred.dtype then
     if ints_ok and (dt == "int64" or dt == "bool") then

@@ -659,13 +659,21 @@ function nn.softmax_cross_entropy (logits, labels)
   return require("moongrad.losses").softmax_cross_entropy(logits, labels)
 end
 
---- mean_squared_error(y, target): mean((y - target)^2); y and target of one
--- shape and dtype (no broadcasting: a (3) and a (3,1) would give a (3,3)).
+local HALF = {bfloat16 = true, float16 = true}
+
+--- mean_squared_error(y, target): mean((y - target)^2), PyTorch's mse_loss
+-- order; y and target of one shape and dtype (no broadcasting: a (3) and a
+-- (3,1) would give a (3,3)), or a half one (a product's output under
+-- autocast) with a float32 one: in float32, as the other losses.
 function nn.mean_squared_error (y, target)
   local who = "mean_squared_error"
   check.float_tensor(who, "y", y)
   check.float_tensor(who, "target", target)
-  if y.dtype ~= target.dtype then fail(who, "y is %s but target is %s; cast one", y.dtype, target.dtype) end
+  local mixed = (HALF[y.dtype] and (HALF[target.dtype] or target.dtype == "float32"))
+             or (HALF[target.dtype] and y.dtype == "float32")
+  if y.dtype ~= target.dtype and not mixed then
+    fail(who, "y is %s but target is %s; cast one", y.dtype, target.dtype)
+  end
   if not check.same_shape(y.shape, target.shape) then
     fail(who, "y has shape %s but target has shape %s; they must match exactly", check.shape(y.shape),
          check.shape(target.shape))

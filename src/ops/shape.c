@@ -373,10 +373,10 @@ static void copy_block (mg_tensor *dst, const mg_tensor *src, int axis, int64_t 
 
 /* join(xs, n, axis) with every half tensor among xs cast to float32 (the
 ** casts are recorded: each gradient comes back in its tensor's dtype) */
-static mg_tensor *widened_join (mg_tensor *(*join)(mg_tensor *const *, int, int), mg_tensor *const *xs, int n,
-                                int axis) {
+static mg_tensor *widened_join (const char *fn, mg_tensor *(*join)(mg_tensor *const *, int, int),
+                                mg_tensor *const *xs, int n, int axis) {
   mg_tensor **w = (mg_tensor **)calloc((size_t)n, sizeof(mg_tensor *));
-  if (w == NULL) return mg_seterror("concat: out of memory"), NULL;
+  if (w == NULL) return mg_seterror("%s: out of memory", fn), NULL;
   mg_tensor *out = NULL;
   int k = 0;
   for (; k < n && (w[k] = mg_half_to_float32(xs[k])) != NULL; k++) {}
@@ -391,7 +391,7 @@ mg_tensor *mg_concat (mg_tensor *const *xs, int n, int axis) {
   MG_CHECK_ARG("mg_concat", xs, NULL);
   if (n < 1) return mg_seterror("concat: needs at least one tensor"), NULL;
   for (int k = 0; k < n; k++) if (xs[k] == NULL) return mg_null_arg("mg_concat", "xs[k]"), NULL;
-  if (mg_half_mixed(xs, n)) return widened_join(mg_concat, xs, n, axis);
+  if (mg_half_mixed(xs, n)) return widened_join("concat", mg_concat, xs, n, axis);
   const mg_tensor *x0 = xs[0];
   int a = mg_check_axis("concat", axis, x0->ndim);
   if (a < 0) return NULL;
@@ -461,7 +461,7 @@ mg_tensor *mg_stack (mg_tensor *const *xs, int n, int axis) {
   for (int k = 0; k < n; k++) if (xs[k] == NULL) return mg_null_arg("mg_stack", "xs[k]"), NULL;
   int a = mg_check_axis("stack", axis, xs[0]->ndim + 1);
   if (a < 0) return NULL;
-  if (mg_half_mixed(xs, n)) return widened_join(mg_stack, xs, n, axis);
+  if (mg_half_mixed(xs, n)) return widened_join("stack", mg_stack, xs, n, axis);
   for (int k = 1; k < n; k++)
     if (xs[k]->dtype != xs[0]->dtype)
       return mg_seterror("stack: dtypes differ: tensor " MG_POS " is %s, tensor " MG_POS " is %s",
