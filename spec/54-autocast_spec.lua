@@ -96,6 +96,7 @@ describe("autocast", function()
       concat = function(x) return mg.concat({x, other}, 2) end,
       stack = function(x) return mg.stack({other, x}) end,
       where = function(x) return mg.where(mg.greater(other, 0), x, other) end,
+      masked_fill = function(x) return mg.masked_fill(x, mg.greater(other, 0), mg.tensor(3.5)) end,
     }
     for name, f in pairs(float32_ops) do
       local auto = mg.autocast("bfloat16", f, p16)

@@ -167,13 +167,8 @@ static mg_tensor *binary (const mg_opdef *op, mg_tensor *a, mg_tensor *b) {
   if (a == NULL) return null_operand(op, "a");
   if (b == NULL) return null_operand(op, "b");
   const char *fn = op->info.name;
-  if (mg_is_half(a->dtype) || mg_is_half(b->dtype)) {   /* computed in float32 (autocast.c) */
-    mg_tensor *a32 = mg_half_to_float32(a), *b32 = mg_half_to_float32(b);
-    mg_tensor *r = a32 && b32 ? binary(op, a32, b32) : NULL;
-    mg_tensor_release(a32);
-    mg_tensor_release(b32);
-    return r;
-  }
+  /* computed in float32 (autocast.c) */
+  HALF_PAIR_AS_FLOAT32(a, b, mg_is_half(a->dtype) || mg_is_half(b->dtype), binary(op, a, b));
   if (a->dtype != b->dtype)
     return mg_seterror("%s: dtypes differ: %s %s %s", fn, mg_dtype_name(a->dtype),
                        op->info.symbol, mg_dtype_name(b->dtype)), NULL;
@@ -680,14 +675,8 @@ mg_tensor *mg_where (mg_tensor *cond, mg_tensor *a, mg_tensor *b) {
   MG_CHECK_ARG("mg_where", b, NULL);
   if (cond->dtype != MG_BOOL)
     return mg_seterror("where: condition must be a bool tensor, got %s", mg_dtype_name(cond->dtype)), NULL;
-  mg_tensor *ab[2] = {a, b};
-  if (mg_half_mixed(ab, 2)) {                       /* a half and float32: in float32 */
-    mg_tensor *a32 = mg_half_to_float32(a), *b32 = mg_half_to_float32(b);
-    mg_tensor *r = a32 && b32 ? mg_where(cond, a32, b32) : NULL;
-    mg_tensor_release(a32);
-    mg_tensor_release(b32);
-    return r;
-  }
+  mg_tensor *ab[2] = {a, b};                        /* a half and float32: in float32 */
+  HALF_PAIR_AS_FLOAT32(a, b, mg_half_mixed(ab, 2), mg_where(cond, a, b));
   if (a->dtype != b->dtype)
     return mg_seterror("where: dtypes differ: %s vs %s", mg_dtype_name(a->dtype),
                        mg_dtype_name(b->dtype)), NULL;

@@ -899,6 +899,8 @@ mg_tensor *mg_masked_fill (mg_tensor *x, mg_tensor *mask, mg_tensor *value) {
   if (value->ndim != 0)
     return mg_seterror("masked_fill: value must be a 0-d tensor (one number), got shape %s",
                        shape_s(s1, sizeof s1, value)), NULL;
+  mg_tensor *xv[2] = {x, value};                     /* a half and float32: in float32 */
+  HALF_PAIR_AS_FLOAT32(x, value, mg_half_mixed(xv, 2), mg_masked_fill(x, mask, value));
   if (value->dtype != x->dtype)
     return mg_seterror("masked_fill: dtypes differ: x is %s, value is %s", mg_dtype_name(x->dtype),
                        mg_dtype_name(value->dtype)), NULL;

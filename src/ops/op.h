@@ -283,6 +283,18 @@ bool mg_half_mixed (mg_tensor *const *xs, int n);
 #define RETRY_AS(x, COND, DT, CALL) RETRY_AS_T(mg_tensor *, NULL, x, COND, DT, CALL)
 /* half x (a product's output under autocast) computes in float32, as the other ops do */
 #define HALF_AS_FLOAT32(x, CALL) RETRY_AS(x, mg_is_half((x)->dtype), MG_FLOAT32, CALL)
+/* the same for two operands a and b (either may be half): when COND holds,
+** returns CALL made with both widened */
+#define HALF_PAIR_AS_FLOAT32(a, b, COND, CALL) do {                           \
+    if (COND) {                                                               \
+      mg_tensor *a32_ = mg_half_to_float32(a), *b32_ = mg_half_to_float32(b); \
+      mg_tensor *r_ = NULL;                                                   \
+      if (a32_ && b32_) { a = a32_; b = b32_; r_ = CALL; }                    \
+      mg_tensor_release(a32_);                                                \
+      mg_tensor_release(b32_);                                                \
+      return r_;                                                              \
+    }                                                                         \
+  } while (0)
 /* the tapes recording changed: the cached casts go */
 void mg_autocast_forget (mg_context *c);
 
