@@ -65,6 +65,10 @@ describe("autocast", function()
       conv2d = {function(x, w) return mg.conv2d(x, w, {padding = "same"}) end, {img, k}},
       einsum = {function(x, y) return mg.einsum("ij,jk->ik", x, y) end, {a, b}},
       attention = {function(x, y, z) return mg.scaled_dot_product_attention(x, y, z, {causal = true}) end, {q, kk, v}},
+      transposed_conv = {function(d, w) return mg.conv2d_backward_input(d, w, {2, 5, 5, 3}, {padding = "same"}) end,
+                         {mg.random.normal{2, 5, 5, 4}, k}},
+      conv_filter = {function(x, d) return mg.conv2d_backward_filter(x, d, {3, 3, 3, 4}, {padding = "same"}) end,
+                     {img, mg.random.normal{2, 5, 5, 4}}},
     }
     for name, case in pairs(products) do
       local f, args, keep = case[1], case[2], case[3] or {}

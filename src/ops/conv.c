@@ -1203,12 +1203,25 @@ static mg_status check_dy (const char *fn, const mg_tensor *dy, const geom *g, c
                      shape_s(s1, sizeof s1, dy->shape, 4), from, shape_s(s2, sizeof s2, want, 4));
 }
 
+static mg_tensor *backward_input_of (mg_tensor *dy, mg_tensor *w, const int64_t input_shape[4],
+                                     const mg_conv_params *p);
+
 mg_tensor *mg_conv2d_backward_input (mg_tensor *dy, mg_tensor *w, const int64_t input_shape[4],
+                                     const mg_conv_params *p) {
+  MG_CHECK_ARG("mg_conv2d_backward_input", dy, NULL);
+  MG_CHECK_ARG("mg_conv2d_backward_input", w, NULL);
+  /* under autocast: bfloat16, as conv2d's operands (PyTorch's conv_transpose2d) */
+  mg_tensor *dyh = mg_autocast_operand(dy), *wh = mg_autocast_operand(w);
+  mg_tensor *r = dyh && wh ? backward_input_of(dyh, wh, input_shape, p) : NULL;
+  mg_tensor_release(dyh);
+  mg_tensor_release(wh);
+  return r;
+}
+
+static mg_tensor *backward_input_of (mg_tensor *dy, mg_tensor *w, const int64_t input_shape[4],
                                      const mg_conv_params *p) {
   const char *fn = "conv2d_backward_input";
   char s1[160], s2[200];
-  MG_CHECK_ARG("mg_conv2d_backward_input", dy, NULL);
-  MG_CHECK_ARG("mg_conv2d_backward_input", w, NULL);
   if (check_image(fn, "dy", "(N,OH,OW,Cout)", dy) != MG_OK) return NULL;
   if (check_image(fn, "filters", "(KH,KW,Cin,Cout)", w) != MG_OK) return NULL;
   if (check_same_dtype(fn, "dy", dy, "filters", w) != MG_OK) return NULL;
@@ -1239,12 +1252,24 @@ MG_ROW(CONV2D_BF, conv2d_bf) = {
   .saves = MG_SAVE_IN(0) | MG_SAVE_IN(1), .backward = conv2d_bf_backward,
 };
 
+static mg_tensor *backward_filter_of (mg_tensor *x, mg_tensor *dy, const int64_t filter_shape[4],
+                                      const mg_conv_params *p);
+
 mg_tensor *mg_conv2d_backward_filter (mg_tensor *x, mg_tensor *dy, const int64_t filter_shape[4],
+                                      const mg_conv_params *p) {
+  MG_CHECK_ARG("mg_conv2d_backward_filter", x, NULL);
+  MG_CHECK_ARG("mg_conv2d_backward_filter", dy, NULL);
+  mg_tensor *xh = mg_autocast_operand(x), *dyh = mg_autocast_operand(dy);   /* as backward_input's */
+  mg_tensor *r = xh && dyh ? backward_filter_of(xh, dyh, filter_shape, p) : NULL;
+  mg_tensor_release(xh);
+  mg_tensor_release(dyh);
+  return r;
+}
+
+static mg_tensor *backward_filter_of (mg_tensor *x, mg_tensor *dy, const int64_t filter_shape[4],
                                       const mg_conv_params *p) {
   const char *fn = "conv2d_backward_filter";
   char s1[160], s2[200];
-  MG_CHECK_ARG("mg_conv2d_backward_filter", x, NULL);
-  MG_CHECK_ARG("mg_conv2d_backward_filter", dy, NULL);
   if (check_image(fn, "input", "(N,H,W,C)", x) != MG_OK) return NULL;
   if (check_image(fn, "dy", "(N,OH,OW,Cout)", dy) != MG_OK) return NULL;
   if (check_same_dtype(fn, "input", x, "dy", dy) != MG_OK) return NULL;
