@@ -37,12 +37,14 @@ describe("errors name the function and the mismatch", function()
           "bad argument #2 to 'cast' (unknown dtype 'float8' (use float32, float64, int64, bool, float16 or bfloat16))")
     fails(function() return mg.matmul(mg.ones({2, 2}, "float16"), mg.ones({2, 2}, "float16")) end,
           "matmul: not defined for float16 tensors (a storage format); cast to float32 first")
-    fails(function() return mg.ones({2}, "bfloat16") * mg.ones({2}, "float64") end, "mul: dtypes differ: float32 * float64")
+    fails(function() return mg.ones({2}, "bfloat16") * mg.ones({2}, "float64") end, "mul: dtypes differ: bfloat16 * float64")
     fails(function() return mg.softmax(c({1}, "int64")) end, "softmax: needs a float tensor, got int64")
     fails(function() return mg.stack({mg.ones{2}, mg.ones({2}, "float64")}) end,
           "stack: dtypes differ: tensor 1 is float32, tensor 2 is float64")
     fails(function() return mg.concat({mg.ones({2}, "bfloat16"), c({1}, "int64")}) end,
           "concat: dtypes differ: tensor 1 is bfloat16, tensor 2 is int64")
+    fails(function() return mg.concat({mg.ones({2}, "bfloat16"), mg.ones{1}, mg.ones({1}, "float64")}) end,
+          "concat: dtypes differ: tensor 1 is bfloat16, tensor 3 is float64")   -- (bfloat16 with float32 joins)
     fails(function() return mg.where(c({true}), mg.ones({1}, "bfloat16"), mg.ones({1}, "float64")) end,
           "where: dtypes differ: bfloat16 vs float64")
     fails(function() return c({true}) + c({true}) end, "add: not defined for bool tensors; cast them first")

@@ -224,6 +224,72 @@ describe("Layer:subclass", function()
     local drop = nn.Dropout(0.5)
     p.c.owner.drop = drop
     layer.training_off(p, function() assert.is_false(drop.training) end)
+    -- a child holding its parent owns the parent's variables too (Keras' tracking);
+    -- rawset keeps a back-reference out of it
+    local VarParent = nn.Layer:subclass("DictVarParent")
+    function VarParent:init () self.w = mg.Variable(mg.ones{2}); self.c = Child(); self.c.owner = {model = self} end
+    function VarParent:call (y) return self.c(y) * self.w end
+    local vp = VarParent()
+    vp(x)
+    assert.equal(3, #vp.variables)
+    assert.equal(3, #vp.c.variables)
+    local Quiet = nn.Layer:subclass("DictQuietParent")
+    function Quiet:init () self.w = mg.Variable(mg.ones{2}); self.c = Child(); rawset(self.c, "owner", {model = self}) end
+    function Quiet:call (y) return self.c(y) * self.w end
+    local qp = Quiet()
+    qp(x)
+    assert.equal(2, #qp.c.variables)
+  end)
+
+  it("a dict that names layers it already holds changes no checkpoint name; odd keys warn; data is scanned once", function()
+    local function names_of (m)
+      local out = {}
+      for i, e in ipairs(mg.checkpoint.names(m)) do out[i] = e.name end
+      return out
+    end
+    local Plain = nn.Layer:subclass("AliasPlain")
+    function Plain:init () self.encoder = nn.Dense(4); self.head = nn.Dense(1) end
+    function Plain:call (y) return self.head(self.encoder(y)) end
+    local Alias = nn.Layer:subclass("AliasDict")
+    function Alias:init ()
+      self.encoder = nn.Dense(4)
+      self.by_name = {encoder = self.encoder}           -- an alias, Keras-style
+      self.head = nn.Dense(1)
+      self.flags = {[false] = nn.Dense(2), [true] = nn.Dense(3)}   -- boolean keys: false first
+    end
+    function Alias:call (y) return self.head(self.encoder(y)) + mg.sum(self.flags[true](self.flags[false](y))) end
+    local a, pl = Alias(), Plain()
+    a(mg.ones{1, 3}); pl(mg.ones{1, 3})
+    local want = names_of(pl)                           -- dense/..., dense_1/...
+    local got = names_of(a)
+    assert.same(want, {got[1], got[2], got[3], got[4]})
+    assert.same({"dense_2/kernel", "dense_2/bias", "dense_3/kernel", "dense_3/bias"}, {got[5], got[6], got[7], got[8]})
+    assert.same({2, 3}, a.flags[true].kernel.shape)
+    -- a layer under a key with no order (a table) is not tracked, and says so once
+    local out, code = h.run_script([[
+      local nn = mg.nn
+      local Odd = nn.Layer:subclass("OddKeys")
+      function Odd:init () self.m = {[{}] = nn.Dense(2)} end
+      function Odd:call (x) return x end
+      local o = Odd()
+      print(#rawget(o, "_layers"), #o.variables, #o.variables)
+    ]])
+    assert.equal(0, code)
+    local _, warnings = out:gsub("a variable or layer under a key of type table is not tracked", "")
+    assert.equal(1, warnings)
+    assert.truthy(out:find("0\t0\t0"))
+    -- a big table of plain values (a vocabulary) beside the layers: the variables as before
+    local Tok = nn.Layer:subclass("VocabLayer")
+    function Tok:init ()
+      self.d = nn.Dense(2)
+      local vocab = {}
+      for i = 1, 5000 do vocab["w" .. i] = i end
+      self.vocab = vocab
+    end
+    function Tok:call (y) return self.d(y) end
+    local tok = Tok()
+    tok(mg.ones{1, 2})
+    for _ = 1, 3 do assert.equal(2, #tok.variables) end
   end)
 
   it("the layers' __call asks a hook before each call and tells it after, also when the call fails or yields", function()

@@ -349,32 +349,67 @@ local function snake (name)
   return (name:gsub("(%l)(%u)", "%1_%2"):gsub("(%u)(%u%l)", "%1_%2"):lower())
 end
 
--- a plain table's keys past its list part (a dict's) whose values may hold
--- variables or layers, in an order that does not depend on the table's
--- hashing: numbers, then strings, each sorted, so variables and checkpoint
--- names come in the same order in every process (a table of plain values,
--- a vocabulary, is passed over without sorting)
-local function named_keys (t)
-  local n, nums, strs = 0, {}, {}
+-- A table of DATA_MIN entries or more none of which could hold a variable or
+-- a layer (a vocabulary, a list of numbers) is data: remembered as such and
+-- not scanned again each time the layer's variables are asked for (fit asks
+-- every step). A table that small or with holders is scanned every time.
+local DATA_MIN = 1024
+local data_tables = setmetatable({}, {__mode = "k"})
+local warned = setmetatable({}, {__mode = "k"})     -- tables warned about once
+
+local function holds (v) local t = type(v); return t == "table" or t == "userdata" end
+
+-- the keys of t whose values may hold variables or layers, in an order that
+-- does not depend on the table's hashing: the list part (ipairs'), then the
+-- other numbers, the strings and the booleans, each sorted (false first), so
+-- variables and checkpoint names come in one order in every process; then
+-- the keys of other types (tables, userdata: no order to sort them by), and
+-- how many entries t has
+local function holder_keys (t)
+  local n = 0
   while rawget(t, n + 1) ~= nil do n = n + 1 end
-  for k, v in pairs(t) do
-    local holder = type(v) == "table" or type(v) == "userdata"
-    if not holder or (math.type(k) == "integer" and k >= 1 and k <= n) then   -- (ipairs' part)
-    elseif type(k) == "number" then nums[#nums + 1] = k
-    elseif type(k) == "string" then strs[#strs + 1] = k end
+  local list, nums, strs, odd, bools, count = {}, {}, {}, {}, {}, 0
+  for k, v in next, t do
+    count = count + 1
+    if holds(v) then
+      local kt = type(k)
+      if math.type(k) == "integer" and k >= 1 and k <= n then list[#list + 1] = k
+      elseif kt == "number" then nums[#nums + 1] = k
+      elseif kt == "string" then strs[#strs + 1] = k
+      elseif kt == "boolean" then bools[k and 2 or 1] = true
+      else odd[#odd + 1] = k end
+    end
   end
+  table.sort(list)
   table.sort(nums)
   table.sort(strs)
-  for _, k in ipairs(strs) do nums[#nums + 1] = k end
-  return nums
+  for _, k in ipairs(nums) do list[#list + 1] = k end
+  for _, k in ipairs(strs) do list[#list + 1] = k end
+  if bools[1] then list[#list + 1] = false end
+  if bools[2] then list[#list + 1] = true end
+  return list, odd, count, n
+end
+
+-- the layer v is (itself, or under recompute_grad), or nil
+local function layer_of (v)
+  local inner = v
+  if type(v) == "userdata" and not mg.is_tensor(v) then
+    local ok, w = pcall(function() return v.__wrapped__ end)
+    inner = ok and w or nil
+  end
+  if type(inner) == "table" and classes[getmetatable(inner)] then return inner end
+  return nil
 end
 
 -- what a field assigned on an instance of a subclass holds: a variable, a
 -- layer (or a layer under recompute_grad), or a list of them (what it
 -- holds later too: layer.refresh), or a table of them by name (a dict),
 -- becomes the instance's own, as Keras tracks attributes, lists and dicts;
--- with `have` (layer.refresh's: what self owns), only what it does not own yet
-function track_value (self, v, seen, have)
+-- with `have` (layer.refresh's: what self owns), only what it does not own
+-- yet. `by_name`: v sits under a dict's key, where a layer self already
+-- owns (an alias, `{encoder = self.encoder}`) is not counted again (a
+-- list's aliases are, as before dicts were tracked: checkpoint names stay)
+function track_value (self, v, seen, have, by_name)
   if v == self then return end                  -- (self.me = self: nothing to own)
   if mg.is_variable(v) then
     if have then
@@ -387,20 +422,30 @@ function track_value (self, v, seen, have)
     vars[#vars + 1] = v
   elseif is_list(v) then
     seen = seen or {}
-    if seen[v] then return end                  -- (a list that holds itself)
+    if seen[v] or data_tables[v] then return end   -- (a list that holds itself; data)
     seen[v] = true
-    for _, x in ipairs(v) do track_value(self, x, seen, have) end
-    for _, key in ipairs(named_keys(v)) do track_value(self, v[key], seen, have) end
-  else
-    local inner = v
-    if type(v) == "userdata" and not mg.is_tensor(v) then
-      local ok, w = pcall(function() return v.__wrapped__ end)
-      inner = ok and w or nil
+    local keys, odd, count, n = holder_keys(v)
+    if #keys == 0 and #odd == 0 and count >= DATA_MIN then data_tables[v] = true end
+    for _, key in ipairs(keys) do
+      track_value(self, v[key], seen, have, math.type(key) ~= "integer" or key > n or key < 1)
     end
-    if type(inner) ~= "table" or not classes[getmetatable(inner)] or inner == self then return end
+    for _, key in ipairs(odd) do
+      local x = v[key]
+      if not warned[v] and (mg.is_variable(x) or layer_of(x)) then
+        warned[v] = true
+        io.stderr:write(("moongrad: warning: %s: a variable or layer under a key of type %s is not tracked "
+          .. "(its order would differ from run to run): use string or number keys\n"):format(
+          tostring(self.name), type(key)))
+      end
+    end
+  else
+    local inner = layer_of(v)
+    if inner == nil or inner == self then return end
     if have then
       if have[inner] then return end
       have[inner] = true
+    elseif by_name then
+      for _, l in ipairs(rawget(self, "_layers")) do if l == inner then return end end
     end
     self:track(v)
   end

@@ -69,7 +69,7 @@ local function same_shape (who, y_true, y_pred, ints_ok)
   if dt ~= y_pred.dtype then
     if ints_ok and (dt == "int64" or dt == "bool") then
       y_true = mg.cast(y_true, y_pred.dtype)
-    elseif dt == "float32" or dt == "float64" then
+    elseif dt == "float32" or dt == "float64" or HALF[dt] then
       fail(who, "y_true is %s but y_pred is %s; cast one", dt, y_pred.dtype)
     else
       fail(who, "y_true must be a float tensor%s, got %s", ints_ok and " (or 0/1 in int64 or bool)" or "", dt)
@@ -259,6 +259,7 @@ function losses.softmax_cross_entropy (logits, labels)
     fail(who, "labels must be a tensor of int64 class numbers or of probabilities, got %s", show(labels))
   end
   local logp = mg.log_softmax(logits, -1)
+  if HALF[labels.dtype] and logits.dtype == "float32" then labels = mg.cast(labels, "float32") end   -- as logits'
   if labels.dtype == "int64" then
     labels = class_numbers(who, labels, shape, NN_NAMES, false)
     return -mg.mean(mg.take_along_axis(logp, mg.expand_dims(labels, -1), -1))

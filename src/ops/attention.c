@@ -1134,8 +1134,13 @@ mg_tensor *mg_scaled_dot_product_attention (mg_tensor *q, mg_tensor *k, mg_tenso
   MG_CHECK_ARG("mg_scaled_dot_product_attention", q, NULL);
   MG_CHECK_ARG("mg_scaled_dot_product_attention", k, NULL);
   MG_CHECK_ARG("mg_scaled_dot_product_attention", v, NULL);
-  /* under autocast: bfloat16 q, k, v, as the other products' operands */
-  mg_tensor *qh = mg_autocast_operand(q), *kh = mg_autocast_operand(k), *vh = mg_autocast_operand(v);
+  /* under autocast: bfloat16 q, k, v, as the other products' operands; not
+  ** where the CPU has no bfloat16 products (they would be widened again:
+  ** float32's speed, with rounded inputs and float32 copies on the tape) */
+  bool cast = mg_half_isa(MG_BFLOAT16) != NULL;
+  mg_tensor *qh = cast ? mg_autocast_operand(q) : mg_tensor_retain(q);
+  mg_tensor *kh = cast ? mg_autocast_operand(k) : mg_tensor_retain(k);
+  mg_tensor *vh = cast ? mg_autocast_operand(v) : mg_tensor_retain(v);
   mg_tensor *r = qh && kh && vh ? attention_of(qh, kh, vh, mask, p) : NULL;
   mg_tensor_release(qh);
   mg_tensor_release(kh);

@@ -167,11 +167,12 @@ static mg_tensor *binary (const mg_opdef *op, mg_tensor *a, mg_tensor *b) {
   if (a == NULL) return null_operand(op, "a");
   if (b == NULL) return null_operand(op, "b");
   const char *fn = op->info.name;
-  /* computed in float32 (autocast.c) */
-  HALF_PAIR_AS_FLOAT32(a, b, mg_is_half(a->dtype) || mg_is_half(b->dtype), binary(op, a, b));
-  if (a->dtype != b->dtype)
+  mg_tensor *ab[2] = {a, b};
+  if (a->dtype != b->dtype && !mg_half_mixed(ab, 2))       /* (a half and float32 may meet) */
     return mg_seterror("%s: dtypes differ: %s %s %s", fn, mg_dtype_name(a->dtype),
                        op->info.symbol, mg_dtype_name(b->dtype)), NULL;
+  /* computed in float32 (autocast.c) */
+  HALF_PAIR_AS_FLOAT32(a, b, mg_is_half(a->dtype) || mg_is_half(b->dtype), binary(op, a, b));
   if (op->kernel[a->dtype] == NULL) return mg_refuse_dtype(op->info.name, a->dtype, !op->kernel[MG_FLOAT32]), NULL;
   if (op->check && op->check(op, a, b) != MG_OK) return NULL;
   int64_t shape[MG_MAX_DIMS];

@@ -371,6 +371,21 @@ static void copy_block (mg_tensor *dst, const mg_tensor *src, int axis, int64_t 
            (size_t)(srows * inner * esz));
 }
 
+static bool joins_float32 (mg_dtype dt) { return dt == MG_FLOAT32 || mg_is_half(dt); }
+
+/* MG_ERR + error naming the first tensor that cannot join the first one:
+** another dtype, unless both are float32 or half (widened first) */
+static mg_status dtypes_differ (const char *fn, mg_tensor *const *xs, int n) {
+  mg_dtype d0 = xs[0]->dtype;
+  for (int k = 1; k < n; k++) {
+    mg_dtype dk = xs[k]->dtype;
+    if (dk != d0 && !(joins_float32(d0) && joins_float32(dk)))
+      return mg_seterror("%s: dtypes differ: tensor " MG_POS " is %s, tensor " MG_POS " is %s", fn, 0LL,
+                         mg_dtype_name(d0), (long long)k, mg_dtype_name(dk));
+  }
+  return MG_OK;
+}
+
 /* join(xs, n, axis) with every half tensor among xs cast to float32 (the
 ** casts are recorded: each gradient comes back in its tensor's dtype) */
 static mg_tensor *widened_join (const char *fn, mg_tensor *(*join)(mg_tensor *const *, int, int),
@@ -398,12 +413,10 @@ mg_tensor *mg_concat (mg_tensor *const *xs, int n, int axis) {
   int64_t shape[MG_MAX_DIMS];
   memcpy(shape, x0->shape, sizeof shape);
   shape[a] = 0;
+  if (dtypes_differ("concat", xs, n) != MG_OK) return NULL;
   for (int k = 0; k < n; k++) {
     const mg_tensor *x = xs[k];
     char s0[160], sk[160];
-    if (x->dtype != x0->dtype)
-      return mg_seterror("concat: dtypes differ: tensor " MG_POS " is %s, tensor " MG_POS " is %s",
-                         0LL, mg_dtype_name(x0->dtype), (long long)k, mg_dtype_name(x->dtype)), NULL;
     bool ok = x->ndim == x0->ndim;
     for (int i = 0; ok && i < x->ndim; i++) ok = i == a || x->shape[i] == x0->shape[i];
     if (!ok)
@@ -462,10 +475,7 @@ mg_tensor *mg_stack (mg_tensor *const *xs, int n, int axis) {
   int a = mg_check_axis("stack", axis, xs[0]->ndim + 1);
   if (a < 0) return NULL;
   if (mg_half_mixed(xs, n)) return widened_join("stack", mg_stack, xs, n, axis);
-  for (int k = 1; k < n; k++)
-    if (xs[k]->dtype != xs[0]->dtype)
-      return mg_seterror("stack: dtypes differ: tensor " MG_POS " is %s, tensor " MG_POS " is %s",
-                         0LL, mg_dtype_name(xs[0]->dtype), (long long)k, mg_dtype_name(xs[k]->dtype)), NULL;
+  if (dtypes_differ("stack", xs, n) != MG_OK) return NULL;
   for (int k = 1; k < n; k++)
     if (!mg_same_shape(xs[k]->shape, xs[k]->ndim, xs[0]->shape, xs[0]->ndim)) {
       char s0[160], sk[160];
