@@ -264,9 +264,10 @@ mg_status mg_gemm_half (char ta, char tb, int64_t m, int64_t n, int64_t k, mg_dt
 mg_tensor *mg_autocast_operand (mg_tensor *x);
 /* any other op's operand: float32 for a half x, else x; a new reference */
 mg_tensor *mg_half_to_float32 (mg_tensor *x);
-/* do xs mix a half dtype with float32 (or the two half dtypes)? Ops that
-** join or choose between tensors (concat, stack, where) then give float32,
-** as PyTorch's autocast promotes cat and stack to the widest dtype */
+/* do xs mix a half dtype with float32 (or the two half dtypes)? The
+** elementwise ops and those that join or choose between tensors (concat,
+** stack, where, masked_fill) then compute in float32 and give float32, as
+** PyTorch's autocast promotes cat and stack to the widest dtype */
 bool mg_half_mixed (mg_tensor *const *xs, int n);
 /* in an op's entry of tensor x: when COND holds of x, returns CALL (the
 ** entry itself again, giving a T, FAIL when the cast fails) made with x
