@@ -362,9 +362,9 @@ local function holds (v) local t = type(v); return t == "table" or t == "userdat
 -- the keys of t whose values may hold variables or layers, in an order that
 -- does not depend on the table's hashing: the list part (ipairs'), then the
 -- other numbers, the strings and the booleans, each sorted (false first), so
--- variables and checkpoint names come in one order in every process; then
--- the keys of other types (tables, userdata: no order to sort them by), and
--- how many entries t has
+-- variables and checkpoint names come in one order in every process; how
+-- many of them are the list part's; the keys of other types (tables,
+-- userdata: no order to sort them by); and how many entries t has
 local function holder_keys (t)
   local n = 0
   while rawget(t, n + 1) ~= nil do n = n + 1 end
@@ -383,20 +383,18 @@ local function holder_keys (t)
   table.sort(list)
   table.sort(nums)
   table.sort(strs)
+  local nlist = #list
   for _, k in ipairs(nums) do list[#list + 1] = k end
   for _, k in ipairs(strs) do list[#list + 1] = k end
   if bools[1] then list[#list + 1] = false end
   if bools[2] then list[#list + 1] = true end
-  return list, odd, count, n
+  return list, nlist, odd, count
 end
 
 -- the layer v is (itself, or under recompute_grad), or nil
 local function layer_of (v)
-  local inner = v
-  if type(v) == "userdata" and not mg.is_tensor(v) then
-    local ok, w = pcall(function() return v.__wrapped__ end)
-    inner = ok and w or nil
-  end
+  if mg.is_tensor(v) then return nil end          -- (the common case in lists: no pcall)
+  local inner = unwrap(v)
   if type(inner) == "table" and classes[getmetatable(inner)] then return inner end
   return nil
 end
@@ -424,11 +422,9 @@ function track_value (self, v, seen, have, by_name)
     seen = seen or {}
     if seen[v] or data_tables[v] then return end   -- (a list that holds itself; data)
     seen[v] = true
-    local keys, odd, count, n = holder_keys(v)
+    local keys, nlist, odd, count = holder_keys(v)
     if #keys == 0 and #odd == 0 and count >= DATA_MIN then data_tables[v] = true end
-    for _, key in ipairs(keys) do
-      track_value(self, v[key], seen, have, math.type(key) ~= "integer" or key > n or key < 1)
-    end
+    for i, key in ipairs(keys) do track_value(self, v[key], seen, have, i > nlist) end
     for _, key in ipairs(odd) do
       local x = v[key]
       if not warned[v] and (mg.is_variable(x) or layer_of(x)) then

@@ -669,9 +669,8 @@ function nn.mean_squared_error (y, target)
   local who = "mean_squared_error"
   check.float_tensor(who, "y", y)
   check.float_tensor(who, "target", target)
-  local mixed = (HALF[y.dtype] and (HALF[target.dtype] or target.dtype == "float32"))
-             or (HALF[target.dtype] and y.dtype == "float32")
-  if y.dtype ~= target.dtype and not mixed then
+  local function float32_or_half (dt) return dt == "float32" or HALF[dt] end
+  if y.dtype ~= target.dtype and not (float32_or_half(y.dtype) and float32_or_half(target.dtype)) then
     fail(who, "y is %s but target is %s; cast one", y.dtype, target.dtype)
   end
   if not check.same_shape(y.shape, target.shape) then

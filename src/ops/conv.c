@@ -1203,19 +1203,6 @@ static mg_status check_dy (const char *fn, const mg_tensor *dy, const geom *g, c
                      shape_s(s1, sizeof s1, dy->shape, 4), from, shape_s(s2, sizeof s2, want, 4));
 }
 
-typedef mg_tensor *(*conv_grad_fn) (mg_tensor *, mg_tensor *, const int64_t[4], const mg_conv_params *);
-
-/* f(a, b, shape, p) with a and b as a product's operands under autocast
-** (bfloat16, as conv2d's: PyTorch's conv_transpose2d is on its list) */
-static mg_tensor *under_autocast (conv_grad_fn f, mg_tensor *a, mg_tensor *b, const int64_t shape[4],
-                                  const mg_conv_params *p) {
-  mg_tensor *ah = mg_autocast_operand(a), *bh = mg_autocast_operand(b);
-  mg_tensor *r = ah && bh ? f(ah, bh, shape, p) : NULL;
-  mg_tensor_release(ah);
-  mg_tensor_release(bh);
-  return r;
-}
-
 static mg_tensor *backward_input_of (mg_tensor *dy, mg_tensor *w, const int64_t input_shape[4],
                                      const mg_conv_params *p);
 
@@ -1223,7 +1210,8 @@ mg_tensor *mg_conv2d_backward_input (mg_tensor *dy, mg_tensor *w, const int64_t 
                                      const mg_conv_params *p) {
   MG_CHECK_ARG("mg_conv2d_backward_input", dy, NULL);
   MG_CHECK_ARG("mg_conv2d_backward_input", w, NULL);
-  return under_autocast(backward_input_of, dy, w, input_shape, p);
+  /* under autocast: bfloat16, as conv2d's operands (PyTorch's conv_transpose2d is on its list) */
+  AUTOCAST_PAIR(dy, w, backward_input_of(dy, w, input_shape, p));
 }
 
 static mg_tensor *backward_input_of (mg_tensor *dy, mg_tensor *w, const int64_t input_shape[4],
@@ -1267,7 +1255,7 @@ mg_tensor *mg_conv2d_backward_filter (mg_tensor *x, mg_tensor *dy, const int64_t
                                       const mg_conv_params *p) {
   MG_CHECK_ARG("mg_conv2d_backward_filter", x, NULL);
   MG_CHECK_ARG("mg_conv2d_backward_filter", dy, NULL);
-  return under_autocast(backward_filter_of, x, dy, filter_shape, p);
+  AUTOCAST_PAIR(x, dy, backward_filter_of(x, dy, filter_shape, p));   /* as backward_input's */
 }
 
 static mg_tensor *backward_filter_of (mg_tensor *x, mg_tensor *dy, const int64_t filter_shape[4],

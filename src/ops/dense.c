@@ -131,11 +131,7 @@ static mg_tensor *dense_of (mg_tensor *x, mg_tensor *w, mg_tensor *b, const char
 mg_tensor *mg_dense (mg_tensor *x, mg_tensor *w, mg_tensor *b, const char *activation) {
   MG_CHECK_ARG("mg_dense", x, NULL);
   MG_CHECK_ARG("mg_dense", w, NULL);
-  mg_tensor *xh = mg_autocast_operand(x), *wh = mg_autocast_operand(w);    /* under autocast: bfloat16 */
-  mg_tensor *r = xh && wh ? dense_of(xh, wh, b, activation) : NULL;
-  mg_tensor_release(xh);
-  mg_tensor_release(wh);
-  return r;
+  AUTOCAST_PAIR(x, w, dense_of(x, w, b, activation));   /* under autocast: bfloat16 */
 }
 
 static mg_tensor *dense_of (mg_tensor *x, mg_tensor *w, mg_tensor *b, const char *activation) {

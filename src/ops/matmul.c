@@ -180,11 +180,7 @@ static mg_tensor *matmul_of (mg_tensor *a, mg_tensor *b);
 mg_tensor *mg_matmul (mg_tensor *a, mg_tensor *b) {
   MG_CHECK_ARG("mg_matmul", a, NULL);
   MG_CHECK_ARG("mg_matmul", b, NULL);
-  mg_tensor *ah = mg_autocast_operand(a), *bh = mg_autocast_operand(b);   /* under autocast: bfloat16 */
-  mg_tensor *r = ah && bh ? matmul_of(ah, bh) : NULL;
-  mg_tensor_release(ah);
-  mg_tensor_release(bh);
-  return r;
+  AUTOCAST_PAIR(a, b, matmul_of(a, b));            /* under autocast: bfloat16 */
 }
 
 /* a @ b of one dtype (float16 aside: a storage format) */

@@ -284,18 +284,21 @@ bool mg_half_mixed (mg_tensor *const *xs, int n);
 #define RETRY_AS(x, COND, DT, CALL) RETRY_AS_T(mg_tensor *, NULL, x, COND, DT, CALL)
 /* half x (a product's output under autocast) computes in float32, as the other ops do */
 #define HALF_AS_FLOAT32(x, CALL) RETRY_AS(x, mg_is_half((x)->dtype), MG_FLOAT32, CALL)
-/* the same for two operands a and b (either may be half): when COND holds,
-** returns CALL made with both widened */
-#define HALF_PAIR_AS_FLOAT32(a, b, COND, CALL) do {                           \
+/* in an op's entry of tensors a and b: when COND holds, returns CALL made
+** with both passed through CAST (a new reference each, as the two below) */
+#define PAIR_AS(a, b, COND, CAST, CALL) do {                                  \
     if (COND) {                                                               \
-      mg_tensor *a32_ = mg_half_to_float32(a), *b32_ = mg_half_to_float32(b); \
-      mg_tensor *r_ = NULL;                                                   \
-      if (a32_ && b32_) { a = a32_; b = b32_; r_ = CALL; }                    \
-      mg_tensor_release(a32_);                                                \
-      mg_tensor_release(b32_);                                                \
+      mg_tensor *a_ = CAST(a), *b_ = CAST(b), *r_ = NULL;                     \
+      if (a_ && b_) { a = a_; b = b_; r_ = CALL; }                            \
+      mg_tensor_release(a_);                                                  \
+      mg_tensor_release(b_);                                                  \
       return r_;                                                              \
     }                                                                         \
   } while (0)
+/* the same for two operands, either of which may be half */
+#define HALF_PAIR_AS_FLOAT32(a, b, COND, CALL) PAIR_AS(a, b, COND, mg_half_to_float32, CALL)
+/* a product's two operands as it computes under the open autocast region */
+#define AUTOCAST_PAIR(a, b, CALL) PAIR_AS(a, b, true, mg_autocast_operand, CALL)
 /* the tapes recording changed: the cached casts go */
 void mg_autocast_forget (mg_context *c);
 
