@@ -1201,7 +1201,9 @@ line("local dummy = {write = function() end, flush = function() end}")
 -- the entries of a table in a fixed order (1..#t, then string keys sorted): pairs'
 -- order changes from run to run (Lua seeds its string hashes randomly)
 line("local function entries (t) if type(t) ~= 'table' then return {t} end local out, ks = {}, {}; for _, x in ipairs(t) do out[#out + 1] = x end; for k in pairs(t) do if type(k) == 'string' then ks[#ks + 1] = k end end; table.sort(ks); for _, k in ipairs(ks) do out[#out + 1] = t[k] end; return out end")
-line("local function first (g) if type(g) == 'table' and not getmetatable(g) then return first(entries(g)[1]) end return g end")
+-- the first leaf of a nest of plain tables; bounded, since a program may make a table hold
+-- itself (A[1][1] = A[1]) and an op may hand it back (FINDINGS W)
+line("local function first (g, depth) depth = depth or 0; if type(g) == 'table' and not getmetatable(g) and depth < 16 then return first(entries(g)[1], depth + 1) end return g end")
 line("local function small (x) return not (mg.is_tensor(x) or mg.is_variable(x)) or x:numel() <= 64 end")
 line("local function WRONG (what, detail) io.stderr:write('FUZZ-WRONG: ', what, ' (', tostring(detail):sub(1, 300), ')\\n'); error('wrong: ' .. what) end")
 -- close: each pair within tol relative to the pair, or within `bound` when given
