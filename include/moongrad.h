@@ -832,9 +832,12 @@ MG_API mg_status mg_recompute_call_saving (const mg_function *fn, void *ud, int 
 ** norms, losses and optimizer steps stay float32). A variable's value is
 ** cast once per region while the same tapes record, however often it is
 ** read; its gradient comes back in its own dtype (float32 master weights).
-** dt: MG_BFLOAT16; MG_FLOAT16 where oneDNN runs float16 products (an error
-** naming the CPU's ISA otherwise); MG_FLOAT32 opens a region with autocast
-** off. Regions nest (32 deep); pop closes the innermost. recompute and
+** dt: MG_BFLOAT16; MG_FLOAT16 on CPUs with AVX512-FP16, or anywhere once
+** mg_autocast_emulate_float16(true) (an error saying why otherwise): its
+** products run widened to float32 and round their results to float16, as
+** oneDNN 2.6 has no float16 kernels for CPUs (float16's numerics, for a loss
+** scale to keep gradients in range; not faster); MG_FLOAT32 opens a region
+** with autocast off. Regions nest (32 deep); pop closes the innermost. recompute and
 ** checkpointed loops re-run a function under the autocast it first ran in. */
 MG_API mg_status   mg_autocast_push  (mg_dtype dt);
 MG_API void        mg_autocast_pop   (void);
@@ -844,6 +847,11 @@ MG_API int         mg_autocast_depth (void);       /* regions open */
 ** "avx512_core_amx"), or NULL when this CPU has no such dot products
 ** (bfloat16 products are then emulated: correct, slower than float32) */
 MG_API const char *mg_half_isa       (mg_dtype dt);
+/* does this CPU have AVX512-FP16 (where float16 autocast is allowed)? */
+MG_API bool        mg_cpu_has_float16 (void);
+/* allow float16 regions on CPUs without AVX512-FP16 (this thread's
+** context); returns the previous setting */
+MG_API bool        mg_autocast_emulate_float16 (bool on);
 
 /* Saved-tensor hooks (PyTorch's saved_tensors_hooks): while pushed, each
 ** tensor a tape saves for the backward goes through pack, and the node

@@ -244,7 +244,7 @@ describe("conv2d", function()
     assert.has_error(function() mg.conv2d(x, mg.ones{3, 3, 3, 2}, mg.ones{3}) end,
                      "conv2d: bias has shape (3), the filters have 2 output channels (expected (2))")
     assert.has_error(function() mg.conv2d(mg.ones({1, 5, 5, 3}, "int64"), mg.ones({3, 3, 3, 2}, "int64")) end,
-                     "conv2d: input must be float32, bfloat16 or float64, got int64")
+                     "conv2d: input must be float32, bfloat16, float16 or float64, got int64")
     assert.has_error(function() mg.conv2d(x, mg.ones{6, 3, 3, 2}) end,
                      "conv2d: the window's height (6, dilated: 6) is larger than the padded input's (5)")
     assert.has_error(function() mg.conv2d(x, mg.ones{3, 3, 3, 2}, {dilation_rate = 3}) end,

@@ -183,7 +183,6 @@ describe("autocast", function()
     assert.matches("autocast: dtype must be bfloat16, float16 or float32 %(off%), got int64",
                    msg(mg.autocast, "int64", function() end))
     assert.matches('"bfloat16", "float16", "float32" or false expected, got number', msg(mg.autocast, 42))
-    assert.matches("autocast: float16 products need AVX512%-FP16", msg(mg.autocast, "float16", function() end))
     assert.matches("conv2d: dtypes differ: input is bfloat16, filters is float32",
                    msg(mg.conv2d, mg.cast(mg.ones{1, 4, 4, 1}, "bfloat16"), mg.ones{3, 3, 1, 1}))
     assert.matches("max_pool2d_backward: dtypes differ: input is bfloat16, dy is float32",
@@ -745,6 +744,157 @@ describe("autocast", function()
       for _, l in ipairs(layers) do
         for _, v in ipairs(l.variables) do assert.are.equal("float32", v.dtype) end
       end
+    end)
+  end)
+
+  describe("float16: emulated products and loss scaling", function()
+    -- does this CPU have AVX512-FP16 (where float16 autocast needs no opt-in)?
+    local function cpu_fp16 ()
+      local f = io.open("/proc/cpuinfo")
+      local text = f and f:read("a") or ""
+      if f then f:close() end
+      return text:find("avx512_fp16", 1, true) ~= nil
+    end
+    local was
+    before_each(function() was = mg.mixed_precision.emulate_float16(true) end)
+    after_each(function() mg.mixed_precision.emulate_float16(was) end)
+
+    it("is refused without AVX512-FP16 unless emulation is asked for, saying why", function()
+      mg.mixed_precision.emulate_float16(false)
+      if cpu_fp16() then
+        assert.are.equal("float16", mg.autocast("float16", mg.autocast_dtype))
+      else
+        local ok, err = pcall(mg.autocast, "float16", function() end)
+        assert.is_false(ok)
+        assert.truthy(err:find("autocast: float16 needs a CPU with AVX512-FP16, and this one has none", 1, true), err)
+        assert.truthy(err:find("mixed_precision.emulate_float16(true)", 1, true), err)
+        assert.has_error(function() mg.mixed_precision.set_global_policy("mixed_float16") end)
+        assert.are.equal("float32", mg.mixed_precision.global_policy())
+      end
+      assert.is_false(mg.mixed_precision.emulate_float16(true))
+      assert.are.equal("float16", mg.autocast("float16", mg.autocast_dtype))
+      assert.has_error(function() mg.mixed_precision.emulate_float16("yes") end,
+                       "emulate_float16: on must be true or false, got 'yes'")
+    end)
+
+    it("gives each product what casting by hand gives, to the bit, and float32 gradients", function()
+      local function f16 (t) return mg.cast(mg.cast(t, "float16"), "float32") end
+      local x, w, b = mg.random.normal{6, 5}, mg.Variable(mg.random.normal{5, 4}), mg.random.normal{4}
+      local img, flt = mg.random.normal{2, 5, 5, 3}, mg.Variable(mg.random.normal{3, 3, 3, 4})
+      local q, k, v = mg.random.normal{2, 3, 4}, mg.random.normal{2, 5, 4}, mg.random.normal{2, 5, 4}
+      local cases = {   -- name, the product of p under autocast, p, the same by hand (casts recorded)
+        {"matmul", function(p) return mg.matmul(x, p) end, w, function(p) return mg.matmul(f16(x), f16(p)) end},
+        {"dense", function(p) return mg.dense(x, p, b, "relu") end, w,
+         function(p) return mg.dense(f16(x), f16(p), b, "relu") end},
+        {"einsum", function(p) return mg.einsum("ij,jk->ik", x, p) end, w,
+         function(p) return mg.matmul(f16(x), f16(p)) end},
+        {"conv2d", function(p) return mg.conv2d(img, p, nil, {padding = "same"}) end, flt,
+         function(p) return mg.conv2d(f16(img), f16(p), nil, {padding = "same"}) end},
+        {"attention", function(p) return mg.scaled_dot_product_attention(q, p, v) end, mg.Variable(k),
+         function(p) return mg.scaled_dot_product_attention(f16(q), f16(p), f16(v)) end},
+      }
+      for _, c in ipairs(cases) do
+        local name, fn, p, by_hand = c[1], c[2], c[3], c[4]
+        local t = mg.tape()
+        local y = mg.autocast("float16", fn, p)
+        local loss = mg.sum(y * y)
+        t:stop()
+        assert.are.equal("float16", y.dtype, name)
+        local t2 = mg.tape()
+        local y2 = mg.cast(by_hand(p), "float16")
+        local loss2 = mg.sum(y2 * y2)
+        t2:stop()
+        same_bits(y, y2)
+        local g = t:gradient(loss, p)
+        assert.are.equal("float32", g.dtype, name)
+        same_bits(g, t2:gradient(loss2, p))
+      end
+      -- float16 operands outside autocast compute the same way
+      same_bits(mg.matmul(mg.cast(x, "float16"), mg.cast(w:value(), "float16")),
+                mg.cast(mg.matmul(f16(x), f16(w:value())), "float16"))
+    end)
+
+    it("loses gradients below float16's range without a loss scale, and keeps them with one", function()
+      local x, w = mg.random.normal{16, 8}, mg.Variable(mg.random.normal{8, 4})
+      local function g_at (scale)
+        local t = mg.tape()
+        local y = mg.autocast("float16", mg.matmul, x, w)
+        local loss = mg.sum(y) * 1e-8 * scale              -- dy = 1e-8: below float16's least subnormal
+        t:stop()
+        return t:gradient(loss, w) / scale
+      end
+      local t = mg.tape()
+      local exact = mg.sum(mg.matmul(x, w)) * 1e-8
+      t:stop()
+      local want = t:gradient(exact, w)
+      assert.are.equal(0, mg.max(mg.abs(g_at(1))):item())   -- all underflowed
+      assert.is_true(rel_err(g_at(2 ^ 15), want) < 2e-3)
+    end)
+
+    it("a LossScaleOptimizer in float32 trains exactly as its optimizer alone (powers of two scale exactly)", function()
+      local function run (scaled)
+        mg.random.seed(7)
+        local w = mg.Variable(mg.random.normal{4, 3})
+        local x, y = mg.random.normal{8, 4}, mg.random.normal{8, 3}
+        local opt = mg.optim.Adam{learning_rate = 0.01}
+        if scaled then opt = mg.optim.LossScaleOptimizer(opt, {initial_scale = 2 ^ 10, dynamic_growth_steps = 3}) end
+        for _ = 1, 10 do
+          local t = mg.tape()
+          local loss = mg.mean((mg.matmul(x, w) - y) ^ 2)
+          if scaled then loss = opt:scale_loss(loss) end
+          t:stop()
+          opt:minimize(loss, {w}, t)
+        end
+        return w:value(), opt
+      end
+      local plain = run(false)
+      local scaled, opt = run(true)
+      same_bits(plain, scaled)
+      assert.are.equal(2 ^ 13, opt.loss_scale)          -- three doublings in ten good steps
+      assert.are.equal(10, opt.iterations)
+    end)
+
+    it("skips a step whose gradients overflow, leaving variables and slots as they were", function()
+      local w = mg.Variable(mg.constant{1, 2})
+      local opt = mg.optim.LossScaleOptimizer(mg.optim.Adam(), {initial_scale = 2})
+      opt:apply_gradients({mg.constant{1, 1}}, {w})
+      local before, m = w:value() * 1, opt.m[w] * 1
+      assert.is_false(opt:apply_gradients({mg.constant{1, 0 / 0}}, {w}))
+      same_bits(before, w:value())
+      same_bits(m, opt.m[w])
+      assert.are.equal(1, opt.loss_scale)
+      assert.are.equal(1, opt.skipped_steps)
+      -- at scale 1 the scale stays at 1 (and says once that the model itself diverges)
+      assert.is_false(opt:apply_gradients({mg.constant{1 / 0, 1}}, {w}))
+      assert.are.equal(1, opt.loss_scale)
+      -- gradients with holes (nil for an unconnected variable) and the pairs form
+      local v = mg.Variable(mg.constant{3})
+      assert.is_true(opt:apply_gradients({nil, mg.constant{2}, n = 2}, {w, v}))
+      assert.is_true(opt:apply_gradients({{mg.constant{2, 2}, w}}))
+      assert.has_error(function() opt:scale_loss("x") end,
+                       "LossScaleOptimizer:scale_loss: loss must be a tensor or a number, got 'x'")
+      assert.has_error(function() opt.scale_loss(3, mg.ones{}) end)
+    end)
+
+    it("fit{mixed_precision = 'float16'} scales the loss itself and trains as float32 does", function()
+      mg.random.seed(3)
+      local x = mg.random.normal{256, 12}
+      local y = mg.argmax(mg.matmul(x, mg.random.normal{12, 3}), 2)
+      local function model ()
+        mg.random.seed(5)
+        local m = mg.nn.Sequential{mg.nn.Dense(32, "relu"), mg.nn.Dense(3)}
+        m:compile{optimizer = mg.optim.Adam(), loss = mg.losses.SparseCategoricalCrossentropy{from_logits = true}}
+        return m
+      end
+      local m32, m16 = model(), model()
+      local h32 = m32:fit(x, y, {epochs = 4, verbose = 0, shuffle = false})
+      local opt = m16.optimizer
+      local h16 = m16:fit(x, y, {epochs = 4, verbose = 0, shuffle = false, mixed_precision = "float16"})
+      local l32, l16 = h32.history.loss[4], h16.history.loss[4]
+      assert.is_true(math.abs(l16 - l32) < 0.02 * l32, ("%g vs %g"):format(l16, l32))
+      assert.are.equal(opt, m16.optimizer)              -- the wrapper was fit's alone
+      assert.are.equal(32, opt.iterations)             -- no step skipped at these values
+      for _, v in ipairs(m16.trainable_variables) do assert.are.equal("float32", v.dtype) end
     end)
   end)
 end)

@@ -393,7 +393,19 @@ static void autocast (void) {
   int64_t s2[2] = {4, 4};
   mg_tensor *x = mg_full(s2, 2, MG_FLOAT32, 0.5);
   mg_variable *w = mg_variable_new(x, "w", 1);
-  says("push(float16)", mg_autocast_push(MG_FLOAT16) == MG_ERR, "autocast: float16 products need AVX512-FP16");
+  if (!mg_cpu_has_float16())
+    says("push(float16)", mg_autocast_push(MG_FLOAT16) == MG_ERR, "autocast: float16 needs a CPU with AVX512-FP16");
+  /* emulated float16: a float16 product, the previous setting given back */
+  bool was = mg_autocast_emulate_float16(true);
+  checks++;
+  mg_tensor *h = NULL;
+  if (mg_autocast_push(MG_FLOAT16) != MG_OK || (h = mg_matmul(x, x)) == NULL || mg_tensor_dtype(h) != MG_FLOAT16 ||
+      mg_tensor_get(h, (int64_t[]){0, 0}) != 1.0 || mg_autocast_emulate_float16(was) != true) {
+    fprintf(stderr, "c_api_test: float16 autocast: %s\n", mg_errmsg());
+    failures++;
+  }
+  mg_autocast_pop();
+  mg_tensor_release(h);
   says("push(int64)", mg_autocast_push(MG_INT64) == MG_ERR, "autocast: dtype must be bfloat16");
   mg_tape *t = mg_tape_new(0, 1);
   checks++;

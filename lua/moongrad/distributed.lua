@@ -29,6 +29,7 @@
 local mg = require "moongrad"
 local check = require "moongrad.check"
 local class = require "moongrad.class"
+local optim = require "moongrad.optim"
 
 local fail, show = check.fail, check.show
 
@@ -129,34 +130,8 @@ end
 local DistributedOptimizer = class("moongrad.distributed.DistributedOptimizer")
 dist.DistributedOptimizer_class = DistributedOptimizer
 
---- The __index of an optimizer wrapper: cls's own methods, else the wrapped
--- optimizer's (self.optimizer) fields and methods (learning_rate, iterations,
--- get_state, ...), a method called on the wrapper getting the inner one as self.
-function dist._forwarding_index (cls)
-  return function(self, k)
-    local m = rawget(cls, k)
-    if m ~= nil then return m end
-    local inner = rawget(self, "optimizer")
-    local v = inner[k]
-    if type(v) ~= "function" then return v end
-    return function(first, ...)
-      if first == self then return v(inner, ...) end
-      return v(first, ...)
-    end
-  end
-end
-
---- apply_gradients' arguments: Keras' list of {gradient, variable} pairs as two lists
-function dist._split_pairs (grads, vars)
-  if vars == nil and type(grads) == "table" then
-    local list = grads
-    grads, vars = {n = #list}, {}
-    for i, p in ipairs(list) do
-      if type(p) == "table" then grads[i], vars[i] = p[1], p[2] end
-    end
-  end
-  return grads, vars
-end
+-- the wrappers' shared parts (optim's: LossScaleOptimizer is one too)
+dist._forwarding_index, dist._split_pairs = optim._forwarding_index, optim._split_pairs
 
 DistributedOptimizer.__index = dist._forwarding_index(DistributedOptimizer)
 

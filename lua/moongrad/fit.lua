@@ -47,6 +47,7 @@ local check = require "moongrad.check"
 local mixed_precision = require "moongrad.mixed_precision"
 local class = require "moongrad.class"
 local layer_mod = require "moongrad.layer"
+local optim = require "moongrad.optim"
 
 local fail, show = check.fail, check.show
 
@@ -202,7 +203,7 @@ local COMPILE = {{"optimizer", optimizer_rule, "rmsprop"}, {"loss", check.rule("
 local function compile (self, opts)
   local who = "compile"
   opts = check.options(who, opts, COMPILE)
-  local optimizer = require("moongrad.optim").get(opts.optimizer, who)
+  local optimizer = optim.get(opts.optimizer, who)
   local c = {metrics = {}}
   if opts.loss ~= nil then
     c.loss, c.loss_name, c.from_logits = require("moongrad.losses").get(opts.loss, who)
@@ -295,15 +296,17 @@ local function train_step (self, x, y)
     local out = forward(x)
     return out, c.loss(y, out)
   end)
+  local scaler = rawget(self, "_loss_scaler")
+  local scaled = ok and scaler and check.is_array(loss) and scaler:scale_loss(loss) or loss   -- on the tape
   t:stop()
   if not ok then error(y_pred, 0) end
   if not check.is_array(loss) then fail(who, "the loss gave %s; it must give a scalar tensor", show(loss)) end
   local vars, opt = self.trainable_variables, self.optimizer
   local ok_m, minimize = pcall(function() return opt.minimize end)
   if ok_m and check.is_callable(minimize) then
-    opt:minimize(loss, vars, t)                      -- distributed: gradients sent while the backward runs
+    opt:minimize(scaled, vars, t)                    -- distributed: gradients sent while the backward runs
   else
-    opt:apply_gradients(t:gradient(loss, vars), vars)
+    opt:apply_gradients(t:gradient(scaled, vars), vars)
   end
   return batch_logs(self, c, who, loss, y, y_pred)
 end
@@ -616,6 +619,10 @@ end
 local batch_size_rule = check.positive_integer
 local epoch_rule = check.rule("an integer >= 0", function(v) return math.type(v) == "integer" and v >= 0 end)
 
+-- the LossScaleOptimizer fit{mixed_precision = "float16"} put around each
+-- optimizer: its scale goes on from one fit to the next
+local loss_scalers = setmetatable({}, {__mode = "k"})
+
 -- fit's mixed_precision: the dtype products run in, or false (float32)
 local precision_rule = check.rule('"bfloat16", "float16", "float32" or false', function(v)
   return v == false or v == "bfloat16" or v == "float16" or v == "float32"
@@ -783,6 +790,13 @@ local function fit_method (self, x, y, opts)
   if precision then mg.autocast(precision, function() end) end   -- refused here, not after an epoch
   rawset(self, "_autocast", precision)
   local optimizer = self.optimizer
+  local scaler = optim._loss_scaler(optimizer)
+  if precision == "float16" and not scaler then      -- as Keras' compile under mixed_float16
+    scaler = loss_scalers[optimizer] or optim.LossScaleOptimizer(optimizer)
+    loss_scalers[optimizer] = scaler                 -- its scale goes on from one fit to the next
+    self.optimizer = scaler
+  end
+  rawset(self, "_loss_scaler", scaler)
   if o.distributed then                              -- for this fit: gradients averaged over the ranks
     local dist = require "moongrad.distributed"
     if not dist.is_initialized() then
@@ -796,6 +810,7 @@ local function fit_method (self, x, y, opts)
   rawset(self, "_memory_plan", nil)
   rawset(self, "_train_forward", nil)
   rawset(self, "_autocast", nil)
+  rawset(self, "_loss_scaler", nil)
   self.optimizer = optimizer
   if not ok then error(history, 0) end
   return history

@@ -446,7 +446,7 @@ E("saved_tensors_hooks", {{"pack", "function(x) returning what is kept; or \"flo
                           {"unpack", "function(packed) returning the tensor"}, FN, ARGS},
   "fn's results",
   "x = mg.Variable(mg.tensor{1, 2})\nt = mg.tape()\ny = mg.saved_tensors_hooks(\"bfloat16\", function() return (x * x):sum() end)\nt:stop()\nt:gradient(y, x) --> {2.0, 4.0}")
-E("autocast", {{"dtype", "\"bfloat16\"; \"float16\" where oneDNN has float16 products; \"float32\" or false: off inside"},
+E("autocast", {{"dtype", "\"bfloat16\"; \"float16\" on AVX512-FP16 CPUs or after mixed_precision.emulate_float16(true); \"float32\" or false: off inside"},
                {"fn", "the function to run (omitted: a region open until its <close> variable goes)", "nil"}, ARGS},
   "fn's results, or a region with :close()",
   "a = mg.ones{2, 2}\nmg.autocast(\"bfloat16\", function() return mg.matmul(a, a) end).dtype --> bfloat16")
@@ -458,6 +458,12 @@ E("mixed_precision.set_global_policy", {{"name", "\"mixed_bfloat16\", \"mixed_fl
   "the previous policy's name",
   "was = mg.mixed_precision.set_global_policy(\"mixed_bfloat16\")\nmg.mixed_precision.set_global_policy(was) --> mixed_bfloat16")
 E("mixed_precision.global_policy", {}, "a policy name", "mg.mixed_precision.global_policy() --> float32")
+E("mixed_precision.emulate_float16", {{"on", "true or false"}}, "the previous setting",
+  "was = mg.mixed_precision.emulate_float16(true)\nmg.autocast(\"float16\", mg.matmul, mg.ones{2, 2}, mg.ones{2, 2}).dtype --> float16\nmg.mixed_precision.emulate_float16(was) --> true")
+E("mixed_precision.LossScaleOptimizer", {{"opt", "the optimizer to wrap"},
+                                         {"opts", "initial_scale=, dynamic=, dynamic_growth_steps=, name=", "{initial_scale=32768, dynamic=true, dynamic_growth_steps=2000}"}},
+  "the same class as optim.LossScaleOptimizer",
+  "mg.mixed_precision.LossScaleOptimizer == mg.optim.LossScaleOptimizer --> true")
 E("mixed_precision.autocast_dtype", {{"model", "a layer or model (its dtype_policy)"},
                                      {"asked", "a dtype name or false: wins when given", "nil"}},
   "a dtype name or false",
@@ -661,6 +667,10 @@ E("optim.AdamW", {{"opts", "learning_rate=, beta1=, beta2=, epsilon=, " .. CLIP,
   "opt = mg.optim.AdamW{learning_rate = 0.1, weight_decay = 0.1}\nw = mg.Variable(mg.tensor{1, 2})\nopt:apply_gradients({mg.tensor{1, 1}}, {w})\nw:value() --> {0.8900, 1.8800}")
 E("optim.RMSprop", {{"opts", "learning_rate=, rho=, momentum=, epsilon=, centered=, " .. CLIP, "{learning_rate=0.001, rho=0.9}"}}, OPT_RET,
   "opt = mg.optim.RMSprop{learning_rate = 0.01}\nw = mg.Variable(mg.tensor{1, 2})\nopt:apply_gradients({mg.tensor{1, 1}}, {w})\nw:value() --> {0.9684, 1.9684}")
+E("optim.LossScaleOptimizer", {{"opt", "the optimizer to wrap"},
+                               {"opts", "initial_scale=, dynamic=, dynamic_growth_steps=, name=", "{initial_scale=32768, dynamic=true, dynamic_growth_steps=2000}"}},
+  "an optimizer: opt:scale_loss(loss) while the tape records, then opt:apply_gradients(grads, vars) (false: a step skipped)",
+  "opt = mg.optim.LossScaleOptimizer(mg.optim.SGD(0.1), {initial_scale = 8})\nw = mg.Variable(mg.tensor{1, 2})\nopt:apply_gradients({mg.tensor{8, 8}}, {w}) --> true\nw:value() --> {0.9000, 1.9000}\nopt:apply_gradients({mg.tensor{1 / 0, 8}}, {w}) --> false\nopt.loss_scale --> 4.0")
 E("optim.get", {{"spec", "an optimizer, or \"sgd\" \"adam\" \"adamw\" \"rmsprop\""}}, "an optimizer",
   "opt = mg.optim.get(\"adam\")\nopt:get_learning_rate() --> 0.001")
 E("optim.schedules", {}, "the table mg.schedules", "mg.optim.schedules == mg.schedules --> true")

@@ -28,7 +28,8 @@ end
 
 --- set_global_policy(name): the policy of every model that sets none
 -- ("mixed_bfloat16", "mixed_float16", "float32"); returns the previous one.
--- mixed_float16 is refused where this CPU has no float16 products.
+-- mixed_float16 is refused on a CPU without AVX512-FP16 (see emulate_float16);
+-- fit under it scales the loss (a LossScaleOptimizer around the optimizer).
 function mixed_precision.set_global_policy (name)
   check_policy("set_global_policy", name)
   if POLICIES[name] == "float16" then mg.autocast("float16", function() end) end   -- the refusal, with its reason
@@ -36,6 +37,18 @@ function mixed_precision.set_global_policy (name)
   global = name
   return was
 end
+
+--- emulate_float16(on) -> the previous setting: allow float16 autocast on a
+-- CPU without AVX512-FP16. Its products run widened to float32 and round
+-- to float16 on every CPU (this oneDNN has no float16 kernels): float16's
+-- numerics (to reproduce a GPU run's overflow, or test a loss scale), not
+-- its speed, and the tape keeps float32 copies.
+function mixed_precision.emulate_float16 (on)
+  check.value("emulate_float16", "on", on, check.boolean)
+  return mg._autocast_emulate_float16(on)
+end
+
+mixed_precision.LossScaleOptimizer = require("moongrad.optim").LossScaleOptimizer
 
 --- global_policy() -> the policy name models use by default
 function mixed_precision.global_policy () return global end

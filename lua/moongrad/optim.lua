@@ -507,6 +507,236 @@ optimizer_class("RMSprop", spec_of({{"learning_rate", lr_rule, 1e-3}, {"rho", ch
 -- }=============================================================
 
 
+-- {===================== optimizer wrappers ====================
+
+--- The __index of an optimizer wrapper: cls's own methods, else the wrapped
+-- optimizer's (self.optimizer) fields and methods (learning_rate, iterations,
+-- get_state, ...), a method called on the wrapper getting the inner one as self.
+function optim._forwarding_index (cls)
+  return function(self, k)
+    local m = rawget(cls, k)
+    if m ~= nil then return m end
+    local inner = rawget(self, "optimizer")
+    local v = inner[k]
+    if type(v) ~= "function" then return v end
+    return function(first, ...)
+      if first == self then return v(inner, ...) end
+      return v(first, ...)
+    end
+  end
+end
+
+--- apply_gradients' arguments: Keras' list of {gradient, variable} pairs as two lists
+function optim._split_pairs (grads, vars)
+  if vars == nil and type(grads) == "table" then
+    local list = grads
+    grads, vars = {n = #list}, {}
+    for i, p in ipairs(list) do
+      if type(p) == "table" then grads[i], vars[i] = p[1], p[2] end
+    end
+  end
+  return grads, vars
+end
+
+local function is_optimizer (opt)
+  local ok, method = pcall(function() return opt.apply_gradients end)
+  return ok and check.is_callable(method)
+end
+
+-- }=============================================================
+
+
+-- {==================== LossScaleOptimizer =====================
+
+--- LossScaleOptimizer(opt [, {initial_scale = 2^15, dynamic = true,
+-- dynamic_growth_steps = 2000}]): Keras' loss scaling for float16 training
+-- (PyTorch's GradScaler). float16 gradients underflow to zero below 6e-8 and
+-- overflow above 65504; scaling the loss by opt.loss_scale scales every
+-- gradient the tape makes by it, and apply_gradients divides them back
+-- before opt's update. With dynamic = true a step whose gradients hold an
+-- infinity or a NaN is skipped and the scale halved (down to 1); after
+-- dynamic_growth_steps finite steps in a row it doubles. The loop:
+--   local t = mg.tape()
+--   local loss = mg.autocast("float16", function() return loss_fn(y, model(x)) end)
+--   local scaled = opt:scale_loss(loss)             -- while the tape records
+--   t:stop()
+--   opt:apply_gradients(t:gradient(scaled, vars), vars)   -- false: skipped
+-- fit{mixed_precision = "float16"} does this itself. Everything else
+-- (learning_rate, iterations, slots) is opt's.
+local LossScaleOptimizer = class("moongrad.optim.LossScaleOptimizer")
+LossScaleOptimizer.__index = optim._forwarding_index(LossScaleOptimizer)
+function LossScaleOptimizer.__newindex (self, k, v) rawget(self, "optimizer")[k] = v end
+
+local scale_rule = check.rule("a positive finite number", function(v)
+  return type(v) == "number" and v > 0 and v < math.huge
+end)
+local LOSS_SCALE = {{"initial_scale", scale_rule, 2 ^ 15}, {"dynamic", check.boolean, true},
+                    {"dynamic_growth_steps", check.positive_integer, 2000}, {"name", check.string}}
+-- the inner optimizer's options, which Keras too refuses on the wrapper
+local INNER = {"learning_rate", "weight_decay", "clipnorm", "clipvalue", "global_clipnorm"}
+
+function LossScaleOptimizer.__new (opt, opts)
+  local who = "LossScaleOptimizer"
+  if not is_optimizer(opt) then
+    fail(who, "the optimizer must be an optimizer (mg.optim.Adam{...}), got %s", show(opt))
+  end
+  if getmetatable(opt) == LossScaleOptimizer then fail(who, "the optimizer scales its loss already") end
+  for _, k in ipairs(INNER) do
+    if type(opts) == "table" and opts[k] ~= nil then
+      fail(who, "%s is an option of the inner optimizer: set it there (%s)", k, tostring(opt))
+    end
+  end
+  local o = check.options(who, opts, LOSS_SCALE)
+  return setmetatable({optimizer = opt, loss_scale = o.initial_scale, initial_scale = o.initial_scale,
+                       dynamic = o.dynamic, dynamic_growth_steps = o.dynamic_growth_steps, good_steps = 0,
+                       skipped_steps = 0, name = o.name or "LossScaleOptimizer"}, LossScaleOptimizer)
+end
+
+function LossScaleOptimizer.__tostring (self)
+  return ("moongrad.optim.LossScaleOptimizer (%s, loss_scale=%g)"):format(tostring(self.optimizer), self.loss_scale)
+end
+
+--- opt:scale_loss(loss) -> loss * opt.loss_scale (Keras 3's name; call it
+-- while the tape records); loss a tensor or a number. get_scaled_loss is
+-- Keras 2's name for it.
+function LossScaleOptimizer.scale_loss (self, loss)
+  check.self("LossScaleOptimizer:scale_loss", self, LossScaleOptimizer, "opt:scale_loss(loss)")
+  if not (check.is_array(loss) or type(loss) == "number") then
+    fail("LossScaleOptimizer:scale_loss", "loss must be a tensor or a number, got %s", show(loss))
+  end
+  return loss * self.loss_scale
+end
+LossScaleOptimizer.get_scaled_loss = LossScaleOptimizer.scale_loss
+
+-- grads times 1 / scale (exact for the powers of two the dynamic scale takes);
+-- nil holes kept
+local function unscaled (grads, n, scale)
+  local out, r = {n = n}, 1 / scale
+  for i = 1, n do
+    local g = grads[i]
+    if g ~= nil then out[i] = mg.is_variable(g) and g:value() * r or g * r end
+  end
+  return out
+end
+
+--- opt:get_unscaled_gradients(grads) -> the list with each gradient divided by
+-- the loss scale (Keras 2's name); apply_gradients does it itself.
+function LossScaleOptimizer.get_unscaled_gradients (self, grads)
+  local who = "LossScaleOptimizer:get_unscaled_gradients"
+  check.self(who, self, LossScaleOptimizer, "opt:get_unscaled_gradients(grads)")
+  if type(grads) ~= "table" or getmetatable(grads) ~= nil then fail(who, "grads must be a list, got %s", show(grads)) end
+  local n = grads.n or #grads
+  for i = 1, n do
+    if grads[i] ~= nil and not check.is_array(grads[i]) then
+      fail(who, "grads[%d] is %s, not a tensor", i, check.kind(grads[i]))
+    end
+  end
+  return unscaled(grads, n, self.loss_scale)
+end
+
+-- do all these gradients hold finite numbers only? (g * 0 is 0 for a
+-- finite entry and NaN for an infinite or NaN one; its sum cannot overflow)
+local function all_finite (grads, n)
+  for i = 1, n do
+    local g = grads[i]
+    if g ~= nil then
+      local z = mg.sum(g * 0):item()
+      if z ~= z then return false end
+    end
+  end
+  return true
+end
+
+--- opt:apply_gradients(grads, vars): grads (of the scaled loss) divided by
+-- the loss scale, then opt's update; true when applied. With dynamic scaling
+-- a gradient holding an infinity or a NaN skips the update (false), halves
+-- the scale and restarts the count of good steps; dynamic_growth_steps good
+-- steps in a row double it. The pairs form works as opt's.
+function LossScaleOptimizer.apply_gradients (self, grads, vars)
+  local who = "LossScaleOptimizer"
+  check.self(who, self, LossScaleOptimizer, "opt:apply_gradients(grads, vars)")
+  grads, vars = optim._split_pairs(grads, vars)
+  if type(grads) ~= "table" or type(vars) ~= "table" then
+    return self.optimizer:apply_gradients(grads, vars)      -- its own error
+  end
+  local n = math.max(grads.n or #grads, #vars)
+  for i = 1, n do
+    if grads[i] ~= nil and not check.is_array(grads[i]) then return self.optimizer:apply_gradients(grads, vars) end
+  end
+  local finite = not self.dynamic or mg.memory.dry_running() or all_finite(grads, n)
+  if not finite then
+    if self.loss_scale <= 1 and not rawget(self, "_warned") then
+      rawset(self, "_warned", true)
+      io.stderr:write("LossScaleOptimizer: the gradients hold an infinity or a NaN at loss scale 1: "
+                      .. "the model itself diverges (mg.debug.check_numerics(true) names the op)\n")
+    end
+    self.loss_scale = math.max(self.loss_scale / 2, 1)
+    self.good_steps = 0
+    self.skipped_steps = self.skipped_steps + 1
+    return false
+  end
+  self.optimizer:apply_gradients(unscaled(grads, n, self.loss_scale), vars)
+  if self.dynamic and not mg.memory.dry_running() then
+    self.good_steps = self.good_steps + 1
+    if self.good_steps >= self.dynamic_growth_steps then
+      self.loss_scale = self.loss_scale * 2
+      self.good_steps = 0
+    end
+  end
+  return true
+end
+
+--- opt:minimize(loss, vars, tape): apply_gradients(tape:gradient(loss, vars),
+-- vars), loss being the scaled one (opt:scale_loss while the tape recorded)
+function LossScaleOptimizer.minimize (self, loss, vars, tape)
+  local who = "LossScaleOptimizer:minimize"
+  check.self(who, self, LossScaleOptimizer, "opt:minimize(loss, vars, tape)")
+  check.minimize_args(who, loss, vars, tape)
+  return self:apply_gradients(tape:gradient(loss, vars), vars)
+end
+
+--- opt:get_state([vars]): opt's state, with loss_scale and good_steps
+function LossScaleOptimizer.get_state (self, vars)
+  check.self("LossScaleOptimizer:get_state", self, LossScaleOptimizer, "opt:get_state()")
+  local state = self.optimizer:get_state(vars)
+  state.loss_scale, state.good_steps = self.loss_scale, self.good_steps
+  return state
+end
+
+--- opt:set_state(state [, vars]): restores what get_state returned
+function LossScaleOptimizer.set_state (self, state, vars)
+  local who = "LossScaleOptimizer:set_state"
+  check.self(who, self, LossScaleOptimizer, "opt:set_state(state)")
+  if type(state) == "table" then
+    if state.loss_scale ~= nil then check.value(who, "state.loss_scale", state.loss_scale, scale_rule) end
+    if state.good_steps ~= nil and not (math.type(state.good_steps) == "integer" and state.good_steps >= 0) then
+      fail(who, "state.good_steps must be an integer >= 0, got %s", show(state.good_steps))
+    end
+  end
+  local inner = {}
+  for k, v in pairs(type(state) == "table" and state or {}) do
+    if k ~= "loss_scale" and k ~= "good_steps" then inner[k] = v end
+  end
+  self.optimizer:set_state(type(state) == "table" and inner or state, vars)
+  if state.loss_scale ~= nil then self.loss_scale = state.loss_scale end
+  if state.good_steps ~= nil then self.good_steps = state.good_steps end
+  return self
+end
+
+optim.LossScaleOptimizer = LossScaleOptimizer
+
+--- The loss scaler an optimizer (or a distributed wrapper of one) is, or nil
+function optim._loss_scaler (opt)
+  while type(opt) == "table" do
+    if getmetatable(opt) == LossScaleOptimizer then return opt end
+    opt = rawget(opt, "optimizer")
+  end
+  return nil
+end
+
+-- }=============================================================
+
+
 --- get(spec): an optimizer for compile: an optimizer object (anything with
 -- apply_gradients), or a name ("sgd", "adam", "adamw", "rmsprop") for one with
 -- the default settings.

@@ -69,6 +69,10 @@ local function check_elementwise (self, who)
     fail(who, "%s clips by a norm (clipnorm or global_clipnorm), which needs whole gradients; a sharded "
               .. "step sees a shard of them (use clipvalue, or the replicated DistributedOptimizer)", tostring(inner))
   end
+  if require("moongrad.optim")._loss_scaler(inner) then
+    fail(who, "%s scales the loss: each rank would check only its shard of the gradients for infinities and "
+              .. "skip steps the others take (use the replicated DistributedOptimizer)", tostring(inner))
+  end
 end
 
 -- {---- the layout ----

@@ -233,6 +233,7 @@ typedef struct mg_autocast_state {
   mg_dtype outer[MG_AUTOCAST_DEPTH];        /* the dtype each open region replaced */
   mg_autocast_cast *cache;
   int ncache, capcache;
+  bool float16_emulated;                    /* float16 regions allowed without AVX512-FP16 */
 } mg_autocast_state;
 
 /* the thread team's size (threads.c) */

@@ -17,16 +17,27 @@ static mg_dtype check_region_dtype (lua_State *L) {
   return mgL_optdtype(L, 1, MG_FLOAT32);
 }
 
-/* opens a region; says once per process when this CPU runs bfloat16
-** products emulated */
+/* opens a region; says once per process when its products run emulated */
 static void push_region (lua_State *L, mg_dtype dt) {
-  static int warned;
+  static int warned[2];
   if (mg_autocast_push(dt) != MG_OK) mgL_error(L);
-  if (dt == MG_BFLOAT16 && mg_half_isa(dt) == NULL && !warned) {
-    warned = 1;
+  if (dt == MG_BFLOAT16 && mg_half_isa(dt) == NULL && !warned[0]) {
+    warned[0] = 1;
     fprintf(stderr, "moongrad: warning: autocast: this CPU has no bfloat16 dot products (avx512_bf16 or "
                     "AMX); bfloat16 products are emulated or run in float32: correct, but slower than float32\n");
   }
+  if (dt == MG_FLOAT16 && !warned[1]) {
+    warned[1] = 1;
+    fprintf(stderr, "moongrad: warning: autocast: float16 products run widened to float32 (this oneDNN has "
+                    "no float16 kernels for CPUs): float16's rounding and range, not its speed\n");
+  }
+}
+
+/* _autocast_emulate_float16(on): allow float16 regions without AVX512-FP16; the previous setting */
+static int l_emulate_float16 (lua_State *L) {
+  luaL_checktype(L, 1, LUA_TBOOLEAN);
+  lua_pushboolean(L, mg_autocast_emulate_float16(lua_toboolean(L, 1)));
+  return 1;
 }
 
 /* a region a <close> variable holds: closed once, innermost first */
@@ -96,6 +107,7 @@ void mgL_open_autocast (lua_State *L) {
   lua_setfield(L, -2, "__index");
   lua_pop(L, 1);
   static const luaL_Reg fns[] = {{"autocast", l_autocast}, {"autocast_dtype", l_autocast_dtype},
-                                 {"autocast_isa", l_autocast_isa}, {NULL, NULL}};
+                                 {"autocast_isa", l_autocast_isa}, {"_autocast_emulate_float16", l_emulate_float16},
+                                 {NULL, NULL}};
   luaL_setfuncs(L, fns, 0);
 }

@@ -1136,8 +1136,9 @@ mg_tensor *mg_scaled_dot_product_attention (mg_tensor *q, mg_tensor *k, mg_tenso
   MG_CHECK_ARG("mg_scaled_dot_product_attention", v, NULL);
   /* under autocast: bfloat16 q, k, v, as the other products' operands; not
   ** where the CPU has no bfloat16 products (they would be widened again:
-  ** float32's speed, with rounded inputs and float32 copies on the tape) */
-  bool cast = mg_half_isa(MG_BFLOAT16) != NULL;
+  ** float32's speed, with rounded inputs and float32 copies on the tape).
+  ** float16 always: its products are widened anyway, for float16's numerics */
+  bool cast = mg_autocast_dtype() == MG_FLOAT16 || mg_half_isa(MG_BFLOAT16) != NULL;
   mg_tensor *qh = cast ? mg_autocast_operand(q) : mg_tensor_retain(q);
   mg_tensor *kh = cast ? mg_autocast_operand(k) : mg_tensor_retain(k);
   mg_tensor *vh = cast ? mg_autocast_operand(v) : mg_tensor_retain(v);
@@ -1161,6 +1162,11 @@ static mg_tensor *attention_of (mg_tensor *q, mg_tensor *k, mg_tensor *v, mg_ten
     mg_tensor_release(q32);
     mg_tensor_release(k32);
     mg_tensor_release(v32);
+    if (r && q->dtype == MG_FLOAT16 && k->dtype == MG_FLOAT16 && v->dtype == MG_FLOAT16) {
+      mg_tensor *h = mg_cast(r, MG_FLOAT16);        /* a float16 product's result, as matmul's */
+      mg_tensor_release(r);
+      r = h;
+    }
     return r;
   }
   if (sdpa_check(fn, q, k, v, mask, p) != MG_OK) return NULL;

@@ -10,7 +10,9 @@
 ** cast once per outermost region (PyTorch's weight cast cache) while the
 ** same tapes record: the tapes forget the casts when that changes
 ** (mg_autocast_forget), since a cast recorded on one set of tapes would not
-** connect a gradient on another.
+** connect a gradient on another. float16 regions cast the same way; their
+** products run widened to float32 (FLOAT16_AS_FLOAT32, op.h): oneDNN 2.6
+** has no float16 kernels for CPUs.
 */
 #include <stdlib.h>
 
@@ -35,12 +37,27 @@ const char *mg_half_isa (mg_dtype dt) {
   return NULL;
 }
 
+bool mg_cpu_has_float16 (void) {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512fp16");
+}
+
+bool mg_autocast_emulate_float16 (bool on) {
+  mg_autocast_state *s = &mg_ctx()->autocast;
+  bool was = s->float16_emulated;
+  s->float16_emulated = on;
+  return was;
+}
+
 mg_status mg_autocast_push (mg_dtype dt) {
   mg_autocast_state *s = &mg_ctx()->autocast;
-  if (dt == MG_FLOAT16)
-    return mg_seterror("autocast: float16 products need AVX512-FP16 kernels, which this oneDNN (%d.%d) "
-                       "does not have on CPUs; use bfloat16", DNNL_VERSION_MAJOR, DNNL_VERSION_MINOR);
-  if (dt != MG_BFLOAT16 && dt != MG_FLOAT32)
+  if (dt == MG_FLOAT16 && !mg_cpu_has_float16() && !s->float16_emulated)
+    return mg_seterror("autocast: float16 needs a CPU with AVX512-FP16, and this one has none: its float16 "
+                       "products would run widened to float32, slower than float32 itself (oneDNN %d.%d has "
+                       "no float16 kernels on CPUs either). Use bfloat16, or "
+                       "mixed_precision.emulate_float16(true) to run float16's numerics anyway",
+                       DNNL_VERSION_MAJOR, DNNL_VERSION_MINOR);
+  if (dt != MG_BFLOAT16 && dt != MG_FLOAT16 && dt != MG_FLOAT32)
     return mg_seterror("autocast: dtype must be bfloat16, float16 or float32 (off), got %s", mg_dtype_name(dt));
   if (s->depth >= MG_AUTOCAST_DEPTH)
     return mg_seterror("autocast: regions nest %d deep at most", MG_AUTOCAST_DEPTH);

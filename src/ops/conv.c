@@ -146,8 +146,8 @@ static int64_t out_numel (const geom *g) { return g->N * g->OH * g->OW * g->O; }
 static mg_status check_image (const char *fn, const char *what, const char *dims, const mg_tensor *t) {
   char s[160];
   bool half = strncmp(fn, "conv2d", 6) == 0 || strncmp(fn, "max_pool2d", 10) == 0;   /* autocast's */
-  if (!(mg_is_float(t->dtype) || (half && t->dtype == MG_BFLOAT16)))
-    return mg_seterror("%s: %s must be float32%s or float64, got %s", fn, what, half ? ", bfloat16" : "",
+  if (!(mg_is_float(t->dtype) || (half && mg_is_half(t->dtype))))
+    return mg_seterror("%s: %s must be float32%s or float64, got %s", fn, what, half ? ", bfloat16, float16" : "",
                        mg_dtype_name(t->dtype));
   if (t->ndim != 4)
     return mg_seterror("%s: %s must have 4 dimensions %s, got shape %s", fn, what, dims,
@@ -1156,6 +1156,7 @@ mg_tensor *mg_conv2d_act (mg_tensor *x, mg_tensor *w, mg_tensor *b, const mg_con
 
 static mg_tensor *conv2d_of (mg_tensor *x, mg_tensor *w, mg_tensor *b, const mg_conv_params *p,
                              mg_activation act) {
+  FLOAT16_AS_FLOAT32(x, w, conv2d_of(x, w, b, p, act));      /* the bias: float32 already */
   const char *fn = "conv2d";
   char s1[160];
   if (check_image(fn, "input", "(N,H,W,C)", x) != MG_OK) return NULL;
@@ -1216,6 +1217,7 @@ mg_tensor *mg_conv2d_backward_input (mg_tensor *dy, mg_tensor *w, const int64_t 
 
 static mg_tensor *backward_input_of (mg_tensor *dy, mg_tensor *w, const int64_t input_shape[4],
                                      const mg_conv_params *p) {
+  FLOAT16_AS_FLOAT32(dy, w, backward_input_of(dy, w, input_shape, p));
   const char *fn = "conv2d_backward_input";
   char s1[160], s2[200];
   if (check_image(fn, "dy", "(N,OH,OW,Cout)", dy) != MG_OK) return NULL;
@@ -1260,6 +1262,7 @@ mg_tensor *mg_conv2d_backward_filter (mg_tensor *x, mg_tensor *dy, const int64_t
 
 static mg_tensor *backward_filter_of (mg_tensor *x, mg_tensor *dy, const int64_t filter_shape[4],
                                       const mg_conv_params *p) {
+  FLOAT16_AS_FLOAT32(x, dy, backward_filter_of(x, dy, filter_shape, p));
   const char *fn = "conv2d_backward_filter";
   char s1[160], s2[200];
   if (check_image(fn, "input", "(N,H,W,C)", x) != MG_OK) return NULL;

@@ -106,8 +106,8 @@ MG_ROW(DENSE, dense) = {
 static mg_status check_dense (mg_tensor *x, mg_tensor *w, mg_tensor *b, const char *activation, mg_activation *act) {
   const char *fn = "dense";
   char s1[160], s2[160];
-  if (!(mg_is_float(x->dtype) || x->dtype == MG_BFLOAT16))
-    return mg_seterror("%s: x must be float32, float64 or bfloat16, got %s", fn, mg_dtype_name(x->dtype));
+  if (!(mg_is_float(x->dtype) || mg_is_half(x->dtype)))
+    return mg_seterror("%s: x must be float32, float64, bfloat16 or float16, got %s", fn, mg_dtype_name(x->dtype));
   /* a bfloat16 product (autocast's) adds a float32 bias as it is */
   bool b_ok = b == NULL || b->dtype == x->dtype || (x->dtype == MG_BFLOAT16 && b->dtype == MG_FLOAT32);
   if (w->dtype != x->dtype || !b_ok)
@@ -135,6 +135,12 @@ mg_tensor *mg_dense (mg_tensor *x, mg_tensor *w, mg_tensor *b, const char *activ
 }
 
 static mg_tensor *dense_of (mg_tensor *x, mg_tensor *w, mg_tensor *b, const char *activation) {
+  if (x->dtype == MG_FLOAT16 && w->dtype == MG_FLOAT16 && b && b->dtype == MG_FLOAT16) {
+    mg_tensor *b32 = mg_cast(b, MG_FLOAT32), *r = b32 ? dense_of(x, w, b32, activation) : NULL;
+    mg_tensor_release(b32);
+    return r;
+  }
+  FLOAT16_AS_FLOAT32(x, w, dense_of(x, w, b, activation));   /* a float32 bias adds as it is */
   mg_activation act;
   if (check_dense(x, w, b, activation, &act) != MG_OK) return NULL;
   int64_t shape[MG_MAX_DIMS];

@@ -183,8 +183,9 @@ mg_tensor *mg_matmul (mg_tensor *a, mg_tensor *b) {
   AUTOCAST_PAIR(a, b, matmul_of(a, b));            /* under autocast: bfloat16 */
 }
 
-/* a @ b of one dtype (float16 aside: a storage format) */
+/* a @ b of one dtype (float16 in float32: no float16 kernels) */
 static mg_tensor *matmul_of (mg_tensor *a, mg_tensor *b) {
+  FLOAT16_AS_FLOAT32(a, b, matmul_of(a, b));
   if (a->dtype != b->dtype)
     return mg_seterror("matmul: dtypes differ: %s @ %s", mg_dtype_name(a->dtype),
                        mg_dtype_name(b->dtype)), NULL;

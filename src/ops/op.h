@@ -297,6 +297,21 @@ bool mg_half_mixed (mg_tensor *const *xs, int n);
   } while (0)
 /* the same for two operands, either of which may be half */
 #define HALF_PAIR_AS_FLOAT32(a, b, COND, CALL) PAIR_AS(a, b, COND, mg_half_to_float32, CALL)
+/* a float16 product (oneDNN 2.6 has no float16 kernels on CPUs): both operands
+** widened to float32, the float32 product CALL, its result rounded to float16,
+** each step a recorded op (so the tapes keep float32 copies for the backward) */
+#define FLOAT16_AS_FLOAT32(a, b, CALL) do {                                  \
+    if ((a)->dtype == MG_FLOAT16 && (b)->dtype == MG_FLOAT16) {              \
+      mg_tensor *a_ = mg_cast(a, MG_FLOAT32), *b_ = mg_cast(b, MG_FLOAT32);   \
+      mg_tensor *w_ = NULL, *r_ = NULL;                                       \
+      if (a_ && b_) { a = a_; b = b_; w_ = CALL; }                            \
+      if (w_) r_ = mg_cast(w_, MG_FLOAT16);                                   \
+      mg_tensor_release(a_);                                                  \
+      mg_tensor_release(b_);                                                  \
+      mg_tensor_release(w_);                                                  \
+      return r_;                                                              \
+    }                                                                         \
+  } while (0)
 /* a product's two operands as it computes under the open autocast region */
 #define AUTOCAST_PAIR(a, b, CALL) PAIR_AS(a, b, true, mg_autocast_operand, CALL)
 /* the tapes recording changed: the cached casts go */
