@@ -19,6 +19,20 @@ describe("examples", function()
     assert.is_true(acc and acc > 0.85, out)
   end)
 
+  it("loss_scale.lua: float16 loses tiny gradients, the loss scale keeps them and trains as float32", function()
+    local out, code = h.run(h.bin .. " examples/loss_scale.lua 30 2>&1")
+    assert.equal(0, code, out)
+    local l32 = tonumber(out:match("\nfloat32 +([%d.]+) +0\n"))
+    local l16, z16 = out:match("\nfloat16 +([%d.]+) +(%d+)\n")
+    local ls, zs = out:match("\nfloat16%+scale +([%d.]+) +(%d+)\n")
+    assert.truthy(l32 and l16 and ls, out)
+    assert.equal("30", z16, out)                     -- every step's first-layer gradient underflowed
+    assert.equal("0", zs, out)
+    assert.is_true(math.abs(tonumber(ls) - l32) < 1e-3 * l32, out)
+    assert.is_true(tonumber(l16) > 1.2 * l32, out)
+    assert.truthy(out:find("float16 products run widened to float32", 1, true), out)   -- said once
+  end)
+
   it("memory_timeline.lua writes a trace and shows recompute holding less", function()
     local path = os.tmpname()
     local out, code = h.run(h.bin .. " examples/memory_timeline.lua " .. path)
