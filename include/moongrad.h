@@ -66,8 +66,8 @@ typedef enum mg_dtype {
   MG_FLOAT64,                      /* for gradient checks and precision */
   MG_INT64,                        /* indices and counts; never differentiated */
   MG_BOOL,                         /* results of comparisons; 1 byte */
-  MG_FLOAT16,                      /* IEEE half: storage only (cast to compute) */
-  MG_BFLOAT16,                     /* bfloat16: storage only (cast to compute) */
+  MG_FLOAT16,                      /* IEEE half: ops compute it in float32 */
+  MG_BFLOAT16,                     /* bfloat16: ops compute it in float32, products in bfloat16 */
   MG_DTYPE__COUNT
 } mg_dtype;
 

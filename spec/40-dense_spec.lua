@@ -269,7 +269,7 @@ describe("dense", function()
                      "dense: unknown activation 'gelu' (linear, relu, tanh or sigmoid)")
     assert.has_error(function() mg.dense(x, mg.ones{3}) end, "dense: w must be a matrix (in, out), got shape (3)")
     assert.has_error(function() mg.dense(mg.ones({2, 3}, "int64"), mg.ones{3, 5}) end,
-                     "dense: x must be float32, float64 or bfloat16, got int64")
+                     "dense: x must be float32, float64, bfloat16 or float16, got int64")
     assert.has_error(function() mg.dense(x, mg.ones({3, 5}, "float64")) end,
                      "dense: dtypes differ: x is float32, w is float64")
     assert.has_error(function() mg.dense(x, mg.ones{3, 5}, mg.ones({5}, "float64")) end,

@@ -876,6 +876,60 @@ describe("autocast", function()
       assert.has_error(function() opt.scale_loss(3, mg.ones{}) end)
     end)
 
+    it("re-runs (recompute, loops) replay float16 after emulation is switched off again", function()
+      local w = mg.Variable(mg.random.normal{8, 8})
+      local x = mg.random.normal{4, 8}
+      local f = mg.recompute_grad(function(a) return mg.tanh(mg.matmul(a, w)) end)
+      local t = mg.tape()
+      local y = mg.autocast("float16", function() return mg.sum(f(x)) end)
+      mg.mixed_precision.emulate_float16(false)
+      t:stop()
+      local g = t:gradient(y, w)
+      mg.mixed_precision.emulate_float16(true)
+      local t2 = mg.tape()
+      local y2 = mg.autocast("float16", function() return mg.sum(mg.tanh(mg.matmul(x, w))) end)
+      t2:stop()
+      same_bits(g, t2:gradient(y2, w))
+    end)
+
+    it("LossScaleOptimizer: a half loss scales in float32; checks come before the values; floors", function()
+      local opt = mg.optim.LossScaleOptimizer(mg.optim.SGD(0.1), {initial_scale = 2 ^ 16})
+      assert.are.equal(655360, opt:scale_loss(mg.cast(mg.constant(10), "float16")):item())   -- not inf
+      local w = mg.Variable(mg.constant{1, 2})
+      local function says (grads, vars, text)
+        local ok, err = pcall(opt.apply_gradients, opt, grads, vars)
+        assert.is_false(ok)
+        assert.truthy(tostring(err):find(text, 1, true), tostring(err))
+      end
+      says({mg.constant{1, 1, 1 / 0}}, {w}, "LossScaleOptimizer: gradients[1] has shape (3) but variables[1] has shape (2)")
+      says({mg.constant{1 / 0, 1}}, {"w"}, "LossScaleOptimizer: variables[1] is a string, not a Variable")
+      says({mg.constant({8, 8}, "int64")}, {w}, "LossScaleOptimizer: gradients[1] is int64 but variables[1] is float32")
+      assert.are.equal(2 ^ 16, opt.loss_scale)         -- nothing moved
+      local low = mg.optim.LossScaleOptimizer(mg.optim.SGD(0.1), {initial_scale = 0.5})
+      low:apply_gradients({mg.constant{1 / 0, 1}}, {w})
+      assert.are.equal(0.25, low.loss_scale)           -- a scale chosen below 1 keeps halving
+      assert.has_error(function() mg.optim.LossScaleOptimizer(mg.distributed.DistributedOptimizer(mg.optim.SGD())) end)
+    end)
+
+    it("a checkpoint's loss scale, restored into the plain optimizer, goes on in the next float16 fit", function()
+      local lso = mg.optim.LossScaleOptimizer(mg.optim.SGD(0.1), {initial_scale = 2 ^ 11})
+      local w = mg.Variable(mg.constant{1, 2})
+      lso:apply_gradients({mg.constant{1, 1}}, {w})
+      local state = lso:get_state()
+      local x, y = mg.random.normal{16, 2}, mg.random.normal{16, 1}
+      local m = mg.nn.Sequential{mg.nn.Dense(1)}
+      m:compile{optimizer = mg.optim.SGD(0.01), loss = "mse"}
+      m(x)
+      local seen
+      m.optimizer:set_state({optimizer = "SGD", iterations = 1, slots = {}, loss_scale = state.loss_scale,
+                             good_steps = state.good_steps}, {})
+      m:fit(x, y, {epochs = 1, batch_size = 16, verbose = 0, mixed_precision = "float16",
+                   callbacks = {mg.callbacks.LambdaCallback{on_epoch_end = function() seen = m.optimizer.loss_scale end}}})
+      assert.are.equal(2 ^ 11, seen)
+      assert.has_error(function() m.optimizer:set_state({optimizer = "SGD", iterations = 0, slots = {}, loss_scale = -1}, {}) end,
+                       "SGD:set_state: state.loss_scale must be a positive finite number, got -1")
+    end)
+
     it("fit{mixed_precision = 'float16'} scales the loss itself and trains as float32 does", function()
       mg.random.seed(3)
       local x = mg.random.normal{256, 12}

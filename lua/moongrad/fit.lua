@@ -792,8 +792,14 @@ local function fit_method (self, x, y, opts)
   local optimizer = self.optimizer
   local scaler = optim._loss_scaler(optimizer)
   if precision == "float16" and not scaler then      -- as Keras' compile under mixed_float16
+    if rawget(optimizer, "optimizer") ~= nil then
+      fail(who, 'mixed_precision = "float16" with %s: the loss scale must sit inside it '
+                .. "(DistributedOptimizer(LossScaleOptimizer(opt))), or compile with the plain optimizer and "
+                .. "fit{distributed = true}", tostring(optimizer))
+    end
     scaler = loss_scalers[optimizer] or optim.LossScaleOptimizer(optimizer)
     loss_scalers[optimizer] = scaler                 -- its scale goes on from one fit to the next
+    optim._resume_loss_scale(scaler)                 -- or from a checkpoint restored into the optimizer
     self.optimizer = scaler
   end
   rawset(self, "_loss_scaler", scaler)
@@ -802,8 +808,8 @@ local function fit_method (self, x, y, opts)
     if not dist.is_initialized() then
       fail(who, "distributed = true needs mg.distributed.init() first (and the program started with mpirun)")
     end
-    self.optimizer = o.shard > 0 and dist.ShardedOptimizer(optimizer, {stage = o.shard})
-                     or dist.DistributedOptimizer(optimizer)
+    self.optimizer = o.shard > 0 and dist.ShardedOptimizer(self.optimizer, {stage = o.shard})
+                     or dist.DistributedOptimizer(self.optimizer)   -- around the loss scale, if any
   end
   rawset(self, "_memory_plan", nil)
   local ok, history = pcall(check.within, who, run_fit, self, x, y, o, c)   -- errors say "fit: "

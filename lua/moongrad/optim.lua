@@ -296,6 +296,20 @@ local function apply_gradients (cls, self, grads, vars)
   self.iterations = self.iterations + 1
 end
 
+-- the loss_scale and good_steps of a LossScaleOptimizer's state, checked
+-- (nil when the state has neither)
+local scale_rule = check.rule("a positive finite number", function(v)
+  return type(v) == "number" and v > 0 and v < math.huge
+end)
+local function check_loss_scale (who, state)
+  if state.loss_scale == nil and state.good_steps == nil then return nil end
+  if state.loss_scale ~= nil then check.value(who, "state.loss_scale", state.loss_scale, scale_rule) end
+  if state.good_steps ~= nil and not (math.type(state.good_steps) == "integer" and state.good_steps >= 0) then
+    fail(who, "state.good_steps must be an integer >= 0, got %s", show(state.good_steps))
+  end
+  return {loss_scale = state.loss_scale, good_steps = state.good_steps}
+end
+
 local state_rule = check.rule("a table {optimizer =, iterations =, slots = {...}}", function(v)
   return type(v) == "table" and getmetatable(v) == nil
 end)
@@ -370,6 +384,7 @@ function Optimizer.set_state (cls, self, state, vars)
       end
     end
   end
+  local scale = check_loss_scale(who, state)
   register(self, vs, n)
   for _, name in ipairs(names) do
     local t = slot_table(self, name)
@@ -379,6 +394,7 @@ function Optimizer.set_state (cls, self, state, vars)
     end
   end
   self.iterations = iterations
+  rawset(self, "_loss_scale_state", scale)   -- a LossScaleOptimizer's, for the next one made around this
   return self
 end
 
@@ -567,9 +583,6 @@ local LossScaleOptimizer = class("moongrad.optim.LossScaleOptimizer")
 LossScaleOptimizer.__index = optim._forwarding_index(LossScaleOptimizer)
 function LossScaleOptimizer.__newindex (self, k, v) rawget(self, "optimizer")[k] = v end
 
-local scale_rule = check.rule("a positive finite number", function(v)
-  return type(v) == "number" and v > 0 and v < math.huge
-end)
 local LOSS_SCALE = {{"initial_scale", scale_rule, 2 ^ 15}, {"dynamic", check.boolean, true},
                     {"dynamic_growth_steps", check.positive_integer, 2000}, {"name", check.string}}
 -- the inner optimizer's options, which Keras too refuses on the wrapper
@@ -581,6 +594,11 @@ function LossScaleOptimizer.__new (opt, opts)
     fail(who, "the optimizer must be an optimizer (mg.optim.Adam{...}), got %s", show(opt))
   end
   if getmetatable(opt) == LossScaleOptimizer then fail(who, "the optimizer scales its loss already") end
+  local mt = getmetatable(opt)
+  if type(mt) == "table" and type(rawget(mt, "__name")) == "string" and mt.__name:find("^moongrad%.distributed%.") then
+    fail(who, "%s inside would let each rank skip steps on its own gradients; put the loss scale inside it: "
+              .. "DistributedOptimizer(LossScaleOptimizer(opt))", tostring(opt))
+  end
   for _, k in ipairs(INNER) do
     if type(opts) == "table" and opts[k] ~= nil then
       fail(who, "%s is an option of the inner optimizer: set it there (%s)", k, tostring(opt))
@@ -596,6 +614,14 @@ function LossScaleOptimizer.__tostring (self)
   return ("moongrad.optim.LossScaleOptimizer (%s, loss_scale=%g)"):format(tostring(self.optimizer), self.loss_scale)
 end
 
+-- x * k; a half x by a float32 k (a number would be rounded to x's dtype
+-- first: 2^16 is infinite in float16), giving float32 as half arithmetic does
+local function times (x, k)
+  if type(x) == "number" then return x * k end
+  local dt = x.dtype
+  return (dt == "float16" or dt == "bfloat16") and x * mg.constant(k, "float32") or x * k
+end
+
 --- opt:scale_loss(loss) -> loss * opt.loss_scale (Keras 3's name; call it
 -- while the tape records); loss a tensor or a number. get_scaled_loss is
 -- Keras 2's name for it.
@@ -604,17 +630,17 @@ function LossScaleOptimizer.scale_loss (self, loss)
   if not (check.is_array(loss) or type(loss) == "number") then
     fail("LossScaleOptimizer:scale_loss", "loss must be a tensor or a number, got %s", show(loss))
   end
-  return loss * self.loss_scale
+  return times(loss, self.loss_scale)
 end
 LossScaleOptimizer.get_scaled_loss = LossScaleOptimizer.scale_loss
 
 -- grads times 1 / scale (exact for the powers of two the dynamic scale takes);
 -- nil holes kept
 local function unscaled (grads, n, scale)
-  local out, r = {n = n}, 1 / scale
+  local out = {n = n}
   for i = 1, n do
     local g = grads[i]
-    if g ~= nil then out[i] = mg.is_variable(g) and g:value() * r or g * r end
+    if g ~= nil then out[i] = times(mg.is_variable(g) and g:value() or g, 1 / scale) end
   end
   return out
 end
@@ -655,27 +681,22 @@ end
 function LossScaleOptimizer.apply_gradients (self, grads, vars)
   local who = "LossScaleOptimizer"
   check.self(who, self, LossScaleOptimizer, "opt:apply_gradients(grads, vars)")
-  grads, vars = optim._split_pairs(grads, vars)
-  if type(grads) ~= "table" or type(vars) ~= "table" then
-    return self.optimizer:apply_gradients(grads, vars)      -- its own error
-  end
-  local n = math.max(grads.n or #grads, #vars)
-  for i = 1, n do
-    if grads[i] ~= nil and not check.is_array(grads[i]) then return self.optimizer:apply_gradients(grads, vars) end
-  end
-  local finite = not self.dynamic or mg.memory.dry_running() or all_finite(grads, n)
+  local gs, vs, n = updates(who, grads, vars)               -- checked whatever the values
+  local finite = not self.dynamic or mg.memory.dry_running() or all_finite(gs, n)
   if not finite then
     if self.loss_scale <= 1 and not rawget(self, "_warned") then
       rawset(self, "_warned", true)
       io.stderr:write("LossScaleOptimizer: the gradients hold an infinity or a NaN at loss scale 1: "
                       .. "the model itself diverges (mg.debug.check_numerics(true) names the op)\n")
     end
-    self.loss_scale = math.max(self.loss_scale / 2, 1)
+    -- halved, not below 1 (Keras 2's floor); a scale chosen below 1 keeps halving
+    local s = self.loss_scale
+    self.loss_scale = s >= 1 and math.max(s / 2, 1) or s / 2
     self.good_steps = 0
     self.skipped_steps = self.skipped_steps + 1
     return false
   end
-  self.optimizer:apply_gradients(unscaled(grads, n, self.loss_scale), vars)
+  self.optimizer:apply_gradients(unscaled(gs, n, self.loss_scale), vs)
   if self.dynamic and not mg.memory.dry_running() then
     self.good_steps = self.good_steps + 1
     if self.good_steps >= self.dynamic_growth_steps then
@@ -707,12 +728,7 @@ end
 function LossScaleOptimizer.set_state (self, state, vars)
   local who = "LossScaleOptimizer:set_state"
   check.self(who, self, LossScaleOptimizer, "opt:set_state(state)")
-  if type(state) == "table" then
-    if state.loss_scale ~= nil then check.value(who, "state.loss_scale", state.loss_scale, scale_rule) end
-    if state.good_steps ~= nil and not (math.type(state.good_steps) == "integer" and state.good_steps >= 0) then
-      fail(who, "state.good_steps must be an integer >= 0, got %s", show(state.good_steps))
-    end
-  end
+  if type(state) == "table" then check_loss_scale(who, state) end
   local inner = {}
   for k, v in pairs(type(state) == "table" and state or {}) do
     if k ~= "loss_scale" and k ~= "good_steps" then inner[k] = v end
@@ -724,6 +740,17 @@ function LossScaleOptimizer.set_state (self, state, vars)
 end
 
 optim.LossScaleOptimizer = LossScaleOptimizer
+
+--- A loss scale a checkpoint restored into scaler's optimizer (set_state
+-- of a plain optimizer keeps it) goes on in scaler
+function optim._resume_loss_scale (scaler)
+  local inner = rawget(scaler, "optimizer")
+  local st = type(inner) == "table" and rawget(inner, "_loss_scale_state")
+  if not st then return end
+  if st.loss_scale then scaler.loss_scale = st.loss_scale end
+  if st.good_steps then scaler.good_steps = st.good_steps end
+  rawset(inner, "_loss_scale_state", nil)
+end
 
 --- The loss scaler an optimizer (or a distributed wrapper of one) is, or nil
 function optim._loss_scaler (opt)

@@ -138,7 +138,7 @@ mg_status mg_custom_rerun (mg_custom_ctx *c, mg_status (*fn)(void *ud), void *ud
   mg_random_set_state(c->rng);
   T->loop_depth += c->loop_depth;
   mg_recompute_enter();
-  mg_status st = mg_autocast_push(c->autocast);
+  mg_status st = mg_autocast_reenter(c->autocast);
   if (st == MG_OK) {
     st = fn(ud);
     mg_autocast_pop();

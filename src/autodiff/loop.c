@@ -130,7 +130,7 @@ static void state_free (loop_call *c, loop_state *e) {
 static mg_status run_step (loop_call *c, int64_t i, mg_loop_phase phase, mg_tensor **x,
                            mg_tensor ***y) {
   mg_list out = {0};
-  bool again = phase != MG_LOOP_FORWARD, pushed = again && mg_autocast_push(c->autocast) == MG_OK;
+  bool again = phase != MG_LOOP_FORWARD, pushed = again && mg_autocast_reenter(c->autocast) == MG_OK;
   mg_status st = again && !pushed ? MG_ERR : c->fn->step(c->ud, i, phase, c->L, x, &out);
   if (pushed) mg_autocast_pop();
   const char *who = c->fn->name ? c->fn->name : "checkpoint_loop";

@@ -264,7 +264,7 @@ static mg_status recompute_backward (mg_node *n, mg_tensor *const *dout, mg_tens
   int *loops = &mg_ctx()->tapes.loop_depth, was = *loops;
   *loops += e->loop_depth;                       /* in a loop, as the call was */
   mg_memory_span("recompute", 1);
-  mg_status st = mg_autocast_push(e->autocast);
+  mg_status st = mg_autocast_reenter(e->autocast);
   if (st == MG_OK) {
     st = rerun(n, e, tape, &out);
     mg_autocast_pop();

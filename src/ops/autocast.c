@@ -49,6 +49,8 @@ bool mg_autocast_emulate_float16 (bool on) {
   return was;
 }
 
+static mg_status push (mg_autocast_state *s, mg_dtype dt);
+
 mg_status mg_autocast_push (mg_dtype dt) {
   mg_autocast_state *s = &mg_ctx()->autocast;
   if (dt == MG_FLOAT16 && !mg_cpu_has_float16() && !s->float16_emulated)
@@ -57,6 +59,14 @@ mg_status mg_autocast_push (mg_dtype dt) {
                        "no float16 kernels on CPUs either). Use bfloat16, or "
                        "mixed_precision.emulate_float16(true) to run float16's numerics anyway",
                        DNNL_VERSION_MAJOR, DNNL_VERSION_MINOR);
+  return push(s, dt);
+}
+
+/* a re-run's region: the dtype its first run was allowed, whatever the
+** float16 setting is now */
+mg_status mg_autocast_reenter (mg_dtype dt) { return push(&mg_ctx()->autocast, dt); }
+
+static mg_status push (mg_autocast_state *s, mg_dtype dt) {
   if (dt != MG_BFLOAT16 && dt != MG_FLOAT16 && dt != MG_FLOAT32)
     return mg_seterror("autocast: dtype must be bfloat16, float16 or float32 (off), got %s", mg_dtype_name(dt));
   if (s->depth >= MG_AUTOCAST_DEPTH)

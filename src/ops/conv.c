@@ -1156,7 +1156,6 @@ mg_tensor *mg_conv2d_act (mg_tensor *x, mg_tensor *w, mg_tensor *b, const mg_con
 
 static mg_tensor *conv2d_of (mg_tensor *x, mg_tensor *w, mg_tensor *b, const mg_conv_params *p,
                              mg_activation act) {
-  FLOAT16_AS_FLOAT32(x, w, conv2d_of(x, w, b, p, act));      /* the bias: float32 already */
   const char *fn = "conv2d";
   char s1[160];
   if (check_image(fn, "input", "(N,H,W,C)", x) != MG_OK) return NULL;
@@ -1166,7 +1165,7 @@ static mg_tensor *conv2d_of (mg_tensor *x, mg_tensor *w, mg_tensor *b, const mg_
     return mg_seterror("%s: input has %lld channel%s, the filters expect %lld", fn, (long long)x->shape[3],
                        x->shape[3] == 1 ? "" : "s", (long long)w->shape[2]), NULL;
   if (b != NULL) {
-    if (!(x->dtype == MG_BFLOAT16 && b->dtype == MG_FLOAT32) && check_same_dtype(fn, "input", x, "bias", b) != MG_OK)
+    if (!(mg_is_half(x->dtype) && b->dtype == MG_FLOAT32) && check_same_dtype(fn, "input", x, "bias", b) != MG_OK)
       return NULL;
     if (b->ndim != 1 || b->shape[0] != w->shape[3])
       return mg_seterror("%s: bias has shape %s, the filters have %lld output channel%s (expected (%lld))", fn,
@@ -1175,6 +1174,7 @@ static mg_tensor *conv2d_of (mg_tensor *x, mg_tensor *w, mg_tensor *b, const mg_
   }
   geom g;
   if (geom_init(fn, &g, x->shape, w->shape[0], w->shape[1], w->shape[3], p, false) != MG_OK) return NULL;
+  FLOAT16_AS_FLOAT32(x, w, conv2d_of(x, w, b, p, act));      /* the bias: float32 already */
   return conv2d_g(&g, x, w, b, act);
 }
 
@@ -1217,7 +1217,6 @@ mg_tensor *mg_conv2d_backward_input (mg_tensor *dy, mg_tensor *w, const int64_t 
 
 static mg_tensor *backward_input_of (mg_tensor *dy, mg_tensor *w, const int64_t input_shape[4],
                                      const mg_conv_params *p) {
-  FLOAT16_AS_FLOAT32(dy, w, backward_input_of(dy, w, input_shape, p));
   const char *fn = "conv2d_backward_input";
   char s1[160], s2[200];
   if (check_image(fn, "dy", "(N,OH,OW,Cout)", dy) != MG_OK) return NULL;
@@ -1231,6 +1230,7 @@ static mg_tensor *backward_input_of (mg_tensor *dy, mg_tensor *w, const int64_t 
   if (geom_init(fn, &g, input_shape, w->shape[0], w->shape[1], w->shape[3], p, false) != MG_OK) return NULL;
   snprintf(s2, sizeof s2, "input_shape %s", shape_s(s1, sizeof s1, input_shape, 4));
   if (check_dy(fn, dy, &g, s2) != MG_OK) return NULL;
+  FLOAT16_AS_FLOAT32(dy, w, backward_input_of(dy, w, input_shape, p));
   return conv2d_bi_g(&g, dy, w);
 }
 
@@ -1262,7 +1262,6 @@ mg_tensor *mg_conv2d_backward_filter (mg_tensor *x, mg_tensor *dy, const int64_t
 
 static mg_tensor *backward_filter_of (mg_tensor *x, mg_tensor *dy, const int64_t filter_shape[4],
                                       const mg_conv_params *p) {
-  FLOAT16_AS_FLOAT32(x, dy, backward_filter_of(x, dy, filter_shape, p));
   const char *fn = "conv2d_backward_filter";
   char s1[160], s2[200];
   if (check_image(fn, "input", "(N,H,W,C)", x) != MG_OK) return NULL;
@@ -1277,6 +1276,7 @@ static mg_tensor *backward_filter_of (mg_tensor *x, mg_tensor *dy, const int64_t
     return NULL;
   snprintf(s2, sizeof s2, "the input %s", shape_s(s1, sizeof s1, x->shape, 4));
   if (check_dy(fn, dy, &g, s2) != MG_OK) return NULL;
+  FLOAT16_AS_FLOAT32(x, dy, backward_filter_of(x, dy, filter_shape, p));
   return conv2d_bf_g(&g, x, dy);
 }
 

@@ -108,8 +108,9 @@ static mg_status check_dense (mg_tensor *x, mg_tensor *w, mg_tensor *b, const ch
   char s1[160], s2[160];
   if (!(mg_is_float(x->dtype) || mg_is_half(x->dtype)))
     return mg_seterror("%s: x must be float32, float64, bfloat16 or float16, got %s", fn, mg_dtype_name(x->dtype));
-  /* a bfloat16 product (autocast's) adds a float32 bias as it is */
-  bool b_ok = b == NULL || b->dtype == x->dtype || (x->dtype == MG_BFLOAT16 && b->dtype == MG_FLOAT32);
+  /* a half product (autocast's) adds a float32 bias as it is; float16's any half one */
+  bool b_ok = b == NULL || b->dtype == x->dtype || (mg_is_half(x->dtype) && b->dtype == MG_FLOAT32) ||
+              (x->dtype == MG_FLOAT16 && mg_is_half(b->dtype));
   if (w->dtype != x->dtype || !b_ok)
     return mg_seterror("%s: dtypes differ: x is %s, %s is %s", fn, mg_dtype_name(x->dtype),
                        w->dtype != x->dtype ? "w" : "b", mg_dtype_name(w->dtype != x->dtype ? w->dtype : b->dtype));
@@ -135,14 +136,14 @@ mg_tensor *mg_dense (mg_tensor *x, mg_tensor *w, mg_tensor *b, const char *activ
 }
 
 static mg_tensor *dense_of (mg_tensor *x, mg_tensor *w, mg_tensor *b, const char *activation) {
-  if (x->dtype == MG_FLOAT16 && w->dtype == MG_FLOAT16 && b && b->dtype == MG_FLOAT16) {
+  mg_activation act = MG_ACT_LINEAR;
+  if (check_dense(x, w, b, activation, &act) != MG_OK) return NULL;
+  if (x->dtype == MG_FLOAT16 && b && mg_is_half(b->dtype)) {   /* the bias adds in float32 */
     mg_tensor *b32 = mg_cast(b, MG_FLOAT32), *r = b32 ? dense_of(x, w, b32, activation) : NULL;
     mg_tensor_release(b32);
     return r;
   }
-  FLOAT16_AS_FLOAT32(x, w, dense_of(x, w, b, activation));   /* a float32 bias adds as it is */
-  mg_activation act;
-  if (check_dense(x, w, b, activation, &act) != MG_OK) return NULL;
+  FLOAT16_AS_FLOAT32(x, w, dense_of(x, w, b, activation));
   int64_t shape[MG_MAX_DIMS];
   memcpy(shape, x->shape, sizeof(int64_t) * (size_t)x->ndim);
   shape[x->ndim - 1] = w->shape[1];

@@ -312,6 +312,9 @@ bool mg_half_mixed (mg_tensor *const *xs, int n);
       return r_;                                                              \
     }                                                                         \
   } while (0)
+/* opens a region of dt for a re-run (recompute, custom gradients, loops):
+** as mg_autocast_push, without the float16 gate its first run passed */
+mg_status mg_autocast_reenter (mg_dtype dt);
 /* a product's two operands as it computes under the open autocast region */
 #define AUTOCAST_PAIR(a, b, CALL) PAIR_AS(a, b, true, mg_autocast_operand, CALL)
 /* the tapes recording changed: the cached casts go */
