@@ -404,6 +404,51 @@ local function custom_model (seed, n)
   return training_step(model, mg.random.normal({16, 32, 64})), model
 end
 
+describe("memory.plan under autocast", function()
+  -- the step runs its model in a bfloat16 region: the planner times each
+  -- layer under the autocast its call ran in (a later layer's input is a
+  -- bfloat16 product, which its float32 weights meet only there)
+  local function autocast_step (model, x)
+    model(x)
+    local vars = model.trainable_variables
+    return function ()
+      local t = mg.tape()
+      local loss = mg.autocast("bfloat16", function() return mg.mean(mg.cast(model(x), "float32") ^ 2) end)
+      t:stop()
+      return t:gradient(loss, vars)
+    end
+  end
+
+  it("plans a Sequential's step, within the budget, as predicted, with autocast's plain gradients to the bit", function()
+    mg.random.seed(5)
+    local layers = {}
+    for i = 1, 8 do layers[i] = nn.Dense(128, "tanh") end
+    local step = autocast_step(nn.Sequential(layers), mg.random.normal{1024, 128})
+    local plain_peak, plain = measured(step)
+    local plan = check_plan(step, plain_peak, plain, 0.95)
+    local changed = 0
+    for _, row in ipairs(plan.rows) do if row.how ~= "keep" then changed = changed + 1 end end
+    assert.is_true(changed > 0)
+  end)
+
+  it("plans a model that is not a Sequential the same way", function()
+    mg.random.seed(4)
+    local Net = nn.Layer:subclass("PlanNetAutocast")
+    function Net:init ()
+      self.blocks = {}
+      for i = 1, 4 do self.blocks[i] = nn.TransformerBlock(4, 64, {causal = true}) end
+      self.head = nn.Dense(8)
+    end
+    function Net:call (x)
+      for _, b in ipairs(self.blocks) do x = b(x) end
+      return self.head(x)
+    end
+    local step = autocast_step(Net(), mg.random.normal({16, 32, 64}))
+    local plain_peak, plain = measured(step)
+    check_plan(step, plain_peak, plain, 0.75)
+  end)
+end)
+
 describe("memory.plan of a model that is not a Sequential", function()
   it("decides per layer call of the model, within the budget, as predicted, with the plain gradients to the bit", function()
     local step = custom_model()

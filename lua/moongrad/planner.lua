@@ -267,14 +267,20 @@ local function time_layers (layers, run_of, whole, spill)
   end
 end
 
+-- fn run as the dry run ran it: under the autocast its call was made in
+-- (a layer called in a bfloat16 region gets a bfloat16 input, which its
+-- float32 weights meet only there)
+local function under (dtype, fn) return function() return mg.autocast(dtype, fn) end end
+
 -- a dry run's input with fresh floats (a dry run's are never written)
 local function fresh (args)
   local out = {n = args.n}
   for i = 1, args.n do
     local x = args[i]
-    if mg.is_tensor(x) and x.dtype:match("^b?float") then
-      local ok, y = pcall(mg.random.normal, x.shape, 0, 1, x.dtype)
-      x = ok and y or x
+    if mg.is_tensor(x) and x.dtype:match("^b?float") then   -- (half: drawn in float32, then cast)
+      local half = x.dtype == "float16" or x.dtype == "bfloat16"
+      local ok, y = pcall(mg.random.normal, x.shape, 0, 1, half and "float32" or x.dtype)
+      x = ok and (half and mg.cast(y, x.dtype) or y) or x
     end
     out[i] = x
   end
@@ -289,7 +295,8 @@ local function profile (timed, step, spill, ...)
     depth = depth + 1
     local m = models[self]
     if not m then
-      m = {model = self, layers = {}, first_input = timed and x or nil, first_args = timed and table.pack(...) or nil}
+      m = {model = self, layers = {}, first_input = timed and x or nil, first_args = timed and table.pack(...) or nil,
+           autocast = mg.autocast_dtype() or false}
       models[self] = m
       order[#order + 1] = m
     end
@@ -318,9 +325,11 @@ local function profile (timed, step, spill, ...)
     local x, args
     local function run_of (i, y)                 -- each layer on the one before's output
       local h = i == 1 and x or y
-      return function() return Sequential._run(m.model, i, i, h, table.unpack(args, 1, args.n)) end, h
+      return under(m.autocast, function() return Sequential._run(m.model, i, i, h, table.unpack(args, 1, args.n)) end), h
     end
-    local function whole () return Sequential._run(m.model, 1, #m.layers, x, table.unpack(args, 1, args.n)) end
+    local function whole ()
+      return mg.autocast(m.autocast, Sequential._run, m.model, 1, #m.layers, x, table.unpack(args, 1, args.n))
+    end
     local function timing ()                     -- (an inner model's input is the dry run's: drawn afresh)
       x, args = fresh{n = 1, m.first_input}[1], fresh(m.first_args)
       time_layers(m.layers, run_of, whole, spill)
@@ -350,7 +359,8 @@ local function call_tree (step, ...)
   local root, stack = {children = {}}, {}
   stack[1] = root
   local function record (self, ...)
-    local node = {layer = self, children = {}, input = bytes_of((...)), args = table.pack(...)}
+    local node = {layer = self, children = {}, input = bytes_of((...)), args = table.pack(...),
+                  autocast = mg.autocast_dtype() or false}
     local parent = stack[#stack]
     parent.children[#parent.children + 1] = node
     stack[#stack + 1] = node
@@ -389,11 +399,12 @@ local function call_chain (timed, step, spill, ...)
   if not timed then return ch end
   local function run_of (k)                      -- each call on its own input
     local c, args = node.children[k], fresh(node.children[k].args)
-    return function() return c.layer:call(table.unpack(args, 1, args.n)) end, first_tensor(args)
+    return under(c.autocast, function() return c.layer:call(table.unpack(args, 1, args.n)) end), first_tensor(args)
   end
   local function timing ()                       -- (its draws inside: the stream is put back)
     local all = fresh(node.args)
-    time_layers(ch.layers, run_of, function() return node.layer:call(table.unpack(all, 1, all.n)) end, spill)
+    time_layers(ch.layers, run_of, under(node.autocast, function() return node.layer:call(table.unpack(all, 1, all.n)) end),
+                spill)
   end
   keeping_variables(node.layer, layer.training_off, node.layer, timing)
   return ch
