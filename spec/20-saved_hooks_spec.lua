@@ -45,6 +45,24 @@ describe("float16 and bfloat16", function()
     assert.same({1.5, -2.25}, x:slice({1, 2}):cast("float64"):totable())   -- views work
   end)
 
+  it("take a Lua number in arithmetic as float32 (as they compute), in comparisons rounded", function()
+    local h = mg.constant({10, 1}, "float16")
+    local y = h * 65536                             -- 65536 alone is infinite in float16
+    assert.equal("float32", y.dtype)
+    assert.same({655360, 65536}, y:totable())
+    local tiny = (h * 1e-8):totable()              -- 1e-8 alone is 0 in float16
+    assert.is_true(math.abs(tiny[1] - 1e-7) < 1e-12 and math.abs(tiny[2] - 1e-8) < 1e-13)
+    assert.same({true}, mg.equal(mg.constant({0.1}, "float16"), 0.1):totable())    -- NumPy's and PyTorch's
+    assert.same({true}, mg.equal(mg.constant({0.1}, "bfloat16"), 0.1):totable())
+    local w = mg.Variable(mg.constant({2}, "bfloat16"))
+    local t = mg.tape()
+    local l = mg.sum(w * 3e-3)
+    t:stop()
+    local g = t:gradient(l, w)
+    assert.equal("bfloat16", g.dtype)               -- back in the variable's dtype
+    assert.equal(mg.cast(mg.constant{3e-3}, "bfloat16"):item(), g:item())
+  end)
+
   it("elementwise ops, reductions, softmax and the rest compute them in float32; ops that move data keep them",
      function()
     for _, dt in ipairs{"float16", "bfloat16"} do

@@ -614,14 +614,6 @@ function LossScaleOptimizer.__tostring (self)
   return ("moongrad.optim.LossScaleOptimizer (%s, loss_scale=%g)"):format(tostring(self.optimizer), self.loss_scale)
 end
 
--- x * k; a half x by a float32 k (a number would be rounded to x's dtype
--- first: 2^16 is infinite in float16), giving float32 as half arithmetic does
-local function times (x, k)
-  if type(x) == "number" then return x * k end
-  local dt = x.dtype
-  return (dt == "float16" or dt == "bfloat16") and x * mg.constant(k, "float32") or x * k
-end
-
 --- opt:scale_loss(loss) -> loss * opt.loss_scale (Keras 3's name; call it
 -- while the tape records); loss a tensor or a number. get_scaled_loss is
 -- Keras 2's name for it.
@@ -630,7 +622,7 @@ function LossScaleOptimizer.scale_loss (self, loss)
   if not (check.is_array(loss) or type(loss) == "number") then
     fail("LossScaleOptimizer:scale_loss", "loss must be a tensor or a number, got %s", show(loss))
   end
-  return times(loss, self.loss_scale)
+  return loss * self.loss_scale                 -- (a half loss: in float32, as half arithmetic is)
 end
 LossScaleOptimizer.get_scaled_loss = LossScaleOptimizer.scale_loss
 
@@ -640,7 +632,7 @@ local function unscaled (grads, n, scale)
   local out = {n = n}
   for i = 1, n do
     local g = grads[i]
-    if g ~= nil then out[i] = times(mg.is_variable(g) and g:value() or g, 1 / scale) end
+    if g ~= nil then out[i] = (mg.is_variable(g) and g:value() or g) * (1 / scale) end
   end
   return out
 end
