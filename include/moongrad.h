@@ -253,6 +253,11 @@ MG_API mg_tensor *mg_greater_equal (mg_tensor *a, mg_tensor *b);
 MG_API mg_tensor *mg_logical_and  (mg_tensor *a, mg_tensor *b);
 MG_API mg_tensor *mg_logical_or   (mg_tensor *a, mg_tensor *b);
 MG_API mg_tensor *mg_logical_not  (mg_tensor *a);
+/* which entries are finite, NaN, infinite (MG_BOOL; integer and bool
+** tensors are all finite) */
+MG_API mg_tensor *mg_isfinite     (mg_tensor *x);
+MG_API mg_tensor *mg_isnan        (mg_tensor *x);
+MG_API mg_tensor *mg_isinf        (mg_tensor *x);
 /* out = cond ? a : b, all three broadcast; cond is MG_BOOL */
 MG_API mg_tensor *mg_where    (mg_tensor *cond, mg_tensor *a, mg_tensor *b);
 

@@ -38,6 +38,26 @@ local function fails (f, msg) assert.has_error(f, msg) end
 describe("more maths", function()
   before_each(function() mg.random.seed(1818) end)
 
+  describe("isfinite isnan isinf", function()
+    it("sort every dtype's entries, on views and empty tensors too", function()
+      for _, dt in ipairs{"float32", "float64", "float16", "bfloat16"} do
+        local x = mg.cast(c{1, nan, inf, -inf, 0, -3e38}, dt)
+        assert.same({true, false, false, false, true, dt ~= "float16"}, mg.isfinite(x):totable(), dt)
+        assert.same({false, true, false, false, false, false}, mg.isnan(x):totable(), dt)
+        assert.same({false, false, true, true, false, dt == "float16"}, mg.isinf(x):totable(), dt)  -- 3e38: inf in float16
+        assert.same({false, true}, x:slice({4, 2, -2}):isnan():totable())                        -- a negative-step view
+      end
+      assert.same({true, true}, mg.isfinite(c({1, 2}, "int64")):totable())
+      assert.same({false}, mg.isinf(c({true}, "bool")):totable())
+      assert.same({false}, mg.isnan(c({7}, "int64")):totable())
+      assert.same({true}, mg.isfinite(c{3e38}):totable())                  -- large, finite: x - x is 0
+      assert.same({0, 3}, mg.isnan(mg.zeros{0, 3}).shape)
+      assert.equal("bool", mg.isfinite(c(1)).dtype)
+      fails(function() mg.isfinite(3) end, "bad argument #1 to 'isfinite' (moongrad.Tensor expected, got number)")
+      fails(function() mg.isnan(c{1}, 2) end)
+    end)
+  end)
+
   describe("sin cos log1p expm1 erf", function()
     it("give the well-known values, in the input's dtype", function()
       local x = c({0, math.pi / 6, math.pi / 2, math.pi}, "float64")

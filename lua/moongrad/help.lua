@@ -65,6 +65,8 @@ local groups = {
     {"less_equal", "less_equal(a, b)"}, {"greater", "greater(a, b)"}, {"greater_equal", "greater_equal(a, b)"},
     {"logical_and", "logical_and(a, b)"}, {"logical_or", "logical_or(a, b)"}, {"logical_not", "logical_not(x)"},
     {"where", "where(cond, a, b)"},
+    {"isfinite", "isfinite(x)", "which entries are neither infinite nor NaN (bool; integers and bools: all true)"},
+    {"isnan", "isnan(x)", "which entries are NaN (bool)"}, {"isinf", "isinf(x)", "which entries are +-infinity (bool)"},
   }},
   {"reduce", {
     {"sum", "sum(x [, axis or {axes}] [, keepdims])"}, {"mean", "mean(x [, axis or {axes}] [, keepdims])"},

@@ -176,6 +176,12 @@ compare("greater_equal", "mg.greater_equal(mg.tensor{1, 2, 3}, 2) --> {false,  t
 compare("logical_and", "mg.logical_and(mg.tensor{true, true}, mg.tensor{true, false}) --> { true, false}")
 compare("logical_or", "mg.logical_or(mg.tensor{true, false}, false) --> { true, false}")
 E("logical_not", {{"x", "a bool tensor"}}, "a bool tensor shaped like x", "mg.logical_not(mg.tensor{true, false}) --> {false,  true}")
+E("isfinite", {{"x", "a tensor of any dtype"}}, "a bool tensor shaped like x",
+  "mg.isfinite(mg.tensor{1, 1 / 0, 0 / 0}) --> { true, false, false}")
+E("isnan", {{"x", "a tensor of any dtype"}}, "a bool tensor shaped like x",
+  "mg.isnan(mg.tensor{1, 1 / 0, 0 / 0}) --> {false, false,  true}")
+E("isinf", {{"x", "a tensor of any dtype"}}, "a bool tensor shaped like x",
+  "mg.isinf(mg.tensor{1, -1 / 0, 0 / 0}) --> {false,  true, false}")
 E("where", {{"cond", "a bool tensor"}, {"a", "values where cond is true"}, {"b", "values where it is false"}},
   "a tensor of the three's broadcast shape", "mg.where(mg.tensor{true, false}, mg.tensor{1, 2}, 0) --> {1.0, 0.0}")
 
