@@ -221,6 +221,7 @@ static int param_activation (lua_State *L, double alpha_default, mg_tensor *(*op
   return mgL_fill(L, box, op(x, alpha));
 }
 static int l_elu (lua_State *L) { return param_activation(L, 1.0, mg_elu); }
+static int l_leaky_relu (lua_State *L) { return param_activation(L, 0.01, mg_leaky_relu); }
 
 /* isfinite(x), isnan(x), isinf(x): upvalue 1 the index in is_ops */
 static const struct { const char *name; mg_tensor *(*f)(mg_tensor *); } is_ops[] = {
@@ -232,7 +233,6 @@ static int l_is (lua_State *L) {
   ltensor *box = mgL_newbox(L);
   return mgL_fill(L, box, is_ops[lua_tointeger(L, lua_upvalueindex(1))].f(x));
 }
-static int l_leaky_relu (lua_State *L) { return param_activation(L, 0.01, mg_leaky_relu); }
 
 /* sets module[name] and methods[name] to the function at the top (popped) */
 static void set_both (lua_State *L, int module, int methods, const char *name) {
