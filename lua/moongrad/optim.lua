@@ -768,8 +768,7 @@ function optim.get (spec, who)
     if not name then check.unknown(who, "optimizer", spec, {"sgd", "adam", "adamw", "rmsprop"}) end
     return optim[name]()
   end
-  local ok, method = pcall(function() return spec.apply_gradients end)
-  if not (ok and check.is_callable(method)) then
+  if not is_optimizer(spec) then
     fail(who, "optimizer must be an optimizer (mg.optim.Adam{...}) or its name ('adam', 'sgd', ...), got %s", show(spec))
   end
   return spec
