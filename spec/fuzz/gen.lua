@@ -790,7 +790,10 @@ local function region_dt () return wpick{8, "'float16'", 3, "'bfloat16'", 0.5, "
 -- float16's 65504) or taken from the slots
 local function half_product ()
   local sd = pick{"1", "1", "1", "300", "1e-4", "1e5"}
-  local function r (s, dt) return fmt("mg.random.normal(%s, 0, %s, %s)", s, sd, dt or pick{"'float32'", "'float32'", "'float16'", "'bfloat16'", "'float64'"}) end
+  -- (normal draws float32/float64 only: half operands are cast)
+  local function r (s) local dt = pick{"'float32'", "'float32'", "'float16'", "'bfloat16'", "'float64'"}
+    local e = fmt("mg.random.normal(%s, 0, %s, %s)", s, sd, dt == "'float64'" and dt or "'float32'")
+    return (dt == "'float16'" or dt == "'bfloat16'") and fmt("mg.cast(%s, %s)", e, dt) or e end
   return wpick{
     3, function() return fmt("mg.matmul(%s, %s)", r("{3, 4}"), pick{r("{4, 5}"), r("{4}"), "mg.ones{4, 2}", V()}) end,
     2, function() return fmt("mg.matmul(%s, %s)", operand(), operand()) end,
@@ -822,7 +825,8 @@ local function half_stmt (depth)
                              operand(), region_dt(), (tensor_expr(1):gsub("V%[%d+%]", "x", 1)), slot(), slot()) end,
     2, function() return fmt("local t = mg.tape(); local w = mg.Variable(mg.random.normal({4, 3}, 0, %s)); local x = %s; local y = mg.autocast('float16', function() return mg.matmul(x, w) end); local l = mg.sum(y); t:stop(); V[%d] = first(t:gradient(%s, w))",
                              pick{"1", "1e-4", "300"}, pick{"mg.random.normal{2, 4}", "mg.random.normal({2, 4}, 0, 1e3)", operand()}, slot(), pick{"l", "l * 65536", "l * 1e-8", "mg.cast(l, 'float16') * 2^16"}) end,
-    1, function() return fmt("mg.mixed_precision.emulate_float16(%s)", pick{"true", "true", "false", "nil", "1"}) end,
+    -- (the setting restored after, so that the rest of the program keeps its float16 regions)
+    1, function() return fmt("local was = mg.mixed_precision.emulate_float16(%s); %s; mg.mixed_precision.emulate_float16(was)", pick{"true", "false", "nil", "1"}, body(depth + 1)) end,
     1, function() return fmt("mg.autocast('float16', function() mg.autocast('bfloat16', function() %s end) end)", body(depth + 1)) end,
     1, function() return fmt("mg.autocast('float16', function() V[%d] = mg.recompute_grad(function(a) return mg.matmul(a, mg.transpose(a)) end)(%s) end)", slot(), operand()) end,
     1, function()      -- fit under float16: the loss scaled on the tape, the optimizer wrapped
