@@ -223,17 +223,6 @@ static int param_activation (lua_State *L, double alpha_default, mg_tensor *(*op
 static int l_elu (lua_State *L) { return param_activation(L, 1.0, mg_elu); }
 static int l_leaky_relu (lua_State *L) { return param_activation(L, 0.01, mg_leaky_relu); }
 
-/* isfinite(x), isnan(x), isinf(x): upvalue 1 the index in is_ops */
-static const struct { const char *name; mg_tensor *(*f)(mg_tensor *); } is_ops[] = {
-  {"isfinite", mg_isfinite}, {"isnan", mg_isnan}, {"isinf", mg_isinf}};
-
-static int l_is (lua_State *L) {
-  mg_tensor *x = mgL_checktensor(L, 1);
-  mgL_checknargs(L, 1);
-  ltensor *box = mgL_newbox(L);
-  return mgL_fill(L, box, is_ops[lua_tointeger(L, lua_upvalueindex(1))].f(x));
-}
-
 /* sets module[name] and methods[name] to the function at the top (popped) */
 static void set_both (lua_State *L, int module, int methods, const char *name) {
   lua_pushvalue(L, -1);
@@ -264,10 +253,5 @@ void mgL_open_maths (lua_State *L) {
   set_both(L, module, methods, "elu");
   lua_pushcfunction(L, l_leaky_relu);
   set_both(L, module, methods, "leaky_relu");
-  for (int i = 0; i < 3; i++) {
-    lua_pushinteger(L, i);
-    lua_pushcclosure(L, l_is, 1);
-    set_both(L, module, methods, is_ops[i].name);
-  }
   lua_settop(L, module);
 }

@@ -301,10 +301,10 @@ static int bad_operand (lua_State *L, const mg_opinfo *op, bool meta) {
   return 0;
 }
 
-static bool compares (const mg_opinfo *op) {
+static bool arithmetic (const mg_opinfo *op) {
   mg_tensor *(*f)(mg_tensor *, mg_tensor *) = op->fn.binary;
-  return f == mg_equal || f == mg_not_equal || f == mg_less || f == mg_less_equal || f == mg_greater ||
-         f == mg_greater_equal;
+  return f == mg_add || f == mg_sub || f == mg_mul || f == mg_div || f == mg_pow || f == mg_floordiv ||
+         f == mg_mod || f == mg_maximum || f == mg_minimum;
 }
 
 /* upvalue 1: the registry row; upvalue 2: true when called as a metamethod */
@@ -319,11 +319,11 @@ static int l_binary (lua_State *L) {
   if ((!a && mgL_operandkind(L, 1) == MGL_OTHER) || (!b && mgL_operandkind(L, 2) == MGL_OTHER))
     return bad_operand(L, op, lua_toboolean(L, lua_upvalueindex(3)));
   mg_dtype like = a ? mg_tensor_dtype(a) : b ? mg_tensor_dtype(b) : mgL_likedtype(L, 1, 2, MG_FLOAT32);
-  /* a number beside a half tensor enters in float32: arithmetic computes halves
-  ** in float32 and gives float32, so rounding the number to the half dtype
-  ** first would only lose it (65536 is infinite in float16, 1e-8 is 0);
+  /* a number beside a half tensor enters arithmetic in float32: it computes
+  ** halves in float32 and gives float32, so rounding the number to the half
+  ** dtype first would only lose it (65536 is infinite in float16, 1e-8 is 0);
   ** comparisons round it, as NumPy and PyTorch do (a float16 0.1 == 0.1) */
-  if ((like == MG_FLOAT16 || like == MG_BFLOAT16) && !compares(op)) like = MG_FLOAT32;
+  if ((like == MG_FLOAT16 || like == MG_BFLOAT16) && arithmetic(op)) like = MG_FLOAT32;
   ltensor *box = mgL_newbox(L);
   bool oa = false, ob = false;
   if (!a) a = mgL_operand(L, 1, like, &oa, op->name);

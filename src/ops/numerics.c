@@ -11,43 +11,6 @@
 
 #include "ops/op.h"
 
-/* {=================== isfinite, isnan, isinf =================== */
-
-/* made of comparisons (no kernels of their own): NaN is the one value unequal
-** to itself, an infinity the one whose magnitude equals infinity, and x - x is
-** 0 exactly when x is neither. Integer and bool tensors are all finite */
-static mg_tensor *all_of (mg_tensor *x, bool value) { return mg_full(x->shape, x->ndim, MG_BOOL, value); }
-
-static bool floating (mg_tensor *x) { return mg_is_float(x->dtype) || mg_is_half(x->dtype); }
-
-mg_tensor *mg_isnan (mg_tensor *x) {
-  MG_CHECK_ARG("mg_isnan", x, NULL);
-  return floating(x) ? mg_not_equal(x, x) : all_of(x, false);
-}
-
-mg_tensor *mg_isinf (mg_tensor *x) {
-  MG_CHECK_ARG("mg_isinf", x, NULL);
-  if (!floating(x)) return all_of(x, false);
-  mg_scope sc = {0};
-  mg_tensor *a = mg_tmp(&sc, mg_abs(x));
-  mg_tensor *r = a ? mg_equal(a, mg_tmp(&sc, mg_scalar(INFINITY, a->dtype))) : NULL;
-  mg_scope_end(&sc);
-  return r;
-}
-
-mg_tensor *mg_isfinite (mg_tensor *x) {
-  MG_CHECK_ARG("mg_isfinite", x, NULL);
-  if (!floating(x)) return all_of(x, true);
-  mg_scope sc = {0};
-  mg_tensor *d = mg_tmp(&sc, mg_sub(x, x));
-  mg_tensor *r = d ? mg_equal(d, mg_tmp(&sc, mg_scalar(0, d->dtype))) : NULL;
-  mg_scope_end(&sc);
-  return r;
-}
-
-/* }========================================================== */
-
-
 int mg_check_numerics (int on) {
   mg_context *c = mg_ctx();
   int was = c->check_numerics;

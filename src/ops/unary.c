@@ -18,7 +18,7 @@
 #define UNARY_OPS(X) \
   X(NEG, neg) X(EXP, exp) X(LOG, log) X(SQRT, sqrt) X(ABS, abs) X(SIGN, sign) X(TANH, tanh) \
   X(SIGMOID, sigmoid) X(RELU, relu) X(SOFTPLUS, softplus) X(LOGICAL_NOT, logical_not) X(SILU, silu) \
-  X(ELU, elu) X(LEAKY_RELU, leaky_relu)
+  X(ELU, elu) X(LEAKY_RELU, leaky_relu) X(ISFINITE, isfinite) X(ISNAN, isnan) X(ISINF, isinf)
 enum { UNARY_OPS(MG_ROW_ENUM) UNARY__COUNT };
 
 /* {=================== kernels and the common path =========== */
@@ -359,6 +359,52 @@ MG_ROW(LOGICAL_NOT, logical_not) = {
   .kernel = {[MG_BOOL] = logical_not_b},
 };
 mg_tensor *mg_logical_not (mg_tensor *x) { return mg_unary_op(&logical_not_op, x); }
+
+/* isfinite, isnan, isinf: a bool per entry, no gradient (nothing recorded
+** is saved). Half entries are tested on their bits (exponent all ones: an
+** infinity when the mantissa is 0, else NaN), so nothing is widened, and
+** integer and bool tensors are all finite */
+#define TEST_KERNELS(OP, EXPR, F16, BF16)                                          \
+  KERNEL(OP##_f32, float, uint8_t, EXPR) KERNEL(OP##_f64, double, uint8_t, EXPR)    \
+  KERNEL(OP##_f16, uint16_t, uint8_t, F16) KERNEL(OP##_bf16, uint16_t, uint8_t, BF16)
+TEST_KERNELS(isfinite, isfinite(x) != 0, (x & 0x7C00) != 0x7C00, (x & 0x7F80) != 0x7F80)
+TEST_KERNELS(isnan, isnan(x) != 0, (x & 0x7FFF) > 0x7C00, (x & 0x7FFF) > 0x7F80)
+TEST_KERNELS(isinf, isinf(x) != 0, (x & 0x7FFF) == 0x7C00, (x & 0x7FFF) == 0x7F80)
+
+static mg_status test_forward (mg_opcall *c) {
+  mg_tensor *x = c->in[0];
+  mg_tensor *out = mg_empty(x->shape, x->ndim, MG_BOOL);
+  if (out == NULL) return MG_ERR;
+  mg_iter it;
+  const mg_tensor *ops[2] = {out, x};
+  mg_iter_init(&it, x->shape, x->ndim, 2, ops);
+  char *base[2] = {mg_ptr(out), mg_ptr(x)};
+  size_t sz[2] = {1, mg_dtype_size(x->dtype)};
+  kernel_ud ud = {c->def->kernel[x->dtype]};
+  mg_iter_run(&it, base, sz, run_kernel, &ud);
+  c->out[0] = out;
+  return MG_OK;
+}
+
+/* integer and bool x: all `finite` (true for isfinite, false for the others) */
+static mg_tensor *test_op (const mg_opdef *op, mg_tensor *x, const char *cfn, bool finite) {
+  if (x == NULL) return mg_null_arg(cfn, "x"), NULL;
+  if (op->kernel[x->dtype] == NULL) return mg_full(x->shape, x->ndim, MG_BOOL, finite);
+  mg_opcall c = MG_OPCALL(op, 1, &x, NULL, x->shape, x->ndim, MG_BOOL);
+  return mg_dispatch(&c);
+}
+
+#define TEST_ROW(E, OP, FINITE, DOC)                                               \
+  MG_ROW(E, OP) = {                                                                \
+    .forward = test_forward,                                                       \
+    .info = {.name = #OP, .kind = MG_OP_UNARY, .doc = DOC, .fn.unary = mg_##OP},   \
+    .kernel = {[MG_FLOAT32] = OP##_f32, [MG_FLOAT64] = OP##_f64, [MG_FLOAT16] = OP##_f16,  \
+               [MG_BFLOAT16] = OP##_bf16},                                         \
+  };                                                                               \
+  mg_tensor *mg_##OP (mg_tensor *x) { return test_op(&OP##_op, x, "mg_" #OP, FINITE); }
+TEST_ROW(ISFINITE, isfinite, true, "which entries are neither infinite nor NaN (bool)")
+TEST_ROW(ISNAN, isnan, false, "which entries are NaN (bool)")
+TEST_ROW(ISINF, isinf, false, "which entries are +-infinity (bool)")
 
 /* }========================================================== */
 
