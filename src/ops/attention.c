@@ -1162,12 +1162,8 @@ static mg_tensor *attention_of (mg_tensor *q, mg_tensor *k, mg_tensor *v, mg_ten
     mg_tensor_release(q32);
     mg_tensor_release(k32);
     mg_tensor_release(v32);
-    if (r && q->dtype == MG_FLOAT16 && k->dtype == MG_FLOAT16 && v->dtype == MG_FLOAT16) {
-      mg_tensor *h = mg_cast(r, MG_FLOAT16);        /* a float16 product's result, as matmul's */
-      mg_tensor_release(r);
-      r = h;
-    }
-    return r;
+    bool f16 = q->dtype == MG_FLOAT16 && k->dtype == MG_FLOAT16 && v->dtype == MG_FLOAT16;
+    return f16 ? mg_rounded_float16(r) : r;         /* a float16 product's result, as matmul's */
   }
   if (sdpa_check(fn, q, k, v, mask, p) != MG_OK) return NULL;
   int nd = q->ndim;

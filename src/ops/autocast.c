@@ -120,6 +120,12 @@ mg_tensor *mg_autocast_operand (mg_tensor *x) {
   return mg_cast(x, s->dtype);
 }
 
+mg_tensor *mg_rounded_float16 (mg_tensor *w) {
+  mg_tensor *r = w ? mg_cast(w, MG_FLOAT16) : NULL;
+  mg_tensor_release(w);
+  return r;
+}
+
 mg_tensor *mg_half_to_float32 (mg_tensor *x) {
   if (x == NULL) return NULL;
   return mg_is_half(x->dtype) ? mg_cast(x, MG_FLOAT32) : mg_tensor_retain(x);

@@ -300,18 +300,11 @@ bool mg_half_mixed (mg_tensor *const *xs, int n);
 /* a float16 product (oneDNN 2.6 has no float16 kernels on CPUs): both operands
 ** widened to float32, the float32 product CALL, its result rounded to float16,
 ** each step a recorded op (so the tapes keep float32 copies for the backward) */
-#define FLOAT16_AS_FLOAT32(a, b, CALL) do {                                  \
-    if ((a)->dtype == MG_FLOAT16 && (b)->dtype == MG_FLOAT16) {              \
-      mg_tensor *a_ = mg_cast(a, MG_FLOAT32), *b_ = mg_cast(b, MG_FLOAT32);   \
-      mg_tensor *w_ = NULL, *r_ = NULL;                                       \
-      if (a_ && b_) { a = a_; b = b_; w_ = CALL; }                            \
-      if (w_) r_ = mg_cast(w_, MG_FLOAT16);                                   \
-      mg_tensor_release(a_);                                                  \
-      mg_tensor_release(b_);                                                  \
-      mg_tensor_release(w_);                                                  \
-      return r_;                                                              \
-    }                                                                         \
-  } while (0)
+#define FLOAT16_AS_FLOAT32(a, b, CALL)                                        \
+  PAIR_AS(a, b, (a)->dtype == MG_FLOAT16 && (b)->dtype == MG_FLOAT16, mg_half_to_float32, \
+          mg_rounded_float16(CALL))
+/* w cast to float16 (recorded), w released; NULL stays NULL */
+mg_tensor *mg_rounded_float16 (mg_tensor *w);
 /* opens a region of dt for a re-run (recompute, custom gradients, loops):
 ** as mg_autocast_push, without the float16 gate its first run passed */
 mg_status mg_autocast_reenter (mg_dtype dt);
