@@ -679,10 +679,11 @@ function planner.plan (step, opts, ...)
   local plain = planner.estimate(step, ...)
   local args = table.pack(...)
   -- the cheapest plan of these chains within the budget (their segments by
-  -- model), its estimate, and the least peak a candidate reached
-  local function search (chains)
+  -- model), its estimate, and the least peak a candidate reached; `lossy`:
+  -- packing among the options
+  local function search_with (chains, lossy)
     local general = {}                           -- the models planned by their layer calls
-    for _, ch in ipairs(chains) do general[ch.model] = ch.general end
+    for _, ch in ipairs(chains) do general[ch.model], ch.ends = ch.general, nil end
     local stored = 0                             -- all the layers save, and their gradients
     for _, ch in ipairs(chains) do for _, l in ipairs(ch.layers) do stored = stored + l.saved + (l.grad_bytes or 0) end end
     -- a candidate (segments by model), its peak checked by a dry run
@@ -781,22 +782,36 @@ function planner.plan (step, opts, ...)
       for _, segs in ipairs(candidates) do consider(segs) end
       -- a room bounds what the backward holds, but the forward's end has a
       -- working set of its own (the loss and what it reads): a plan over the
-      -- budget is tried again storing less when the forward ends, by what it
-      -- was over, at the same room (twice at most)
+      -- budget is tried again storing less when the forward ends, at the same
+      -- room, by what it was over and at least twice as much as the last try
+      -- (what the end stores does not come off the peak byte for byte: by
+      -- the overshoot alone, a budget a little over a plan's peak could fail
+      -- where a smaller one, overshot by more, found that plan)
       local min_room = math.max(hi, 1)
       for k = 0, 15 do
         local room = min_room * (math.max(stored, min_room) / min_room) ^ (k / 15)
         local segs, est, less = optimal(room), nil, 0
-        for _ = 1, 3 do
+        for _ = 1, 6 do
           if not segs then break end
           est = consider(segs)
           if est.peak_bytes <= budget then break end
-          less = less + math.max(est.peak_bytes - budget, room / UNITS)   -- (a unit at least)
+          less = math.max(less + est.peak_bytes - budget, 2 * less, room / UNITS)   -- (a unit at least)
           segs = optimal(room, less)
         end
       end
     end
     return best, best_est, least
+  end
+  -- Packing only adds options, but the search is a heuristic whose lossy
+  -- candidates (a pack's bytes predicted as half, checked after) can all
+  -- miss where lossless ones meet the budget: a lossy plan that fails falls
+  -- back on the lossless search, so lossy never fails where lossless would
+  local function search (chains)
+    local best, best_est, least = search_with(chains, lossy)
+    if best or not lossy then return best, best_est, least end
+    local b, e, l = search_with(chains, false)
+    if l and (not least or l < least) then least = l end
+    return b, e, least
   end
   local best, best_est, least
   if #chains > 0 then best, best_est, least = search(chains) end
