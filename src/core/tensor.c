@@ -363,14 +363,15 @@ static void convert_run (int64_t n, char **p, const int64_t *s, void *ud) {
 }
 
 /* one tile of tiled_copy: d[r * dk + c] = s[r + c * sl] for r < rn, c < cn,
-** typed loops the compiler unrolls (strided_copy's per-row calls cost more
-** than the copy); the threads split a large plane's tiles. A GPT's 2048 x 256
-** bfloat16 transpose: 0.22 -> 0.06 ms */
-#define TILE_COPY(T, d, dk, s, sl, rn, cn) do {                                     \
-    T *D_ = (T *)(d);                                                               \
-    const T *S_ = (const T *)(s);                                                   \
+** elements of SIZE bytes, in loops of a constant-size memcpy each (a load and
+** a store, whatever the values' type: no aliasing assumed) that the compiler
+** unrolls; strided_copy's call per tile row cost more than the copy. The
+** threads split a large plane's tiles. A GPT's 2048 x 256 bfloat16
+** transpose: 0.15 -> 0.07 ms */
+#define TILE_COPY(SIZE, d, dk, s, sl, rn, cn) do {                                  \
     for (int64_t r = 0; r < (rn); r++)                                              \
-      for (int64_t c = 0; c < (cn); c++) D_[r * (dk) + c] = S_[r + c * (sl)];       \
+      for (int64_t c = 0; c < (cn); c++)                                            \
+        memcpy((d) + (r * (dk) + c) * (SIZE), (s) + (r + c * (sl)) * (SIZE), (SIZE)); \
   } while (0)
 
 /* A transpose-like copy: dst is contiguous, src's unit stride lies on axis
@@ -401,9 +402,9 @@ static int tiled_copy (mg_tensor *dst, const mg_tensor *src) {
         char *d = d0 + (doff + r0 * dk + c0) * (int64_t)size;
         const char *sp = s0 + (soff + r0 + c0 * sl) * (int64_t)size;
         switch (size) {
-          case 2: TILE_COPY(uint16_t, d, dk, sp, sl, rn, cn); break;
-          case 4: TILE_COPY(uint32_t, d, dk, sp, sl, rn, cn); break;
-          case 8: TILE_COPY(uint64_t, d, dk, sp, sl, rn, cn); break;
+          case 2: TILE_COPY(2, d, dk, sp, sl, rn, cn); break;
+          case 4: TILE_COPY(4, d, dk, sp, sl, rn, cn); break;
+          case 8: TILE_COPY(8, d, dk, sp, sl, rn, cn); break;
           default:
             for (int64_t r = 0; r < rn; r++) strided_copy(size, cn, d + r * dk * (int64_t)size, 1, sp + r * (int64_t)size, sl);
         }
