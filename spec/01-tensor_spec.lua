@@ -145,6 +145,13 @@ describe("views", function()
     end
   end)
 
+  it("copies permuted views with an empty axis (one plane was copied into nothing: heap corruption)", function()
+    for _, c in ipairs{{{0, 16, 16}, {1, 3, 2}}, {{16, 0, 16}, {3, 2, 1}}, {{16, 16, 0}, {2, 1, 3}}, {{0, 32, 33}, {1, 3, 2}}} do
+      local p = mg.transpose(mg.zeros(c[1]), c[2])
+      assert.same({0}, mg.reshape(p, {0}).shape)
+    end
+  end)
+
   it("slices with negative indices and steps", function()
     local v = mg.arange(6)
     assert.same({5, 4, 3, 2, 1, 0}, v:slice({nil, nil, -1}):totable())

@@ -383,6 +383,8 @@ static int tiled_copy (mg_tensor *dst, const mg_tensor *src) {
   int nd = src->ndim, k = -1;
   if (nd < 2 || dst->dtype != src->dtype || !mg_tensor_is_contiguous(dst)) return 0;
   const int64_t *sh = src->shape, *ss = src->strides;
+  for (int i = 0; i < nd; i++)
+    if (sh[i] == 0) return 1;           /* nothing to copy: the planes' walk below would copy one */
   if (ss[nd - 1] == 1 || sh[nd - 1] < TILE) return 0;
   for (int i = nd - 2; i >= 0 && k < 0; i--) if (ss[i] == 1 && sh[i] >= TILE) k = i;
   if (k < 0) return 0;
