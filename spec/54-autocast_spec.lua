@@ -574,6 +574,66 @@ describe("autocast", function()
     end)
   end)
 
+  it("casts an activation once for the products that read it in a row: one saved copy, the same gradients", function()
+    local x0 = mg.random.normal{64, 32}
+    local ws = {mg.Variable(mg.random.normal{32, 16}), mg.Variable(mg.random.normal{32, 16}),
+                mg.Variable(mg.random.normal{32, 16})}
+    -- q, k, v of one float32 activation (a layer norm's output), and its cast made by hand for each
+    local function run (by_hand)
+      local t = mg.tape()
+      t:watch(x0)
+      local loss = mg.autocast("bfloat16", function()
+        local x = mg.tanh(x0)
+        local y = 0
+        for i = 1, 3 do
+          local xi = by_hand and mg.cast(x, "bfloat16") or x
+          y = y + mg.sum(mg.cast(mg.matmul(xi, ws[i]), "float32") ^ 2) * i
+        end
+        return y
+      end)
+      t:stop()
+      local saved = t:saved_bytes()
+      local g = t:gradient(loss, {x0, ws[1], ws[2], ws[3]})
+      return saved, g
+    end
+    local s_auto, g_auto = run(false)
+    local s_hand, g_hand = run(true)
+    assert.are.equal(2 * 64 * 32 * 2, s_hand - s_auto)          -- two bfloat16 copies of x fewer
+    for i = 1, 4 do
+      assert.are.equal(g_hand[i].dtype, g_auto[i].dtype)
+      h.assert_close(g_auto[i], g_hand[i], 1e-6)               -- the same three gradients, summed
+    end
+    -- an activation read again after another one was cast: cast again, still right
+    mg.autocast("bfloat16", function()
+      local a, b = mg.random.normal{4, 8}, mg.random.normal{4, 8}
+      local w = mg.random.normal{8, 8}
+      local r1, r2, r3 = mg.matmul(a, w), mg.matmul(b, w), mg.matmul(a, w)
+      same_bits(r1, r3)
+      same_bits(r2, mg.matmul(mg.cast(b, "bfloat16"), mg.cast(w, "bfloat16")))
+    end)
+  end)
+
+  it("connects a tensor or variable a tape begins to watch after its cast in the region", function()
+    local v = mg.Variable(mg.random.normal{4, 4}, {trainable = false})
+    local x = mg.random.normal{3, 4}
+    local function late (watched)
+      return mg.autocast("bfloat16", function()
+        local t = mg.tape()
+        mg.matmul(x, v)                             -- cast while the tape follows neither
+        t:watch(watched)
+        local loss = mg.sum(mg.cast(mg.matmul(x, v), "float32"))
+        t:stop()
+        return t:gradient(loss, watched)
+      end)
+    end
+    local gv, gx = late(v), late(x)
+    assert.is_not_nil(gv)
+    assert.is_not_nil(gx)
+    local xb, vb = mg.cast(mg.cast(x, "bfloat16"), "float32"), mg.cast(mg.cast(v:value(), "bfloat16"), "float32")
+    h.assert_close(gv, mg.matmul(mg.transpose(xb), mg.ones{3, 4}), 1e-2)
+    h.assert_close(gx, mg.matmul(mg.ones{3, 4}, mg.transpose(vb)), 1e-2)
+  end)
+
   it("is deterministic: the same program gives the same bits", function()
     local w = mg.Variable(mg.random.normal{48, 48})
     local x = mg.random.normal{32, 48}

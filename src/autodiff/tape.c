@@ -169,7 +169,9 @@ mg_status mg_tape_watch (mg_tape *t, mg_tensor *x) {
   MG_CHECK_ARG("mg_tape_watch", t, MG_ERR);
   MG_CHECK_ARG("mg_tape_watch", x, MG_ERR);
   if (x->var) return mg_tape_watch_variable(t, x->var);
-  return mg_is_floating(x->dtype) ? track(t, x->id) : MG_OK;
+  if (!mg_is_floating(x->dtype)) return MG_OK;
+  mg_autocast_forget_id(t->ctx, x->id);       /* a cast of x made before is not on t */
+  return track(t, x->id);
 }
 
 /* adds v (retained) to a list unless it is there; *added says whether it
@@ -195,6 +197,7 @@ mg_status mg_tape_watch_variable (mg_tape *t, mg_variable *v) {
   bool added;
   if (!mg_is_floating(v->value->dtype)) return MG_OK;
   if (add_variable(&t->vars, &t->nvars, &t->capvars, v, &added) != MG_OK) return MG_ERR;
+  if (added) mg_autocast_forget_id(t->ctx, v->id);    /* a cast of v made before is not on t */
   return added ? track(t, v->id) : MG_OK;
 }
 

@@ -66,6 +66,8 @@ static void release_pools (mg_context *c) {
     mg_tensor_release(c->autocast.cache[i].value);
     mg_tensor_release(c->autocast.cache[i].half);
   }
+  mg_tensor_release(c->autocast.last.value);
+  mg_tensor_release(c->autocast.last.half);
   free(c->autocast.cache);
   c->autocast = (mg_autocast_state){0};
   free(c->dry.saved);                                 /* a dry run's counters by site */

@@ -210,9 +210,11 @@ typedef struct mg_hooks {
 } mg_hooks;
 
 /* Automatic mixed precision (src/ops/autocast.c): the dtype products
-** compute in (MG_FLOAT32: off), how many regions are open, and the casts
-** of variables' values made in the outermost one (a weight is cast once a
-** step, however often it is read), valid while the same tapes record */
+** compute in (MG_FLOAT32: off), how many regions are open, the casts of
+** variables' values made in the outermost one (a weight is cast once a
+** step, however often it is read) and the last cast of any other tensor
+** (one activation read by several products, as q, k and v read a layer
+** norm's output), valid while the same tapes record and follow them */
 typedef struct mg_autocast_cast { struct mg_tensor *value, *half; } mg_autocast_cast;
 #define MG_AUTOCAST_DEPTH 32
 /* a dry run (mg_dry_run_begin, memory.c): kernels skipped; the peak
@@ -233,6 +235,7 @@ typedef struct mg_autocast_state {
   mg_dtype outer[MG_AUTOCAST_DEPTH];        /* the dtype each open region replaced */
   mg_autocast_cast *cache;
   int ncache, capcache;
+  mg_autocast_cast last;                    /* not a variable's: {NULL, NULL} when none */
   bool float16_emulated;                    /* float16 regions allowed without AVX512-FP16 */
 } mg_autocast_state;
 

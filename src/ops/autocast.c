@@ -19,15 +19,29 @@
 #include "dnn.h"
 #include "ops/op.h"
 
+static void drop (mg_autocast_cast *e) {
+  mg_tensor_release(e->value);
+  mg_tensor_release(e->half);
+  e->value = e->half = NULL;
+}
+
 static void forget_casts (mg_autocast_state *s) {
-  for (int i = 0; i < s->ncache; i++) {
-    mg_tensor_release(s->cache[i].value);
-    mg_tensor_release(s->cache[i].half);
-  }
+  for (int i = 0; i < s->ncache; i++) drop(&s->cache[i]);
   s->ncache = 0;
+  drop(&s->last);
 }
 
 void mg_autocast_forget (mg_context *c) { forget_casts(&c->autocast); }
+
+void mg_autocast_forget_id (mg_context *c, uint64_t id) {
+  mg_autocast_state *s = &c->autocast;
+  for (int i = 0; i < s->ncache; i++)
+    if (s->cache[i].value->id == id) {
+      drop(&s->cache[i]);
+      s->cache[i--] = s->cache[--s->ncache];
+    }
+  if (s->last.value && s->last.value->id == id) drop(&s->last);
+}
 
 const char *mg_half_isa (mg_dtype dt) {
   if (dt != MG_BFLOAT16) return NULL;   /* oneDNN 2.6 runs no float16 products on CPUs */
@@ -86,18 +100,23 @@ void mg_autocast_pop (void) {
 mg_dtype mg_autocast_dtype (void) { return mg_ctx()->autocast.dtype; }
 int mg_autocast_depth (void) { return mg_ctx()->autocast.depth; }
 
-/* the cast of variable value x, made once per region (again when a dry
-** run, mg.memory.estimate, inside the region made it: it has no values) */
+/* e's cast of x to dt, when e holds one with values (or a dry run,
+** mg.memory.estimate, asks: a cast it made has none); a new reference */
+static mg_tensor *hit (mg_autocast_cast *e, mg_tensor *x, mg_dtype dt) {
+  if (e->value != x || e->half->dtype != dt) return NULL;
+  return mg_tensor_has_values(e->half) || mg_dry_running() ? mg_tensor_retain(e->half) : NULL;
+}
+
+/* the cast of variable value x, made once per region */
 static mg_tensor *cached_cast (mg_autocast_state *s, mg_tensor *x, mg_dtype dt) {
   for (int i = 0; i < s->ncache; i++) {
-    mg_autocast_cast *e = &s->cache[i];
-    if (e->value != x || e->half->dtype != dt) continue;
-    if (mg_tensor_has_values(e->half) || mg_dry_running()) return mg_tensor_retain(e->half);
-    mg_tensor *h = mg_cast(x, dt);
-    if (h == NULL) return NULL;
-    mg_tensor_release(e->half);
-    e->half = mg_tensor_retain(h);
-    return h;
+    mg_tensor *h = hit(&s->cache[i], x, dt);
+    if (h) return h;
+    if (s->cache[i].value == x) {       /* made by a dry run: made again */
+      drop(&s->cache[i]);
+      s->cache[i] = s->cache[--s->ncache];
+      break;
+    }
   }
   mg_tensor *h = mg_cast(x, dt);
   if (h == NULL) return NULL;
@@ -112,12 +131,26 @@ static mg_tensor *cached_cast (mg_autocast_state *s, mg_tensor *x, mg_dtype dt) 
   return h;
 }
 
+/* the cast of any other x: the last one is kept, so that the products
+** reading one activation (q, k and v of a layer norm's output) share one
+** cast, one recorded op and one saved copy (the tape would keep a copy per
+** product, PyTorch's autocast too). Tensors are immutable, and the entry
+** holds x, so the same x means the same values. */
+static mg_tensor *last_cast (mg_autocast_state *s, mg_tensor *x, mg_dtype dt) {
+  mg_tensor *h = s->last.value ? hit(&s->last, x, dt) : NULL;
+  if (h) return h;
+  if ((h = mg_cast(x, dt)) == NULL) return NULL;
+  drop(&s->last);
+  s->last = (mg_autocast_cast){mg_tensor_retain(x), mg_tensor_retain(h)};
+  return h;
+}
+
 mg_tensor *mg_autocast_operand (mg_tensor *x) {
   mg_autocast_state *s = &mg_ctx()->autocast;
   if (x == NULL) return NULL;
   if (s->dtype == MG_FLOAT32 || x->dtype != MG_FLOAT32) return mg_tensor_retain(x);
-  if (x->var != NULL && s->depth > 0) return cached_cast(s, x, s->dtype);
-  return mg_cast(x, s->dtype);
+  if (s->depth == 0) return mg_cast(x, s->dtype);
+  return x->var != NULL ? cached_cast(s, x, s->dtype) : last_cast(s, x, s->dtype);
 }
 
 mg_tensor *mg_rounded_float16 (mg_tensor *w) {

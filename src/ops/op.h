@@ -312,6 +312,9 @@ mg_status mg_autocast_reenter (mg_dtype dt);
 #define AUTOCAST_PAIR(a, b, CALL) PAIR_AS(a, b, true, mg_autocast_operand, CALL)
 /* the tapes recording changed: the cached casts go */
 void mg_autocast_forget (mg_context *c);
+/* a tape began to follow tensor or variable id: casts of it made before
+** (not recorded on that tape) go */
+void mg_autocast_forget_id (mg_context *c, uint64_t id);
 
 /* }========================================================== */
 
