@@ -440,6 +440,57 @@ describe("autocast", function()
     assert.is_true(rel_err(yb, mg.scaled_dot_product_attention(q, kb + mg.cast(mg.zeros(k.shape), "bfloat16"), v)) < 1e-2)
   end)
 
+  it("keeps attention's bfloat16 weights for the backward when no larger than q: the same gradients, the bytes counted, dry runs too", function()
+    local bf = function(t) return mg.cast(t, "bfloat16") end
+    local r5 = function(t) return mg.reshape(t, {1, table.unpack(t.shape)}) end
+    local mask = mg.greater(mg.random.normal{4, 1, 16, 12}, -0.5)
+    -- 12 keys of 16 features: the weights (12 a query) are kept; the 5-D call takes the
+    -- per-entry loop, which computes them again in the backward
+    local q, k, v = bf(mg.random.normal{4, 4, 16, 16}), bf(mg.random.normal{4, 4, 12, 16}), bf(mg.random.normal{4, 4, 12, 8})
+    local seed = mg.random.normal{4, 4, 16, 8}
+    local function run (a, b, c, m, opts, s)
+      local t = mg.tape()
+      t:watch({a, b, c})
+      opts.mask = m
+      local l = mg.sum(mg.cast(mg.scaled_dot_product_attention(a, b, c, opts), "float32") * s)
+      t:stop()
+      local saved = t:saved_bytes()
+      return saved, t:gradient(l, {a, b, c})
+    end
+    local weights = mg.autocast_isa() and 4 * 4 * 16 * 12 * 2 or 0     -- float32 attention keeps none
+    for _, opts in ipairs({{}, {causal = true}, {masked = true}}) do
+      local m = opts.masked and mask or nil
+      local s4, g4 = run(q, k, v, m, {causal = opts.causal}, seed)
+      local s5, g5 = run(r5(q), r5(k), r5(v), m and r5(m), {causal = opts.causal}, r5(seed))
+      assert.are.equal(s5 + weights, s4)
+      for i = 1, 3 do assert.is_true(rel_err(g4[i], mg.reshape(g5[i], g4[i].shape)) < 2e-2, i) end
+      -- a tape recording the backward (second order) takes the public ops: the same gradients
+      local t1 = mg.tape()
+      t1:watch(q)
+      local _, g2 = run(q, k, v, m, {causal = opts.causal}, seed)
+      t1:stop()
+      for i = 1, 3 do assert.is_true(rel_err(g2[i], g4[i]) < 2e-2, i) end
+    end
+    -- more keys than features: computed again, nothing kept
+    local kl, vl = bf(mg.random.normal{4, 4, 20, 16}), bf(mg.random.normal{4, 4, 20, 8})
+    local sl = run(q, kl, vl, nil, {}, seed)
+    local sl5 = run(r5(q), r5(kl), r5(vl), nil, {}, r5(seed))
+    assert.are.equal(sl5, sl)
+    -- a dry run (mg.memory.estimate) counts the kept weights as the real step does
+    local function step ()
+      local t = mg.tape()
+      t:watch({q, k, v})
+      local l = mg.sum(mg.cast(mg.scaled_dot_product_attention(q, k, v, {causal = true}), "float32") * seed)
+      t:stop()
+      local saved = t:saved_bytes()
+      return t:gradient(l, {q, k, v}), saved
+    end
+    local est = mg.memory.estimate(step)
+    local _, saved = step()
+    assert.are.equal(saved, est.peak_saved_bytes)
+    assert.are.equal(run(r5(q), r5(k), r5(v), nil, {causal = true}, r5(seed)) + weights, saved)
+  end)
+
   it("runs gelu on bfloat16 as it is (oneDNN's, float32 inside): float32's values and gradients, rounded", function()
     local x = mg.cast(mg.random.normal{64, 33} * 3, "bfloat16")
     local seed = mg.random.normal{64, 33}

@@ -468,7 +468,8 @@ static mg_node *node_new (const mg_opdef *def, int nin, mg_tensor *const *in, in
     meta_of(&n->out_meta[i], out[i], &shapes);
     n->out[i] = NULL;
   }
-  unsigned saves = saves_of(def, attr, n->followed);
+  unsigned saves = def->saves_with_residuals && nout > 1 ? def->saves_with_residuals   /* the forward made residuals */
+                                                        : saves_of(def, attr, n->followed);
   for (int j = 0; j < nin && st == MG_OK; j++)
     if (saves_input(saves, j)) st = keep_slot(n, &n->in[j], in[j], j);
   for (int i = 0; i < nout && st == MG_OK; i++)
@@ -625,8 +626,11 @@ static mg_status after_op (const mg_opcall *c) {
   if (!policy && !mg_anyone_listening()) return MG_OK;
   for (int j = 0; policy && j < c->nin; j++) mg_tensor_retain(c->in[j]);
   mg_status st = policy ? mg_replay_note(c->def, c->out[0]) : MG_OK;
-  if (st == MG_OK && mg_anyone_listening())
-    st = mg_record(c->def, c->nin, c->in, c->nout, c->out, c->attr);
+  if (st == MG_OK && mg_anyone_listening()) {
+    mg_tensor *out[3] = {c->out[0], c->nout > 1 ? c->out[1] : NULL, NULL};
+    for (int i = 0; i < c->nres; i++) out[c->nout + i] = c->res[i];     /* residuals: outputs from 1 on */
+    st = mg_record(c->def, c->nin, c->in, c->nout + c->nres, out, c->attr);
+  }
   for (int j = 0; policy && j < c->nin; j++) mg_tensor_release(c->in[j]);
   return st;
 }
@@ -637,6 +641,8 @@ static mg_tensor *before_op (const mg_opcall *c) {
 }
 
 static bool listening (void) { return mg_anyone_listening(); }
+
+static bool recording (void) { return mg_recording_tapes > 0; }
 
 /* what the tapes keep in a context, when it goes */
 static void release_state (mg_context *c) {
@@ -649,6 +655,7 @@ void mg_autodiff_install (mg_context *c) {
   c->hooks.before = before_op;
   c->hooks.after = after_op;
   c->hooks.listening = listening;
+  c->hooks.recording = recording;
   c->hooks.on_read = note_variable_read;     /* variables tell the tapes of reads */
   c->hooks.release = release_state;
 }

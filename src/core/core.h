@@ -200,6 +200,8 @@ typedef struct mg_hooks {
   mg_status (*after)(const struct mg_opcall *c);
   /* would an op run now be recorded? (backward rules ask: second order) */
   bool (*listening)(void);
+  /* does a tape record now? (mg_op_recording: a forward making residuals) */
+  bool (*recording)(void);
   void (*on_read)(mg_variable *v);          /* a variable was read */
   /* every op's outputs, differentiable or not, after the kernel (a
   ** recompute's verify notes or checks them); MG_ERR + error */

@@ -795,17 +795,19 @@ static bool chunk_weights (const sdpa_geom *g, const chunking *ch, int64_t c0, i
   return true;
 }
 
-/* out (nb, Tq, dv) bfloat16; false when a product failed */
-static bool forward_batched (const sdpa_geom *g, const chunking *ch, char *out, char *work) {
+/* out (nb, Tq, dv) bfloat16, and the weights into kept (nb, Tq, Tk) when
+** not NULL (the backward's residual); false when a product failed */
+static bool forward_batched (const sdpa_geom *g, const chunking *ch, char *out, uint16_t *kept, char *work) {
   size_t tile = (size_t)(g->Tq * g->Tk);
   float *S = (float *)work;
-  uint16_t *Pb = (uint16_t *)(work + ROUND64((size_t)(ch->per * ch->B1) * tile * 4));
+  uint16_t *scratch_Pb = (uint16_t *)(work + ROUND64((size_t)(ch->per * ch->B1) * tile * 4));
   int64_t vs[4], os[4], ps[4];
   strides4(g, g->v.bstride, ch->B1, g->Tk * g->v.ld + g->dv, g->v.ld, 1, vs);
   (ch->heads_last ? heads_last4 : dense4)(ch->B1, g->Tq, g->dv, os);   /* as sdpa_forward made it */
   dense4(ch->B1, g->Tq, g->Tk, ps);
   for (int64_t c0 = 0; c0 < ch->B0; c0 += ch->per) {
     int64_t cn = ch->B0 - c0 < ch->per ? ch->B0 - c0 : ch->per;
+    uint16_t *Pb = kept ? kept + (size_t)(c0 * ch->B1) * tile : scratch_Pb;
     if (!chunk_weights(g, ch, c0, cn, S, Pb)) return false;
     char *o = out + (size_t)(c0 * ch->B1 * g->Tq * g->dv) * 2;
     if (!bmm(ch, cn, g->Tq, g->dv, g->Tk, Pb, ps, at0(g, &g->v, c0), vs, o, os, MG_BFLOAT16)) return false;
@@ -813,8 +815,10 @@ static bool forward_batched (const sdpa_geom *g, const chunking *ch, char *out, 
   return true;
 }
 
-/* dq, dk, dv (any NULL) bfloat16; false when a product failed */
-static bool backward_batched (const sdpa_geom *g, const chunking *ch, char *dq, char *dk, char *dv, char *work) {
+/* dq, dk, dv (any NULL) bfloat16, from the forward's weights `kept` when
+** not NULL (else computed again); false when a product failed */
+static bool backward_batched (const sdpa_geom *g, const chunking *ch, const uint16_t *kept, char *dq, char *dk,
+                              char *dv, char *work) {
   size_t tile = (size_t)(g->Tq * g->Tk), f32 = ROUND64((size_t)(ch->per * ch->B1) * tile * 4);
   float *S = (float *)work, *dP = (float *)(work + f32);
   uint16_t *Pb = (uint16_t *)(work + 2 * f32);
@@ -831,17 +835,19 @@ static bool backward_batched (const sdpa_geom *g, const chunking *ch, char *dq, 
   layout(ch->B1, g->Tk, g->dv, gv);
   for (int64_t c0 = 0; c0 < ch->B0; c0 += ch->per) {
     int64_t cn = ch->B0 - c0 < ch->per ? ch->B0 - c0 : ch->per, e0 = c0 * ch->B1;
-    if (!chunk_weights(g, ch, c0, cn, S, Pb)) return false;
+    const uint16_t *W = kept ? kept + (size_t)e0 * tile : Pb;       /* the weights, bfloat16 */
+    if (!kept && !chunk_weights(g, ch, c0, cn, S, Pb)) return false;
     const char *DO = at0(g, &g->dout, c0), *Q = at0(g, &g->q, c0), *K = at0(g, &g->k, c0);
-    if (dv && !bmm(ch, cn, g->Tk, g->dv, g->Tq, Pb, pT, DO, ds, dv + (size_t)(e0 * g->Tk * g->dv) * 2, gv, MG_BFLOAT16))
+    if (dv && !bmm(ch, cn, g->Tk, g->dv, g->Tq, W, pT, DO, ds, dv + (size_t)(e0 * g->Tk * g->dv) * 2, gv, MG_BFLOAT16))
       return false;
     if (!dq && !dk) continue;
     if (!bmm(ch, cn, g->Tq, g->Tk, g->dv, DO, ds, at0(g, &g->v, c0), vT, dP, ps, MG_FLOAT32)) return false;
     int64_t n = cn * ch->B1;
     MG_PARALLEL_FOR(n * (int64_t)tile >= 65536, ,
     for (int64_t j = 0; j < n; j++) {
-      const float *P = S + (size_t)j * tile;
+      float *P = S + (size_t)j * tile;
       float *dPj = dP + (size_t)j * tile;
+      if (kept) mg_convert(P, MG_FLOAT32, W + (size_t)j * tile, MG_BFLOAT16, (int64_t)tile);
       softmax_grad_tile(g, P, dPj);
       mg_convert(Pb + (size_t)j * tile, MG_BFLOAT16, dPj, MG_FLOAT32, (int64_t)tile);     /* dS, rounded */
     });
@@ -974,7 +980,8 @@ static mg_status sdpa_backward_fused (mg_node *n, mg_tensor *dout, mg_tensor **d
   } else if (st == MG_OK && g.nb > 0 && g.Tq > 0 && g.Tk > 0) {
     char *p[3];
     for (int j = 0; j < 3; j++) p[j] = grads[j] ? mg_ptr(grads[j]) : NULL;
-    bool ok = batched ? backward_batched(&g, &ch, p[0], p[1], p[2], (char *)work->data)
+    const uint16_t *kept = n->nout > 1 && n->out[1] ? (const uint16_t *)mg_ptr(n->out[1]) : NULL;
+    bool ok = batched ? backward_batched(&g, &ch, kept, p[0], p[1], p[2], (char *)work->data)
                       : sdpa_backward_kernel(&g, q->dtype, p[0], p[1], p[2], (char *)work->data, nthr);
     if (!ok) st = mg_seterror("scaled_dot_product_attention: a bfloat16 product of the backward failed (out of memory?)");
   } else if (st == MG_OK) {          /* nothing attended to: zero gradients */
@@ -1078,9 +1085,10 @@ static mg_status sdpa_forward (mg_opcall *c);
 MG_ROW(SDPA, sdpa) = {
   .forward = sdpa_forward,
   .info = {.name = "scaled_dot_product_attention", .kind = MG_OP_OTHER,
-           .doc = "softmax(q @ k^T * scale, masked) @ v, fused; keeps only q, k, v for its gradient",
+           .doc = "softmax(q @ k^T * scale, masked) @ v, fused; keeps q, k, v for its gradient (and its bfloat16 weights when no larger than q)",
            .product = 1},
   .macs = sdpa_macs, .saves = MG_SAVE_INPUTS, .backward = sdpa_backward,
+  .saves_with_residuals = MG_SAVE_INPUTS | MG_SAVE_OUT(1),
 };
 
 /* the checks of q, k, v and mask; MG_ERR + error */
@@ -1196,13 +1204,21 @@ static mg_status sdpa_forward (mg_opcall *c) {
   if (st == MG_OK)
     out = batched && ch.heads_last ? heads_last_tensor(c->shape, c->dtype) : mg_empty(c->shape, c->ndim, c->dtype);
   if (out == NULL) st = MG_ERR;
+  mg_tensor *kept = NULL;           /* the weights for the backward: no larger than q, bfloat16 */
+  if (st == MG_OK && batched && g.Tk <= g.dk && mg_op_recording()) {
+    int64_t shape[MG_MAX_DIMS];
+    memcpy(shape, q->shape, sizeof(int64_t) * (size_t)q->ndim);
+    shape[q->ndim - 1] = g.Tk;
+    if ((kept = mg_empty(shape, q->ndim, MG_BFLOAT16)) == NULL) st = MG_ERR;
+  }
   mg_storage *work = st != MG_OK ? NULL
                    : batched ? scratch(ROUND64((size_t)(ch.per * ch.B1) * tile * 4) + (size_t)(ch.per * ch.B1) * tile * 2)
                              : scratch(work_sizes(&g, q->dtype, 1).total * (size_t)nthr);
   if (work == NULL) st = MG_ERR;
-  if (st == MG_OK && out->numel > 0) {
+  if (st == MG_OK && out->numel > 0 && !mg_dry_running()) {      /* a dry run computes nothing */
     if (g.Tk == 0) memset(mg_ptr(out), 0, (size_t)out->numel * g.esz);   /* nothing to attend to */
-    else if (!(batched ? forward_batched(&g, &ch, mg_ptr(out), (char *)work->data)
+    else if (!(batched ? forward_batched(&g, &ch, mg_ptr(out), kept ? (uint16_t *)mg_ptr(kept) : NULL,
+                                         (char *)work->data)
                        : sdpa_forward_kernel(&g, q->dtype, mg_ptr(out), (char *)work->data, nthr)))
       st = mg_seterror("scaled_dot_product_attention: a bfloat16 product failed (out of memory?)");
   }
@@ -1210,9 +1226,11 @@ static mg_status sdpa_forward (mg_opcall *c) {
   for (int i = 0; i < 4; i++) mg_tensor_release(copies[i]);
   if (st != MG_OK) {
     mg_tensor_release(out);
+    mg_tensor_release(kept);
     return MG_ERR;
   }
   c->out[0] = out;
+  if (kept) c->res[c->nres++] = kept;
   return MG_OK;
 }
 

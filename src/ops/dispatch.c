@@ -11,11 +11,20 @@
 
 #include "ops/op.h"
 
+static void release_residuals (mg_opcall *c) {
+  for (int i = 0; i < c->nres; i++) {
+    mg_tensor_release(c->res[i]);
+    c->res[i] = NULL;
+  }
+  c->nres = 0;
+}
+
 static void release_outputs (mg_opcall *c) {
   for (int i = 0; i < c->nout; i++) {
     mg_tensor_release(c->out[i]);
     c->out[i] = NULL;
   }
+  release_residuals(c);
 }
 
 /* outputs of ops on numbers alone are numbers (PyTorch's wrapped numbers) */
@@ -32,7 +41,8 @@ static void mark_numbers (mg_opcall *c) {
 ** read integers or bools run as usual (a cast of indices to bfloat16 and
 ** back, a gather at them: their values must survive) */
 static bool dry_output (const mg_context *ctx, const mg_opcall *c) {
-  if (!ctx->dry.on || c->nout != 1 || c->nin == 0 || !mg_is_floating(c->dtype) || c->def->makes_views)
+  if (!ctx->dry.on || c->nout != 1 || c->nin == 0 || !mg_is_floating(c->dtype) || c->def->makes_views ||
+      c->def->saves_with_residuals)   /* its forward makes them, residuals too, and computes nothing */
     return false;
   bool floats = true;
   for (int j = 0; j < c->nin; j++) {
@@ -59,12 +69,15 @@ static bool dry_zero_inputs (const mg_context *ctx, const mg_opcall *c) {
   return any;
 }
 
+static void dry_mark (mg_opcall *c, mg_tensor *t) {
+  bool own = true;                            /* not an input given back */
+  for (int j = 0; j < c->nin; j++) own = own && c->in[j]->storage != t->storage;
+  if (own && mg_is_floating(t->dtype)) t->storage->unwritten = true;
+}
+
 static void dry_mark_outputs (mg_opcall *c) {
-  for (int i = 0; i < c->nout; i++) {
-    bool own = true;                          /* not an input given back */
-    for (int j = 0; j < c->nin; j++) own = own && c->in[j]->storage != c->out[i]->storage;
-    if (own && mg_is_floating(c->out[i]->dtype)) c->out[i]->storage->unwritten = true;
-  }
+  for (int i = 0; i < c->nout; i++) dry_mark(c, c->out[i]);
+  for (int i = 0; i < c->nres; i++) dry_mark(c, c->res[i]);
 }
 
 mg_tensor *mg_dispatch (mg_opcall *c) {
@@ -83,9 +96,10 @@ mg_tensor *mg_dispatch (mg_opcall *c) {
     if ((c->out[0] = mg_empty(c->shape, c->ndim, c->dtype)) == NULL) return NULL;
     c->out[0]->storage->unwritten = true;
   } else {
-    bool none = dry_zero_inputs(ctx, c);
+    bool none = !c->def->saves_with_residuals && dry_zero_inputs(ctx, c);   /* those read nothing in a dry run */
+    c->nres = 0;
     if (c->def->forward(c) != MG_OK) return NULL;
-    if (none) dry_mark_outputs(c);
+    if (none || (ctx->dry.on && c->def->saves_with_residuals)) dry_mark_outputs(c);
   }
   mark_numbers(c);
   if (differentiable && ctx->check_numerics && !ctx->dry.on &&
@@ -97,7 +111,13 @@ mg_tensor *mg_dispatch (mg_opcall *c) {
     release_outputs(c);
     return NULL;
   }
+  release_residuals(c);                 /* the tapes' now, if they recorded the op */
   return c->out[0];
+}
+
+bool mg_op_recording (void) {
+  bool (*recording)(void) = mg_ctx()->hooks.recording;
+  return recording != NULL && recording();
 }
 
 bool mg_op_recorded (void) {

@@ -62,6 +62,12 @@ typedef struct mg_opdef {
   ** through such an op, even if watched later. */
   unsigned grad_saves[MG_GRAD_SAVES];
   mg_status (*backward)(mg_node *n, mg_tensor *const *dout, mg_tensor **din);  /* NULL: none */
+  /* Residuals (JAX's word): what a forward computed that its backward
+  ** reads instead of computing it again (attention's weights). A row with this nonzero has one output of its own; its
+  ** forward may add residuals (mg_opcall.res) when mg_op_recording(), which
+  ** the node keeps as its outputs from 1 on, saving this instead of saves.
+  ** The forward also makes its outputs in a dry run, computing nothing. */
+  unsigned saves_with_residuals;
   void (*free_ext)(mg_node *n);         /* for ops with private data; may be NULL */
   /* tensors the op keeps besides its saved inputs and outputs (recompute's
   ** kept outputs): the i-th, or NULL past the last; may be NULL */
@@ -184,6 +190,8 @@ typedef struct mg_opcall {
   mg_dtype dtype;
   int nout;                             /* 1 or 2 */
   mg_tensor *out[2];                    /* the kernel's */
+  int nres;                             /* residuals the kernel made for the tapes (0 or 1) */
+  mg_tensor *res[1];
 } mg_opcall;
 
 #define MG_OPCALL(def_, nin_, in_, attr_, shape_, ndim_, dtype_) \
@@ -198,6 +206,9 @@ mg_tensor *mg_dispatch (mg_opcall *c);
 /* would an op run now be recorded? (a backward rule choosing between its
 ** fused kernel and public ops that an outer tape can follow) */
 bool mg_op_recorded (void);
+/* does a tape record now? (a forward making residuals: not in a recompute's
+** first run, whose tapes are paused while its read watchers listen) */
+bool mg_op_recording (void);
 
 struct mg_node {
   int refcount;           /* tapes holding it */
