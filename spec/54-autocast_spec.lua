@@ -491,7 +491,7 @@ describe("autocast", function()
     assert.are.equal(run(r5(q), r5(k), r5(v), nil, {causal = true}, r5(seed)) + weights, saved)
   end)
 
-  it("runs gelu on bfloat16 as it is (oneDNN's, float32 inside): float32's values and gradients, rounded", function()
+  it("runs gelu on bfloat16 as it is (float32 inside): float32's values and gradients, rounded; keeps gelu'(x) for the backward", function()
     local x = mg.cast(mg.random.normal{64, 33} * 3, "bfloat16")
     local seed = mg.random.normal{64, 33}
     local x32 = mg.cast(x, "float32")
@@ -523,6 +523,39 @@ describe("autocast", function()
         return t1:gradient(s, a)
       end
       assert.is_true(rel_err(gg(x), gg(x32)) < 2e-2, approx)
+    end
+    -- while one tape records (and cannot record the backward), gelu'(x) is kept in place
+    -- of x, the same bytes, and the backward is a product: the same bits as computing it
+    -- from x (a persistent tape keeps x), the same under recompute_grad; odd lengths too
+    for _, n in ipairs({33, 1000, 70001}) do
+      local xs, sd = mg.cast(mg.random.normal{n} * 3, "bfloat16"), mg.random.normal{n}
+      local function run (persistent, approx)
+        local t = mg.tape{persistent = persistent}
+        t:watch(xs)
+        local y = mg.gelu(xs, approx)
+        local l = mg.sum(mg.cast(y, "float32") * sd)
+        t:stop()
+        local saved = t:saved_bytes()
+        return y, t:gradient(l, xs), saved
+      end
+      for _, approx in ipairs({false, true}) do
+        local y1, g1, s1 = run(false, approx)
+        local y2, g2, s2 = run(true, approx)
+        same_bits(y1, y2)
+        same_bits(g1, g2)
+        assert.are.equal(s2, s1)
+        same_bits(y1, mg.gelu(xs, approx))                  -- no tape: the same values
+        local t = mg.tape()
+        t:watch(xs)
+        local f = mg.recompute_grad(function(a) return mg.gelu(mg.gelu(a, approx), approx) end)
+        local l = mg.sum(mg.cast(f(xs), "float32") * sd)
+        t:stop()
+        local t2 = mg.tape()
+        t2:watch(xs)
+        local l2 = mg.sum(mg.cast(mg.gelu(mg.gelu(xs, approx), approx), "float32") * sd)
+        t2:stop()
+        same_bits(t:gradient(l, xs), t2:gradient(l2, xs))
+      end
     end
     -- in a transformer block under autocast: the MLP's hidden activations stay bfloat16
     local block = mg.nn.TransformerBlock(2, 16, {causal = true})

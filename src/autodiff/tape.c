@@ -644,6 +644,14 @@ static bool listening (void) { return mg_anyone_listening(); }
 
 static bool recording (void) { return mg_recording_tapes > 0; }
 
+static bool second_order (void) {
+  mg_tape_state *T = tapes();
+  if (T->recording > 1) return true;
+  for (int i = 0; i < T->nactive; i++)
+    if (T->active[i]->paused == 0 && T->active[i]->persistent) return true;
+  return false;
+}
+
 /* what the tapes keep in a context, when it goes */
 static void release_state (mg_context *c) {
   free(c->tapes.active);
@@ -656,6 +664,7 @@ void mg_autodiff_install (mg_context *c) {
   c->hooks.after = after_op;
   c->hooks.listening = listening;
   c->hooks.recording = recording;
+  c->hooks.second_order = second_order;
   c->hooks.on_read = note_variable_read;     /* variables tell the tapes of reads */
   c->hooks.release = release_state;
 }

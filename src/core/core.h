@@ -202,6 +202,7 @@ typedef struct mg_hooks {
   bool (*listening)(void);
   /* does a tape record now? (mg_op_recording: a forward making residuals) */
   bool (*recording)(void);
+  bool (*second_order)(void);               /* mg_op_second_order (op.h) */
   void (*on_read)(mg_variable *v);          /* a variable was read */
   /* every op's outputs, differentiable or not, after the kernel (a
   ** recompute's verify notes or checks them); MG_ERR + error */

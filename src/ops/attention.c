@@ -359,64 +359,121 @@ static mg_tensor *gelu_run (mg_tensor *x, mg_tensor *dy, bool approx, bool over)
   return out;
 }
 
-/* Autocast's gelu: bfloat16 x (a product's output) in and out through
-** oneDNN's eltwise primitive, float32 inside (PyTorch's autocast runs gelu
-** in its input's dtype too): no widened copy of x to keep for the backward,
-** none of the result to round for the next product. */
-typedef struct gelu_key { int32_t kind, nthr, alg, backward; int64_t n; } gelu_key;   /* no padding */
+/* {------- bfloat16 gelu (autocast's: a product's output) -------
+** float32 inside, 512 values at a time on the stack, each result rounded
+** once. The forward computes gelu'(x) beside gelu(x) (they share their exp)
+** and keeps it, rounded, in place of x while a tape records: the backward
+** is then dy * gelu'(x), a product, instead of erf and exp again. The same
+** code gives y whether or not it is kept, and the backward without it
+** rounds gelu'(x) the same way, so both paths give the same bits. */
+#define STRETCH 512
+#define AS_P   0.3275911f           /* erf by Abramowitz and Stegun 7.1.26, as oneDNN's gelu_erf */
+#define AS_A1  0.254829592f
+#define AS_A2 -0.284496736f
+#define AS_A3  1.421413741f
+#define AS_A4 -1.453152027f
+#define AS_A5  1.061405429f
 
-static mg_dnn_prim *gelu_prim (mg_dnn *d, const gelu_key *key) {
-  mg_dnn_prim *e = mg_dnn_find(d, key, sizeof *key);
-  if (e) return e;
-  mg_dnn_slot(d, 1);                    /* room for this one and its hint */
-  gelu_key fkey = *key;
-  fkey.backward = 0;
-  mg_dnn_prim *hint = key->backward ? gelu_prim(d, &fkey) : NULL;
-  if (key->backward && hint == NULL) return NULL;
-  dnnl_dims_t dims = {key->n};
-  dnnl_memory_desc_t md;
-  dnnl_eltwise_desc_t ed;
-  dnnl_alg_kind_t alg = (dnnl_alg_kind_t)key->alg;
-  dnnl_status_t st = dnnl_memory_desc_init_by_tag(&md, 1, dims, dnnl_bf16, dnnl_a);
-  if (st == dnnl_success)
-    st = key->backward ? dnnl_eltwise_backward_desc_init(&ed, alg, &md, &md, 0.0f, 0.0f)
-                       : dnnl_eltwise_forward_desc_init(&ed, dnnl_forward_training, alg, &md, 0.0f, 0.0f);
-  e = mg_dnn_slot(d, 0);
-  if (st == dnnl_success) st = dnnl_primitive_desc_create(&e->pd, &ed, NULL, d->engine, hint ? hint->pd : NULL);
-  if (st == dnnl_success) st = mg_dnn_finish(d, e, key, sizeof *key);
-  if (st != dnnl_success) {
-    mg_dnn_destroy(e);
-    return mg_dnn_fail("gelu", "make an eltwise gelu", st), NULL;
+/* y = gelu(x), d = gelu'(x) of STRETCH float32 values (a stretch's tail
+** zero-filled: every value takes the vector path, whatever the length). Exact: Phi(x) = 1 - Q(x)
+** for x >= 0, Q(-x) else, with Q(a) = t P(t) e^(-a^2/2) / 2, t = 1 / (1 + p a / sqrt 2):
+** the tail directly, without cancelling 1 - erf; phi(x) shares the exp */
+static void gelu_both (bool approx, const float *x, float *y, float *d) {
+  if (!approx) {
+    for (int i = 0; i < STRETCH; i++) {
+      float v = x[i], e = expf(-0.5f * v * v);
+      float t = 1.0f / (1.0f + AS_P * (float)SQRT_HALF * fabsf(v));
+      float q = 0.5f * e * t * (AS_A1 + t * (AS_A2 + t * (AS_A3 + t * (AS_A4 + t * AS_A5))));
+      float cdf = v >= 0 ? 1.0f - q : q;
+      y[i] = v * cdf;
+      d[i] = cdf + v * (float)INV_SQRT_2PI * e;
+    }
+  } else {
+    for (int i = 0; i < STRETCH; i++) {
+      float v = x[i], t = tanhf((float)SQRT_2_PI * (v + (float)GELU_C * v * v * v));
+      y[i] = 0.5f * v * (1 + t);
+      d[i] = 0.5f * (1 + t) + 0.5f * v * (1 - t * t) * ((float)SQRT_2_PI * (1 + 3 * (float)GELU_C * v * v));
+    }
   }
-  return e;
 }
 
-/* y = gelu(x), or (dy given) dx = dy * gelu'(x), over n contiguous bfloat16 values */
-static mg_status gelu_dnnl (bool approx, int64_t n, const void *x, const void *dy, void *y) {
-  mg_dnn *d = mg_dnn_get("gelu");
-  gelu_key key = {MG_DNN_ELTWISE, omp_get_max_threads(), approx ? dnnl_eltwise_gelu_tanh : dnnl_eltwise_gelu_erf,
-                  dy != NULL, n};
-  mg_dnn_prim *e = d ? gelu_prim(d, &key) : NULL;
-  if (e == NULL) return MG_ERR;
-  int fargs[2] = {DNNL_ARG_SRC, DNNL_ARG_DST}, bargs[3] = {DNNL_ARG_SRC, DNNL_ARG_DIFF_DST, DNNL_ARG_DIFF_SRC};
-  void *ptrs[3] = {(void *)x, dy ? (void *)dy : y, y};
-  return mg_dnn_execute("gelu", d, e->pd, e->p, e->scratch, dy ? 3 : 2, dy ? bargs : fargs, ptrs, e->mem);
+typedef struct gelu_half_args {
+  bool approx;
+  const uint16_t *x, *dy, *d;       /* bfloat16: x, or dy with d = gelu'(x) kept, or dy with x */
+  uint16_t *y, *dkeep;              /* y (or dx); gelu'(x) to keep, or NULL */
+} gelu_half_args;
+
+/* the forward, y and maybe gelu'(x), over [lo, hi) */
+static void gelu_half_forward (const void *ctx, int64_t lo, int64_t hi) {
+  const gelu_half_args *a = (const gelu_half_args *)ctx;
+  float x[STRETCH], y[STRETCH], d[STRETCH];
+  for (int64_t s = lo; s < hi; s += STRETCH) {
+    int m = hi - s < STRETCH ? (int)(hi - s) : STRETCH;
+    mg_convert(x, MG_FLOAT32, a->x + s, MG_BFLOAT16, m);
+    if (m < STRETCH) memset(x + m, 0, sizeof(float) * (size_t)(STRETCH - m));
+    gelu_both(a->approx, x, y, d);
+    mg_convert(a->y + s, MG_BFLOAT16, y, MG_FLOAT32, m);
+    if (a->dkeep) mg_convert(a->dkeep + s, MG_BFLOAT16, d, MG_FLOAT32, m);
+  }
 }
 
-/* gelu_run's bfloat16 form: a new bfloat16 tensor */
-static mg_tensor *gelu_bf16 (mg_tensor *x, mg_tensor *dy, bool approx) {
+/* the backward, dx = dy * gelu'(x) rounded, over [lo, hi): from the kept
+** gelu'(x), or computed from x and rounded as the forward keeps it */
+static void gelu_half_backward (const void *ctx, int64_t lo, int64_t hi) {
+  const gelu_half_args *a = (const gelu_half_args *)ctx;
+  float g[STRETCH], d[STRETCH], y[STRETCH];
+  uint16_t r[STRETCH];
+  for (int64_t s = lo; s < hi; s += STRETCH) {
+    int m = hi - s < STRETCH ? (int)(hi - s) : STRETCH;
+    const uint16_t *db = a->d ? a->d + s : r;
+    if (!a->d) {
+      mg_convert(g, MG_FLOAT32, a->x + s, MG_BFLOAT16, m);
+      if (m < STRETCH) memset(g + m, 0, sizeof(float) * (size_t)(STRETCH - m));
+      gelu_both(a->approx, g, y, d);
+      mg_convert(r, MG_BFLOAT16, d, MG_FLOAT32, m);
+    }
+    mg_convert(d, MG_FLOAT32, db, MG_BFLOAT16, m);
+    mg_convert(g, MG_FLOAT32, a->dy + s, MG_BFLOAT16, m);
+    for (int i = 0; i < m; i++) g[i] *= d[i];
+    mg_convert(a->y + s, MG_BFLOAT16, g, MG_FLOAT32, m);
+  }
+}
+
+/* gelu of bfloat16 x: a new bfloat16 tensor, and gelu'(x) into *keep when
+** keep is not NULL */
+static mg_tensor *gelu_bf16 (mg_tensor *x, bool approx, mg_tensor **keep) {
   mg_tensor *xc = mg_contiguous(x);
-  mg_tensor *dyc = !dy ? NULL : dy->dtype == MG_BFLOAT16 ? mg_contiguous(dy) : mg_cast(dy, MG_BFLOAT16);
-  mg_tensor *out = !xc || (dy && !dyc) ? NULL : mg_empty(x->shape, x->ndim, MG_BFLOAT16);
-  if (out && out->numel > 0 && !mg_dry_running() &&
-      gelu_dnnl(approx, out->numel, mg_ptr(xc), dyc ? mg_ptr(dyc) : NULL, mg_ptr(out)) != MG_OK) {
+  mg_tensor *out = xc ? mg_empty(x->shape, x->ndim, MG_BFLOAT16) : NULL;
+  if (out && keep && (*keep = mg_empty(x->shape, x->ndim, MG_BFLOAT16)) == NULL) {
     mg_tensor_release(out);
     out = NULL;
   }
+  if (out && out->numel > 0 && !mg_dry_running()) {    /* a dry run computes nothing */
+    gelu_half_args a = {approx, (const uint16_t *)mg_ptr(xc), NULL, NULL, (uint16_t *)mg_ptr(out),
+                        keep ? (uint16_t *)mg_ptr(*keep) : NULL};
+    mg_for_blocks(out->numel, gelu_half_forward, &a);
+  }
   mg_tensor_release(xc);
+  return out;
+}
+
+/* dy * gelu'(x), bfloat16, from the kept gelu'(x) d or from x; over dy
+** when the walk spares it and it is bfloat16 and contiguous */
+static mg_tensor *gelu_grad_bf16 (mg_tensor *x, mg_tensor *d, mg_tensor *dy, bool approx, bool over) {
+  mg_tensor *src = mg_contiguous(d ? d : x);
+  mg_tensor *dyc = dy->dtype == MG_BFLOAT16 ? mg_contiguous(dy) : mg_cast(dy, MG_BFLOAT16);
+  mg_tensor *out = !src || !dyc ? NULL : over && dyc == dy ? mg_tensor_retain(dy) : mg_empty(x->shape, x->ndim, MG_BFLOAT16);
+  if (out && out->numel > 0 && !mg_dry_running()) {
+    const uint16_t *sp = (const uint16_t *)mg_ptr(src);
+    gelu_half_args a = {approx, d ? NULL : sp, (const uint16_t *)mg_ptr(dyc), d ? sp : NULL, (uint16_t *)mg_ptr(out), NULL};
+    mg_for_blocks(out->numel, gelu_half_backward, &a);
+  }
+  mg_tensor_release(src);
   mg_tensor_release(dyc);
   return out;
 }
+
+/* }------------------------------------------------------------- */
 
 /* gelu'(x) with public ops: Phi(x) + x * phi(x), or the tanh form's derivative */
 static mg_tensor *gelu_grad_ops (mg_tensor *x, bool approx) {
@@ -448,9 +505,14 @@ static mg_tensor *gelu_grad_ops (mg_tensor *x, bool approx) {
 ** x/2 * sech^2(u) * u' + (1 + tanh(u)) / 2 */
 static mg_status gelu_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **din) {
   bool approx = n->attr->a[0];
-  mg_tensor *x = n->in[0];
+  mg_tensor *x = n->in[0], *kept = n->nout > 1 ? n->out[1] : NULL;     /* gelu'(x), when the forward kept it */
+  if (kept && recorded_backward()) {    /* a tape records: gelu'(x) is a constant to it (no x kept) */
+    din[0] = mg_mul(dout[0], kept);
+    return MG_OK;
+  }
   if (!recorded_backward()) {
-    din[0] = x->dtype == MG_BFLOAT16 ? gelu_bf16(x, dout[0], approx) : gelu_run(x, dout[0], approx, n->spare & 1);
+    din[0] = kept || x->dtype == MG_BFLOAT16 ? gelu_grad_bf16(x ? x : kept, kept, dout[0], approx, n->spare & 1)
+                                             : gelu_run(x, dout[0], approx, n->spare & 1);
     return MG_OK;
   }
   mg_tensor *x32 = mg_half_to_float32(x);       /* a tape records: public ops, in float32 for autocast's */
@@ -460,21 +522,31 @@ static mg_status gelu_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **
   mg_tensor_release(d);
   return MG_OK;
 }
+/* bfloat16 x keeps gelu'(x) in place of x while a tape records and none
+** can record the backward (mg_op_second_order): second order needs x */
 static mg_status gelu_forward (mg_opcall *c) {
   bool approx = c->attr->a[0];
-  c->out[0] = c->in[0]->dtype == MG_BFLOAT16 ? gelu_bf16(c->in[0], NULL, approx) : gelu_run(c->in[0], NULL, approx, false);
-  return c->out[0] ? MG_OK : MG_ERR;
+  mg_tensor *x = c->in[0], *d = NULL;
+  if (x->dtype != MG_BFLOAT16) {
+    c->out[0] = gelu_run(x, NULL, approx, false);
+    return c->out[0] ? MG_OK : MG_ERR;
+  }
+  bool keep = mg_op_recording() && !mg_op_second_order();
+  if ((c->out[0] = gelu_bf16(x, approx, keep ? &d : NULL)) == NULL) return MG_ERR;
+  if (d) c->res[c->nres++] = d;
+  return MG_OK;
 }
 MG_ROW(GELU, gelu) = {
   .forward = gelu_forward,
   .info = {.name = "gelu", .kind = MG_OP_OTHER,
            .doc = "x * Phi(x), the Gaussian error linear unit (exact, or the tanh approximation)"},
   .saves = MG_SAVE_IN(0), .backward = gelu_backward, .reuses_gradient = true,
+  .saves_with_residuals = MG_SAVE_OUT(1),
 };
 
 mg_tensor *mg_gelu (mg_tensor *x, int approximate) {
   MG_CHECK_ARG("mg_gelu", x, NULL);
-  bool bf16 = x->dtype == MG_BFLOAT16 && mg_half_isa(MG_BFLOAT16) != NULL;   /* gelu_bf16 */
+  bool bf16 = x->dtype == MG_BFLOAT16 && mg_half_isa(MG_BFLOAT16) != NULL;   /* gelu_bf16, like the products */
   RETRY_AS(x, mg_is_half(x->dtype) && !bf16, MG_FLOAT32, mg_gelu(x, approximate));
   if (!bf16 && check_float("gelu", "x", x) != MG_OK) return NULL;
   mg_attr attr = {0};

@@ -115,6 +115,11 @@ mg_tensor *mg_dispatch (mg_opcall *c) {
   return c->out[0];
 }
 
+bool mg_op_second_order (void) {
+  bool (*second_order)(void) = mg_ctx()->hooks.second_order;
+  return second_order != NULL && second_order();
+}
+
 bool mg_op_recording (void) {
   bool (*recording)(void) = mg_ctx()->hooks.recording;
   return recording != NULL && recording();

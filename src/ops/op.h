@@ -63,7 +63,8 @@ typedef struct mg_opdef {
   unsigned grad_saves[MG_GRAD_SAVES];
   mg_status (*backward)(mg_node *n, mg_tensor *const *dout, mg_tensor **din);  /* NULL: none */
   /* Residuals (JAX's word): what a forward computed that its backward
-  ** reads instead of computing it again (attention's weights). A row with this nonzero has one output of its own; its
+  ** reads instead of computing it again (attention's weights, gelu's
+  ** derivative). A row with this nonzero has one output of its own; its
   ** forward may add residuals (mg_opcall.res) when mg_op_recording(), which
   ** the node keeps as its outputs from 1 on, saving this instead of saves.
   ** The forward also makes its outputs in a dry run, computing nothing. */
@@ -209,6 +210,10 @@ bool mg_op_recorded (void);
 /* does a tape record now? (a forward making residuals: not in a recompute's
 ** first run, whose tapes are paused while its read watchers listen) */
 bool mg_op_recording (void);
+/* could a tape record the backward of an op run now? (a persistent tape
+** records, which may take its gradient while it records, or an outer tape
+** does besides: second order, whose rules need the op's inputs) */
+bool mg_op_second_order (void);
 
 struct mg_node {
   int refcount;           /* tapes holding it */
