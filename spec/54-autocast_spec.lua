@@ -155,6 +155,27 @@ describe("autocast", function()
    end
   end)
 
+  it("adds a bfloat16 tensor to a float32 one as casting it first does, to the bit, either order, broadcast", function()
+    local x = mg.random.normal{6, 5, 8}
+    for _, shape in ipairs({{6, 5, 8}, {5, 8}, {1}, {6, 1, 8}}) do
+      local hb = mg.cast(mg.random.normal(shape) * 100, "bfloat16")
+      local want = x + mg.cast(hb, "float32")
+      same_bits(want, x + hb)
+      same_bits(want, hb + x)
+      local t = mg.tape()
+      t:watch({x, hb})
+      local l = mg.sum((hb + x) * mg.random.normal{6, 5, 8})
+      t:stop()
+      local g = t:gradient(l, {x, hb})
+      assert.are.equal("float32", g[1].dtype)
+      assert.are.equal("bfloat16", g[2].dtype)
+      assert.are.same(shape, g[2].shape)
+    end
+    local odd = mg.ones{4} + mg.cast(mg.tensor{0 / 0, math.huge, -math.huge, 1e38}, "bfloat16")
+    assert.is_true(odd[1]:item() ~= odd[1]:item())                     -- NaN stays NaN
+    same_bits(mg.slice(odd, {2, 4}), mg.tensor{math.huge, -math.huge, 1 + mg.cast(mg.tensor{1e38}, "bfloat16")[1]:item()})
+  end)
+
   it("has a <close> form, nests, and can be turned off inside", function()
     local a = mg.random.normal{4, 4}
     do

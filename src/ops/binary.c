@@ -138,10 +138,29 @@ static mg_dtype result_dtype (const mg_opdef *op, mg_dtype dt) {
   }
 }
 
+/* float32 a + bfloat16 b (a residual stream and a product's output under
+** autocast, mg_add): b widened as it is read, exactly, so the sums are
+** those of casting b first, with no float32 copy of it */
+static inline float widen_bf16 (uint16_t h) {
+  uint32_t u = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
+static void add_f32_bf16 (int64_t n, char **p, const int64_t *s) {
+  const float *A = (const float *)p[1];
+  const uint16_t *B = (const uint16_t *)p[2];
+  float *O = (float *)p[0];
+  if (s[1] == 1 && s[2] == 1)
+    for (int64_t i = 0; i < n; i++) O[i] = A[i] + widen_bf16(B[i]);
+  else
+    for (int64_t i = 0; i < n; i++) O[i] = A[i * s[1]] + widen_bf16(B[i * s[2]]);
+}
+
 /* the kernel of every two-input elementwise op */
 static mg_status binary_forward (mg_opcall *c) {
   mg_tensor *a = c->in[0], *b = c->in[1];
-  mg_kernel k = c->def->kernel[a->dtype];
+  mg_kernel k = a->dtype == b->dtype ? c->def->kernel[a->dtype] : add_f32_bf16;   /* the one mixed pair */
   mg_tensor *out = mg_empty(c->shape, c->ndim, c->dtype);
   if (out == NULL) return MG_ERR;
   char *base[3] = {mg_ptr(out), mg_ptr(a), mg_ptr(b)};
@@ -209,7 +228,18 @@ MG_ROW(ADD, add) = {
   .kernel = {[MG_FLOAT32] = add_f32, [MG_FLOAT64] = add_f64, [MG_INT64] = add_i64},
   .backward = add_backward,
 };
-mg_tensor *mg_add (mg_tensor *a, mg_tensor *b) { return binary(&add_op, a, b); }
+mg_tensor *mg_add (mg_tensor *a, mg_tensor *b) {
+  if (a && b && a->dtype != b->dtype && (a->dtype == MG_BFLOAT16 || b->dtype == MG_BFLOAT16) &&
+      (a->dtype == MG_FLOAT32 || b->dtype == MG_FLOAT32)) {      /* float32 + bfloat16: add_f32_bf16 */
+    mg_tensor *in[2] = {a->dtype == MG_FLOAT32 ? a : b, a->dtype == MG_FLOAT32 ? b : a};  /* + commutes, to the bit */
+    int64_t shape[MG_MAX_DIMS];
+    int nd = mg_broadcast_shapes("add", "+", a->shape, a->ndim, b->shape, b->ndim, shape);
+    if (nd < 0) return NULL;
+    mg_opcall c = MG_OPCALL(&add_op, 2, in, NULL, shape, nd, MG_FLOAT32);
+    return mg_dispatch(&c);
+  }
+  return binary(&add_op, a, b);
+}
 
 /* a kernel over contiguous arrays: out[i] = k(a[i], b[i * bs]), elements of
 ** esz bytes (out may be a; bs 0 repeats one b) */
