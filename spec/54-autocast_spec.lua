@@ -403,6 +403,43 @@ describe("autocast", function()
     end
   end)
 
+  it("gives dense's weight and bias gradients in one call: the product's and the column sums', within one rounding", function()
+    -- oneDNN's inner product backward_weights where no tape records the backward; the
+    -- transposed matmul and mg.sum otherwise (a recording tape): the same numbers
+    for _, dims in ipairs({{64, 32, 48}, {3, 5, 7}, {130, 256, 64}, {2, 1, 1}}) do
+      local rows, K, N = table.unpack(dims)
+      local x = mg.random.normal{rows, K}
+      local w, b = mg.Variable(mg.random.normal{K, N}), mg.Variable(mg.random.normal{N})
+      local seed = mg.random.normal{rows, N}
+      for _, act in ipairs({"linear", "relu"}) do
+        local function run (outer)
+          local t0 = outer and mg.tape() or nil
+          local t = mg.tape()
+          local l = mg.autocast("bfloat16", function() return mg.sum(mg.cast(mg.dense(x, w, b, act), "float32") * seed) end)
+          t:stop()
+          local g = t:gradient(l, {w, b})
+          if t0 then t0:stop() end
+          return g
+        end
+        local fused, ops = run(false), run(true)
+        assert.are.equal("float32", fused[1].dtype)
+        assert.are.equal("float32", fused[2].dtype)
+        -- by hand: the bfloat16 gradient of the output, its product with x and its sums
+        local xb = mg.cast(x, "bfloat16")
+        local y = mg.dense(xb, mg.cast(w:value(), "bfloat16"), b:value(), act)
+        local gy = mg.cast(seed, "bfloat16")
+        if act == "relu" then gy = mg.cast(mg.where(mg.greater(mg.cast(y, "float32"), 0), mg.cast(gy, "float32"), 0), "bfloat16") end
+        local dw = mg.cast(mg.matmul(mg.transpose(xb), gy), "float32")
+        local db = mg.sum(gy, 1)
+        for _, g in ipairs({fused, ops}) do
+          local err = mg.max(mg.abs(g[1] - dw) / (mg.abs(dw) + 1e-3)):item()
+          assert.is_true(err <= 2 ^ -7, ("%s %s: %g"):format(act, table.concat(dims, "x"), err))
+          h.assert_close(g[2], db, 1e-5)
+        end
+      end
+    end
+  end)
+
   it("adds dense's bias and relu inside the bfloat16 product, rounded once (the float32 sums', rounded)", function()
     -- small integers: every sum is exact in float32 whatever the order, so the
     -- one rounding to bfloat16 (sums past 256 round) is all that can differ

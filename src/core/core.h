@@ -63,6 +63,12 @@ mg_status mg_null_arg (const char *fn, const char *name);
 ** the pool's threads from MG_PARALLEL_MIN values: one call per block */
 typedef void (*mg_block_fn) (const void *ctx, int64_t lo, int64_t hi);
 void mg_for_blocks (int64_t n, mg_block_fn fn, const void *ctx);
+/* fn(ctx, lo, hi) over [0, n) in one piece per pool thread (whole 64-value
+** runs), from 2 * grain values: for work whose values do not depend on
+** one another, on any path alike (IEEE arithmetic, no libm), and cost tens
+** of cycles each (an optimizer's update: tens of microseconds a 256 x 256 kernel),
+** which mg_for_blocks' thresholds would leave to one thread */
+void mg_for_pieces (int64_t n, int64_t grain, mg_block_fn fn, const void *ctx);
 
 
 /* {========================= storage ========================= */

@@ -134,6 +134,26 @@ void mg_iter_run (const mg_iter *it, char **base, const size_t *sz, mg_run_fn ru
   run_range(it, base, sz, run, ud, 0, outer);
 }
 
+void mg_for_pieces (int64_t n, int64_t grain, mg_block_fn fn, const void *ctx) {
+#ifdef _OPENMP
+  int nt = omp_get_max_threads();
+#else
+  int nt = 1;
+#endif
+  int64_t pieces = grain > 0 ? n / grain : 1;
+  if (pieces > nt) pieces = nt;
+  if (pieces < 2) {
+    if (n > 0) fn(ctx, 0, n);
+    return;
+  }
+  int64_t piece = ((n + pieces - 1) / pieces + 63) & ~(int64_t)63;
+  #pragma omp parallel for num_threads((int)pieces)
+  for (int64_t k = 0; k < pieces; k++) {
+    int64_t lo = k * piece, hi = lo + piece < n ? lo + piece : n;
+    if (lo < hi) fn(ctx, lo, hi);
+  }
+}
+
 void mg_for_blocks (int64_t n, mg_block_fn fn, const void *ctx) {
   int64_t block = 1 << 16, nblocks = (n + block - 1) / block;
   MG_PARALLEL_FOR(n >= MG_PARALLEL_MIN, ,

@@ -8,7 +8,8 @@
 ** holds one node (x, w and y) where it held three. The backward is the
 ** activation's one-pass gradient (relu_grad, tanh_grad, sigmoid_grad), the
 ** bias' column sum and two products, all public ops: a tape that records
-** the backward sees differentiable steps.
+** the backward sees differentiable steps. Under autocast, where none does,
+** the weight and bias gradients come from one oneDNN call (gemm.c).
 */
 #include <stdio.h>
 #include <string.h>
@@ -57,6 +58,35 @@ static void bias_act (mg_dtype dt, char *y, const char *b, int64_t rows, int64_t
   });
 }
 
+/* autocast's weight and bias gradients in one oneDNN call (gemm.c): for
+** bfloat16 x and w, a bfloat16 output gradient g (rows, N) and a float32
+** bias, when no tape records the backward (it needs public ops); false: the
+** products and the bias sum instead */
+static bool weight_grads_fused (mg_node *n, mg_tensor *g, int64_t rows, int64_t K, int64_t N, mg_tensor **din) {
+  mg_tensor *x = n->in[0];
+  bool bias = n->nin == 3 && n->needs[2];
+  if (!n->needs[1] || x == NULL || x->dtype != MG_BFLOAT16 || g->dtype != MG_BFLOAT16 ||
+      n->in_meta[1].dtype != MG_BFLOAT16 || (bias && n->in_meta[2].dtype != MG_FLOAT32) ||
+      rows == 0 || K == 0 || N == 0 || mg_op_recorded() || mg_half_isa(MG_BFLOAT16) == NULL)
+    return false;
+  int64_t ws[2] = {K, N};
+  mg_tensor *xc = mg_contiguous(x), *gc = mg_contiguous(g);
+  mg_tensor *dw = mg_empty(ws, 2, MG_BFLOAT16), *db = bias ? mg_empty(&N, 1, MG_FLOAT32) : NULL;
+  bool ok = xc && gc && dw && (!bias || db);
+  if (ok && !mg_dry_running())          /* a dry run computes nothing */
+    ok = mg_dense_weight_grads(rows, K, N, mg_ptr(xc), mg_ptr(gc), mg_ptr(dw), db ? (float *)mg_ptr(db) : NULL) == MG_OK;
+  mg_tensor_release(xc);
+  mg_tensor_release(gc);
+  if (!ok) {                            /* (no oneDNN kernel, or no memory): the public ops instead */
+    mg_tensor_release(dw);
+    mg_tensor_release(db);
+    return false;
+  }
+  din[1] = dw;
+  if (bias) din[2] = db;
+  return true;
+}
+
 static mg_status dense_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **din) {
   mg_scope sc = {0};
   const mg_meta *xm = &n->in_meta[0];
@@ -66,7 +96,8 @@ static mg_status dense_backward (mg_node *n, mg_tensor *const *dout, mg_tensor *
   /* over dout itself when the walk spares it: no second (rows, N) tensor */
   mg_tensor *g = mg_tmp(&sc, mg_activation_backward(n, (mg_activation)n->attr->a[0], dout[0], n->out[0]));
   mg_node_unkeep_out(n, 0);     /* y is done with: not held through the products */
-  if (n->nin == 3 && n->needs[2]) din[2] = mg_sum_to_shape(g, &N, 1);
+  bool fused = g && weight_grads_fused(n, g, rows, K, N, din);
+  if (!fused && n->nin == 3 && n->needs[2]) din[2] = mg_sum_to_shape(g, &N, 1);
   /* autocast's dense: the activation's gradient came back in float32, the
   ** products take it in w's bfloat16 */
   if (g && g->dtype != n->in_meta[1].dtype) g = mg_tmp(&sc, mg_cast(g, n->in_meta[1].dtype));
@@ -74,7 +105,7 @@ static mg_status dense_backward (mg_node *n, mg_tensor *const *dout, mg_tensor *
   mg_tensor *g2 = mg_tmp(&sc, mg_reshape(g, s2, 2));
   if (n->needs[0])
     din[0] = mg_reshape(mg_tmp(&sc, mg_matmul(g2, mg_tmp(&sc, mg_transpose(w, 0, 1)))), xm->shape, xm->ndim);
-  if (n->needs[1]) {
+  if (n->needs[1] && !fused) {
     int64_t x2[2] = {rows, K};
     mg_tensor *xt = mg_tmp(&sc, mg_transpose(mg_tmp(&sc, mg_reshape(n->in[0], x2, 2)), 0, 1));
     din[1] = mg_matmul(xt, g2);

@@ -4,8 +4,8 @@
 ** 100 us or more to make and a training step reuses the same few, so they
 ** are kept, keyed by the caller's bytes: what it computes, the shapes and
 ** the thread count (oneDNN sizes its work to the threads at creation).
-** Used by conv.c (convolution, pooling), gemm.c (the matmul primitive) and
-** attention.c (autocast's gelu).
+** Used by conv.c (convolution, pooling) and gemm.c (the matmul primitive,
+** the inner product's weight gradient).
 */
 #ifndef MG_DNN_H
 #define MG_DNN_H
@@ -16,7 +16,7 @@
 
 /* what a primitive computes: the first field of every key */
 enum { MG_DNN_CONV_FWD, MG_DNN_CONV_BWD_DATA, MG_DNN_CONV_BWD_WEIGHTS, MG_DNN_POOL_FWD, MG_DNN_POOL_BWD,
-       MG_DNN_MATMUL, MG_DNN_MATMUL_BATCHED, MG_DNN_ELTWISE };
+       MG_DNN_MATMUL, MG_DNN_MATMUL_BATCHED, MG_DNN_IP_BWD_WEIGHTS };
 
 #define MG_DNN_KEY_BYTES 160
 #define MG_DNN_PRIMS 256                /* all go when full: convolutions and matmul shapes share them */

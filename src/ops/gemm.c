@@ -619,6 +619,58 @@ mg_status mg_gemm_half (char ta, char tb, int64_t m, int64_t n, int64_t k, mg_dt
   return st;
 }
 
+/* {------- a dense layer's weight and bias gradients in one call -------
+** oneDNN's inner product backward_weights (gemm:jit) on the saved bfloat16
+** x and the output's gradient: dw = x^T dy and db = the column sums of dy
+** together, 5-10% faster than the matmul with a transposed A at a GPT's
+** shapes, and the bias sum (another pass over dy) is free. Its weights are
+** oneDNN's (out, in), laid out "io": the (in, out) matrix dense keeps. Made
+** with its forward primitive as the hint oneDNN asks for, kept beside it. */
+typedef struct { int32_t kind, nthr, bias, backward; int64_t rows, k, n; } ipw_key;
+
+static mg_dnn_prim *ipw_prim (mg_dnn *d, const ipw_key *key) {
+  mg_dnn_prim *e = mg_dnn_find(d, key, sizeof *key);
+  if (e) return e;
+  mg_dnn_slot(d, 1);                    /* room for this one and its hint */
+  ipw_key fkey = *key;
+  fkey.backward = 0;
+  mg_dnn_prim *hint = key->backward ? ipw_prim(d, &fkey) : NULL;
+  if (key->backward && hint == NULL) return NULL;
+  dnnl_dims_t sd = {key->rows, key->k}, wd = {key->n, key->k}, bd = {key->n}, dd = {key->rows, key->n};
+  dnnl_memory_desc_t src, w, b, dst;
+  dnnl_inner_product_desc_t ipd;
+  dnnl_status_t st = dnnl_memory_desc_init_by_tag(&src, 2, sd, dnnl_bf16, dnnl_nc);
+  if (st == dnnl_success) st = dnnl_memory_desc_init_by_tag(&w, 2, wd, dnnl_bf16, dnnl_io);
+  if (st == dnnl_success) st = dnnl_memory_desc_init_by_tag(&b, 1, bd, dnnl_f32, dnnl_a);
+  if (st == dnnl_success) st = dnnl_memory_desc_init_by_tag(&dst, 2, dd, dnnl_bf16, dnnl_nc);
+  if (st == dnnl_success)
+    st = key->backward ? dnnl_inner_product_backward_weights_desc_init(&ipd, &src, &w, key->bias ? &b : NULL, &dst)
+                       : dnnl_inner_product_forward_desc_init(&ipd, dnnl_forward_training, &src, &w,
+                                                              key->bias ? &b : NULL, &dst);
+  e = mg_dnn_slot(d, 0);
+  if (st == dnnl_success) st = dnnl_primitive_desc_create(&e->pd, &ipd, NULL, d->engine, hint ? hint->pd : NULL);
+  if (st == dnnl_success) st = mg_dnn_finish(d, e, key, sizeof *key);
+  if (st != dnnl_success) {
+    mg_dnn_destroy(e);
+    return mg_dnn_fail("dense", "make an inner product's weight gradient", st), NULL;
+  }
+  return e;
+}
+
+mg_status mg_dense_weight_grads (int64_t rows, int64_t k, int64_t n, const void *x, const void *dy, void *dw,
+                                 float *db) {
+  mg_dnn *d = mg_dnn_get("dense");
+  if (d == NULL) return MG_ERR;
+  ipw_key key = {MG_DNN_IP_BWD_WEIGHTS, omp_get_max_threads(), db != NULL, 1, rows, k, n};
+  mg_dnn_prim *e = ipw_prim(d, &key);
+  if (e == NULL) return MG_ERR;
+  int args[4] = {DNNL_ARG_SRC, DNNL_ARG_DIFF_DST, DNNL_ARG_DIFF_WEIGHTS, DNNL_ARG_DIFF_BIAS};
+  void *ptrs[4] = {(void *)x, (void *)dy, dw, db};
+  return mg_dnn_execute("dense", d, e->pd, e->p, e->scratch, db ? 4 : 3, args, ptrs, e->mem);
+}
+
+/* }------------------------------------------------------------- */
+
 /* the batched matmul's key: dims, the three operands' strides, the result's dtype, threads */
 typedef struct { int32_t kind, nthr, cdt, unused; int64_t dims[5], astr[4], bstr[4], cstr[4]; } batched_key;
 

@@ -146,6 +146,11 @@ mg_tensor *mg_activation_backward (const struct mg_node *n, mg_activation act, m
 ** rounding (dense's forward under autocast): a float32 bias of n values
 ** (or NULL), then relu */
 typedef struct mg_epilogue { const float *bias; bool relu; } mg_epilogue;
+/* a bfloat16 dense layer's weight gradient dw (k,n) bfloat16 = x^T dy and
+** (db not NULL) its bias gradient db (n) float32 = dy's column sums, for
+** contiguous bfloat16 x (rows,k) and dy (rows,n), in one oneDNN call (gemm.c) */
+mg_status mg_dense_weight_grads (int64_t rows, int64_t k, int64_t n, const void *x, const void *dy, void *dw,
+                                 float *db);
 /* a batch of bfloat16 products c[b] = a[b] @ b[b] in one oneDNN matmul:
 ** dims {b0, b1, M, N, K}, each operand a 4-D strided view (strides in
 ** elements: a (b0,b1,M,K), b (b0,b1,K,N), c (b0,b1,M,N) of dtype cdt,
