@@ -534,6 +534,37 @@ describe("autocast", function()
     local sl = run(q, kl, vl, nil, {}, seed)
     local sl5 = run(r5(q), r5(kl), r5(vl), nil, {}, r5(seed))
     assert.are.equal(sl5, sl)
+    -- kept or computed again, the same bits: recompute_grad's policies (one keeps the output
+    -- and skips the forward in its re-run, so nothing is kept), and a saved-tensor hook that
+    -- gives the weights back in other strides (found by review: read as laid out before)
+    local function grads (policy)
+      local f = mg.recompute_grad(function(a, b, c) return mg.scaled_dot_product_attention(a, b, c, {causal = true}) end,
+                                  {policy = policy})
+      local t = mg.tape()
+      t:watch({q, k, v})
+      local l = mg.sum(mg.cast(f(q, k, v), "float32") * seed)
+      t:stop()
+      return t:gradient(l, {q, k, v})
+    end
+    local ref = grads("nothing")
+    for _, policy in ipairs({"dots", "everything", "output"}) do
+      local g = grads(policy)
+      for i = 1, 3 do same_bits(ref[i], g[i]) end
+    end
+    local function pack (t)           -- the same values, stored with the last two axes swapped
+      if t.ndim ~= 4 then return t end
+      return mg.transpose(mg.cast(mg.cast(mg.transpose(t, {1, 2, 4, 3}), "float32"), t.dtype), {1, 2, 4, 3})
+    end
+    local function hooked (hook)
+      local t = mg.tape()
+      t:watch({q, k, v})
+      local f = function() return mg.sum(mg.cast(mg.scaled_dot_product_attention(q, k, v), "float32") * seed) end
+      local l = hook and mg.saved_tensors_hooks(pack, function(p) return p end, f) or f()
+      t:stop()
+      return t:gradient(l, {q, k, v})
+    end
+    local plain, strided = hooked(false), hooked(true)
+    for i = 1, 3 do same_bits(plain[i], strided[i]) end
     -- a dry run (mg.memory.estimate) counts the kept weights as the real step does
     local function step ()
       local t = mg.tape()

@@ -907,7 +907,9 @@ static bool backward_batched (const sdpa_geom *g, const chunking *ch, const uint
   layout(ch->B1, g->Tk, g->dv, gv);
   for (int64_t c0 = 0; c0 < ch->B0; c0 += ch->per) {
     int64_t cn = ch->B0 - c0 < ch->per ? ch->B0 - c0 : ch->per, e0 = c0 * ch->B1;
-    const uint16_t *W = kept ? kept + (size_t)e0 * tile : Pb;       /* the weights, bfloat16 */
+    /* the weights, bfloat16; the softmax's gradient reads them widened from
+    ** these, kept or just computed, so both paths give the same bits */
+    const uint16_t *W = kept ? kept + (size_t)e0 * tile : Pb;
     if (!kept && !chunk_weights(g, ch, c0, cn, S, Pb)) return false;
     const char *DO = at0(g, &g->dout, c0), *Q = at0(g, &g->q, c0), *K = at0(g, &g->k, c0);
     if (dv && !bmm(ch, cn, g->Tk, g->dv, g->Tq, W, pT, DO, ds, dv + (size_t)(e0 * g->Tk * g->dv) * 2, gv, MG_BFLOAT16))
@@ -919,7 +921,7 @@ static bool backward_batched (const sdpa_geom *g, const chunking *ch, const uint
     for (int64_t j = 0; j < n; j++) {
       float *P = S + (size_t)j * tile;
       float *dPj = dP + (size_t)j * tile;
-      if (kept) mg_convert(P, MG_FLOAT32, W + (size_t)j * tile, MG_BFLOAT16, (int64_t)tile);
+      mg_convert(P, MG_FLOAT32, W + (size_t)j * tile, MG_BFLOAT16, (int64_t)tile);
       softmax_grad_tile(g, P, dPj);
       mg_convert(Pb + (size_t)j * tile, MG_BFLOAT16, dPj, MG_FLOAT32, (int64_t)tile);     /* dS, rounded */
     });
@@ -1030,7 +1032,7 @@ static int threads_for (const sdpa_geom *g) {
 /* the fused backward; din[0..2] for q, k, v as needed */
 static mg_status sdpa_backward_fused (mg_node *n, mg_tensor *dout, mg_tensor **din) {
   mg_tensor *q = n->in[0], *k = n->in[1], *v = n->in[2], *mask = n->nin > 3 ? n->in[3] : NULL;
-  mg_tensor *copies[5] = {NULL, NULL, NULL, NULL, NULL}, *grads[3] = {NULL, NULL, NULL};
+  mg_tensor *copies[6] = {NULL, NULL, NULL, NULL, NULL, NULL}, *grads[3] = {NULL, NULL, NULL};
   sdpa_geom g;
   mg_status st = geom_of(&g, q, k, v, mask, n->attr->a[0], n->attr->f, copies);
   if (st == MG_OK) st = view_of(dout, &g, &g.dout, &copies[4]);
@@ -1052,7 +1054,9 @@ static mg_status sdpa_backward_fused (mg_node *n, mg_tensor *dout, mg_tensor **d
   } else if (st == MG_OK && g.nb > 0 && g.Tq > 0 && g.Tk > 0) {
     char *p[3];
     for (int j = 0; j < 3; j++) p[j] = grads[j] ? mg_ptr(grads[j]) : NULL;
-    const uint16_t *kept = n->nout > 1 && n->out[1] ? (const uint16_t *)mg_ptr(n->out[1]) : NULL;
+    /* the forward's weights (a saved-tensor hook may give them back in other strides) */
+    copies[5] = batched && n->nout > 1 && n->out[1] ? mg_contiguous(n->out[1]) : NULL;
+    const uint16_t *kept = copies[5] ? (const uint16_t *)mg_ptr(copies[5]) : NULL;
     bool ok = batched ? backward_batched(&g, &ch, kept, p[0], p[1], p[2], (char *)work->data)
                       : sdpa_backward_kernel(&g, q->dtype, p[0], p[1], p[2], (char *)work->data, nthr);
     if (!ok) st = mg_seterror("scaled_dot_product_attention: a bfloat16 product of the backward failed (out of memory?)");
@@ -1061,7 +1065,7 @@ static mg_status sdpa_backward_fused (mg_node *n, mg_tensor *dout, mg_tensor **d
       if (grads[j] && grads[j]->numel) memset(mg_ptr(grads[j]), 0, (size_t)grads[j]->numel * g.esz);
   }
   mg_storage_release(work);
-  for (int i = 0; i < 5; i++) mg_tensor_release(copies[i]);
+  for (int i = 0; i < 6; i++) mg_tensor_release(copies[i]);
   for (int j = 0; j < 3; j++) {
     if (st == MG_OK) din[j] = grads[j];
     else mg_tensor_release(grads[j]);
@@ -1277,7 +1281,8 @@ static mg_status sdpa_forward (mg_opcall *c) {
     out = batched && ch.heads_last ? heads_last_tensor(c->shape, c->dtype) : mg_empty(c->shape, c->ndim, c->dtype);
   if (out == NULL) st = MG_ERR;
   mg_tensor *kept = NULL;           /* the weights for the backward: no larger than q, bfloat16 */
-  if (st == MG_OK && batched && g.Tk <= g.dk && mg_op_recording()) {
+  chunking back;                    /* (which the backward reads only where it is batched too) */
+  if (st == MG_OK && batched && g.Tk <= g.dk && mg_op_recording() && chunk_plan(&g, tile * 10, &back)) {
     int64_t shape[MG_MAX_DIMS];
     memcpy(shape, q->shape, sizeof(int64_t) * (size_t)q->ndim);
     shape[q->ndim - 1] = g.Tk;
