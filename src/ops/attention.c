@@ -457,12 +457,12 @@ static mg_tensor *gelu_bf16 (mg_tensor *x, bool approx, mg_tensor **keep) {
   return out;
 }
 
-/* dy * gelu'(x), bfloat16, from the kept gelu'(x) d or from x; over dy
+/* dy * gelu'(x), bfloat16, from the kept gelu'(x) d (x may be NULL) or from x; over dy
 ** when the walk spares it and it is bfloat16 and contiguous */
 static mg_tensor *gelu_grad_bf16 (mg_tensor *x, mg_tensor *d, mg_tensor *dy, bool approx, bool over) {
   mg_tensor *src = mg_contiguous(d ? d : x);
   mg_tensor *dyc = dy->dtype == MG_BFLOAT16 ? mg_contiguous(dy) : mg_cast(dy, MG_BFLOAT16);
-  mg_tensor *out = !src || !dyc ? NULL : over && dyc == dy ? mg_tensor_retain(dy) : mg_empty(x->shape, x->ndim, MG_BFLOAT16);
+  mg_tensor *out = !src || !dyc ? NULL : over && dyc == dy ? mg_tensor_retain(dy) : mg_empty(src->shape, src->ndim, MG_BFLOAT16);
   if (out && out->numel > 0 && !mg_dry_running()) {
     const uint16_t *sp = (const uint16_t *)mg_ptr(src);
     gelu_half_args a = {approx, d ? NULL : sp, (const uint16_t *)mg_ptr(dyc), d ? sp : NULL, (uint16_t *)mg_ptr(out), NULL};
@@ -511,7 +511,7 @@ static mg_status gelu_backward (mg_node *n, mg_tensor *const *dout, mg_tensor **
     return MG_OK;
   }
   if (!recorded_backward()) {
-    din[0] = kept || x->dtype == MG_BFLOAT16 ? gelu_grad_bf16(x ? x : kept, kept, dout[0], approx, n->spare & 1)
+    din[0] = kept || x->dtype == MG_BFLOAT16 ? gelu_grad_bf16(x, kept, dout[0], approx, n->spare & 1)
                                              : gelu_run(x, dout[0], approx, n->spare & 1);
     return MG_OK;
   }

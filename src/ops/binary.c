@@ -141,20 +141,14 @@ static mg_dtype result_dtype (const mg_opdef *op, mg_dtype dt) {
 /* float32 a + bfloat16 b (a residual stream and a product's output under
 ** autocast, mg_add): b widened as it is read, exactly, so the sums are
 ** those of casting b first, with no float32 copy of it */
-static inline float widen_bf16 (uint16_t h) {
-  uint32_t u = (uint32_t)h << 16;
-  float f;
-  memcpy(&f, &u, sizeof f);
-  return f;
-}
 static void add_f32_bf16 (int64_t n, char **p, const int64_t *s) {
   const float *A = (const float *)p[1];
   const uint16_t *B = (const uint16_t *)p[2];
   float *O = (float *)p[0];
   if (s[1] == 1 && s[2] == 1)
-    for (int64_t i = 0; i < n; i++) O[i] = A[i] + widen_bf16(B[i]);
+    for (int64_t i = 0; i < n; i++) O[i] = A[i] + mg_bf16_value(B[i]);
   else
-    for (int64_t i = 0; i < n; i++) O[i] = A[i * s[1]] + widen_bf16(B[i * s[2]]);
+    for (int64_t i = 0; i < n; i++) O[i] = A[i * s[1]] + mg_bf16_value(B[i * s[2]]);
 }
 
 /* the kernel of every two-input elementwise op */
