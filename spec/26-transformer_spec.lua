@@ -103,6 +103,21 @@ describe("layer_norm", function()
     end
   end)
 
+  it("computes bfloat16 x, gamma and beta in float32, as autocast does; their gradients in bfloat16", function()
+    local function bf (t) return mg.cast(t, "bfloat16") end
+    local x, g, b = bf(mg.random.normal{3, 8}), bf(mg.random.normal{8}), bf(mg.random.normal{8})
+    local seed = mg.random.normal{3, 8}
+    local t = mg.tape()
+    for _, v in ipairs{x, g, b} do t:watch(v) end
+    local y = mg.layer_norm(x, g, b)
+    local l = mg.sum(y * seed)
+    t:stop()
+    local f32 = function(v) return mg.cast(v, "float32") end
+    assert.are.equal("float32", y.dtype)
+    assert.are.equal(0, mg.max(mg.abs(y - mg.layer_norm(f32(x), f32(g), f32(b)))):item())
+    for _, d in ipairs(t:gradient(l, {x, g, b})) do assert.are.equal("bfloat16", d.dtype) end
+  end)
+
   it("names the mismatch", function()
     local x = mg.ones{2, 4}
     assert.has_error(function() mg.layer_norm(x, mg.ones{3}) end,
@@ -111,6 +126,8 @@ describe("layer_norm", function()
                      "layer_norm: dtypes differ: x is float32, beta is float64")
     assert.has_error(function() mg.layer_norm(mg.ones({4}, "int64")) end,
                      "layer_norm: x must be float32 or float64, got int64")
+    assert.has_error(function() mg.layer_norm(mg.ones({2, 4}, "float64"), mg.ones({4}, "bfloat16")) end,
+                     "layer_norm: dtypes differ: x is float64, gamma is bfloat16")
     assert.has_error(function() mg.layer_norm(mg.constant(1)) end,
                      "layer_norm: x must have at least 1 dimension (the features), got a 0-d tensor")
     assert.has_error(function() mg.layer_norm(x, {epsilon = -1}) end,

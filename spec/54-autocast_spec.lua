@@ -663,6 +663,81 @@ describe("autocast", function()
     end
   end)
 
+  -- the walk writes a bfloat16 gradient over itself where nothing else sees it
+  -- (a relu's mask, gelu's product): as float32's do, so no fresh buffer per op
+  it("masks relu's bfloat16 gradients in place where the walk may, the same bits as not; second order through relu kept", function()
+    local x = mg.random.normal{4, 8, 8, 3}
+    local w = mg.Variable(mg.random.normal{3, 3, 3, 6} * 0.4)
+    local b = mg.Variable(mg.random.normal{6} * 0.1)
+    local w2 = mg.Variable(mg.random.normal{4 * 4 * 6, 5} * 0.2)
+    local b2 = mg.Variable(mg.random.normal{5} * 0.1)
+    local vars = {w, b, w2, b2}
+    local seen = {}
+    local function forward ()
+      local y = mg.conv2d(x, w, b, {padding = "same", activation = "relu"})
+      local p = mg.max_pool2d(y)
+      seen.y, seen.p = y, p
+      local z = mg.dense(mg.reshape(p, {4, 96}), w2, b2, "relu")
+      return mg.sum(mg.cast(z, "float32") ^ 2)
+    end
+    local function run (extra, outer)
+      local o = outer and mg.tape() or nil
+      local t = mg.tape()
+      local l = mg.autocast("bfloat16", forward)
+      t:stop()
+      local targets = {table.unpack(vars)}
+      for _, e in ipairs(extra or {}) do targets[#targets + 1] = seen[e] end
+      local g = t:gradient(l, targets)
+      if o then o:stop() end
+      return g
+    end
+    local plain = run()
+    -- asking for the pooled image's and the conv's gradient too: the walk may not write
+    -- over them, and the variables' gradients are the same bits
+    local asked = run({"y", "p"})
+    for i = 1, 4 do same_bits(plain[i], asked[i]) end
+    assert.are.equal("bfloat16", asked[5].dtype)
+    same_bits(asked[5], mg.max_pool2d_backward(seen.y, asked[6]))    -- relu's mask not applied to it
+    local zeros_masked = mg.sum(mg.cast(mg.logical_and(mg.equal(seen.y, 0), mg.not_equal(asked[5], 0)), "int64")):item()
+    assert.is_true(zeros_masked > 0)                 -- (windows of zeros send their gradient to a zero)
+    -- a tape recording the backward: relu's gradient as a public op, the same bits at the convolution
+    local recorded = run(nil, true)
+    same_bits(plain[1], recorded[1])
+    same_bits(plain[2], recorded[2])
+    for i = 3, 4 do assert.is_true(rel_err(recorded[i], plain[i]) < 1e-2, i) end
+    -- second order through conv2d's and dense's relu under autocast: float32's, within reach
+    -- (the mask on the bits is no op a tape records: an outer tape saw no path from the seed)
+    local function penalty (ac)
+      local t1 = mg.tape()
+      t1:watch(x)
+      local t2 = mg.tape()
+      t2:watch(x)
+      local l = ac and mg.autocast("bfloat16", forward) or forward()
+      t2:stop()
+      local s = mg.sum(mg.cast(t2:gradient(l, x), "float32") ^ 2)
+      t1:stop()
+      return t1:gradient(s, vars)
+    end
+    local g16, g32 = penalty(true), penalty(false)
+    for i = 1, 4 do
+      assert.is_not_nil(g16[i], i)
+      assert.is_true(rel_err(g16[i], g32[i]) < 0.1, i)
+    end
+    -- gelu's bfloat16 gradient goes over its output's too, unless that one was asked for
+    local xs, sd = mg.cast(mg.random.normal{1000} * 3, "bfloat16"), mg.random.normal{1000}
+    local function gelu_grads (ask_y)
+      local t = mg.tape()
+      t:watch(xs)
+      local y = mg.gelu(xs)
+      local l = mg.sum(mg.cast(y, "float32") * sd)
+      t:stop()
+      return t:gradient(l, ask_y and {xs, y} or {xs})
+    end
+    local g1, g2 = gelu_grads(false), gelu_grads(true)
+    same_bits(g1[1], g2[1])
+    same_bits(g2[2], mg.cast(sd, "bfloat16"))
+  end)
+
   it("takes products' bfloat16 results everywhere float32 goes: gather's gradient, sort, topk, dropout, attention's plain path", function()
     local x = mg.cast(mg.random.normal{4, 6}, "bfloat16")
     local x32 = mg.cast(x, "float32")

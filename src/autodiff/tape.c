@@ -714,12 +714,12 @@ static bool reuse_allowed (void) {
 }
 
 /* Does nothing but the walk see gradient t: one reference, its storage's
-** only view, held by no tape or variable, and a contiguous float tensor (a
-** buffer the walk may write)? */
+** only view, held by no tape or variable, and a contiguous floating tensor
+** (a buffer the walk may write; half ones too: autocast's gradients) */
 static bool walk_alone_sees (const mg_tensor *t) {
   const mg_storage *s = t->storage;
   return t->refcount == 1 && s->refcount == 1 && s->holds[MG_ROLE_SAVED] == 0 && s->holds[MG_ROLE_VARIABLE] == 0 &&
-         !s->external && mg_is_float(t->dtype) && mg_tensor_is_contiguous(t);
+         !s->external && mg_is_floating(t->dtype) && mg_tensor_is_contiguous(t);
 }
 
 /* May g be added into acc in place? When acc is a sum only the walk sees

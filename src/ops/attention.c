@@ -230,7 +230,10 @@ mg_tensor *mg_layer_norm (mg_tensor *x, mg_tensor *gamma, mg_tensor *beta, doubl
   const char *fn = "layer_norm";
   char s1[160];
   MG_CHECK_ARG("mg_layer_norm", x, NULL);
+  /* half x, gamma or beta beside float32: computed in float32 (as under autocast) */
   HALF_AS_FLOAT32(x, mg_layer_norm(x, gamma, beta, epsilon));
+  if (gamma) RETRY_AS(gamma, mg_is_half(gamma->dtype) && x->dtype == MG_FLOAT32, MG_FLOAT32, mg_layer_norm(x, gamma, beta, epsilon));
+  if (beta) RETRY_AS(beta, mg_is_half(beta->dtype) && x->dtype == MG_FLOAT32, MG_FLOAT32, mg_layer_norm(x, gamma, beta, epsilon));
   if (check_float(fn, "x", x) != MG_OK) return NULL;
   if (x->ndim == 0) return mg_seterror("%s: x must have at least 1 dimension (the features), got a 0-d tensor", fn), NULL;
   if (!(epsilon >= 0 && epsilon < INFINITY))

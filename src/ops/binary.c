@@ -586,11 +586,40 @@ MG_ROW(SIGMOID_GRAD, sigmoid_grad) = {
 };
 mg_tensor *mg_sigmoid_grad (mg_tensor *d, mg_tensor *y) { return binary(&sigmoid_grad_op, d, y); }
 
+/* relu's gradient on bfloat16 bits: d where y > 0 (not NaN), else +0; the
+** bits relu_grad gives in float32, rounded back (exact) */
+typedef struct { const uint16_t *d, *y; uint16_t *out; } relu_mask_ud;
+static void relu_mask_block (const void *ctx, int64_t lo, int64_t hi) {
+  const relu_mask_ud *m = (const relu_mask_ud *)ctx;
+  const uint16_t *restrict d = m->d, *restrict y = m->y;
+  uint16_t *restrict out = m->out;
+  for (int64_t i = lo; i < hi; i++) out[i] = (int16_t)y[i] > 0 && y[i] <= 0x7f80 ? d[i] : 0;
+}
+
+/* over d itself when the walk spares it (no fresh pages to fault in, one
+** tensor fewer in the cache) */
+static mg_tensor *relu_mask_bf16 (mg_tensor *d, mg_tensor *y, bool spare) {
+  bool in_place = spare && mg_tensor_is_contiguous(d);
+  mg_tensor *dc = mg_contiguous(d), *yc = mg_contiguous(y);
+  mg_tensor *out = !dc || !yc ? NULL : in_place ? mg_tensor_retain(dc) : mg_empty(d->shape, d->ndim, d->dtype);
+  if (out && !mg_dry_running()) {                /* a dry run computes nothing */
+    relu_mask_ud m = {(const uint16_t *)mg_ptr(dc), (const uint16_t *)mg_ptr(yc), (uint16_t *)mg_ptr(out)};
+    mg_for_blocks(out->numel, relu_mask_block, &m);
+  }
+  mg_tensor_release(dc);
+  mg_tensor_release(yc);
+  return out;
+}
+
 mg_tensor *mg_activation_backward (const mg_node *n, mg_activation act, mg_tensor *dout, mg_tensor *y) {
   static const mg_opdef *const defs[MG_ACT__COUNT] = {
     [MG_ACT_LINEAR] = NULL, [MG_ACT_RELU] = &relu_grad_op, [MG_ACT_TANH] = &tanh_grad_op,
     [MG_ACT_SIGMOID] = &sigmoid_grad_op};
   if (defs[act] == NULL) return mg_tensor_retain(dout);
+  /* autocast's relu (conv2d, dense): a mask on the bfloat16 bits, where no
+  ** tape records the backward (relu_grad's op, in float32, where one does) */
+  if (act == MG_ACT_RELU && dout->dtype == MG_BFLOAT16 && y->dtype == MG_BFLOAT16 && !mg_op_recorded())
+    return relu_mask_bf16(dout, y, n->spare & 1);
   if ((n->spare & 1) && binary_into(defs[act], dout, y)) return mg_tensor_retain(dout);
   return binary(defs[act], dout, y);
 }

@@ -1052,35 +1052,11 @@ static mg_tensor *avg_pool_bwd_g (const geom *g, mg_tensor *dy) {
 
 /* {======================== convolution ========================= */
 
-/* relu's gradient on bfloat16 bits: d where y > 0 (not NaN), else +0; exact */
-typedef struct { const uint16_t *d, *y; uint16_t *out; } relu_mask_ud;
-static void relu_mask_block (const void *ctx, int64_t lo, int64_t hi) {
-  const relu_mask_ud *m = (const relu_mask_ud *)ctx;
-  const uint16_t *restrict d = m->d, *restrict y = m->y;
-  uint16_t *restrict out = m->out;
-  for (int64_t i = lo; i < hi; i++) out[i] = (int16_t)y[i] > 0 && y[i] <= 0x7f80 ? d[i] : 0;
-}
-
-/* over d itself when the walk spares it (in place: no fresh pages to fault in) */
-static mg_tensor *relu_mask_bf16 (mg_tensor *d, mg_tensor *y, bool spare) {
-  bool in_place = spare && mg_tensor_is_contiguous(d);
-  mg_tensor *dc = mg_contiguous(d), *yc = mg_contiguous(y);
-  mg_tensor *out = !dc || !yc ? NULL : in_place ? mg_tensor_retain(dc) : mg_empty(d->shape, d->ndim, d->dtype);
-  if (out && !mg_dry_running()) {                /* a dry run computes nothing */
-    relu_mask_ud m = {(const uint16_t *)mg_ptr(dc), (const uint16_t *)mg_ptr(yc), (uint16_t *)mg_ptr(out)};
-    mg_for_blocks(out->numel, relu_mask_block, &m);
-  }
-  mg_tensor_release(dc);
-  mg_tensor_release(yc);
-  return out;
-}
-
 /* the gradient at the sum, before the activation, in the dtype of the
 ** convolution (a bfloat16 one takes bfloat16 gradients) */
 static mg_tensor *activation_gradient (mg_node *n, mg_activation act, mg_tensor *dout) {
   mg_tensor *y = n->out[0];
   if (act == MG_ACT_LINEAR) return mg_tensor_retain(dout);
-  if (act == MG_ACT_RELU && y->dtype == MG_BFLOAT16 && dout->dtype == MG_BFLOAT16) return relu_mask_bf16(dout, y, n->spare & 1);
   mg_tensor *g = mg_activation_backward(n, act, dout, y);
   if (g == NULL || g->dtype == n->in_meta[0].dtype) return g;
   mg_tensor *narrow = mg_cast(g, n->in_meta[0].dtype);   /* autocast's: tanh and sigmoid's gradients come in float32 */
