@@ -761,12 +761,19 @@ static bool sdpa_forward_kernel (const sdpa_geom *g, mg_dtype dt, char *out, cha
 
 /* dS = P * (dP - rowsum(P * dP)) * scale, in place of dP; 0 where P is 0
 ** (a masked entry of a NaN row stays 0, as through where) */
+/* (the scale and lengths in locals, both sides of the select computed: a
+** store through d could otherwise reach g, and the loop ran scalar) */
 #define SOFTMAX_GRAD(T) do {                                                        \
-    const T *P_ = (const T *)P; T *S_ = (T *)dP;                                    \
-    for (int64_t i = 0; i < g->Tq; i++) {                                           \
-      const T *p = P_ + i * g->Tk; T *d = S_ + i * g->Tk, s;                        \
-      LANE_SUM(T, s, g->Tk, p[j] * d[j]);                                           \
-      for (int64_t j = 0; j < g->Tk; j++) d[j] = p[j] == 0 ? 0 : p[j] * (d[j] - s) * (T)g->scale; \
+    const T *restrict P_ = (const T *)P; T *restrict S_ = (T *)dP;                  \
+    const T scale_ = (T)g->scale;                                                   \
+    const int64_t Tq_ = g->Tq, Tk_ = g->Tk;                                         \
+    for (int64_t i = 0; i < Tq_; i++) {                                             \
+      const T *restrict p = P_ + i * Tk_; T *restrict d = S_ + i * Tk_, s;          \
+      LANE_SUM(T, s, Tk_, p[j] * d[j]);                                             \
+      for (int64_t j = 0; j < Tk_; j++) {                                           \
+        T v = p[j] * (d[j] - s) * scale_;                                           \
+        d[j] = p[j] == 0 ? 0 : v;                                                   \
+      }                                                                             \
     }                                                                               \
   } while (0)
 
