@@ -128,6 +128,8 @@ describe("layer_norm", function()
                      "layer_norm: x must be float32 or float64, got int64")
     assert.has_error(function() mg.layer_norm(mg.ones({2, 4}, "float64"), mg.ones({4}, "bfloat16")) end,
                      "layer_norm: dtypes differ: x is float64, gamma is bfloat16")
+    assert.has_error(function() mg.layer_norm(mg.ones({2, 4}, "bfloat16"), mg.ones({4}, "float64")) end,
+                     "layer_norm: dtypes differ: x is bfloat16, gamma is float64")
     assert.has_error(function() mg.layer_norm(mg.constant(1)) end,
                      "layer_norm: x must have at least 1 dimension (the features), got a 0-d tensor")
     assert.has_error(function() mg.layer_norm(x, {epsilon = -1}) end,

@@ -230,7 +230,13 @@ mg_tensor *mg_layer_norm (mg_tensor *x, mg_tensor *gamma, mg_tensor *beta, doubl
   const char *fn = "layer_norm";
   char s1[160];
   MG_CHECK_ARG("mg_layer_norm", x, NULL);
-  /* half x, gamma or beta beside float32: computed in float32 (as under autocast) */
+  /* half x, gamma or beta beside float32: computed in float32 (as under autocast);
+  ** beside float64, an error naming the dtypes given */
+  mg_tensor *params[2] = {gamma, beta};
+  const char *names[2] = {"gamma", "beta"};
+  for (int i = 0; i < 2 && mg_is_half(x->dtype); i++)
+    if (params[i] && params[i]->dtype != MG_FLOAT32 && !mg_is_half(params[i]->dtype))
+      return check_same_dtype(fn, "x", x, names[i], params[i]), NULL;
   HALF_AS_FLOAT32(x, mg_layer_norm(x, gamma, beta, epsilon));
   if (gamma) RETRY_AS(gamma, mg_is_half(gamma->dtype) && x->dtype == MG_FLOAT32, MG_FLOAT32, mg_layer_norm(x, gamma, beta, epsilon));
   if (beta) RETRY_AS(beta, mg_is_half(beta->dtype) && x->dtype == MG_FLOAT32, MG_FLOAT32, mg_layer_norm(x, gamma, beta, epsilon));
@@ -239,8 +245,6 @@ mg_tensor *mg_layer_norm (mg_tensor *x, mg_tensor *gamma, mg_tensor *beta, doubl
   if (!(epsilon >= 0 && epsilon < INFINITY))
     return mg_seterror("%s: epsilon must be a finite number >= 0, got %g", fn, epsilon), NULL;
   int64_t D = x->shape[x->ndim - 1];
-  mg_tensor *params[2] = {gamma, beta};
-  const char *names[2] = {"gamma", "beta"};
   for (int i = 0; i < 2; i++) {
     if (params[i] == NULL) continue;
     if (check_same_dtype(fn, "x", x, names[i], params[i]) != MG_OK) return NULL;

@@ -589,11 +589,18 @@ mg_tensor *mg_sigmoid_grad (mg_tensor *d, mg_tensor *y) { return binary(&sigmoid
 /* relu's gradient on bfloat16 bits: d where y > 0 (not NaN), else +0; the
 ** bits relu_grad gives in float32, rounded back (exact) */
 typedef struct { const uint16_t *d, *y; uint16_t *out; } relu_mask_ud;
+#define RELU_MASK(yv, dv) ((int16_t)(yv) > 0 && (yv) <= 0x7f80 ? (dv) : 0)
 static void relu_mask_block (const void *ctx, int64_t lo, int64_t hi) {
   const relu_mask_ud *m = (const relu_mask_ud *)ctx;
-  const uint16_t *restrict d = m->d, *restrict y = m->y;
+  const uint16_t *restrict y = m->y;
+  if (m->out == m->d) {                          /* in place: one pointer, so restrict holds */
+    uint16_t *restrict d = m->out;
+    for (int64_t i = lo; i < hi; i++) d[i] = RELU_MASK(y[i], d[i]);
+    return;
+  }
+  const uint16_t *restrict d = m->d;
   uint16_t *restrict out = m->out;
-  for (int64_t i = lo; i < hi; i++) out[i] = (int16_t)y[i] > 0 && y[i] <= 0x7f80 ? d[i] : 0;
+  for (int64_t i = lo; i < hi; i++) out[i] = RELU_MASK(y[i], d[i]);
 }
 
 /* over d itself when the walk spares it (no fresh pages to fault in, one
