@@ -292,6 +292,7 @@ static const mg_opdef recompute_op = {
   .saves = MG_SAVE_INPUTS, .backward = recompute_backward, .free_ext = recompute_free,
   .saved_extra = recompute_kept, .linked_outputs = true,
   .reuses_gradient = true, .takes_gradient = true,    /* the re-run's walk may write over dout */
+  .any_gradient_dtype = true,      /* a float32 sum of half gradients seeds the re-run as it is: rounded once, as the plain walk does */
 };
 
 /* }========================================================== */
