@@ -1197,6 +1197,9 @@ local function sexpr (ctx, e, s, depth)
       local b = chance(0.5) and ", " .. sparam(ctx, {o}) or ""
       local act = pick{"", "", ", activation = \"tanh\"", ", activation = \"sigmoid\"", ", activation = \"relu\""}
       if act:find("relu") then ctx.kinks = true end
+      -- a convolution's sums saturate tanh and sigmoid often: their gradient there,
+      -- 1 - y^2, turns on the pre-activation's last bits (FINDINGS.md AC)
+      if act:find("tanh") or act:find("sigmoid") then ctx.saturates = true end
       return fmt("mg.conv2d(%s, %s%s, {strides = {%d, %d}, padding = %s, dilation_rate = {%d, %d}%s})", x, w, b,
                  st[1], st[2], type(padding) == "string" and fmt("%q", padding) or padding, dl[1], dl[2], act),
              {sh[1], oh, ow, o} end)
@@ -1235,7 +1238,11 @@ local function sexpr (ctx, e, s, depth)
       ctx.kinks = true
       if chance(0.5) then return fmt("first(mg.sort(%s, %d%s))", x, a, pick{"", ", {descending = true}"}), sh end
       local k = R(1, sh[a])
-      return fmt("first(mg.topk(%s, %d, %d%s))", x, k, a, pick{"", ", {largest = false}", ", {sorted = false}"}), with(sh, a, k) end)
+      local opt = pick{"", ", {largest = false}", ", {sorted = false}"}
+      -- unsorted, the k largest come in index order: a near-tie that half precision
+      -- rounds the other way swaps which entry comes first (FINDINGS.md AC)
+      if opt:find("sorted") then ctx.reorders = true end
+      return fmt("first(mg.topk(%s, %d, %d%s))", x, k, a, opt), with(sh, a, k) end)
     add(3, function()                                  -- put_along_axis: set needs distinct indices along a line
       local a, mode = R(1, nd), pick{"add", "set"}
       local m = R(1, mode == "set" and sh[a] or 3)
@@ -1349,8 +1356,10 @@ local function struct_oracle_stmt ()
     return fmt("mg.memory.fail_after(0); %s; local x0 = mg.is_variable(x) and x:value() or x; local ok, err = pcall(mg.test.gradcheck, function(a) return f(a) end, {x0}, {atol = 1e-5, rtol = 1e-3}); if not ok and tostring(err):find('gradcheck: input', 1, true) then WRONG('struct-gradcheck', err) end", setup)
   end
   if dt == "float32" and (chance(0.4) or FOCUS_AC) then
-    -- under bfloat16 autocast: recompute_grad against f and f against float32, forward
-    -- and first order, within bfloat16's reach (a wrong kernel is far off; FINDINGS.md T);
+    -- under bfloat16 autocast: recompute_grad against f to the bit, forward and first
+    -- order (the docs' promise; FINDINGS.md AB), and f against float32 within
+    -- bfloat16's reach (a wrong kernel is far off; FINDINGS.md T), not where an
+    -- unsorted topk's order turns on a near-tie (FINDINGS.md AC);
     -- not against float32 when f is stiff (a layer_norm of a row bfloat16 rounds to
     -- nearly equal entries normalises the rounding itself: 0 against 0.30, seed 1186
     -- with FUZZ_FOCUS=struct_autocast)
@@ -1366,21 +1375,22 @@ local function struct_oracle_stmt ()
       -- within that bound (absolute, at most 6e-8 an entry, amplified at most by the
       -- products after it); an overflow is not compared: float32 against float16 only
       -- where the float16 run is all finite and float32's forward and gradient stay under
-      -- 1e4 (headroom below 65504 for the products inside f and their gradients), recompute
-      -- against plain where both are finite.
+      -- 1e4 (headroom below 65504 for the products inside f and their gradients);
+      -- recompute against plain to the bit.
       -- Not against float32 when f is stiff (a layer_norm: a row of nearly equal
       -- entries has its spread, and so its normalised output, made of the rounding
-      -- itself), and the gradient not when f has kinks (a max, sort, relu or mask: a
-      -- rounding that swaps a near-tie sends the gradient elsewhere)
-      local vs32 = ctx.stiff and "" or ctx.kinks and "CHECK('struct-f16-vs-float32', y1, y3, nil, 5e-2 * (1 + amax(y3)))"
+      -- itself) or reorders (an unsorted topk), and the gradient not when f has kinks
+      -- (a max, sort, relu or mask: a rounding that swaps a near-tie sends the gradient
+      -- elsewhere) or saturates (a convolution's tanh or sigmoid)
+      local vs32 = (ctx.stiff or ctx.reorders) and "" or (ctx.kinks or ctx.saturates) and "CHECK('struct-f16-vs-float32', y1, y3, nil, 5e-2 * (1 + amax(y3)))"
                    or "CHECK('struct-f16-vs-float32', y1, y3, nil, 5e-2 * (1 + amax(y3))); CHECK('struct-f16-gradient-vs-float32', d1, d3, nil, 5e-2 * (1 + s3))"
       return fmt("mg.memory.fail_after(0); %s; %s; local ok1, y1, d1 = pcall(run, f, true); if not ok1 then return end; local y2, d2 = run(mg.recompute_grad(f), true); local y3, d3 = run(f, false); local s1, s3 = amax(d1), amax(d3); " ..
-                 "if finite(y1) and finite(y2) then CHECK('struct-f16-recompute-forward', y1, y2, nil, 5e-2 * (1 + amax(y1))) end; if finite(d1) and finite(d2) then CHECK('struct-f16-recompute-gradient', d1, d2, nil, 5e-2 * (1 + s1)) end; " ..
+                 "CHECK('struct-f16-recompute-forward', y1, y2, nil, 0); CHECK('struct-f16-recompute-gradient', d1, d2, nil, 0); " ..
                  "if finite(y1) and finite(d1) and finite(y3) and finite(d3) and amax(y3) < 1e4 and s3 < 1e4 then %s end",
                  setup, one, vs32)
     end
-    return fmt("mg.memory.fail_after(0); %s; %s; local ok1, y1, d1 = pcall(run, f, true); if not ok1 then return end; local y2, d2 = run(mg.recompute_grad(f), true); local y3, d3 = run(f, false); local s1, s3 = amax(d1), amax(d3); CHECK('struct-autocast-recompute-forward', y1, y2, nil, 5e-2 * (1 + amax(y1))); CHECK('struct-autocast-recompute-gradient', d1, d2, nil, 5e-2 * (1 + s1)); %s",
-               setup, one, ctx.stiff and "" or "CHECK('struct-autocast-vs-float32', y1, y3, nil, 5e-2 * (1 + amax(y3)))")
+    return fmt("mg.memory.fail_after(0); %s; %s; local ok1, y1, d1 = pcall(run, f, true); if not ok1 then return end; local y2, d2 = run(mg.recompute_grad(f), true); local y3, d3 = run(f, false); local s1, s3 = amax(d1), amax(d3); CHECK('struct-autocast-recompute-forward', y1, y2, nil, 0); CHECK('struct-autocast-recompute-gradient', d1, d2, nil, 0); %s",
+               setup, one, (ctx.stiff or ctx.reorders) and "" or "CHECK('struct-autocast-vs-float32', y1, y3, nil, 5e-2 * (1 + amax(y3)))")
   end
   return fmt("mg.memory.fail_after(0); %s; %s", setup, both)
 end
