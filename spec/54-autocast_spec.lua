@@ -922,6 +922,16 @@ describe("autocast", function()
         end, {w}, "bfloat16")
       end
       same_bits(run(mg.recompute_grad)[1], run(function(g) return g end)[1])
+      -- the mirror case: a bfloat16 input read twice inside the block and once outside;
+      -- the re-run's float32 sum goes back to the outer walk unrounded
+      local function g2 (a) return mg.dense(a, w, nil, "relu") + mg.dense(a, w) end
+      local function run2 (wrap)
+        return grads(function()
+          local a = mg.dense(xs, w, nil, "relu")
+          return mg.sum(F(wrap(g2)(a))) + mg.sum(F(mg.dense(a, w)) ^ 2)
+        end, {w}, "bfloat16")
+      end
+      same_bits(run2(mg.recompute_grad)[1], run2(function(g) return g end)[1])
     end)
 
     it("a checkpointed loop re-runs its steps under the call's autocast", function()

@@ -201,7 +201,9 @@ mg_status mg_walk (mg_tape *t, int ntargets, mg_tensor *const *targets, mg_tenso
                    unsigned given, int nsources, mg_tensor *const *sources, idmap *grads, bool free_as_you_go,
                    const mg_gradient_hooks *hooks, char *taken, const char *fn);
 /* mg_tape_gradient with the seeds given (as mg_walk's): a recompute's
-** re-run seeded with the output gradient its node was handed */
+** re-run seeded with the output gradient its node was handed; a half
+** source's gradient comes back as the walk's float32 sum where it summed
+** one (the rule hands it on unrounded: the outer walk rounds it once) */
 mg_status mg_tape_gradient_given (mg_tape *t, int ntargets, mg_tensor *const *targets, int nsources,
                                   mg_tensor *const *sources, mg_tensor *const *seeds, unsigned given,
                                   mg_tensor **grads);

@@ -848,10 +848,17 @@ static bool spare_gradient (const mg_tensor *g, uint64_t id, const idmap *keep_i
   return walk_alone_sees(g) && !idmap_has(keep_ids, id) && reuse_allowed();
 }
 
+/* Is g a float32 sum of gradients of a tensor of half dtype dt? The map
+** keeps such sums unrounded; a rule that takes any gradient dtype (a
+** recompute's, handing on its re-run's sums) may give one back, and it is
+** rounded once, where it is read, as the plain walk's own sums are. */
+static bool half_sum (const mg_tensor *g, mg_dtype dt) { return g->dtype == MG_FLOAT32 && mg_is_half(dt); }
+
 /* a linked-outputs node's whole gradient at output i (see mg_opdef) */
 static mg_status replace_gradient (idmap *grads, const mg_node *n, int i, mg_tensor **g) {
   const mg_meta *m = &n->out_meta[i];
-  if (!mg_same_shape((*g)->shape, (*g)->ndim, m->shape, m->ndim) || (*g)->dtype != m->dtype)
+  bool sum = n->def->any_gradient_dtype && half_sum(*g, m->dtype);
+  if (!mg_same_shape((*g)->shape, (*g)->ndim, m->shape, m->ndim) || ((*g)->dtype != m->dtype && !sum))
     return mg_seterror("the backward of '%s' gave output " MG_POS1 " a gradient of another shape or dtype",
                        n->def->info.name, (long long)i);
   void **slot = idmap_slot(grads, m->id);
@@ -934,14 +941,15 @@ static mg_status step_back (mg_node *n, idmap *grads, const idmap *dep, const id
       break;
     }
     const mg_meta *m = &n->in_meta[j];
-    if (din[j]->dtype != m->dtype && mg_is_floating(din[j]->dtype) && mg_is_floating(m->dtype)) {
+    bool sum = n->def->any_gradient_dtype && half_sum(din[j], m->dtype);   /* kept: see half_sum */
+    if (din[j]->dtype != m->dtype && !sum && mg_is_floating(din[j]->dtype) && mg_is_floating(m->dtype)) {
       /* a rule whose float32 sums met a bfloat16 input (autocast): the
       ** gradient goes on in the input's dtype */
       mg_tensor *g = mg_cast(din[j], m->dtype);
       mg_tensor_release(din[j]);
       if ((din[j] = g) == NULL) { st = locate(fn, n); break; }
     }
-    if (!mg_same_shape(din[j]->shape, din[j]->ndim, m->shape, m->ndim) || din[j]->dtype != m->dtype) {
+    if (!mg_same_shape(din[j]->shape, din[j]->ndim, m->shape, m->ndim) || (din[j]->dtype != m->dtype && !sum)) {
       char a[160], b[160];
       st = mg_seterror("tape:%s: the backward of '%s' gave input " MG_POS1 " a gradient %s %s for %s %s",
                        fn, n->def->info.name, (long long)j, mg_shape_str(a, sizeof a, din[j]->shape, din[j]->ndim),
@@ -1149,12 +1157,20 @@ void mg_tape_consume (mg_tape *t) {
   drop_record(t);
 }
 
+/* tape_gradient's flags: unconnected sources get zeros; half sources get
+** the walk's float32 sums as they are (collect) */
+enum { UNCONNECTED_ZERO = 1, KEEP_SUMS = 2 };
+
 /* sets grads[s] from the map, as zeros or NULL when unconnected */
-static mg_status collect (idmap *map, int nsources, mg_tensor *const *sources, int zero, mg_tensor **grads) {
+static mg_status collect (idmap *map, int nsources, mg_tensor *const *sources, int flags, mg_tensor **grads) {
+  int zero = flags & UNCONNECTED_ZERO;
   for (int s = 0; s < nsources; s++) {
     mg_tensor *g = mg_is_floating(sources[s]->dtype) ? (mg_tensor *)idmap_get(map, sources[s]->id) : NULL;
-    if (g != NULL)                      /* a float32 sum of half gradients goes back to their dtype */
-      grads[s] = g->dtype == sources[s]->dtype ? mg_tensor_retain(g) : mg_cast(g, sources[s]->dtype);
+    /* a float32 sum of half gradients goes back to their dtype, unless the
+    ** caller (a recompute's rule) hands it on to a walk that goes on summing */
+    if (g != NULL)
+      grads[s] = g->dtype == sources[s]->dtype || ((flags & KEEP_SUMS) && half_sum(g, sources[s]->dtype))
+                 ? mg_tensor_retain(g) : mg_cast(g, sources[s]->dtype);
     else
       grads[s] = zero ? mg_full(sources[s]->shape, sources[s]->ndim, sources[s]->dtype, 0.0) : NULL;
     if ((zero || g != NULL) && grads[s] == NULL) {
@@ -1226,7 +1242,7 @@ static mg_status drop_given (int ntargets, mg_tensor *const *seeds, unsigned giv
 
 static mg_status tape_gradient (mg_tape *t, int ntargets, mg_tensor *const *targets, int nsources,
                                 mg_tensor *const *sources, mg_tensor *const *out_grads, unsigned given,
-                                int unconnected_zero, const mg_gradient_hooks *hooks, mg_tensor **grads) {
+                                int flags, const mg_gradient_hooks *hooks, mg_tensor **grads) {
   const char *fn = "mg_tape_gradient";
   if (grads == NULL && nsources > 0) return mg_null_arg(fn, "grads"), drop_given(ntargets, out_grads, given);
   for (int s = 0; s < nsources; s++) grads[s] = NULL;
@@ -1253,7 +1269,7 @@ static mg_status tape_gradient (mg_tape *t, int ntargets, mg_tensor *const *targ
     st = mg_walk(t, ntargets, targets, out_grads, given, nsources, sources, &map, !t->persistent, hooks, taken,
                  "gradient");
   mg_memory_span("backward", 0);
-  if (st == MG_OK) st = collect(&map, nsources, sources, unconnected_zero, grads);
+  if (st == MG_OK) st = collect(&map, nsources, sources, flags, grads);
   for (int s = 0; st == MG_OK && taken && s < nsources; s++)
     if (taken[s]) { mg_tensor_release(grads[s]); grads[s] = NULL; }
   free(taken);
@@ -1266,13 +1282,14 @@ static mg_status tape_gradient (mg_tape *t, int ntargets, mg_tensor *const *targ
 mg_status mg_tape_gradient_hooked (mg_tape *t, int ntargets, mg_tensor *const *targets, int nsources,
                                    mg_tensor *const *sources, mg_tensor *const *out_grads,
                                    int unconnected_zero, const mg_gradient_hooks *hooks, mg_tensor **grads) {
-  return tape_gradient(t, ntargets, targets, nsources, sources, out_grads, 0, unconnected_zero, hooks, grads);
+  return tape_gradient(t, ntargets, targets, nsources, sources, out_grads, 0, unconnected_zero ? UNCONNECTED_ZERO : 0,
+                       hooks, grads);
 }
 
 mg_status mg_tape_gradient_given (mg_tape *t, int ntargets, mg_tensor *const *targets, int nsources,
                                   mg_tensor *const *sources, mg_tensor *const *seeds, unsigned given,
                                   mg_tensor **grads) {
-  return tape_gradient(t, ntargets, targets, nsources, sources, seeds, given, 0, NULL, grads);
+  return tape_gradient(t, ntargets, targets, nsources, sources, seeds, given, KEEP_SUMS, NULL, grads);
 }
 
 /* }========================================================== */
