@@ -814,6 +814,13 @@ static bool chunk_plan (const sdpa_geom *g, size_t bytes_per_entry, chunking *c)
   return true;
 }
 
+/* the chunks of each pass: a weight is float32 scores and bfloat16 weights
+** in the forward; scores, their gradient (float32) and a bfloat16 tile in
+** the backward. The forward asks the backward's too: weights kept for a
+** backward that is not batched would go unread. */
+static bool forward_chunks (const sdpa_geom *g, chunking *c) { return chunk_plan(g, (size_t)(g->Tq * g->Tk) * 6, c); }
+static bool backward_chunks (const sdpa_geom *g, chunking *c) { return chunk_plan(g, (size_t)(g->Tq * g->Tk) * 10, c); }
+
 /* the 4-D strides of a matrix operand: its batch strides (for the two
 ** dimensions; a missing one spans the rest), then rows and columns */
 static void strides4 (const sdpa_geom *g, const int64_t *bstride, int64_t B1, int64_t span, int64_t rs, int64_t cs,
@@ -1053,7 +1060,7 @@ static mg_status sdpa_backward_fused (mg_node *n, mg_tensor *dout, mg_tensor **d
   int nthr = st == MG_OK ? threads_for(&g) : 1;
   chunking ch;
   size_t tile = st == MG_OK ? (size_t)(g.Tq * g.Tk) : 0;
-  bool batched = st == MG_OK && q->dtype == MG_BFLOAT16 && chunk_plan(&g, tile * 10, &ch);
+  bool batched = st == MG_OK && q->dtype == MG_BFLOAT16 && backward_chunks(&g, &ch);
   mg_tensor *src[3] = {q, k, v};
   for (int j = 0; j < 3 && st == MG_OK; j++)
     if (n->needs[j] && (grads[j] = batched && ch.heads_last ? heads_last_tensor(src[j]->shape, src[j]->dtype)
@@ -1290,13 +1297,13 @@ static mg_status sdpa_forward (mg_opcall *c) {
   int nthr = st == MG_OK ? threads_for(&g) : 1;
   chunking ch;
   size_t tile = st == MG_OK ? (size_t)(g.Tq * g.Tk) : 0;
-  bool batched = st == MG_OK && q->dtype == MG_BFLOAT16 && chunk_plan(&g, tile * 6, &ch);
+  bool batched = st == MG_OK && q->dtype == MG_BFLOAT16 && forward_chunks(&g, &ch);
   if (st == MG_OK)
     out = batched && ch.heads_last ? heads_last_tensor(c->shape, c->dtype) : mg_empty(c->shape, c->ndim, c->dtype);
   if (out == NULL) st = MG_ERR;
   mg_tensor *kept = NULL;           /* the weights for the backward: no larger than q, bfloat16 */
   chunking back;                    /* (which the backward reads only where it is batched too) */
-  if (st == MG_OK && batched && g.Tk <= g.dk && mg_op_recording() && chunk_plan(&g, tile * 10, &back)) {
+  if (st == MG_OK && batched && g.Tk <= g.dk && mg_op_recording() && backward_chunks(&g, &back)) {
     int64_t shape[MG_MAX_DIMS];
     memcpy(shape, q->shape, sizeof(int64_t) * (size_t)q->ndim);
     shape[q->ndim - 1] = g.Tk;
