@@ -154,7 +154,8 @@ static void add_f32_bf16 (int64_t n, char **p, const int64_t *s) {
 /* the kernel of every two-input elementwise op */
 static mg_status binary_forward (mg_opcall *c) {
   mg_tensor *a = c->in[0], *b = c->in[1];
-  mg_kernel k = a->dtype == b->dtype ? c->def->kernel[a->dtype] : add_f32_bf16;   /* the one mixed pair */
+  mg_kernel k = a->dtype == b->dtype ? c->def->kernel[a->dtype] : c->def->mixed;   /* (the entry checked the pair) */
+  mg_assert(k != NULL);
   mg_tensor *out = mg_empty(c->shape, c->ndim, c->dtype);
   if (out == NULL) return MG_ERR;
   char *base[3] = {mg_ptr(out), mg_ptr(a), mg_ptr(b)};
@@ -219,7 +220,7 @@ MG_ROW(ADD, add) = {
   .forward = binary_forward,
   .info = {.name = "add", .kind = MG_OP_BINARY, .symbol = "+", .metamethod = "__add",
            .verb = "add", .doc = "a + b, elementwise with broadcasting", .fn.binary = mg_add},
-  .kernel = {[MG_FLOAT32] = add_f32, [MG_FLOAT64] = add_f64, [MG_INT64] = add_i64},
+  .kernel = {[MG_FLOAT32] = add_f32, [MG_FLOAT64] = add_f64, [MG_INT64] = add_i64}, .mixed = add_f32_bf16,
   .backward = add_backward,
 };
 mg_tensor *mg_add (mg_tensor *a, mg_tensor *b) {

@@ -47,6 +47,7 @@ typedef struct mg_opdef {
   ** left in c->out */
   mg_status (*forward)(struct mg_opcall *c);
   mg_kernel kernel[MG_DTYPE__COUNT];    /* elementwise: by input dtype; NULL: not defined */
+  mg_kernel mixed;                      /* elementwise: float32 a with bfloat16 b (add's), or NULL */
   mg_result result;                     /* elementwise: the result's dtype */
   /* elementwise: checks the kernel cannot make (integer division by zero) */
   mg_status (*check)(const struct mg_opdef *op, const mg_tensor *a, const mg_tensor *b);
