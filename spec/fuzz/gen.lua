@@ -760,7 +760,10 @@ local function misc_stmt ()
                              pick{"", "{persistent = true}"}, operand(), pick{100, 300, 600}, pick{"y * 1.001", "mg.tanh(y) + y", "y + x", "(y - x) * 0.5"}, slot()) end,
     1, function() return fmt("local ts = {}; for i = 1, %d do ts[i] = mg.tape(%s) end; V[%d] = %s; for i = 1, #ts, 7 do %s end",
                              pick{20, 100, 300}, pick{"", "{persistent = true}"}, slot(), tensor_expr(1),
-                             pick{"ts[i]:stop()", "getmetatable(ts[i]).__gc(ts[i])", "ts[i]:reset()", "V[1] = first(ts[i]:gradient(V[1], V[2]))"}) end,
+                             pick{"ts[i]:stop()", "getmetatable(ts[i]).__gc(ts[i])", "ts[i]:reset()",
+                                   -- chained: each gradient, recorded by the persistent tapes, is the next one's
+                                   -- target: four orders at most (each costs ~3x the last: FINDINGS.md AD)
+                                   "if i <= 22 then V[1] = first(ts[i]:gradient(V[1], V[2])) end"}) end,
     0.5, function() return fmt("debug.sethook(function() collectgarbage('step') end, '', %d); %s; debug.sethook()", pick{10, 100, 1000}, body(2)) end,
     3, function() return fmt("mg.set_num_threads(%s)", pick{"1", "2", "3", "4", "16", "0", "-1", "2^31", "((1<<32)+1)", "1.5", "'2'", "nil", "math.maxinteger", "(1<<31)+2"}) end,
     1, "local _ = mg.get_num_threads(), mg.clock(), mg.version, mg.is_recomputing()",
